@@ -1,0 +1,46 @@
+"""Byte and token units, and the few integer helpers every layer uses.
+
+Quantities carry their unit in their name (``_bytes``, ``_tokens``, ``_pages``); conversions go
+through these helpers rather than inline arithmetic.
+"""
+
+from __future__ import annotations
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+GB = 10**9
+
+
+def div_ceil(a: int, b: int) -> int:
+    """Ceiling division for non-negative ints."""
+    return -(-a // b)
+
+
+def align_up(n: int, alignment: int) -> int:
+    """Smallest multiple of ``alignment`` that is >= ``n``."""
+    return div_ceil(n, alignment) * alignment
+
+
+def align_down(n: int, alignment: int) -> int:
+    """Largest multiple of ``alignment`` that is <= ``n``."""
+    return (n // alignment) * alignment
+
+
+def pages_to_tokens(pages: int, page_size: int) -> int:
+    return pages * page_size
+
+
+def tokens_to_pages(tokens: int, page_size: int) -> int:
+    """Pages needed to hold ``tokens`` (rounded up)."""
+    return div_ceil(tokens, page_size)
+
+
+def fmt_bytes(n: float) -> str:
+    """Human-readable bytes in binary units, as torch prints them (``20.00 MiB``)."""
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= size:
+            return f"{sign}{n / size:.2f} {unit}"
+    return f"{sign}{int(n)} bytes"
