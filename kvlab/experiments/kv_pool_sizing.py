@@ -1,0 +1,258 @@
+"""Finding 1 as a function: size the KV pool after loading weights, with or without ``gc.collect()``.
+
+The run follows SGLang's start-up order (``ModelRunner``): measure free memory before loading
+(``distributed/bootstrap.py::measure_pre_model_load_memory``), load the target (and draft)
+weights on every tensor-parallel rank, read free memory again
+(``kv_cache_configurator.py::_profile_available_bytes``), turn the difference into a token count,
+allocate the KV pool, and check a prompt against the serving limit (``tp_worker.py``). A last
+"serving" phase lets the garbage collector run, as it eventually does in a live server, and reads
+how much memory then sits idle — the PR's "46.9 GB left idle".
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvlab.device import get_devices
+from kvlab.device.base import Device
+from kvlab.device.budget import KVBudget, NoKVMemoryError, _check_fraction, kv_budget
+from kvlab.device.measure import MemoryReading, automatic_gc_paused, get_available_gpu_memory
+from kvlab.model.config import ModelConfig, get_model_config
+from kvlab.model.loader import LoadedWeights, load_weights
+from kvlab.units import GB, GiB, MiB
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+
+
+@dataclass(frozen=True)
+class KVPoolScenario:
+    """One serving start-up to reproduce. Build variants with ``dataclasses.replace``."""
+
+    name: str
+    device: str  # kvlab device name for every rank, e.g. "sim:h200-80gb-cap"
+    tp_size: int
+    model: str  # kvlab.model preset
+    mem_fraction_static: float
+    context_len: int
+    draft_layers: int = 0  # EAGLE draft decoder layers (0: no speculative decoding)
+    checkpoint_dir: str | None = None  # a safetensors checkpoint (None: shapes only, meta tensors)
+    verify_budget_bytes: int | None = None  # staging kept by the loader for its verification
+    page_size: int = 1
+    prompt_tokens: int = 3034
+    description: str = ""
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return get_model_config(self.model).replace(context_len=self.context_len)
+
+
+SGLANG_PR_4XH200 = KVPoolScenario(
+    name="sglang-pr-4xh200",
+    device="sim:h200-80gb-cap",
+    tp_size=4,
+    model="llama-3.1-70b",
+    draft_layers=1,
+    mem_fraction_static=0.8,
+    context_len=65536,
+    verify_budget_bytes=25_840 * MiB,
+    prompt_tokens=3034,
+    description="""The KV-budget PR's setup: 4×H200 capped to 80 GB each, TP4 + EAGLE draft, --mem-fraction-static 0.8,
+context length 65536, and a 3034-token prompt.
+
+The PR names neither the model nor the loader temporaries, so two choices are ours:
+- the model is Llama-3.1-70B (bf16, 32.9 GiB of weights per rank under TP4) with a 1-layer EAGLE draft
+  (0.46 GiB per rank). Its KV cell is 82,944 B/token per rank (2 KV heads × 256 × 80 layers × 2 B, + 1/80 for
+  the draft layer). With gc that leaves a pool of ~330k tokens, within 6% of the PR's 349,377;
+- the loader keeps its staging shards for a post-load verification until a budget of 25,840 MiB per rank is
+  used — the value that leaves a pool of the PR's order (~1.7k tokens) without gc. The PR's own figures imply
+  such a size: 46.9 − 17.0 GB of memory left idle means ~28 GB per GPU was held when it measured.
+Everything else follows from the mechanism: real tensors, a real reference cycle, the allocator model's
+rounding and segments, and SGLang's arithmetic.""",
+)
+
+TINY_H100 = KVPoolScenario(
+    name="tiny-h100",
+    device="sim:h100-80g",
+    tp_size=1,
+    model="tiny",
+    mem_fraction_static=0.88,
+    context_len=2048,
+    checkpoint_dir=str(DATA_DIR / "tiny-llama"),
+    prompt_tokens=1000,
+    description="The tiny model from data/tiny-llama on one simulated H100: real bytes, a small-scale finding.",
+)
+
+LLAMA8B_L4 = KVPoolScenario(
+    name="llama-8b-l4",
+    device="sim:l4",
+    tp_size=1,
+    model="llama-3.1-8b",
+    mem_fraction_static=0.9,
+    context_len=8192,
+    verify_budget_bytes=2 * GiB,
+    prompt_tokens=4000,
+    description="Llama-3.1-8B on a 24 GB L4 with 2 GiB of loader staging still referenced.",
+)
+
+SCENARIO_PRESETS: dict[str, KVPoolScenario] = {s.name: s for s in (SGLANG_PR_4XH200, TINY_H100, LLAMA8B_L4)}
+
+
+def get_scenario(name: str) -> KVPoolScenario:
+    try:
+        return SCENARIO_PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of: {', '.join(sorted(SCENARIO_PRESETS))}") from None
+
+
+@dataclass
+class KVPoolResult:
+    scenario: KVPoolScenario
+    gc_before_measure: bool
+    empty_cache: bool
+    mem_fraction_static: float
+    prompt_tokens: int
+    pre_load: MemoryReading
+    reading: MemoryReading  # the post-load reading the budget used
+    budget: KVBudget | None  # None when SGLang would refuse to start
+    error: str | None  # SGLang's text: the prompt refusal, or the start-up error
+    accepted: bool
+    weights: list[LoadedWeights]  # rank 0's target (and draft) load reports
+    idle_bytes: int  # free memory on rank 0 once serving has run gc (the PR's "left idle")
+    timeline: object = field(repr=False)  # pandas DataFrame, rank 0's events
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.budget.max_total_num_tokens if self.budget else 0
+
+    def to_json(self) -> dict:
+        b = self.budget
+        return {
+            "preset": self.scenario.name,
+            "gc_before_measure": self.gc_before_measure,
+            "empty_cache": self.empty_cache,
+            "mem_fraction_static": self.mem_fraction_static,
+            "tp_size": self.scenario.tp_size,
+            "device": self.scenario.device,
+            "model": self.scenario.model,
+            "max_total_num_tokens": b.max_total_num_tokens if b else 0,
+            "max_req_input_len": b.max_req_input_len if b else None,
+            "pre_model_load_bytes": self.pre_load.free_bytes,
+            "available_bytes": self.reading.free_bytes,
+            "slack_bytes": b.slack_bytes if b else None,
+            "rest_bytes": b.rest_bytes if b else None,
+            "cell_size_bytes": self.scenario.model_config.cell_size_bytes(self.scenario.tp_size, self.scenario.draft_layers),
+            "kv_pool_bytes": b.kv_pool_bytes if b else 0,
+            "idle_bytes": self.idle_bytes,
+            "prompt_tokens": self.prompt_tokens,
+            "accepted": self.accepted,
+            "error": self.error,
+        }
+
+    def budget_terms(self) -> list[tuple[str, int]]:
+        """The budget as signed byte terms for a waterfall (rank with the least free memory)."""
+        weights = sum(w.weight_bytes for w in self.weights)
+        resident = self.pre_load.free_bytes - self.reading.free_bytes
+        terms = [
+            ("free before load", self.pre_load.free_bytes),
+            ("weights", -weights),
+            ("still referenced / cached", -(resident - weights)),
+            ("slack (1 − f)", -int(self.pre_load.free_bytes * (1 - self.mem_fraction_static))),
+        ]
+        return terms
+
+
+def _load_rank(device: Device, scenario: KVPoolScenario, rank: int) -> list[LoadedWeights]:
+    config = scenario.model_config
+    reports = []
+    with device.phase("weights"):
+        reports.append(
+            load_weights(
+                device, config, tp_rank=rank, tp_size=scenario.tp_size,
+                checkpoint_dir=scenario.checkpoint_dir, verify_budget_bytes=scenario.verify_budget_bytes,
+            )
+        )
+    if scenario.draft_layers:
+        with device.phase("draft weights"):
+            reports.append(
+                load_weights(device, config.eagle_draft(scenario.draft_layers), tp_rank=rank, tp_size=scenario.tp_size)
+            )
+    return reports
+
+
+def _allocate_kv_pool(device: Device, config: ModelConfig, tokens: int, scenario: KVPoolScenario):
+    """K and V buffers per layer, ``tokens + page_size`` rows as SGLang's MHATokenToKVPool."""
+    rows = tokens + scenario.page_size
+    buffers = []
+    with device.phase("kv pool"):
+        if config.attention == "mla":
+            for _ in range(config.num_layers):
+                buffers.append(device.empty((rows, 1, config.kv_lora_rank + config.qk_rope_head_dim), label="kv"))
+        else:
+            heads = config.kv_heads_per_rank(scenario.tp_size)
+            layers = config.num_layers + scenario.draft_layers
+            for _ in range(layers):
+                buffers.append(device.empty((rows, heads, config.head_dim), label="k_buffer"))
+                buffers.append(device.empty((rows, heads, config.head_dim), label="v_buffer"))
+    return buffers
+
+
+def run(
+    scenario: KVPoolScenario | str = SGLANG_PR_4XH200,
+    *,
+    gc_before_measure: bool = True,
+    empty_cache: bool = True,
+    mem_fraction_static: float | None = None,
+    prompt_tokens: int | None = None,
+    device: str | None = None,
+) -> KVPoolResult:
+    """Run the start-up once. ``device`` overrides the scenario's (e.g. ``"cuda"`` on a GPU box)."""
+    if isinstance(scenario, str):
+        scenario = get_scenario(scenario)
+    fraction = scenario.mem_fraction_static if mem_fraction_static is None else mem_fraction_static
+    _check_fraction(fraction)
+    prompt = scenario.prompt_tokens if prompt_tokens is None else prompt_tokens
+    if not isinstance(prompt, int) or isinstance(prompt, bool) or prompt <= 0:
+        raise ValueError(f"prompt length must be a positive number of tokens, got {prompt!r}")
+    config = scenario.model_config
+    cell = config.cell_size_bytes(scenario.tp_size, scenario.draft_layers)
+
+    gc.collect()  # start from a clean heap so earlier runs' garbage is not measured
+    with automatic_gc_paused():
+        ranks = get_devices(device or scenario.device, scenario.tp_size)
+        for d in ranks:
+            d.mark("before load")
+        pre = get_available_gpu_memory(ranks, empty_cache=True, gc_collect=False)
+        reports = [_load_rank(d, scenario, r) for r, d in enumerate(ranks)]
+        reading = get_available_gpu_memory(ranks, empty_cache=empty_cache, gc_collect=gc_before_measure)
+        budget = error = None
+        try:
+            budget = kv_budget(
+                pre_model_load_bytes=pre.free_bytes, available_bytes=reading.free_bytes,
+                mem_fraction_static=fraction, cell_size_bytes=cell, context_len=scenario.context_len,
+                page_size=scenario.page_size,
+            )
+        except NoKVMemoryError as exc:
+            error = str(exc)
+        pools = [_allocate_kv_pool(d, config, budget.max_total_num_tokens, scenario) for d in ranks] if budget else []
+        with ranks[0].phase("serving"):
+            gc.collect()  # a live server's collector runs sooner or later
+            ranks[0].empty_cache()
+            idle = ranks[0].mem_get_info()[0]
+        timeline = ranks[0].timeline()
+        del pools
+    if budget is not None:
+        error = budget.validate_input_length(prompt)
+    return KVPoolResult(
+        scenario=scenario, gc_before_measure=gc_before_measure, empty_cache=empty_cache,
+        mem_fraction_static=fraction, prompt_tokens=prompt, pre_load=pre, reading=reading, budget=budget,
+        error=error, accepted=budget is not None and error is None, weights=reports[0], idle_bytes=idle,
+        timeline=timeline,
+    )
+
+
+def compare(scenario: KVPoolScenario | str = SGLANG_PR_4XH200, **options) -> tuple[KVPoolResult, KVPoolResult]:
+    """Both arms of the finding: (without gc, with gc)."""
+    options.pop("gc_before_measure", None)
+    return run(scenario, gc_before_measure=False, **options), run(scenario, gc_before_measure=True, **options)

@@ -1,0 +1,174 @@
+"""Widget panels: thin controllers over ``kvlab.experiments`` that update plots in place."""
+
+from __future__ import annotations
+
+import html
+import traceback
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from kvlab.viz import plots
+
+GIB = float(1 << 30)
+
+
+def _fmt_gib(n: int | None) -> str:
+    return "—" if n is None else f"{n / GIB:,.2f} GiB"
+
+
+def _fmt_int(n: int | None) -> str:
+    return "—" if n is None else f"{n:,}"
+
+
+class KVPoolPanel:
+    """Finding 1, live: toggle gc-before-measure and watch the KV budget and the prompt's verdict.
+
+    Both arms' memory timelines are drawn side by side (they depend on the preset, fraction and
+    empty_cache, not on the toggle); the toggle picks which arm is "your server": its budget
+    waterfall, its column in the table and its verdict. Results are cached per setting, so a
+    toggle redraws without re-running.
+    """
+
+    def __init__(self, preset: str = "sglang-pr-4xh200", *, device: str | None = None) -> None:
+        from kvlab.experiments import kv_pool_sizing
+
+        self._experiment = kv_pool_sizing
+        self.device = device
+        self._cache: dict[tuple, tuple] = {}
+        scenario = kv_pool_sizing.get_scenario(preset)
+
+        self.preset = widgets.Dropdown(options=sorted(kv_pool_sizing.SCENARIO_PRESETS), value=preset,
+                                       description="preset")
+        self.gc_toggle = widgets.Checkbox(value=True, description="gc.collect() before measuring", indent=False)
+        self.empty_cache_toggle = widgets.Checkbox(value=True, description="empty_cache() in the reading", indent=False)
+        self.fraction = widgets.FloatSlider(value=scenario.mem_fraction_static, min=0.5, max=0.95, step=0.01,
+                                            description="mem_fraction_static", continuous_update=False,
+                                            style={"description_width": "initial"})
+        self.prompt = widgets.BoundedIntText(value=scenario.prompt_tokens, min=1, max=10_000_000,
+                                             description="prompt tokens", style={"description_width": "initial"})
+        for w, css in ((self.preset, "kvlab-preset"), (self.gc_toggle, "kvlab-gc-toggle"),
+                       (self.empty_cache_toggle, "kvlab-empty-cache-toggle"), (self.fraction, "kvlab-fraction"),
+                       (self.prompt, "kvlab-prompt")):
+            w.add_class(css)
+
+        self.timelines = go.FigureWidget(plots.memory_timelines_side_by_side(
+            _empty_frame(), _empty_frame(), ("without gc.collect()", "with gc.collect()")))
+        self.waterfall = go.FigureWidget(plots.budget_waterfall([("free before load", 0)]))
+        self.waterfall.update_layout(height=360, margin=dict(t=50, l=50, r=20, b=40))
+        self.table = widgets.HTML()
+        self.verdict = widgets.HTML()
+        self.errors = widgets.Output()
+        for w, css in ((self.timelines, "kvlab-timelines"), (self.waterfall, "kvlab-waterfall"),
+                       (self.table, "kvlab-table"), (self.verdict, "kvlab-verdict"), (self.errors, "kvlab-errors")):
+            w.add_class(css)
+
+        controls = widgets.VBox([widgets.HBox([self.preset, self.gc_toggle, self.empty_cache_toggle]),
+                                 widgets.HBox([self.fraction, self.prompt])])
+        self.widget = widgets.VBox([controls, self.verdict, self.timelines,
+                                    widgets.HBox([self.waterfall, self.table]), self.errors])
+        self.widget.add_class("kvlab-kv-pool-panel")
+        for w in (self.preset, self.gc_toggle, self.empty_cache_toggle, self.fraction, self.prompt):
+            w.observe(self._on_change, names="value")
+        self.refresh()
+
+    # ---- the controller ---------------------------------------------------------------------
+    def _on_change(self, change) -> None:
+        if change["owner"] is self.preset:
+            scenario = self._experiment.get_scenario(self.preset.value)
+            with self.widget.hold_trait_notifications():
+                self.fraction.unobserve(self._on_change, names="value")
+                self.prompt.unobserve(self._on_change, names="value")
+                self.fraction.value = scenario.mem_fraction_static
+                self.prompt.value = scenario.prompt_tokens
+                self.fraction.observe(self._on_change, names="value")
+                self.prompt.observe(self._on_change, names="value")
+        self.refresh()
+
+    def arms(self):
+        """(without gc, with gc) for the current settings, from the cache when seen before."""
+        key = (self.preset.value, self.empty_cache_toggle.value, round(self.fraction.value, 4), self.prompt.value)
+        if key not in self._cache:
+            self._cache[key] = self._experiment.compare(
+                self.preset.value, empty_cache=key[1], mem_fraction_static=key[2], prompt_tokens=key[3],
+                device=self.device)
+        return self._cache[key]
+
+    @property
+    def current(self):
+        no_gc, with_gc = self.arms()
+        return with_gc if self.gc_toggle.value else no_gc
+
+    def refresh(self) -> None:
+        self.errors.clear_output()
+        try:
+            no_gc, with_gc = self.arms()
+            current = with_gc if self.gc_toggle.value else no_gc
+            self._draw(no_gc, with_gc, current)
+        except Exception:  # shown in the panel, not lost in the kernel log
+            with self.errors:
+                print(traceback.format_exc())
+
+    def _draw(self, no_gc, with_gc, current) -> None:
+        with self.timelines.batch_update():
+            for offset, result in ((0, no_gc), (len(plots.SERIES), with_gc)):
+                frame = result.timeline
+                for i, (column, _, _) in enumerate(plots.SERIES):
+                    trace = self.timelines.data[offset + i]
+                    trace.x = list(range(len(frame)))
+                    trace.y = (frame[column] / GIB).round(4).tolist()
+                    trace.customdata = frame["phase"].tolist()
+            self.timelines.layout.shapes = ()
+            self.timelines.layout.annotations = self.timelines.layout.annotations[:2]
+            for col, result in ((1, no_gc), (2, with_gc)):
+                plots._add_phase_bands(self.timelines, result.timeline, col)
+        trace = plots.waterfall_trace(current.budget_terms())
+        with self.waterfall.batch_update():
+            self.waterfall.data[0].x = trace.x
+            self.waterfall.data[0].y = trace.y
+            self.waterfall.data[0].measure = trace.measure
+            self.waterfall.data[0].text = trace.text
+            arm = "with" if current.gc_before_measure else "without"
+            self.waterfall.layout.title = f"KV budget {arm} gc.collect(): {_fmt_gib(current.budget.rest_bytes if current.budget else None)}"
+        self.table.value = result_table_html(no_gc, with_gc, current)
+        self.verdict.value = verdict_html(current)
+
+
+def _empty_frame():
+    import pandas as pd
+
+    return pd.DataFrame({"phase": ["start"], "allocated_bytes": [0], "reserved_bytes": [0], "free_bytes": [0]})
+
+
+def result_table_html(no_gc, with_gc, current) -> str:
+    rows = [
+        ("free before load", "pre_model_load_bytes", _fmt_gib),
+        ("available after load", "available_bytes", _fmt_gib),
+        ("KV budget (rest)", "rest_bytes", _fmt_gib),
+        ("max_total_num_tokens", "max_total_num_tokens", _fmt_int),
+        ("max_req_input_len", "max_req_input_len", _fmt_int),
+        ("memory idle once gc ran", "idle_bytes", _fmt_gib),
+    ]
+    a, b = no_gc.to_json(), with_gc.to_json()
+    head_style = "background:#fff3cd;font-weight:bold"
+    cols = [(a, "without gc", not current.gc_before_measure), (b, "with gc", current.gc_before_measure)]
+    header = "".join(f"<th style='{head_style if sel else ''}'>{name}</th>" for _, name, sel in cols)
+    body = ""
+    for label, key, fmt in rows:
+        cells = "".join(
+            f"<td data-field='{key}' data-arm='{'gc' if d is b else 'no-gc'}' data-value='{d[key] if d[key] is not None else ''}'"
+            f" style='text-align:right;{head_style if sel else ''}'>{fmt(d[key])}</td>" for d, _, sel in cols)
+        body += f"<tr><td>{label}</td>{cells}</tr>"
+    return f"<table class='kvlab-result-table'><tr><th></th>{header}</tr>{body}</table>"
+
+
+def verdict_html(result) -> str:
+    data = result.to_json()
+    colour = "#155724" if data["accepted"] else "#721c24"
+    bg = "#d4edda" if data["accepted"] else "#f8d7da"
+    word = "accepted" if data["accepted"] else "refused"
+    detail = html.escape(data["error"]) if data["error"] else f"fits in a pool of {data['max_total_num_tokens']:,} tokens"
+    return (f"<div class='kvlab-verdict-box' data-accepted='{str(data['accepted']).lower()}' "
+            f"data-max-total-num-tokens='{data['max_total_num_tokens']}' "
+            f"style='padding:6px 10px;border-radius:4px;color:{colour};background:{bg}'>"
+            f"<b>{data['prompt_tokens']:,}-token prompt {word}</b> — {detail}</div>")

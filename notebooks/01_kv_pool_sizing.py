@@ -1,0 +1,113 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Sizing the KV pool: measure after collecting
+#
+# SGLang sizes its KV-cache pool from the GPU memory that is free **right after the weights are loaded**:
+#
+# $$\text{rest} = \text{available} - \text{pre\_load\_free} \times (1 - \text{mem\_fraction\_static}),\qquad
+#   \text{max\_total\_num\_tokens} = \lfloor \text{rest} / \text{cell\_size} \rfloor$$
+#
+# `available` comes from `get_available_gpu_memory()`, which calls `torch.cuda.empty_cache()` and then
+# `torch.cuda.mem_get_info()`. `empty_cache()` can only hand back cached blocks that **nothing references**.
+# If the weight loader's temporaries are still referenced — by a reference cycle that only the garbage
+# collector can break — their blocks stay allocated, `available` is under-read, and because `rest` is a small
+# difference of two large numbers the pool can come out orders of magnitude too small. The fix in SGLang
+# (PR #36583) is one line: `gc.collect()` before measuring.
+#
+# This notebook reproduces the PR's numbers (4×H200 capped to 80 GB, TP4 + EAGLE, `--mem-fraction-static 0.8`):
+# a pool of ~1.7k tokens that refuses a 3034-token prompt, against a pool >100× larger with the fix.
+# On a laptop it runs on kvlab's model of PyTorch's caching allocator; on a GPU box the last section runs the
+# same loader on the real `torch.cuda` allocator.
+
+# %%
+import os
+
+import pandas as pd
+
+import kvlab
+from kvlab.device import resolve_device_name
+from kvlab.experiments import kv_pool_sizing
+
+DEVICE = resolve_device_name(os.environ.get("KVLAB_DEVICE"))  # "cuda" on a GPU box, else "sim:h200"
+print(f"kvlab {kvlab.__version__} · this machine's device: {DEVICE}")
+
+# %% [markdown]
+# ## 1 · The two arms of the finding
+# `compare()` starts the server twice — without and with `gc.collect()` before the measurement — and returns both
+# results. Everything in them comes from real tensors whose allocator blocks are freed when their storage dies.
+
+# %%
+no_gc, with_gc = kv_pool_sizing.compare("sglang-pr-4xh200")
+summary = pd.DataFrame({"without gc": no_gc.to_json(), "with gc": with_gc.to_json()}).loc[
+    ["available_bytes", "rest_bytes", "cell_size_bytes", "max_total_num_tokens", "max_req_input_len",
+     "idle_bytes", "accepted", "error"]]
+summary
+
+# %%
+ratio = with_gc.max_total_num_tokens / no_gc.max_total_num_tokens
+print(f"pool without gc: {no_gc.max_total_num_tokens:,} tokens · with gc: {with_gc.max_total_num_tokens:,} tokens "
+      f"· {ratio:,.0f}× larger")
+print("without gc ->", no_gc.error)
+assert not no_gc.accepted and with_gc.accepted and ratio >= 100
+
+# %% [markdown]
+# ## 2 · Try it live
+# The toggle decides whether your server collects before measuring. The two timelines (rank 0 of 4) show what the
+# allocator did in each arm: the weights go in, the loader's staging shards go in with them, and at the
+# **measure** phase only the right-hand arm has let go of them. Move `mem_fraction_static`, switch `empty_cache()`
+# off, or change the prompt and preset.
+
+# %%
+from kvlab.viz.widgets import KVPoolPanel
+
+panel = KVPoolPanel("sglang-pr-4xh200")
+panel.widget
+
+# %% [markdown]
+# ## 3 · Why `del` is not enough
+# The loader keeps the first exception of its dtype-converting fallback for its load report. That exception's
+# traceback holds the frame of `WeightLoader.load`, whose locals hold the loader itself and the staging shards it
+# kept for verification: a cycle. Reference counting frees nothing in a cycle; only `gc.collect()` does.
+
+# %%
+import gc
+
+from kvlab.device import get_device
+from kvlab.model import get_model_config, load_weights
+
+gc.disable()  # keep the interpreter's automatic collector out of the experiment
+device = get_device("sim:h100-80g")
+loaded = load_weights(device, get_model_config("llama-3.1-8b"))
+after_load = device.memory_allocated()
+del loaded  # drop the parameters: what is left is what the cycle holds
+after_del = device.memory_allocated()
+gc.collect()
+after_gc = device.memory_allocated()
+gc.enable()
+steps = pd.DataFrame({"allocated GiB": [after_load / 2**30, after_del / 2**30, after_gc / 2**30]},
+                     index=["after load", "after del (params gone)", "after gc.collect()"])
+steps
+
+# %% [markdown]
+# ## 4 · On a real GPU
+# With a CUDA device the same loader runs on PyTorch's own caching allocator and the readings are the driver's.
+# (On this machine: skipped when no GPU is visible.)
+
+# %%
+if DEVICE.startswith("cuda"):
+    gpu_no_gc, gpu_gc = kv_pool_sizing.compare("llama-8b-l4", device="cuda")
+    display(pd.DataFrame({"without gc": gpu_no_gc.to_json(), "with gc": gpu_gc.to_json()}))
+else:
+    print("no CUDA device here: the sections above ran on kvlab's model of the caching allocator")

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The whole test suite: installs what the tests need (pip packages, Debian's chromium for the browser
+# tests, the SGLang reference environment for differential tests) and runs pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if ! python3 -c "import torch" 2>/dev/null; then python3 -m pip install torch==2.13.0; fi
+python3 -m pip install -e ".[test]"
+if [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null
+  else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi
+fi
+if [ -x .ci/setup_reference.sh ] || [ -f .ci/setup_reference.sh ]; then bash .ci/setup_reference.sh; fi
+export KVLAB_REQUIRE_BROWSER="${KVLAB_REQUIRE_BROWSER:-1}"
+set +e
+python3 -m pytest "$@"
+rc=$?
+set -e
+if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
+exit "$rc"
