@@ -55,7 +55,29 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--prompt-tokens", type=_positive_int, default=None, help="prompt length to check (default: preset's)")
     pool.add_argument("--device", default=None, help="override the preset's device: cuda, sim:<preset>")
     pool.add_argument("--json", action="store_true", help="print the result as JSON")
+
+    data = commands.add_parser("data", help="regenerate the files kvlab ships in data/")
+    data_kinds = data.add_subparsers(dest="kind", required=True)
+    tiny = data_kinds.add_parser("tiny-checkpoint", help="write the tiny model's safetensors checkpoint")
+    tiny.add_argument("--out", default="data/tiny-llama", help="output directory (default: %(default)s)")
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.add_argument("--force", action="store_true", help="overwrite an existing checkpoint")
     return parser
+
+
+def _write_tiny_checkpoint(args) -> int:
+    from pathlib import Path
+
+    from kvlab.model import get_model_config, write_checkpoint
+    from kvlab.model.checkpoint import SAFETENSORS_FILE
+
+    target = Path(args.out) / SAFETENSORS_FILE
+    if target.exists() and not args.force:
+        print(f"kvlab: error: {target} exists; pass --force to overwrite it", file=sys.stderr)
+        return 2
+    path = write_checkpoint(args.out, get_model_config("tiny"), seed=args.seed)
+    print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    return 0
 
 
 def _print_pool(result) -> None:
@@ -105,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_pool(result)
         return 0
+    if args.command == "data" and args.kind == "tiny-checkpoint":
+        return _write_tiny_checkpoint(args)
     parser.error("unknown command")  # pragma: no cover
     return 2
 

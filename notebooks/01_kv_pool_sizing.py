@@ -5,6 +5,8 @@
 #     text_representation:
 #       extension: .py
 #       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
 #   kernelspec:
 #     display_name: Python 3
 #     language: python
@@ -91,13 +93,13 @@ gc.disable()  # keep the interpreter's automatic collector out of the experiment
 device = get_device("sim:h100-80g")
 loaded = load_weights(device, get_model_config("llama-3.1-8b"))
 after_load = device.memory_allocated()
-del loaded  # drop the parameters: what is left is what the cycle holds
+del loaded  # the caller lets go of everything it was given ...
 after_del = device.memory_allocated()
 gc.collect()
 after_gc = device.memory_allocated()
 gc.enable()
 steps = pd.DataFrame({"allocated GiB": [after_load / 2**30, after_del / 2**30, after_gc / 2**30]},
-                     index=["after load", "after del (params gone)", "after gc.collect()"])
+                     index=["after load", "after del: the cycle still holds it all", "after gc.collect()"])
 steps
 
 # %% [markdown]

@@ -121,9 +121,10 @@ def write_checkpoint(directory: str | Path, config: ModelConfig, *, seed: int = 
             tensors[name] = torch.ones(shape, dtype=dtype)
         else:
             tensors[name] = (torch.randn(shape, generator=generator) * 0.02).to(dtype)
-    save_file(tensors, str(directory / SAFETENSORS_FILE), metadata={"format": "pt", "generator": "kvlab", "seed": str(seed)})
+    save_file(tensors, str(directory / SAFETENSORS_FILE), metadata={"format": "pt"})
     fields = {f: getattr(config, f) for f in ("name", "num_layers", "hidden_size", "num_attention_heads",
                                                "num_kv_heads", "head_dim", "intermediate_size", "vocab_size",
                                                "context_len", "weight_dtype")}
+    fields["generated_by"] = f"kvlab.model.checkpoint.write_checkpoint(seed={seed})"
     (directory / CONFIG_FILE).write_text(json.dumps(fields, indent=2) + "\n")
     return directory / SAFETENSORS_FILE
