@@ -48,14 +48,25 @@ def timeline_traces(frame: pd.DataFrame, *, showlegend: bool = True) -> list[go.
     return traces
 
 
-def _add_phase_bands(fig: go.Figure, frame: pd.DataFrame, col: int | None = None) -> None:
+def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[dict]]:
+    """Shaded rectangles and labels for the phases of a timeline (layout shapes and annotations)."""
+    shapes, labels = [], []
     for phase, start, stop in phase_spans(frame):
-        if phase == "start" or stop == start and phase not in PHASE_COLOURS:
+        if phase not in PHASE_COLOURS:
             continue
-        kwargs = dict(row=1, col=col) if col else {}
-        fig.add_vrect(x0=start - 0.5, x1=stop + 0.5, fillcolor=PHASE_COLOURS.get(phase, "rgba(0,0,0,0.05)"),
-                      line_width=0, layer="below", annotation_text=phase, annotation_position="top left",
-                      annotation_font_size=10, **kwargs)
+        shapes.append(dict(type="rect", xref=xref, yref="paper", x0=start - 0.5, x1=stop + 0.5, y0=0, y1=1,
+                           fillcolor=PHASE_COLOURS[phase], line_width=0, layer="below"))
+        labels.append(dict(xref=xref, yref="paper", x=start - 0.5, y=1, text=phase, showarrow=False,
+                           xanchor="left", yanchor="top", font=dict(size=10, color="#555")))
+    return shapes, labels
+
+
+def _add_phase_bands(fig: go.Figure, frame: pd.DataFrame, col: int | None = None) -> None:
+    shapes, labels = phase_bands(frame, "x" if not col or col == 1 else f"x{col}")
+    for shape in shapes:
+        fig.add_shape(shape)
+    for label in labels:
+        fig.add_annotation(label)
 
 
 def memory_timeline(frame: pd.DataFrame, title: str = "Device memory") -> go.Figure:

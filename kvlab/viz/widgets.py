@@ -54,6 +54,7 @@ class KVPoolPanel:
 
         self.timelines = go.FigureWidget(plots.memory_timelines_side_by_side(
             _empty_frame(), _empty_frame(), ("without gc.collect()", "with gc.collect()")))
+        self._subplot_titles = tuple(self.timelines.layout.annotations)
         self.waterfall = go.FigureWidget(plots.budget_waterfall([("free before load", 0)]))
         self.waterfall.update_layout(height=360, margin=dict(t=50, l=50, r=20, b=40))
         self.table = widgets.HTML()
@@ -106,8 +107,7 @@ class KVPoolPanel:
             current = with_gc if self.gc_toggle.value else no_gc
             self._draw(no_gc, with_gc, current)
         except Exception:  # shown in the panel, not lost in the kernel log
-            with self.errors:
-                print(traceback.format_exc())
+            self.errors.append_stdout(traceback.format_exc())
 
     def _draw(self, no_gc, with_gc, current) -> None:
         with self.timelines.batch_update():
@@ -118,10 +118,13 @@ class KVPoolPanel:
                     trace.x = list(range(len(frame)))
                     trace.y = (frame[column] / GIB).round(4).tolist()
                     trace.customdata = frame["phase"].tolist()
-            self.timelines.layout.shapes = ()
-            self.timelines.layout.annotations = self.timelines.layout.annotations[:2]
-            for col, result in ((1, no_gc), (2, with_gc)):
-                plots._add_phase_bands(self.timelines, result.timeline, col)
+            shapes, labels = [], []
+            for xref, result in (("x", no_gc), ("x2", with_gc)):
+                s, a = plots.phase_bands(result.timeline, xref)
+                shapes += s
+                labels += a
+            self.timelines.layout.shapes = shapes
+            self.timelines.layout.annotations = list(self._subplot_titles) + labels
         trace = plots.waterfall_trace(current.budget_terms())
         with self.waterfall.batch_update():
             self.waterfall.data[0].x = trace.x

@@ -1,0 +1,66 @@
+"""The finding-1 widget panel, headless: set a control, assert on the figures and the table."""
+
+import plotly.graph_objects as go
+import pytest
+
+from kvlab.experiments import kv_pool_sizing
+from kvlab.viz import plots
+from kvlab.viz.widgets import KVPoolPanel
+
+GIB = float(1 << 30)
+
+
+@pytest.fixture(scope="module")
+def panel():
+    return KVPoolPanel("llama-8b-l4")
+
+
+def _waterfall_total(panel):
+    return sum(panel.waterfall.data[0].y)
+
+
+def test_toggle_switches_the_budget_and_verdict(panel):
+    panel.gc_toggle.value = True
+    with_gc = kv_pool_sizing.run("llama-8b-l4", gc_before_measure=True)
+    assert _waterfall_total(panel) == pytest.approx(with_gc.budget.rest_bytes / GIB, abs=1e-3)
+    assert f"data-max-total-num-tokens='{with_gc.max_total_num_tokens}'" in panel.verdict.value
+    panel.gc_toggle.value = False
+    no_gc = kv_pool_sizing.run("llama-8b-l4", gc_before_measure=False)
+    assert _waterfall_total(panel) == pytest.approx(no_gc.budget.rest_bytes / GIB, abs=1e-3)
+    assert f"data-max-total-num-tokens='{no_gc.max_total_num_tokens}'" in panel.verdict.value
+    assert f"data-value='{no_gc.max_total_num_tokens}'" in panel.table.value
+
+
+def test_timelines_show_both_arms(panel):
+    no_gc, with_gc = panel.arms()
+    n = len(plots.SERIES)
+    assert list(panel.timelines.data[0].y) == (no_gc.timeline["allocated_bytes"] / GIB).round(4).tolist()
+    assert list(panel.timelines.data[n].y) == (with_gc.timeline["allocated_bytes"] / GIB).round(4).tolist()
+    assert any(a.text == "measure" for a in panel.timelines.layout.annotations)
+
+
+def test_fraction_slider_reruns(panel):
+    panel.gc_toggle.value = True
+    before = _waterfall_total(panel)
+    panel.fraction.value = 0.8
+    assert _waterfall_total(panel) < before
+    panel.fraction.value = 0.9
+
+
+def test_preset_change_loads_its_defaults(panel):
+    panel.preset.value = "tiny-h100"
+    assert panel.fraction.value == pytest.approx(0.88) and panel.prompt.value == 1000
+    panel.preset.value = "llama-8b-l4"
+
+
+def test_errors_show_in_the_panel():
+    panel = KVPoolPanel("tiny-h100", device="sim:h300")  # unknown device preset
+    text = "".join(o.get("text", "") for o in panel.errors.outputs)
+    assert "unknown device preset 'h300'" in text
+
+
+def test_plots_are_figures():
+    result = kv_pool_sizing.run("tiny-h100")
+    assert isinstance(plots.memory_timeline(result.timeline), go.Figure)
+    fig = plots.budget_waterfall(result.budget_terms())
+    assert isinstance(fig, go.Figure) and list(fig.data[0].measure)[-1] == "total"
