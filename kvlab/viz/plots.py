@@ -51,12 +51,12 @@ def timeline_traces(frame: pd.DataFrame, *, showlegend: bool = True) -> list[go.
 def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[dict]]:
     """Shaded rectangles and labels for the phases of a timeline (layout shapes and annotations)."""
     shapes, labels = [], []
-    for phase, start, stop in phase_spans(frame):
-        if phase not in PHASE_COLOURS:
-            continue
+    spans = [span for span in phase_spans(frame) if span[0] in PHASE_COLOURS and span[2] > span[1]]
+    for row, (phase, start, stop) in enumerate(spans):
         shapes.append(dict(type="rect", xref=xref, yref="paper", x0=start - 0.5, x1=stop + 0.5, y0=0, y1=1,
                            fillcolor=PHASE_COLOURS[phase], line_width=0, layer="below"))
-        labels.append(dict(xref=xref, yref="paper", x=start - 0.5, y=1, text=phase, showarrow=False,
+        # labels step down in three rows so short neighbouring phases stay readable
+        labels.append(dict(xref=xref, yref="paper", x=start - 0.5, y=1 - 0.06 * (row % 3), text=phase, showarrow=False,
                            xanchor="left", yanchor="top", font=dict(size=10, color="#555")))
     return shapes, labels
 

@@ -56,7 +56,7 @@ class KVPoolPanel:
             _empty_frame(), _empty_frame(), ("without gc.collect()", "with gc.collect()")))
         self._subplot_titles = tuple(self.timelines.layout.annotations)
         self.waterfall = go.FigureWidget(plots.budget_waterfall([("free before load", 0)]))
-        self.waterfall.update_layout(height=360, margin=dict(t=50, l=50, r=20, b=40))
+        self.waterfall.update_layout(height=380, width=640, margin=dict(t=50, l=50, r=20, b=60))
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
         self.errors = widgets.Output()

@@ -322,7 +322,7 @@ def wait_plotly_change(page: Page, selector: str, old_data: list[dict], timeout:
     page.wait_for_function(
         "([selector, old]) => {" + _PLOTLY_DATA + "const d = plotlyData(document.querySelector(selector));"
         " return d !== null && JSON.stringify(d) !== old; }",
-        arg=[selector, json.dumps(old_data, separators=(",", ":"))], timeout=timeout, polling=100,
+        arg=[selector, json.dumps(old_data, separators=(",", ":"), ensure_ascii=False)], timeout=timeout, polling=100,
     )
     return plotly_data(page, selector)
 
