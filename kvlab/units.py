@@ -37,10 +37,13 @@ def tokens_to_pages(tokens: int, page_size: int) -> int:
 
 
 def fmt_bytes(n: float) -> str:
-    """Human-readable bytes in binary units, as torch prints them (``20.00 MiB``)."""
+    """Human-readable bytes in binary units, exactly as torch's OOM message prints them (``20.00 MiB``;
+    like torch's ``format_size`` a value of exactly 1 KiB/MiB/GiB prints in the unit below)."""
     sign = "-" if n < 0 else ""
     n = abs(n)
-    for unit, size in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
-        if n >= size:
+    if n <= KiB:
+        return f"{sign}{int(n)} bytes"
+    for unit, size in (("KiB", KiB), ("MiB", MiB)):
+        if n <= size * 1024:
             return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{int(n)} bytes"
+    return f"{sign}{n / GiB:.2f} GiB"

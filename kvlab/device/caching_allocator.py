@@ -1,0 +1,1133 @@
+"""A CPU model of PyTorch's CUDA caching allocator: one device, streams as plain ints.
+
+It mirrors ``c10/cuda/CUDACachingAllocator.cpp::DeviceCachingAllocator`` step by step, under
+torch's own names (``round_size``, ``get_free_block``, ``should_split``, ``alloc_block``,
+``free_block``, ``release_cached_blocks``, ``get_allocation_size``), so a learner can read the two
+side by side. The "driver" is a single number: it can hand out
+``total_bytes - non_pytorch_bytes - reserved`` more bytes, in any shape.
+
+Memory layout, non-expandable (one ``cudaMalloc`` per segment, blocks split and merged inside)::
+
+    segment 0x7f0000000000 (20 MiB, large pool)
+    |-- 5 MiB allocated --|-- 3 MiB allocated --|------ 12 MiB free (cached) ------|
+
+Expandable segments (``expandable_segments:True``): one segment per (pool, stream) reserves
+virtual address space for 1 1/8 of the device and maps 2 MiB (small) / 20 MiB (large) pages on
+demand; unmapped address space is held by ``mapped=False`` blocks::
+
+    |-- alloc --|-- free --|======= unmapped =======|-- alloc --|====== unmapped ======...|
+
+Where kvlab differs on purpose (everything else follows torch):
+- one device and no CUDA events: ``free`` completes at once (``free_requested`` then
+  ``free_completed``), so ``active`` always equals ``allocated``;
+- no CUDA graphs / private pools, no ``garbage_collection_threshold``, no per-interval
+  ``roundup_power2_divisions`` list, no IPC; the config is fixed for the allocator's lifetime;
+- a freed block's ``requested_size`` reads 0 (torch leaves the stale value behind);
+- addresses come from a bump pointer and are never reused;
+- every allocation gets a fresh :class:`Block` object, so a stale handle can never free
+  somebody else's allocation (torch reuses the ``Block*`` when it does not split).
+"""
+
+from __future__ import annotations
+
+import operator
+from bisect import bisect_left, insort
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kvlab.units import MiB, align_down, align_up, div_ceil, fmt_bytes
+
+if TYPE_CHECKING:
+    from kvlab.device.events import EventRecorder
+
+# c10/cuda/CUDACachingAllocator.cpp constants (kMinBlockSize, kSmallSize, ...).
+MIN_BLOCK_BYTES = 512  # every size is rounded to a multiple of this
+SMALL_SIZE_BYTES = 1 * MiB  # largest "small" request
+SMALL_BUFFER_BYTES = 2 * MiB  # small requests are packed into 2 MiB segments (and pages)
+LARGE_BUFFER_BYTES = 20 * MiB  # requests of 1-10 MiB share 20 MiB segments (and pages)
+MIN_LARGE_ALLOC_BYTES = 10 * MiB  # from here on, a segment is the request rounded to 2 MiB
+ROUND_LARGE_BYTES = 2 * MiB
+# AcceleratorAllocatorConfig::max_non_split_rounding_size default: an oversize request may take a
+# cached block at most this much bigger than itself.
+MAX_NON_SPLIT_ROUNDING_BYTES = LARGE_BUFFER_BYTES
+
+UNLIMITED_SPLIT_SIZE = 2**64 - 1  # torch's SIZE_MAX: "max_split_size unset"
+BASE_ADDR = 0x7F00_0000_0000  # where the model's first segment starts (a typical CUDA VA)
+SEGMENT_ALIGN_BYTES = 2 * MiB
+
+POOLS = ("small", "large")
+_STAT_ARRAYS = (
+    "allocation",
+    "segment",
+    "active",
+    "inactive_split",
+    "allocated_bytes",
+    "reserved_bytes",
+    "active_bytes",
+    "inactive_split_bytes",
+    "requested_bytes",
+)
+_STAT_TYPES = ("all", "small_pool", "large_pool")
+
+# PYTORCH_CUDA_ALLOC_CONF keys that do not change what this model computes.
+_IGNORED_CONF_KEYS = frozenset(
+    {
+        "release_lock_on_cudamalloc",
+        "pinned_use_cuda_host_register",
+        "pinned_num_register_threads",
+        "pinned_use_background_threads",
+    }
+)
+# Keys torch understands but the model does not implement: refuse them rather than mislead.
+_UNMODELLED_CONF_KEYS = frozenset(
+    {"garbage_collection_threshold", "max_non_split_rounding_mb", "per_process_memory_fraction"}
+)
+_OOM_ADVICE = (
+    "If reserved but unallocated memory is large try setting "
+    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
+    "See documentation for Memory Management  "
+    "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
+)
+
+
+# ---- pure sizing rules ----------------------------------------------------------------------
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and n & (n - 1) == 0
+
+
+def roundup_power2_next_division(size: int, divisions: int) -> int:
+    """Round ``size`` up to the next of ``divisions`` equal steps between two powers of two.
+
+    Mirrors ``DeviceCachingAllocator::roundup_power2_next_division``: 1.1 MiB with 4 divisions
+    lies in [1 MiB, 2 MiB), whose steps are 1, 1.25, 1.5, 1.75 MiB, so it becomes 1.25 MiB.
+    """
+    if _is_power_of_two(size):
+        return size
+    power2_floor = 1 << (size.bit_length() - 1)
+    step = power2_floor >> (divisions.bit_length() - 1)
+    if step == 0:
+        return power2_floor << 1
+    floor = size & ~(step - 1)
+    return size if floor == size else floor + step
+
+
+def round_size(size: int, roundup_power2_divisions: int | None = None) -> int:
+    """``DeviceCachingAllocator::round_size``: at least 512 B, a multiple of 512 B, or (with
+    divisions > 1 and size > 512 * divisions) the next power-of-two division."""
+    if size < MIN_BLOCK_BYTES:
+        return MIN_BLOCK_BYTES
+    divisions = roundup_power2_divisions or 0
+    if divisions > 1 and size > MIN_BLOCK_BYTES * divisions:
+        return roundup_power2_next_division(size, divisions)
+    return align_up(size, MIN_BLOCK_BYTES)
+
+
+def get_allocation_size(size: int) -> int:
+    """``DeviceCachingAllocator::get_allocation_size``: the cudaMalloc size for a rounded request."""
+    if size <= SMALL_SIZE_BYTES:
+        return SMALL_BUFFER_BYTES
+    if size < MIN_LARGE_ALLOC_BYTES:
+        return LARGE_BUFFER_BYTES
+    return align_up(size, ROUND_LARGE_BYTES)
+
+
+def pool_for(size: int) -> str:
+    """``get_pool``: rounded sizes up to 1 MiB live in the small pool."""
+    return "small" if size <= SMALL_SIZE_BYTES else "large"
+
+
+# ---- config -----------------------------------------------------------------------------------
+
+
+def _split_conf(conf: str) -> list[str]:
+    """Split on commas that are not inside ``[...]`` (torch's list syntax)."""
+    items, depth, current = [], 0, []
+    for ch in conf:
+        if ch == "[":
+            depth += 1
+        elif ch == "]":
+            depth -= 1
+        if ch == "," and depth == 0:
+            items.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    items.append("".join(current))
+    return [item.strip() for item in items if item.strip()]
+
+
+def _conf_int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: expected an integer") from None
+
+
+def _conf_bool(key: str, value: str) -> bool:
+    if value in ("True", "true"):
+        return True
+    if value in ("False", "false"):
+        return False
+    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: expected True or False")
+
+
+@dataclass(frozen=True)
+class AllocatorConfig:
+    """The ``PYTORCH_CUDA_ALLOC_CONF`` options the model implements (torch defaults)."""
+
+    max_split_size_bytes: int | None = None  # None = unlimited: any cached block may be split
+    expandable_segments: bool = False
+    roundup_power2_divisions: int | None = None  # None (or 0, 1) = plain 512 B rounding
+
+    def __post_init__(self) -> None:
+        msplit = self.max_split_size_bytes
+        if msplit is not None:
+            # torch takes max_split_size_mb >= 20 (kLargeBuffer) in whole MiB; the model relies on
+            # that (an oversize cached block is then always a whole segment).
+            if not isinstance(msplit, int) or msplit < LARGE_BUFFER_BYTES or msplit % MiB:
+                raise ValueError(
+                    f"max_split_size_bytes={msplit!r}: must be a whole number of MiB >= 20 MiB "
+                    "(torch's max_split_size_mb >= 20), or None for unlimited"
+                )
+        divisions = self.roundup_power2_divisions
+        if divisions is not None and (
+            not isinstance(divisions, int) or not (divisions == 0 or _is_power_of_two(divisions))
+        ):
+            raise ValueError(f"roundup_power2_divisions={divisions!r}: must be a power of 2 (or 0 / None)")
+        if not isinstance(self.expandable_segments, bool):
+            raise ValueError(f"expandable_segments={self.expandable_segments!r}: must be a bool")
+
+    @property
+    def effective_max_split_size_bytes(self) -> int:
+        return UNLIMITED_SPLIT_SIZE if self.max_split_size_bytes is None else self.max_split_size_bytes
+
+    @classmethod
+    def from_env(cls, conf: str) -> AllocatorConfig:
+        """Parse a ``PYTORCH_CUDA_ALLOC_CONF`` string, e.g.
+        ``"expandable_segments:True,max_split_size_mb:128"``. Mirrors
+        ``c10/core/AllocatorConfig.cpp::parseArgs`` for the keys the model implements; an unknown
+        key, an unmodelled key or a bad value raises ``ValueError`` naming both."""
+        kwargs: dict[str, object] = {}
+        for item in _split_conf(conf or ""):
+            key, sep, value = (part.strip() for part in item.partition(":"))
+            if not sep or not value:
+                raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF item {item!r}: expected key:value")
+            if key == "max_split_size_mb":
+                mb = _conf_int(key, value)
+                if mb < LARGE_BUFFER_BYTES // MiB:
+                    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: too small, must be >= 20")
+                kwargs["max_split_size_bytes"] = mb * MiB
+            elif key == "expandable_segments":
+                kwargs["expandable_segments"] = _conf_bool(key, value)
+            elif key == "roundup_power2_divisions":
+                if value.startswith("["):
+                    raise ValueError(
+                        f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: per-interval divisions are not modelled; "
+                        "give one power of 2"
+                    )
+                divisions = _conf_int(key, value)
+                if not _is_power_of_two(divisions):
+                    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: divisions must be a power of 2")
+                kwargs["roundup_power2_divisions"] = divisions
+            elif key == "backend":
+                if value != "native":
+                    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: only the native allocator is modelled")
+            elif key in _IGNORED_CONF_KEYS:
+                continue
+            elif key in _UNMODELLED_CONF_KEYS:
+                raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: torch option not modelled by kvlab")
+            else:
+                raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: unknown key")
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+    def to_env(self) -> str:
+        """The ``PYTORCH_CUDA_ALLOC_CONF`` string that :meth:`from_env` turns back into this config."""
+        parts = []
+        if self.max_split_size_bytes is not None:
+            parts.append(f"max_split_size_mb:{self.max_split_size_bytes // MiB}")
+        if self.expandable_segments:
+            parts.append("expandable_segments:True")
+        if self.roundup_power2_divisions:
+            parts.append(f"roundup_power2_divisions:{self.roundup_power2_divisions}")
+        return ",".join(parts)
+
+
+# ---- errors and data ----------------------------------------------------------------------------
+
+
+class OutOfMemoryError(torch.OutOfMemoryError):
+    """Raised by :meth:`CachingAllocatorModel.malloc`; ``except torch.OutOfMemoryError`` catches it.
+
+    ``requested_bytes`` is what the caller asked for; ``allocation_bytes`` is the segment size the
+    message names ("Tried to allocate"), as torch prints ``get_allocation_size`` there."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        requested_bytes: int,
+        allocation_bytes: int,
+        total_bytes: int,
+        free_bytes: int,
+        allocated_bytes: int,
+        reserved_bytes: int,
+        device_index: int,
+    ) -> None:
+        super().__init__(message)
+        self.requested_bytes = requested_bytes
+        self.allocation_bytes = allocation_bytes
+        self.total_bytes = total_bytes
+        self.free_bytes = free_bytes
+        self.allocated_bytes = allocated_bytes
+        self.reserved_bytes = reserved_bytes
+        self.device_index = device_index
+
+
+@dataclass(eq=False, repr=False, slots=True)
+class Block:
+    """A contiguous address range inside a segment (torch's ``Block``)."""
+
+    addr: int
+    size: int  # bytes, a multiple of 512
+    requested_size: int  # what the caller asked for (0 while free)
+    stream: int
+    pool: str  # "small" | "large"
+    allocated: bool
+    segment: Segment
+    mapped: bool = True  # False only for unmapped address space of an expandable segment
+    prev: Block | None = None
+    next: Block | None = None
+
+    @property
+    def end_addr(self) -> int:
+        return self.addr + self.size
+
+    def is_split(self) -> bool:
+        return self.prev is not None or self.next is not None
+
+    def __repr__(self) -> str:
+        state = "allocated" if self.allocated else ("free" if self.mapped else "unmapped")
+        return (
+            f"Block(addr={self.addr:#x}, size={self.size}, requested_size={self.requested_size}, "
+            f"stream={self.stream}, pool={self.pool!r}, {state})"
+        )
+
+
+@dataclass(eq=False, repr=False, slots=True)
+class Segment:
+    """One ``cudaMalloc`` (or one expandable segment's address range) and its blocks.
+
+    ``size`` is the bytes backed by device memory: the cudaMalloc size, or the mapped pages of an
+    expandable segment; ``memory_reserved() == sum(seg.size for seg in segments)``."""
+
+    addr: int
+    size: int
+    pool: str
+    stream: int
+    is_expandable: bool = False
+    address_space_bytes: int = 0  # virtual extent (== size unless expandable)
+    page_bytes: int = 0  # expandable only: 2 MiB (small) / 20 MiB (large)
+    head: Block | None = None
+
+    @property
+    def mapped_bytes(self) -> int:
+        return self.size
+
+    def iter_all_blocks(self) -> Iterator[Block]:
+        """Every block in address order, unmapped address space included."""
+        block = self.head
+        while block is not None:
+            yield block
+            block = block.next
+
+    @property
+    def blocks(self) -> list[Block]:
+        """Mapped blocks (allocated and free) in address order."""
+        return [b for b in self.iter_all_blocks() if b.mapped]
+
+    def __repr__(self) -> str:
+        kind = "expandable" if self.is_expandable else "cudaMalloc"
+        return f"Segment(addr={self.addr:#x}, size={self.size}, pool={self.pool!r}, stream={self.stream}, {kind})"
+
+
+class _BlockPool:
+    """Free blocks of one pool (torch's ``BlockPool``): best-fit order per stream is a sorted
+    ``(size, addr)`` list, unmapped expandable space a sorted address list."""
+
+    __slots__ = ("name", "is_small", "blocks", "_keys", "unmapped", "_unmapped_addrs")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.is_small = name == "small"
+        self.blocks: dict[int, Block] = {}  # addr -> free mapped block
+        self._keys: dict[int, list[tuple[int, int]]] = {}  # stream -> sorted (size, addr)
+        self.unmapped: dict[int, Block] = {}
+        self._unmapped_addrs: dict[int, list[int]] = {}
+
+    def insert(self, block: Block) -> None:
+        insort(self._keys.setdefault(block.stream, []), (block.size, block.addr))
+        self.blocks[block.addr] = block
+
+    def erase(self, block: Block) -> None:
+        keys = self._keys[block.stream]
+        i = bisect_left(keys, (block.size, block.addr))
+        assert i < len(keys) and keys[i] == (block.size, block.addr), f"{block!r} not in the {self.name} pool"
+        del keys[i]
+        del self.blocks[block.addr]
+
+    def keys(self, stream: int) -> list[tuple[int, int]]:
+        return self._keys.get(stream, [])
+
+    def streams(self) -> list[int]:
+        return sorted(self._keys)
+
+    def insert_unmapped(self, block: Block) -> None:
+        insort(self._unmapped_addrs.setdefault(block.stream, []), block.addr)
+        self.unmapped[block.addr] = block
+
+    def erase_unmapped(self, block: Block) -> None:
+        addrs = self._unmapped_addrs[block.stream]
+        i = bisect_left(addrs, block.addr)
+        assert i < len(addrs) and addrs[i] == block.addr, f"{block!r} not unmapped in the {self.name} pool"
+        del addrs[i]
+        del self.unmapped[block.addr]
+
+    def unmapped_addrs(self, stream: int) -> list[int]:
+        return self._unmapped_addrs.get(stream, [])
+
+
+class _Stat:
+    """torch's ``Stat``: current, peak, and the running totals ``allocated`` / ``freed``."""
+
+    __slots__ = ("current", "peak", "allocated", "freed")
+
+    def __init__(self) -> None:
+        self.current = self.peak = self.allocated = self.freed = 0
+
+    def increase(self, amount: int) -> None:
+        self.current += amount
+        self.peak = max(self.peak, self.current)
+        self.allocated += amount
+
+    def decrease(self, amount: int) -> None:
+        self.current -= amount
+        assert self.current >= 0, "negative tracked stat in the allocator model (logic error)"
+        self.freed += amount
+
+
+def _link_before(new: Block, node: Block) -> None:
+    new.prev, new.next = node.prev, node
+    if node.prev is not None:
+        node.prev.next = new
+    else:
+        node.segment.head = new
+    node.prev = new
+
+
+def _link_after(new: Block, node: Block) -> None:
+    new.prev, new.next = node, node.next
+    if node.next is not None:
+        node.next.prev = new
+    node.next = new
+
+
+# ---- the allocator ---------------------------------------------------------------------------
+
+
+class CachingAllocatorModel:
+    """``DeviceCachingAllocator`` for one device, on the CPU. See the module docstring."""
+
+    def __init__(
+        self,
+        total_bytes: int,
+        *,
+        non_pytorch_bytes: int = 0,
+        config: AllocatorConfig = AllocatorConfig(),
+        recorder: EventRecorder | None = None,
+        device_index: int = 0,
+    ) -> None:
+        if not isinstance(total_bytes, int) or total_bytes <= 0:
+            raise ValueError(f"total_bytes must be a positive int, got {total_bytes!r}")
+        if not isinstance(config, AllocatorConfig):
+            raise TypeError(f"config must be an AllocatorConfig, got {type(config).__name__}")
+        self.total_bytes = total_bytes
+        self.config = config
+        self.recorder = recorder
+        self.device_index = device_index
+        self._max_split = config.effective_max_split_size_bytes
+        self._pools = {name: _BlockPool(name) for name in POOLS}
+        self._segments: dict[int, Segment] = {}  # addr -> segment
+        self._active: dict[int, Block] = {}  # addr -> allocated block
+        self._next_addr = BASE_ADDR
+        self._stats = {name: {t: _Stat() for t in _STAT_TYPES} for name in _STAT_ARRAYS}
+        self._stat_pairs = {
+            (name, p): (self._stats[name]["all"], self._stats[name][f"{p}_pool"])
+            for name in _STAT_ARRAYS
+            for p in POOLS
+        }
+        self._oversize_allocations = _Stat()
+        self._oversize_segments = _Stat()
+        self._counters = dict.fromkeys(
+            ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free"), 0
+        )
+        self._non_pytorch_bytes = 0
+        self.non_pytorch_bytes = non_pytorch_bytes
+
+    # ---- the driver ------------------------------------------------------------------------
+    @property
+    def non_pytorch_bytes(self) -> int:
+        """CUDA context, NCCL buffers, other processes: device memory the allocator cannot use."""
+        return self._non_pytorch_bytes
+
+    @non_pytorch_bytes.setter
+    def non_pytorch_bytes(self, value: int) -> None:
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"non_pytorch_bytes must be a non-negative int, got {value!r}")
+        if value + self.memory_reserved() > self.total_bytes:
+            raise ValueError(
+                f"non_pytorch_bytes={value} does not fit: total {self.total_bytes}, "
+                f"reserved by PyTorch {self.memory_reserved()}"
+            )
+        self._non_pytorch_bytes = value
+
+    def mem_get_info(self) -> tuple[int, int]:
+        """``cudaMemGetInfo``: (free, total) as the driver sees the device."""
+        return self.total_bytes - self._non_pytorch_bytes - self.memory_reserved(), self.total_bytes
+
+    def _driver_free_bytes(self) -> int:
+        return self.mem_get_info()[0]
+
+    def _bump(self, size: int) -> int:
+        addr = self._next_addr
+        self._next_addr = align_up(addr + size, SEGMENT_ALIGN_BYTES)
+        return addr
+
+    def _record(self, action: str, addr: int, size: int, stream: int) -> None:
+        if self.recorder is not None:
+            self.recorder.record(
+                action,
+                addr,
+                size,
+                stream=stream,
+                allocated_bytes=self.memory_allocated(),
+                reserved_bytes=self.memory_reserved(),
+                device=self.device_index,
+            )
+
+    def _stat(self, pool: str, *updates: tuple[str, int]) -> None:
+        """Apply ``(stat_name, amount)`` updates (amount may be negative) to the aggregate and the
+        ``pool`` entry of each stat array: torch's increase_stat / decrease_stat, inlined."""
+        pairs = self._stat_pairs
+        for name, amount in updates:
+            if amount >= 0:
+                for stat in pairs[name, pool]:
+                    current = stat.current + amount
+                    stat.current = current
+                    if current > stat.peak:
+                        stat.peak = current
+                    stat.allocated += amount
+            else:
+                for stat in pairs[name, pool]:
+                    stat.current += amount
+                    assert stat.current >= 0, f"negative {name} stat in the allocator model (logic error)"
+                    stat.freed -= amount
+
+    # ---- public entry points -----------------------------------------------------------------
+    def malloc(self, size: int, stream: int = 0) -> Block:
+        """``DeviceCachingAllocator::malloc``. ``size`` is the requested bytes.
+
+        Order of attempts, as in torch: a cached block (``get_free_block``); a new segment
+        (``alloc_block``); free oversize cached blocks and retry (only with max_split_size set);
+        free every fully free segment (``release_cached_blocks``) and retry; else OOM.
+        Size 0 is rounded to 512 B like any request (torch's outer ``allocate`` skips it instead).
+        """
+        size = operator.index(size)
+        stream = operator.index(stream)
+        if size < 0:
+            raise ValueError(f"malloc size must be >= 0 bytes, got {size}")
+        if stream < 0:
+            raise ValueError(f"stream must be a non-negative int, got {stream}")
+        rounded = self.round_size(size)
+        pool = self._pools[pool_for(rounded)]
+        alloc_size = get_allocation_size(rounded)
+
+        block = self.get_free_block(pool, stream, rounded)
+        if block is None:
+            block = self.alloc_block(pool, stream, rounded, alloc_size, is_retry=False)
+        if block is None and self.release_available_cached_blocks(pool, stream, rounded):
+            block = self.alloc_block(pool, stream, rounded, alloc_size, is_retry=False)
+        if block is None and self.release_cached_blocks():
+            block = self.alloc_block(pool, stream, rounded, alloc_size, is_retry=True)
+        if block is None:
+            self._raise_oom(size, rounded, alloc_size, stream)
+        return self._alloc_found_block(block, pool, rounded, size, self.should_split(block, rounded))
+
+    def free(self, block: Block) -> None:
+        """``DeviceCachingAllocator::free``: stats drop at once, then ``free_block`` merges."""
+        if not isinstance(block, Block):
+            raise TypeError(f"free() takes a Block, got {type(block).__name__}")
+        if not block.allocated:
+            raise ValueError(f"double free: {block!r} is not allocated")
+        if self._active.get(block.addr) is not block:
+            raise ValueError(f"{block!r} was not allocated by this allocator")
+        del self._active[block.addr]
+        block.allocated = False
+        self._stat(block.pool, ("allocation", -1), ("allocated_bytes", -block.size))
+        if block.size >= self._max_split:
+            self._oversize_allocations.decrease(1)
+        self._record("free_requested", block.addr, block.requested_size, block.stream)
+        self.free_block(block)
+
+    def empty_cache(self) -> int:
+        """``emptyCache``: release every fully free segment (and unmap free expandable pages).
+        Returns the bytes given back to the driver."""
+        before = self.memory_reserved()
+        self.release_cached_blocks()
+        return before - self.memory_reserved()
+
+    # ---- torch's internal steps ------------------------------------------------------------
+    def round_size(self, size: int) -> int:
+        return round_size(size, self.config.roundup_power2_divisions)
+
+    def get_free_block(self, pool: _BlockPool, stream: int, size: int) -> Block | None:
+        """Best fit: the smallest cached block >= size on this stream (ties: lowest address),
+        subject to the max_split_size rules; removed from the pool when found."""
+        keys = pool.keys(stream)
+        i = bisect_left(keys, (size, 0))
+        if i == len(keys):
+            return None
+        block = pool.blocks[keys[i][1]]
+        if self.config.expandable_segments:
+            # torch treats a free block followed by unmapped space as big as it could grow, and
+            # walks on while the next candidate's expandable size is smaller.
+            def expandable_size(b: Block) -> int:
+                return b.size + (b.next.size if b.next is not None and not b.next.mapped else 0)
+
+            while i + 1 < len(keys):
+                candidate = pool.blocks[keys[i + 1][1]]
+                if expandable_size(candidate) >= expandable_size(block):
+                    break
+                block, i = candidate, i + 1
+        # Do not return an oversized block for a request below max_split_size ...
+        if size < self._max_split and block.size >= self._max_split:
+            return None
+        # ... and let an oversize request round up into a cached block only a little.
+        if size >= self._max_split and block.size >= size + MAX_NON_SPLIT_ROUNDING_BYTES:
+            return None
+        pool.erase(block)
+        return block
+
+    def should_split(self, block: Block, size: int) -> bool:
+        remaining = block.size - size
+        if block.pool == "small" or self.config.expandable_segments:
+            return remaining >= MIN_BLOCK_BYTES
+        return size < self._max_split and remaining > SMALL_SIZE_BYTES
+
+    def alloc_block(
+        self, pool: _BlockPool, stream: int, size: int, alloc_size: int, *, is_retry: bool
+    ) -> Block | None:
+        """cudaMalloc a new ``alloc_size`` segment (or, expandable, map pages for ``size``).
+        Returns its one free block, not in the pool, or None when the driver is out of memory."""
+        if is_retry:
+            self._counters["num_alloc_retries"] += 1
+        if self.config.expandable_segments:
+            return self._try_allocate_expandable_block(pool, stream, size)
+        if alloc_size > self._driver_free_bytes():
+            return None
+        segment = Segment(self._bump(alloc_size), alloc_size, pool.name, stream, address_space_bytes=alloc_size)
+        block = Block(segment.addr, alloc_size, 0, stream, pool.name, False, segment)
+        segment.head = block
+        self._segments[segment.addr] = segment
+        self._stat(pool.name, ("segment", 1), ("reserved_bytes", alloc_size))
+        if alloc_size >= self._max_split:
+            self._oversize_segments.increase(1)
+        self._counters["num_device_alloc"] += 1
+        self._record("segment_alloc", segment.addr, alloc_size, stream)
+        return block
+
+    def _alloc_found_block(self, block: Block, pool: _BlockPool, size: int, orig_size: int, split: bool) -> Block:
+        """``alloc_found_block``: carve ``size`` bytes off the front of ``block`` (or hand it out
+        whole) and count it allocated."""
+        already_split = block.is_split()
+        expandable = block.segment.is_expandable
+        new = Block(block.addr, size if split else block.size, orig_size, block.stream, pool.name, True, block.segment)
+        _link_before(new, block)
+        if split:
+            # The old block object stays behind as the free remainder.
+            block.addr += size
+            block.size -= size
+            pool.insert(block)
+            if not expandable:
+                if already_split:
+                    self._stat(pool.name, ("inactive_split_bytes", -size))
+                else:
+                    self._stat(pool.name, ("inactive_split_bytes", block.size), ("inactive_split", 1))
+        else:
+            # Unlink the old object: the allocation gets a fresh handle.
+            new.next = block.next
+            if block.next is not None:
+                block.next.prev = new
+            block.prev = block.next = None
+            if already_split and not expandable:
+                self._stat(pool.name, ("inactive_split_bytes", -new.size), ("inactive_split", -1))
+        self._active[new.addr] = new
+        self._stat(
+            pool.name,
+            ("allocation", 1),
+            ("allocated_bytes", new.size),
+            ("active", 1),
+            ("active_bytes", new.size),
+            ("requested_bytes", orig_size),
+        )
+        if new.size >= self._max_split:
+            self._oversize_allocations.increase(1)
+        self._record("alloc", new.addr, orig_size, new.stream)
+        return new
+
+    def free_block(self, block: Block) -> None:
+        """Return a block to its pool, merging with free neighbours of the same segment."""
+        self._record("free_completed", block.addr, block.requested_size, block.stream)
+        pool = self._pools[block.pool]
+        original_size, requested_size = block.size, block.requested_size
+        net_blocks = net_bytes = 0
+        for candidate in (block.prev, block.next):
+            subsumed = self._try_merge_blocks(block, candidate, pool)
+            if subsumed:
+                net_blocks -= 1
+                net_bytes -= subsumed
+        block.requested_size = 0
+        pool.insert(block)
+        if block.is_split():
+            net_blocks += 1
+            net_bytes += block.size
+        if not block.segment.is_expandable:  # torch leaves expandable segments out of inactive_split
+            if net_blocks or net_bytes:
+                self._stat(block.pool, ("inactive_split", net_blocks), ("inactive_split_bytes", net_bytes))
+        self._stat(block.pool, ("active", -1), ("active_bytes", -original_size), ("requested_bytes", -requested_size))
+
+    def _try_merge_blocks(self, dst: Block, src: Block | None, pool: _BlockPool) -> int:
+        """Absorb neighbour ``src`` into ``dst`` when it is free and equally (un)mapped.
+        ``dst`` must not be in the pool (its key changes). Returns the bytes absorbed."""
+        if src is None or src.allocated or src.mapped != dst.mapped:
+            return 0
+        if src.mapped:
+            pool.erase(src)
+        else:
+            pool.erase_unmapped(src)
+        if dst.prev is src:
+            dst.addr = src.addr
+            dst.prev = src.prev
+            if dst.prev is not None:
+                dst.prev.next = dst
+            else:
+                dst.segment.head = dst
+        else:
+            dst.next = src.next
+            if dst.next is not None:
+                dst.next.prev = dst
+        dst.size += src.size
+        src.prev = src.next = None
+        return src.size
+
+    def release_available_cached_blocks(self, pool: _BlockPool, stream: int, size: int) -> bool:
+        """With max_split_size set: cudaFree one cached oversize block big enough for the request,
+        or several, largest first, until enough is freed. Expandable blocks are skipped (as in
+        current torch), so with expandable segments this never frees anything."""
+        if self.config.max_split_size_bytes is None or self.config.expandable_segments:
+            return False
+        key_size = max(size, self._max_split)
+        keys = pool.keys(stream)
+        i = bisect_left(keys, (key_size, 0))
+        if i < len(keys):
+            self.release_block(pool.blocks[keys[i][1]])
+            return True
+        released, j = 0, i - 1
+        while released < key_size and j >= 0 and keys[j][0] >= self._max_split:
+            block = pool.blocks[keys[j][1]]
+            released += block.size
+            self.release_block(block)  # removes keys[j]; keys[:j] keep their indices
+            j -= 1
+        return released >= key_size
+
+    def release_cached_blocks(self) -> bool:
+        """cudaFree every cached block that is a whole segment; unmap free expandable pages."""
+        self._counters["num_sync_all_streams"] += 1  # synchronize_and_free_events: no events here
+        for name in ("large", "small"):
+            self._release_blocks(self._pools[name])
+        return True
+
+    def _release_blocks(self, pool: _BlockPool) -> None:
+        to_unmap = []
+        for stream in pool.streams():
+            for _, addr in list(pool.keys(stream)):
+                block = pool.blocks[addr]
+                if block.segment.is_expandable:
+                    to_unmap.append(block)
+                elif not block.is_split():
+                    self.release_block(block)
+        for block in to_unmap:
+            self._unmap_block(block)
+            if not block.mapped and not block.is_split():
+                self._release_expandable_segment(block)
+
+    def release_block(self, block: Block) -> None:
+        """cudaFree a cached block that is a whole non-expandable segment."""
+        segment = block.segment
+        assert not segment.is_expandable and not block.is_split() and not block.allocated, block
+        pool = self._pools[block.pool]
+        pool.erase(block)
+        del self._segments[segment.addr]
+        self._stat(pool.name, ("segment", -1), ("reserved_bytes", -block.size))
+        if block.size >= self._max_split:
+            self._oversize_segments.decrease(1)
+        self._counters["num_device_free"] += 1
+        self._record("segment_free", block.addr, block.size, block.stream)
+
+    # ---- expandable segments ---------------------------------------------------------------------
+    def _find_expandable_block(self, pool: _BlockPool, stream: int, size: int) -> Block:
+        """The lowest-address run of free + unmapped space with room for ``size``; a new segment
+        (address space for 1 1/8 of the device) when none has room."""
+        for addr in pool.unmapped_addrs(stream):
+            candidate = pool.unmapped[addr]
+            if candidate.prev is not None and not candidate.prev.allocated:
+                candidate = candidate.prev  # the free block just before may grow into it
+            room, b = 0, candidate
+            while room < size and b is not None and not b.allocated:
+                room += b.size
+                b = b.next
+            if room >= size:
+                return candidate
+        page = SMALL_BUFFER_BYTES if pool.is_small else LARGE_BUFFER_BYTES
+        address_space = div_ceil(self.total_bytes + self.total_bytes // 8, page) * page
+        segment = Segment(
+            self._bump(address_space), 0, pool.name, stream, True, address_space_bytes=address_space, page_bytes=page
+        )
+        block = Block(segment.addr, address_space, 0, stream, pool.name, False, segment, mapped=False)
+        segment.head = block
+        self._segments[segment.addr] = segment
+        pool.insert_unmapped(block)
+        return block
+
+    def _try_allocate_expandable_block(self, pool: _BlockPool, stream: int, size: int) -> Block | None:
+        candidate = self._find_expandable_block(pool, stream, size)
+        if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
+            return None
+        while candidate.size < size:  # free -> unmapped: map the rest and merge
+            following = candidate.next
+            assert following is not None and not following.mapped, following
+            if not self._map_block(following, min(size - candidate.size, following.size)):
+                return None
+            candidate = following
+        pool.erase(candidate)
+        return candidate
+
+    def _map_block(self, to_map: Block, size: int) -> bool:
+        """Map whole pages covering ``size`` bytes at the start of an unmapped block (all or
+        nothing, like torch's cuMemCreate loop), then merge with free neighbours."""
+        segment, pool = to_map.segment, self._pools[to_map.pool]
+        assert not to_map.mapped and 0 < size <= to_map.size, (to_map, size)
+        assert (to_map.addr - segment.addr) % segment.page_bytes == 0, to_map
+        mapped_bytes = align_up(size, segment.page_bytes)
+        if mapped_bytes > self._driver_free_bytes():
+            return False
+        mapped_addr = to_map.addr
+        pool.erase_unmapped(to_map)
+        to_map.mapped = True
+        if mapped_bytes < to_map.size:
+            rest = Block(
+                to_map.addr + mapped_bytes, to_map.size - mapped_bytes, 0, to_map.stream, pool.name, False, segment,
+                mapped=False,
+            )
+            _link_after(rest, to_map)
+            pool.insert_unmapped(rest)
+            to_map.size = mapped_bytes
+        self._try_merge_blocks(to_map, to_map.prev, pool)
+        self._try_merge_blocks(to_map, to_map.next, pool)
+        pool.insert(to_map)
+        segment.size += mapped_bytes
+        self._stat(pool.name, ("reserved_bytes", mapped_bytes))
+        self._counters["num_device_alloc"] += 1
+        self._record("segment_map", mapped_addr, mapped_bytes, to_map.stream)
+        return True
+
+    def _unmap_block(self, block: Block) -> None:
+        """Unmap the whole pages inside a free expandable block; the partial pages at either end
+        stay mapped as free blocks."""
+        segment, pool = block.segment, self._pools[block.pool]
+        page = segment.page_bytes
+        begin = segment.addr + align_up(block.addr - segment.addr, page)
+        end = segment.addr + align_down(block.end_addr - segment.addr, page)
+        if begin >= end:
+            return
+        pool.erase(block)
+        if begin > block.addr:
+            before = Block(block.addr, begin - block.addr, 0, block.stream, pool.name, False, segment)
+            _link_before(before, block)
+            pool.insert(before)
+        if end < block.end_addr:
+            after = Block(end, block.end_addr - end, 0, block.stream, pool.name, False, segment)
+            _link_after(after, block)
+            pool.insert(after)
+        block.addr, block.size, block.mapped = begin, end - begin, False
+        self._try_merge_blocks(block, block.prev, pool)
+        self._try_merge_blocks(block, block.next, pool)
+        pool.insert_unmapped(block)
+        segment.size -= end - begin
+        self._stat(pool.name, ("reserved_bytes", -(end - begin)))
+        self._counters["num_device_free"] += 1
+        self._record("segment_unmap", begin, end - begin, block.stream)
+
+    def _release_expandable_segment(self, block: Block) -> None:
+        """Drop an expandable segment whose address space is entirely unmapped."""
+        segment = block.segment
+        assert not block.mapped and block.size == segment.address_space_bytes and segment.size == 0, block
+        self._pools[block.pool].erase_unmapped(block)
+        del self._segments[segment.addr]
+
+    # ---- OOM ------------------------------------------------------------------------------------
+    def _raise_oom(self, size: int, rounded: int, alloc_size: int, stream: int) -> None:
+        free_bytes, total_bytes = self.mem_get_info()
+        self._counters["num_ooms"] += 1
+        # torch records the free device memory in the addr slot and the rounded size.
+        self._record("oom", free_bytes, rounded, stream)
+        allocated, reserved = self.memory_allocated(), self.memory_reserved()
+        message = (
+            f"CUDA out of memory. Tried to allocate {fmt_bytes(alloc_size)}. "
+            f"GPU {self.device_index} has a total capacity of {fmt_bytes(total_bytes)} "
+            f"of which {fmt_bytes(free_bytes)} is free. "
+            f"Including non-PyTorch memory, this process has {fmt_bytes(total_bytes - free_bytes)} memory in use. "
+            f"Of the allocated memory {fmt_bytes(allocated)} is allocated by PyTorch, "
+            f"and {fmt_bytes(reserved - allocated)} is reserved by PyTorch but unallocated. {_OOM_ADVICE}"
+        )
+        raise OutOfMemoryError(
+            message,
+            requested_bytes=size,
+            allocation_bytes=alloc_size,
+            total_bytes=total_bytes,
+            free_bytes=free_bytes,
+            allocated_bytes=allocated,
+            reserved_bytes=reserved,
+            device_index=self.device_index,
+        )
+
+    # ---- stats -------------------------------------------------------------------------------
+    def memory_allocated(self) -> int:
+        return self._stats["allocated_bytes"]["all"].current
+
+    def memory_reserved(self) -> int:
+        return self._stats["reserved_bytes"]["all"].current
+
+    def max_memory_allocated(self) -> int:
+        return self._stats["allocated_bytes"]["all"].peak
+
+    def max_memory_reserved(self) -> int:
+        return self._stats["reserved_bytes"]["all"].peak
+
+    def reset_peak_memory_stats(self) -> None:
+        for stat in self._all_stats():
+            stat.peak = stat.current
+
+    def reset_accumulated_memory_stats(self) -> None:
+        for stat in self._all_stats():
+            stat.allocated = stat.freed = 0
+        for key in self._counters:
+            self._counters[key] = 0
+
+    def _all_stats(self) -> Iterator[_Stat]:
+        for stats in self._stats.values():
+            yield from stats.values()
+        yield self._oversize_allocations
+        yield self._oversize_segments
+
+    def memory_stats(self) -> dict[str, int]:
+        """``torch.cuda.memory_stats()``: flat ``"allocated_bytes.all.current"``-style keys, sorted.
+        As in torch, ``max_split_size`` is -1 when unlimited (SIZE_MAX cast to int64), ``segment``
+        counts cudaMalloc segments only (mapping pages is not a segment) and ``inactive_split``
+        leaves expandable segments out."""
+        result: dict[str, int] = dict(self._counters)
+        result["max_split_size"] = self.config.max_split_size_bytes or -1
+        for name, stats in self._stats.items():
+            for stat_type, stat in stats.items():
+                for field in _Stat.__slots__:
+                    result[f"{name}.{stat_type}.{field}"] = getattr(stat, field)
+        for name, stat in (
+            ("oversize_allocations", self._oversize_allocations),
+            ("oversize_segments", self._oversize_segments),
+        ):
+            for field in _Stat.__slots__:
+                result[f"{name}.{field}"] = getattr(stat, field)
+        return dict(sorted(result.items()))
+
+    # ---- inspection ----------------------------------------------------------------------------
+    @property
+    def segments(self) -> list[Segment]:
+        """Segments holding device memory, in address order. (An expandable segment whose pages
+        are all unmapped keeps only address space, as in torch, and is not listed.)"""
+        return [self._segments[a] for a in sorted(self._segments) if self._segments[a].size > 0]
+
+    @property
+    def active_blocks(self) -> list[Block]:
+        """Allocated blocks in address order."""
+        return [self._active[a] for a in sorted(self._active)]
+
+    def snapshot(self) -> dict:
+        """``torch.cuda.memory._snapshot()``: segments (one per contiguous mapped range, as torch
+        reports expandable segments), this device's trace from the recorder, and the settings."""
+        segments = []
+        for segment in self.segments:
+            run: list[Block] = []
+            for block in segment.iter_all_blocks():
+                if block.mapped:
+                    run.append(block)
+                elif run:
+                    segments.append(self._segment_info(segment, run))
+                    run = []
+            if run:
+                segments.append(self._segment_info(segment, run))
+        trace = []
+        if self.recorder is not None:
+            for event in self.recorder.events:
+                if event.device != self.device_index:
+                    continue
+                entry = {"action": event.action}
+                entry["device_free" if event.action == "oom" else "addr"] = event.addr
+                entry.update(size=event.size, stream=event.stream, time_us=event.time_us, frames=[])
+                trace.append(entry)
+        return {
+            "segments": segments,
+            "device_traces": [trace],
+            "allocator_settings": {
+                "PYTORCH_CUDA_ALLOC_CONF": self.config.to_env(),
+                "max_split_size": self.config.max_split_size_bytes or -1,
+                "garbage_collection_threshold": 0.0,
+                "expandable_segments": self.config.expandable_segments,
+                "pinned_num_register_threads": 1,
+                "release_lock_on_cudamalloc": False,
+                "pinned_use_cuda_host_register": False,
+                "roundup_power2_divisions": {
+                    str(1 << i): self.config.roundup_power2_divisions or 0 for i in range(16)
+                },
+            },
+            "external_annotations": [],
+        }
+
+    def _segment_info(self, segment: Segment, run: list[Block]) -> dict:
+        blocks = [
+            {
+                "address": b.addr,
+                "size": b.size,
+                "requested_size": b.requested_size,
+                "state": "active_allocated" if b.allocated else "inactive",
+                "frames": [],
+            }
+            for b in run
+        ]
+        allocated = sum(b.size for b in run if b.allocated)
+        return {
+            "device": self.device_index,
+            "address": run[0].addr,
+            "total_size": sum(b.size for b in run),
+            "allocated_size": allocated,
+            "active_size": allocated,  # no pending frees without CUDA events
+            "requested_size": sum(b.requested_size for b in run if b.allocated),
+            "stream": segment.stream,
+            "segment_type": segment.pool,
+            "segment_pool_id": (0, 0),
+            "is_expandable": segment.is_expandable,
+            "frames": [],
+            "blocks": blocks,
+        }
+
+    def check_invariants(self) -> None:
+        """Walk every segment and pool; raise ``AssertionError`` naming the first broken rule."""
+        allocated = {p: 0 for p in POOLS}
+        requested = {p: 0 for p in POOLS}
+        reserved = {p: 0 for p in POOLS}
+        inactive_split = {p: [0, 0] for p in POOLS}
+        n_free = {p: 0 for p in POOLS}
+        n_unmapped = {p: 0 for p in POOLS}
+        n_allocated = n_cuda_segments = 0
+        for addr, seg in self._segments.items():
+            assert seg.addr == addr, f"{seg!r} filed under {addr:#x}"
+            assert seg.head is not None and seg.head.prev is None, f"{seg!r}: bad head block"
+            pool = self._pools[seg.pool]
+            cursor, mapped_bytes, prev = seg.addr, 0, None
+            for b in seg.iter_all_blocks():
+                where = f"{seg!r}, {b!r}"
+                assert b.segment is seg and b.prev is prev, f"{where}: broken block links"
+                assert b.addr == cursor, f"{where}: gap or overlap (expected addr {cursor:#x})"
+                assert b.size > 0 and b.size % MIN_BLOCK_BYTES == 0, f"{where}: size not a positive multiple of 512"
+                assert b.pool == seg.pool and b.stream == seg.stream, f"{where}: pool/stream differ from segment"
+                if prev is not None and not b.allocated and not prev.allocated:
+                    assert b.mapped != prev.mapped, f"{where}: two adjacent free blocks were not merged"
+                if b.allocated:
+                    assert b.mapped and self._active.get(b.addr) is b, f"{where}: allocated block not active"
+                    allocated[seg.pool] += b.size
+                    requested[seg.pool] += b.requested_size
+                    n_allocated += 1
+                elif b.mapped:
+                    assert pool.blocks.get(b.addr) is b, f"{where}: free block missing from the {seg.pool} pool"
+                    n_free[seg.pool] += 1
+                    if not seg.is_expandable and b.is_split():
+                        inactive_split[seg.pool][0] += 1
+                        inactive_split[seg.pool][1] += b.size
+                else:
+                    assert seg.is_expandable, f"{where}: unmapped block in a cudaMalloc segment"
+                    assert (b.addr - seg.addr) % seg.page_bytes == 0 and b.size % seg.page_bytes == 0, (
+                        f"{where}: unmapped range not page aligned"
+                    )
+                    assert pool.unmapped.get(b.addr) is b, f"{where}: unmapped block missing from the pool"
+                    n_unmapped[seg.pool] += 1
+                if b.mapped:
+                    mapped_bytes += b.size
+                cursor, prev = b.end_addr, b
+            assert cursor - seg.addr == seg.address_space_bytes, f"{seg!r}: blocks do not cover the segment"
+            assert mapped_bytes == seg.size, f"{seg!r}: mapped blocks sum to {mapped_bytes}"
+            if not seg.is_expandable:
+                n_cuda_segments += 1
+                assert seg.size == seg.address_space_bytes, f"{seg!r}: cudaMalloc segment partly mapped"
+                if seg.pool == "small":
+                    assert seg.size == SMALL_BUFFER_BYTES, f"{seg!r}: small segments are 2 MiB"
+            reserved[seg.pool] += seg.size
+        assert n_allocated == len(self._active), "an active block is not in any segment"
+        for p in POOLS:
+            pool = self._pools[p]
+            assert n_free[p] == len(pool.blocks), f"{p} pool holds blocks that are in no segment"
+            assert n_unmapped[p] == len(pool.unmapped), f"{p} pool holds unmapped blocks that are in no segment"
+            n_keys = 0
+            for stream in pool.streams():
+                keys = pool.keys(stream)
+                assert keys == sorted(keys), f"{p} pool, stream {stream}: best-fit order broken"
+                for size, addr in keys:
+                    b = pool.blocks.get(addr)
+                    assert b is not None and (b.size, b.stream) == (size, stream), f"{p} pool: stale key {(size, addr)}"
+                n_keys += len(keys)
+            assert n_keys == len(pool.blocks), f"{p} pool: keys and blocks disagree"
+            checks = (
+                ("allocated_bytes", allocated[p]),
+                ("active_bytes", allocated[p]),
+                ("requested_bytes", requested[p]),
+                ("reserved_bytes", reserved[p]),
+                ("inactive_split", inactive_split[p][0]),
+                ("inactive_split_bytes", inactive_split[p][1]),
+            )
+            for name, expected in checks:
+                current = self._stats[name][f"{p}_pool"].current
+                assert current == expected, f"{name}.{p}_pool.current is {current}, blocks say {expected}"
+        for name in _STAT_ARRAYS:
+            s = self._stats[name]
+            assert s["all"].current == s["small_pool"].current + s["large_pool"].current, (
+                f"{name}: all != small + large"
+            )
+        assert self._stats["allocation"]["all"].current == len(self._active), "allocation count != live blocks"
+        assert self._stats["segment"]["all"].current == n_cuda_segments, "segment count != cudaMalloc segments"
+        free_bytes, total = self.mem_get_info()
+        assert free_bytes >= 0 and free_bytes + self.memory_reserved() + self._non_pytorch_bytes == total, (
+            f"driver books do not balance: free {free_bytes} + reserved {self.memory_reserved()} "
+            f"+ non-PyTorch {self._non_pytorch_bytes} != total {total}"
+        )
