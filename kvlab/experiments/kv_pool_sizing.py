@@ -150,9 +150,14 @@ class KVPoolResult:
             "error": self.error,
         }
 
+    @property
+    def weights_bytes(self) -> int:
+        """Parameter bytes on rank 0 (target + draft)."""
+        return sum(w.weight_bytes for w in self.weights)
+
     def budget_terms(self) -> list[tuple[str, int]]:
         """The budget as signed byte terms for a waterfall (rank with the least free memory)."""
-        weights = sum(w.weight_bytes for w in self.weights)
+        weights = self.weights_bytes
         resident = self.pre_load.free_bytes - self.reading.free_bytes
         terms = [
             ("free before load", self.pre_load.free_bytes),

@@ -33,7 +33,18 @@ def phase_spans(frame: pd.DataFrame) -> list[tuple[str, int, int]]:
     return spans
 
 
-def timeline_traces(frame: pd.DataFrame, *, showlegend: bool = True) -> list[go.Scatter]:
+TRACES_PER_TIMELINE = len(SERIES) + 1  # + the dashed weights reference line
+
+
+def weights_line(n_steps: int, weights_bytes: int | None) -> tuple[list, list]:
+    """x, y of the dashed reference at the parameters' size: allocated above it is temporaries."""
+    if weights_bytes is None or n_steps == 0:
+        return [], []
+    return [0, n_steps - 1], [round(weights_bytes / GIB, 4)] * 2
+
+
+def timeline_traces(frame: pd.DataFrame, *, weights_bytes: int | None = None, showlegend: bool = True) -> list[go.Scatter]:
+    """allocated / reserved / free step lines, plus a dashed line at the weights' size."""
     steps = list(range(len(frame)))
     traces = []
     for column, label, colour in SERIES:
@@ -45,6 +56,10 @@ def timeline_traces(frame: pd.DataFrame, *, showlegend: bool = True) -> list[go.
                 hovertemplate=f"{label}: %{{y:.2f}} GiB<br>phase: %{{customdata}}<extra></extra>",
             )
         )
+    x, y = weights_line(len(frame), weights_bytes)
+    traces.append(go.Scatter(x=x, y=y, name="weights (parameters)", mode="lines", legendgroup="weights",
+                             showlegend=showlegend, line=dict(color="#7f7f7f", width=1.5, dash="dash"),
+                             hovertemplate="parameters: %{y:.2f} GiB — allocated above this is temporaries<extra></extra>"))
     return traces
 
 
@@ -69,20 +84,21 @@ def _add_phase_bands(fig: go.Figure, frame: pd.DataFrame, col: int | None = None
         fig.add_annotation(label)
 
 
-def memory_timeline(frame: pd.DataFrame, title: str = "Device memory") -> go.Figure:
+def memory_timeline(frame: pd.DataFrame, title: str = "Device memory", weights_bytes: int | None = None) -> go.Figure:
     """Allocated / reserved / free across the recorded events, phases shaded."""
-    fig = go.Figure(timeline_traces(frame))
+    fig = go.Figure(timeline_traces(frame, weights_bytes=weights_bytes))
     _add_phase_bands(fig, frame)
     fig.update_layout(title=title, xaxis_title="allocator event", yaxis_title="GiB", template="plotly_white",
                       legend=dict(orientation="h", y=-0.2))
     return fig
 
 
-def memory_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, titles: tuple[str, str]) -> go.Figure:
+def memory_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, titles: tuple[str, str],
+                                  weights_bytes: tuple[int | None, int | None] = (None, None)) -> go.Figure:
     """Two timelines on one shared y axis: the two arms of a finding."""
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
-    for col, frame in ((1, left), (2, right)):
-        for trace in timeline_traces(frame, showlegend=col == 1):
+    for col, frame, weights in ((1, left, weights_bytes[0]), (2, right, weights_bytes[1])):
+        for trace in timeline_traces(frame, weights_bytes=weights, showlegend=col == 1):
             fig.add_trace(trace, row=1, col=col)
         _add_phase_bands(fig, frame, col)
     fig.update_layout(template="plotly_white", height=420, legend=dict(orientation="h", y=-0.18),

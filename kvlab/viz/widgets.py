@@ -111,13 +111,15 @@ class KVPoolPanel:
 
     def _draw(self, no_gc, with_gc, current) -> None:
         with self.timelines.batch_update():
-            for offset, result in ((0, no_gc), (len(plots.SERIES), with_gc)):
+            for offset, result in ((0, no_gc), (plots.TRACES_PER_TIMELINE, with_gc)):
                 frame = result.timeline
                 for i, (column, _, _) in enumerate(plots.SERIES):
                     trace = self.timelines.data[offset + i]
                     trace.x = list(range(len(frame)))
                     trace.y = (frame[column] / GIB).round(4).tolist()
                     trace.customdata = frame["phase"].tolist()
+                x, y = plots.weights_line(len(frame), result.weights_bytes)
+                self.timelines.data[offset + len(plots.SERIES)].update(x=x, y=y)
             shapes, labels = [], []
             for xref, result in (("x", no_gc), ("x2", with_gc)):
                 s, a = plots.phase_bands(result.timeline, xref)

@@ -33,9 +33,14 @@ def test_toggle_switches_the_budget_and_verdict(panel):
 
 def test_timelines_show_both_arms(panel):
     no_gc, with_gc = panel.arms()
-    n = len(plots.SERIES)
+    n = plots.TRACES_PER_TIMELINE
     assert list(panel.timelines.data[0].y) == (no_gc.timeline["allocated_bytes"] / GIB).round(4).tolist()
     assert list(panel.timelines.data[n].y) == (with_gc.timeline["allocated_bytes"] / GIB).round(4).tolist()
+    # the dashed parameters line: at measurement the no-gc arm sits above it by the held staging
+    weights_gib = panel.timelines.data[n - 1].y[0]
+    assert weights_gib == pytest.approx(no_gc.weights_bytes / GIB, abs=1e-3)
+    measured = no_gc.timeline[no_gc.timeline["phase"] == "measure"]["allocated_bytes"].iloc[-1] / GIB
+    assert measured - weights_gib == pytest.approx(sum(w.kept_staging_bytes for w in no_gc.weights) / GIB, abs=0.01)
     assert any(a.text == "measure" for a in panel.timelines.layout.annotations)
 
 
