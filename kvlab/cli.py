@@ -56,6 +56,28 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--device", default=None, help="override the preset's device: cuda, sim:<preset>")
     pool.add_argument("--json", action="store_true", help="print the result as JSON")
 
+    sim = commands.add_parser(
+        "simulate", help="finding 2: run a workload through the scheduler with shortfall or full eviction",
+        description="Simulate SGLang's scheduler and radix cache on a workload or a Mooncake-format trace.")
+    source = sim.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids)")
+    source.add_argument("--workload", choices=["generated-shared-prefix", "multi-turn-chat", "few-shot"],
+                        help="seeded synthetic workload")
+    sim.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    sim.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a workload parameter, e.g. num_groups=16 (repeatable)")
+    sim.add_argument("--eviction", choices=["shortfall", "full"], default="shortfall",
+                     help="evict the shortfall (the fix, default) or the full request (the bug)")
+    sim.add_argument("--page-size", type=_positive_int, default=None,
+                     help="KV page size in tokens (default: 1; 512 for --trace, one page per hash block)")
+    pool_size = sim.add_mutually_exclusive_group()
+    pool_size.add_argument("--kv-tokens", type=_positive_int, help="KV pool size in tokens")
+    pool_size.add_argument("--kv-pages", type=_positive_int, help="KV pool size in pages")
+    sim.add_argument("--max-running", type=_positive_int, default=256, help="max running requests (default: %(default)s)")
+    sim.add_argument("--policy", choices=["lru", "lfu", "fifo", "mru", "filo", "priority"], default="lru",
+                     help="radix-cache eviction policy (default: %(default)s)")
+    sim.add_argument("--json", action="store_true", help="print the totals as JSON")
+
     data = commands.add_parser("data", help="regenerate the files kvlab ships in data/")
     data_kinds = data.add_subparsers(dest="kind", required=True)
     tiny = data_kinds.add_parser("tiny-checkpoint", help="write the tiny model's safetensors checkpoint")
@@ -77,6 +99,51 @@ def _write_tiny_checkpoint(args) -> int:
         return 2
     path = write_checkpoint(args.out, get_model_config("tiny"), seed=args.seed)
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")
+    return 0
+
+
+def _workload_params(items: list[str]) -> dict:
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def _simulate(args) -> int:
+    from kvlab.experiments import shortfall_eviction
+
+    page_size = args.page_size or (512 if args.trace else 1)
+    try:
+        overrides = _workload_params(args.workload_param)
+        if overrides and args.trace:
+            raise ValueError("--workload-param applies to --workload, not to --trace")
+        requests = shortfall_eviction.load_requests(workload=args.workload, trace=args.trace, seed=args.seed,
+                                                    overrides=overrides)
+        kv_tokens = args.kv_tokens if args.kv_pages is None else args.kv_pages * page_size
+        result = shortfall_eviction.run(requests, eviction=args.eviction, page_size=page_size, kv_tokens=kv_tokens,
+                                        max_running=args.max_running, policy=args.policy)
+    except (ValueError, RuntimeError, FileNotFoundError, FileExistsError) as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
+    totals = result.totals()
+    if args.json:
+        print(json.dumps(totals, indent=2))
+        return 0
+    source = args.trace or f"{args.workload} (seed {args.seed})"
+    print(f"simulate · {source} · eviction {totals['eviction']} · page size {page_size} · "
+          f"KV pool {totals['kv_tokens']:,} tokens · policy {totals['policy']}")
+    width = max(map(len, totals))
+    for key, value in totals.items():
+        if key in ("eviction", "page_size", "kv_tokens", "policy"):
+            continue
+        shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
+        print(f"  {key:<{width}}  {shown:>14}")
     return 0
 
 
@@ -127,6 +194,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             _print_pool(result)
         return 0
+    if args.command == "simulate":
+        return _simulate(args)
     if args.command == "data" and args.kind == "tiny-checkpoint":
         return _write_tiny_checkpoint(args)
     parser.error("unknown command")  # pragma: no cover

@@ -122,3 +122,48 @@ def waterfall_trace(terms: list[tuple[str, int]]) -> go.Waterfall:
     return go.Waterfall(x=labels, y=values, measure=measure, textposition="outside",
                         text=[f"{v:+.2f}" if i else f"{v:.2f}" for i, v in enumerate(values[:-1])] + [""],
                         connector=dict(line=dict(color="#999")))
+
+
+# ---- finding 2: simulator timelines -----------------------------------------------------------
+SIM_SERIES = (  # column, label, colour, y axis
+    ("hit_rate", "cumulative hit rate", "#1f77b4", "y"),
+    ("evicted_cum", "evicted tokens (cum.)", "#d62728", "y2"),
+    ("over_evicted_cum", "over-evicted tokens (cum.)", "#ff7f0e", "y2"),
+)
+
+
+def sim_series(frame: pd.DataFrame) -> dict[str, list]:
+    """x (simulated seconds) and the cumulative series a simulator timeline plots."""
+    return {
+        "x": frame["time_s"].round(4).tolist(),
+        "hit_rate": frame["hit_rate"].round(5).tolist(),
+        "evicted_cum": frame["evicted_tokens"].cumsum().tolist(),
+        "over_evicted_cum": frame["over_evicted_tokens"].cumsum().tolist(),
+    }
+
+
+def sim_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, titles: tuple[str, str]) -> go.Figure:
+    """Hit rate (left axis) and evicted / over-evicted tokens (right axis) over time, one panel per mode."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.14,
+                        specs=[[{"secondary_y": True}, {"secondary_y": True}]])
+    for col, frame in ((1, left), (2, right)):
+        series = sim_series(frame)
+        for column, label, colour, axis in SIM_SERIES:
+            fig.add_trace(go.Scatter(x=series["x"], y=series[column], name=label, mode="lines",
+                                     line=dict(color=colour, width=2), legendgroup=label, showlegend=col == 1),
+                          row=1, col=col, secondary_y=axis == "y2")
+    fig.update_layout(template="plotly_white", height=400, legend=dict(orientation="h", y=-0.2),
+                      margin=dict(t=60, l=50, r=50, b=60))
+    fig.update_xaxes(title_text="simulated time (s)")
+    fig.update_yaxes(title_text="hit rate", range=[0, 1], secondary_y=False)
+    fig.update_yaxes(title_text="tokens", secondary_y=True)
+    return fig
+
+
+def totals_bars(totals: dict[str, dict], keys: tuple[str, ...] = ("prefill_tokens_computed", "evicted_tokens",
+                                                                   "over_evicted_tokens")) -> go.Figure:
+    """Grouped bars of a few totals per arm (``totals``: arm name -> totals dict)."""
+    fig = go.Figure([go.Bar(name=arm, x=list(keys), y=[t[k] for k in keys]) for arm, t in totals.items()])
+    fig.update_layout(barmode="group", template="plotly_white", height=340, yaxis_title="tokens",
+                      margin=dict(t=40, l=60, r=20, b=40))
+    return fig

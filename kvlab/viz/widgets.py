@@ -54,6 +54,7 @@ class KVPoolPanel:
 
         self.timelines = go.FigureWidget(plots.memory_timelines_side_by_side(
             _empty_frame(), _empty_frame(), ("without gc.collect()", "with gc.collect()")))
+        self.timelines.update_layout(width=980)
         self._subplot_titles = tuple(self.timelines.layout.annotations)
         self.waterfall = go.FigureWidget(plots.budget_waterfall([("free before load", 0)]))
         self.waterfall.update_layout(height=380, width=640, margin=dict(t=50, l=50, r=20, b=60))
@@ -177,3 +178,128 @@ def verdict_html(result) -> str:
             f"data-max-total-num-tokens='{data['max_total_num_tokens']}' "
             f"style='padding:6px 10px;border-radius:4px;color:{colour};background:{bg}'>"
             f"<b>{data['prompt_tokens']:,}-token prompt {word}</b> — {detail}</div>")
+
+
+class ShortfallPanel:
+    """Finding 2, live: both eviction modes on the same workload, side by side.
+
+    The mode toggle picks "your server" (its verdict line and highlighted column); the pool size,
+    workload and policy re-run both arms (cached per setting).
+    """
+
+    WORKLOAD_SIZES = {  # small enough to re-run in a few seconds on a laptop
+        "generated-shared-prefix": dict(num_groups=16, prompts_per_group=8, output_len=128),
+        "multi-turn-chat": dict(num_sessions=16, turns=4),
+        "few-shot": dict(num_requests=96),
+    }
+
+    def __init__(self, workload: str = "generated-shared-prefix", kv_tokens: int = 20_000, *, seed: int = 0) -> None:
+        from kvlab.experiments import shortfall_eviction
+
+        self._experiment = shortfall_eviction
+        self.seed = seed
+        self._cache: dict[tuple, object] = {}
+        self.mode = widgets.ToggleButtons(options=[("shortfall (fix)", "shortfall"), ("full (bug)", "full")],
+                                          value="shortfall", description="eviction")
+        self.kv_tokens = widgets.IntSlider(value=kv_tokens, min=8_192, max=131_072, step=4_096,
+                                           description="KV pool tokens", continuous_update=False,
+                                           style={"description_width": "initial"})
+        self.workload = widgets.Dropdown(options=list(self.WORKLOAD_SIZES), value=workload, description="workload")
+        self.policy = widgets.Dropdown(options=["lru", "lfu", "fifo", "mru", "filo"], value="lru", description="policy")
+        for w, css in ((self.mode, "kvlab-eviction-mode"), (self.kv_tokens, "kvlab-kv-tokens"),
+                       (self.workload, "kvlab-workload"), (self.policy, "kvlab-policy")):
+            w.add_class(css)
+        empty = _empty_sim_frame()
+        self.timelines = go.FigureWidget(plots.sim_timelines_side_by_side(empty, empty, ("shortfall (fix)", "full (bug)")))
+        self.timelines.update_layout(width=980)
+        self.bars = go.FigureWidget(plots.totals_bars({"shortfall (fix)": _zero_totals(), "full (bug)": _zero_totals()}))
+        self.bars.update_layout(width=560)
+        self.gauge = go.FigureWidget(go.Figure(go.Indicator(
+            mode="number+delta", value=0, number=dict(suffix=" %", valueformat=".2f"),
+            delta=dict(reference=0, valueformat=".2f", suffix=" pts"),
+            title=dict(text="hit rate of your server"))).update_layout(height=200, width=300,
+                                                                         margin=dict(t=40, b=10, l=10, r=10)))
+        self.table = widgets.HTML()
+        self.verdict = widgets.HTML()
+        self.errors = widgets.Output()
+        for w, css in ((self.gauge, "kvlab-sim-gauge"), (self.timelines, "kvlab-sim-timelines"), (self.bars, "kvlab-sim-bars"),
+                       (self.table, "kvlab-sim-table"), (self.verdict, "kvlab-sim-verdict"),
+                       (self.errors, "kvlab-errors")):
+            w.add_class(css)
+        self.widget = widgets.VBox([widgets.HBox([self.mode, self.workload]), widgets.HBox([self.kv_tokens, self.policy]),
+                                    self.verdict, self.timelines, widgets.HBox([self.bars, widgets.VBox([self.gauge, self.table])]),
+                                    self.errors])
+        self.widget.add_class("kvlab-shortfall-panel")
+        for w in (self.mode, self.kv_tokens, self.workload, self.policy):
+            w.observe(lambda _change: self.refresh(), names="value")
+        self.refresh()
+
+    def comparison(self):
+        key = (self.workload.value, self.kv_tokens.value, self.policy.value)
+        if key not in self._cache:
+            requests = self._experiment.load_requests(workload=key[0], seed=self.seed,
+                                                      overrides=self.WORKLOAD_SIZES[key[0]])
+            self._cache[key] = self._experiment.compare(requests, kv_tokens=key[1], policy=key[2], progress=False)
+        return self._cache[key]
+
+    def refresh(self) -> None:
+        self.errors.clear_output()
+        try:
+            self._draw(self.comparison())
+        except Exception:
+            self.errors.append_stdout(traceback.format_exc())
+
+    def _draw(self, comparison) -> None:
+        arms = (("shortfall", comparison.shortfall), ("full", comparison.full))
+        n = len(plots.SIM_SERIES)
+        with self.timelines.batch_update():
+            for col, (_, result) in enumerate(arms):
+                series = plots.sim_series(result.steps_frame())
+                for i, (column, _, _, _) in enumerate(plots.SIM_SERIES):
+                    self.timelines.data[col * n + i].update(x=series["x"], y=series[column])
+        with self.bars.batch_update():
+            for i, (_, result) in enumerate(arms):
+                t = result.totals()
+                self.bars.data[i].y = [t[k] for k in self.bars.data[i].x]
+        self.table.value = sim_table_html(comparison, self.mode.value)
+        current = comparison.shortfall if self.mode.value == "shortfall" else comparison.full
+        other = comparison.full if current is comparison.shortfall else comparison.shortfall
+        t = current.totals()
+        with self.gauge.batch_update():
+            self.gauge.data[0].value = round(100 * t["hit_rate"], 4)
+            self.gauge.data[0].delta.reference = round(100 * other.totals()["hit_rate"], 4)
+            self.gauge.data[0].title.text = f"hit rate · {self.mode.value} eviction"
+        self.verdict.value = (
+            f"<div class='kvlab-sim-verdict-box' data-mode='{self.mode.value}' data-hit-rate='{t['hit_rate']}' "
+            f"data-over-evicted='{t['over_evicted_tokens']}' style='padding:6px 10px;border-radius:4px;"
+            f"background:{'#d4edda' if self.mode.value == 'shortfall' else '#f8d7da'}'>"
+            f"<b>{self.mode.value} eviction</b>: hit rate {t['hit_rate']:.2%}, "
+            f"{t['over_evicted_tokens']:,} tokens evicted beyond the shortfall, "
+            f"{t['prefill_tokens_computed']:,} prefill tokens computed, "
+            f"{t['output_tokens_per_s']:,.0f} output tokens/s (cost model)</div>")
+
+
+def _empty_sim_frame():
+    import pandas as pd
+
+    return pd.DataFrame({"time_s": [0.0], "hit_rate": [0.0], "evicted_tokens": [0], "over_evicted_tokens": [0]})
+
+
+def _zero_totals() -> dict:
+    return {"prefill_tokens_computed": 0, "evicted_tokens": 0, "over_evicted_tokens": 0}
+
+
+def sim_table_html(comparison, selected: str) -> str:
+    rows = [("hit rate", "hit_rate", lambda v: f"{v:.2%}"), ("cached prompt tokens", "cached_prompt_tokens", _fmt_int),
+            ("prefill tokens computed", "prefill_tokens_computed", _fmt_int), ("evicted tokens", "evicted_tokens", _fmt_int),
+            ("over-evicted tokens", "over_evicted_tokens", _fmt_int), ("retractions", "retractions", _fmt_int),
+            ("output tokens/s (model)", "output_tokens_per_s", lambda v: f"{v:,.0f}")]
+    cols = (("shortfall", comparison.shortfall.totals()), ("full", comparison.full.totals()))
+    hl = "background:#fff3cd;font-weight:bold"
+    header = "".join(f"<th style='{hl if m == selected else ''}'>{m}</th>" for m, _ in cols)
+    body = "".join(
+        f"<tr><td>{label}</td>" + "".join(
+            f"<td data-field='{key}' data-mode='{m}' data-value='{t[key]}' style='text-align:right;"
+            f"{hl if m == selected else ''}'>{fmt(t[key])}</td>" for m, t in cols) + "</tr>"
+        for label, key, fmt in rows)
+    return f"<table class='kvlab-sim-result-table'><tr><th></th>{header}</tr>{body}</table>"

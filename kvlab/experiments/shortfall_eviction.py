@@ -1,0 +1,104 @@
+"""Finding 2 as a function: run one workload through the scheduler with each eviction mode.
+
+``mode="shortfall"`` is SGLang ≥ 0.5.17 (evict ``num_tokens − available``); ``mode="full"`` is
+≤ 0.5.16 (evict ``num_tokens`` whenever short). Everything else is identical between the arms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvlab.sched import SchedulerConfig, SimResult, simulate
+from kvlab.units import align_up
+
+DEFAULT_KV_TOKENS = 32_768
+
+
+def load_requests(*, workload: str | None = None, trace: str | Path | None = None, seed: int = 0,
+                  overrides: dict | None = None) -> list:
+    """Requests from a named seeded workload or a Mooncake-format trace (exactly one of them)."""
+    if (workload is None) == (trace is None):
+        raise ValueError("give exactly one of workload= or trace=")
+    if trace is not None:
+        from kvlab.workloads.mooncake import load_trace
+
+        return load_trace(trace)
+    from kvlab.workloads.generators import make_workload
+
+    return make_workload(workload, seed=seed, **(overrides or {}))
+
+
+def default_kv_tokens(requests: Sequence[Any], page_size: int) -> int:
+    """A pool under pressure but able to run every request: 32k tokens, or 4 of the longest request."""
+    longest = max(len(r.prompt_token_ids) + r.output_len for r in requests)
+    return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
+
+
+@dataclass(frozen=True)
+class ShortfallComparison:
+    shortfall: SimResult
+    full: SimResult
+
+    def totals_frame(self):
+        import pandas as pd
+
+        return pd.DataFrame({"shortfall (fix)": self.shortfall.totals(), "full (bug)": self.full.totals()})
+
+
+def run(requests: Sequence[Any], *, eviction: str = "shortfall", page_size: int = 1, kv_tokens: int | None = None,
+        max_running: int = 256, policy: str = "lru", progress: bool | None = None, **config: Any) -> SimResult:
+    kv = kv_tokens if kv_tokens is not None else default_kv_tokens(requests, page_size)
+    cfg = SchedulerConfig(kv_tokens=kv, page_size=page_size, eviction=eviction, max_running=max_running,
+                          policy=policy, **config)
+    return simulate(requests, cfg, progress=progress)
+
+
+def compare(requests: Sequence[Any], **options: Any) -> ShortfallComparison:
+    options.pop("eviction", None)
+    return ShortfallComparison(run(requests, eviction="shortfall", **options), run(requests, eviction="full", **options))
+
+
+@dataclass(frozen=True)
+class PressureEvent:
+    """One allocation under pressure, seen from the tree, in one eviction mode."""
+
+    mode: str
+    num_tokens: int  # what the allocation needs
+    available_before: int
+    evict: Any  # mem_cache EvictResult
+    tree_before: str
+    tree_after: str
+    destroyed: tuple[str, ...]  # the cached prefixes (by name) whose leaf was evicted
+
+
+def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) -> PressureEvent:
+    """A hand-sized tree of named cached prefixes, then one allocation of ``num_tokens`` when the
+    pool has some, but not enough, free slots; report what the eviction destroyed."""
+    import torch
+
+    from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
+    from kvlab.mem_cache.common import evict_from_tree_cache
+    from kvlab.mem_cache.radix_cache import RadixCache
+
+    alloc = TokenToKVPoolAllocator(capacity)
+    tree = RadixCache(None, alloc, page_size=1, eviction_policy="lru")
+    system = list(range(1, 1025))  # a 1,024-token system prompt every conversation shares
+    names = {}
+    for i, tail_len in enumerate((200, 250, 300, 400, 500, 700)):  # oldest (first LRU victim) first
+        key = system + [10_000 * (i + 1) + t for t in range(tail_len)]
+        m = tree.match_prefix(key)
+        value = torch.cat([m.device_indices, alloc.alloc(len(key) - m.device_prefix_len)])
+        tree.insert(key, value)
+        names[10_000 * (i + 1)] = f"conversation {i + 1} ({tail_len} tokens after the system prompt)"
+    filler = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
+    before = tree.pretty_print()
+    leaves_before = {n.key[0] for n in tree._nodes() if not n.children and n is not tree.root_node}
+    available = alloc.available_size()
+    result = evict_from_tree_cache(tree, num_tokens, mode)
+    leaves_after = {n.key[0] for n in tree._nodes() if not n.children and n is not tree.root_node}
+    destroyed = tuple(names.get(k, str(k)) for k in sorted(leaves_before - leaves_after))
+    tree.check_invariants()
+    del filler
+    return PressureEvent(mode, num_tokens, available, result, before, tree.pretty_print(), destroyed)

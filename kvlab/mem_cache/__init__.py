@@ -1,0 +1,77 @@
+"""SGLang's KV memory subsystem, re-implemented with SGLang's names so learners can grep upstream.
+
+- ``memory_pool``: ``ReqToTokenPool`` (request rows), ``MHATokenToKVPool`` (per-layer K/V buffers).
+- ``allocator``: which KV slots are free (``TokenToKVPoolAllocator``, ``PagedTokenToKVPoolAllocator``,
+  ``SWATokenToKVPoolAllocator``).
+- ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction.
+- ``common``: evict-then-allocate, with the shortfall / full eviction toggle.
+
+Imports point one way: memory_pool <- allocator <- radix_cache (+ evict_policy) <- common.
+"""
+
+from kvlab.mem_cache.allocator import (
+    BaseTokenToKVPoolAllocator,
+    PagedTokenToKVPoolAllocator,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+)
+from kvlab.mem_cache.common import (
+    EVICTION_MODES,
+    AllocResult,
+    alloc_paged_token_slots_decode,
+    alloc_paged_token_slots_extend,
+    alloc_token_slots,
+    evict_from_tree_cache,
+    release_kv_cache,
+)
+from kvlab.mem_cache.evict_policy import (
+    EVICTION_POLICIES,
+    EvictionStrategy,
+    EvictParams,
+    EvictResult,
+    get_eviction_strategy,
+    register_policy,
+)
+from kvlab.mem_cache.memory_pool import DoubleFreeError, InvariantError, MHATokenToKVPool, ReqToTokenPool
+from kvlab.mem_cache.radix_cache import (
+    LockRefError,
+    LogicalClock,
+    MatchResult,
+    RadixCache,
+    Req,
+    SimpleReq,
+    TreeLock,
+    TreeNode,
+)
+
+__all__ = [
+    "AllocResult",
+    "BaseTokenToKVPoolAllocator",
+    "DoubleFreeError",
+    "EVICTION_MODES",
+    "EVICTION_POLICIES",
+    "EvictParams",
+    "EvictResult",
+    "EvictionStrategy",
+    "InvariantError",
+    "LockRefError",
+    "LogicalClock",
+    "MHATokenToKVPool",
+    "MatchResult",
+    "PagedTokenToKVPoolAllocator",
+    "RadixCache",
+    "Req",
+    "ReqToTokenPool",
+    "SWATokenToKVPoolAllocator",
+    "SimpleReq",
+    "TokenToKVPoolAllocator",
+    "TreeLock",
+    "TreeNode",
+    "alloc_paged_token_slots_decode",
+    "alloc_paged_token_slots_extend",
+    "alloc_token_slots",
+    "evict_from_tree_cache",
+    "get_eviction_strategy",
+    "register_policy",
+    "release_kv_cache",
+]

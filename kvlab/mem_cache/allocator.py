@@ -1,0 +1,527 @@
+"""Token-slot allocators: which KV slots are free (``sglang/srt/mem_cache/allocator/``).
+
+Free lists are int64 index tensors, as in SGLang, and the first slot (page) is never handed out::
+
+    slots   0 .. ps-1 | ps .. 2ps-1 | ... | size .. size+ps-1      (size + page_size rows in the pool)
+    pages   0 (pad)   | 1           | ... | num_pages
+            ^ CUDA-graph padded tokens write here, so it is never free and never allocated
+
+``TokenToKVPoolAllocator`` (page_size 1) appends freed slots to the *tail* of ``free_pages`` and
+allocates from the head; ``PagedTokenToKVPoolAllocator`` *prepends* freed pages, so the most
+recently freed page is reused first. Both keep SGLang's order exactly: the differential test
+compares the slot indices they hand out with SGLang's.
+
+Differs on purpose: every allocator also keeps a per-page "free" mask, so a free of an index that
+is not allocated (double free, padding slot, out of range) raises :class:`DoubleFreeError` at
+once instead of corrupting the free list, ``alloc`` of a non page-aligned count raises instead of
+silently rounding down, and ``check_invariants()`` proves free + used == capacity.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Optional, Sequence
+
+import torch
+
+from kvlab.mem_cache.memory_pool import DoubleFreeError, InvariantError, index_device
+from kvlab.units import div_ceil, tokens_to_pages
+
+_I64 = torch.int64
+
+
+def _as_index(x: Any, device: torch.device) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.to(dtype=_I64, device=device).reshape(-1)
+    return torch.as_tensor(list(x), dtype=_I64, device=device).reshape(-1)
+
+
+class BaseTokenToKVPoolAllocator(abc.ABC):
+    """State and free-path shared by the page-1 and the paged allocator (``allocator/base.py``).
+
+    ``size`` is in tokens; with ``page_size > 1`` it must be a whole number of pages (SGLang's
+    configurator always floors it to pages; here a misfit raises ``ValueError``). ``need_sort``
+    stages frees in ``release_pages`` and sorts them in when an alloc runs short (PD mode).
+    ``device`` places the index tensors (see ``memory_pool.index_device``).
+    """
+
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, device: Any, kvcache: Any, need_sort: bool):
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if size < page_size or size % page_size:
+            raise ValueError(
+                f"size {size} tokens does not fit page_size {page_size}: the pool must hold a whole, "
+                f"non-zero number of pages (e.g. {max(page_size, size // page_size * page_size)})"
+            )
+        self.size = size
+        self.page_size = page_size
+        self.num_pages = size // page_size
+        self.dtype = dtype
+        self.device = device
+        self._index_device = index_device(device)
+        self._kvcache = kvcache
+        self.need_sort = need_sort
+        self.clear()
+
+    # -- state ---------------------------------------------------------------------------------
+    def clear(self) -> None:
+        dev = self._index_device
+        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=_I64, device=dev)
+        self.release_pages = torch.empty((0,), dtype=_I64, device=dev)
+        self.free_group: Optional[list[torch.Tensor]] = None  # None: frees take effect at once
+        self.free_page_ids_group: list[torch.Tensor] = []
+        # Page-granular bookkeeping kvlab adds: index 0 (padding) is neither free nor allocated.
+        self._page_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=dev)
+        self._page_free[0] = False
+        self._page_pending = torch.zeros(self.num_pages + 1, dtype=torch.bool, device=dev)
+
+    def available_size(self) -> int:
+        """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
+        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+
+    def used_size(self) -> int:
+        """Tokens handed out and not yet freed (pending frees of an open group count as used)."""
+        return self.size - self.available_size()
+
+    def get_kvcache(self) -> Any:
+        return self._kvcache
+
+    def is_allocated(self, indices: Any) -> torch.Tensor:
+        """Per slot index: is its page currently handed out? (Padding and out-of-range: False.)"""
+        idx = _as_index(indices, self._index_device)
+        pages = idx // self.page_size
+        ok = (pages >= 1) & (pages <= self.num_pages)
+        out = torch.zeros_like(ok)
+        out[ok] = ~self._page_free[pages[ok]]
+        return out
+
+    def all_allocated(self, indices: torch.Tensor) -> bool:
+        """``is_allocated(indices).all()``, cheaper (invariant checks call it after every op)."""
+        if indices.numel() == 0:
+            return True
+        pages = indices // self.page_size
+        if int(pages.min()) < 1 or int(pages.max()) > self.num_pages:
+            return False
+        return not bool(self._page_free[pages].any())
+
+    # -- alloc ---------------------------------------------------------------------------------
+    def merge_and_sort_free(self) -> None:
+        if len(self.release_pages):
+            self.free_pages, _ = torch.sort(torch.cat((self.free_pages, self.release_pages)))
+            self.release_pages = self.release_pages[:0]
+
+    def _take_pages(self, num_pages: int) -> Optional[torch.Tensor]:
+        if num_pages > len(self.free_pages):
+            self.merge_and_sort_free()
+        if num_pages > len(self.free_pages):
+            return None
+        pages = self.free_pages[:num_pages]
+        self.free_pages = self.free_pages[num_pages:]
+        self._page_free[pages] = False
+        return pages
+
+    def _pages_to_tokens(self, pages: torch.Tensor) -> torch.Tensor:
+        ps = self.page_size
+        if ps == 1:
+            return pages
+        return (pages[:, None] * ps + torch.arange(ps, dtype=_I64, device=pages.device)).reshape(-1)
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        """``need_size`` slot indices (whole pages), or None if fewer are free. Takes from the head."""
+        if need_size < 0 or need_size % self.page_size:
+            raise ValueError(f"alloc({need_size}): need a non-negative multiple of page_size {self.page_size}")
+        pages = self._take_pages(need_size // self.page_size)
+        return None if pages is None else self._pages_to_tokens(pages)
+
+    def alloc_extend(self, *args, **kwargs):
+        raise NotImplementedError("alloc_extend is only for the paged allocator (page_size > 1); use alloc(n)")
+
+    def alloc_decode(self, *args, **kwargs):
+        raise NotImplementedError("alloc_decode is only for the paged allocator (page_size > 1); use alloc(n)")
+
+    # -- free ----------------------------------------------------------------------------------
+    def _check_releasable(self, pages: torch.Tensor, what: str) -> None:
+        bad = (pages < 1) | (pages > self.num_pages)
+        if bool(bad.any()):
+            p = int(pages[bad][0])
+            raise DoubleFreeError(
+                f"{what}: page {p} is {'the padding page' if p == 0 else 'out of range'} "
+                f"(pages 1..{self.num_pages} are allocatable)"
+            )
+        state = self._page_free[pages] | self._page_pending[pages]
+        if bool(state.any()):
+            p = int(pages[state][0])
+            why = "already free" if bool(self._page_free[p]) else "already queued in the open free group"
+            raise DoubleFreeError(f"{what}: double free of {'slot' if self.page_size == 1 else 'page'} {p} ({why})")
+        if len(pages) > 1 and len(torch.unique(pages)) != len(pages):
+            raise DoubleFreeError(f"{what}: the same {'slot' if self.page_size == 1 else 'page'} appears twice in one free")
+
+    def _release(self, pages: torch.Tensor, pile: Optional[list], what: str) -> None:
+        """Return allocated ``pages`` to the free list, or queue them on ``pile`` in a free group."""
+        self._check_releasable(pages, what)
+        if self.free_group is not None:
+            self._page_pending[pages] = True
+            pile.append(pages.clone())
+            return
+        self._page_free[pages] = True
+        if self.need_sort:
+            self.release_pages = torch.cat((self.release_pages, pages))
+        elif self.page_size == 1:
+            self.free_pages = torch.cat((self.free_pages, pages))  # tail: FIFO-ish reuse
+        else:
+            self.free_pages = torch.cat((pages, self.free_pages))  # head: LIFO reuse
+
+    def free(self, free_index: Any) -> None:
+        """Free slot indices; with ``page_size > 1`` any index inside a page frees the whole page."""
+        idx = _as_index(free_index, self._index_device)
+        if idx.numel() == 0:
+            return
+        pages = idx if self.page_size == 1 else torch.unique(idx // self.page_size)
+        self._release(pages, self.free_group, "free")
+
+    def free_segment(self, free_index: Any, *, start_pos: int) -> None:
+        """Free ``kv_row[start_pos : start_pos + n]``: page-aligned start, contiguous pages.
+
+        0.5.23's form of free for tree values and request rows: ``free_index[::page_size]`` names
+        each page once, in row order (no sort, unlike ``free``'s unique)."""
+        if start_pos % self.page_size:
+            raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {self.page_size})")
+        idx = _as_index(free_index, self._index_device)
+        if idx.numel() == 0:
+            return
+        if self.page_size == 1:
+            self._release(idx, self.free_group, "free_segment")
+        else:
+            self.free_page_ids(idx[:: self.page_size] // self.page_size)
+
+    def free_page_ids(self, page_ids: Any) -> None:
+        """Free exactly these pages (no dedup)."""
+        pages = _as_index(page_ids, self._index_device)
+        if pages.numel() == 0:
+            return
+        pile = self.free_group if self.page_size == 1 else self.free_page_ids_group
+        self._release(pages, pile, "free_page_ids")
+
+    def free_group_begin(self) -> None:
+        """Defer frees until :meth:`free_group_end` (one batch's results are processed as a group).
+
+        Deferred frees do not show in ``available_size()`` until the group ends."""
+        if self.free_group is not None:
+            raise RuntimeError("free groups cannot be nested")
+        self.free_group = []
+        self.free_page_ids_group = []
+
+    def free_group_end(self) -> None:
+        if self.free_group is None:
+            raise RuntimeError("free_group_end() without free_group_begin()")
+        piles = [self.free_group, self.free_page_ids_group]
+        self.free_group, self.free_page_ids_group = None, []
+        for i, pile in enumerate(piles):
+            if not pile:
+                continue
+            pages = torch.cat(pile)
+            if self.page_size > 1 and i == 0:
+                pages = torch.unique(pages)  # SGLang re-frees the group's tokens through free()
+            self._page_pending[pages] = False
+            self._release(pages, None, "free_group_end")
+
+    # -- invariants ----------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        name = type(self).__name__
+        listed = torch.cat((self.free_pages, self.release_pages))
+        n_free = len(listed)
+        if n_free and len(torch.unique(listed)) != n_free:
+            raise InvariantError(f"{name}: a page is on the free list twice")
+        if n_free and (int(listed.min()) < 1 or int(listed.max()) > self.num_pages):
+            raise InvariantError(f"{name}: the free list holds the padding page or a page out of range")
+        if n_free and not bool(self._page_free[listed].all()):
+            raise InvariantError(f"{name}: a page is on the free list but marked allocated")
+        if int(self._page_free.sum()) != n_free:
+            raise InvariantError(f"{name}: {int(self._page_free.sum())} pages marked free, {n_free} listed")
+        if bool(self._page_free[0]) or bool(self._page_pending[0]):
+            raise InvariantError(f"{name}: the padding page is marked free or pending")
+        if bool((self._page_free & self._page_pending).any()):
+            raise InvariantError(f"{name}: a page is both free and pending in a free group")
+        if self.free_group is None and bool(self._page_pending.any()):
+            raise InvariantError(f"{name}: pages pending with no open free group")
+        used_pages = self.num_pages - n_free
+        if used_pages < 0 or (used_pages + n_free) * self.page_size != self.size:
+            raise InvariantError(f"{name}: used {used_pages} + free {n_free} pages != {self.num_pages}")
+        if self.available_size() + self.used_size() != self.size:
+            raise InvariantError(f"{name}: available + used != size")
+
+
+class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """page_size 1 (``allocator/token.py``): slots 1..size are allocatable, slot 0 is padding."""
+
+    def __init__(self, size: int, dtype: torch.dtype = torch.bfloat16, device: Any = "cpu",
+                 kvcache: Any = None, need_sort: bool = False):
+        super().__init__(size, 1, dtype, device, kvcache, need_sort)
+
+    def free_page_ids(self, page_ids: Any) -> None:
+        self.free(page_ids)  # page ids are slot ids
+
+
+class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
+    """Whole pages (``allocator/paged.py``): pages 1..size/page_size, page 0 is padding.
+
+    ``alloc_extend`` / ``alloc_decode`` follow SGLang's three-phase layout (continue the current
+    partial page at ``last_loc + 1``, then whole new pages, then one partial new page), computed
+    here with plain torch ops in place of the Triton kernel / ``alloc_extend_naive``.
+    """
+
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype = torch.bfloat16, device: Any = "cpu",
+                 kvcache: Any = None, need_sort: bool = False):
+        super().__init__(size, page_size, dtype, device, kvcache, need_sort)
+
+    def num_new_pages(self, prefix_lens: Sequence[int], seq_lens: Sequence[int]) -> int:
+        """``utils.common.get_num_new_pages``: sum of ceil(seq/ps) - ceil(prefix/ps)."""
+        ps = self.page_size
+        return sum(tokens_to_pages(s, ps) - tokens_to_pages(p, ps) for p, s in zip(prefix_lens, seq_lens))
+
+    def num_decode_pages(self, seq_lens: Sequence[int]) -> int:
+        """Decode's ``get_num_new_pages``: requests whose new token opens a page (seq % ps == 1)."""
+        return sum(s % self.page_size == 1 for s in seq_lens)
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                     extend_num_tokens: int, num_new_pages: Optional[int] = None) -> Optional[torch.Tensor]:
+        """Slots for tokens ``[prefix_len, seq_len)`` of each request, concatenated in batch order.
+
+        ``last_loc[i]`` is the slot of request i's last prefix token (-1 if none). None if the free
+        pages do not cover ``num_new_pages``. Mirrors ``PagedTokenToKVPoolAllocator.alloc_extend``.
+        """
+        ps = self.page_size
+        pre = [int(x) for x in _as_index(prefix_lens_cpu, torch.device("cpu"))]
+        seq = [int(x) for x in _as_index(seq_lens_cpu, torch.device("cpu"))]
+        last = [int(x) for x in _as_index(last_loc, torch.device("cpu"))]
+        if sum(s - p for p, s in zip(pre, seq)) != extend_num_tokens:
+            raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens)")
+        for p, l in zip(pre, last):
+            if (l + 1) % ps != p % ps:
+                raise ValueError(f"last_loc {l} is not where a prefix of {p} tokens ends (page_size {ps})")
+        if num_new_pages is None:
+            num_new_pages = self.num_new_pages(pre, seq)
+        if extend_num_tokens // ps + len(pre) + 1 > len(self.free_pages):
+            self.merge_and_sort_free()  # 0.5.23 merges when its cheap bound cannot prove the fit
+        pages = self._take_pages(num_new_pages)
+        if pages is None:
+            return None
+        dev = self._index_device
+        out: list[torch.Tensor] = []
+        k = 0  # new pages used so far, in batch order
+        for p, s, l in zip(pre, seq, last):
+            cont = min(s, div_ceil(p, ps) * ps)  # phase 1: finish the page the prefix ends in
+            out.append(torch.arange(l + 1, l + 1 + cont - p, dtype=_I64, device=dev))
+            n = s - cont  # phases 2 + 3: whole new pages, then a partial one (cont is page-aligned)
+            if n > 0:
+                used = tokens_to_pages(n, ps)
+                pos = torch.arange(n, dtype=_I64, device=dev)
+                out.append(pages[k : k + used][pos // ps] * ps + pos % ps)
+                k += used
+        return torch.cat(out) if out else torch.empty(0, dtype=_I64, device=dev)
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> Optional[torch.Tensor]:
+        """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths).
+
+        A request whose new token opens a page (``seq_len % page_size == 1``) gets the next free
+        page's first slot; the others get ``last_loc + 1``. None if pages run short."""
+        ps = self.page_size
+        seq = [int(x) for x in _as_index(seq_lens_cpu, torch.device("cpu"))]
+        last = [int(x) for x in _as_index(last_loc, torch.device("cpu"))]
+        need = [s % ps == 1 for s in seq]
+        if len(seq) > len(self.free_pages):
+            self.merge_and_sort_free()
+        pages = self._take_pages(self.num_decode_pages(seq))
+        if pages is None:
+            return None
+        it = iter(pages.tolist())
+        out = [next(it) * ps if n else l + 1 for n, l in zip(need, last)]
+        return torch.tensor(out, dtype=_I64, device=self._index_device)
+
+
+class SWATokenToKVPoolAllocator:
+    """Hybrid sliding-window models: a full-attention pool and an SWA pool (``allocator/swa.py``).
+
+    Requests and the tree hold *full* indices; ``full_to_swa_index_mapping[full] = swa`` pairs
+    each with its SWA slot (0 = unmapped; the trailing entry is -1 so a ``last_loc`` of -1
+    translates to -1). ``available_size()`` is the smaller side. ``free`` releases the SWA peer
+    first (it reads the mapping), then the full slot; ``free_swa`` alone drops only the SWA KV
+    (sliding-window tombstoning). Differs on purpose: no per-request SWA ring, no registration
+    with a KV pool unless ``kvcache`` has ``register_mapping``; ``alloc`` works at any page size.
+    """
+
+    def __init__(self, size: int, size_swa: int, page_size: int, dtype: torch.dtype = torch.bfloat16,
+                 device: Any = "cpu", kvcache: Any = None, need_sort: bool = False):
+        inner = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
+        args = () if page_size == 1 else (page_size,)
+        self.full_attn_allocator = inner(size, *args, dtype=dtype, device=device, need_sort=need_sort)
+        self.swa_attn_allocator = inner(size_swa, *args, dtype=dtype, device=device, need_sort=need_sort)
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+        self.need_sort = need_sort
+        self._size_full, self._size_swa = size, size_swa
+        self._kvcache = kvcache
+        self._index_device = self.full_attn_allocator._index_device
+        self.full_to_swa_index_mapping = torch.cat(
+            [torch.zeros(size + page_size, dtype=_I64, device=self._index_device),
+             torch.tensor([-1], dtype=_I64, device=self._index_device)]
+        )
+        self.clear()
+        if kvcache is not None and hasattr(kvcache, "register_mapping"):
+            kvcache.register_mapping(self.full_to_swa_index_mapping)
+
+    @property
+    def size(self) -> int:
+        return min(self._size_full, self._size_swa)
+
+    @property
+    def size_full(self) -> int:
+        return self._size_full
+
+    @property
+    def size_swa(self) -> int:
+        return self._size_swa
+
+    def clear(self) -> None:
+        self.full_attn_allocator.clear()
+        self.swa_attn_allocator.clear()
+        self.full_to_swa_index_mapping[:-1] = 0
+        self.free_group: Optional[list] = None
+
+    def get_kvcache(self) -> Any:
+        return self._kvcache
+
+    def full_available_size(self) -> int:
+        return self.full_attn_allocator.available_size()
+
+    def swa_available_size(self) -> int:
+        return self.swa_attn_allocator.available_size()
+
+    def available_size(self) -> int:
+        return min(self.full_available_size(), self.swa_available_size())
+
+    def is_allocated(self, indices: Any) -> torch.Tensor:
+        return self.full_attn_allocator.is_allocated(indices)
+
+    def all_allocated(self, indices: torch.Tensor) -> bool:
+        return self.full_attn_allocator.all_allocated(indices)
+
+    def translate_loc_from_full_to_swa(self, kv_indices: Any) -> torch.Tensor:
+        return self.full_to_swa_index_mapping[_as_index(kv_indices, self._index_device)]
+
+    def _pair(self, full: Optional[torch.Tensor], swa: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if full is None or swa is None:
+            raise InvariantError("SWA allocator: one side allocated after both sides were checked")
+        self.full_to_swa_index_mapping[full] = swa
+        return full
+
+    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+        if need_size > self.full_available_size() or need_size > self.swa_available_size():
+            return None
+        return self._pair(self.full_attn_allocator.alloc(need_size), self.swa_attn_allocator.alloc(need_size))
+
+    def new_pages_available(self, num_pages: int) -> bool:
+        """Both sides page in step (one seq_lens drives them), so both need ``num_pages``."""
+        ps = self.page_size
+        return num_pages <= self.full_available_size() // ps and num_pages <= self.swa_available_size() // ps
+
+    def _require_paged(self, what: str) -> None:
+        if self.page_size == 1:
+            raise NotImplementedError(f"{what} is only for page_size > 1 (as in SGLang); use alloc(n)")
+
+    def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
+        self._require_paged("alloc_extend")
+        full_alloc = self.full_attn_allocator
+        pre = _as_index(prefix_lens_cpu, torch.device("cpu")).tolist()
+        seq = _as_index(seq_lens_cpu, torch.device("cpu")).tolist()
+        n = full_alloc.num_new_pages(pre, seq)
+        if not self.new_pages_available(n):
+            return None
+        swa_last = self.translate_loc_from_full_to_swa(last_loc)
+        full = full_alloc.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
+                                       extend_num_tokens, num_new_pages=n)
+        swa = self.swa_attn_allocator.alloc_extend(prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu,
+                                                   swa_last, extend_num_tokens, num_new_pages=n)
+        return self._pair(full, swa)
+
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
+        self._require_paged("alloc_decode")
+        seq = _as_index(seq_lens_cpu, torch.device("cpu")).tolist()
+        if not self.new_pages_available(self.full_attn_allocator.num_decode_pages(seq)):
+            return None
+        swa_last = self.translate_loc_from_full_to_swa(last_loc)
+        full = self.full_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, last_loc)
+        swa = self.swa_attn_allocator.alloc_decode(seq_lens, seq_lens_cpu, swa_last)
+        return self._pair(full, swa)
+
+    def _expand_to_pages(self, idx: torch.Tensor) -> torch.Tensor:
+        ps = self.page_size
+        if ps == 1:
+            return idx
+        pages = torch.unique(idx // ps)
+        return (pages[:, None] * ps + torch.arange(ps, dtype=_I64, device=idx.device)).reshape(-1)
+
+    def free_swa(self, free_index: Any) -> None:
+        """Release the SWA peers of these full slots (whole pages when paged); keep the full KV."""
+        idx = _as_index(free_index, self._index_device)
+        if idx.numel() == 0:
+            return
+        full_slots = self._expand_to_pages(idx)
+        swa = self.full_to_swa_index_mapping[full_slots]
+        if self.page_size == 1 and bool((swa <= 0).any()):
+            raise DoubleFreeError(f"free_swa: full slot {int(full_slots[swa <= 0][0])} has no SWA peer")
+        self.full_to_swa_index_mapping[full_slots] = 0
+        self.swa_attn_allocator.free(swa[swa > 0])
+
+    def free_full(self, free_index: Any) -> None:
+        """Free full slots whose SWA peers are already released."""
+        idx = _as_index(free_index, self._index_device)
+        if idx.numel() == 0:
+            return
+        if bool((self.full_to_swa_index_mapping[idx] != 0).any()):
+            raise ValueError("free_full: a slot still has an SWA peer; use free() to release both")
+        self.full_attn_allocator.free(idx)
+
+    def free(self, free_index: Any) -> None:
+        self.free_swa(free_index)  # first: it reads the mapping
+        self.free_full(free_index)
+
+    def free_segment(self, free_index: Any, *, start_pos: int) -> None:
+        if start_pos % self.page_size:
+            raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {self.page_size})")
+        self.free(free_index)
+
+    def free_group_begin(self) -> None:
+        if self.free_group is not None:
+            raise RuntimeError("free groups cannot be nested")
+        self.free_group = []
+        self.full_attn_allocator.free_group_begin()
+        self.swa_attn_allocator.free_group_begin()
+
+    def free_group_end(self) -> None:
+        if self.free_group is None:
+            raise RuntimeError("free_group_end() without free_group_begin()")
+        self.free_group = None
+        self.swa_attn_allocator.free_group_end()
+        self.full_attn_allocator.free_group_end()
+
+    def check_invariants(self) -> None:
+        self.full_attn_allocator.check_invariants()
+        self.swa_attn_allocator.check_invariants()
+        m = self.full_to_swa_index_mapping
+        if int(m[-1]) != -1 or bool((m[: self.page_size] != 0).any()):
+            raise InvariantError("SWA allocator: padding entries of the mapping were overwritten")
+        mapped = torch.nonzero(m[:-1] > 0).reshape(-1)
+        if len(mapped) and not bool(self.full_attn_allocator.is_allocated(mapped).all()):
+            raise InvariantError("SWA allocator: a free full slot still maps to an SWA slot")
+        swa = m[mapped]
+        if len(torch.unique(swa)) != len(swa):
+            raise InvariantError("SWA allocator: two full slots share one SWA slot")
+        if len(swa) and not bool(self.swa_attn_allocator.is_allocated(swa).all()):
+            raise InvariantError("SWA allocator: a full slot maps to a free SWA slot")
+        if self.free_group is None:
+            swa_used = self.swa_attn_allocator.used_size()
+            paged_swa = len(torch.unique(swa // self.page_size)) * self.page_size if len(swa) else 0
+            if paged_swa != swa_used:
+                raise InvariantError(f"SWA allocator: {swa_used} SWA slots used, {paged_swa} reachable from the mapping")

@@ -1,0 +1,109 @@
+"""Glue between the tree and the allocator: evict-then-allocate (``sglang/srt/mem_cache/common.py``
+and ``allocation.py``).
+
+``evict_from_tree_cache`` is where SGLang's eviction bug lived, and ``mode`` is the toggle that sits
+exactly there:
+
+- ``mode="shortfall"`` (SGLang >= 0.5.17, PR #32016): evict ``num_tokens - available``.
+- ``mode="full"`` (SGLang <= 0.5.16): evict all of ``num_tokens`` whenever ``available <
+  num_tokens``, destroying up to ``available`` extra cached tokens per pressure event.
+
+Whether the allocation then fits is the same in both modes; only cache hits are lost. The SWA arm
+always evicted per-pool shortfalls, in both versions, and does so here in both modes.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple, Optional, Sequence
+
+import torch
+
+from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
+from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
+
+EVICTION_MODES = ("shortfall", "full")
+
+
+def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> EvictResult:
+    """Make room for ``num_tokens`` new KV slots by evicting from ``tree_cache``.
+
+    Standard allocator: ``shortfall = max(0, num_tokens - available_size())``; nothing happens when
+    it is 0. Otherwise the tree is asked for the shortfall (``"shortfall"``) or for ``num_tokens``
+    (``"full"``, the bug). SWA allocator: ``max(0, num_tokens - full_available)`` from the full
+    pool and ``max(0, num_tokens - swa_available)`` from the SWA pool, in both modes.
+    The :class:`EvictResult` separates the shortfall, the request, what was evicted, the bug's
+    over-eviction and the leaf-granularity overshoot. Mirrors ``common.py::evict_from_tree_cache``
+    (0.5.16 for ``"full"``, 0.5.17-0.5.18 for ``"shortfall"``; 0.5.23 routes the same arithmetic
+    through ``allocator.evict_to_free_tokens``).
+    """
+    if mode not in EVICTION_MODES:
+        raise ValueError(
+            f"evict_from_tree_cache: unknown mode {mode!r}; use 'shortfall' (SGLang >= 0.5.17) "
+            f"or 'full' (SGLang <= 0.5.16)"
+        )
+    if tree_cache is None or getattr(tree_cache, "disable", False):
+        return EvictResult()
+    allocator = tree_cache.token_to_kv_pool_allocator
+    if isinstance(allocator, SWATokenToKVPoolAllocator):
+        full_available = allocator.full_available_size()
+        swa_available = allocator.swa_available_size()
+        if full_available >= num_tokens and swa_available >= num_tokens:
+            return EvictResult()
+        full_short = max(0, num_tokens - full_available)
+        swa_short = max(0, num_tokens - swa_available)
+        res = tree_cache.evict(EvictParams(num_tokens=full_short, swa_num_tokens=swa_short))
+        return EvictResult.of(full_short, full_short, res.evicted_tokens, swa_short, swa_short)
+    available = allocator.available_size()
+    if available >= num_tokens:
+        return EvictResult()
+    shortfall = num_tokens - available
+    requested = shortfall if mode == "shortfall" else num_tokens
+    res = tree_cache.evict(EvictParams(num_tokens=requested))
+    return EvictResult.of(shortfall, requested, res.evicted_tokens)
+
+
+class AllocResult(NamedTuple):
+    """Slots handed out (``None`` when the pool stayed short even after eviction) and the eviction
+    that preceded the allocation."""
+
+    out_cache_loc: Optional[torch.Tensor]
+    evict: EvictResult
+
+
+def alloc_token_slots(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> AllocResult:
+    """``allocation.py::alloc_token_slots``: evict for ``num_tokens``, then ``alloc(num_tokens)``.
+    SGLang raises "Out of memory" where this returns ``out_cache_loc=None``."""
+    ev = evict_from_tree_cache(tree_cache, num_tokens, mode)
+    return AllocResult(tree_cache.token_to_kv_pool_allocator.alloc(num_tokens), ev)
+
+
+def alloc_paged_token_slots_extend(tree_cache: Any, prefix_lens: Sequence[int], seq_lens: Sequence[int],
+                                   last_loc: Sequence[int], mode: str = "shortfall") -> AllocResult:
+    """``allocation.py::alloc_paged_token_slots_extend`` (CPU lengths): evict for
+    ``extend_num_tokens + batch_size * page_size`` (SGLang's over-estimate: every request may open
+    a page), then ``alloc_extend``."""
+    allocator = tree_cache.token_to_kv_pool_allocator
+    pre = torch.as_tensor(list(prefix_lens), dtype=torch.int64)
+    seq = torch.as_tensor(list(seq_lens), dtype=torch.int64)
+    last = torch.as_tensor(list(last_loc), dtype=torch.int64)
+    extend = int((seq - pre).sum())
+    ev = evict_from_tree_cache(tree_cache, extend + len(seq) * allocator.page_size, mode)
+    return AllocResult(allocator.alloc_extend(pre, pre, seq, seq, last, extend), ev)
+
+
+def alloc_paged_token_slots_decode(tree_cache: Any, seq_lens: Sequence[int], last_loc: Sequence[int],
+                                   mode: str = "shortfall") -> AllocResult:
+    """``allocation.py::alloc_paged_token_slots_decode``: evict for ``batch_size * page_size``,
+    then ``alloc_decode`` (``seq_lens`` are the lengths *after* this step's token)."""
+    allocator = tree_cache.token_to_kv_pool_allocator
+    seq = torch.as_tensor(list(seq_lens), dtype=torch.int64)
+    last = torch.as_tensor(list(last_loc), dtype=torch.int64)
+    ev = evict_from_tree_cache(tree_cache, len(seq) * allocator.page_size, mode)
+    return AllocResult(allocator.alloc_decode(seq, seq, last), ev)
+
+
+def release_kv_cache(req: Any, tree_cache: Any, is_insert: bool = True,
+                     kv_len_to_handle: Optional[int] = None) -> None:
+    """0.5.16 ``common.py::release_kv_cache``: ``cache_finished_req`` then free the request's row."""
+    tree_cache.cache_finished_req(req, is_insert=is_insert, kv_len_to_handle=kv_len_to_handle)
+    tree_cache.req_to_token_pool.free(req)

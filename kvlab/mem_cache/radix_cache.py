@@ -1,0 +1,639 @@
+"""Prefix cache as a radix tree over token ids (``sglang/srt/mem_cache/radix_cache.py``).
+
+Each edge holds a run of tokens (``key``) and their KV slot indices (``value``, int64 tensor, one
+per token). A root-to-node path spells a cached prefix; its KV is the concatenation of the values
+on the path. ``page_size > 1``: keys are whole pages, children are keyed by their first page.
+
+Accounting (all in tokens)::
+
+    total_size() = evictable_size() + protected_size() = sum(len(node.value) for every node)
+    protected    = tokens of nodes with lock_ref > 0 (a running request's prefix and its ancestors)
+    evictable    = tokens of unlocked nodes; only unlocked *leaves* can be evicted, whole
+
+Behaviour mirrored from SGLang, op for op (the differential test checks it against 0.5.16 and
+0.5.23): match splits a node where the match ends inside it and refreshes access times along the
+path; insert returns the length already cached so the caller frees its duplicate slots; locks walk
+to the root; evict pops whole leaves in the strategy's order, a parent that becomes a leaf joins
+the candidates, and the last leaf may overshoot the request.
+
+Differs on purpose:
+- Time is a per-cache :class:`LogicalClock` (one tick wherever SGLang calls ``time.monotonic()``),
+  so runs are reproducible and victim order never depends on the wall clock.
+- SGLang re-heapifies every evictable leaf on each ``evict`` call (O(leaves) even for
+  ``evict(1)``). Here the evictable leaves live in a heap maintained incrementally: a leaf is
+  (re)pushed when it becomes evictable or its priority fields change, stale entries are skipped on
+  pop (lazy invalidation) and the heap is compacted when stale entries outnumber live ones. The
+  victim order is SGLang's; the cost grows with what is evicted.
+- Unlocking an unlocked node, or locking/unlocking an evicted or foreign node, raises
+  :class:`LockRefError` (SGLang lets ``lock_ref`` go negative).
+- ``match_prefix`` / ``insert`` take plain token sequences (no ``RadixKey`` / params objects;
+  no ``extra_key`` namespaces, EAGLE bigram keys, HiCache fields or KV events).
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from dataclasses import dataclass, field
+from typing import Any, Iterable, NamedTuple, Optional, Protocol
+
+import torch
+
+from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
+from kvlab.mem_cache.evict_policy import EvictParams, EvictResult, get_eviction_strategy
+from kvlab.mem_cache.memory_pool import InvariantError
+from kvlab.units import align_down
+
+_I64 = torch.int64
+
+
+class LockRefError(RuntimeError):
+    """``inc_lock_ref`` / ``dec_lock_ref`` misuse: unlocking an unlocked node, or a node that was
+    evicted or belongs to another tree."""
+
+
+class LogicalClock:
+    """Deterministic stand-in for ``time.monotonic()``: ``tick()`` returns 1, 2, 3, ..."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, start: int = 0):
+        self.now = start
+
+    def tick(self) -> int:
+        self.now += 1
+        return self.now
+
+
+class TreeNode:
+    """One edge of the tree. ``value is None`` once evicted. ``children`` maps the first token
+    (page_size 1) or the first page's token tuple (page_size > 1) to the child."""
+
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
+                 "hit_count", "priority", "id", "_evictable", "_hver")
+
+    def __init__(self, key: array, value: Optional[torch.Tensor], parent: Optional["TreeNode"],
+                 last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
+        self.children: dict[Any, TreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock_ref = 0
+        self.last_access_time = last_access_time
+        self.creation_time = creation_time
+        self.hit_count = 0
+        self.priority = priority
+        self.id = node_id
+        self._evictable = False  # member of RadixCache.evictable_leaves
+        self._hver = 0  # version of this node's live heap entry
+
+    @property
+    def evicted(self) -> bool:
+        return self.value is None
+
+    def __lt__(self, other: "TreeNode") -> bool:
+        return self.last_access_time < other.last_access_time
+
+    def __repr__(self) -> str:
+        head = list(self.key[:6])
+        more = "..." if len(self.key) > 6 else ""
+        return f"TreeNode(id={self.id}, key={head}{more} ({len(self.key)}), lock_ref={self.lock_ref})"
+
+
+class MatchResult(NamedTuple):
+    """``match_prefix``'s answer. ``device_indices``: KV slots of the matched prefix (int64);
+    ``last_device_node``: the node the prefix ends at (lock it to pin the prefix);
+    ``device_prefix_len``: matched tokens (a multiple of page_size)."""
+
+    device_indices: torch.Tensor
+    last_device_node: TreeNode
+    device_prefix_len: int
+
+    @property
+    def prefix_len(self) -> int:
+        return self.device_prefix_len
+
+
+class TreeLock(NamedTuple):
+    """0.5.23's ``lock(node)`` receipt; ``unlock(lock)`` replays it."""
+
+    node: TreeNode
+
+
+class Req(Protocol):
+    """What ``cache_finished_req`` / ``cache_unfinished_req`` read and write on a request
+    (SGLang 0.5.16's ``schedule_batch.Req`` fields of the same names).
+
+    - ``rid``: id, only for messages.
+    - ``origin_input_ids``, ``output_ids``: prompt and generated tokens (finished path).
+    - ``fill_ids``: tokens whose KV is in the row so far (unfinished path, after a chunk).
+    - ``req_pool_idx``: its row in ``ReqToTokenPool.req_to_token``.
+    - ``prefix_indices``: KV slots of the cached prefix (written by ``cache_unfinished_req``).
+    - ``last_node``: the tree node its prefix ends at; the request holds one lock on it.
+    - ``cache_protected_len``: row positions ``[0, cache_protected_len)`` belong to the tree
+      (matched or already inserted); the request must not free them.
+    - ``priority`` (optional, default 0): passed to ``insert`` for the ``priority`` policy.
+    """
+
+    rid: Any
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    fill_ids: list[int]
+    req_pool_idx: Optional[int]
+    prefix_indices: torch.Tensor
+    last_node: Optional[TreeNode]
+    cache_protected_len: int
+
+
+@dataclass
+class SimpleReq:
+    """A minimal concrete :class:`Req` (tests, notebooks, the simulator's starting point)."""
+
+    rid: Any
+    origin_input_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    fill_ids: list[int] = field(default_factory=list)
+    req_pool_idx: Optional[int] = None
+    prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=_I64))
+    last_node: Optional[TreeNode] = None
+    cache_protected_len: int = 0
+    priority: int = 0
+
+
+def _as_tokens(key: Any) -> array:
+    if isinstance(key, array) and key.typecode == "q":
+        return key
+    if isinstance(key, torch.Tensor):
+        key = key.tolist()
+    return array("q", key)
+
+
+def _common_len(a: array, b: array, off: int, n: int) -> int:
+    """Length of the common prefix of ``a`` and ``b[off:n]`` (C-level slice compares, log steps)."""
+    lim = min(len(a), n - off)
+    if a[:lim] == b[off : off + lim]:
+        return lim
+    lo, hi = 0, lim  # a[:lo] matches, a[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[off + lo : off + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class RadixCache:
+    """SGLang's ``RadixCache`` with the classic (0.5.16) request API and 0.5.23's insert semantics.
+
+    ``token_to_kv_pool_allocator`` receives the slots of evicted leaves (``free_segment``) and the
+    duplicate/tail slots of finished requests (``free``); ``req_to_token_pool`` is read by the
+    request flows. Both may be None for a tree-only cache (values are then just numbers).
+    ``eviction_policy``: a name from ``evict_policy.EVICTION_POLICIES``.
+    """
+
+    def __init__(self, req_to_token_pool: Any = None, token_to_kv_pool_allocator: Any = None,
+                 page_size: int = 1, eviction_policy: str = "lru",
+                 eviction_policy_config: Optional[dict] = None, disable: bool = False):
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        alloc_ps = getattr(token_to_kv_pool_allocator, "page_size", page_size)
+        if alloc_ps != page_size:
+            raise ValueError(f"RadixCache page_size {page_size} does not fit the allocator's page_size {alloc_ps}")
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.disable = disable
+        self.eviction_policy = eviction_policy.lower()
+        self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
+        self._prio = self.eviction_strategy.get_priority
+        self.reset()
+
+    # -- construction helpers -------------------------------------------------------------------
+    def reset(self) -> None:
+        self.clock = LogicalClock()
+        self._next_id = 0
+        self.root_node = self._new_node(array("q"), torch.empty(0, dtype=_I64), None, priority=-(2**63))
+        self.root_node.lock_ref = 1  # never evictable, never counted
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self.evictable_leaves: set[TreeNode] = set()
+        self._heap: list = []
+        self._empty = torch.empty(0, dtype=_I64)
+
+    def _new_node(self, key, value, parent, priority=0) -> TreeNode:
+        # Two ticks, as SGLang's TreeNode.__init__ reads time.monotonic() twice.
+        clock = self.clock
+        last = clock.tick()
+        node = TreeNode(key, value, parent, last, clock.tick(), self._next_id, priority)
+        self._next_id += 1
+        return node
+
+    def _child_key(self, key: array, off: int = 0):
+        return key[off] if self.page_size == 1 else tuple(key[off : off + self.page_size])
+
+    # -- the evictable-leaf index ---------------------------------------------------------------
+    def _push(self, node: TreeNode) -> None:
+        node._hver += 1
+        heapq.heappush(self._heap, (self._prio(node), node.last_access_time, node.id, node._hver, node))
+        if len(self._heap) > 2 * len(self.evictable_leaves) + 64:
+            self._heap = [(self._prio(n), n.last_access_time, n.id, n._hver, n) for n in self.evictable_leaves]
+            heapq.heapify(self._heap)
+
+    def _pop_victim(self) -> Optional[TreeNode]:
+        heap = self._heap
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[4]
+            if node._evictable and entry[3] == node._hver:
+                return node
+        return None
+
+    def _update_leaf_status(self, node: TreeNode) -> None:
+        if node.lock_ref > 0 or node.value is None or node.children:
+            if node._evictable:
+                node._evictable = False
+                self.evictable_leaves.discard(node)
+        elif not node._evictable:
+            node._evictable = True
+            self.evictable_leaves.add(node)
+            self._push(node)
+
+    # -- match / insert -------------------------------------------------------------------------
+    def match_prefix(self, key: Any) -> MatchResult:
+        """Longest cached prefix of ``key`` (truncated to whole pages). Mutates the tree: splits the
+        node the match ends inside, and stamps the access time of every node on the path."""
+        key = _as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if self.disable or n == 0:
+            return MatchResult(self._empty, self.root_node, 0)
+        values, node, matched = self._match_walk(key, n)
+        return MatchResult(torch.cat(values) if values else self._empty, node, matched)
+
+    def touch_prefix(self, key: Any) -> None:
+        """0.5.23: the match walk (access times, splits) without building the result."""
+        key = _as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if not self.disable and n:
+            self._match_walk(key, n)
+
+    def _match_walk(self, key: array, n: int):
+        now = self.clock.tick()
+        node = self.root_node
+        node.last_access_time = now
+        ps = self.page_size
+        values = []
+        off = 0
+        while off < n:
+            child = node.children.get(key[off] if ps == 1 else tuple(key[off : off + ps]))
+            if child is None:
+                break
+            child.last_access_time = now
+            if child._evictable:
+                self._push(child)
+            ckey = child.key
+            end = off + len(ckey)
+            if end <= n and ckey == key[off:end]:
+                values.append(child.value)
+                node = child
+                off = end
+                continue
+            m = align_down(_common_len(ckey, key, off, n), ps)
+            node = self._split_node(child, m)
+            values.append(node.value)
+            off += m
+            break
+        return values, node, off
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]``. Sizes and leaf set unchanged."""
+        parent = child.parent
+        ck = self._child_key(child.key)
+        upper = self._new_node(child.key[:split_len], child.value[:split_len].clone(), parent, child.priority)
+        upper.hit_count = child.hit_count
+        upper.lock_ref = child.lock_ref
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:].clone()
+        child.parent = upper
+        upper.children[self._child_key(child.key)] = child
+        parent.children[ck] = upper
+        return upper
+
+    def insert(self, key: Any, value: Any = None, priority: int = 0, inserted_len: int = 0) -> int:
+        """Cache ``key`` (truncated to whole pages) with KV slots ``value[:len(key)]``.
+
+        Returns the number of leading tokens that were *already* cached: the tree keeps its own
+        slots for them, so the caller's ``value[cache_protected_len:returned]`` are duplicates to
+        free (RadixCache never frees them itself). ``inserted_len``: tokens this request inserted
+        before (0.5.23); nodes within it are not hit-counted again. ``value=None`` stores the
+        token ids as values (SGLang's debug fallback).
+        """
+        if self.disable:
+            return 0
+        key = _as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if value is None:
+            value = torch.tensor(key[:n].tolist(), dtype=_I64)
+        elif not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value, dtype=_I64)
+        elif value.dtype != _I64:
+            value = value.to(_I64)
+        if len(value) < n:
+            raise ValueError(f"insert: {len(value)} values for a key of {n} (page-aligned) tokens")
+        now = self.clock.tick()
+        node = self.root_node
+        node.last_access_time = now
+        if priority > node.priority:
+            node.priority = priority
+        ps = self.page_size
+        off = 0
+        while off < n:
+            child = node.children.get(key[off] if ps == 1 else tuple(key[off : off + ps]))
+            if child is None:
+                break
+            child.last_access_time = now
+            ckey = child.key
+            end = off + len(ckey)
+            split = not (end <= n and ckey == key[off:end])
+            if split:
+                m = align_down(_common_len(ckey, key, off, n), ps)
+                node = self._split_node(child, m)
+            else:
+                m = len(ckey)
+                node = child
+            if priority > node.priority:
+                node.priority = priority
+            off += m
+            if off > inserted_len:
+                node.hit_count += 1
+            if child._evictable:
+                self._push(child)  # its access time (and maybe priority/hits) changed
+            if split:
+                break  # the key diverges inside this edge; SGLang's loop finds no further child
+        prefix_len = off
+        if off < n:
+            leaf = self._new_node(key[off:n], value[off:n].clone(), node, priority)
+            if n > inserted_len:
+                leaf.hit_count += 1
+            node.children[self._child_key(leaf.key)] = leaf
+            self.evictable_size_ += n - off
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+        return prefix_len
+
+    # -- request flows (0.5.16 classic API) ------------------------------------------------------
+    def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: Optional[int] = None) -> None:
+        """A finished request hands its KV to the tree (``RadixCache.cache_finished_req``).
+
+        Tokens = ``(origin_input_ids + output_ids)[:kv_len_to_handle]``; the default is all but the
+        last output token, whose KV was never computed. Inserts the page-aligned part, frees the
+        duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
+        the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
+        """
+        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        kv_len = max(0, len(tokens) - 1) if kv_len_to_handle is None else kv_len_to_handle
+        tokens = tokens[:kv_len]
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
+        free = self.token_to_kv_pool_allocator.free
+        if self.disable:
+            free(kv[req.cache_protected_len :])
+            return
+        key_len = align_down(len(tokens), self.page_size)
+        if is_insert:
+            done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0)
+            free(kv[req.cache_protected_len : done])
+        else:
+            free(kv[req.cache_protected_len : key_len])
+        free(kv[key_len:])
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+            req.last_node = None
+
+    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
+        """After a prefill chunk: insert ``fill_ids``' page-aligned KV, free duplicates, re-point the
+        row at the tree's slots, and move the request's lock to the new last node
+        (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16)."""
+        if self.disable:
+            return
+        tokens = list(req.fill_ids)
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
+        key_len = align_down(len(tokens), self.page_size)
+        done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0,
+                           inserted_len=key_len if chunked else 0)
+        self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : done])
+        m = self.match_prefix(tokens[:key_len])
+        if m.device_prefix_len != key_len:
+            raise InvariantError(f"cache_unfinished_req: re-match found {m.device_prefix_len} of {key_len} tokens")
+        new = m.device_indices
+        protected = req.cache_protected_len
+        self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), new[protected:].to(torch.int32))
+        req.cache_protected_len = key_len
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(m.last_device_node)
+        # With page_size > 1 the partial last page stays the request's (in the row, not the tree).
+        req.prefix_indices = torch.cat([new, kv[key_len:]]) if key_len < len(kv) else new
+        req.last_node = m.last_device_node
+
+    # -- locks ----------------------------------------------------------------------------------
+    def _check_member(self, node: TreeNode, what: str) -> None:
+        if node.value is None:
+            raise LockRefError(f"{what}: {node!r} was evicted")
+        x = node
+        while x.parent is not None:
+            x = x.parent
+        if x is not self.root_node:
+            raise LockRefError(f"{what}: {node!r} belongs to another tree")
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Lock ``node`` and its ancestors (not the root). Returns the evictable-size delta (<= 0)."""
+        if self.disable or node is self.root_node:
+            return 0
+        self._check_member(node, "inc_lock_ref")
+        delta = 0
+        root = self.root_node
+        while node is not root:
+            if node.lock_ref == 0:
+                n = len(node.key)
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+                delta -= n
+                node.lock_ref = 1
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref += 1
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Undo one ``inc_lock_ref(node)``. Returns the evictable-size delta (>= 0)."""
+        if self.disable or node is self.root_node:
+            return 0
+        self._check_member(node, "dec_lock_ref")
+        if node.lock_ref <= 0:
+            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
+        delta = 0
+        root = self.root_node
+        while node is not root:
+            if node.lock_ref == 1:
+                n = len(node.key)
+                self.evictable_size_ += n
+                self.protected_size_ -= n
+                delta += n
+                node.lock_ref = 0
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref -= 1
+            node = node.parent
+        return delta
+
+    def lock(self, node: TreeNode) -> TreeLock:
+        self.inc_lock_ref(node)
+        return TreeLock(node)
+
+    def unlock(self, lock: TreeLock) -> None:
+        self.dec_lock_ref(lock.node)
+
+    # -- eviction -------------------------------------------------------------------------------
+    def evict(self, params: EvictParams | int) -> EvictResult:
+        """Free whole unlocked leaves, in the strategy's order, until ``num_tokens`` are freed or no
+        evictable leaf is left; may free up to one leaf more than asked (``overshoot_tokens``).
+
+        With an SWA allocator every cached token holds one full and one SWA slot, so the tree evicts
+        until ``max(num_tokens, swa_num_tokens)`` (SGLang's plain RadixCache ignores the SWA count;
+        its SWA tree tombstones instead). Cost: O((victims + stale entries) log leaves).
+        """
+        if isinstance(params, int):
+            params = EvictParams(num_tokens=params)
+        target = params.num_tokens
+        allocator = self.token_to_kv_pool_allocator
+        if params.swa_num_tokens and isinstance(allocator, SWATokenToKVPoolAllocator):
+            target = max(target, params.swa_num_tokens)
+        evicted = 0
+        if not self.disable:
+            while evicted < target:
+                x = self._pop_victim()
+                if x is None:
+                    break
+                if allocator is not None:
+                    allocator.free_segment(x.value, start_pos=0)
+                evicted += len(x.key)  # len(key) == len(value); array len is cheaper
+                self._delete_leaf(x)
+        return EvictResult.of(params.num_tokens, params.num_tokens, evicted,
+                              params.swa_num_tokens, params.swa_num_tokens)
+
+    def _delete_leaf(self, node: TreeNode) -> None:
+        parent = node.parent
+        del parent.children[self._child_key(node.key)]
+        self.evictable_size_ -= len(node.key)
+        node._evictable = False
+        self.evictable_leaves.discard(node)
+        node.value = None
+        self._update_leaf_status(parent)
+
+    # -- sizes and views ------------------------------------------------------------------------
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        return self.evictable_size_ + self.protected_size_
+
+    def _nodes(self) -> Iterable[TreeNode]:
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def all_values_flatten(self) -> torch.Tensor:
+        values = [n.value for n in self._nodes() if n is not self.root_node]
+        return torch.cat(values) if values else self._empty
+
+    def path_device_indices(self, node: TreeNode) -> torch.Tensor:
+        """KV slots from the root down to ``node`` (0.5.23's way to read a match)."""
+        values = []
+        while node is not self.root_node:
+            values.append(node.value)
+            node = node.parent
+        return torch.cat(values[::-1]) if values else self._empty
+
+    def pretty_print(self) -> str:
+        """The tree as text, one node a line: ``len [first tokens] r=lock_ref`` (children in key
+        order), then ``#tokens: N``. Returned, not printed."""
+        lines = []
+
+        def walk(node: TreeNode, depth: int) -> None:
+            head = list(node.key[:10])
+            more = " ..." if len(node.key) > 10 else ""
+            lines.append(f"{'  ' * depth}{len(node.key)} {head}{more} r={node.lock_ref}")
+            for ck in sorted(node.children):  # ints (page 1) or int tuples (paged): orderable
+                walk(node.children[ck], depth + 1)
+
+        walk(self.root_node, 0)
+        lines.append(f"#tokens: {self.total_size()}")
+        return "\n".join(lines)
+
+    # -- invariants -----------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise :class:`InvariantError` unless the tree's bookkeeping is consistent.
+
+        Checks: evictable + protected == total == sum of value lengths; every lock_ref >= 0 and
+        >= the sum of its children's (a lock covers the path to the root); children keyed by their
+        first token/page; keys whole pages; no slot in two nodes, and every cached slot allocated;
+        the evictable-leaf set and heap equal a brute-force recomputation.
+        """
+        root, ps = self.root_node, self.page_size
+        if root.lock_ref != 1 or len(root.key) or root.parent is not None:
+            raise InvariantError("RadixCache: root must have lock_ref 1, an empty key and no parent")
+        evictable = protected = 0
+        leaves = set()
+        values = []
+        for node in self._nodes():
+            child_locks = 0
+            for ck, child in node.children.items():
+                if child.parent is not node:
+                    raise InvariantError(f"RadixCache: {child!r} has the wrong parent")
+                if ck != self._child_key(child.key):
+                    raise InvariantError(f"RadixCache: {child!r} is filed under key {ck!r}")
+                child_locks += child.lock_ref
+            if node is root:
+                continue
+            if node.value is None or len(node.value) != len(node.key) or not len(node.key):
+                raise InvariantError(f"RadixCache: {node!r} has {None if node.value is None else len(node.value)} values")
+            if len(node.key) % ps:
+                raise InvariantError(f"RadixCache: {node!r} is not a whole number of pages")
+            if node.lock_ref < 0 or node.lock_ref < child_locks:
+                raise InvariantError(f"RadixCache: {node!r} lock_ref {node.lock_ref} < children's {child_locks}")
+            if node.lock_ref:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+                if not node.children:
+                    leaves.add(node)
+            values.append(node.value)
+        if (evictable, protected) != (self.evictable_size_, self.protected_size_):
+            raise InvariantError(
+                f"RadixCache: counters evictable={self.evictable_size_} protected={self.protected_size_}, "
+                f"tree has evictable={evictable} protected={protected}"
+            )
+        if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
+            raise InvariantError(
+                f"RadixCache: evictable-leaf index has {len(self.evictable_leaves)} nodes, brute force finds {len(leaves)}"
+            )
+        live = {}
+        for prio, last, nid, ver, node in self._heap:
+            if node._evictable and ver == node._hver:
+                live[node] = (prio, last, nid)
+        for node in leaves:
+            if live.get(node) != (self._prio(node), node.last_access_time, node.id):
+                raise InvariantError(f"RadixCache: heap entry of {node!r} is missing or has a stale priority")
+        if values:
+            flat = torch.cat(values)
+            if len(torch.unique(flat)) != len(flat):
+                raise InvariantError("RadixCache: a KV slot is cached in two nodes")
+            alloc = self.token_to_kv_pool_allocator
+            if alloc is not None and hasattr(alloc, "all_allocated") and not alloc.all_allocated(flat):
+                raise InvariantError("RadixCache: a cached KV slot is free in the allocator")

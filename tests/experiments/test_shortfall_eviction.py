@@ -1,0 +1,63 @@
+"""Finding 2 end to end: one pressure event, the CLI's totals contract, and the done-when condition."""
+
+import json
+
+import pytest
+
+from kvlab import cli
+from kvlab.experiments import shortfall_eviction
+
+SMALL = ["--workload-param", "num_groups=16", "--workload-param", "prompts_per_group=8",
+         "--workload-param", "output_len=128", "--kv-tokens", "20000"]
+TOTALS = ("requests", "prompt_tokens", "cached_prompt_tokens", "hit_rate", "hit_pages", "prompt_pages",
+          "evicted_tokens", "over_evicted_tokens", "prefill_tokens_computed", "retractions", "steps")
+
+
+def test_one_pressure_event_full_mode_destroys_an_extra_prefix():
+    """Worked: 300 slots free, 600 needed. LRU leaves (oldest first) hold 200, 250, 300, ... tokens.
+    shortfall asks 300 -> evicts 200 + 250 = 450 (overshoot 150); full asks 600 -> 200 + 250 + 300 = 750,
+    of which 300 beyond the shortfall."""
+    fix, bug = shortfall_eviction.pressure_event("shortfall"), shortfall_eviction.pressure_event("full")
+    assert fix.available_before == bug.available_before == 300
+    assert (fix.evict.requested_tokens, fix.evict.evicted_tokens, fix.evict.over_evicted_tokens) == (300, 450, 0)
+    assert (bug.evict.requested_tokens, bug.evict.evicted_tokens, bug.evict.over_evicted_tokens) == (600, 750, 300)
+    assert fix.evict.overshoot_tokens == bug.evict.overshoot_tokens == 150
+    assert set(bug.destroyed) - set(fix.destroyed) == {"conversation 3 (300 tokens after the system prompt)"}
+
+
+def _simulate(capsys, *args) -> dict:
+    assert cli.main(["simulate", *args, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_totals_contract_and_modes(capsys):
+    fix = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL)
+    bug = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL, "--eviction", "full")
+    for key in TOTALS:
+        assert key in fix and key in bug
+    assert fix["hit_rate"] == pytest.approx(fix["cached_prompt_tokens"] / fix["prompt_tokens"], abs=1e-6)
+    assert fix["over_evicted_tokens"] == 0 < bug["over_evicted_tokens"]
+    assert bug["hit_rate"] < fix["hit_rate"]
+
+
+@pytest.mark.slow
+def test_done_when_default_generated_shared_prefix(capsys):
+    """The issue's acceptance: the default workload under pressure (32k-token pool)."""
+    fix = _simulate(capsys, "--workload", "generated-shared-prefix", "--eviction", "shortfall")
+    bug = _simulate(capsys, "--workload", "generated-shared-prefix", "--eviction", "full")
+    assert bug["over_evicted_tokens"] > 0 and bug["hit_rate"] < fix["hit_rate"]
+    assert fix["requests"] == 1024
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--workload", "few-shot", "--kv-tokens", "100"], "smaller than one request"),
+        (["--workload", "few-shot", "--workload-param", "bogus=1"], "has no parameter 'bogus'"),
+        (["--workload", "few-shot", "--page-size", "16", "--kv-tokens", "50008"], "not a multiple of page_size=16"),
+        (["--trace", "/nonexistent/trace.jsonl"], "/nonexistent/trace.jsonl"),
+    ],
+)
+def test_cli_bad_input(args, message, capsys):
+    assert cli.main(["simulate", *args]) == 2
+    assert message in capsys.readouterr().err

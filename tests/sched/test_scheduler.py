@@ -1,0 +1,112 @@
+"""The scheduler simulator over real pools and the radix cache: both eviction modes, invariants, bad input."""
+
+import random
+from dataclasses import dataclass
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvlab.sched import SchedulerConfig, simulate
+
+
+@dataclass(frozen=True)
+class Req:
+    rid: str
+    arrival_time_s: float
+    prompt_token_ids: tuple
+    output_len: int
+
+
+def shared_prefix(groups, per, sys_len, q_len, out, seed=0):
+    rng = random.Random(seed)
+    systems = [tuple(rng.randrange(1, 32000) for _ in range(sys_len)) for _ in range(groups)]
+    reqs = [Req(f"g{g}-{i}", 0.0, systems[g] + tuple(rng.randrange(1, 32000) for _ in range(q_len)), out)
+            for g in range(groups) for i in range(per)]
+    rng.shuffle(reqs)
+    return reqs
+
+
+@pytest.fixture(scope="module")
+def both_modes():
+    reqs = shared_prefix(16, 8, 2048, 128, 256)
+    return {mode: simulate(reqs, SchedulerConfig(kv_tokens=20_000, eviction=mode, max_running=32), progress=False)
+            for mode in ("shortfall", "full")}
+
+
+def test_full_eviction_over_evicts_and_loses_hits(both_modes):
+    fix, bug = both_modes["shortfall"].totals(), both_modes["full"].totals()
+    assert fix["over_evicted_tokens"] == 0
+    assert bug["over_evicted_tokens"] > 0
+    assert bug["hit_rate"] < fix["hit_rate"]
+    assert bug["prefill_tokens_computed"] > fix["prefill_tokens_computed"]
+    for t in (fix, bug):
+        assert t["requests"] == 128 and t["output_tokens"] == 128 * 256
+
+
+def test_step_frame_adds_up(both_modes):
+    res = both_modes["full"]
+    frame = res.steps_frame()
+    assert frame["over_evicted_tokens"].sum() == res.counts["over_evicted_tokens"]
+    assert frame["evicted_tokens"].sum() == res.counts["evicted_tokens"]
+    assert frame["hit_tokens"].sum() == res.counts["cached_prompt_tokens"]
+    assert frame["finished"].sum() == 128
+    assert (frame["available_tokens"] + frame["evictable_tokens"] + frame["protected_tokens"] <= 20_000).all()
+
+
+def test_max_running_one_replays_one_at_a_time():
+    reqs = shared_prefix(3, 3, 64, 16, 8)
+    res = simulate(reqs, SchedulerConfig(kv_tokens=4096, max_running=1), progress=False)
+    assert res.steps_frame()["running"].max() <= 1
+    # one group's later requests hit its system prompt: at least (3 groups × 2 repeats) × 64 tokens
+    assert res.counts["cached_prompt_tokens"] >= 6 * 64
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10_000),
+    page_size=st.sampled_from([1, 4]),
+    mode=st.sampled_from(["shortfall", "full"]),
+    policy=st.sampled_from(["lru", "lfu", "fifo", "mru", "filo"]),
+    groups=st.integers(1, 4),
+    max_running=st.integers(1, 8),
+    chunk=st.sampled_from([16, 64, 8192]),
+)
+def test_random_workloads_keep_every_invariant(seed, page_size, mode, policy, groups, max_running, chunk):
+    rng = random.Random(seed)
+    reqs = []
+    for g in range(groups):
+        prefix = tuple(rng.randrange(1, 50) for _ in range(rng.randrange(1, 40)))
+        for i in range(rng.randrange(1, 5)):
+            tail = tuple(rng.randrange(1, 50) for _ in range(rng.randrange(1, 20)))
+            reqs.append(Req(f"{g}-{i}", rng.random(), prefix + tail, rng.randrange(1, 12)))
+    kv = max(64, 8 * rng.randrange(8, 40)) // page_size * page_size
+    cfg = SchedulerConfig(kv_tokens=kv, page_size=page_size, eviction=mode, policy=policy, max_running=max_running,
+                          chunked_prefill_size=max(chunk, page_size), debug=True)
+    res = simulate(reqs, cfg, progress=False)
+    if res.counts["aborted"] == 0:
+        assert res.counts["output_tokens"] == sum(r.output_len for r in reqs)
+    tree, alloc = res.tree, res.tree.token_to_kv_pool_allocator
+    # all requests done: every slot is either free or cached in the tree, and nothing is locked
+    assert alloc.available_size() + tree.total_size() == kv
+    assert tree.protected_size() == 0
+    tree.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(kv_tokens=100, page_size=16), "kv_tokens=100 is not a multiple of page_size=16"),
+        (dict(kv_tokens=64, eviction="half"), "eviction must be one of"),
+        (dict(kv_tokens=0), "kv_tokens must be a positive int, got 0"),
+    ],
+)
+def test_bad_config(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        SchedulerConfig(**kwargs)
+
+
+def test_pool_smaller_than_one_request():
+    reqs = [Req("big", 0.0, tuple(range(1, 200)), 10)]
+    with pytest.raises(ValueError, match="smaller than one request: 'big' needs 209 tokens"):
+        simulate(reqs, SchedulerConfig(kv_tokens=128), progress=False)

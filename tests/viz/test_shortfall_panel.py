@@ -1,0 +1,48 @@
+"""The finding-2 panel headless: set the mode, assert on the gauge, table and timelines."""
+
+import pytest
+
+from kvlab.experiments import shortfall_eviction
+from kvlab.viz import plots
+from kvlab.viz.widgets import ShortfallPanel
+
+
+@pytest.fixture(scope="module")
+def panel():
+    return ShortfallPanel(kv_tokens=20_000)
+
+
+def test_mode_toggle_moves_the_gauge_and_verdict(panel):
+    comparison = panel.comparison()
+    fix, bug = comparison.shortfall.totals(), comparison.full.totals()
+    panel.mode.value = "shortfall"
+    assert panel.gauge.data[0].value == pytest.approx(100 * fix["hit_rate"], abs=1e-3)
+    assert f"data-over-evicted='0'" in panel.verdict.value
+    panel.mode.value = "full"
+    assert panel.gauge.data[0].value == pytest.approx(100 * bug["hit_rate"], abs=1e-3)
+    assert panel.gauge.data[0].delta.reference == pytest.approx(100 * fix["hit_rate"], abs=1e-3)
+    assert f"data-over-evicted='{bug['over_evicted_tokens']}'" in panel.verdict.value
+    assert bug["over_evicted_tokens"] > 0
+
+
+def test_timelines_end_at_each_modes_hit_rate(panel):
+    comparison = panel.comparison()
+    n = len(plots.SIM_SERIES)
+    assert panel.timelines.data[0].y[-1] == pytest.approx(comparison.shortfall.hit_rate, abs=1e-4)
+    assert panel.timelines.data[n].y[-1] == pytest.approx(comparison.full.hit_rate, abs=1e-4)
+
+
+def test_pool_slider_reruns_both_arms(panel):
+    before = panel.comparison()
+    panel.kv_tokens.value = 65_536
+    after = panel.comparison()
+    assert after is not before and after.shortfall.hit_rate > before.shortfall.hit_rate
+    panel.kv_tokens.value = 20_000
+    assert panel.comparison() is before  # cached
+
+
+def test_matches_the_experiment_run_directly(panel):
+    requests = shortfall_eviction.load_requests(workload="generated-shared-prefix", seed=0,
+                                                overrides=ShortfallPanel.WORKLOAD_SIZES["generated-shared-prefix"])
+    direct = shortfall_eviction.run(requests, eviction="full", kv_tokens=20_000, progress=False)
+    assert direct.totals() == panel.comparison().full.totals()
