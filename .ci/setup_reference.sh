@@ -13,9 +13,9 @@
 # pulls in (see shared/TESTING.md). torchvision is NOT installed: PyPI's builds fail against the
 # CPU torch, so the driver installs a stub module before importing sglang.
 #
-# Idempotent: a venv whose driver self-check passes is kept. About 2.5 GB per venv; roughly
-# 3-6 minutes for the first venv on a 2-core machine (triton is ~1 GB), less for the second
-# (pip's cache). Versions can be narrowed with SGLANG_REF_VERSIONS="0.5.23".
+# Idempotent: a venv whose driver self-check passes is kept (~40 s per venv to check). About
+# 2.5 GB per venv; both from a cold pip cache took ~10 min on a 2-core machine (triton is ~1 GB),
+# 3-4 min per venv with pip's cache warm. SGLANG_REF_VERSIONS="0.5.23" narrows the versions.
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -36,8 +36,16 @@ version_deps() {
     *) echo "transformers==5.19.0" ;;
   esac
 }
-# The machine's pip config lists local index folders that may be absent: drop that noise.
-quiet() { "$@" 2>&1 | grep -v -e '^WARNING: Location' -e ' requires ' -e 'dependency resolver' || true; }
+# Run a pip command, dropping known noise (the machine's pip config lists local index folders that
+# may be absent; sglang's own pins that the constraints override), keeping its exit status.
+quiet() {
+  local log rc=0
+  log=$(mktemp)
+  "$@" >"$log" 2>&1 || rc=$?
+  grep -v -e '^WARNING: Location' -e ' requires ' -e 'dependency resolver' "$log" || true
+  rm -f "$log"
+  return "$rc"
+}
 
 mkdir -p "$ref/wheels"
 constraints="$ref/constraints.txt"

@@ -58,28 +58,28 @@ def scenarios() -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def reference_runs():
-    """Start every available reference venv at once (SGLang's import takes ~20 s each)."""
-    spec = json.dumps({"scenarios": scenarios(), "record_indices": True})
+def reference_runs(tmp_path_factory):
+    """Start every available reference venv at once, in the background (SGLang's import alone takes
+    ~20 s); the spec and the results go through files so no pipe blocks either side."""
+    work = tmp_path_factory.mktemp("sglang_ref")
+    spec = work / "spec.json"
+    spec.write_text(json.dumps({"scenarios": scenarios(), "record_indices": True}))
     procs = {}
     for version in MODES:
         py = reference_python(version)
         if py.exists():
-            p = subprocess.Popen([str(py), str(DRIVER), "--ops"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True, cwd=REPO)
-            p.stdin.write(spec)
-            p.stdin.close()
-            procs[version] = p
+            with open(spec) as stdin, open(work / f"{version}.out", "w") as out, open(work / f"{version}.err", "w") as err:
+                procs[version] = subprocess.Popen([str(py), str(DRIVER), "--ops"], stdin=stdin, stdout=out,
+                                                  stderr=err, cwd=REPO)
     results = {}
 
     def get(version):
         if version not in results:
             p = procs[version]
-            out = p.stdout.read()
-            err = p.stderr.read()
             p.wait(timeout=600)
+            err = (work / f"{version}.err").read_text()
             assert p.returncode == 0, f"sglang {version} driver failed:\n{err[-4000:]}"
-            data = json.loads(out)
+            data = json.loads((work / f"{version}.out").read_text())
             assert data["version"] == version
             results[version] = data["results"]
         return results[version]

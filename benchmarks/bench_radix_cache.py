@@ -1,0 +1,104 @@
+"""match_prefix + insert throughput: kvlab's RadixCache vs SGLang's Python RadixCache.
+
+Workload (shared/SGLANG_MEMCACHE.md section 6, "Performance anchor"): N ops, each a match_prefix
+then an insert of one sequence = one of 64 random 512-token prefixes cut at a random point in
+[256, 512], plus 128 random tokens; page size 1; tree only (values are precomputed slices of one
+index tensor, no allocator). SGLang runs in its reference venv (``.ci/setup_reference.sh``) through
+``tests/reference/sglang_driver.py --bench-radix`` on the very same sequences; both sides' match
+lengths and insert prefix lengths must be identical.
+
+    python benchmarks/bench_radix_cache.py [--ops 10000] [--page-size 1] [--sglang 0.5.23]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from array import array
+from pathlib import Path
+
+import torch
+
+from kvlab.mem_cache import RadixCache
+
+REPO = Path(__file__).resolve().parents[1]
+DRIVER = REPO / "tests" / "reference" / "sglang_driver.py"
+TARGET = 3.0
+
+
+def workload(n_ops: int, seed: int = 0, n_prefixes: int = 64, prefix_len: int = 512, suffix_len: int = 128):
+    rng = random.Random(seed)
+    prefixes = [[rng.randrange(1, 32000) for _ in range(prefix_len)] for _ in range(n_prefixes)]
+    seqs = []
+    for _ in range(n_ops):
+        p = prefixes[rng.randrange(n_prefixes)]
+        cut = rng.randrange(prefix_len // 2, prefix_len + 1)
+        seqs.append(p[:cut] + [rng.randrange(1, 32000) for _ in range(suffix_len)])
+    return seqs
+
+
+def run_kvlab(seqs, page_size: int):
+    cache = RadixCache(page_size=page_size)
+    keys = [array("q", s) for s in seqs]
+    vals = torch.arange(1, sum(len(s) for s in seqs) + 1, dtype=torch.int64)
+    hits, prefix_lens = [], []
+    off = 0
+    t0 = time.perf_counter()
+    for k in keys:
+        hits.append(cache.match_prefix(k).device_prefix_len)
+        prefix_lens.append(cache.insert(k, vals[off : off + len(k)]))
+        off += len(k)
+    dt = time.perf_counter() - t0
+    return {"seconds": dt, "hits": hits, "prefix_lens": prefix_lens, "total_size": cache.total_size()}
+
+
+def run_sglang(version: str, seqs, page_size: int):
+    py = Path(os.environ.get("KVLAB_REF_DIR", REPO / ".ref")) / f"sglang-{version}" / "bin" / "python"
+    if not py.exists():
+        return None
+    spec = json.dumps({"seqs": seqs, "page_size": page_size})
+    out = subprocess.run([str(py), str(DRIVER), "--bench-radix"], input=spec, capture_output=True, text=True,
+                         cwd=REPO, check=False)
+    if out.returncode:
+        raise SystemExit(f"sglang driver failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--ops", type=int, default=10_000)
+    ap.add_argument("--page-size", type=int, default=1)
+    ap.add_argument("--sglang", default="0.5.23", help="reference venv version under .ref/")
+    ap.add_argument("--check-target", action="store_true", help=f"exit 1 below {TARGET}x")
+    a = ap.parse_args()
+    seqs = workload(a.ops)
+    print(f"workload: {a.ops} x (match_prefix + insert), page_size={a.page_size}, "
+          f"{sum(map(len, seqs)) / a.ops:.0f} tokens/op on average")
+    mine = run_kvlab(seqs, a.page_size)
+    kv_rate = a.ops / mine["seconds"]
+    print(f"kvlab RadixCache:           {mine['seconds']:.2f} s = {kv_rate:,.0f} ops/s "
+          f"({mine['seconds'] / a.ops * 1e6:.0f} us/op), tree {mine['total_size']:,} tokens")
+    ref = run_sglang(a.sglang, seqs, a.page_size)
+    if ref is None:
+        print(f"SGLang {a.sglang}: reference venv missing; run .ci/setup_reference.sh for the comparison")
+        return
+    ref_rate = a.ops / ref["seconds"]
+    print(f"SGLang {ref['version']} RadixCache:   {ref['seconds']:.2f} s = {ref_rate:,.0f} ops/s "
+          f"({ref['seconds'] / a.ops * 1e6:.0f} us/op), tree {ref['total_size']:,} tokens")
+    same = (ref["hits"], ref["prefix_lens"], ref["total_size"]) == (mine["hits"], mine["prefix_lens"], mine["total_size"])
+    ratio = kv_rate / ref_rate
+    print(f"results identical (match lengths, insert prefix lengths, tree size): {same}")
+    print(f"speed-up: {ratio:.1f}x (target >= {TARGET:.0f}x: {'met' if ratio >= TARGET else 'NOT met'})")
+    if not same:
+        raise SystemExit("kvlab and SGLang disagree on the workload")
+    if a.check_target and ratio < TARGET:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
