@@ -53,6 +53,15 @@ for mode, e in events.items():
 print("--- before the event")
 print(events["shortfall"].tree_before)
 
+# %% [markdown]
+# The same trees drawn as icicles: width is the tokens of the cached sequences through a node; green leaves are
+# evictable, blue nodes are shared prefixes. Full eviction removed one more conversation than it had to.
+
+# %%
+plots.radix_icicles_side_by_side(
+    [events["shortfall"].frame_before, events["shortfall"].frame_after, events["full"].frame_after],
+    ["before the event", "after shortfall eviction", "after full eviction"])
+
 # %%
 extra = set(events["full"].destroyed) - set(events["shortfall"].destroyed)
 print("destroyed only by full eviction:", sorted(extra))

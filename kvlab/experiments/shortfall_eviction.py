@@ -71,6 +71,8 @@ class PressureEvent:
     tree_before: str
     tree_after: str
     destroyed: tuple[str, ...]  # the cached prefixes (by name) whose leaf was evicted
+    frame_before: Any = None  # tree_frame() tables, for the icicle plots
+    frame_after: Any = None
 
 
 def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) -> PressureEvent:
@@ -81,19 +83,23 @@ def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) ->
     from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
     from kvlab.mem_cache.common import evict_from_tree_cache
     from kvlab.mem_cache.radix_cache import RadixCache
+    from kvlab.mem_cache.tree_view import tree_frame
 
     alloc = TokenToKVPoolAllocator(capacity)
     tree = RadixCache(None, alloc, page_size=1, eviction_policy="lru")
     system = list(range(1, 1025))  # a 1,024-token system prompt every conversation shares
     names = {}
+    short = {1: "system prompt: 1,024"}  # icicle labels
     for i, tail_len in enumerate((200, 250, 300, 400, 500, 700)):  # oldest (first LRU victim) first
         key = system + [10_000 * (i + 1) + t for t in range(tail_len)]
         m = tree.match_prefix(key)
         value = torch.cat([m.device_indices, alloc.alloc(len(key) - m.device_prefix_len)])
         tree.insert(key, value)
         names[10_000 * (i + 1)] = f"conversation {i + 1} ({tail_len} tokens after the system prompt)"
+        short[10_000 * (i + 1)] = f"conv {i + 1}: {tail_len}"
     filler = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
     before = tree.pretty_print()
+    frame_before = tree_frame(tree, names=short)
     leaves_before = {n.key[0] for n in tree._nodes() if not n.children and n is not tree.root_node}
     available = alloc.available_size()
     result = evict_from_tree_cache(tree, num_tokens, mode)
@@ -101,4 +107,5 @@ def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) ->
     destroyed = tuple(names.get(k, str(k)) for k in sorted(leaves_before - leaves_after))
     tree.check_invariants()
     del filler
-    return PressureEvent(mode, num_tokens, available, result, before, tree.pretty_print(), destroyed)
+    return PressureEvent(mode, num_tokens, available, result, before, tree.pretty_print(), destroyed,
+                         frame_before, tree_frame(tree, names=short))

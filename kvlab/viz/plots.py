@@ -167,3 +167,39 @@ def totals_bars(totals: dict[str, dict], keys: tuple[str, ...] = ("prefill_token
     fig.update_layout(barmode="group", template="plotly_white", height=340, yaxis_title="tokens",
                       margin=dict(t=40, l=60, r=20, b=40))
     return fig
+
+
+# ---- radix tree -------------------------------------------------------------------------------
+TREE_COLOURS = {"root": "#dddddd", "locked": "#d62728", "evictable": "#2ca02c", "internal": "#1f77b4"}
+
+
+def radix_icicle_trace(frame: pd.DataFrame) -> go.Icicle:
+    """One icicle: a node's width is the tokens of the cached sequences through it (children fill their
+    parent), colour by locked / evictable leaf / internal; hover gives the node's own tokens."""
+    return go.Icicle(
+        ids=frame["id"].astype(str).tolist(),
+        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
+        values=frame["path_tokens"].tolist(), branchvalues="total",
+        labels=frame["label"].tolist(),
+        marker=dict(colors=[TREE_COLOURS[s] for s in frame["status"]]),
+        customdata=frame[["tokens", "status", "lock_ref", "last_access_time", "hit_count", "prefix_tokens"]].values,
+        hovertemplate=("%{label}<br>%{customdata[0]} tokens (%{customdata[5]} from the root)<br>"
+                       "%{customdata[1]}, lock_ref %{customdata[2]}<br>last access %{customdata[3]}, "
+                       "hits %{customdata[4]}<extra></extra>"),
+        tiling=dict(orientation="v"), root=dict(color="#eeeeee"),
+    )
+
+
+def radix_icicle(frame: pd.DataFrame, title: str = "Radix cache") -> go.Figure:
+    fig = go.Figure(radix_icicle_trace(frame))
+    fig.update_layout(title=title, margin=dict(t=40, l=10, r=10, b=10), height=360)
+    return fig
+
+
+def radix_icicles_side_by_side(frames: list[pd.DataFrame], titles: list[str]) -> go.Figure:
+    """Several trees next to each other (e.g. before and after an eviction in each mode)."""
+    fig = make_subplots(rows=1, cols=len(frames), specs=[[{"type": "domain"}] * len(frames)], subplot_titles=titles)
+    for col, frame in enumerate(frames, 1):
+        fig.add_trace(radix_icicle_trace(frame), row=1, col=col)
+    fig.update_layout(height=420, margin=dict(t=50, l=10, r=10, b=10))
+    return fig
