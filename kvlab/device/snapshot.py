@@ -1,0 +1,365 @@
+"""Read, record and replay allocator snapshots in torch's ``_dump_snapshot`` schema.
+
+A snapshot is the pickle ``torch.cuda.memory._dump_snapshot(path)`` writes (SEMANTICS.md §1)::
+
+    {"segments": [{address, total_size, allocated_size, active_size, stream, segment_type,
+                   is_expandable, blocks: [{address, size, requested_size, state}, ...]}, ...],
+     "device_traces": [[{action, addr, size, stream, time_us, frames}, ...], ...],  # one per device
+     "allocator_settings": {...}}
+
+``segments`` is the state *now*; ``device_traces`` is a ring buffer, so its first event may come
+long after allocations that are still alive. :meth:`Snapshot.timeline` therefore starts from the
+final state in ``segments`` and undoes the trace backwards, as
+``torch/cuda/_memory_viz.py`` / ``MemoryViz.js::process_alloc_data`` do.
+
+Where kvlab differs on purpose: memory_viz draws requested bytes; the timeline here carries
+both ``requested_bytes`` (trace sizes, memory_viz's view) and ``allocated_bytes`` (block sizes,
+``torch.cuda.memory_allocated()``'s view). A block freed inside the trace but allocated before
+it has no size in the snapshot but its request, so its block size is estimated with
+``round_size`` (exact unless the allocator left it unsplit).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import pickle
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from kvlab.device.caching_allocator import round_size
+from kvlab.device.events import ACTIONS
+from kvlab.units import KiB, MiB
+
+BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+# torch's docs spell the pending state ``active_awaiting_free``; the C++ writes ``active_pending_free``.
+_STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}
+SEGMENT_FIELDS = ("address", "total_size", "allocated_size", "stream", "segment_type", "blocks")
+BLOCK_FIELDS = ("size", "state")
+TRACE_FIELDS = ("action", "size")
+PICKLE_PROTOCOL = 4
+
+# What each action does to (allocated, reserved): alloc / free_completed move allocated bytes,
+# segment_* move reserved bytes; free_requested, snapshot and oom move neither.
+_ALLOCATED_SIGN = {"alloc": +1, "free_completed": -1}
+_RESERVED_SIGN = {"segment_alloc": +1, "segment_map": +1, "segment_free": -1, "segment_unmap": -1}
+
+SEGMENT_COLUMNS = (
+    "device", "address", "total_size", "allocated_size", "active_size", "requested_size",
+    "segment_type", "stream", "is_expandable",
+)
+BLOCK_COLUMNS = ("device", "segment_address", "address", "size", "requested_size", "state")
+EVENT_COLUMNS = ("device", "time_us", "action", "addr", "size", "stream")
+TIMELINE_COLUMNS = (
+    "device", "step", "time_us", "action", "addr", "size", "allocated_bytes", "requested_bytes", "reserved_bytes",
+)
+
+
+class SnapshotError(ValueError):
+    """A snapshot that does not follow torch's schema; the message names the source and field."""
+
+
+def _fail(source: str, where: str, message: str) -> SnapshotError:
+    return SnapshotError(f"{source}: {where}: {message}" if where else f"{source}: {message}")
+
+
+def _require(entry: Any, fields: tuple[str, ...], source: str, where: str) -> None:
+    if not isinstance(entry, Mapping):
+        raise _fail(source, where, f"expected a dict, got {type(entry).__name__}")
+    for field in fields:
+        if field not in entry:
+            raise _fail(source, where, f"missing required field {field!r}")
+
+
+def normalise_state(state: str, source: str = "snapshot", where: str = "") -> str:
+    state = _STATE_ALIASES.get(state, state)
+    if state not in BLOCK_STATES:
+        accepted = BLOCK_STATES + tuple(_STATE_ALIASES)
+        raise _fail(source, where, f"unknown block state {state!r}; expected one of {accepted}")
+    return state
+
+
+@dataclass(frozen=True)
+class TimelineResult:
+    """The replayed totals: ``frame`` has one row per trace event (totals *after* it);
+    ``initial_*`` is the state before the first recorded event (the largest over devices)."""
+
+    frame: pd.DataFrame
+    initial_allocated_bytes: int
+    initial_reserved_bytes: int
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A validated ``_dump_snapshot`` dict. Build it with :func:`read_snapshot`."""
+
+    raw: Mapping[str, Any]
+    source: str = "snapshot"
+
+    # ---- frames -----------------------------------------------------------------------------
+    def segments_frame(self) -> pd.DataFrame:
+        rows = []
+        for seg in self.raw["segments"]:
+            allocated = seg["allocated_size"]
+            rows.append(
+                {
+                    "device": seg.get("device", 0),
+                    "address": seg["address"],
+                    "total_size": seg["total_size"],
+                    "allocated_size": allocated,
+                    "active_size": seg.get("active_size", allocated),
+                    "requested_size": seg.get("requested_size", 0),
+                    "segment_type": seg["segment_type"],
+                    "stream": seg["stream"],
+                    "is_expandable": bool(seg.get("is_expandable", False)),
+                }
+            )
+        return pd.DataFrame(rows, columns=list(SEGMENT_COLUMNS))
+
+    def _iter_blocks(self):
+        """(segment, block address, block) in address order; old snapshots without block
+        addresses get them by summing sizes from the segment start (as memory_viz does)."""
+        for seg in self.raw["segments"]:
+            addr = seg["address"]
+            for block in seg["blocks"]:
+                yield seg, block.get("address", addr), block
+                addr = block.get("address", addr) + block["size"]
+
+    def blocks_frame(self) -> pd.DataFrame:
+        rows = [
+            {
+                "device": seg.get("device", 0),
+                "segment_address": seg["address"],
+                "address": addr,
+                "size": block["size"],
+                "requested_size": block.get("requested_size", 0),
+                "state": normalise_state(block["state"]),
+            }
+            for seg, addr, block in self._iter_blocks()
+        ]
+        return pd.DataFrame(rows, columns=list(BLOCK_COLUMNS))
+
+    def events_frame(self) -> pd.DataFrame:
+        rows = []
+        for device, trace in enumerate(self.raw.get("device_traces", [])):
+            for entry in trace:
+                rows.append(
+                    {
+                        "device": device,
+                        "time_us": entry.get("time_us", 0),
+                        "action": entry["action"],
+                        # oom entries carry the driver's free bytes instead of an address
+                        "addr": entry.get("addr", entry.get("device_free", 0)),
+                        "size": entry["size"],
+                        "stream": entry.get("stream", 0),
+                    }
+                )
+        return pd.DataFrame(rows, columns=list(EVENT_COLUMNS))
+
+    # ---- replay -----------------------------------------------------------------------------
+    def _block_round_size(self, size: int) -> int:
+        divisions = self.raw.get("allocator_settings", {}).get("roundup_power2_divisions")
+        # kvlab and torch write a per-interval dict; the model implements one value for all.
+        if isinstance(divisions, Mapping):
+            values = set(divisions.values())
+            divisions = values.pop() if len(values) == 1 else None
+        return round_size(size, divisions if isinstance(divisions, int) else None)
+
+    def replay(self) -> TimelineResult:
+        """Undo the trace from the final state in ``segments`` (one device at a time).
+
+        Seed: allocated = sum of live block sizes, requested = their requested sizes,
+        reserved = sum of segment sizes, per device. Walking back over event i, the totals
+        before it are the totals after it minus what it did; a live block's exact size comes from
+        ``segments``, a block freed inside the trace gets ``round_size`` of its request."""
+        segments = self.segments_frame()
+        blocks = self.blocks_frame()
+        live = blocks[blocks["state"] != "inactive"]
+        rows: list[dict] = []
+        initial_allocated = initial_reserved = 0
+        for device, trace in enumerate(self.raw.get("device_traces", [])):
+            on_dev = live[live["device"] == device]
+            allocated = int(on_dev["size"].sum())
+            requested = int(on_dev["requested_size"].sum())
+            reserved = int(segments.loc[segments["device"] == device, "total_size"].sum())
+            block_bytes = dict(zip(on_dev["address"].tolist(), on_dev["size"].tolist()))
+            backwards = []
+            for step in range(len(trace) - 1, -1, -1):
+                entry = trace[step]
+                action, size = entry["action"], entry["size"]
+                addr = entry.get("addr", entry.get("device_free", 0))
+                backwards.append(
+                    {
+                        "device": device, "step": step, "time_us": entry.get("time_us", 0), "action": action,
+                        "addr": addr, "size": size, "allocated_bytes": allocated,
+                        "requested_bytes": requested, "reserved_bytes": reserved,
+                    }
+                )
+                if action == "alloc":  # before it, the block did not exist
+                    allocated -= block_bytes.pop(addr, None) or self._block_round_size(size)
+                    requested -= size
+                elif action == "free_completed":  # before it, the block was alive
+                    block_bytes[addr] = self._block_round_size(size)
+                    allocated += block_bytes[addr]
+                    requested += size
+                reserved -= _RESERVED_SIGN.get(action, 0) * size
+            rows.extend(reversed(backwards))
+            initial_allocated = max(initial_allocated, allocated)
+            initial_reserved = max(initial_reserved, reserved)
+        return TimelineResult(pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS)), initial_allocated, initial_reserved)
+
+    def timeline(self) -> pd.DataFrame:
+        """Allocated, requested and reserved bytes after each trace event, seeded from ``segments``."""
+        return self.replay().frame
+
+    @property
+    def final_allocated_bytes(self) -> int:
+        blocks = self.blocks_frame()
+        return int(blocks.loc[blocks["state"] != "inactive", "size"].sum())
+
+    @property
+    def final_reserved_bytes(self) -> int:
+        return int(self.segments_frame()["total_size"].sum())
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        """Largest allocated total seen on one device: before the trace, after any event, or now."""
+        result = self.replay()
+        values = [result.initial_allocated_bytes, self.final_allocated_bytes, *result.frame["allocated_bytes"]]
+        return int(max(values))
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        result = self.replay()
+        values = [result.initial_reserved_bytes, self.final_reserved_bytes, *result.frame["reserved_bytes"]]
+        return int(max(values))
+
+
+# ---- reading ------------------------------------------------------------------------------------
+
+
+def _validate(raw: Any, source: str) -> None:
+    if not isinstance(raw, Mapping):
+        raise _fail(source, "", f"expected a dict at the top level, got {type(raw).__name__}")
+    if "segments" not in raw:
+        raise _fail(source, "", "missing top key 'segments' (not a torch.cuda.memory._dump_snapshot file?)")
+    if not isinstance(raw["segments"], list):
+        raise _fail(source, "segments", f"expected a list, got {type(raw['segments']).__name__}")
+    for i, seg in enumerate(raw["segments"]):
+        _require(seg, SEGMENT_FIELDS, source, f"segments[{i}]")
+        for j, block in enumerate(seg["blocks"]):
+            where = f"segments[{i}].blocks[{j}]"
+            _require(block, BLOCK_FIELDS, source, where)
+            normalise_state(block["state"], source, f"{where}.state")
+    traces = raw.get("device_traces", [])
+    if not isinstance(traces, list):
+        raise _fail(source, "device_traces", f"expected a list, got {type(traces).__name__}")
+    for d, trace in enumerate(traces):
+        for k, entry in enumerate(trace):
+            where = f"device_traces[{d}][{k}]"
+            _require(entry, TRACE_FIELDS, source, where)
+            if entry["action"] not in ACTIONS:
+                raise _fail(source, f"{where}.action", f"unknown action {entry['action']!r}; expected one of {ACTIONS}")
+            if "addr" not in entry and not (entry["action"] == "oom" and "device_free" in entry):
+                raise _fail(source, where, "missing required field 'addr'")
+
+
+def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Snapshot:
+    """Load and validate a ``_dump_snapshot`` pickle (or an already-loaded dict).
+
+    Raises ``FileNotFoundError`` for a missing file and :class:`SnapshotError` (a ``ValueError``)
+    naming the file and the field for anything that does not follow torch's schema."""
+    if isinstance(path_or_dict, Mapping):
+        raw, source = path_or_dict, "snapshot dict"
+    else:
+        path = Path(path_or_dict)
+        source = str(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"{source}: snapshot file not found")
+        try:
+            with path.open("rb") as f:
+                raw = pickle.load(f)
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as exc:
+            raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {exc})") from None
+    _validate(raw, source)
+    return Snapshot(raw, source)
+
+
+# ---- recording ----------------------------------------------------------------------------------
+
+
+def record_snapshot(device) -> dict:
+    """The device's allocator state in torch's schema: the model's ``snapshot()`` for a
+    ``SimulatedGPU``, ``torch.cuda.memory._snapshot()`` for a ``CudaDevice``."""
+    kind = getattr(device, "kind", None)
+    if kind == "sim":
+        return device.snapshot()
+    if kind == "cuda":
+        import torch
+
+        return torch.cuda.memory._snapshot(device.index)
+    raise TypeError(f"record_snapshot: expected a kvlab SimulatedGPU or CudaDevice, got {type(device).__name__}")
+
+
+def write_snapshot(device, path: str | os.PathLike, *, overwrite: bool = False) -> Path:
+    """Pickle :func:`record_snapshot` to ``path`` (readable by torch's memory_viz)."""
+    path = Path(path)
+    if path.exists() and not overwrite:
+        raise FileExistsError(f"{path}: exists; pass overwrite=True to replace it")
+    snapshot = record_snapshot(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("wb") as f:
+        pickle.dump(snapshot, f, protocol=PICKLE_PROTOCOL)
+    return path
+
+
+# ---- the shipped example --------------------------------------------------------------------------
+
+EXAMPLE_DEVICE = "sim:h100-80g"
+
+
+def run_example_script():
+    """A short allocation script on a simulated H100 whose trace exercises every replay rule:
+    small and large pools, frees, ``empty_cache`` (segment_free), and a reference cycle that
+    only ``gc.collect()`` frees. Deterministic: logical clock, bump-pointer addresses, no RNG.
+    Returns the device (its allocator state is the snapshot)."""
+    import torch
+
+    from kvlab.device import get_device
+
+    device = get_device(EXAMPLE_DEVICE)
+    keep = [device.empty((64 * KiB,), torch.uint8), device.empty((300 * KiB + 100,), torch.uint8)]  # small pool
+    weights = device.empty((12 * MiB,), torch.uint8)  # large pool, own segment
+    scratch = [device.empty((3 * MiB,), torch.uint8) for _ in range(3)]  # one shared 20 MiB segment
+    del scratch[1]
+    big = device.empty((40 * MiB,), torch.uint8)
+    del big
+    device.empty_cache()  # the 40 MiB segment goes back to the driver
+    # A reference cycle: the tensor dies only when the collector runs.
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        cycle: list = [device.empty((5 * MiB,), torch.uint8)]
+        cycle.append(cycle)
+        del cycle
+        gc.collect()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    keep.append(device.empty((1 * MiB,), torch.uint8))
+    del scratch[0]
+    device.empty_cache()
+    device.check_invariants()
+    return device, (keep, weights, scratch)
+
+
+def make_example_snapshot(path: str | os.PathLike, *, overwrite: bool = True) -> Path:
+    """Regenerate ``data/snapshots/example.pickle`` (see data/README.md)."""
+    device, alive = run_example_script()
+    written = write_snapshot(device, path, overwrite=overwrite)
+    del alive
+    return written

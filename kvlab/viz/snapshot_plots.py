@@ -1,0 +1,51 @@
+"""Pure plots of an allocator snapshot (``kvlab.device.snapshot.Snapshot``), after memory_viz's
+"Active Memory Timeline" and "Allocator State History"."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+MIB = float(1 << 20)
+STATE_STYLE = {  # normalised block state -> (legend label, colour)
+    "active_allocated": ("live", "#1f77b4"),
+    "active_pending_free": ("pending free", "#ff7f0e"),
+    "inactive": ("free (cached)", "#cccccc"),
+}
+
+
+def active_memory_timeline(snapshot) -> go.Figure:
+    """Two step lines over trace events: allocated and reserved MiB (seeded from the segments)."""
+    frame = snapshot.timeline()
+    fig = go.Figure()
+    for column, label, colour in (("allocated_bytes", "allocated", "#1f77b4"), ("reserved_bytes", "reserved", "#ff7f0e")):
+        fig.add_trace(
+            go.Scatter(
+                x=frame["step"].tolist(), y=(frame[column] / MIB).round(3).tolist(), name=label, mode="lines",
+                line=dict(color=colour, shape="hv"), customdata=frame["action"].tolist(),
+                hovertemplate=f"{label}: %{{y:.2f}} MiB<br>%{{customdata}}<extra></extra>",
+            )
+        )
+    fig.update_layout(xaxis_title="trace event", yaxis_title="MiB", title="Active memory timeline")
+    return fig
+
+
+def segment_map(snapshot) -> go.Figure:
+    """One horizontal bar per segment, split into its blocks, coloured by state (one trace per state)."""
+    blocks = snapshot.blocks_frame()
+    order = {addr: i for i, addr in enumerate(snapshot.segments_frame()["address"].tolist())}
+    fig = go.Figure()
+    for state, (label, colour) in STATE_STYLE.items():
+        rows = blocks[blocks["state"] == state]
+        fig.add_trace(
+            go.Bar(
+                orientation="h", name=label, marker_color=colour,
+                y=[f"seg {order[a]} ({a:#x})" for a in rows["segment_address"]],
+                x=(rows["size"] / MIB).tolist(),
+                base=((rows["address"] - rows["segment_address"]) / MIB).tolist(),
+                customdata=rows[["address", "size", "requested_size"]].values.tolist(),
+                hovertemplate="block %{customdata[0]:#x}<br>%{customdata[1]} B (requested %{customdata[2]} B)"
+                f"<extra>{label}</extra>",
+            )
+        )
+    fig.update_layout(barmode="overlay", xaxis_title="offset in segment (MiB)", title="Allocator state")
+    return fig
