@@ -211,6 +211,9 @@ class RadixCache:
 
     # -- construction helpers -------------------------------------------------------------------
     def reset(self) -> None:
+        # Bumped by every node created or deleted (splits included): equal versions mean a match walk
+        # would visit the same nodes, so a caller may replay its side effects (``restamp_path``).
+        self.structure_version = getattr(self, "structure_version", 0) + 1
         self.clock = LogicalClock()
         self._next_id = 0
         self.root_node = self._new_node(array("q"), torch.empty(0, dtype=_I64), None, priority=-(2**63))
@@ -227,6 +230,7 @@ class RadixCache:
         last = clock.tick()
         node = TreeNode(key, value, parent, last, clock.tick(), self._next_id, priority)
         self._next_id += 1
+        self.structure_version += 1
         return node
 
     def _child_key(self, key: array, off: int = 0):
@@ -276,6 +280,17 @@ class RadixCache:
         n = align_down(len(key), self.page_size)
         if not self.disable and n:
             self._match_walk(key, n)
+
+    def restamp_path(self, node: TreeNode) -> None:
+        """What repeating the match walk that ended at ``node`` does when the tree's structure has not
+        changed since (``structure_version`` equal): one clock tick, the access time of ``node`` and
+        its ancestors (root included), and their evictable-leaf heap entries refreshed."""
+        now = self.clock.tick()
+        while node is not None:
+            node.last_access_time = now
+            if node._evictable:
+                self._push(node)
+            node = node.parent
 
     def _match_walk(self, key: array, n: int):
         now = self.clock.tick()
@@ -390,7 +405,7 @@ class RadixCache:
         duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
         the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
         """
-        tokens = list(req.origin_input_ids) + list(req.output_ids)
+        tokens = _as_tokens(req.origin_input_ids) + _as_tokens(req.output_ids)
         kv_len = max(0, len(tokens) - 1) if kv_len_to_handle is None else kv_len_to_handle
         tokens = tokens[:kv_len]
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
@@ -415,7 +430,7 @@ class RadixCache:
         (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16)."""
         if self.disable:
             return
-        tokens = list(req.fill_ids)
+        tokens = _as_tokens(req.fill_ids)
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
         key_len = align_down(len(tokens), self.page_size)
         done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0,
@@ -523,6 +538,7 @@ class RadixCache:
                               params.swa_num_tokens, params.swa_num_tokens)
 
     def _delete_leaf(self, node: TreeNode) -> None:
+        self.structure_version += 1
         parent = node.parent
         del parent.children[self._child_key(node.key)]
         self.evictable_size_ -= len(node.key)

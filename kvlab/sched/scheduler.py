@@ -15,6 +15,8 @@ may fix them so multi-turn prompts can hit earlier answers) or derived from its 
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import random
 from array import array
 from collections import deque
@@ -56,6 +58,10 @@ class SchedulerConfig:
     new_token_ratio_decay_steps: int = 600
     cost: CostModel = field(default_factory=CostModel)
     debug: bool = False  # check every invariant after every step
+    # Event-driven decode rounds (page_size > 1) and replayed head-of-queue matches: the same steps,
+    # rows and totals as the plain loop (fast_decode=False, the reference the tests compare against),
+    # at a cost per round that grows with what happens in it rather than with the running batch.
+    fast_decode: bool = True
     max_steps: int = 10_000_000
 
     def __post_init__(self) -> None:
@@ -86,6 +92,17 @@ class SimReq(SimpleReq):
     extend_len: int = 0  # tokens this prefill chunk computes
     admitted: bool = False
     retractions: int = 0
+    # fast path (Scheduler._register): outputs = _o0 + (decode rounds since _d0); row positions from
+    # _w on are pending as (position, slot) segment starts after _base_slot (the slot at _w - 1).
+    _fast_gen: int = 0
+    _o0: int = 0
+    _d0: int = 0
+    _order: int = 0
+    _w: int = 0
+    _base_slot: int = 0
+    _segs: list = field(default_factory=list)
+    _clipped: bool = False
+    _match_version: int = -1  # tree.structure_version after this request's last match while waiting
 
     @property
     def prompt_len(self) -> int:
@@ -113,10 +130,10 @@ class _RandomOutput:
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i: int) -> int:
-        if self._tokens is None:
-            rng = random.Random(self.seed)
-            self._tokens = [rng.randrange(1, 1 << 30) for _ in range(self.n)]
+    def __getitem__(self, i):
+        if self._tokens is None:  # 30-bit tokens >= 1, from C-level random bytes
+            raw = array("I", random.Random(self.seed).randbytes(4 * self.n))
+            self._tokens = [(x >> 2) | 1 for x in raw]
         return self._tokens[i]
 
 
@@ -161,6 +178,15 @@ class Scheduler:
                            output_tokens=0, retractions=0, aborted=0, steps=0, pressure_events=0)
         self.totals["prompt_pages"] = sum(-(-len(r.prompt_token_ids) // ps) for r in requests)
         self._step_evict = EvictResult()
+        self.fast = config.fast_decode and ps > 1
+        self._dstep = 0  # decode rounds run so far
+        self._orders = itertools.count()
+        self._open_heap: list = []  # (round, order, gen, req): the round whose token opens a page
+        self._finish_heap: list = []  # (round, order, gen, req): the round that emits the last token
+        self._unclip_heap: list = []  # (round, order, gen, req): from then on, fewer than CLIP tokens remain
+        self._key_sum = 0  # sum of (max_new - _o0 + _d0) over unclipped fast requests
+        self._unclipped = 0
+        self._clipped = 0
 
     # ---- eviction bookkeeping ---------------------------------------------------------------
     def _note(self, result) -> None:
@@ -184,9 +210,16 @@ class Scheduler:
         if not req.origin_input_ids:  # token arrays: the tree matches them without a conversion
             to_array = getattr(req.prompt, "to_array", None)
             req.origin_input_ids = to_array() if to_array else array("q", req.prompt)
+        if self.fast and req._match_version == self.tree.structure_version:
+            # still waiting and the tree's nodes are the ones the last walk saw: same result, and
+            # the walk's side effects (a tick, access times) replayed
+            if align_down(len(req.fill_ids) - 1, self.config.page_size):
+                self.tree.restamp_path(req.last_node)
+            return
         req.fill_ids = req.origin_input_ids + array("q", req.output_ids)
         cap = align_down(len(req.fill_ids) - 1, self.config.page_size)
         m = self.tree.match_prefix(req.fill_ids[:cap])
+        req._match_version = self.tree.structure_version
         req.prefix_indices = m.device_indices
         req.prefix_len = m.device_prefix_len
         req.last_node = m.last_device_node
@@ -195,8 +228,7 @@ class Scheduler:
 
     def _schedule_prefill(self) -> list[SimReq]:
         cfg, ps = self.config, self.config.page_size
-        offset = sum(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) * self.new_token_ratio
-                     for r in self.running)
+        offset = self.new_token_ratio * self._future_tokens()
         rem_input, rem_chunk = cfg.max_prefill_tokens, cfg.chunked_prefill_size
         batch: list[SimReq] = []
 
@@ -234,6 +266,7 @@ class Scheduler:
             elif batch and align_up(extend, ps) >= rem_input:
                 break
             self.waiting.popleft()
+            req._match_version = -1
             self.tree.inc_lock_ref(req.last_node)
             req.extend_len = extend
             offset += align_up(extend, ps) + ps + max_new
@@ -291,6 +324,8 @@ class Scheduler:
             else:
                 self.tree.cache_unfinished_req(req)
                 self.running.append(req)
+                if self.fast:
+                    self._register(req)
 
     # ---- decode -----------------------------------------------------------------------------
     def _decode_need(self, reqs: Sequence[SimReq]) -> int:
@@ -335,13 +370,20 @@ class Scheduler:
         return len(retracted)
 
     def _decode(self) -> int:
+        if self.fast:
+            return self._fast_decode()
         retracted = 0
         if not self._check_decode_mem(self.running):
             retracted = self._retract()
         else:
             self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        self._decode_alloc_emit()
+        return retracted
+
+    def _decode_alloc_emit(self) -> None:
         if not self.running:
-            return retracted
+            return
+        self._dstep += 1
         rows = self.req_to_token_pool.req_to_token
         if self.config.page_size == 1:
             result = alloc_token_slots(self.tree, len(self.running), self.config.eviction)
@@ -363,7 +405,116 @@ class Scheduler:
             else:
                 still_running.append(req)
         self.running = still_running
-        return retracted
+
+    # ---- the fast path: decode rounds as events -----------------------------------------------
+    def _future_tokens(self) -> int:
+        """PrefillAdder's offset before the new-token ratio: tokens the running requests may still
+        decode, each clipped at CLIP_MAX_NEW_TOKENS."""
+        if not self.fast:
+            return sum(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) for r in self.running)
+        d, heap = self._dstep, self._unclip_heap
+        while heap and heap[0][0] <= d:
+            _, _, gen, req = heapq.heappop(heap)
+            if gen == req._fast_gen and req._clipped:
+                req._clipped = False
+                self._clipped -= 1
+                self._unclipped += 1
+                self._key_sum += req.max_new_tokens - req._o0 + req._d0
+        return self._key_sum - self._unclipped * d + CLIP_MAX_NEW_TOKENS * self._clipped
+
+    def _register(self, req: SimReq) -> None:
+        """Hand a running request (outputs and row materialized) to the event-driven rounds."""
+        ps, d = self.config.page_size, self._dstep
+        o = len(req.output_ids)
+        req._fast_gen += 1
+        gen, order = req._fast_gen, next(self._orders)
+        req._o0, req._d0, req._order = o, d, order
+        req._w = req.kv_len
+        req._base_slot = int(self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len - 1])
+        req._segs = []
+        # round d + j writes position seq_len - 2 + j; a page opens where that is page aligned
+        heapq.heappush(self._open_heap, (d + 1 + (-(req.seq_len - 1)) % ps, order, gen, req))
+        heapq.heappush(self._finish_heap, (d + req.max_new_tokens - o, order, gen, req))
+        key = req.max_new_tokens - o + d
+        req._clipped = key - d > CLIP_MAX_NEW_TOKENS
+        if req._clipped:
+            self._clipped += 1
+            heapq.heappush(self._unclip_heap, (key - CLIP_MAX_NEW_TOKENS, order, gen, req))
+        else:
+            self._unclipped += 1
+            self._key_sum += key
+
+    def _sync(self, req: SimReq) -> None:
+        """Materialize a fast request's outputs, ``kv_len`` and row (it stays registered)."""
+        n = req._o0 + self._dstep - req._d0
+        out = req.output_ids
+        if len(out) < n:
+            out.extend(req.planned_output[len(out) : n])
+        end = req.prompt_len + n - 1
+        req.kv_len = end
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        pos, slot = req._w, req._base_slot + 1
+        for p, s in req._segs + [(end, None)]:
+            if p > pos:
+                row[pos:p] = torch.arange(slot, slot + p - pos, dtype=torch.int32)
+            last = slot + p - pos - 1
+            pos, slot = p, s
+        req._w, req._base_slot, req._segs = end, last, []
+
+    def _unregister_all(self) -> None:
+        for req in self.running:
+            self._sync(req)
+            req._fast_gen += 1
+        self._open_heap, self._finish_heap, self._unclip_heap = [], [], []
+        self._key_sum = self._unclipped = self._clipped = 0
+
+    def _fast_decode(self) -> int:
+        """One decode round touching only the requests whose token opens a page or is their last;
+        the rest advance by the round counter. Retraction falls back to the plain code."""
+        ps, d, tree, mode = self.config.page_size, self._dstep + 1, self.tree, self.config.eviction
+        heap, openers = self._open_heap, []
+        while heap and heap[0][0] <= d:  # popped in running order (orders grow with admission)
+            _, _, gen, req = heapq.heappop(heap)
+            if gen == req._fast_gen:
+                openers.append(req)
+        need = ps * len(openers)
+        self._note(evict_from_tree_cache(tree, need, mode))
+        if self.allocator.available_size() < need:
+            self._unregister_all()
+            retracted = self._retract()
+            self._decode_alloc_emit()
+            for req in self.running:
+                self._register(req)
+            return retracted
+        self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+        # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
+        self._note(evict_from_tree_cache(tree, len(self.running) * ps, mode))
+        if len(self.running) > len(self.allocator.free_pages):
+            self.allocator.merge_and_sort_free()
+        pages = self.allocator._take_pages(len(openers))
+        if pages is None:
+            raise RuntimeError(f"Decode out of memory: {len(self.running)} requests, "
+                               f"{self.allocator.available_size()} slots available")
+        for req, page in zip(openers, pages.tolist()):
+            req._segs.append((req.prompt_len + req._o0 + d - req._d0 - 2, page * ps))
+            heapq.heappush(heap, (d + ps, req._order, req._fast_gen, req))
+        self._dstep = d
+        self.totals["output_tokens"] += len(self.running)
+        heap, done = self._finish_heap, []
+        while heap and heap[0][0] <= d:
+            _, _, gen, req = heapq.heappop(heap)
+            if gen == req._fast_gen:
+                done.append(req)
+        if done:
+            for req in done:
+                self._sync(req)
+                req._fast_gen += 1
+                self._unclipped -= 1
+                self._key_sum -= req.max_new_tokens - req._o0 + req._d0
+                self._finish(req)
+            finished = {id(r) for r in done}
+            self.running = [r for r in self.running if id(r) not in finished]
+        return 0
 
     # ---- shared -----------------------------------------------------------------------------
     def _emit_token(self, req: SimReq) -> None:
@@ -378,6 +529,9 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         """Pools and tree consistent, and every slot accounted for exactly once."""
+        if self.fast:
+            for req in self.running:
+                self._sync(req)
         self.allocator.check_invariants()
         self.req_to_token_pool.check_invariants()
         self.tree.check_invariants()
