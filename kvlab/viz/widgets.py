@@ -21,6 +21,23 @@ def _fmt_int(n: int | None) -> str:
     return "—" if n is None else f"{n:,}"
 
 
+def show_errors(errors: widgets.Output, callback):
+    """Wrap a widget callback so an exception lands in the panel's ``errors`` Output (CSS class
+    ``kvlab-errors``) as a traceback, instead of ipywidgets' default of logging it where a learner
+    never looks (the kernel log / JupyterLab's log console). The previous error is cleared first."""
+
+    def wrapped(*args, **kwargs):
+        errors.outputs = ()  # not clear_output(): that needs a kernel's display hook, this syncs either way
+        try:
+            return callback(*args, **kwargs)
+        except Exception:
+            errors.append_stdout(traceback.format_exc())
+            return None
+
+    wrapped.__wrapped__ = callback
+    return wrapped
+
+
 class KVPoolPanel:
     """Finding 1, live: toggle gc-before-measure and watch the KV budget and the prompt's verdict.
 
@@ -70,12 +87,14 @@ class KVPoolPanel:
         self.widget = widgets.VBox([controls, self.verdict, self.timelines,
                                     widgets.HBox([self.waterfall, self.table]), self.errors])
         self.widget.add_class("kvlab-kv-pool-panel")
+        self._drawn_arms: tuple | None = None  # the arms the timelines currently show
+        self._on_change = show_errors(self.errors, self._handle_change)
         for w in (self.preset, self.gc_toggle, self.empty_cache_toggle, self.fraction, self.prompt):
             w.observe(self._on_change, names="value")
         self.refresh()
 
     # ---- the controller ---------------------------------------------------------------------
-    def _on_change(self, change) -> None:
+    def _handle_change(self, change) -> None:
         if change["owner"] is self.preset:
             scenario = self._experiment.get_scenario(self.preset.value)
             with self.widget.hold_trait_notifications():
@@ -85,7 +104,7 @@ class KVPoolPanel:
                 self.prompt.value = scenario.prompt_tokens
                 self.fraction.observe(self._on_change, names="value")
                 self.prompt.observe(self._on_change, names="value")
-        self.refresh()
+        self._refresh()
 
     def arms(self):
         """(without gc, with gc) for the current settings, from the cache when seen before."""
@@ -102,23 +121,35 @@ class KVPoolPanel:
         return with_gc if self.gc_toggle.value else no_gc
 
     def refresh(self) -> None:
-        self.errors.clear_output()
-        try:
-            no_gc, with_gc = self.arms()
-            current = with_gc if self.gc_toggle.value else no_gc
-            self._draw(no_gc, with_gc, current)
-        except Exception:  # shown in the panel, not lost in the kernel log
-            self.errors.append_stdout(traceback.format_exc())
+        show_errors(self.errors, self._refresh)()
+
+    def _refresh(self) -> None:
+        no_gc, with_gc = self.arms()
+        current = with_gc if self.gc_toggle.value else no_gc
+        self._draw(no_gc, with_gc, current)
 
     def _draw(self, no_gc, with_gc, current) -> None:
+        # The timelines show both arms, so the gc toggle (which only picks "your server") leaves them as
+        # they are: redrawing 8 traces of thousands of points is what made a toggle slow.
+        if self._drawn_arms != (id(no_gc), id(with_gc)):
+            self._draw_timelines(no_gc, with_gc)
+            self._drawn_arms = (id(no_gc), id(with_gc))
+        trace = plots.waterfall_trace(current.budget_terms())
+        with self.waterfall.batch_update():
+            self.waterfall.data[0].update(x=trace.x, y=trace.y, measure=trace.measure, text=trace.text)
+            arm = "with" if current.gc_before_measure else "without"
+            self.waterfall.layout.title = f"KV budget {arm} gc.collect(): {_fmt_gib(current.budget.rest_bytes if current.budget else None)}"
+        self.table.value = result_table_html(no_gc, with_gc, current)
+        self.verdict.value = verdict_html(current)
+
+    def _draw_timelines(self, no_gc, with_gc) -> None:
         with self.timelines.batch_update():
             for offset, result in ((0, no_gc), (plots.TRACES_PER_TIMELINE, with_gc)):
                 frame = result.timeline
+                steps, phases = list(range(len(frame))), frame["phase"].tolist()
                 for i, (column, _, _) in enumerate(plots.SERIES):
-                    trace = self.timelines.data[offset + i]
-                    trace.x = list(range(len(frame)))
-                    trace.y = (frame[column] / GIB).round(4).tolist()
-                    trace.customdata = frame["phase"].tolist()
+                    self.timelines.data[offset + i].update(x=steps, y=(frame[column] / GIB).round(4).tolist(),
+                                                           customdata=phases)
                 x, y = plots.weights_line(len(frame), result.weights_bytes)
                 self.timelines.data[offset + len(plots.SERIES)].update(x=x, y=y)
             shapes, labels = [], []
@@ -128,16 +159,6 @@ class KVPoolPanel:
                 labels += a
             self.timelines.layout.shapes = shapes
             self.timelines.layout.annotations = list(self._subplot_titles) + labels
-        trace = plots.waterfall_trace(current.budget_terms())
-        with self.waterfall.batch_update():
-            self.waterfall.data[0].x = trace.x
-            self.waterfall.data[0].y = trace.y
-            self.waterfall.data[0].measure = trace.measure
-            self.waterfall.data[0].text = trace.text
-            arm = "with" if current.gc_before_measure else "without"
-            self.waterfall.layout.title = f"KV budget {arm} gc.collect(): {_fmt_gib(current.budget.rest_bytes if current.budget else None)}"
-        self.table.value = result_table_html(no_gc, with_gc, current)
-        self.verdict.value = verdict_html(current)
 
 
 def _empty_frame():
@@ -230,8 +251,10 @@ class ShortfallPanel:
                                     self.verdict, self.timelines, widgets.HBox([self.bars, widgets.VBox([self.gauge, self.table])]),
                                     self.errors])
         self.widget.add_class("kvlab-shortfall-panel")
+        self._drawn: object | None = None  # the comparison the timelines and bars currently show
+        self._on_change = show_errors(self.errors, lambda _change: self._refresh())
         for w in (self.mode, self.kv_tokens, self.workload, self.policy):
-            w.observe(lambda _change: self.refresh(), names="value")
+            w.observe(self._on_change, names="value")
         self.refresh()
 
     def comparison(self):
@@ -243,13 +266,19 @@ class ShortfallPanel:
         return self._cache[key]
 
     def refresh(self) -> None:
-        self.errors.clear_output()
-        try:
-            self._draw(self.comparison())
-        except Exception:
-            self.errors.append_stdout(traceback.format_exc())
+        show_errors(self.errors, self._refresh)()
+
+    def _refresh(self) -> None:
+        self._draw(self.comparison())
 
     def _draw(self, comparison) -> None:
+        # Both arms are drawn whatever the mode: the mode toggle only re-highlights (table, gauge, verdict).
+        if self._drawn is not comparison:
+            self._draw_arms(comparison)
+            self._drawn = comparison
+        self._draw_selection(comparison)
+
+    def _draw_arms(self, comparison) -> None:
         arms = (("shortfall", comparison.shortfall), ("full", comparison.full))
         n = len(plots.SIM_SERIES)
         with self.timelines.batch_update():
@@ -261,6 +290,8 @@ class ShortfallPanel:
             for i, (_, result) in enumerate(arms):
                 t = result.totals()
                 self.bars.data[i].y = [t[k] for k in self.bars.data[i].x]
+
+    def _draw_selection(self, comparison) -> None:
         self.table.value = sim_table_html(comparison, self.mode.value)
         current = comparison.shortfall if self.mode.value == "shortfall" else comparison.full
         other = comparison.full if current is comparison.shortfall else comparison.shortfall
