@@ -2,6 +2,9 @@
 
     kvlab repro kv-pool-sizing [--preset P] [--gc-before-measure | --no-gc-before-measure]
                                [--prompt-tokens N] [--json]
+    kvlab simulate (--trace FILE | --workload NAME) [...]
+    kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
+    kvlab app [01|02|...] [--port N]
 """
 
 from __future__ import annotations
@@ -84,7 +87,59 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--out", default="data/tiny-llama", help="output directory (default: %(default)s)")
     tiny.add_argument("--seed", type=int, default=0)
     tiny.add_argument("--force", action="store_true", help="overwrite an existing checkpoint")
+
+    report = commands.add_parser(
+        "report", help="execute every notebook headless and write a static HTML report",
+        description="Execute notebooks/*.ipynb headless and write DIR/index.html, the executed notebooks, "
+                    "their HTML, PNGs of the key figures and summary.json (both findings, both arms).")
+    report.add_argument("--out", default="kvlab-report", help="output directory (default: %(default)s)")
+    report.add_argument("--device", default="auto", help="auto, cuda or sim:<preset> (default: %(default)s)")
+    report.add_argument("--notebooks", default=None, metavar="01,02,...",
+                        help="comma-separated notebook numbers or names (default: all)")
+    report.add_argument("--force", action="store_true",
+                        help="write into an existing directory that is not a previous kvlab report")
+    report.add_argument("--no-png", action="store_true", help="skip the PNG export (no browser needed)")
+    report.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: the repo's notebooks/)")
+
+    app = commands.add_parser(
+        "app", help="serve one notebook as a Voila dashboard on 127.0.0.1 (code hidden, widgets live)",
+        description="Serve a notebook with Voila for demos: only outputs and live widgets are shown.")
+    app.add_argument("notebook", nargs="?", default="01", help="notebook number or name (default: %(default)s)")
+    app.add_argument("--port", type=_positive_int, default=8866, help="port on 127.0.0.1 (default: %(default)s)")
+    app.add_argument("--device", default=None, help="KVLAB_DEVICE for the kernel: auto, cuda, sim:<preset>")
+    app.add_argument("--no-browser", action="store_true", help="do not open a web browser")
     return parser
+
+
+def _report(args) -> int:
+    from kvlab.report import ReportError, build_report
+
+    only = [k for k in args.notebooks.split(",") if k.strip()] if args.notebooks else None
+    try:
+        extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
+        report = build_report(args.out, device=args.device, notebooks=only, force=args.force, pngs=not args.no_png,
+                              **extra)
+    except (ReportError, ValueError, FileNotFoundError) as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
+    for run in report.runs:
+        state = "ok" if run.ok else "FAILED"
+        print(f"  {run.name:<32} {state:>6}  {run.seconds:6.1f} s")
+    print(f"wrote {report.out_dir / 'index.html'} ({len(report.runs)} notebooks, {len(report.pngs)} figures, "
+          f"{report.seconds:.0f} s)")
+    for run in report.failures:
+        print(f"kvlab: error: {run.error}", file=sys.stderr)
+    return 1 if report.failures else 0
+
+
+def _app(args) -> int:
+    from kvlab.app import AppError, serve
+
+    try:
+        return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser)
+    except AppError as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def _write_tiny_checkpoint(args) -> int:
@@ -196,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "report":
+        return _report(args)
+    if args.command == "app":
+        return _app(args)
     if args.command == "data" and args.kind == "tiny-checkpoint":
         return _write_tiny_checkpoint(args)
     parser.error("unknown command")  # pragma: no cover

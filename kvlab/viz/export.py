@@ -1,0 +1,140 @@
+"""Static exports of the findings' key figures (PNG through kaleido, standalone HTML), for ``kvlab report``.
+
+Lives in ``viz`` because it imports plotly; ``kvlab.report`` imports it lazily so the core stays plot-free.
+kaleido ≥ 1 drives a system Chrome/Chromium through choreographer; Debian's ``/usr/bin/chromium`` works and
+is used when ``$BROWSER_PATH`` is not set (kaleido would otherwise look for a Chrome it downloaded itself).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import plotly.graph_objects as go
+import plotly.io as pio
+
+from kvlab.viz import plots
+
+SYSTEM_CHROMIUM = "/usr/bin/chromium"
+
+
+def key_figures(pool_arms, comparison) -> dict[str, go.Figure]:
+    """The findings' headline figures by file stem: finding 1's timelines and both budgets, finding 2's
+    timelines and totals. ``pool_arms`` is ``kv_pool_sizing.compare(...)``'s (without gc, with gc)."""
+    no_gc, with_gc = pool_arms
+    figures = {
+        "finding1_memory_timelines": plots.memory_timelines_side_by_side(
+            no_gc.timeline, with_gc.timeline, ("without gc.collect()", "with gc.collect()"),
+            weights_bytes=(no_gc.weights_bytes, with_gc.weights_bytes)),
+    }
+    for name, result in (("no_gc", no_gc), ("gc", with_gc)):
+        arm = "with" if result.gc_before_measure else "without"
+        figures[f"finding1_budget_{name}"] = plots.budget_waterfall(result.budget_terms(),
+                                                                    title=f"KV budget {arm} gc.collect()")
+    figures["finding2_timelines"] = plots.sim_timelines_side_by_side(
+        comparison.shortfall.steps_frame(), comparison.full.steps_frame(), ("shortfall (fix)", "full (bug)"))
+    figures["finding2_totals"] = plots.totals_bars({"shortfall (fix)": comparison.shortfall.totals(),
+                                                   "full (bug)": comparison.full.totals()})
+    return figures
+
+
+def write_pngs(figures: dict[str, go.Figure], out_dir: str | os.PathLike[str], *, width: int = 1100,
+               height: int = 500) -> list[Path]:
+    """Write ``<stem>.png`` for each figure in one kaleido session (one browser start for all of them)."""
+    if not os.environ.get("BROWSER_PATH") and os.access(SYSTEM_CHROMIUM, os.X_OK):
+        os.environ["BROWSER_PATH"] = SYSTEM_CHROMIUM
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = [out / f"{stem}.png" for stem in figures]
+    pio.write_images(list(figures.values()), paths, format="png", width=width, height=height)
+    return paths
+
+
+def write_html_figures(figures: dict[str, go.Figure], out_dir: str | os.PathLike[str]) -> list[Path]:
+    """Write ``<stem>.html`` for each figure with plotly.js shared in ``plotly.min.js`` beside them (offline)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for stem, fig in figures.items():
+        path = out / f"{stem}.html"
+        fig.write_html(path, include_plotlyjs="directory", full_html=True)
+        paths.append(path)
+    return paths
+
+
+# ---- static stand-ins for widget outputs (for nbconvert's HTML) -------------------------------------
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def plotly_js_tag() -> str:
+    """plotly.js inlined, hidden from require.js: nbconvert's template loads require.js (from a CDN when
+    online), and an anonymous ``define`` inside plotly.min.js would then register a module instead of
+    setting ``window.Plotly``."""
+    from plotly.offline import get_plotlyjs
+
+    return ("<script>window.__kvlab_define = window.define; window.define = undefined;</script>"
+            f"<script type='text/javascript'>{get_plotlyjs()}</script>"
+            "<script>window.define = window.__kvlab_define;</script>")
+
+
+def _figure_html(state: dict) -> str:
+    fig = go.Figure(data=state.get("_widget_data") or [], layout=state.get("_widget_layout") or {})
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False)
+
+
+def _widget_html(model_id: str, states: dict, depth: int = 0) -> str:
+    """HTML that shows what a widget (tree) displayed when the notebook ran: figures as plotly divs,
+    HTML widgets as their value, boxes as flex rows/columns, controls as 'description: value'."""
+    import html as _html
+
+    model = states.get(model_id)
+    if model is None or depth > 20:
+        return ""
+    name, state = model.get("model_name", ""), model.get("state", {})
+    classes = " ".join(state.get("_dom_classes", []))
+    if "_widget_data" in state:
+        return f"<div class='{classes}'>{_figure_html(state)}</div>"
+    if name in ("HTMLModel", "HTMLMathModel"):
+        return f"<div class='{classes}'>{state.get('value', '')}</div>"
+    if name in ("HBoxModel", "VBoxModel", "BoxModel", "GridBoxModel"):
+        direction = "row" if name == "HBoxModel" else "column"
+        inner = "".join(_widget_html(c.removeprefix("IPY_MODEL_"), states, depth + 1) for c in state.get("children", []))
+        return f"<div class='{classes}' style='display:flex;flex-direction:{direction};gap:8px'>{inner}</div>"
+    if name == "OutputModel":
+        texts = [o.get("text", "") for o in state.get("outputs", []) if o.get("output_type") == "stream"]
+        return f"<pre class='{classes}'>{_html.escape(''.join(texts))}</pre>" if any(texts) else ""
+    if "value" in state and state.get("description") is not None:
+        label = state.get("description") or name.removesuffix("Model")
+        value = state["value"]
+        if "_options_labels" in state and isinstance(value, int) and "index" in state:
+            value = state["_options_labels"][state["index"]]
+        return (f"<div class='{classes}' style='padding:2px 6px;color:#555'>{_html.escape(str(label))}: "
+                f"<b>{_html.escape(str(value))}</b></div>")
+    return ""
+
+
+def static_widget_outputs(nb):
+    """A copy of an executed notebook whose widget outputs also carry a static text/html rendering (from
+    the saved widget state), so nbconvert's HTML shows the panels' figures offline. The first figure's
+    output carries plotly.js inline; nbformat's widget state is dropped from the copy (it would make the
+    page load widget code from a CDN)."""
+    import copy
+
+    nb = copy.deepcopy(nb)
+    states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
+    js_done = False
+    for cell in nb.cells:
+        for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
+            view = out.get("data", {}).get(WIDGET_VIEW)
+            if not view:
+                continue
+            body = _widget_html(view.get("model_id", ""), states)
+            if not body:
+                continue
+            if "plotly-graph-div" in body and not js_done:
+                body = plotly_js_tag() + body
+                js_done = True
+            out["data"] = {"text/html": body, "text/plain": out["data"].get("text/plain", "")}
+    nb.metadata.pop("widgets", None)
+    return nb

@@ -1,0 +1,198 @@
+"""`kvlab report`: executed notebooks, an offline HTML site, PNGs and summary.json equal to the experiments."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from kvlab.report import MARKER, ReportError, prepare_out_dir, select_notebooks
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _kvlab(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvlab.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, env={**__import__("os").environ, "KVLAB_PROGRESS": "0"})
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "site"
+    proc = _kvlab("report", "--out", str(out), "--notebooks", "01", "--device", "sim:h200")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+@pytest.mark.slow
+def test_index_links_each_rendered_notebook(report_dir: Path):
+    index = (report_dir / "index.html").read_text()
+    assert "href='html/01_kv_pool_sizing.html'" in index and "data-ok='true'" in index
+    assert (report_dir / "html" / "01_kv_pool_sizing.html").is_file()
+    assert "02_shortfall_eviction" not in index  # --notebooks 01 ran only 01
+    assert (report_dir / MARKER).is_file()
+
+
+@pytest.mark.slow
+def test_executed_copy_has_outputs_and_the_device_env(report_dir: Path):
+    nb = nbformat.read(report_dir / "notebooks" / "01_kv_pool_sizing.ipynb", as_version=4)
+    assert "injected-env" in nb.cells[0].metadata["tags"] and "sim:h200" in nb.cells[0].source
+    code = [c for c in nb.cells[1:] if c.cell_type == "code"]
+    assert all(c.execution_count is not None for c in code)
+    assert sum(bool(c.outputs) for c in code) >= len(code) // 2
+    assert not [o for c in code for o in c.outputs if o.output_type == "error"]
+    # the source notebook is untouched (committed without outputs)
+    source = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "01_kv_pool_sizing.ipynb", 4)
+    assert all(not c.get("outputs") for c in source.cells if c.cell_type == "code")
+
+
+@pytest.mark.slow
+def test_html_embeds_plotly_figures_and_plotly_js_offline(report_dir: Path):
+    page = (report_dir / "html" / "01_kv_pool_sizing.html").read_text()
+    assert page.count("plotly-graph-div") >= 2  # the panel's timelines and waterfall, from the widget state
+    assert "window.__kvlab_define" in page and "Plotly" in page  # plotly.js inlined, not from a CDN
+    assert not re.search(r"<script[^>]+src=[\"'][^\"']*plotly", page)  # no plotly.js from a CDN
+    assert "kvlab-verdict-box" in page  # the panel's HTML widgets are shown too
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_html_page_draws_its_plots_with_the_network_cut(report_dir: Path):
+    """Open the page in chromium with every non-file request aborted: the plots must still draw."""
+    if not os.access("/usr/bin/chromium", os.X_OK):
+        if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
+            pytest.fail("chromium not found at /usr/bin/chromium (KVLAB_REQUIRE_BROWSER=1)")
+        pytest.skip("chromium not found at /usr/bin/chromium: apt-get install -y chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                    args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            context = browser.new_context()
+            context.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+            page = context.new_page()
+            errors: list[str] = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto((report_dir / "html" / "01_kv_pool_sizing.html").as_uri())
+            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
+                                   timeout=60_000)
+            assert page.evaluate("() => typeof window.Plotly") == "object"
+            assert not [e for e in errors if "Plotly" in e], errors
+        finally:
+            browser.close()
+
+
+@pytest.mark.slow
+def test_summary_equals_the_experiments(report_dir: Path):
+    from kvlab.experiments import kv_pool_sizing, shortfall_eviction
+
+    summary = json.loads((report_dir / "summary.json").read_text())
+    no_gc, with_gc = kv_pool_sizing.compare("sglang-pr-4xh200")
+    f1 = summary["finding1_kv_pool_sizing"]
+    for arm, result in (("without_gc", no_gc), ("with_gc", with_gc)):
+        data = result.to_json()
+        for key in ("max_total_num_tokens", "accepted", "error", "rest_bytes"):
+            assert f1[arm][key] == data[key], (arm, key)
+    assert f1["without_gc"]["accepted"] is False and f1["with_gc"]["accepted"] is True
+    comparison = shortfall_eviction.compare(shortfall_eviction.load_requests(workload="generated-shared-prefix"),
+                                            progress=False)
+    f2 = summary["finding2_shortfall_eviction"]
+    for arm, result in (("shortfall", comparison.shortfall), ("full", comparison.full)):
+        totals = result.totals()
+        for key in ("hit_rate", "over_evicted_tokens", "evicted_tokens"):
+            assert f2[arm][key] == totals[key], (arm, key)
+    assert f2["shortfall"]["over_evicted_tokens"] == 0 < f2["full"]["over_evicted_tokens"]
+    assert summary["notebooks"]["01_kv_pool_sizing"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_pngs_are_valid_images(report_dir: Path):
+    pngs = sorted((report_dir / "figures").glob("*.png"))
+    assert {p.stem for p in pngs} >= {"finding1_memory_timelines", "finding2_timelines"}
+    for path in pngs:
+        data = path.read_bytes()
+        assert data[:8] == PNG_SIGNATURE, path
+        width, height = struct.unpack(">II", data[16:24])  # IHDR
+        assert (width, height) == (1100, 500), path
+        assert len(data) > 5_000, path  # a drawn figure, not an empty canvas
+    index = (report_dir / "index.html").read_text()
+    assert all(f"figures/{p.name}" in index for p in pngs)
+
+
+def _notebook(path: Path, sources: list[str]) -> None:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(s) for s in sources]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, path)
+
+
+@pytest.mark.slow
+def test_a_failing_notebook_is_named_and_marked_and_the_others_still_written(tmp_path: Path):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _notebook(nbs / "01_good.ipynb", ["import os\nprint('device', os.environ['KVLAB_DEVICE'])"])
+    _notebook(nbs / "02_bad.ipynb", ["x = 1", "raise ValueError('broken on purpose')", "print('never')"])
+    _notebook(nbs / "03_after.ipynb", ["print('still ran')"])
+    out = tmp_path / "site"
+    proc = _kvlab("report", "--out", str(out), "--notebook-dir", str(nbs), "--no-png", "--device", "sim:h100-80g")
+    assert proc.returncode == 1
+    assert "02_bad.ipynb: cell 1 failed" in proc.stderr and "broken on purpose" in proc.stderr
+    index = (out / "index.html").read_text()
+    assert "data-notebook='02_bad' data-ok='false'" in index and "FAILED" in index
+    assert "data-notebook='01_good' data-ok='true'" in index and "data-notebook='03_after' data-ok='true'" in index
+    good = nbformat.read(out / "notebooks" / "01_good.ipynb", 4)
+    assert "device sim:h100-80g" in good.cells[1].outputs[0]["text"]
+    bad = nbformat.read(out / "notebooks" / "02_bad.ipynb", 4)
+    assert bad.cells[2].outputs[0]["output_type"] == "error"  # partial copy kept for debugging
+    assert (out / "html" / "02_bad.html").is_file() and (out / "html" / "03_after.html").is_file()
+    assert json.loads((out / "summary.json").read_text())["notebooks"]["02_bad"]["ok"] is False
+
+
+def test_refuses_a_directory_that_is_not_a_report(tmp_path: Path):
+    user = tmp_path / "mine"
+    user.mkdir()
+    (user / "thesis.tex").write_text("precious")
+    proc = _kvlab("report", "--out", str(user), "--notebooks", "01")
+    assert proc.returncode == 2 and "not a previous kvlab report" in proc.stderr and "--force" in proc.stderr
+    assert (user / "thesis.tex").read_text() == "precious" and sorted(p.name for p in user.iterdir()) == ["thesis.tex"]
+
+
+def test_refuses_a_file_and_an_unknown_notebook(tmp_path: Path):
+    target = tmp_path / "a-file"
+    target.write_text("x")
+    proc = _kvlab("report", "--out", str(target))
+    assert proc.returncode == 2 and "is not a directory" in proc.stderr
+    proc = _kvlab("report", "--out", str(tmp_path / "new"), "--notebooks", "99")
+    assert proc.returncode == 2 and "no notebook matches '99'" in proc.stderr
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_previous_report_is_cleared_but_nothing_else(tmp_path: Path):
+    out = prepare_out_dir(tmp_path / "site")
+    (out / "html").mkdir()
+    (out / "html" / "old.html").write_text("old")
+    (out / "index.html").write_text("old")
+    prepare_out_dir(out)  # ours: allowed, and the old pages are gone
+    assert not (out / "html").exists() and not (out / "index.html").exists() and (out / MARKER).is_file()
+    forced = tmp_path / "forced"
+    forced.mkdir()
+    (forced / "keep.txt").write_text("k")
+    with pytest.raises(ReportError):
+        prepare_out_dir(forced)
+    prepare_out_dir(forced, force=True)
+    assert (forced / "keep.txt").read_text() == "k"  # --force writes beside, never deletes the user's files
+
+
+def test_select_notebooks_by_number_or_stem(tmp_path: Path):
+    for name in ("00_intro", "01_kv_pool_sizing", "02_shortfall_eviction"):
+        _notebook(tmp_path / f"{name}.ipynb", ["1"])
+    assert [p.stem for p in select_notebooks(tmp_path, ["02", "00_intro"])] == ["02_shortfall_eviction", "00_intro"]
+    assert len(select_notebooks(tmp_path)) == 3
