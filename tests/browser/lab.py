@@ -421,3 +421,55 @@ def screenshot(page: Page, path: str | os.PathLike[str], selector: str | None = 
         page.locator(selector).screenshot(path=path)
     return path
 
+
+
+# -- latency ------------------------------------------------------------------------------------
+
+def timed_plot_change(page: Page, plot_selector: str, control_selector: str, action: str = "click",
+                      value: str | None = None, timeout_ms: float = 30_000) -> float:
+    """Operate a control in the page and return the milliseconds until the plot's data changed.
+
+    All in one ``evaluate``: the clock starts right before the DOM event and is read on the first
+    animation frame whose ``gd.data`` differs, so neither Playwright's round trips nor a polling
+    interval is counted. ``action``: ``"click"`` (the control's checkbox, or the element itself) or
+    ``"select"`` (a Dropdown's <select>, set to the option labelled ``value``) or ``"button"``
+    (the ToggleButtons button labelled ``value``). Raises TimeoutError
+    if the plot did not change within ``timeout_ms``.
+    """
+    elapsed = page.evaluate(
+        "async ([plotSel, controlSel, action, value, limit]) => {" + _PLOTLY_DATA + """
+          const gd = document.querySelector(plotSel);
+          const old = JSON.stringify(plotlyData(gd));
+          const control = document.querySelector(controlSel);
+          const t0 = performance.now();
+          if (action === 'select') {
+            const select = control.querySelector('select');
+            const option = Array.from(select.options).find(o => o.textContent.trim() === value);
+            if (!option) throw new Error('no option ' + value);
+            select.value = option.value;
+            select.dispatchEvent(new Event('change', {bubbles: true}));
+          } else if (action === 'button') {
+            const button = Array.from(control.querySelectorAll('button')).find(b => b.textContent.trim() === value);
+            if (!button) throw new Error('no button ' + value);
+            button.click();
+          } else {
+            (control.querySelector('input[type=checkbox]') || control).click();
+          }
+          while (performance.now() - t0 < limit) {
+            await new Promise(r => requestAnimationFrame(r));
+            if (JSON.stringify(plotlyData(document.querySelector(plotSel))) !== old) return performance.now() - t0;
+          }
+          return null;
+        }""",
+        [plot_selector, control_selector, action, value, timeout_ms],
+    )
+    if elapsed is None:
+        raise TimeoutError(f"{plot_selector} did not change within {timeout_ms} ms of operating {control_selector}")
+    return float(elapsed)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
