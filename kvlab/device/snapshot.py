@@ -218,6 +218,7 @@ class Snapshot:
 
     @property
     def final_allocated_bytes(self) -> int:
+        """Live block bytes now, summed over devices."""
         blocks = self.blocks_frame()
         return int(blocks.loc[blocks["state"] != "inactive", "size"].sum())
 
@@ -225,17 +226,29 @@ class Snapshot:
     def final_reserved_bytes(self) -> int:
         return int(self.segments_frame()["total_size"].sum())
 
+    def _final_on_one_device(self, column: str) -> int:
+        """The largest final total on any one device (``final_*_bytes`` sum over devices)."""
+        if column == "allocated_bytes":
+            blocks = self.blocks_frame()
+            per_device = blocks[blocks["state"] != "inactive"].groupby("device")["size"].sum()
+        else:
+            per_device = self.segments_frame().groupby("device")["total_size"].sum()
+        return int(per_device.max()) if len(per_device) else 0
+
     @property
     def peak_allocated_bytes(self) -> int:
         """Largest allocated total seen on one device: before the trace, after any event, or now."""
         result = self.replay()
-        values = [result.initial_allocated_bytes, self.final_allocated_bytes, *result.frame["allocated_bytes"]]
+        values = [result.initial_allocated_bytes, self._final_on_one_device("allocated_bytes"),
+                  *result.frame["allocated_bytes"]]
         return int(max(values))
 
     @property
     def peak_reserved_bytes(self) -> int:
+        """Largest reserved total seen on one device: before the trace, after any event, or now."""
         result = self.replay()
-        values = [result.initial_reserved_bytes, self.final_reserved_bytes, *result.frame["reserved_bytes"]]
+        values = [result.initial_reserved_bytes, self._final_on_one_device("reserved_bytes"),
+                  *result.frame["reserved_bytes"]]
         return int(max(values))
 
 
@@ -320,6 +333,7 @@ def write_snapshot(device, path: str | os.PathLike, *, overwrite: bool = False) 
 # ---- the shipped example --------------------------------------------------------------------------
 
 EXAMPLE_DEVICE = "sim:h100-80g"
+EXAMPLE_SNAPSHOT = Path(__file__).resolve().parents[2] / "data" / "snapshots" / "example.pickle"  # data/README.md
 
 
 def run_example_script():

@@ -1,0 +1,203 @@
+"""Hit rate against KV pool size, in both eviction modes: the curve a capacity planner wants.
+
+Each point is one full run of the scheduler model (``kvlab.sched.simulate``, through
+:func:`kvlab.experiments.shortfall_eviction.run`) on the same requests with a pool of ``kv_pages``
+pages; nothing else changes between points or modes. The pool sizes, when not given, run
+log-spaced from the smallest pool that can hold the longest request to one that could cache every
+distinct prompt block of the trace, past which a bigger pool cannot raise the hit rate.
+
+Run it from a shell::
+
+    python -m kvlab.experiments.pool_sweep --trace data/traces/mooncake_small.jsonl [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import numbers
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from kvlab.experiments.shortfall_eviction import run
+from kvlab.progress import progress_bar
+from kvlab.units import div_ceil
+
+DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+EXAMPLE_TRACE = DATA_DIR / "traces" / "mooncake_small.jsonl"  # the shipped trace (data/README.md)
+MODES = ("shortfall", "full")
+DEFAULT_NUM_POINTS = 6
+COLUMNS = ("mode", "kv_pages", "kv_tokens", "hit_rate", "evicted_tokens", "over_evicted_tokens",
+           "prefill_tokens_computed", "retractions")
+
+
+class PoolSizeError(ValueError):
+    """A pool size the sweep cannot run: not a positive int, or smaller than one request."""
+
+
+def request_pages(request: Any, page_size: int) -> int:
+    """Pages a pool needs to run one request alone: prompt plus every generated token (at least
+    one), page-aligned, plus the page the allocator never hands out (SGLang's padding page 0;
+    the same rule ``kvlab.sched.Scheduler`` checks)."""
+    return div_ceil(len(request.prompt_token_ids) + max(1, request.output_len), page_size) + 1
+
+
+def min_pool_pages(requests: Sequence[Any], page_size: int) -> int:
+    """The smallest pool that can run the longest request alone (the simulator refuses smaller)."""
+    if not requests:
+        raise ValueError("no requests to sweep")
+    return max(request_pages(r, page_size) for r in requests)
+
+
+def unique_prompt_pages(requests: Sequence[Any], page_size: int) -> int:
+    """Pages an infinite prefix cache would hold after the whole trace.
+
+    With Mooncake block hashes whose block size is the page size, that is the trace's distinct
+    blocks (equal ids mean equal prefixes); otherwise distinct page-aligned prompt prefixes,
+    counted by hashing each full page together with its prefix's hash (what SGLang's paged radix
+    tree stores)."""
+    if all(getattr(r, "block_hashes", None) and getattr(r, "block_size", None) == page_size for r in requests):
+        return len({h for r in requests for h in r.block_hashes})
+    seen: set = set()
+    for r in requests:
+        key = None
+        tokens = r.prompt_token_ids
+        for start in range(0, len(tokens) - page_size + 1, page_size):
+            key = hash((key, tuple(tokens[start:start + page_size])))
+            seen.add(key)
+    return len(seen)
+
+
+def default_pool_pages(requests: Sequence[Any], page_size: int = 512, num_points: int = DEFAULT_NUM_POINTS) -> list[int]:
+    """``num_points`` log-spaced pool sizes from :func:`min_pool_pages` to the pages that cache
+    every distinct prompt block (plus the longest request, which must fit alongside)."""
+    if num_points < 2:
+        raise ValueError(f"num_points must be >= 2, got {num_points}")
+    low = min_pool_pages(requests, page_size)
+    high = max(2 * low, unique_prompt_pages(requests, page_size) + low)
+    ratio = (high / low) ** (1 / (num_points - 1))
+    points = sorted({round(low * ratio**i) for i in range(num_points)})
+    return points
+
+
+def check_pool_pages(requests: Sequence[Any], pool_pages: Sequence[int], page_size: int) -> list[int]:
+    """Validate every pool before running any, so a bad size fails in milliseconds, not minutes.
+    Returns the sizes as sorted, distinct ints."""
+    need = min_pool_pages(requests, page_size)
+    longest = max(requests, key=lambda r: request_pages(r, page_size))
+    out = []
+    for i, pages in enumerate(pool_pages):
+        # numbers.Integral so numpy's ints (np.geomspace(...).astype(int)) pass; bool is an int but not a size
+        if not isinstance(pages, numbers.Integral) or isinstance(pages, bool) or pages < 1:
+            raise PoolSizeError(f"pool_pages[{i}]: expected a positive int (pages), got {pages!r}")
+        pages = int(pages)
+        if pages < need:
+            raise PoolSizeError(
+                f"pool_pages[{i}] = {pages} pages ({pages * page_size} tokens) is smaller than one request: "
+                f"{longest.rid!r} needs {need} pages of {page_size} tokens "
+                f"(prompt {len(longest.prompt_token_ids)} + output {longest.output_len})")
+        out.append(pages)
+    if not out:
+        raise PoolSizeError("pool_pages is empty")
+    return sorted(set(out))  # the frame is sorted by size; a size asked twice runs once
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    """One row per (mode, pool size); ``frame`` is tidy (columns :data:`COLUMNS`), sorted by mode then size."""
+
+    frame: Any  # pandas.DataFrame
+    page_size: int
+    policy: str
+    num_requests: int
+
+    def pivot(self, column: str = "hit_rate"):
+        """``column`` with one row per pool size and one column per mode (the table to read)."""
+        table = self.frame.pivot(index="kv_pages", columns="mode", values=column)
+        return table[[m for m in self.frame["mode"].unique()]]  # the sweep's mode order, not alphabetical
+
+    def to_records(self) -> list[dict]:
+        return self.frame.to_dict(orient="records")
+
+
+def sweep(requests: Sequence[Any], pool_pages: Sequence[int] | None = None, modes: Sequence[str] = MODES,
+          page_size: int = 512, policy: str = "lru", *, progress: bool | None = None, **config: Any) -> SweepResult:
+    """Run every (mode, pool size) through the scheduler model; ``config`` goes to ``SchedulerConfig``
+    (``max_running``, ``chunked_prefill_size``, ...). ``pool_pages=None``: :func:`default_pool_pages`."""
+    import pandas as pd
+
+    requests = list(requests)
+    if not requests:
+        raise ValueError("no requests to sweep")
+    pools = default_pool_pages(requests, page_size) if pool_pages is None else check_pool_pages(
+        requests, pool_pages, page_size)
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        raise ValueError(f"modes must be a non-empty subset of {MODES}, got {tuple(modes)!r}")
+    rows = []
+    bar = progress_bar(total=len(modes) * len(pools), desc="pool sweep", enabled=progress)
+    try:
+        for mode in modes:
+            for pages in pools:
+                bar.set_postfix_str(f"{mode} {pages} pages")
+                totals = run(requests, eviction=mode, page_size=page_size, kv_tokens=pages * page_size,
+                             policy=policy, progress=False, **config).totals()
+                rows.append({"mode": mode, "kv_pages": pages, **{c: totals[c] for c in COLUMNS[2:]}})
+                bar.update(1)
+    finally:
+        bar.close()
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    return SweepResult(frame, page_size, policy, len(requests))
+
+
+# ---- command line -------------------------------------------------------------------------------
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m kvlab.experiments.pool_sweep",
+                                     description="Hit rate against KV pool size for a Mooncake-format trace.")
+    parser.add_argument("--trace", required=True, type=Path, help="Mooncake-format JSONL trace")
+    parser.add_argument("--pages", type=_positive_int, nargs="+", default=None,
+                        help="pool sizes in pages (default: log-spaced from the largest request)")
+    parser.add_argument("--points", type=_positive_int, default=DEFAULT_NUM_POINTS,
+                        help="number of default pool sizes")
+    parser.add_argument("--page-size", type=_positive_int, default=512)
+    parser.add_argument("--policy", default="lru")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from kvlab.workloads.mooncake import TraceFormatError, load_trace
+
+    args = build_parser().parse_args(argv)
+    try:
+        requests = load_trace(args.trace)
+        pools = args.pages if args.pages is not None else default_pool_pages(requests, args.page_size, args.points)
+        result = sweep(requests, pools, args.modes, args.page_size, args.policy)
+    except (OSError, TraceFormatError, ValueError) as exc:  # OSError: missing file, a directory, no permission
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"trace": str(args.trace), "page_size": args.page_size, "policy": args.policy,
+                          "num_requests": result.num_requests, "rows": result.to_records()}, indent=2))
+    else:
+        print(result.frame.to_string(index=False))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
