@@ -5,6 +5,7 @@
   ``SWATokenToKVPoolAllocator``).
 - ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction.
 - ``common``: evict-then-allocate, with the shortfall / full eviction toggle.
+- ``swa_radix_cache`` / ``mamba_radix_cache``: hybrid trees (SWA tombstones; recurrent-state slots).
 
 Imports point one way: memory_pool <- allocator <- radix_cache (+ evict_policy) <- common.
 """
@@ -17,6 +18,7 @@ from kvlab.mem_cache.allocator import (
 )
 from kvlab.mem_cache.common import (
     EVICTION_MODES,
+    ensure_mamba_capacity,
     AllocResult,
     alloc_paged_token_slots_decode,
     alloc_paged_token_slots_extend,
@@ -43,8 +45,19 @@ from kvlab.mem_cache.radix_cache import (
     TreeLock,
     TreeNode,
 )
+from kvlab.mem_cache.swa_radix_cache import HybridEvictResult, HybridTreeNode, SWARadixCache, SWATreeLock
+from kvlab.mem_cache.mamba_radix_cache import MambaEvictParams, MambaInsertResult, MambaPool, MambaRadixCache
 
 __all__ = [
+    "HybridEvictResult",
+    "HybridTreeNode",
+    "MambaEvictParams",
+    "MambaInsertResult",
+    "MambaPool",
+    "MambaRadixCache",
+    "SWARadixCache",
+    "SWATreeLock",
+    "ensure_mamba_capacity",
     "AllocResult",
     "BaseTokenToKVPoolAllocator",
     "DoubleFreeError",

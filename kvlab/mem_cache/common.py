@@ -52,14 +52,25 @@ def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfa
         full_short = max(0, num_tokens - full_available)
         swa_short = max(0, num_tokens - swa_available)
         res = tree_cache.evict(EvictParams(num_tokens=full_short, swa_num_tokens=swa_short))
-        return EvictResult.of(full_short, full_short, res.evicted_tokens, swa_short, swa_short)
+        return _with_hybrid(EvictResult.of(full_short, full_short, res.evicted_tokens, swa_short, swa_short), res)
     available = allocator.available_size()
     if available >= num_tokens:
         return EvictResult()
     shortfall = num_tokens - available
     requested = shortfall if mode == "shortfall" else num_tokens
     res = tree_cache.evict(EvictParams(num_tokens=requested))
-    return EvictResult.of(shortfall, requested, res.evicted_tokens)
+    return _with_hybrid(EvictResult.of(shortfall, requested, res.evicted_tokens), res)
+
+
+def _with_hybrid(base: EvictResult, res: EvictResult) -> EvictResult:
+    """Hybrid trees (SWARadixCache, MambaRadixCache) also report what the second pool lost: keep
+    those fields; a plain RadixCache result stays a plain :class:`EvictResult`."""
+    from kvlab.mem_cache.swa_radix_cache import HybridEvictResult
+
+    if not isinstance(res, HybridEvictResult):
+        return base
+    return HybridEvictResult(**base.__dict__, swa_evicted_tokens=res.swa_evicted_tokens,
+                             mamba_shortfall=res.mamba_shortfall, mamba_num_evicted=res.mamba_num_evicted)
 
 
 class AllocResult(NamedTuple):
@@ -68,6 +79,19 @@ class AllocResult(NamedTuple):
 
     out_cache_loc: Optional[torch.Tensor]
     evict: EvictResult
+
+
+def ensure_mamba_capacity(tree_cache: Any, num_states: int) -> EvictResult:
+    """MambaRadixCache: free recurrent-state slots until ``num_states`` are available
+    (``ensure_mamba_capacity``: ``EvictParams(num_tokens=0, mamba_num=needed - available)``; always
+    the shortfall, in SGLang and here). Returns the tree's :class:`HybridEvictResult`."""
+    if num_states < 0:
+        raise ValueError(f"ensure_mamba_capacity: num_states must be >= 0, got {num_states}")
+    pool = tree_cache.mamba_pool
+    short = max(0, num_states - pool.available_size())
+    if not short:
+        return EvictResult()
+    return tree_cache.evict(0, mamba_num=short)
 
 
 def alloc_token_slots(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> AllocResult:

@@ -20,6 +20,8 @@ Modes (JSON on stdin, JSON on stdout):
     "calls": int, "policies": [str]}``: per policy, insert ``leaves`` (with those priorities),
     match the ``touch`` ones again, re-insert the ``reinsert`` ones (hit counts), then time
     ``calls`` x ``evict(1)``; report the victims (first slot freed per evicted leaf).
+``--hybrid-ops``
+    SWARadixCache / MambaRadixCache op scripts (SGLang <= 0.5.16); see ``HybridRunner``.
 
 Time: SGLang stamps nodes with ``time.monotonic()``. The driver swaps the radix module's ``time``
 for a logical clock (one tick per call), as kvlab's ``LogicalClock`` does, so both sides see the
@@ -377,10 +379,170 @@ def _bench_evict_one(spec, policy):
     return {"seconds": dt, "calls": calls, "evictable_leaves": n_leaves, "victims": rec.freed}
 
 
+# -- hybrid trees (SWARadixCache / MambaRadixCache; SGLang <= 0.5.16 has them as classes) ---------
+# ``--hybrid-ops``: {"scenarios": [{"kind": "swa"|"mamba", "size", "swa_size", "window",
+# "mamba_size", "ops": [...]}]} -> per-op records. kvlab's side: tests/mem_cache/test_hybrid_differential.py.
+# Ops: ["serve", tokens] (match tokens[:-1], lock, evict_from_tree_cache(need) [+ one mamba
+# state], alloc, insert(prev_prefix_len=hit), unlock), ["match", tokens], ["lock", tokens],
+# ["unlock", i], ["evict", full_tokens, swa_tokens_or_states], ["hold", n], ["release", i].
+
+
+def _hybrid_classes():
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.base_swa_memory_pool import BaseSWAKVPool
+    from sglang.srt.mem_cache.mamba_radix_cache import MambaRadixCache
+    from sglang.srt.mem_cache.swa_radix_cache import SWARadixCache
+
+    class NoBufferSWAPool(BaseSWAKVPool):
+        """SWATokenToKVPoolAllocator asserts a BaseSWAKVPool; the tree never touches KV buffers."""
+
+        def __init__(self):
+            self.full_kv_pool = self.swa_kv_pool = None
+
+        def register_mapping(self, m):
+            self.full_to_swa_index_mapping = m
+
+        def translate_loc_from_full_to_swa(self, k):
+            return self.full_to_swa_index_mapping[k]
+
+    NoBufferSWAPool.__abstractmethods__ = frozenset()
+    return SWATokenToKVPoolAllocator, NoBufferSWAPool, SWARadixCache, MambaRadixCache
+
+
+class _StateSlots:
+    """``req_to_token_pool.mamba_allocator`` stand-in: slots 0..n-1, popped from the front."""
+
+    def __init__(self, n):
+        self.free_slots = list(range(n))
+
+    def alloc(self, k):
+        if k > len(self.free_slots):
+            return None
+        out, self.free_slots = self.free_slots[:k], self.free_slots[k:]
+        return torch.tensor(out, dtype=torch.int64)
+
+    def free(self, idx):
+        self.free_slots.extend(torch.as_tensor(idx).reshape(-1).tolist())
+
+    def available_size(self):
+        return len(self.free_slots)
+
+
+class HybridRunner:
+    def __init__(self, sc):
+        SWAAlloc, Pool, SWACache, MambaCache = _hybrid_classes()
+        self.kind = sc["kind"]
+        if self.kind == "swa":
+            self.alloc = SWAAlloc(sc["size"], sc["swa_size"], 1, torch.bfloat16, "cpu", Pool(), False)
+            self.cache = SWACache(CacheInitParams(disable=False, req_to_token_pool=None,
+                                                  token_to_kv_pool_allocator=self.alloc, page_size=1,
+                                                  sliding_window_size=sc["window"]))
+        else:
+            from sglang.srt.runtime_context import get_context
+
+            get_context().set_server_args(types.SimpleNamespace(mamba_cache_chunk_size=64))
+            self.alloc = TokenToKVPoolAllocator(sc["size"], torch.bfloat16, "cpu", None, False)
+            self.states = _StateSlots(sc["mamba_size"])
+            rtp = types.SimpleNamespace(mamba_allocator=self.states, mamba_ckpt_pool=None)
+            self.cache = MambaCache(CacheInitParams(disable=False, req_to_token_pool=rtp,
+                                                    token_to_kv_pool_allocator=self.alloc, page_size=1))
+        self.locks, self.held = [], []
+
+    def _match(self, tokens):
+        m = self.cache.match_prefix(MatchPrefixParams(key=key_of(tokens)))
+        return len(m.device_indices), m.last_device_node, m.device_indices
+
+    def _lock(self, node):
+        return self.cache.inc_lock_ref(node)
+
+    def _unlock(self, node, res):
+        from sglang.srt.mem_cache.base_prefix_cache import DecLockRefParams
+
+        if self.kind == "swa":
+            self.cache.dec_lock_ref(node, DecLockRefParams(swa_uuid_for_lock=res.swa_uuid_for_lock))
+        else:
+            self.cache.dec_lock_ref(node)
+
+    def run(self, op):
+        name, args = op[0], op[1:]
+        rec = {"op": name}
+        c, a = self.cache, self.alloc
+        if name == "match":
+            rec["hit"] = self._match(args[0])[0]
+        elif name == "lock":
+            n, node, _ = self._match(args[0])
+            self.locks.append((node, self._lock(node)))
+            rec["hit"] = n
+        elif name == "unlock":
+            if self.locks[args[0]] is not None:
+                self._unlock(*self.locks[args[0]])
+                self.locks[args[0]] = None
+        elif name == "evict":
+            if self.kind == "swa":
+                r = c.evict(EvictParams(num_tokens=args[0], swa_num_tokens=args[1]))
+            else:
+                r = c.evict(EvictParams(num_tokens=args[0], mamba_num=args[1]))
+            rec["sg_evicted"] = r.num_tokens_evicted
+        elif name == "hold":
+            out = a.alloc(args[0])
+            self.held.append(out)
+            rec["ok"] = out is not None
+        elif name == "release":
+            if self.held[args[0]] is not None:
+                a.free(self.held[args[0]])
+                self.held[args[0]] = None
+        elif name == "serve":
+            tokens = args[0]
+            n, node, prefix = self._match(tokens[:-1])
+            lock = self._lock(node)
+            rec["hit"] = n
+            need = len(tokens) - n
+            evict_from_tree_cache(c, need)
+            slot = None
+            if self.kind == "mamba" and self.states.available_size() < 1:
+                c.evict(EvictParams(num_tokens=0, mamba_num=1))  # ensure_mamba_capacity
+            new = a.alloc(need)
+            if self.kind == "mamba" and new is not None:
+                slot = self.states.alloc(1)
+                if slot is None:
+                    a.free(new)
+                    new = None
+            rec["ok"] = new is not None
+            if new is not None:
+                value = torch.cat([prefix.to(torch.int64), new])
+                if self.kind == "swa":
+                    res = c.insert(InsertParams(key=key_of(tokens), value=value, prev_prefix_len=n))
+                else:
+                    res = c.insert(InsertParams(key=key_of(tokens), value=value, mamba_value=slot,
+                                                prev_prefix_len=n))
+                    if res.mamba_exist:
+                        self.states.free(slot)
+                rec["prefix"] = res.prefix_len
+            self._unlock(node, lock)
+        else:
+            raise ValueError(f"unknown hybrid op {name!r}")
+        rec["full_ev"], rec["full_pr"] = c.full_evictable_size(), c.full_protected_size()
+        if self.kind == "swa":
+            rec["swa_ev"], rec["swa_pr"] = c.swa_evictable_size(), c.swa_protected_size()
+            rec["av"], rec["swa_av"] = a.full_available_size(), a.swa_available_size()
+        else:
+            rec["m_ev"], rec["m_pr"] = c.mamba_evictable_size(), c.mamba_protected_size()
+            rec["av"], rec["m_av"] = a.available_size(), self.states.available_size()
+        return rec
+
+
+def run_hybrid_ops(spec):
+    out = []
+    for sc in spec["scenarios"]:
+        r = HybridRunner(sc)
+        out.append([r.run(op) for op in sc["ops"]])
+    return {"version": VERSION, "results": out}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     g = ap.add_mutually_exclusive_group(required=True)
-    for flag in ("--check", "--ops", "--bench-radix", "--bench-evict"):
+    for flag in ("--check", "--ops", "--bench-radix", "--bench-evict", "--hybrid-ops"):
         g.add_argument(flag, action="store_true")
     a = ap.parse_args()
     if a.check:
@@ -390,7 +552,8 @@ def main() -> None:
         print(json.dumps({"version": VERSION, "ok": True}))
         return
     spec = json.load(sys.stdin)
-    fn = run_ops if a.ops else bench_radix if a.bench_radix else bench_evict
+    fn = (run_ops if a.ops else bench_radix if a.bench_radix else run_hybrid_ops if a.hybrid_ops
+          else bench_evict)
     json.dump(fn(spec), sys.stdout)
 
 

@@ -1,0 +1,317 @@
+"""Prefix cache for hybrid linear-attention / SSM models (SGLang 0.5.16
+``mem_cache/mamba_radix_cache.py``; 0.5.23 keeps the semantics as ``UnifiedRadixCache``'s MAMBA
+component).
+
+Each node holds full-attention KV slots (``value``, as in RadixCache) and maybe one recurrent-state
+slot (``mamba_value``) in a :class:`MambaPool`: the conv + SSM state *after the node's last token*.
+A KV cache stores one entry per token, so any prefix of it is usable; an SSM state summarises the
+whole prefix in a fixed size, so a prefix is resumable only where a snapshot exists. Hence:
+
+- ``match_prefix`` returns the deepest matched node that *has* a state; KV matched beyond it is
+  useless. A split creates an upper node without state (a mamba tombstone).
+- ``evict(num_tokens, mamba_num)``: full LRU over unlocked leaves (frees KV **and** state; tombstone
+  ancestors left childless are deleted too), then mamba LRU over unlocked nodes with a state: an
+  internal node only loses its state, a leaf is deleted. An evicted state is gone for good: only
+  a re-prefill brings it back, which is why over-eviction costs more here than on a plain tree.
+- Full lock to the root; the mamba lock on the node itself.
+
+Differs on purpose: LRU scans instead of linked lists; no copy-on-write of the matched state and no
+chunk-aligned ``mamba_branching_seqlen`` (states are inserted where the caller says).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
+
+import torch
+
+from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
+from kvlab.mem_cache.memory_pool import DoubleFreeError, InvariantError
+from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, _as_tokens
+from kvlab.mem_cache.swa_radix_cache import HybridEvictResult, HybridTreeNode, _HybridTreeBase
+from kvlab.units import align_down
+
+_I64 = torch.int64
+
+
+class MambaPool:
+    """State slots for recurrent layers (``memory_pool.MambaPool``): per slot a conv state
+    ``[layers, conv_dim, conv_kernel-1]`` and an SSM state ``[layers, heads, head_dim, state]``,
+    real tensors. Slot indices 0..size-1; ``alloc``/``free`` raise on misuse."""
+
+    def __init__(self, size: int, num_layers: int = 2, conv_dim: int = 8, conv_kernel: int = 4,
+                 num_heads: int = 2, head_dim: int = 4, state_size: int = 4, dtype: torch.dtype = torch.float32):
+        if size < 1:
+            raise ValueError(f"MambaPool size must be >= 1, got {size}")
+        self.size = size
+        self.conv_state = torch.zeros(size, num_layers, conv_dim, conv_kernel - 1, dtype=dtype)
+        self.ssm_state = torch.zeros(size, num_layers, num_heads, head_dim, state_size, dtype=dtype)
+        self.free_slots: list[int] = list(range(size))
+        self._is_free = torch.ones(size, dtype=torch.bool)
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def used_size(self) -> int:
+        return self.size - len(self.free_slots)
+
+    def alloc(self, need_size: int = 1) -> Optional[torch.Tensor]:
+        if need_size > len(self.free_slots):
+            return None
+        out, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        idx = torch.tensor(out, dtype=_I64)
+        self._is_free[idx] = False
+        self.conv_state[idx] = 0
+        self.ssm_state[idx] = 0
+        return idx
+
+    def free(self, idx: Any) -> None:
+        idx = torch.as_tensor(idx, dtype=_I64).reshape(-1)
+        if idx.numel() == 0:
+            return
+        if bool(((idx < 0) | (idx >= self.size)).any()):
+            raise DoubleFreeError(f"MambaPool.free: slot out of range 0..{self.size - 1}: {idx.tolist()}")
+        if bool(self._is_free[idx].any()) or len(torch.unique(idx)) != len(idx):
+            raise DoubleFreeError(f"MambaPool.free: double free of state slot(s) {idx.tolist()}")
+        self._is_free[idx] = True
+        self.free_slots.extend(idx.tolist())
+
+    def copy_from(self, src: Any, dst: Any) -> None:
+        """Copy states (copy-on-write of a matched state into a request's own slot)."""
+        self.conv_state[dst] = self.conv_state[src]
+        self.ssm_state[dst] = self.ssm_state[src]
+
+    def check_invariants(self) -> None:
+        if len(set(self.free_slots)) != len(self.free_slots):
+            raise InvariantError("MambaPool: a slot is on the free list twice")
+        if int(self._is_free.sum()) != len(self.free_slots) or not bool(self._is_free[self.free_slots].all()):
+            raise InvariantError("MambaPool: free list and free mask disagree")
+        if self.available_size() + self.used_size() != self.size:
+            raise InvariantError("MambaPool: free + used != size")
+
+
+class MambaInsertResult(NamedTuple):
+    """``prefix_len``: KV tokens already cached (caller frees its duplicates);
+    ``mamba_exist``: the final node already had a state, so the caller must free its own."""
+
+    prefix_len: int
+    last_node: HybridTreeNode
+    mamba_exist: bool
+
+
+@dataclass(frozen=True)
+class MambaEvictParams(EvictParams):
+    """``EvictParams`` with SGLang's ``mamba_num`` (states to free)."""
+
+    mamba_num: int = 0
+
+
+class MambaRadixCache(_HybridTreeBase):
+    """SGLang's ``MambaRadixCache`` over a standard KV allocator and a :class:`MambaPool`.
+
+    Sizes: ``full_*`` in KV tokens by full lock; ``mamba_*`` in states by mamba lock.
+    """
+
+    def __init__(self, token_to_kv_pool_allocator: Any, mamba_pool: MambaPool, page_size: int = 1,
+                 req_to_token_pool: Any = None):
+        if not isinstance(mamba_pool, MambaPool):
+            raise TypeError(f"MambaRadixCache needs a MambaPool, got {type(mamba_pool).__name__}")
+        self.mamba_pool = mamba_pool
+        super().__init__(token_to_kv_pool_allocator, page_size, req_to_token_pool)
+
+    def reset(self) -> None:
+        super().reset()
+        self.mamba_evictable_size_ = 0
+        self.mamba_protected_size_ = 0
+
+    def _split_extra(self, upper, child) -> None:
+        upper.mamba_value = None  # no snapshot exists at the split point
+        upper.mamba_lock_ref = 0  # the mamba lock stays on the node that has the state
+
+    def _node_note(self, node) -> str:
+        if node is self.root_node:
+            return ""
+        return f" mamba={node.mamba_value} mr={node.mamba_lock_ref}"
+
+    # -- match / insert -------------------------------------------------------------------------
+    def match_prefix(self, key: Any) -> MatchResult:
+        """Deepest matched node with a recurrent state (``_match_prefix_helper``; the root counts:
+        the empty prefix). The walk splits like RadixCache; the full LRU is refreshed along the
+        path to that node, the mamba LRU only for that node's state (``_match_post_processor``)."""
+        key = _as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if self.disable or n == 0:
+            return MatchResult(self._empty, self.root_node, 0)
+        path = self._walk(key, n)
+        best, best_len, matched = self.root_node, 0, 0
+        for node in path:
+            matched += len(node.key)
+            if node.mamba_value is not None:
+                best, best_len = node, matched
+        self._touch_path(best)
+        if best is not self.root_node:
+            best.mamba_last_access_time = self.clock.tick()
+        return MatchResult(self.path_device_indices(best), best, best_len)
+
+    def insert(self, key: Any, value: Any, mamba_value: int, prev_prefix_len: int = 0) -> MambaInsertResult:
+        """Cache ``key`` with KV ``value`` and the state slot ``mamba_value`` (the state after the
+        key's last token); ``_insert_helper``. As in SGLang, the tree frees the caller's
+        duplicate KV itself (matched tokens past ``prev_prefix_len``). The tree takes the state
+        slot unless the final node already has one (``mamba_exist``: the caller frees its slot)."""
+        key, value, n = self._prep_value(key, value)
+        if n == 0:
+            raise ValueError("MambaRadixCache.insert: empty (page-aligned) key")
+        mamba_value = int(mamba_value)
+        if mamba_value < 0 or mamba_value >= self.mamba_pool.size or bool(self.mamba_pool._is_free[mamba_value]):
+            raise ValueError(f"MambaRadixCache.insert: state slot {mamba_value} is not allocated in the MambaPool")
+        alloc = self.token_to_kv_pool_allocator
+        path = self._walk(key, n, touch=True)
+        off = 0
+        for x in path:
+            ln = len(x.key)
+            x.hit_count += 1
+            if prev_prefix_len < off + ln:
+                alloc.free(value[off + max(0, prev_prefix_len - off) : off + ln])
+            off += ln
+        if off < n:
+            parent = path[-1] if path else self.root_node
+            last = self._new_node(key[off:n], value[off:n].clone(), parent)
+            parent.children[self._child_key(last.key)] = last
+            self.full_evictable_size_ += n - off
+        else:
+            last = path[-1]
+            self._touch(last)
+        exist = last.mamba_value is not None
+        if not exist:
+            last.mamba_value = mamba_value
+            last.mamba_last_access_time = self.clock.tick()
+            if last.mamba_lock_ref:
+                self.mamba_protected_size_ += 1
+            else:
+                self.mamba_evictable_size_ += 1
+        return MambaInsertResult(off, last, exist)
+
+    # -- locks ----------------------------------------------------------------------------------
+    def inc_lock_ref(self, node: HybridTreeNode) -> int:
+        """Full lock to the root; mamba lock on ``node`` (its state must exist)."""
+        if node is self.root_node:
+            return 0
+        self._check_member(node, "inc_lock_ref")
+        if node.mamba_value is None:
+            raise LockRefError(f"inc_lock_ref: {node!r} has no mamba state (match ends at a node with one)")
+        delta = self._full_lock(node)
+        if node.mamba_lock_ref == 0:
+            self.mamba_evictable_size_ -= 1
+            self.mamba_protected_size_ += 1
+        node.mamba_lock_ref += 1
+        return delta
+
+    def dec_lock_ref(self, node: HybridTreeNode) -> int:
+        if node is self.root_node:
+            return 0
+        self._check_member(node, "dec_lock_ref")
+        if node.mamba_lock_ref <= 0:
+            raise LockRefError(f"dec_lock_ref: {node!r} has no mamba lock (unlocked twice, or never locked)")
+        delta = self._full_unlock(node)
+        node.mamba_lock_ref -= 1
+        if node.mamba_lock_ref == 0:
+            self.mamba_evictable_size_ += 1
+            self.mamba_protected_size_ -= 1
+        return delta
+
+    # -- eviction -------------------------------------------------------------------------------
+    def _free_state(self, node: HybridTreeNode) -> int:
+        if node.mamba_value is None:
+            return 0
+        self.mamba_pool.free([node.mamba_value])
+        node.mamba_value = None
+        self.mamba_evictable_size_ -= 1
+        return 1
+
+    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
+        """Delete an unlocked leaf (KV + state), then tombstone ancestors left as unlocked
+        childless nodes (a leaf without a state can never be hit). Returns (tokens, states)."""
+        tokens = states = 0
+        while True:
+            parent = node.parent
+            self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
+            tokens += len(node.key)
+            self.full_evictable_size_ -= len(node.key)
+            states += self._free_state(node)
+            del parent.children[self._child_key(node.key)]
+            node.value = None
+            if parent is self.root_node or parent.children or parent.lock_ref or parent.mamba_value is not None:
+                return tokens, states
+            node = parent
+
+    def evict(self, params: EvictParams | int, mamba_num: int = 0) -> HybridEvictResult:
+        """``evict_full(num_tokens)`` then ``evict_mamba(mamba_num)`` (see module doc).
+
+        As in SGLang, the mamba pass counts only its own frees: states freed by the full pass (every
+        deleted leaf takes its state along) do not reduce ``mamba_num``. ``mamba_num_evicted`` in
+        the result counts both passes."""
+        if isinstance(params, int):
+            params = MambaEvictParams(num_tokens=params, mamba_num=mamba_num)
+        want_states = max(mamba_num, getattr(params, "mamba_num", 0))
+        if self.disable:
+            return HybridEvictResult()
+        tokens = full_pass_states = 0
+        while tokens < params.num_tokens:
+            leaves = self._leaf_candidates()
+            if not leaves:
+                break
+            t, s = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
+            tokens, full_pass_states = tokens + t, full_pass_states + s
+        states = 0
+        while states < want_states:
+            cands = [x for x in self._nodes() if x.mamba_value is not None and x.mamba_lock_ref == 0]
+            if not cands:
+                break
+            x = min(cands, key=lambda x: (x.mamba_last_access_time, x.id))
+            if not x.children and x.lock_ref == 0:
+                t, s = self._delete_node(x)
+                tokens, states = tokens + t, states + s
+            else:  # internal node: it keeps its KV and becomes a mamba tombstone
+                states += self._free_state(x)
+        res = EvictResult.of(params.num_tokens, params.num_tokens, tokens)
+        return HybridEvictResult(**res.__dict__, mamba_shortfall=want_states,
+                                 mamba_num_evicted=full_pass_states + states)
+
+    # -- sizes / invariants ---------------------------------------------------------------------
+    def mamba_evictable_size(self) -> int:
+        return self.mamba_evictable_size_
+
+    def mamba_protected_size(self) -> int:
+        return self.mamba_protected_size_
+
+    def mamba_total_size(self) -> int:
+        return self.mamba_evictable_size_ + self.mamba_protected_size_
+
+    def check_invariants(self) -> None:
+        """Tree shape and full counters, plus: every leaf has a state; mamba_lock_ref in
+        [0, lock_ref] and 0 on nodes without a state; states unique and allocated in the pool;
+        mamba counters match."""
+        nodes = self._check_tree_shape()
+        ev = pr = 0
+        slots = []
+        for x in nodes:
+            if not x.children and x.mamba_value is None:
+                raise InvariantError(f"MambaRadixCache: leaf {x!r} has no mamba state")
+            if x.mamba_lock_ref < 0 or x.mamba_lock_ref > x.lock_ref:
+                raise InvariantError(f"MambaRadixCache: {x!r} mamba_lock_ref {x.mamba_lock_ref} outside [0, lock_ref]")
+            if x.mamba_value is None:
+                if x.mamba_lock_ref:
+                    raise InvariantError(f"MambaRadixCache: {x!r} is mamba-locked without a state")
+                continue
+            slots.append(x.mamba_value)
+            if x.mamba_lock_ref:
+                pr += 1
+            else:
+                ev += 1
+        if len(set(slots)) != len(slots):
+            raise InvariantError("MambaRadixCache: a state slot is held by two nodes")
+        if slots and bool(self.mamba_pool._is_free[torch.tensor(slots)].any()):
+            raise InvariantError("MambaRadixCache: a cached state slot is free in the MambaPool")
+        if (ev, pr) != (self.mamba_evictable_size_, self.mamba_protected_size_):
+            raise InvariantError(f"MambaRadixCache: mamba counters {self.mamba_evictable_size_}/{self.mamba_protected_size_}, tree has {ev}/{pr}")

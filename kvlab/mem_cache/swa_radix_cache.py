@@ -1,0 +1,589 @@
+"""Prefix cache for hybrid sliding-window models (SGLang 0.5.16 ``mem_cache/swa_radix_cache.py``;
+0.5.23 folds the same semantics into ``UnifiedRadixCache``'s SWA component).
+
+A model with full-attention layers and sliding-window (SWA) layers keeps two KV pools
+(:class:`~kvlab.mem_cache.allocator.SWATokenToKVPoolAllocator`). Tree values are *full* slot
+indices; each maps to its SWA peer. SWA KV older than the window is never read again, so the SWA
+pool can drop it while the full pool keeps it: the node becomes an *SWA tombstone*.
+
+- A match is usable only up to the deepest node that has no tombstone on its path, or has at
+  least ``sliding_window_size`` un-tombstoned tokens since the last tombstone (the window the
+  SWA layers attend to must be present).
+- A lock takes the full lock to the root, and the SWA lock only over the last
+  ``sliding_window_size`` tokens (``swa_uuid`` marks where that lock stops, so a later split
+  cannot make the unlock walk stop in a different place).
+- ``evict(EvictParams(num_tokens, swa_num_tokens))``: first full LRU leaves (both sides freed),
+  then, if the SWA pool is still short, SWA LRU over unlocked un-tombstoned nodes: an internal
+  node is tombstoned (``free_swa``), a leaf is deleted. Tombstone leaves are deleted at once.
+
+Differs on purpose: LRU only (scans, not linked lists); insert does not re-fill a tombstoned
+node's SWA KV (the caller's duplicate slots are freed, the tombstone stays until evicted).
+"""
+
+from __future__ import annotations
+
+import itertools
+from array import array
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, NamedTuple, Optional
+
+import torch
+
+from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
+from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
+from kvlab.mem_cache.memory_pool import InvariantError
+from kvlab.mem_cache.radix_cache import LockRefError, LogicalClock, MatchResult, _as_tokens, _common_len
+from kvlab.units import align_down
+
+_I64 = torch.int64
+
+
+@dataclass(frozen=True)
+class HybridEvictResult(EvictResult):
+    """:class:`EvictResult` plus what the second pool gave back.
+
+    ``swa_evicted_tokens``: SWA slots freed (tombstones and deleted nodes); ``mamba_*``: recurrent
+    states asked for / freed (Mamba cache)."""
+
+    swa_evicted_tokens: int = 0
+    mamba_shortfall: int = 0
+    mamba_num_evicted: int = 0
+
+
+class HybridTreeNode:
+    """A tree edge with the attributes ``tree_view.tree_frame`` reads (``id``, ``key``,
+    ``children``, ``parent``, ``lock_ref``, ``last_access_time``, ``hit_count``) plus the second
+    component's state (``swa_tombstone`` / ``swa_lock_ref`` / ``swa_uuid``, or ``mamba_value`` /
+    ``mamba_lock_ref``)."""
+
+    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
+                 "hit_count", "priority", "id", "swa_tombstone", "swa_lock_ref", "swa_uuid",
+                 "mamba_value", "mamba_lock_ref", "mamba_last_access_time", "swa_last_access_time")
+
+    def __init__(self, key: array, value: Optional[torch.Tensor], parent, now: int, node_id: int):
+        self.children: dict[Any, HybridTreeNode] = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.lock_ref = 0
+        self.last_access_time = now
+        self.creation_time = now
+        self.hit_count = 0
+        self.priority = 0
+        self.id = node_id
+        self.swa_tombstone = False
+        self.swa_lock_ref = 0
+        self.swa_uuid: Optional[int] = None
+        self.mamba_value: Optional[int] = None
+        self.mamba_lock_ref = 0
+        self.mamba_last_access_time = now
+        self.swa_last_access_time = now
+
+    @property
+    def evicted(self) -> bool:
+        return self.value is None
+
+    def __repr__(self) -> str:
+        head = list(self.key[:6])
+        return f"{type(self).__name__}(id={self.id}, key={head}{'...' if len(self.key) > 6 else ''} ({len(self.key)}), lock_ref={self.lock_ref})"
+
+
+class SWATreeLock(NamedTuple):
+    node: HybridTreeNode
+    swa_uuid: Optional[int]
+
+
+class _HybridTreeBase:
+    """Shared tree mechanics (walk, split, insert skeleton, full locks, sizes, printing)."""
+
+    def __init__(self, token_to_kv_pool_allocator: Any, page_size: int, req_to_token_pool: Any = None):
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        alloc_ps = getattr(token_to_kv_pool_allocator, "page_size", page_size)
+        if alloc_ps != page_size:
+            raise ValueError(f"{type(self).__name__} page_size {page_size} does not fit the allocator's page_size {alloc_ps}")
+        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.req_to_token_pool = req_to_token_pool
+        self.page_size = page_size
+        self.disable = False
+        self.reset()
+
+    def reset(self) -> None:
+        self.clock = LogicalClock()
+        self._ids = itertools.count()
+        self.root_node = HybridTreeNode(array("q"), torch.empty(0, dtype=_I64), None, self.clock.tick(), next(self._ids))
+        self.root_node.lock_ref = 1
+        self.full_evictable_size_ = 0
+        self.full_protected_size_ = 0
+        self._empty = torch.empty(0, dtype=_I64)
+
+    def _new_node(self, key, value, parent) -> HybridTreeNode:
+        return HybridTreeNode(key, value, parent, self.clock.tick(), next(self._ids))
+
+    def _child_key(self, key: array, off: int = 0):
+        return key[off] if self.page_size == 1 else tuple(key[off : off + self.page_size])
+
+    def _nodes(self) -> Iterable[HybridTreeNode]:
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # -- walk / split ---------------------------------------------------------------------------
+    # Recency: SGLang keeps doubly-linked LRU lists; "move to MRU" is one logical-clock tick here,
+    # so the LRU order is the order of last ticks. A path touch ticks root-side first, so a child
+    # is more recent than its parent (SGLang's ``reset_node_and_parents_mru``).
+    def _touch(self, node: HybridTreeNode) -> None:
+        """``reset_node_mru``: the full list, plus the component's list (see subclasses)."""
+        node.last_access_time = self.clock.tick()
+
+    def _touch_path(self, node: HybridTreeNode) -> None:
+        """``reset_node_and_parents_mru(node)`` on the full list: root-side first."""
+        path = []
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        for x in reversed(path):
+            x.last_access_time = self.clock.tick()
+
+    def _walk(self, key: array, n: int, touch: bool = False) -> list[HybridTreeNode]:
+        """Nodes matched along ``key[:n]``, splitting where the match ends inside an edge.
+        ``touch``: insert's walk, which moves each node to MRU as it passes (before a split)."""
+        node = self.root_node
+        path = []
+        off, ps = 0, self.page_size
+        while off < n:
+            child = node.children.get(self._child_key(key, off))
+            if child is None:
+                break
+            if touch:
+                self._touch(child)
+            end = off + len(child.key)
+            if end <= n and child.key == key[off:end]:
+                path.append(child)
+                node = child
+                off = end
+                continue
+            m = align_down(_common_len(child.key, key, off, n), ps)
+            if m:
+                path.append(self._split_node(child, m))
+            break
+        return path
+
+    def _split_node(self, child: HybridTreeNode, split_len: int) -> HybridTreeNode:
+        """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]``; both re-enter the LRU
+        as most recent, the lower piece after the upper (SGLang's ``_split_node``)."""
+        parent = child.parent
+        ck = self._child_key(child.key)
+        upper = self._new_node(child.key[:split_len], child.value[:split_len].clone(), parent)
+        upper.hit_count = child.hit_count
+        upper.lock_ref = child.lock_ref
+        self._split_extra(upper, child)
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:].clone()
+        child.parent = upper
+        upper.children[self._child_key(child.key)] = child
+        parent.children[ck] = upper
+        self._split_times(upper, child)
+        return upper
+
+    def _split_times(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
+        upper.last_access_time = self.clock.tick()
+        child.last_access_time = self.clock.tick()
+
+    def _split_extra(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
+        pass
+
+    def _prep_value(self, key: array, value: Any) -> tuple[array, torch.Tensor, int]:
+        key = _as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value, dtype=_I64)
+        value = value.to(_I64)
+        if len(value) < n:
+            raise ValueError(f"insert: {len(value)} values for a key of {n} (page-aligned) tokens")
+        return key, value, n
+
+    # -- full locks -----------------------------------------------------------------------------
+    def _check_member(self, node: HybridTreeNode, what: str) -> None:
+        if node.value is None:
+            raise LockRefError(f"{what}: {node!r} was evicted")
+        x = node
+        while x.parent is not None:
+            x = x.parent
+        if x is not self.root_node:
+            raise LockRefError(f"{what}: {node!r} belongs to another tree")
+
+    def _full_lock(self, node: HybridTreeNode) -> int:
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self.full_evictable_size_ -= len(node.key)
+                self.full_protected_size_ += len(node.key)
+                delta -= len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+        return delta
+
+    def _full_unlock(self, node: HybridTreeNode) -> int:
+        if node.lock_ref <= 0:
+            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref <= 0:
+                raise LockRefError(f"dec_lock_ref: ancestor {node!r} is not locked")
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self.full_evictable_size_ += len(node.key)
+                self.full_protected_size_ -= len(node.key)
+                delta += len(node.key)
+            node = node.parent
+        return delta
+
+    # -- sizes ----------------------------------------------------------------------------------
+    def full_evictable_size(self) -> int:
+        return self.full_evictable_size_
+
+    def full_protected_size(self) -> int:
+        return self.full_protected_size_
+
+    def evictable_size(self) -> int:
+        """Full-pool evictable tokens (what SGLang's PrefillAdder reads for hybrid trees)."""
+        return self.full_evictable_size_
+
+    def protected_size(self) -> int:
+        return self.full_protected_size_
+
+    def total_size(self) -> int:
+        return self.full_evictable_size_ + self.full_protected_size_
+
+    def path_device_indices(self, node: HybridTreeNode) -> torch.Tensor:
+        values = []
+        while node is not self.root_node:
+            values.append(node.value)
+            node = node.parent
+        return torch.cat(values[::-1]) if values else self._empty
+
+    def _leaf_candidates(self) -> list[HybridTreeNode]:
+        return [n for n in self._nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
+
+    def _node_note(self, node: HybridTreeNode) -> str:
+        return ""
+
+    def pretty_print(self) -> str:
+        """One node a line: ``len [first tokens] r=lock_ref`` plus the component's marks; returned."""
+        lines = []
+
+        def walk(node, depth):
+            head = list(node.key[:10])
+            lines.append(f"{'  ' * depth}{len(node.key)} {head}{' ...' if len(node.key) > 10 else ''} "
+                         f"r={node.lock_ref}{self._node_note(node)}")
+            for ck in sorted(node.children):
+                walk(node.children[ck], depth + 1)
+
+        walk(self.root_node, 0)
+        lines.append(f"#tokens: {self.total_size()}")
+        return "\n".join(lines)
+
+    def _check_tree_shape(self) -> list[HybridTreeNode]:
+        name = type(self).__name__
+        root, ps = self.root_node, self.page_size
+        if root.lock_ref != 1 or len(root.key) or root.parent is not None:
+            raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent")
+        ev = pr = 0
+        nodes = []
+        for node in self._nodes():
+            child_locks = 0
+            for ck, child in node.children.items():
+                if child.parent is not node:
+                    raise InvariantError(f"{name}: {child!r} has the wrong parent")
+                if ck != self._child_key(child.key):
+                    raise InvariantError(f"{name}: {child!r} is filed under key {ck!r}")
+                child_locks += child.lock_ref
+            if node is root:
+                continue
+            nodes.append(node)
+            if node.value is None or len(node.value) != len(node.key) or not len(node.key) or len(node.key) % ps:
+                raise InvariantError(f"{name}: {node!r} has a bad value or a key that is not whole pages")
+            if node.lock_ref < 0 or node.lock_ref < child_locks:
+                raise InvariantError(f"{name}: {node!r} lock_ref {node.lock_ref} < children's {child_locks}")
+            if node.lock_ref:
+                pr += len(node.key)
+            else:
+                ev += len(node.key)
+        if (ev, pr) != (self.full_evictable_size_, self.full_protected_size_):
+            raise InvariantError(f"{name}: full counters evictable={self.full_evictable_size_} protected="
+                                 f"{self.full_protected_size_}, tree has {ev}/{pr}")
+        if nodes:
+            flat = torch.cat([n.value for n in nodes])
+            if len(torch.unique(flat)) != len(flat):
+                raise InvariantError(f"{name}: a KV slot is cached in two nodes")
+            alloc = self.token_to_kv_pool_allocator
+            if alloc is not None and not alloc.all_allocated(flat):
+                raise InvariantError(f"{name}: a cached KV slot is free in the allocator")
+        return nodes
+
+
+class SWARadixCache(_HybridTreeBase):
+    """SGLang's ``SWARadixCache`` over an :class:`SWATokenToKVPoolAllocator` (see module doc).
+
+    Sizes: ``full_*`` count tokens by full lock; ``swa_*`` count un-tombstoned tokens by SWA lock.
+    """
+
+    def __init__(self, token_to_kv_pool_allocator: SWATokenToKVPoolAllocator, sliding_window_size: int,
+                 page_size: int = 1, req_to_token_pool: Any = None):
+        if not isinstance(token_to_kv_pool_allocator, SWATokenToKVPoolAllocator):
+            raise TypeError(f"SWARadixCache needs an SWATokenToKVPoolAllocator, got {type(token_to_kv_pool_allocator).__name__}")
+        if sliding_window_size < 1:
+            raise ValueError(f"sliding_window_size must be >= 1, got {sliding_window_size}")
+        self.sliding_window_size = sliding_window_size
+        super().__init__(token_to_kv_pool_allocator, page_size, req_to_token_pool)
+
+    def reset(self) -> None:
+        super().reset()
+        self.swa_evictable_size_ = 0
+        self.swa_protected_size_ = 0
+        self._uuids = itertools.count(1)
+
+    def _split_extra(self, upper, child) -> None:
+        upper.swa_tombstone = child.swa_tombstone
+        upper.swa_lock_ref = child.swa_lock_ref
+        upper.swa_uuid, child.swa_uuid = child.swa_uuid, None  # the lock boundary is the topmost piece
+
+    def _node_note(self, node) -> str:
+        if node is self.root_node:
+            return ""
+        return f" swa_r={node.swa_lock_ref}" + (" tombstone" if node.swa_tombstone else "")
+
+    # -- recency (the SWA list holds only un-tombstoned nodes) -----------------------------------
+    def _touch(self, node) -> None:
+        node.last_access_time = self.clock.tick()
+        if not node.swa_tombstone:
+            node.swa_last_access_time = node.last_access_time
+
+    def _touch_path(self, node) -> None:
+        path = []
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        for x in reversed(path):
+            self._touch(x)
+
+    def _split_times(self, upper, child) -> None:
+        self._touch(upper)
+        self._touch(child)
+
+    # -- match / insert -------------------------------------------------------------------------
+    def match_prefix(self, key: Any) -> MatchResult:
+        """Longest cached prefix usable by the SWA layers (``_match_prefix_helper``): the deepest
+        matched node that is either reached without crossing a tombstone, or has at least
+        ``sliding_window_size`` un-tombstoned tokens since the last tombstone. The whole walk
+        splits like RadixCache; only the path to that node is refreshed
+        (``_match_post_processor``)."""
+        key = _as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if self.disable or n == 0:
+            return MatchResult(self._empty, self.root_node, 0)
+        path = self._walk(key, n)
+        best, best_len = self.root_node, 0
+        matched, since = 0, float("inf")  # no tombstone seen yet: any prefix is usable
+        for node in path:
+            matched += len(node.key)
+            since = 0 if node.swa_tombstone else since + len(node.key)
+            if since >= self.sliding_window_size:
+                best, best_len = node, matched
+        self._touch_path(best)
+        return MatchResult(self.path_device_indices(best), best, best_len)
+
+    def insert(self, key: Any, value: Any, prev_prefix_len: int = 0) -> int:
+        """Cache ``key`` with full slots ``value`` (each already paired with an SWA slot); returns
+        the length that was already cached (``_insert_helper``).
+
+        Unlike RadixCache, the tree frees the caller's duplicates itself: for every matched
+        token past ``prev_prefix_len`` (what the caller got from the tree), the caller's slot is
+        freed, or, where the tree's node is an SWA tombstone, the node adopts the caller's slots
+        (its old full slots are freed, or, if a running request still holds them, re-paired with
+        the caller's SWA slots) and stops being a tombstone (SGLang's branch 1; kvlab does not
+        track a request's own sliding-window frees, ``swa_evicted_seqlen`` is 0)."""
+        key, value, n = self._prep_value(key, value)
+        if self.disable or n == 0:
+            return 0
+        alloc = self.token_to_kv_pool_allocator
+        path = self._walk(key, n, touch=True)
+        off = 0
+        for x in path:
+            ln = len(x.key)
+            x.hit_count += 1
+            if prev_prefix_len < off + ln:
+                start = max(0, prev_prefix_len - off)
+                mine = value[off : off + ln]
+                if x.swa_tombstone and start == 0:
+                    self._recover_tombstone(x, mine.clone())
+                else:
+                    alloc.free(mine[start:])
+            off += ln
+        if off < n:
+            parent = path[-1] if path else self.root_node
+            leaf = self._new_node(key[off:n], value[off:n].clone(), parent)
+            parent.children[self._child_key(leaf.key)] = leaf
+            self.full_evictable_size_ += n - off
+            self.swa_evictable_size_ += n - off
+        return off
+
+    def _recover_tombstone(self, x: HybridTreeNode, mine: torch.Tensor) -> None:
+        alloc = self.token_to_kv_pool_allocator
+        if x.lock_ref > 0:  # _recover_tombstone_keeping_locked_full
+            alloc.full_to_swa_index_mapping[x.value] = alloc.full_to_swa_index_mapping[mine]
+            alloc.full_to_swa_index_mapping[mine] = 0
+            alloc.free_full(mine)
+        else:
+            alloc.free_full(x.value)
+            x.value = mine
+        x.swa_tombstone = False
+        x.swa_last_access_time = self.clock.tick()
+        self.swa_evictable_size_ += len(x.key)
+
+    # -- locks ----------------------------------------------------------------------------------
+    def inc_lock_ref(self, node: HybridTreeNode) -> Optional[int]:
+        """Full lock to the root, SWA lock over the last window. Returns the ``swa_uuid`` to pass
+        to :meth:`dec_lock_ref` (None: the SWA lock reached the root)."""
+        if node is self.root_node:
+            return None
+        self._check_member(node, "inc_lock_ref")
+        self._full_lock(node)
+        acc, x, uuid = 0, node, None
+        while x is not self.root_node:
+            if x.swa_tombstone:
+                raise LockRefError(f"inc_lock_ref: {x!r} inside the window is an SWA tombstone (match ends above it)")
+            if x.swa_lock_ref == 0:
+                self.swa_evictable_size_ -= len(x.key)
+                self.swa_protected_size_ += len(x.key)
+            x.swa_lock_ref += 1
+            acc += len(x.key)
+            if acc >= self.sliding_window_size:
+                if x.swa_uuid is None:
+                    x.swa_uuid = next(self._uuids)
+                uuid = x.swa_uuid
+                break
+            x = x.parent
+        return uuid
+
+    def dec_lock_ref(self, node: HybridTreeNode, swa_uuid: Optional[int] = None) -> None:
+        if node is self.root_node:
+            return
+        self._check_member(node, "dec_lock_ref")
+        self._full_unlock(node)
+        x = node
+        while x is not self.root_node:
+            if x.swa_lock_ref <= 0:
+                raise LockRefError(f"dec_lock_ref: {x!r} has no SWA lock (wrong swa_uuid?)")
+            x.swa_lock_ref -= 1
+            if x.swa_lock_ref == 0:
+                self.swa_evictable_size_ += len(x.key)
+                self.swa_protected_size_ -= len(x.key)
+            if swa_uuid is not None and x.swa_uuid == swa_uuid:
+                break
+            x = x.parent
+
+    def lock(self, node: HybridTreeNode) -> SWATreeLock:
+        return SWATreeLock(node, self.inc_lock_ref(node))
+
+    def unlock(self, lock: SWATreeLock) -> None:
+        self.dec_lock_ref(lock.node, lock.swa_uuid)
+
+    # -- eviction -------------------------------------------------------------------------------
+    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
+        """Free a childless unlocked node (both sides, or full only if tombstoned) and delete it,
+        then delete tombstone ancestors that became unlocked leaves. Returns (full, swa) freed."""
+        full = swa = 0
+        alloc = self.token_to_kv_pool_allocator
+        while True:
+            parent = node.parent
+            if node.swa_tombstone:
+                alloc.free_full(node.value)
+            else:
+                alloc.free(node.value)
+                swa += len(node.key)
+                self.swa_evictable_size_ -= len(node.key)
+            full += len(node.key)
+            self.full_evictable_size_ -= len(node.key)
+            del parent.children[self._child_key(node.key)]
+            node.value = None
+            if parent is self.root_node or parent.children or parent.lock_ref or not parent.swa_tombstone:
+                return full, swa
+            node = parent
+
+    def evict(self, params: EvictParams | int) -> HybridEvictResult:
+        """``SWARadixCache.evict``: full LRU leaves (both sides freed, tombstone ancestors left
+        childless deleted too) until ``num_tokens`` full slots are freed; then, while fewer than
+        ``swa_num_tokens`` SWA slots were freed, SWA LRU over unlocked un-tombstoned nodes: an
+        internal node is tombstoned (``free_swa``), a leaf is deleted.
+
+        The result counts what was really freed; SGLang's own ``num_tokens_evicted`` leaves out the
+        tombstone ancestors deleted during the SWA pass."""
+        if isinstance(params, int):
+            params = EvictParams(num_tokens=params)
+        full = swa = 0
+        if self.disable:
+            return HybridEvictResult()
+        while full < params.num_tokens:
+            leaves = self._leaf_candidates()
+            if not leaves:
+                break
+            f, s = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
+            full, swa = full + f, swa + s
+        while swa < params.swa_num_tokens:
+            cands = [x for x in self._nodes()
+                     if x is not self.root_node and not x.swa_tombstone and x.swa_lock_ref == 0]
+            if not cands:
+                break
+            x = min(cands, key=lambda x: (x.swa_last_access_time, x.id))
+            if not x.children and x.lock_ref == 0:
+                f, s = self._delete_node(x)
+                full, swa = full + f, swa + s
+            else:  # internal node (or a leaf whose full KV a request still holds)
+                self.token_to_kv_pool_allocator.free_swa(x.value)
+                x.swa_tombstone = True
+                self.swa_evictable_size_ -= len(x.key)
+                swa += len(x.key)
+        res = EvictResult.of(params.num_tokens, params.num_tokens, full, params.swa_num_tokens,
+                             params.swa_num_tokens)
+        return HybridEvictResult(**res.__dict__, swa_evicted_tokens=swa)
+
+    # -- sizes / invariants ---------------------------------------------------------------------
+    def swa_evictable_size(self) -> int:
+        return self.swa_evictable_size_
+
+    def swa_protected_size(self) -> int:
+        return self.swa_protected_size_
+
+    def swa_total_size(self) -> int:
+        return self.swa_evictable_size_ + self.swa_protected_size_
+
+    def check_invariants(self) -> None:
+        """Tree shape and full counters (see the base), plus: no tombstone leaf; swa counters
+        match the un-tombstoned tokens; swa_lock_ref in [0, lock_ref]; every un-tombstoned value has
+        an SWA peer and every tombstoned one has none."""
+        nodes = self._check_tree_shape()
+        ev = pr = 0
+        m = self.token_to_kv_pool_allocator.full_to_swa_index_mapping
+        for x in nodes:
+            if x.swa_lock_ref < 0 or x.swa_lock_ref > x.lock_ref:
+                raise InvariantError(f"SWARadixCache: {x!r} swa_lock_ref {x.swa_lock_ref} outside [0, lock_ref]")
+            if x.swa_tombstone:
+                if not x.children:
+                    raise InvariantError(f"SWARadixCache: {x!r} is a tombstone leaf")
+                if x.swa_lock_ref:
+                    raise InvariantError(f"SWARadixCache: {x!r} is a tombstone under an SWA lock")
+                if bool((m[x.value] != 0).any()):
+                    raise InvariantError(f"SWARadixCache: tombstone {x!r} still maps to SWA slots")
+                continue
+            if bool((m[x.value] <= 0).any()):
+                raise InvariantError(f"SWARadixCache: {x!r} lost an SWA peer without being tombstoned")
+            if x.swa_lock_ref:
+                pr += len(x.key)
+            else:
+                ev += len(x.key)
+        if (ev, pr) != (self.swa_evictable_size_, self.swa_protected_size_):
+            raise InvariantError(f"SWARadixCache: swa counters {self.swa_evictable_size_}/{self.swa_protected_size_}, tree has {ev}/{pr}")

@@ -1,0 +1,103 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Hybrid caches: sliding-window pools and recurrent states
+#
+# Hybrid models mix full-attention layers with layers that keep less per token:
+#
+# - **Sliding-window attention (SWA)** layers read only the last `sliding_window_size` tokens. SGLang keeps two KV
+#   pools (`SWATokenToKVPoolAllocator`) and a `SWARadixCache` whose nodes can lose their SWA KV but keep their full
+#   KV: an *SWA tombstone*.
+# - **Mamba / linear-attention** layers keep one fixed-size recurrent state per sequence. `MambaRadixCache` stores a
+#   state slot next to a node's KV indices. A state summarises the *whole* prefix, so a prefix can be resumed only
+#   where a snapshot exists.
+#
+# Both trees here are kvlab's (`kvlab.mem_cache`), checked op for op against SGLang 0.5.16's own classes
+# (`tests/mem_cache/test_hybrid_differential.py`).
+
+# %%
+from kvlab.experiments import hybrid_caches
+from kvlab.labs import Solution
+from kvlab.viz import hybrid_plots
+
+# %% [markdown]
+# ## 1 · SWA: one shortfall per pool
+# Three running requests share a 12-token prefix. Each holds the full lock on its whole path but the SWA lock only
+# over the last window (4 tokens, its own tail). Another allocation needs 12 slots: the full pool has room, the
+# smaller SWA pool does not. `evict_from_tree_cache` computes a shortfall **per pool** — in every SGLang version,
+# this arm was never buggy — and the tree frees SWA KV only: it tombstones the shared prefix, whose full KV the
+# running requests still need.
+
+# %%
+cache, event = hybrid_caches.swa_walkthrough()
+print(f"need {event.need_tokens}: full available {event.full_available} -> shortfall {event.full_shortfall}; "
+      f"SWA available {event.swa_available} -> shortfall {event.swa_shortfall}")
+print(f"freed: full {event.full_evicted}, SWA {event.swa_evicted}; tombstones: {event.tombstones}")
+print(event.pretty_after)
+
+# %%
+hybrid_plots.swa_pool_bars(event)
+
+# %% [markdown]
+# After the requests finish, a new request with the same prefix can only reuse it if the SWA layers have their
+# window: the match stops before the tombstone unless `sliding_window_size` un-tombstoned tokens follow it.
+
+# %%
+m = cache.match_prefix(list(cache.root_node.children.values())[0].key.tolist() + [100, 101, 102, 103, 104, 105])
+print("hit after the tombstone:", m.device_prefix_len, "tokens (18 cached; the 6-token tail >= window 4)")
+
+# %% [markdown]
+# ## 2 · Mamba: why over-eviction costs more
+# SGLang <= 0.5.16 asked the tree for the whole `num_tokens` whenever the pool was short (`mode="full"`); the fix
+# asks for the shortfall. On a plain radix tree an over-evicted leaf costs its own tokens. On a Mamba tree, states
+# are scarce (here 16 slots for 12 chat sessions), so inner turns lose their states first (tombstones); when a leaf
+# then goes, its tombstone ancestors become leaves and go too — the whole conversation must be re-prefilled,
+# because no snapshot remains to resume from.
+#
+# Same seeded multi-turn workload, same 1,200-token KV pool, both trees, both modes:
+
+# %%
+df = hybrid_caches.eviction_mode_comparison()
+df[["cache", "mode", "hit_rate", "hit_tokens", "prefill_tokens", "extra_prefill_tokens", "states_lost"]]
+
+# %%
+hybrid_plots.eviction_cost_bars(df)
+
+# %%
+radix_extra = int(df.query("cache == 'radix' and mode == 'full'")["extra_prefill_tokens"].iloc[0])
+mamba_extra = int(df.query("cache == 'mamba' and mode == 'full'")["extra_prefill_tokens"].iloc[0])
+print(f"full eviction recomputes {radix_extra} extra prefill tokens on the radix tree, {mamba_extra} on the Mamba tree")
+
+# %% [markdown]
+# ## 3 · Exercise: where may a Mamba hit resume?
+# `match_prefix` walks the tree as far as the KV matches. Write `resume_point(path)`: given the matched edges from
+# the root, `[(tokens_on_edge, has_state), ...]`, return how many tokens the request may reuse. (The stub returns
+# every matched KV token, the plain radix answer.) Then run `check`.
+
+# %%
+def resume_point(path):
+    return sum(tokens for tokens, _ in path)
+
+
+# %%
+hybrid_caches.check_resume_point(resume_point)
+
+# %%
+Solution("resume_point", hybrid_caches.RESUME_SOLUTION)
+
+# %% [markdown]
+# A radix tree widget for the Mamba cache (`kvlab/viz/tree_widget.py`) is being built separately; once it supports
+# the hybrid trees' extra fields, this notebook can show the tombstones live.

@@ -1,0 +1,40 @@
+"""kvlab.experiments.hybrid_caches: the SWA walkthrough, the eviction-mode comparison, the exercise check."""
+
+import pytest
+
+from kvlab.experiments import hybrid_caches as h
+
+
+def test_swa_walkthrough_frees_swa_only_by_tombstoning():
+    _, ev = h.swa_walkthrough()
+    assert ev.full_shortfall == 0 and ev.swa_shortfall > 0
+    assert ev.full_evicted == 0 and ev.swa_evicted >= ev.swa_shortfall and ev.tombstones == 1
+
+
+def test_full_eviction_costs_more_on_mamba_than_on_radix():
+    df = h.eviction_mode_comparison().set_index(["cache", "mode"])
+    radix = df.loc[("radix", "full"), "extra_prefill_tokens"]
+    mamba = df.loc[("mamba", "full"), "extra_prefill_tokens"]
+    assert mamba > radix >= 0
+    assert df.loc[("mamba", "full"), "hit_rate"] < df.loc[("mamba", "shortfall"), "hit_rate"]
+    assert (df["failed"] == 0).all() and df.loc[("mamba", "full"), "states_lost"] > 0
+
+
+def test_runs_keep_invariants_and_reject_bad_input():
+    seqs = h.multi_turn_workload(num_sessions=4, turns=3)
+    for kind in ("radix", "mamba"):
+        h.run_workload(kind, "full", seqs, pool_tokens=200, mamba_states=4, check=True)
+    with pytest.raises(ValueError, match="kind"):
+        h.run_workload("swa", "full", seqs)
+    with pytest.raises(ValueError, match="mode"):
+        h.run_workload("radix", "half", seqs)
+
+
+def test_resume_check_says_not_yet_for_the_stub_and_pass_for_the_solution():
+    stub = h.check_resume_point(lambda path: sum(t for t, _ in path))
+    assert not stub.ok and "NOT YET" in stub.text()
+    ns: dict = {}
+    exec(h.RESUME_SOLUTION, ns)
+    assert h.check_resume_point(ns["resume_point"]).ok
+    broken = h.check_resume_point(lambda path: 1 / 0)
+    assert not broken.ok and "ZeroDivisionError" in broken.text()
