@@ -113,3 +113,33 @@ if DEVICE.startswith("cuda"):
     display(pd.DataFrame({"without gc": gpu_no_gc.to_json(), "with gc": gpu_gc.to_json()}))
 else:
     print("no CUDA device here: the sections above ran on kvlab's model of the caching allocator")
+
+# %% [markdown]
+# ## 5 · Exercise: measure after collecting
+# `my_measure(devices)` is the reading SGLang sizes its pool from. It gets the tensor-parallel ranks (each has
+# `empty_cache()` and `mem_get_info()`, which returns `(free, total)` bytes) and returns the free bytes SGLang may
+# use: the minimum over the ranks. As given it is SGLang's reading **before** the fix. Change it so the pool comes
+# out right, then run the check below: it starts the `sglang-pr-4xh200` server with your function in place of
+# kvlab's reading. The weights, the loader's reference cycle and Python's garbage collector are all real; only
+# your function decides what is collected and emptied before the reading.
+
+# %%
+import gc
+
+
+def my_measure(devices):
+    for d in devices:
+        d.empty_cache()
+    return min(d.mem_get_info()[0] for d in devices)
+
+
+# %%
+from kvlab import exercises
+
+exercises.check_measure(my_measure)
+
+# %% [markdown]
+# The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
+
+# %%
+exercises.MEASURE_SOLUTION

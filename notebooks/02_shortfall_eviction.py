@@ -99,3 +99,39 @@ from kvlab.viz.widgets import ShortfallPanel
 
 panel = ShortfallPanel()
 panel.widget
+
+# %% [markdown]
+# ## 4 · Watch the tree as requests run
+# A small radix cache (4,096 KV slots) serving chat turns: eight conversations behind two system prompts, each
+# turn's prompt is its conversation so far. **next request** runs one turn (the running request's path is locked,
+# red); **pressure event** is a batch of other requests that needs 256 slots more than are free. Switch the
+# eviction to *full (bug)* and press **pressure event** again: the tree loses far more than 256 tokens.
+
+# %%
+from kvlab.viz.tree_widget import TreeDemoPanel
+
+tree_panel = TreeDemoPanel(start_requests=6, seed=0)
+tree_panel.widget
+
+# %% [markdown]
+# ## 5 · Exercise: evict only the shortfall
+# `my_shortfall(num_tokens, available)` says how many tokens to ask the radix tree for, when an allocation needs
+# `num_tokens` slots and `available` are free. As given it is SGLang 0.5.16's line. Fix it, then run the check:
+# it makes four allocations on a real `RadixCache` (the tree of section 1) evicting what your function asks for,
+# and compares the tokens evicted with SGLang ≥ 0.5.17.
+
+# %%
+def my_shortfall(num_tokens, available):
+    return num_tokens
+
+
+# %%
+from kvlab import exercises
+
+exercises.check_shortfall(my_shortfall)
+
+# %% [markdown]
+# The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
+
+# %%
+exercises.SHORTFALL_SOLUTION

@@ -12,8 +12,12 @@ how much memory then sits idle — the PR's "46.9 GB left idle".
 from __future__ import annotations
 
 import gc
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
+
+import torch
 
 from kvlab.device import get_devices
 from kvlab.device.base import Device
@@ -203,6 +207,19 @@ def _allocate_kv_pool(device: Device, config: ModelConfig, tokens: int, scenario
     return buffers
 
 
+def _as_reading(value: MemoryReading | int, ranks: list[Device]) -> MemoryReading:
+    """A custom measurement's result as a ``MemoryReading`` (an int is the free bytes)."""
+    if isinstance(value, MemoryReading):
+        return value
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"measure(ranks) returned {value!r}: return the free bytes (an int) or a MemoryReading")
+    infos = [d.mem_get_info() for d in ranks]
+    return MemoryReading(
+        free_bytes=int(value), total_bytes=min(t for _, t in infos), per_rank_free_bytes=tuple(f for f, _ in infos),
+        allocated_bytes=tuple(d.memory_allocated() for d in ranks), reserved_bytes=tuple(d.memory_reserved() for d in ranks),
+        gc_collected=False, empty_cache=False)
+
+
 def run(
     scenario: KVPoolScenario | str = SGLANG_PR_4XH200,
     *,
@@ -211,8 +228,17 @@ def run(
     mem_fraction_static: float | None = None,
     prompt_tokens: int | None = None,
     device: str | None = None,
+    measure: Callable[[list[Device]], MemoryReading | int] | None = None,
 ) -> KVPoolResult:
-    """Run the start-up once. ``device`` overrides the scenario's (e.g. ``"cuda"`` on a GPU box)."""
+    """Run the start-up once. ``device`` overrides the scenario's (e.g. ``"cuda"`` on a GPU box).
+
+    ``measure(ranks)`` replaces the post-load reading (default: SGLang's ``get_available_gpu_memory``
+    with ``empty_cache`` and ``gc_collect=gc_before_measure``); it returns a ``MemoryReading`` or the
+    free bytes as an int, and may call ``gc.collect()`` / ``empty_cache()`` itself: the automatic
+    collector is paused, so only what it does decides what the loader's reference cycle still holds.
+    A pool larger than the devices can hold (a reading above what is free) ends in ``error``, as the
+    out-of-memory a real server would hit, not in an exception.
+    """
     if isinstance(scenario, str):
         scenario = get_scenario(scenario)
     fraction = scenario.mem_fraction_static if mem_fraction_static is None else mem_fraction_static
@@ -230,7 +256,10 @@ def run(
             d.mark("before load")
         pre = get_available_gpu_memory(ranks, empty_cache=True, gc_collect=False)
         reports = [_load_rank(d, scenario, r) for r, d in enumerate(ranks)]
-        reading = get_available_gpu_memory(ranks, empty_cache=empty_cache, gc_collect=gc_before_measure)
+        if measure is None:
+            reading = get_available_gpu_memory(ranks, empty_cache=empty_cache, gc_collect=gc_before_measure)
+        else:
+            reading = _as_reading(measure(list(ranks)), ranks)
         budget = error = None
         try:
             budget = kv_budget(
@@ -240,14 +269,19 @@ def run(
             )
         except NoKVMemoryError as exc:
             error = str(exc)
-        pools = [_allocate_kv_pool(d, config, budget.max_total_num_tokens, scenario) for d in ranks] if budget else []
+        pools = []
+        if budget:
+            try:
+                pools = [_allocate_kv_pool(d, config, budget.max_total_num_tokens, scenario) for d in ranks]
+            except torch.OutOfMemoryError as exc:
+                pools, error = [], f"KV pool of {budget.max_total_num_tokens:,} tokens does not fit: {exc}"
         with ranks[0].phase("serving"):
             gc.collect()  # a live server's collector runs sooner or later
             ranks[0].empty_cache()
             idle = ranks[0].mem_get_info()[0]
         timeline = ranks[0].timeline()
         del pools
-    if budget is not None:
+    if budget is not None and error is None:
         error = budget.validate_input_length(prompt)
     return KVPoolResult(
         scenario=scenario, gc_before_measure=gc_before_measure, empty_cache=empty_cache,

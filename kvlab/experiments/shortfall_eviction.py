@@ -75,28 +75,42 @@ class PressureEvent:
     frame_after: Any = None
 
 
-def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) -> PressureEvent:
-    """A hand-sized tree of named cached prefixes, then one allocation of ``num_tokens`` when the
-    pool has some, but not enough, free slots; report what the eviction destroyed."""
+SYSTEM_TOKENS = 1024  # the system prompt every conversation of the hand-sized tree shares
+CONVERSATION_TAILS = (200, 250, 300, 400, 500, 700)  # tokens after it, oldest (first LRU victim) first
+
+
+def conversation_tree(capacity: int = 4096):
+    """The hand-sized tree of :func:`pressure_event` and the notebook 02 exercise: six conversations
+    behind a 1,024-token system prompt, inserted oldest first (LRU order), on a page-1 allocator of
+    ``capacity`` slots. Returns (cache, allocator, names): ``names`` maps a conversation's first
+    token after the system prompt to (long name, icicle label); ``1`` is the system prompt."""
     import torch
 
     from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
-    from kvlab.mem_cache.common import evict_from_tree_cache
     from kvlab.mem_cache.radix_cache import RadixCache
-    from kvlab.mem_cache.tree_view import tree_frame
 
     alloc = TokenToKVPoolAllocator(capacity)
     tree = RadixCache(None, alloc, page_size=1, eviction_policy="lru")
-    system = list(range(1, 1025))  # a 1,024-token system prompt every conversation shares
-    names = {}
-    short = {1: "system prompt: 1,024"}  # icicle labels
-    for i, tail_len in enumerate((200, 250, 300, 400, 500, 700)):  # oldest (first LRU victim) first
-        key = system + [10_000 * (i + 1) + t for t in range(tail_len)]
+    system = list(range(1, SYSTEM_TOKENS + 1))
+    names = {1: ("system prompt", f"system prompt: {SYSTEM_TOKENS:,}")}
+    for i, tail_len in enumerate(CONVERSATION_TAILS):
+        first = 10_000 * (i + 1)
+        key = system + [first + t for t in range(tail_len)]
         m = tree.match_prefix(key)
-        value = torch.cat([m.device_indices, alloc.alloc(len(key) - m.device_prefix_len)])
-        tree.insert(key, value)
-        names[10_000 * (i + 1)] = f"conversation {i + 1} ({tail_len} tokens after the system prompt)"
-        short[10_000 * (i + 1)] = f"conv {i + 1}: {tail_len}"
+        tree.insert(key, torch.cat([m.device_indices, alloc.alloc(len(key) - m.device_prefix_len)]))
+        names[first] = (f"conversation {i + 1} ({tail_len} tokens after the system prompt)", f"conv {i + 1}: {tail_len}")
+    return tree, alloc, names
+
+
+def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) -> PressureEvent:
+    """A hand-sized tree of named cached prefixes, then one allocation of ``num_tokens`` when the
+    pool has some, but not enough, free slots; report what the eviction destroyed."""
+    from kvlab.mem_cache.common import evict_from_tree_cache
+    from kvlab.mem_cache.tree_view import tree_frame
+
+    tree, alloc, labels = conversation_tree(capacity)
+    names = {k: long for k, (long, _) in labels.items() if k != 1}
+    short = {k: label for k, (_, label) in labels.items()}
     filler = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
     before = tree.pretty_print()
     frame_before = tree_frame(tree, names=short)

@@ -1,0 +1,185 @@
+"""A radix cache drawn as a live icicle: ``RadixTreeWidget`` (any cache ``tree_frame`` reads) and
+``TreeDemoPanel`` (buttons that step a :class:`kvlab.experiments.tree_demo.TreeDemo`).
+
+Widths are tokens: a node is as wide as the cached sequences through it (``tree_frame``'s
+``path_tokens``), so children fill their parent; colour is locked (red) / evictable leaf (green) /
+shared inner node (blue). Hover gives the node's own tokens, a preview of its key, lock_ref, last
+access time (the cache's logical clock) and hit count. ``refresh()`` updates the one trace in place
+(``batch_update``), so a FigureWidget in the browser redraws without being replaced.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any, Optional
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+
+from kvlab.mem_cache.tree_view import tree_frame
+from kvlab.viz.plots import TREE_COLOURS
+from kvlab.viz.widgets import show_errors
+
+_HOVER = ("<b>%{label}</b><br>key %{customdata[6]}<br>%{customdata[0]:,} tokens "
+          "(%{customdata[5]:,} from the root)<br>%{customdata[1]}, lock_ref %{customdata[2]}<br>"
+          "last access %{customdata[3]}, hits %{customdata[4]}<extra></extra>")
+_CUSTOM = ["tokens", "status", "lock_ref", "last_access_time", "hit_count", "prefix_tokens", "preview"]
+
+
+def icicle_arrays(frame: pd.DataFrame) -> dict[str, Any]:
+    """The icicle's per-node arrays from a ``tree_frame`` table (with an extra ``preview`` column,
+    else the label is used as the preview)."""
+    preview = frame["preview"] if "preview" in frame else frame["label"]
+    custom = frame.assign(preview=preview)[_CUSTOM]
+    return dict(
+        ids=frame["id"].astype(str).tolist(),
+        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
+        values=[int(v) for v in frame["path_tokens"]],
+        labels=frame["label"].astype(str).tolist(),
+        colors=[TREE_COLOURS[s] for s in frame["status"]],
+        customdata=[[int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6])]
+                    for r in custom.itertuples(index=False)],
+    )
+
+
+class RadixTreeWidget:
+    """An icicle of ``cache`` that ``refresh()`` redraws in place from the cache's current state.
+
+    ``max_nodes``: draw at most that many nodes, the first in pre-order (parents always come before
+    their children, so what is drawn is a tree; the title says how many were left out).
+    ``names``: first token -> label, as ``tree_frame`` takes it (e.g. ``TreeDemo.names``).
+    """
+
+    def __init__(self, cache: Any, *, max_nodes: int = 200, title: Optional[str] = None,
+                 names: Optional[dict[int, str]] = None, height: int = 420) -> None:
+        if not isinstance(max_nodes, int) or max_nodes < 2:
+            raise ValueError(f"RadixTreeWidget: max_nodes must be an int >= 2 (the root and a node), got {max_nodes!r}")
+        if not hasattr(cache, "root_node"):
+            raise TypeError(f"RadixTreeWidget: cache must be a radix tree with a root_node (e.g. RadixCache), "
+                            f"got {type(cache).__name__}")
+        self.cache = cache
+        self.max_nodes = max_nodes
+        self.title = title or "Radix cache"
+        self.names = names
+        self.figure = go.FigureWidget(go.Figure(go.Icicle(
+            branchvalues="total", hovertemplate=_HOVER, tiling=dict(orientation="v"), root=dict(color="#eeeeee"),
+            leaf=dict(opacity=1.0),
+            sort=False)))
+        self.figure.update_layout(height=height, margin=dict(t=40, l=10, r=10, b=10), title=self.title,
+                                  uirevision="kvlab-tree")
+        self.figure.add_class("kvlab-tree-fig")
+        self.summary = widgets.HTML()
+        self.summary.add_class("kvlab-tree-summary")
+        legend = " ".join(f"<span style='color:{TREE_COLOURS[s]}'>■</span> {s}"
+                          for s in ("locked", "evictable", "internal"))
+        self.widget = widgets.VBox([self.summary, widgets.HTML(f"<small>{legend} · width = tokens of the "
+                                                               "cached sequences through a node</small>"),
+                                    self.figure])
+        self.widget.add_class("kvlab-tree-widget")
+        self.frame: pd.DataFrame = pd.DataFrame()
+        self.refresh()
+
+    @property
+    def node_count(self) -> int:
+        """Nodes drawn (root included)."""
+        return len(self.frame)
+
+    def read_frame(self) -> tuple[pd.DataFrame, int]:
+        """The cache as a table (``tree_frame`` plus ``preview``), cut to ``max_nodes``; and the node count."""
+        frame = tree_frame(self.cache, names=self.names)
+        if self.names:
+            frame["preview"] = tree_frame(self.cache)["label"]
+        total = len(frame)
+        return frame.iloc[: self.max_nodes].reset_index(drop=True), total
+
+    def refresh(self) -> None:
+        """Read the cache again and update the icicle's arrays, the title and the summary in place."""
+        frame, total = self.read_frame()
+        arrays = icicle_arrays(frame)
+        cut = f" · first {len(frame)} of {total} nodes" if total > len(frame) else ""
+        with self.figure.batch_update():
+            trace = self.figure.data[0]
+            trace.ids, trace.parents, trace.values = arrays["ids"], arrays["parents"], arrays["values"]
+            trace.labels, trace.customdata = arrays["labels"], arrays["customdata"]
+            trace.marker.colors = arrays["colors"]
+            self.figure.layout.title.text = f"{self.title}{cut}"
+        self.frame = frame
+        self.summary.value = summary_html(self.cache, frame, total)
+
+
+def summary_html(cache: Any, frame: pd.DataFrame, total_nodes: int) -> str:
+    """One line of sizes; ``data-*`` attributes carry the numbers for tests and the browser."""
+    evictable = int(cache.evictable_size()) if hasattr(cache, "evictable_size") else 0
+    protected = int(cache.protected_size()) if hasattr(cache, "protected_size") else 0
+    locked = int((frame["status"] == "locked").sum()) if len(frame) else 0
+    return (f"<div class='kvlab-tree-sizes' data-nodes='{total_nodes}' data-evictable='{evictable}' "
+            f"data-protected='{protected}'>{total_nodes - 1:,} nodes · {evictable + protected:,} tokens cached: "
+            f"{evictable:,} evictable, {protected:,} protected (locked by running requests, {locked} nodes)</div>")
+
+
+class TreeDemoPanel:
+    """Step a :class:`~kvlab.experiments.tree_demo.TreeDemo` with buttons and watch its tree change.
+
+    Buttons (CSS classes): "next request" (``kvlab-tree-next``), "pressure event"
+    (``kvlab-tree-pressure``), "reset" (``kvlab-tree-reset``: back to an empty tree); the eviction mode
+    (``kvlab-tree-mode``) applies to the evictions from then on. The last steps are listed in
+    ``kvlab-tree-log``; callback errors land in ``kvlab-errors``.
+    """
+
+    def __init__(self, demo: Any = None, *, start_requests: int = 0, max_nodes: int = 200,
+                 **demo_options: Any) -> None:
+        from kvlab.experiments.tree_demo import TreeDemo
+
+        self.demo = demo if demo is not None else TreeDemo(**demo_options)
+        for _ in range(start_requests):  # so the first drawing already has a tree to look at
+            self.demo.next_request()
+        self.tree = RadixTreeWidget(self.demo.cache, max_nodes=max_nodes, names=self.demo.names,
+                                    title="Radix cache of the demo")
+        self.next_button = widgets.Button(description="next request", button_style="primary")
+        self.pressure_button = widgets.Button(description="pressure event", button_style="warning")
+        self.reset_button = widgets.Button(description="reset")
+        self.mode = widgets.Dropdown(options=[("shortfall (fix)", "shortfall"), ("full (bug)", "full")],
+                                     value=self.demo.mode, description="eviction")
+        self.log = widgets.HTML()
+        self.errors = widgets.Output()
+        for w, css in ((self.next_button, "kvlab-tree-next"), (self.pressure_button, "kvlab-tree-pressure"),
+                       (self.reset_button, "kvlab-tree-reset"), (self.mode, "kvlab-tree-mode"),
+                       (self.log, "kvlab-tree-log"), (self.errors, "kvlab-errors")):
+            w.add_class(css)
+        self.next_button.on_click(show_errors(self.errors, lambda _b: self.next_request()))
+        self.pressure_button.on_click(show_errors(self.errors, lambda _b: self.pressure_event()))
+        self.reset_button.on_click(show_errors(self.errors, lambda _b: self.reset()))
+        self.mode.observe(show_errors(self.errors, self._set_mode), names="value")
+        self.widget = widgets.VBox([widgets.HBox([self.next_button, self.pressure_button, self.reset_button,
+                                                  self.mode]), self.log, self.tree.widget, self.errors])
+        self.widget.add_class("kvlab-tree-demo-panel")
+        self._draw()
+
+    def next_request(self):
+        step = self.demo.next_request()
+        self._draw()
+        return step
+
+    def pressure_event(self):
+        step = self.demo.pressure_event()
+        self._draw()
+        return step
+
+    def reset(self) -> None:
+        self.demo.reset()
+        self.tree.cache = self.demo.cache
+        self._draw()
+
+    def _set_mode(self, change) -> None:
+        self.demo.mode = change["new"]
+
+    def _draw(self) -> None:
+        self.tree.refresh()
+        self.next_button.disabled = self.demo.done
+        steps = self.demo.history[-4:]
+        rows = "".join(f"<li>{html.escape(s.text())}</li>" for s in reversed(steps))
+        head = (f"{self.demo.requests_run} of {len(self.demo.requests)} requests run · "
+                f"{len(self.demo.history)} steps · mode {self.demo.mode}")
+        self.log.value = (f"<div data-steps='{len(self.demo.history)}'>{html.escape(head)}"
+                          f"<ul style='margin:2px 0'>{rows}</ul></div>")

@@ -1,0 +1,143 @@
+"""The exercises of notebooks 01 and 02: kvlab's real scenarios with a learner's function plugged in.
+
+The stubs are read from the notebooks themselves, so what a learner starts from is what is tested.
+"""
+
+import gc
+from pathlib import Path
+
+import jupytext
+import pytest
+
+from kvlab import exercises
+from kvlab.device.measure import get_available_gpu_memory
+from kvlab.experiments import kv_pool_sizing
+from kvlab.mem_cache.common import evict_from_tree_cache
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def _notebook_function(notebook: str, name: str):
+    """Exec the notebook cell that defines ``name`` and return the function."""
+    cells = [c.source for c in jupytext.read(NOTEBOOKS / notebook).cells if c.cell_type == "code"]
+    source = next(s for s in cells if f"def {name}(" in s)
+    namespace: dict = {}
+    exec(source, namespace)
+    return namespace[name]
+
+
+def _solution_function(solution, name: str):
+    namespace: dict = {}
+    exec(solution.code, namespace)
+    return namespace[name]
+
+
+# ---- notebook 01 ----------------------------------------------------------------------------
+
+def test_the_notebook_stub_is_sglangs_reading_before_the_fix():
+    stub = _notebook_function("01_kv_pool_sizing.py", "my_measure")
+    result = exercises.check_measure(stub)
+    no_gc = kv_pool_sizing.run("sglang-pr-4xh200", gc_before_measure=False)
+    assert not result.ok and len(result.wrong) == 3
+    free = result.lines[0]
+    assert free.given == no_gc.reading.free_bytes and "reference cycle" in free.hint
+    assert result.lines[1].given == no_gc.max_total_num_tokens
+    assert "exceeds the maximum allowed length" in result.lines[2].hint  # SGLang's own refusal text
+    assert "NOT YET" in result._repr_html_() and "kvlab-check-fail" in result._repr_html_()
+
+
+def test_the_solution_passes_and_reads_what_kvlabs_fixed_reading_does():
+    result = exercises.check_measure(_solution_function(exercises.MEASURE_SOLUTION, "my_measure"))
+    with_gc = kv_pool_sizing.run("sglang-pr-4xh200", gc_before_measure=True)
+    assert result.ok, result.text()
+    assert result.lines[0].given == with_gc.reading.free_bytes
+    assert result.lines[1].given == with_gc.max_total_num_tokens > 100 * 1_890
+
+
+def test_collecting_after_empty_cache_is_too_late():
+    """The gc is real: collected blocks land in the allocator's cache, still reserved, if nothing empties it after."""
+    def late(devices):
+        for d in devices:
+            d.empty_cache()
+        gc.collect()
+        return min(d.mem_get_info()[0] for d in devices)
+
+    result = exercises.check_measure(late)
+    assert not result.ok and "when must it run" in result.lines[0].hint
+
+
+def test_a_memory_reading_is_accepted_and_only_the_collecting_one_passes():
+    assert exercises.check_measure(lambda ds: get_available_gpu_memory(ds, gc_collect=True)).ok
+    assert not exercises.check_measure(lambda ds: get_available_gpu_memory(ds, gc_collect=False)).ok
+
+
+def test_one_rank_only_is_enough_here_but_too_much_is_named():
+    # the four simulated ranks are identical, so rank 0's reading is the minimum; an over-read is flagged
+    def over(devices):
+        gc.collect()
+        for d in devices:
+            d.empty_cache()
+        return devices[0].mem_get_info()[1]  # total, not free
+
+    result = exercises.check_measure(over)
+    assert not result.ok and "more than the devices have free" in result.lines[0].hint
+    assert "does not fit" in result.lines[2].hint  # the pool sized from it hits a real out-of-memory
+
+
+@pytest.mark.parametrize("bad, shown", [(lambda ds: 1 / 0, "ZeroDivisionError: division by zero"),
+                                        (lambda ds: None, "returned None"),
+                                        (lambda ds: (1, 2), "returned (1, 2)"),
+                                        (lambda ds: True, "returned True")])
+def test_a_broken_function_gets_feedback_not_a_traceback(bad, shown):
+    result = exercises.check_measure(bad, scenario="llama-8b-l4")
+    assert not result.ok and len(result.lines) == 1 and shown in result.lines[0].given
+    assert gc.isenabled()  # the scenario's pause of the automatic collector was undone
+
+
+def test_an_unknown_scenario_is_named():
+    with pytest.raises(ValueError, match="unknown preset 'nope'"):
+        exercises.check_measure(lambda ds: 0, scenario="nope")
+
+
+# ---- notebook 02 ----------------------------------------------------------------------------
+
+def test_the_notebook_stub_is_sglang_0516s_full_eviction():
+    stub = _notebook_function("02_shortfall_eviction.py", "my_shortfall")
+    result = exercises.check_shortfall(stub)
+    assert not result.ok and len(result.wrong) == 4
+    first = result.lines[0]
+    assert (first.given, first.expected) == (750, 450) and "0.5.16" in first.hint
+    assert "nothing was missing" in result.lines[3].hint
+
+
+def test_the_solution_passes_and_matches_evict_from_tree_cache():
+    fn = _solution_function(exercises.SHORTFALL_SOLUTION, "my_shortfall")
+    result = exercises.check_shortfall(fn)
+    assert result.ok, result.text()
+    for line, (num, free) in zip(result.lines, exercises.SHORTFALL_CASES):
+        tree, _alloc, _held = exercises.conversation_tree(free)
+        assert line.given == evict_from_tree_cache(tree, num, "shortfall").evicted_tokens
+
+
+def test_a_negative_ask_evicts_nothing_and_passes_too():
+    assert exercises.check_shortfall(lambda n, a: n - a).ok
+
+
+def test_too_little_is_named_and_a_bad_return_is_feedback():
+    half = exercises.check_shortfall(lambda n, a: (n - a) // 2)
+    assert not half.ok and "too little" in half.lines[0].hint
+    assert half.lines[2].ok and half.lines[3].ok  # nothing missing: 0 either way
+    none = exercises.check_shortfall(lambda n, a: None)
+    assert not none.ok and "returned None" in none.lines[0].given
+    floats = exercises.check_shortfall(lambda n, a: float(n - a))
+    assert not floats.ok and "an int" in floats.lines[0].given
+
+
+def test_conversation_tree_is_the_pressure_event_tree():
+    tree, alloc, _held = exercises.conversation_tree(300)
+    tree.check_invariants()
+    alloc.check_invariants()
+    assert alloc.available_size() == 300
+    assert tree.evictable_size() == 1024 + 200 + 250 + 300 + 400 + 500 + 700  # system prompt + six tails
+    with pytest.raises(ValueError, match="free_tokens must be in 0..722, got 5000"):
+        exercises.conversation_tree(5000)

@@ -1,0 +1,99 @@
+"""kvlab.labs: what a check() cell shows, and the switch that shows or hides solutions."""
+
+import pytest
+
+from kvlab import labs
+from kvlab.labs import CheckLine, CheckResult, ExerciseError, Solution, compare, set_solutions, solutions_enabled
+
+
+@pytest.fixture(autouse=True)
+def _no_override(monkeypatch):
+    """Each test starts from the environment variable alone (no set_solutions override left over)."""
+    monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
+    set_solutions(None)
+    yield
+    set_solutions(None)
+
+
+def test_compare_is_exact_and_keeps_both_values():
+    line = compare("tokens", 1_890, 331_315, hint="collect first")
+    assert (line.ok, line.given, line.expected, line.hint) == (False, 1_890, 331_315, "collect first")
+    assert compare("tokens", 7, 7).ok
+    assert not compare("bytes", 7, 8).ok
+
+
+def test_line_text_shows_the_given_value_or_the_difference_and_hint():
+    assert compare("pool", 331_315, 331_315).text() == "✔ pool: 331,315"
+    wrong = compare("pool", 1_890, 331_315, hint="gc first").text()
+    assert wrong == "✘ pool: you gave 1,890, the model says 331,315 — gc first"
+    assert compare("f", 0.123456, 0.5).text().startswith("✘ f: you gave 0.1235, the model says 0.5")
+    assert compare("ok?", False, True).text() == "✘ ok?: you gave False, the model says True"  # bool, not 0/1
+    assert "'abc'" in compare("name", "abc", "abd").text()
+
+
+def test_result_passes_only_when_every_line_is_ok():
+    good, bad = compare("a", 1, 1), compare("b", 1, 2, hint="h")
+    assert CheckResult("t", (good,)).ok
+    mixed = CheckResult("t", (good, bad), note="a note")
+    assert not mixed.ok and mixed.wrong == (bad,)
+    assert not CheckResult("nothing checked").ok  # no lines is not a pass
+    text = mixed.text()
+    assert text.splitlines()[0] == "NOT YET · t"
+    assert "  ✘ b: you gave 1, the model says 2 — h" in text.splitlines() and text.endswith("  a note")
+    assert str(mixed) == repr(mixed) == text
+    assert CheckResult("t", (good,)).text().startswith("PASS · t")
+
+
+def test_html_has_the_css_classes_the_browser_reads_and_escapes_text():
+    html_fail = CheckResult("<t>", (compare("x<y", 1, 2),))._repr_html_()
+    assert "class='kvlab-check kvlab-check-fail'" in html_fail and "NOT YET" in html_fail
+    assert "&lt;t&gt;" in html_fail and "x&lt;y" in html_fail and "<t>" not in html_fail
+    html_pass = CheckResult("t", (compare("x", 1, 1),), note="n & m")._repr_html_()
+    assert "kvlab-check-pass" in html_pass and "PASS" in html_pass and "n &amp; m" in html_pass
+
+
+def test_raise_if_wrong_is_for_tests_and_instructors():
+    passing = CheckResult("t", (compare("x", 1, 1),))
+    assert passing.raise_if_wrong() is passing
+    with pytest.raises(ExerciseError, match="you gave 1, the model says 2"):
+        CheckResult("t", (compare("x", 1, 2),)).raise_if_wrong()
+    assert issubclass(ExerciseError, AssertionError)
+
+
+@pytest.mark.parametrize("value, enabled", [("1", True), ("true", True), (" YES ", True), ("On", True),
+                                             ("0", False), ("", False), ("no", False), ("off", False),
+                                             ("2", False)])
+def test_solutions_follow_the_environment_variable(monkeypatch, value, enabled):
+    monkeypatch.setenv("KVLAB_SOLUTIONS", value)
+    assert solutions_enabled() is enabled
+
+
+def test_set_solutions_overrides_the_environment_until_reset(monkeypatch):
+    assert not solutions_enabled()  # default: hidden
+    monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
+    set_solutions(False)
+    assert not solutions_enabled()
+    set_solutions(None)
+    assert solutions_enabled()
+    monkeypatch.setenv("KVLAB_SOLUTIONS", "0")
+    set_solutions(True)
+    assert solutions_enabled()
+
+
+def test_solution_is_hidden_by_default_and_shown_when_enabled():
+    sol = Solution("the fix", "x = max(0, a - b)  # <b>")
+    hidden_html, hidden_text = sol._repr_html_(), repr(sol)
+    assert "kvlab-solution-hidden" in hidden_html and "KVLAB_SOLUTIONS=1" in hidden_html
+    assert "max(0" not in hidden_html and "max(0" not in hidden_text and "KVLAB_SOLUTIONS=1" in hidden_text
+    set_solutions(True)
+    shown = sol._repr_html_()
+    assert "class='kvlab-solution'" in shown and "x = max(0, a - b)  # &lt;b&gt;" in shown
+    assert repr(sol) == "Solution · the fix\nx = max(0, a - b)  # <b>"
+
+
+def test_fmt_numbers_for_learners():
+    assert labs._fmt(43_373_240_320) == "43,373,240,320"
+    assert labs._fmt(True) == "True"
+    assert labs._fmt(1234.5678) == "1,235"
+    assert labs._fmt(None) == "None"
+    assert CheckLine("n", True, given=3).text() == "✔ n: 3"
