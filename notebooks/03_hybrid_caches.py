@@ -32,6 +32,7 @@
 from kvlab.experiments import hybrid_caches
 from kvlab.labs import Solution
 from kvlab.viz import hybrid_plots
+from kvlab.viz.tree_widget import RadixTreeWidget
 
 # %% [markdown]
 # ## 1 · SWA: one shortfall per pool
@@ -99,5 +100,27 @@ hybrid_caches.check_resume_point(resume_point)
 Solution("resume_point", hybrid_caches.RESUME_SOLUTION)
 
 # %% [markdown]
-# A radix tree widget for the Mamba cache (`kvlab/viz/tree_widget.py`) is being built separately; once it supports
-# the hybrid trees' extra fields, this notebook can show the tombstones live.
+# ## 4 · The Mamba tree, live
+# The exercise's tree as kvlab's radix tree widget (width = tokens through a node; hover for key, lock and access
+# time), beside which nodes still hold a recurrent state. The shared stem (the first node under the root) is a tombstone: its KV is cached,
+# but a request can only resume from a node *with* a state, so a hit that ends there is worth nothing.
+
+# %%
+tree_cache, _queries = hybrid_caches.resume_scenario()
+tree_view = RadixTreeWidget(tree_cache, title="Mamba radix cache (the exercise's tree)")
+tree_view.widget
+
+# %%
+hybrid_caches.state_frame(tree_cache)[["id", "parent_id", "tokens", "status", "mamba_slot", "has_state"]]
+
+# %% [markdown]
+# Now ask the cache for one more state slot (`evict(0, mamba_num=1)`: no KV needed, one state). The least recently
+# used state is a leaf's, and a leaf without its state is useless, so the whole leaf goes, KV included. The widget
+# above redraws in place.
+
+# %%
+freed = tree_cache.evict(0, mamba_num=1)
+tree_cache.check_invariants()
+tree_view.refresh()
+print(f"states freed {freed.mamba_num_evicted}, KV tokens freed with them {freed.evicted_tokens}")
+hybrid_caches.state_frame(tree_cache)[["id", "parent_id", "tokens", "status", "mamba_slot", "has_state"]]

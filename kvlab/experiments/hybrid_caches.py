@@ -259,3 +259,17 @@ def check_resume_point(fn, seed: int = 0):
                 if given == kv_len != expected else "")
         lines.append(compare(f"path {path}", given, expected, hint))
     return CheckResult("resume_point: tokens a Mamba hit may resume from", tuple(lines))
+
+
+def state_frame(cache: MambaRadixCache):
+    """``tree_frame(cache)`` plus ``has_state`` (the node holds a recurrent state a hit can resume from)
+    and ``mamba_slot``; the root has no state by definition."""
+    from kvlab.mem_cache.tree_view import tree_frame
+
+    import pandas as pd
+
+    frame = tree_frame(cache)
+    slots = {node.id: node.mamba_value for node in cache._nodes()}
+    frame["mamba_slot"] = pd.array([slots.get(i) for i in frame["id"]], dtype="Int64")
+    frame["has_state"] = frame["mamba_slot"].notna()
+    return frame

@@ -38,3 +38,19 @@ def test_resume_check_says_not_yet_for_the_stub_and_pass_for_the_solution():
     assert h.check_resume_point(ns["resume_point"]).ok
     broken = h.check_resume_point(lambda path: 1 / 0)
     assert not broken.ok and "ZeroDivisionError" in broken.text()
+
+
+def test_state_frame_marks_tombstones_and_follows_eviction():
+    cache, _ = h.resume_scenario()
+    frame = h.state_frame(cache).set_index("id")
+    nodes = {n.id: n for n in cache._nodes()}
+    assert set(frame.index) == set(nodes)
+    for node_id, row in frame.iterrows():
+        assert bool(row["has_state"]) == (nodes[node_id].mamba_value is not None)
+    stem = next(iter(cache.root_node.children.values()))
+    assert not frame.loc[stem.id, "has_state"] and stem.children  # the evicted state left a tombstone inside
+    before = int(frame["has_state"].sum())
+    freed = cache.evict(0, mamba_num=1)
+    after = h.state_frame(cache)
+    assert int(after["has_state"].sum()) == before - freed.mamba_num_evicted == before - 1
+    cache.check_invariants()
