@@ -39,6 +39,8 @@ class CheckLine:
         if self.ok:
             return f"{mark} {self.label}: {_fmt(self.given)}"
         extra = f" — {self.hint}" if self.hint else ""
+        if self.given is None and self.expected is None:  # nothing predicted yet; the answer stays hidden
+            return f"{mark} {self.label}: no answer yet{extra}"
         return f"{mark} {self.label}: you gave {_fmt(self.given)}, the model says {_fmt(self.expected)}{extra}"
 
 

@@ -28,6 +28,7 @@ def test_line_text_shows_the_given_value_or_the_difference_and_hint():
     assert wrong == "✘ pool: you gave 1,890, the model says 331,315 — gc first"
     assert compare("f", 0.123456, 0.5).text().startswith("✘ f: you gave 0.1235, the model says 0.5")
     assert compare("ok?", False, True).text() == "✘ ok?: you gave False, the model says True"  # bool, not 0/1
+    assert CheckLine("peak", False, None, None, "predict it").text() == "✘ peak: no answer yet — predict it"
     assert "'abc'" in compare("name", "abc", "abd").text()
 
 

@@ -412,7 +412,7 @@ class TourStep:
             given = predicted.get(_predicted(name))
             if given is None:
                 missing.append(_predicted(name))
-                lines.append(CheckLine(_label(name), False, None, "(hidden until you predict)",
+                lines.append(CheckLine(_label(name), False, None, None,
                                        f"write your prediction: {_predicted(name)} = ..."))
             elif isinstance(given, bool) or not isinstance(given, (int, float)):
                 lines.append(CheckLine(_label(name), False, given, "a number",
