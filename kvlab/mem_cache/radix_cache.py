@@ -234,7 +234,9 @@ class RadixCache:
         return node
 
     def _child_key(self, key: array, off: int = 0):
-        return key[off] if self.page_size == 1 else tuple(key[off : off + self.page_size])
+        """A child's key in ``children``: its first token (page 1) or its first page. SGLang keys a page
+        by the tuple of its tokens; kvlab by the page's bytes (same equality, no int objects built)."""
+        return key[off] if self.page_size == 1 else key[off : off + self.page_size].tobytes()
 
     # -- the evictable-leaf index ---------------------------------------------------------------
     def _push(self, node: TreeNode) -> None:
@@ -300,7 +302,7 @@ class RadixCache:
         values = []
         off = 0
         while off < n:
-            child = node.children.get(key[off] if ps == 1 else tuple(key[off : off + ps]))
+            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
             child.last_access_time = now
@@ -363,7 +365,7 @@ class RadixCache:
         ps = self.page_size
         off = 0
         while off < n:
-            child = node.children.get(key[off] if ps == 1 else tuple(key[off : off + ps]))
+            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
             child.last_access_time = now
@@ -576,6 +578,10 @@ class RadixCache:
             node = node.parent
         return torch.cat(values[::-1]) if values else self._empty
 
+    def _sort_key(self, node: TreeNode):
+        """Children in token order: by first token, or by the first page's tokens."""
+        return node.key[0] if self.page_size == 1 else tuple(node.key[: self.page_size])
+
     def pretty_print(self) -> str:
         """The tree as text, one node a line: ``len [first tokens] r=lock_ref`` (children in key
         order), then ``#tokens: N``. Returned, not printed."""
@@ -585,8 +591,8 @@ class RadixCache:
             head = list(node.key[:10])
             more = " ..." if len(node.key) > 10 else ""
             lines.append(f"{'  ' * depth}{len(node.key)} {head}{more} r={node.lock_ref}")
-            for ck in sorted(node.children):  # ints (page 1) or int tuples (paged): orderable
-                walk(node.children[ck], depth + 1)
+            for child in sorted(node.children.values(), key=self._sort_key):
+                walk(child, depth + 1)
 
         walk(self.root_node, 0)
         lines.append(f"#tokens: {self.total_size()}")

@@ -16,14 +16,15 @@ def tree_frame(cache: Any, *, names: dict[int, str] | None = None, preview_token
 
     names = names or {}
     root = cache.root_node
+    page = getattr(cache, "page_size", 1)  # siblings differ in their first page
     rows, order = [], []
     stack = [(root, 0)]
     while stack:  # pre-order, children in key order, so the table reads like pretty_print
         node, prefix = stack.pop()
         end = prefix + len(node.key)
         order.append((node, end))
-        for key in sorted(node.children, reverse=True):
-            stack.append((node.children[key], end))
+        for child in sorted(node.children.values(), key=lambda c: tuple(c.key[:page]), reverse=True):
+            stack.append((child, end))
     subtree: dict[int, int] = {}
     path: dict[int, int] = {}
     ends = {node.id: end for node, end in order}

@@ -103,11 +103,13 @@ def test_page_size_aligns_keys_and_splits_on_page_boundaries():
     alloc.check_invariants()
 
 
-def test_children_are_keyed_by_first_page_tuple():
+def test_children_are_keyed_by_first_page():
     alloc, cache = make(size=64, page_size=2)
     cache.insert([5, 6, 7, 8], alloc.alloc(4))
-    cache.insert([5, 9, 7, 8], alloc.alloc(4))
-    assert set(cache.root_node.children) == {(5, 6), (5, 9)}
+    cache.insert([5, 9, 7, 8], alloc.alloc(4))  # same first token, another first page: a sibling
+    assert len(cache.root_node.children) == 2
+    assert sorted(list(c.key[:2]) for c in cache.root_node.children.values()) == [[5, 6], [5, 9]]
+    assert cache.match_prefix([5, 9, 7, 8, 1]).device_prefix_len == 4
     cache.check_invariants()
 
 
