@@ -32,8 +32,17 @@ _I64 = torch.int64
 
 def _as_index(x: Any, device: torch.device) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
+        if x.dtype is _I64 and x.device == device:
+            return x if x.dim() == 1 else x.reshape(-1)
         return x.to(dtype=_I64, device=device).reshape(-1)
     return torch.as_tensor(list(x), dtype=_I64, device=device).reshape(-1)
+
+
+def _as_ints(x: Any) -> list[int]:
+    """A host-side list of ints from a tensor or a sequence (the ``*_cpu`` arguments)."""
+    if isinstance(x, torch.Tensor):
+        return x.reshape(-1).tolist()
+    return [int(v) for v in x]
 
 
 class BaseTokenToKVPoolAllocator(abc.ABC):
@@ -77,7 +86,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     def available_size(self) -> int:
         """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
-        return (len(self.free_pages) + len(self.release_pages)) * self.page_size
+        return (self.free_pages.shape[0] + self.release_pages.shape[0]) * self.page_size
 
     def used_size(self) -> int:
         """Tokens handed out and not yet freed (pending frees of an open group count as used)."""
@@ -111,9 +120,9 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
             self.release_pages = self.release_pages[:0]
 
     def _take_pages(self, num_pages: int) -> Optional[torch.Tensor]:
-        if num_pages > len(self.free_pages):
+        if num_pages > self.free_pages.shape[0]:
             self.merge_and_sort_free()
-        if num_pages > len(self.free_pages):
+        if num_pages > self.free_pages.shape[0]:
             return None
         pages = self.free_pages[:num_pages]
         self.free_pages = self.free_pages[num_pages:]
@@ -291,9 +300,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pages do not cover ``num_new_pages``. Mirrors ``PagedTokenToKVPoolAllocator.alloc_extend``.
         """
         ps = self.page_size
-        pre = [int(x) for x in _as_index(prefix_lens_cpu, torch.device("cpu"))]
-        seq = [int(x) for x in _as_index(seq_lens_cpu, torch.device("cpu"))]
-        last = [int(x) for x in _as_index(last_loc, torch.device("cpu"))]
+        pre, seq, last = _as_ints(prefix_lens_cpu), _as_ints(seq_lens_cpu), _as_ints(last_loc)
         if sum(s - p for p, s in zip(pre, seq)) != extend_num_tokens:
             raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens)")
         for p, l in zip(pre, last):
@@ -307,18 +314,20 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if pages is None:
             return None
         dev = self._index_device
+        slots = self._pages_to_tokens(pages)  # every new page's slots, in take order
         out: list[torch.Tensor] = []
-        k = 0  # new pages used so far, in batch order
+        k = 0  # new slots used so far, in batch order (whole pages)
         for p, s, l in zip(pre, seq, last):
             cont = min(s, div_ceil(p, ps) * ps)  # phase 1: finish the page the prefix ends in
-            out.append(torch.arange(l + 1, l + 1 + cont - p, dtype=_I64, device=dev))
+            if cont > p:
+                out.append(torch.arange(l + 1, l + 1 + cont - p, dtype=_I64, device=dev))
             n = s - cont  # phases 2 + 3: whole new pages, then a partial one (cont is page-aligned)
             if n > 0:
-                used = tokens_to_pages(n, ps)
-                pos = torch.arange(n, dtype=_I64, device=dev)
-                out.append(pages[k : k + used][pos // ps] * ps + pos % ps)
-                k += used
-        return torch.cat(out) if out else torch.empty(0, dtype=_I64, device=dev)
+                out.append(slots[k : k + n])
+                k += tokens_to_pages(n, ps) * ps
+        if not out:
+            return torch.empty(0, dtype=_I64, device=dev)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> Optional[torch.Tensor]:
         """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths).
@@ -326,8 +335,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         A request whose new token opens a page (``seq_len % page_size == 1``) gets the next free
         page's first slot; the others get ``last_loc + 1``. None if pages run short."""
         ps = self.page_size
-        seq = [int(x) for x in _as_index(seq_lens_cpu, torch.device("cpu"))]
-        last = [int(x) for x in _as_index(last_loc, torch.device("cpu"))]
+        seq, last = _as_ints(seq_lens_cpu), _as_ints(last_loc)
         need = [s % ps == 1 for s in seq]
         if len(seq) > len(self.free_pages):
             self.merge_and_sort_free()
@@ -433,8 +441,7 @@ class SWATokenToKVPoolAllocator:
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc, extend_num_tokens):
         self._require_paged("alloc_extend")
         full_alloc = self.full_attn_allocator
-        pre = _as_index(prefix_lens_cpu, torch.device("cpu")).tolist()
-        seq = _as_index(seq_lens_cpu, torch.device("cpu")).tolist()
+        pre, seq = _as_ints(prefix_lens_cpu), _as_ints(seq_lens_cpu)
         n = full_alloc.num_new_pages(pre, seq)
         if not self.new_pages_available(n):
             return None
@@ -447,7 +454,7 @@ class SWATokenToKVPoolAllocator:
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc):
         self._require_paged("alloc_decode")
-        seq = _as_index(seq_lens_cpu, torch.device("cpu")).tolist()
+        seq = _as_ints(seq_lens_cpu)
         if not self.new_pages_available(self.full_attn_allocator.num_decode_pages(seq)):
             return None
         swa_last = self.translate_loc_from_full_to_swa(last_loc)
