@@ -150,8 +150,11 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
 
     # -- free ----------------------------------------------------------------------------------
     def _check_releasable(self, pages: torch.Tensor, what: str) -> None:
-        bad = (pages < 1) | (pages > self.num_pages)
-        if bool(bad.any()):
+        if pages.numel() == 0:
+            return
+        lo, hi = torch.aminmax(pages)
+        if int(lo) < 1 or int(hi) > self.num_pages:
+            bad = (pages < 1) | (pages > self.num_pages)
             p = int(pages[bad][0])
             raise DoubleFreeError(
                 f"{what}: page {p} is {'the padding page' if p == 0 else 'out of range'} "

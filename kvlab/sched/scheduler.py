@@ -191,6 +191,8 @@ class Scheduler:
     # ---- eviction bookkeeping ---------------------------------------------------------------
     def _note(self, result) -> None:
         ev = result.evict if hasattr(result, "evict") else result
+        if not (ev.requested_tokens or ev.shortfall_tokens or ev.evicted_tokens):
+            return  # no pressure (most calls): nothing to add
         if ev.requested_tokens:
             self.totals["pressure_events"] += 1
         self.totals["evicted_tokens"] += ev.evicted_tokens
