@@ -38,10 +38,11 @@ class PoolSizeError(ValueError):
 
 
 def request_pages(request: Any, page_size: int) -> int:
-    """Pages a pool needs to run one request alone: prompt plus every generated token (at least
-    one), page-aligned, plus the page the allocator never hands out (SGLang's padding page 0;
-    the same rule ``kvlab.sched.Scheduler`` checks)."""
-    return div_ceil(len(request.prompt_token_ids) + max(1, request.output_len), page_size) + 1
+    """Pages a pool needs to run one request alone (``kvlab.sched.min_kv_tokens``: prompt plus every
+    generated token, page-aligned, the padding page SGLang never hands out, and admission's room)."""
+    from kvlab.sched import min_kv_tokens
+
+    return min_kv_tokens(len(request.prompt_token_ids), request.output_len, page_size) // page_size
 
 
 def min_pool_pages(requests: Sequence[Any], page_size: int) -> int:

@@ -1,6 +1,6 @@
 """Time: requests, admission, decode, retraction — one discrete-event loop over the real pools and tree."""
 
 from kvlab.sched.cost import CostModel
-from kvlab.sched.scheduler import Scheduler, SchedulerConfig, SimReq, SimResult, simulate
+from kvlab.sched.scheduler import Scheduler, SchedulerConfig, SimReq, SimResult, min_kv_tokens, simulate
 
-__all__ = ["CostModel", "Scheduler", "SchedulerConfig", "SimReq", "SimResult", "simulate"]
+__all__ = ["CostModel", "Scheduler", "SchedulerConfig", "SimReq", "SimResult", "min_kv_tokens", "simulate"]

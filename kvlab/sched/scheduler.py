@@ -137,6 +137,16 @@ class _RandomOutput:
         return self._tokens[i]
 
 
+def min_kv_tokens(prompt_len: int, output_len: int, page_size: int = 1) -> int:
+    """The smallest KV pool (tokens, whole pages) that can run one request alone: its prompt and every
+    output token (at least one) page-aligned plus the padding page, and room for admission, which
+    wants ``prompt + clipped output + page_size < free + evictable`` (``PrefillAdder``'s budget)."""
+    out = max(1, output_len)
+    hold = align_up(prompt_len + out, page_size) + page_size
+    admit = align_up(prompt_len + min(out, CLIP_MAX_NEW_TOKENS) + page_size + 1, page_size)
+    return max(hold, admit)
+
+
 class Scheduler:
     def __init__(self, config: SchedulerConfig, requests: Sequence[Any]) -> None:
         self.config = config
@@ -148,7 +158,7 @@ class Scheduler:
             if r.output_len < 0 or len(r.prompt_token_ids) < 1:
                 raise ValueError(f"request {r.rid!r}: the prompt must have at least 1 token and the output "
                                  f"a non-negative length (got {len(r.prompt_token_ids)} and {r.output_len})")
-            if align_up(need, ps) + ps > config.kv_tokens:
+            if min_kv_tokens(len(r.prompt_token_ids), r.output_len, ps) > config.kv_tokens:
                 raise ValueError(
                     f"KV pool of {config.kv_tokens} tokens is smaller than one request: {r.rid!r} needs "
                     f"{need} tokens (prompt {len(r.prompt_token_ids)} + output {r.output_len}); raise --kv-tokens")

@@ -80,7 +80,9 @@ def test_random_workloads_keep_every_invariant(seed, page_size, mode, policy, gr
         for i in range(rng.randrange(1, 5)):
             tail = tuple(rng.randrange(1, 50) for _ in range(rng.randrange(1, 20)))
             reqs.append(Req(f"{g}-{i}", rng.random(), prefix + tail, rng.randrange(1, 12)))
-    kv = max(64, 8 * rng.randrange(8, 40)) // page_size * page_size
+    longest = max(len(r.prompt_token_ids) + r.output_len for r in reqs)
+    kv = max(64, 8 * rng.randrange(8, 40), longest + 2 * page_size + 1)  # the longest request must fit
+    kv = -(-kv // page_size) * page_size
     cfg = SchedulerConfig(kv_tokens=kv, page_size=page_size, eviction=mode, policy=policy, max_running=max_running,
                           chunked_prefill_size=max(chunk, page_size), debug=True)
     res = simulate(reqs, cfg, progress=False)
@@ -104,6 +106,15 @@ def test_random_workloads_keep_every_invariant(seed, page_size, mode, policy, gr
 def test_bad_config(kwargs, match):
     with pytest.raises(ValueError, match=match):
         SchedulerConfig(**kwargs)
+
+
+def test_a_pool_one_token_short_of_admission_is_refused_up_front():
+    # page 1: 57 + 6 tokens fit a 64-token pool, but admission wants 57 + 6 + 1 < free + evictable <= 64
+    reqs = [Req("edge", 0.0, tuple(range(1, 58)), 6)]
+    with pytest.raises(ValueError, match="smaller than one request: 'edge' needs 63 tokens"):
+        simulate(reqs, SchedulerConfig(kv_tokens=64), progress=False)
+    res = simulate(reqs, SchedulerConfig(kv_tokens=65), progress=False)  # one more token: it runs
+    assert res.counts["output_tokens"] == 6
 
 
 def test_pool_smaller_than_one_request():
