@@ -60,6 +60,50 @@ def compare(requests: Sequence[Any], **options: Any) -> ShortfallComparison:
     return ShortfallComparison(run(requests, eviction="shortfall", **options), run(requests, eviction="full", **options))
 
 
+MODES = ("shortfall", "full")
+
+
+def _timed_totals(requests: Sequence[Any], mode: str, options: dict) -> dict:
+    import time
+
+    wall, cpu = time.perf_counter(), time.process_time()
+    totals = run(requests, eviction=mode, progress=False, **options).totals()
+    return {**totals, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+
+
+def compare_totals(requests: Sequence[Any], *, processes: int = 2, progress: bool | None = None,
+                   **options: Any) -> dict[str, dict]:
+    """Both arms' ``totals()`` (plus each arm's ``wall_s`` / ``cpu_s``), the arms in parallel.
+
+    Each arm is single-threaded (``Scheduler.run``), so on a machine with two cores the two arms run
+    side by side in ``processes`` worker processes (``spawn``: a fresh interpreter, no forked torch
+    state); ``processes=1`` runs them one after the other here. Only the totals come back (the trees
+    and per-step frames stay in the workers): use :func:`compare` for those.
+    """
+    from kvlab.progress import progress_bar
+
+    options.pop("eviction", None)
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    out: dict[str, dict] = {}
+    with progress_bar(total=len(MODES), desc="eviction modes", enabled=progress, unit="mode") as bar:
+        if processes == 1:
+            for mode in MODES:
+                out[mode] = _timed_totals(requests, mode, options)
+                bar.update(1)
+        else:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor, as_completed
+
+            with ProcessPoolExecutor(max_workers=min(processes, len(MODES)),
+                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+                futures = {pool.submit(_timed_totals, requests, mode, options): mode for mode in MODES}
+                for future in as_completed(futures):
+                    out[futures[future]] = future.result()
+                    bar.update(1)
+    return {mode: out[mode] for mode in MODES}
+
+
 @dataclass(frozen=True)
 class PressureEvent:
     """One allocation under pressure, seen from the tree, in one eviction mode."""

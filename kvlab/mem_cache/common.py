@@ -22,6 +22,7 @@ from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
 
 EVICTION_MODES = ("shortfall", "full")
+_NOTHING = EvictResult()  # frozen: the one result of every call that finds enough free slots
 
 
 def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> EvictResult:
@@ -55,7 +56,7 @@ def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfa
         return _with_hybrid(EvictResult.of(full_short, full_short, res.evicted_tokens, swa_short, swa_short), res)
     available = allocator.available_size()
     if available >= num_tokens:
-        return EvictResult()
+        return _NOTHING
     shortfall = num_tokens - available
     requested = shortfall if mode == "shortfall" else num_tokens
     res = tree_cache.evict(EvictParams(num_tokens=requested))

@@ -501,15 +501,16 @@ class Scheduler:
         self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
         # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
         self._note(evict_from_tree_cache(tree, len(self.running) * ps, mode))
-        if len(self.running) > len(self.allocator.free_pages):
+        if len(self.running) > self.allocator.free_pages.shape[0]:
             self.allocator.merge_and_sort_free()
-        pages = self.allocator._take_pages(len(openers))
-        if pages is None:
-            raise RuntimeError(f"Decode out of memory: {len(self.running)} requests, "
-                               f"{self.allocator.available_size()} slots available")
-        for req, page in zip(openers, pages.tolist()):
-            req._segs.append((req.prompt_len + req._o0 + d - req._d0 - 2, page * ps))
-            heapq.heappush(heap, (d + ps, req._order, req._fast_gen, req))
+        if openers:  # most rounds open no page: every running request writes inside its last one
+            pages = self.allocator._take_pages(len(openers))
+            if pages is None:
+                raise RuntimeError(f"Decode out of memory: {len(self.running)} requests, "
+                                   f"{self.allocator.available_size()} slots available")
+            for req, page in zip(openers, pages.tolist()):
+                req._segs.append((req.prompt_len + req._o0 + d - req._d0 - 2, page * ps))
+                heapq.heappush(heap, (d + ps, req._order, req._fast_gen, req))
         self._dstep = d
         self.totals["output_tokens"] += len(self.running)
         heap, done = self._finish_heap, []

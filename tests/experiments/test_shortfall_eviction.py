@@ -61,3 +61,20 @@ def test_done_when_default_generated_shared_prefix(capsys):
 def test_cli_bad_input(args, message, capsys):
     assert cli.main(["simulate", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_compare_totals_in_two_processes_equals_the_arms_run_here():
+    from kvlab.experiments import shortfall_eviction as se
+    from kvlab.workloads.generators import make_workload
+
+    requests = make_workload("generated-shared-prefix", seed=3, num_groups=4, prompts_per_group=4, output_len=16)
+    options = dict(kv_tokens=8192, page_size=16)
+    here = {mode: se.run(requests, eviction=mode, progress=False, **options).totals() for mode in se.MODES}
+    both = se.compare_totals(requests, processes=2, progress=False, **options)
+    assert list(both) == ["shortfall", "full"]
+    for mode in se.MODES:
+        timing = {k: both[mode].pop(k) for k in ("wall_s", "cpu_s")}
+        assert both[mode] == here[mode] and timing["wall_s"] > 0 and timing["cpu_s"] > 0
+    assert both["full"]["over_evicted_tokens"] > 0 == both["shortfall"]["over_evicted_tokens"]
+    with pytest.raises(ValueError, match="processes must be >= 1"):
+        se.compare_totals(requests, processes=0)
