@@ -607,40 +607,8 @@ class RadixCache:
         first token/page; keys whole pages; no slot in two nodes, and every cached slot allocated;
         the evictable-leaf set and heap equal a brute-force recomputation.
         """
-        root, ps = self.root_node, self.page_size
-        if root.lock_ref != 1 or len(root.key) or root.parent is not None:
-            raise InvariantError("RadixCache: root must have lock_ref 1, an empty key and no parent")
-        evictable = protected = 0
-        leaves = set()
-        values = []
-        for node in self._nodes():
-            child_locks = 0
-            for ck, child in node.children.items():
-                if child.parent is not node:
-                    raise InvariantError(f"RadixCache: {child!r} has the wrong parent")
-                if ck != self._child_key(child.key):
-                    raise InvariantError(f"RadixCache: {child!r} is filed under key {ck!r}")
-                child_locks += child.lock_ref
-            if node is root:
-                continue
-            if node.value is None or len(node.value) != len(node.key) or not len(node.key):
-                raise InvariantError(f"RadixCache: {node!r} has {None if node.value is None else len(node.value)} values")
-            if len(node.key) % ps:
-                raise InvariantError(f"RadixCache: {node!r} is not a whole number of pages")
-            if node.lock_ref < 0 or node.lock_ref < child_locks:
-                raise InvariantError(f"RadixCache: {node!r} lock_ref {node.lock_ref} < children's {child_locks}")
-            if node.lock_ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-                if not node.children:
-                    leaves.add(node)
-            values.append(node.value)
-        if (evictable, protected) != (self.evictable_size_, self.protected_size_):
-            raise InvariantError(
-                f"RadixCache: counters evictable={self.evictable_size_} protected={self.protected_size_}, "
-                f"tree has evictable={evictable} protected={protected}"
-            )
+        nodes = check_tree(self, self.evictable_size_, self.protected_size_, "RadixCache")
+        leaves = {n for n in nodes if not n.lock_ref and not n.children}
         if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
             raise InvariantError(
                 f"RadixCache: evictable-leaf index has {len(self.evictable_leaves)} nodes, brute force finds {len(leaves)}"
@@ -652,10 +620,51 @@ class RadixCache:
         for node in leaves:
             if live.get(node) != (self._prio(node), node.last_access_time, node.id):
                 raise InvariantError(f"RadixCache: heap entry of {node!r} is missing or has a stale priority")
-        if values:
-            flat = torch.cat(values)
-            if len(torch.unique(flat)) != len(flat):
-                raise InvariantError("RadixCache: a KV slot is cached in two nodes")
-            alloc = self.token_to_kv_pool_allocator
-            if alloc is not None and hasattr(alloc, "all_allocated") and not alloc.all_allocated(flat):
-                raise InvariantError("RadixCache: a cached KV slot is free in the allocator")
+
+
+def check_tree(cache: Any, evictable_size: int, protected_size: int, name: str) -> list:
+    """The invariants every radix tree shares (plain, SWA and Mamba); returns the non-root nodes.
+
+    The root has lock_ref 1, an empty key and no parent; each child points back at its parent and is
+    filed under its own first token/page; every node holds one value per token of a key of whole
+    pages; lock_ref >= 0 and >= the sum of its children's (a lock covers the path to the root); the
+    tokens of locked / unlocked nodes equal ``protected_size`` / ``evictable_size``; no KV slot is in
+    two nodes, and every cached slot is allocated.
+    """
+    root, ps = cache.root_node, cache.page_size
+    if root.lock_ref != 1 or len(root.key) or root.parent is not None:
+        raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent")
+    evictable = protected = 0
+    nodes = []
+    for node in cache._nodes():
+        child_locks = 0
+        for ck, child in node.children.items():
+            if child.parent is not node:
+                raise InvariantError(f"{name}: {child!r} has the wrong parent")
+            if ck != cache._child_key(child.key):
+                raise InvariantError(f"{name}: {child!r} is filed under key {ck!r}")
+            child_locks += child.lock_ref
+        if node is root:
+            continue
+        nodes.append(node)
+        if node.value is None or len(node.value) != len(node.key) or not len(node.key):
+            raise InvariantError(f"{name}: {node!r} has {None if node.value is None else len(node.value)} values")
+        if len(node.key) % ps:
+            raise InvariantError(f"{name}: {node!r} is not a whole number of pages")
+        if node.lock_ref < 0 or node.lock_ref < child_locks:
+            raise InvariantError(f"{name}: {node!r} lock_ref {node.lock_ref} < children's {child_locks}")
+        if node.lock_ref:
+            protected += len(node.key)
+        else:
+            evictable += len(node.key)
+    if (evictable, protected) != (evictable_size, protected_size):
+        raise InvariantError(f"{name}: counters evictable={evictable_size} protected={protected_size}, "
+                             f"tree has evictable={evictable} protected={protected}")
+    if nodes:
+        flat = torch.cat([n.value for n in nodes])
+        if len(torch.unique(flat)) != len(flat):
+            raise InvariantError(f"{name}: a KV slot is cached in two nodes")
+        alloc = cache.token_to_kv_pool_allocator
+        if alloc is not None and hasattr(alloc, "all_allocated") and not alloc.all_allocated(flat):
+            raise InvariantError(f"{name}: a cached KV slot is free in the allocator")
+    return nodes

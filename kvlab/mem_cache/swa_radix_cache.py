@@ -32,7 +32,7 @@ import torch
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
 from kvlab.mem_cache.memory_pool import InvariantError
-from kvlab.mem_cache.radix_cache import LockRefError, LogicalClock, MatchResult, _as_tokens, _common_len
+from kvlab.mem_cache.radix_cache import LockRefError, LogicalClock, MatchResult, _as_tokens, _common_len, check_tree
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -287,42 +287,8 @@ class _HybridTreeBase:
         return "\n".join(lines)
 
     def _check_tree_shape(self) -> list[HybridTreeNode]:
-        name = type(self).__name__
-        root, ps = self.root_node, self.page_size
-        if root.lock_ref != 1 or len(root.key) or root.parent is not None:
-            raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent")
-        ev = pr = 0
-        nodes = []
-        for node in self._nodes():
-            child_locks = 0
-            for ck, child in node.children.items():
-                if child.parent is not node:
-                    raise InvariantError(f"{name}: {child!r} has the wrong parent")
-                if ck != self._child_key(child.key):
-                    raise InvariantError(f"{name}: {child!r} is filed under key {ck!r}")
-                child_locks += child.lock_ref
-            if node is root:
-                continue
-            nodes.append(node)
-            if node.value is None or len(node.value) != len(node.key) or not len(node.key) or len(node.key) % ps:
-                raise InvariantError(f"{name}: {node!r} has a bad value or a key that is not whole pages")
-            if node.lock_ref < 0 or node.lock_ref < child_locks:
-                raise InvariantError(f"{name}: {node!r} lock_ref {node.lock_ref} < children's {child_locks}")
-            if node.lock_ref:
-                pr += len(node.key)
-            else:
-                ev += len(node.key)
-        if (ev, pr) != (self.full_evictable_size_, self.full_protected_size_):
-            raise InvariantError(f"{name}: full counters evictable={self.full_evictable_size_} protected="
-                                 f"{self.full_protected_size_}, tree has {ev}/{pr}")
-        if nodes:
-            flat = torch.cat([n.value for n in nodes])
-            if len(torch.unique(flat)) != len(flat):
-                raise InvariantError(f"{name}: a KV slot is cached in two nodes")
-            alloc = self.token_to_kv_pool_allocator
-            if alloc is not None and not alloc.all_allocated(flat):
-                raise InvariantError(f"{name}: a cached KV slot is free in the allocator")
-        return nodes
+        """``radix_cache.check_tree`` on the full-attention side; returns the non-root nodes."""
+        return check_tree(self, self.full_evictable_size_, self.full_protected_size_, type(self).__name__)
 
 
 class SWARadixCache(_HybridTreeBase):
