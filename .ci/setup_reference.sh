@@ -33,7 +33,7 @@ deps=(numpy orjson psutil pybase64 requests triton packaging pillow starlette ms
 version_deps() {
   case "$1" in
     0.5.16) echo "transformers==5.12.1 openai==2.6.1 partial_json_parser xgrammar==0.2.1 einops" ;;
-    *) echo "transformers==5.19.0" ;;
+    *) echo "transformers==5.19.0 openai==2.8.0 partial_json_parser" ;;  # openai: UnifiedRadixCache's import chain
   esac
 }
 # Run a pip command, dropping known noise (the machine's pip config lists local index folders that

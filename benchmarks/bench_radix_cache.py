@@ -1,4 +1,4 @@
-"""match_prefix + insert throughput: kvlab's RadixCache vs SGLang's Python RadixCache.
+"""match_prefix + insert throughput: kvlab's RadixCache vs SGLang's Python RadixCache (and Rust core).
 
 Workload (shared/SGLANG_MEMCACHE.md section 6, "Performance anchor"): N ops, each a match_prefix
 then an insert of one sequence = one of 64 random 512-token prefixes cut at a random point in
@@ -7,7 +7,13 @@ index tensor, no allocator). SGLang runs in its reference venv (``.ci/setup_refe
 ``tests/reference/sglang_driver.py --bench-radix`` on the very same sequences; both sides' match
 lengths and insert prefix lengths must be identical.
 
-    python benchmarks/bench_radix_cache.py [--ops 10000] [--page-size 1] [--sglang 0.5.23]
+It also reports kvlab's ratio to SGLang's default tree since 0.5.19, ``UnifiedRadixCache`` on the
+compiled Rust TreeCore (``sglang/srt/mem_cache/rust_tree_core``), driven the same way
+(``"impl": "unified"``). That ratio is informational (often < 1: compiled code), not the target;
+if the Rust core cannot be built, the line gives SGLang's reason instead of a number. Its import
+chain needs ``openai`` and ``partial_json_parser`` in the reference venv.
+
+    python benchmarks/bench_radix_cache.py [--ops 10000] [--page-size 1] [--sglang 0.5.23] [--no-rust]
 """
 
 from __future__ import annotations
@@ -57,16 +63,49 @@ def run_kvlab(seqs, page_size: int):
     return {"seconds": dt, "hits": hits, "prefix_lens": prefix_lens, "total_size": cache.total_size()}
 
 
-def run_sglang(version: str, seqs, page_size: int):
+def run_sglang(version: str, seqs, page_size: int, impl: str = "radix"):
+    """The driver's reply; for ``impl="unified"`` a failed run comes back as ``{"error": ...}``."""
     py = Path(os.environ.get("KVLAB_REF_DIR", REPO / ".ref")) / f"sglang-{version}" / "bin" / "python"
     if not py.exists():
         return None
-    spec = json.dumps({"seqs": seqs, "page_size": page_size})
-    out = subprocess.run([str(py), str(DRIVER), "--bench-radix"], input=spec, capture_output=True, text=True,
-                         cwd=REPO, check=False)
+    spec = {"seqs": seqs, "page_size": page_size}
+    if impl != "radix":
+        spec.update(impl=impl, tree_core="rust")
+    out = subprocess.run([str(py), str(DRIVER), "--bench-radix"], input=json.dumps(spec), capture_output=True,
+                         text=True, cwd=REPO, check=False)
     if out.returncode:
+        if impl != "radix":
+            last = (out.stderr.strip().splitlines() or [f"exit status {out.returncode}"])[-1]
+            return {"error": f"driver exited {out.returncode}: {last}"}
         raise SystemExit(f"sglang driver failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout)
+
+
+def same_results(ref, mine) -> bool:
+    return (ref["hits"], ref["prefix_lens"], ref["total_size"]) == (mine["hits"], mine["prefix_lens"],
+                                                                    mine["total_size"])
+
+
+def report_rust(version: str, seqs, page_size: int, mine, kv_rate: float) -> bool:
+    """Print the Rust-core line(s); False when it ran and disagrees with kvlab."""
+    n = len(seqs)
+    rust = run_sglang(version, seqs, page_size, impl="unified")
+    label = f"SGLang {version} UnifiedRadixCache (Rust core):"
+    if rust is None:
+        print(f"{label} reference venv missing")
+        return True
+    if "error" in rust:
+        hint = (" (its import chain needs `openai partial_json_parser` in the reference venv)"
+                if "No module named" in rust["error"] else "")
+        print(f"{label} not run: {rust['error']}{hint}")
+        return True
+    rate = n / rust["seconds"]
+    print(f"{label} {rust['seconds']:.2f} s = {rate:,.0f} ops/s ({rust['seconds'] / n * 1e6:.0f} us/op), "
+          f"tree {rust['total_size']:,} tokens [{rust['tree_core_class']}]")
+    same = same_results(rust, mine)
+    print(f"  results identical to kvlab: {same}")
+    print(f"  kvlab / Rust core: {kv_rate / rate:.2f}x (informational; no target)")
+    return same
 
 
 def main() -> None:
@@ -75,6 +114,7 @@ def main() -> None:
     ap.add_argument("--page-size", type=int, default=1)
     ap.add_argument("--sglang", default="0.5.23", help="reference venv version under .ref/")
     ap.add_argument("--check-target", action="store_true", help=f"exit 1 below {TARGET}x")
+    ap.add_argument("--no-rust", action="store_true", help="skip the UnifiedRadixCache (Rust core) run")
     a = ap.parse_args()
     seqs = workload(a.ops)
     print(f"workload: {a.ops} x (match_prefix + insert), page_size={a.page_size}, "
@@ -90,12 +130,15 @@ def main() -> None:
     ref_rate = a.ops / ref["seconds"]
     print(f"SGLang {ref['version']} RadixCache:   {ref['seconds']:.2f} s = {ref_rate:,.0f} ops/s "
           f"({ref['seconds'] / a.ops * 1e6:.0f} us/op), tree {ref['total_size']:,} tokens")
-    same = (ref["hits"], ref["prefix_lens"], ref["total_size"]) == (mine["hits"], mine["prefix_lens"], mine["total_size"])
+    same = same_results(ref, mine)
     ratio = kv_rate / ref_rate
     print(f"results identical (match lengths, insert prefix lengths, tree size): {same}")
     print(f"speed-up: {ratio:.1f}x (target >= {TARGET:.0f}x: {'met' if ratio >= TARGET else 'NOT met'})")
+    rust_same = True if a.no_rust else report_rust(a.sglang, seqs, a.page_size, mine, kv_rate)
     if not same:
         raise SystemExit("kvlab and SGLang disagree on the workload")
+    if not rust_same:
+        raise SystemExit("kvlab and SGLang's Rust-core UnifiedRadixCache disagree on the workload")
     if a.check_target and ratio < TARGET:
         raise SystemExit(1)
 

@@ -14,7 +14,11 @@ Modes (JSON on stdin, JSON on stdout):
     fields are documented in ``tests/mem_cache/op_script.py``.
 ``--bench-radix``
     ``{"seqs": [[tok, ...]], "page_size": int}``: time match_prefix + insert over the sequences
-    (tree only, precomputed values, as shared/tools/sglang_probe.py does).
+    (tree only, precomputed values, as shared/tools/sglang_probe.py does). Optional
+    ``"impl": "unified"`` runs the same workload on ``UnifiedRadixCache`` (0.5.19+, SGLang's
+    default tree) with ``"tree_core": "rust"`` (default; the wheel's compiled
+    ``rust_tree_core/mem_cache`` extension) or ``"python"``; see ``bench_radix_unified``. If
+    that tree cannot be built, the reply is ``{"version", "impl", "error": reason}``.
 ``--bench-evict``
     ``{"leaves": [[tok, ...]], "priorities": [int], "touch": [int], "reinsert": [int],
     "calls": int, "policies": [str]}``: per policy, insert ``leaves`` (with those priorities),
@@ -333,6 +337,8 @@ class RecordingAllocator:
 
 
 def bench_radix(spec):
+    if spec.get("impl", "radix") == "unified":
+        return bench_radix_unified(spec)
     install_logical_clock()
     ps = spec["page_size"]
     _, cache = make_cache(8, ps, "lru", allocator=RecordingAllocator())
@@ -351,6 +357,76 @@ def bench_radix(spec):
     dt = time.perf_counter() - t0
     return {"version": VERSION, "seconds": dt, "hits": hits, "prefix_lens": prefix_lens,
             "total_size": cache.total_size()}
+
+
+def make_unified_cache(page_size: int, tree_core: str = "rust"):
+    """A FULL-only ``UnifiedRadixCache`` on a ``RecordingAllocator``, its TreeCore forced to
+    ``tree_core``. Raises ``RuntimeError(reason)`` when SGLang would fall back to the Python core
+    (``tree_core_registry._rust_fallback_reason``: platform, torch range, no extension) or builds
+    another core than asked. Its import chain (managers.schedule_batch -> entrypoints.openai)
+    needs ``openai`` and ``partial_json_parser`` in the venv; the ImportError names what lacks."""
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+    from sglang.srt.mem_cache.unified_cache.tree_core_registry import (
+        _rust_fallback_reason,
+        select_tree_core_backend,
+    )
+    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+    params = CacheInitParams(
+        disable=False,
+        req_to_token_pool=None,
+        token_to_kv_pool_allocator=RecordingAllocator(),
+        page_size=page_size,
+        eviction_policy="lru",
+        tree_components=(ComponentType.FULL,),
+        tree_core_backend=tree_core,
+    )
+    if tree_core == "rust":
+        reason = _rust_fallback_reason(params)
+        if reason is not None:
+            raise RuntimeError(f"SGLang falls back to the Python TreeCore: {reason}")
+    if select_tree_core_backend(params) != tree_core:
+        raise RuntimeError(f"tree_core_backend={tree_core!r} resolves to "
+                           f"{select_tree_core_backend(params)!r}")
+    cache = UnifiedRadixCache(params)
+    want = {"rust": "RustUnifiedTreeCore", "python": "UnifiedTreeCore"}.get(tree_core)
+    got = type(cache.tree_core).__name__
+    if want is not None and got != want:
+        raise RuntimeError(f"asked for the {tree_core} TreeCore, UnifiedRadixCache built {got}")
+    return cache
+
+
+def bench_radix_unified(spec):
+    """``--bench-radix`` on UnifiedRadixCache: the same match_prefix + insert loop and fields.
+
+    ``insert`` gets ``prev_prefix_len=len(key)``: UnifiedRadixCache frees the duplicate slots
+    [prev_prefix_len, prefix_len) itself (RadixCache leaves that to the caller), and the values
+    here are fake, so nothing is freed, as in the RadixCache loop. ``total_size()`` is a
+    (full, swa) pair there; the full-token count is reported.
+    """
+    ps, core = spec["page_size"], spec.get("tree_core", "rust")
+    base = {"version": VERSION, "impl": "unified", "tree_core": core}
+    try:
+        cache = make_unified_cache(ps, core)
+    except Exception as e:  # reported, not raised: the benchmark prints the reason
+        return {**base, "error": f"{type(e).__name__}: {e}"}
+    seqs = [array("q", s) for s in spec["seqs"]]
+    total = sum(len(s) for s in seqs)
+    vals = torch.arange(1, total + 1, dtype=torch.int64)
+    hits, prefix_lens = [], []
+    off = 0
+    t0 = time.perf_counter()
+    for s in seqs:
+        m = cache.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=s)))
+        hits.append(m.device_prefix_len)
+        res = cache.insert(InsertParams(key=RadixKey(token_ids=s), value=vals[off : off + len(s)],
+                                        prev_prefix_len=len(s)))
+        prefix_lens.append(res.prefix_len)
+        off += len(s)
+    dt = time.perf_counter() - t0
+    full, _ = cache.total_size()
+    return {**base, "tree_core_class": type(cache.tree_core).__name__, "seconds": dt,
+            "hits": hits, "prefix_lens": prefix_lens, "total_size": full}
 
 
 def bench_evict(spec):
