@@ -70,24 +70,32 @@ def test_html_page_draws_its_plots_with_the_network_cut(report_dir: Path):
         if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
             pytest.fail("chromium not found at /usr/bin/chromium (KVLAB_REQUIRE_BROWSER=1)")
         pytest.skip("chromium not found at /usr/bin/chromium: apt-get install -y chromium")
+    from concurrent.futures import ThreadPoolExecutor
+
     from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                    args=["--headless", "--no-sandbox", "--disable-gpu"])
-        try:
-            context = browser.new_context()
-            context.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
-            page = context.new_page()
-            errors: list[str] = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto((report_dir / "html" / "01_kv_pool_sizing.html").as_uri())
-            page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
-                                   timeout=60_000)
-            assert page.evaluate("() => typeof window.Plotly") == "object"
-            assert not [e for e in errors if "Plotly" in e], errors
-        finally:
-            browser.close()
+    def draw() -> None:
+        with sync_playwright() as p:
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
+                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+            try:
+                context = browser.new_context()
+                context.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+                page = context.new_page()
+                errors: list[str] = []
+                page.on("pageerror", lambda e: errors.append(str(e)))
+                page.goto((report_dir / "html" / "01_kv_pool_sizing.html").as_uri())
+                page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
+                                       timeout=60_000)
+                assert page.evaluate("() => typeof window.Plotly") == "object"
+                assert not [e for e in errors if "Plotly" in e], errors
+            finally:
+                browser.close()
+
+    # A thread of its own: pytest-playwright's session (the browser tests) may already hold this
+    # thread's event loop, and the sync API refuses to start inside a running loop.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(draw).result()
 
 
 @pytest.mark.slow
