@@ -183,7 +183,7 @@ def _simulate(args) -> int:
         kv_tokens = args.kv_tokens if args.kv_pages is None else args.kv_pages * page_size
         result = shortfall_eviction.run(requests, eviction=args.eviction, page_size=page_size, kv_tokens=kv_tokens,
                                         max_running=args.max_running, policy=args.policy)
-    except (ValueError, RuntimeError, FileNotFoundError, FileExistsError) as exc:
+    except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, IsADirectoryError) as exc:
         print(f"kvlab: error: {exc}", file=sys.stderr)
         return 2
     totals = result.totals()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import heapq
 import json
 import math
+import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,10 @@ def iter_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> It
     Raises :class:`TraceFormatError` naming ``<path>:<line>`` and the field for the first bad line.
     """
     _check_block_size(block_size)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: trace file not found")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a directory, not a Mooncake-format JSONL trace file")
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():

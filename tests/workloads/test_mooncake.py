@@ -269,3 +269,10 @@ def test_a_12k_request_trace_loads_in_seconds_and_little_memory(tmp_path):
     assert held < 150 * 2**20  # ~45 MiB; flat int64 prompts would be 1.07 GiB
     assert math.isclose(sum(len(r.prompt_token_ids.to_array()) for r in reqs[:100]),
                         sum(r.prompt_len for r in reqs[:100]))
+
+
+def test_a_missing_file_or_a_folder_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nope\.jsonl: trace file not found"):
+        load_trace(tmp_path / "nope.jsonl")
+    with pytest.raises(IsADirectoryError, match="is a directory, not a Mooncake-format JSONL trace file"):
+        load_trace(tmp_path)
