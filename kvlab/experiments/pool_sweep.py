@@ -21,13 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from kvlab.experiments.shortfall_eviction import run
+from kvlab.experiments.shortfall_eviction import MODES, run
 from kvlab.progress import progress_bar
-from kvlab.units import div_ceil
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 EXAMPLE_TRACE = DATA_DIR / "traces" / "mooncake_small.jsonl"  # the shipped trace (data/README.md)
-MODES = ("shortfall", "full")
 DEFAULT_NUM_POINTS = 6
 COLUMNS = ("mode", "kv_pages", "kv_tokens", "hit_rate", "evicted_tokens", "over_evicted_tokens",
            "prefill_tokens_computed", "retractions")

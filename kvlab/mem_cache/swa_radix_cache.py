@@ -24,15 +24,16 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from dataclasses import dataclass, replace
-from typing import Any, Iterable, NamedTuple, Optional
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Optional
 
 import torch
 
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
 from kvlab.mem_cache.memory_pool import InvariantError
-from kvlab.mem_cache.radix_cache import LockRefError, LogicalClock, MatchResult, _as_tokens, _common_len, check_tree
+from kvlab.mem_cache.radix_cache import (LockRefError, LogicalClock, MatchResult, RadixCache, _as_tokens,
+                                         _common_len, check_tree)
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -120,15 +121,12 @@ class _HybridTreeBase:
     def _new_node(self, key, value, parent) -> HybridTreeNode:
         return HybridTreeNode(key, value, parent, self.clock.tick(), next(self._ids))
 
-    def _child_key(self, key: array, off: int = 0):
-        return key[off] if self.page_size == 1 else tuple(key[off : off + self.page_size])
-
-    def _nodes(self) -> Iterable[HybridTreeNode]:
-        stack = [self.root_node]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
+    # RadixCache's own: they read only ``page_size``, ``root_node`` and the nodes' keys/children/values.
+    _child_key = RadixCache._child_key
+    _sort_key = RadixCache._sort_key
+    _nodes = RadixCache._nodes
+    _check_member = RadixCache._check_member
+    path_device_indices = RadixCache.path_device_indices
 
     # -- walk / split ---------------------------------------------------------------------------
     # Recency: SGLang keeps doubly-linked LRU lists; "move to MRU" is one logical-clock tick here,
@@ -206,15 +204,6 @@ class _HybridTreeBase:
         return key, value, n
 
     # -- full locks -----------------------------------------------------------------------------
-    def _check_member(self, node: HybridTreeNode, what: str) -> None:
-        if node.value is None:
-            raise LockRefError(f"{what}: {node!r} was evicted")
-        x = node
-        while x.parent is not None:
-            x = x.parent
-        if x is not self.root_node:
-            raise LockRefError(f"{what}: {node!r} belongs to another tree")
-
     def _full_lock(self, node: HybridTreeNode) -> int:
         delta = 0
         while node is not self.root_node:
@@ -258,13 +247,6 @@ class _HybridTreeBase:
     def total_size(self) -> int:
         return self.full_evictable_size_ + self.full_protected_size_
 
-    def path_device_indices(self, node: HybridTreeNode) -> torch.Tensor:
-        values = []
-        while node is not self.root_node:
-            values.append(node.value)
-            node = node.parent
-        return torch.cat(values[::-1]) if values else self._empty
-
     def _leaf_candidates(self) -> list[HybridTreeNode]:
         return [n for n in self._nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
 
@@ -279,8 +261,8 @@ class _HybridTreeBase:
             head = list(node.key[:10])
             lines.append(f"{'  ' * depth}{len(node.key)} {head}{' ...' if len(node.key) > 10 else ''} "
                          f"r={node.lock_ref}{self._node_note(node)}")
-            for ck in sorted(node.children):
-                walk(node.children[ck], depth + 1)
+            for child in sorted(node.children.values(), key=self._sort_key):
+                walk(child, depth + 1)
 
         walk(self.root_node, 0)
         lines.append(f"#tokens: {self.total_size()}")
