@@ -18,9 +18,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from kvlab.errors import InvariantError
 
-class InvariantError(AssertionError):
-    """A ``check_invariants()`` found the bookkeeping inconsistent (a kvlab bug, not a user error)."""
+__all__ = ["InvariantError", "DoubleFreeError", "ReqToTokenPool", "MHATokenToKVPool", "allocate_tensor", "index_device"]
 
 
 class DoubleFreeError(ValueError):
