@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what the tests need (pip packages, Debian's chromium for the browser
-# tests, the SGLang reference environment for differential tests) and runs pytest.
+# The whole test suite: installs what the tests need (the locked pip packages, Debian's chromium for the
+# browser tests, the SGLang reference environment for differential tests) and runs pytest.
+#
+#   bash scripts/test.sh                 # pinned versions from requirements/lock.txt
+#   bash scripts/test.sh --latest        # the newest versions pyproject.toml allows (or KVLAB_LATEST=1)
+#   bash scripts/test.sh -- tests/viz    # anything else is passed to pytest
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if ! python3 -c "import torch" 2>/dev/null; then python3 -m pip install torch==2.13.0; fi
-python3 -m pip install -e ".[test]"
+install_args=()
+pytest_args=()
+for arg in "$@"; do
+  case "$arg" in
+    --latest) install_args+=(--latest) ;;
+    *) pytest_args+=("$arg") ;;
+  esac
+done
+bash scripts/install.sh "${install_args[@]}"
 if [ ! -x /usr/bin/chromium ]; then
   if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq chromium >/dev/null
   else sudo apt-get update -qq && sudo apt-get install -y -qq chromium >/dev/null; fi
@@ -14,7 +25,7 @@ export KVLAB_REF_DIR="${KVLAB_REF_DIR:-$HOME/.cache/kvlab/ref}"
 bash .ci/setup_reference.sh
 export KVLAB_REQUIRE_BROWSER="${KVLAB_REQUIRE_BROWSER:-1}"
 set +e
-python3 -m pytest "$@"
+python3 -m pytest "${pytest_args[@]}"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi
