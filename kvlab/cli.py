@@ -1,8 +1,8 @@
 """The ``kvlab`` console script: headless reproductions of the findings.
 
-    kvlab repro kv-pool-sizing [--preset P] [--gc-before-measure | --no-gc-before-measure]
+    kvlab repro kv-pool-sizing [--preset P] [--gc-before-measure | --no-gc-before-measure | --compare]
                                [--prompt-tokens N] [--json]
-    kvlab simulate (--trace FILE | --workload NAME) [...]
+    kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare] [...]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
     kvlab app [01|02|...] [--port N]
 """
@@ -50,8 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pool.add_argument("--preset", default="sglang-pr-4xh200", choices=sorted(SCENARIO_PRESETS),
                       help="scenario preset (default: %(default)s)")
-    pool.add_argument("--gc-before-measure", action=argparse.BooleanOptionalAction, default=True,
+    pool.add_argument("--gc-before-measure", action=argparse.BooleanOptionalAction, default=None,
                       help="run gc.collect() before reading free memory (the fix; default: on)")
+    pool.add_argument("--compare", action="store_true",
+                      help="run both arms (without and with gc.collect()) and print them side by side")
     pool.add_argument("--empty-cache", action=argparse.BooleanOptionalAction, default=True,
                       help="call empty_cache() inside the reading, as SGLang does (default: on)")
     pool.add_argument("--mem-fraction-static", type=_fraction, default=None, help="override the preset's fraction")
@@ -69,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
     sim.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload parameter, e.g. num_groups=16 (repeatable)")
-    sim.add_argument("--eviction", choices=["shortfall", "full"], default="shortfall",
+    sim.add_argument("--eviction", choices=["shortfall", "full"], default=None,
                      help="evict the shortfall (the fix, default) or the full request (the bug)")
+    sim.add_argument("--compare", action="store_true",
+                     help="run both eviction modes on the same requests and print them side by side")
     sim.add_argument("--page-size", type=_positive_int, default=None,
                      help="KV page size in tokens (default: 1; 512 for --trace, one page per hash block)")
     pool_size = sim.add_mutually_exclusive_group()
@@ -181,16 +185,32 @@ def _simulate(args) -> int:
         requests = shortfall_eviction.load_requests(workload=args.workload, trace=args.trace, seed=args.seed,
                                                     overrides=overrides)
         kv_tokens = args.kv_tokens if args.kv_pages is None else args.kv_pages * page_size
-        result = shortfall_eviction.run(requests, eviction=args.eviction, page_size=page_size, kv_tokens=kv_tokens,
-                                        max_running=args.max_running, policy=args.policy)
+        options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy)
+        if args.compare:
+            if args.eviction is not None:
+                raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
+            arms = shortfall_eviction.compare_totals(requests, processes=1, **options)
+        else:
+            result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
     except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, IsADirectoryError) as exc:
         print(f"kvlab: error: {exc}", file=sys.stderr)
         return 2
+    source = args.trace or f"{args.workload} (seed {args.seed})"
+    if args.compare:
+        for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
+            totals.pop("wall_s", None)
+            totals.pop("cpu_s", None)
+        shortfall, full = arms["shortfall"], arms["full"]
+        title = (f"simulate --compare · {source} · page size {page_size} · KV pool {shortfall['kv_tokens']:,} tokens"
+                 f" · policy {shortfall['policy']}")
+        _print_compare(title, ("shortfall", "the fix", shortfall), ("full", "the bug", full),
+                       skip=("eviction", "page_size", "kv_tokens", "policy"), as_json=args.json,
+                       percent=("hit_rate",))
+        return 0
     totals = result.totals()
     if args.json:
         print(json.dumps(totals, indent=2))
         return 0
-    source = args.trace or f"{args.workload} (seed {args.seed})"
     print(f"simulate · {source} · eviction {totals['eviction']} · page size {page_size} · "
           f"KV pool {totals['kv_tokens']:,} tokens · policy {totals['policy']}")
     width = max(map(len, totals))
@@ -199,6 +219,85 @@ def _simulate(args) -> int:
             continue
         shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
         print(f"  {key:<{width}}  {shown:>14}")
+    return 0
+
+
+def _difference(left: dict, right: dict, skip: tuple = ()) -> dict:
+    """left − right for every numeric field both share (bools and text are not differences)."""
+    out = {}
+    for key, a in left.items():
+        b = right.get(key)
+        if key in skip or isinstance(a, bool) or isinstance(b, bool):
+            continue
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            out[key] = round(a - b, 6) if isinstance(a, float) or isinstance(b, float) else a - b
+    return out
+
+
+def _shown(key: str, value, percent: tuple = (), byte_keys: bool = False, signed: bool = False) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, str):
+        return value
+    sign = "+" if signed and value > 0 else ""
+    if key in percent:
+        return f"{sign}{value * 100:.2f} pt" if signed else f"{value:.2%}"
+    if byte_keys and key.endswith("_bytes"):
+        return sign + fmt_bytes(value)
+    return f"{sign}{value:,}" if isinstance(value, int) else f"{sign}{value:,.2f}"
+
+
+def _print_compare(title: str, left: tuple, right: tuple, *, skip: tuple = (), as_json: bool = False,
+                   percent: tuple = (), byte_keys: bool = False) -> None:
+    """Two arms side by side, with ``left − right``; ``left``/``right`` are (key, caption, fields)."""
+    (lkey, lcap, lfields), (rkey, rcap, rfields) = left, right
+    diff = _difference(lfields, rfields, skip)
+    if as_json:
+        print(json.dumps({lkey: lfields, rkey: rfields, "difference": {"of": f"{lkey} - {rkey}", **diff}}, indent=2))
+        return
+    print(title)
+    keys = [k for k in lfields if k not in skip]
+    width = max(map(len, keys))
+    head = (f"{lkey} ({lcap})", f"{rkey} ({rcap})", "difference")
+    cols = [max(16, len(h)) for h in head]
+    print(f"  {'':<{width}}  {head[0]:>{cols[0]}}  {head[1]:>{cols[1]}}  {head[2]:>{cols[2]}}")
+    notes = []
+    for key in keys:
+        a = _shown(key, lfields[key], percent, byte_keys)
+        b = _shown(key, rfields.get(key), percent, byte_keys)
+        d = _shown(key, diff[key], percent, byte_keys, signed=True) if key in diff and diff[key] else ""
+        if max(len(a), len(b)) > max(cols[:2]):  # long text (an error message): under the table, per arm
+            notes += [f"  {key} ({arm}): {text}" for arm, text in ((lkey, a), (rkey, b)) if text != "—"]
+            a, b = ("see below" if t != "—" else t for t in (a, b))
+        print(f"  {key:<{width}}  {a:>{cols[0]}}  {b:>{cols[1]}}  {d:>{cols[2]}}")
+    for note in notes:
+        print(note)
+
+
+def _pool_compare(args) -> int:
+    from kvlab.experiments import kv_pool_sizing
+
+    if args.gc_before_measure is not None:
+        flag = "--gc-before-measure" if args.gc_before_measure else "--no-gc-before-measure"
+        print(f"kvlab: error: --compare runs both arms: drop {flag}", file=sys.stderr)
+        return 2
+    try:
+        no_gc, with_gc = kv_pool_sizing.compare(
+            args.preset, empty_cache=args.empty_cache, mem_fraction_static=args.mem_fraction_static,
+            prompt_tokens=args.prompt_tokens, device=args.device)
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
+    left, right = with_gc.to_json(), no_gc.to_json()
+    shared = ("preset", "gc_before_measure", "empty_cache", "mem_fraction_static", "tp_size", "device", "model",
+              "prompt_tokens")
+    title = (f"kv-pool-sizing --compare · preset {left['preset']} · device {left['device']} × TP{left['tp_size']}"
+             f" · model {left['model']} · mem_fraction_static {left['mem_fraction_static']}"
+             f" · prompt {left['prompt_tokens']:,} tokens")
+    _print_compare(title, ("with_gc", "the fix", left), ("without_gc", "the bug", right), skip=shared,
+                   as_json=args.json, byte_keys=True)
     return 0
 
 
@@ -236,9 +335,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "repro" and args.finding == "kv-pool-sizing":
         from kvlab.experiments import kv_pool_sizing
 
+        if args.compare:
+            return _pool_compare(args)
         try:
             result = kv_pool_sizing.run(
-                args.preset, gc_before_measure=args.gc_before_measure, empty_cache=args.empty_cache,
+                args.preset, gc_before_measure=args.gc_before_measure is not False, empty_cache=args.empty_cache,
                 mem_fraction_static=args.mem_fraction_static, prompt_tokens=args.prompt_tokens, device=args.device,
             )
         except (ValueError, RuntimeError, FileNotFoundError) as exc:

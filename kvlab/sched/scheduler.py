@@ -630,7 +630,7 @@ class Scheduler:
 class SimResult:
     config: SchedulerConfig
     counts: dict
-    duration_s: float
+    simulated_s: float  # time on the modelled server's clock (the cost model), not wall-clock time
     rows: list[dict] = field(repr=False)
     tree: RadixCache = field(repr=False)
 
@@ -665,8 +665,8 @@ class SimResult:
             "pressure_events": c["pressure_events"],
             "steps": c["steps"],
             "output_tokens": c["output_tokens"],
-            "duration_s": round(self.duration_s, 6),
-            "output_tokens_per_s": round(c["output_tokens"] / self.duration_s, 3) if self.duration_s else 0.0,
+            "simulated_s": round(self.simulated_s, 6),
+            "output_tokens_per_s": round(c["output_tokens"] / self.simulated_s, 3) if self.simulated_s else 0.0,
             "eviction": self.config.eviction,
             "page_size": self.config.page_size,
             "kv_tokens": self.config.kv_tokens,

@@ -140,3 +140,30 @@ def test_cli_bad_input(args, message, capsys):
 def test_cli_bad_device_is_a_clear_error(capsys):
     assert cli.main(["repro", "kv-pool-sizing", "--preset", "tiny-h100", "--device", "sim:h300"]) == 2
     assert "unknown device preset 'h300'" in capsys.readouterr().err
+
+
+def test_cli_compare_prints_both_arms_and_their_difference(capsys):
+    from kvlab.units import fmt_bytes
+
+    def run(*args):
+        assert cli.main(["repro", "kv-pool-sizing", "--preset", "llama-8b-l4", *args, "--json"]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    no_gc, with_gc = run("--no-gc-before-measure"), run("--gc-before-measure")
+    both = run("--compare")
+    assert both["without_gc"] == no_gc and both["with_gc"] == with_gc
+    diff = both["difference"]
+    assert diff["of"] == "with_gc - without_gc"
+    assert diff["max_total_num_tokens"] == with_gc["max_total_num_tokens"] - no_gc["max_total_num_tokens"] > 0
+    assert diff["available_bytes"] == with_gc["available_bytes"] - no_gc["available_bytes"]
+    assert "accepted" not in diff and "preset" not in diff
+
+    assert cli.main(["repro", "kv-pool-sizing", "--preset", "llama-8b-l4", "--compare"]) == 0
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if line.split()[0] == "max_total_num_tokens").split()
+    assert row[1:] == [f"{with_gc['max_total_num_tokens']:,}", f"{no_gc['max_total_num_tokens']:,}",
+                       f"+{diff['max_total_num_tokens']:,}"]
+    assert fmt_bytes(with_gc["available_bytes"]).split()[0] in out
+
+    assert cli.main(["repro", "kv-pool-sizing", "--compare", "--gc-before-measure"]) == 2
+    assert "drop --gc-before-measure" in capsys.readouterr().err

@@ -79,3 +79,29 @@ def test_compare_totals_in_two_processes_equals_the_arms_run_here():
     assert both["full"]["over_evicted_tokens"] > 0 == both["shortfall"]["over_evicted_tokens"]
     with pytest.raises(ValueError, match="processes must be >= 1"):
         se.compare_totals(requests, processes=0)
+
+
+def test_cli_compare_prints_both_modes_and_their_difference(capsys):
+    """--compare equals the two single-mode runs, and the difference column is shortfall − full."""
+    fix = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL)
+    bug = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL, "--eviction", "full")
+    both = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL, "--compare")
+    assert both["shortfall"] == fix and both["full"] == bug
+    assert "duration_s" not in fix and fix["simulated_s"] > 0  # the modelled server's clock, named as such
+    diff = both["difference"]
+    assert diff["of"] == "shortfall - full"
+    assert diff["over_evicted_tokens"] == -bug["over_evicted_tokens"] < 0
+    assert diff["hit_rate"] == pytest.approx(fix["hit_rate"] - bug["hit_rate"], abs=1e-6) and diff["hit_rate"] > 0
+    assert "eviction" not in diff and "policy" not in diff
+
+    assert cli.main(["simulate", "--workload", "generated-shared-prefix", *SMALL, "--compare"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "shortfall (the fix)" in lines[1] and "full (the bug)" in lines[1] and "difference" in lines[1]
+    hit = next(line for line in lines if line.split()[0] == "hit_rate").split()
+    assert hit[1:3] == [f"{fix['hit_rate']:.2%}", f"{bug['hit_rate']:.2%}"]
+    assert hit[3] == f"+{(fix['hit_rate'] - bug['hit_rate']) * 100:.2f}"
+
+
+def test_cli_compare_refuses_a_single_mode(capsys):
+    assert cli.main(["simulate", "--workload", "few-shot", "--compare", "--eviction", "full"]) == 2
+    assert "--compare runs both eviction modes: drop --eviction full" in capsys.readouterr().err
