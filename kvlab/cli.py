@@ -298,6 +298,8 @@ def _pool_compare(args) -> int:
              f" · prompt {left['prompt_tokens']:,} tokens")
     _print_compare(title, ("with_gc", "the fix", left), ("without_gc", "the bug", right), skip=shared,
                    as_json=args.json, byte_keys=True)
+    if not args.json and args.preset == kv_pool_sizing.SGLANG_PR_4XH200.name:
+        print(kv_pool_sizing.pr_numbers_note(right["max_total_num_tokens"], left["max_total_num_tokens"]))
     return 0
 
 
@@ -327,6 +329,8 @@ def _print_pool(result) -> None:
     print(f"  prompt of {data['prompt_tokens']:,} tokens: {verdict}")
     if data["error"]:
         print(f"  error: {data['error']}")
+    if data["preset"] == "sglang-pr-4xh200":
+        print("  (the PR measured 1,741 → 349,377 tokens: `kvlab repro kv-pool-sizing --compare` says why kvlab differs)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -76,6 +76,22 @@ Everything else follows from the mechanism: real tensors, a real reference cycle
 rounding and segments, and SGLang's arithmetic.""",
 )
 
+PR_TOKENS = (1_741, 349_377)  # the PR's max_total_num_tokens without / with gc.collect() (4×H200)
+
+
+def pr_numbers_note(without_gc_tokens: int, with_gc_tokens: int) -> str:
+    """The PR's pool sizes vs this preset's, and why they differ: one text for the CLI, notebook 01 and README."""
+    pr_no, pr_gc = PR_TOKENS
+    return (
+        f"The PR measured {pr_no:,} → {pr_gc:,} tokens; kvlab's {SGLANG_PR_4XH200.name} preset gives "
+        f"{without_gc_tokens:,} → {with_gc_tokens:,}. The PR names neither its model nor its loader's temporaries, "
+        f"so kvlab assumes Llama-3.1-70B with a 1-layer EAGLE draft (with gc, {abs(1 - with_gc_tokens / pr_gc):.1%} "
+        f"{'fewer' if with_gc_tokens < pr_gc else 'more'} tokens than the PR's model) and a "
+        f"{SGLANG_PR_4XH200.verify_budget_bytes // MiB:,} MiB loader staging buffer chosen to put the pool "
+        f"without gc at the PR's order. The mechanism is the PR's; these two sizes are kvlab's assumptions."
+    )
+
+
 TINY_H100 = KVPoolScenario(
     name="tiny-h100",
     device="sim:h100-80g",
@@ -295,3 +311,34 @@ def compare(scenario: KVPoolScenario | str = SGLANG_PR_4XH200, **options) -> tup
     """Both arms of the finding: (without gc, with gc)."""
     options.pop("gc_before_measure", None)
     return run(scenario, gc_before_measure=False, **options), run(scenario, gc_before_measure=True, **options)
+
+
+def summary_frame(without_gc: KVPoolResult, with_gc: KVPoolResult):
+    """Both arms as a table a person reads: rows in words, bytes in GiB/MiB, tokens with separators.
+
+    The rows, top to bottom, follow SGLang's arithmetic: the reading after loading, the budget left after the
+    (1 − mem_fraction_static) slack, the cell size, the pool it buys and the prompt it then allows. The last row,
+    memory left idle, is the PR's "46.9 GB left idle": free memory on rank 0 once the server has run gc.
+    """
+    import pandas as pd
+
+    from kvlab.units import fmt_bytes
+
+    def rows(r: KVPoolResult) -> dict[str, str]:
+        d = r.to_json()
+        size = lambda n: "—" if n is None else fmt_bytes(n)  # noqa: E731
+        return {
+            "free memory read after loading": size(d["available_bytes"]),
+            "KV budget (rest = free − slack)": size(d["rest_bytes"]),
+            "KV cell, per token per rank": f"{d['cell_size_bytes']:,} B",
+            "KV pool (max_total_num_tokens)": f"{d['max_total_num_tokens']:,} tokens",
+            "longest prompt (max_req_input_len)": "—" if d["max_req_input_len"] is None
+            else f"{d['max_req_input_len']:,} tokens",
+            f"prompt of {d['prompt_tokens']:,} tokens": "accepted" if d["accepted"] else "refused",
+            "memory left idle once gc has run": size(d["idle_bytes"]),
+        }
+
+    frame = pd.DataFrame({"without gc.collect()": rows(without_gc), "with gc.collect()": rows(with_gc)})
+    frame.index.name = "rank 0"
+    return frame
+

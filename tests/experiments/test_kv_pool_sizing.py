@@ -2,6 +2,7 @@
 
 import gc
 import json
+from pathlib import Path
 
 import pytest
 
@@ -167,3 +168,19 @@ def test_cli_compare_prints_both_arms_and_their_difference(capsys):
 
     assert cli.main(["repro", "kv-pool-sizing", "--compare", "--gc-before-measure"]) == 2
     assert "drop --gc-before-measure" in capsys.readouterr().err
+
+
+def test_the_prs_numbers_and_kvlabs_are_explained_in_one_text_everywhere(capsys):
+    """README, the CLI and notebook 01 give the same sentence, computed from this run's pool sizes."""
+    from kvlab.experiments.kv_pool_sizing import PR_TOKENS, compare, pr_numbers_note
+
+    no_gc, with_gc = compare("sglang-pr-4xh200")
+    note = pr_numbers_note(no_gc.max_total_num_tokens, with_gc.max_total_num_tokens)
+    assert f"{PR_TOKENS[0]:,} → {PR_TOKENS[1]:,}" in note
+    assert f"{no_gc.max_total_num_tokens:,} → {with_gc.max_total_num_tokens:,}" in note
+    assert cli.main(["repro", "kv-pool-sizing", "--compare"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == note
+    root = Path(__file__).resolve().parents[2]
+    assert note in (root / "README.md").read_text(), "README's note is stale: paste `kvlab repro kv-pool-sizing --compare`'s last line"
+    notebook = (root / "notebooks" / "01_kv_pool_sizing.py").read_text()
+    assert "pr_numbers_note(" in notebook, "notebook 01 must show the same note"
