@@ -33,6 +33,7 @@ import pandas as pd
 
 from kvlab.device.caching_allocator import round_size
 from kvlab.device.events import ACTIONS
+from kvlab.errors import KvlabError
 from kvlab.units import KiB, MiB
 
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
@@ -59,8 +60,57 @@ TIMELINE_COLUMNS = (
 )
 
 
-class SnapshotError(ValueError):
-    """A snapshot that does not follow torch's schema; the message names the source and field."""
+class SnapshotError(KvlabError, ValueError):
+    """A snapshot that does not follow torch's schema, or a pickle that asks for code to run; the message
+    names the source and the field (or the refused ``module.name``)."""
+
+
+class _SnapshotUnpickler(pickle.Unpickler):
+    """Unpickles plain data only: a pickle that names any global or persistent id is refused.
+
+    ``torch.cuda.memory._dump_snapshot`` is ``pickle.dump(torch.cuda.memory._snapshot(), f)`` (default
+    protocol, 4 or 5): dicts, lists, tuples, str, int, float, bool and None, each with its own opcode, so
+    a real snapshot names no global at all (the shipped example and three snapshots recorded on real GPUs
+    with torch 2.6 and 2.9 name none; tests/device/test_snapshot_safety.py). A global is how a pickle
+    reaches code (``os.system``, ``builtins.eval``, a class's ``__reduce__``), so none is admitted: a
+    plain ``pickle.load`` would run it while reading the file.
+    """
+
+    def __init__(self, file, source: str):
+        super().__init__(file)
+        self._source = source
+
+    def find_class(self, module: str, name: str):  # GLOBAL, STACK_GLOBAL, INST and EXT* opcodes land here
+        raise SnapshotError(
+            f"{self._source}: refused global {module}.{name}: not a torch memory snapshot, which holds only plain "
+            "data (dict, list, tuple, str, int, float, bool, None); a plain pickle.load could run code from this file"
+        )
+
+    def persistent_load(self, pid):
+        shown = repr(pid)
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        raise SnapshotError(
+            f"{self._source}: refused persistent id {shown}: not a torch memory snapshot, which has none "
+            "(torch.save checkpoints have them: read those with torch.load(weights_only=True))"
+        )
+
+
+def load_snapshot_pickle(path: str | os.PathLike) -> Any:
+    """The object in a ``_dump_snapshot`` pickle, read without running code from it.
+
+    Only plain data is admitted (see :class:`_SnapshotUnpickler`); a pickle that names a global or a
+    persistent id raises :class:`SnapshotError` naming the file and the refused ``module.name``, and
+    nothing in it has run. Other unreadable content raises :class:`SnapshotError` too (not a pickle
+    file)."""
+    source = str(path)
+    try:
+        with open(path, "rb") as f:
+            return _SnapshotUnpickler(f, source).load()
+    except SnapshotError:
+        raise
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
+            KeyError, OverflowError, RecursionError) as exc:
+        raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {exc})") from None
 
 
 def _fail(source: str, where: str, message: str) -> SnapshotError:
@@ -284,8 +334,11 @@ def _validate(raw: Any, source: str) -> None:
 def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Snapshot:
     """Load and validate a ``_dump_snapshot`` pickle (or an already-loaded dict).
 
-    Raises ``FileNotFoundError`` for a missing file and :class:`SnapshotError` (a ``ValueError``)
-    naming the file and the field for anything that does not follow torch's schema."""
+    The file is read with :func:`load_snapshot_pickle`, which admits plain data only, so a crafted
+    pickle cannot run code here. Raises ``FileNotFoundError`` for a missing file and
+    :class:`SnapshotError` (a ``ValueError`` and a ``KvlabError``) naming the file and the field for
+    anything that does not follow torch's schema, or the refused ``module.name`` for a pickle that
+    names a global."""
     if isinstance(path_or_dict, Mapping):
         raw, source = path_or_dict, "snapshot dict"
     else:
@@ -293,11 +346,7 @@ def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Snapsh
         source = str(path)
         if not path.is_file():
             raise FileNotFoundError(f"{source}: snapshot file not found")
-        try:
-            with path.open("rb") as f:
-                raw = pickle.load(f)
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError) as exc:
-            raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {exc})") from None
+        raw = load_snapshot_pickle(path)
     _validate(raw, source)
     return Snapshot(raw, source)
 

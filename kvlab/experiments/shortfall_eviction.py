@@ -32,6 +32,8 @@ def load_requests(*, workload: str | None = None, trace: str | Path | None = Non
 
 def default_kv_tokens(requests: Sequence[Any], page_size: int) -> int:
     """A pool under pressure but able to run every request: 32k tokens, or 4 of the longest request."""
+    if not requests:
+        raise ValueError("no requests to size a KV pool for")
     longest = max(len(r.prompt_token_ids) + r.output_len for r in requests)
     return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
 

@@ -44,7 +44,9 @@ def register_workload(name: str) -> Callable[[Workload], Workload]:
 def make_workload(name: str, seed: int = 0, **overrides: Any) -> "list[Request]":
     """Build the workload registered as ``name`` with its defaults, ``seed`` and ``overrides``.
 
-    An unknown name or an override the generator does not take raises ``ValueError`` listing what exists.
+    An unknown name or an override the generator does not take raises ``ValueError`` listing what exists, and
+    so does a workload that yields no request (the built-in ones refuse counts below 1 themselves; this also
+    covers generators added with :func:`register_workload`).
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
@@ -54,7 +56,11 @@ def make_workload(name: str, seed: int = 0, **overrides: Any) -> "list[Request]"
     if unknown:
         raise ValueError(f"workload {name!r} has no parameter {', '.join(map(repr, unknown))}; "
                          f"it accepts: {', '.join(accepted)}")
-    return fn(seed=seed, **overrides)
+    requests = fn(seed=seed, **overrides)
+    if len(requests) == 0:
+        given = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "its defaults"
+        raise ValueError(f"workload {name!r} with {given} (seed {seed}) yields no requests")
+    return requests
 
 
 def workload_defaults(name: str) -> dict:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
+from kvlab.errors import KvlabError
 from kvlab.units import div_ceil
 from kvlab.workloads.request import Request, TokenSequence
 
@@ -48,9 +49,10 @@ _TOKEN_LIMIT = 2**63
 PathLike = Union[str, Path]
 
 
-class TraceFormatError(ValueError):
-    """A trace line (or record) that is not a valid Mooncake record; the message starts ``<where>: ``
-    (``trace.jsonl:7`` for a file line, ``records[3]`` for an in-memory record)."""
+class TraceFormatError(KvlabError, ValueError):
+    """A trace line (or record) that is not a valid Mooncake record, or a trace file with no record at all;
+    the message starts ``<where>: `` (``trace.jsonl:7`` for a file line, ``trace.jsonl`` for the whole file,
+    ``records[3]`` for an in-memory record)."""
 
     def __init__(self, where: str, message: str, field: Optional[str] = None):
         super().__init__(f"{where}: {message}")
@@ -139,17 +141,21 @@ def _coerce(record: Any, where: str, block_size: int) -> MooncakeRecord:
 def iter_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> Iterator[MooncakeRecord]:
     """The records of a trace file, in file order; blank lines are skipped (as SGLang does).
 
-    Raises :class:`TraceFormatError` naming ``<path>:<line>`` and the field for the first bad line.
+    Raises :class:`TraceFormatError` naming ``<path>:<line>`` and the field for the first bad line, and naming
+    ``<path>`` for a file with no record (0 bytes, or only blank lines): a run on no requests would report
+    zeros that look like results.
     """
     _check_block_size(block_size)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: trace file not found")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a directory, not a Mooncake-format JSONL trace file")
+    lineno = found = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             if not raw.strip():
                 continue
+            found += 1
             where = f"{path}:{lineno}"
             try:
                 obj = json.loads(raw.rstrip(b"\r\n"))  # so an error's column is on this line
@@ -158,6 +164,11 @@ def iter_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> It
             except ValueError as e:  # bytes that are not UTF-8
                 raise TraceFormatError(where, f"not valid JSON: {e}") from None
             yield _parse_record(obj, where, block_size)
+    if not found:
+        plural = "s" if lineno > 1 else ""
+        what = "the file is 0 bytes" if lineno == 0 else f"{lineno} blank line{plural}, nothing else"
+        raise TraceFormatError(str(path), f"empty trace: no requests ({what}); a Mooncake-format trace has one "
+                                          "JSON object per line")
 
 
 def read_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> "list[MooncakeRecord]":

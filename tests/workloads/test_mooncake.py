@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import time
 import tracemalloc
 from pathlib import Path
@@ -166,10 +167,11 @@ def test_block_size_must_be_positive(tmp_path):
     assert load_trace(p, block_size=500)[0].prompt_len == 1000  # 2 blocks of 500
 
 
-def test_empty_and_blank_files_load_as_no_requests(tmp_path):
+def test_empty_and_blank_files_are_refused(tmp_path):  # more cases, and the CLIs: test_empty_input.py
     p = tmp_path / "empty.jsonl"
     p.write_text("\n  \n")
-    assert load_trace(p) == []
+    with pytest.raises(TraceFormatError, match=rf"^{re.escape(str(p))}: empty trace: no requests \(2 blank lines"):
+        load_trace(p)
 
 
 # --- writing ----------------------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ def _write(lines):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(records(), max_size=12))
+@given(st.lists(records(), min_size=1, max_size=12))  # no records: refused (test_empty_input.py)
 def test_loader_on_random_valid_records(recs):
     path = _write(json.dumps(r) for r in recs)
     try:
