@@ -3,26 +3,48 @@
 Voila runs the notebook in a fresh kernel and shows only outputs (``--strip_sources=True``: code hidden) with
 live widgets, so the panels of notebooks 01/02 work as in JupyterLab. It listens on 127.0.0.1 only: a demo
 laptop on a conference network should not serve a kernel to the room.
+
+Every page load starts a kernel. Voila shuts it down when the page says goodbye (``beforeunload``); a page
+that never does (a crashed tab, a laptop lid closed, a dropped connection) leaves a kernel with no connection,
+which Voila culls once it has been idle for ``cull_idle_seconds`` (default 10 minutes). A kernel with an open
+page is never culled, however long the audience stares at it.
+
+Stopping: Voila runs in a session of its own, so the terminal's Ctrl-C reaches ``kvlab app`` only, and
+``kvlab app`` owns the shutdown. On SIGINT or SIGTERM it asks Voila to stop (SIGTERM, which Voila handles by
+shutting its kernels down), waits up to ``stop_timeout`` seconds, then kills Voila's process group and any
+kernel Voila left behind. A second Ctrl-C skips the wait. Kernels are found as Voila's descendants in
+``/proc`` (Linux); elsewhere only Voila's own shutdown and ipykernel's parent watch stop them.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import threading
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
+from kvlab.errors import KvlabError
 from kvlab.report import DEFAULT_NOTEBOOK_DIR, ReportError, select_notebooks
 
 HOST = "127.0.0.1"
+DEFAULT_CULL_IDLE_SECONDS = 600  # a kernel with no page connected goes after 10 idle minutes
+STOP_TIMEOUT_S = 15.0  # Voila's own kernel shutdown usually takes a second or two
+_KERNEL_KILL_WAIT_S = 5.0
 
 
-class AppError(RuntimeError):
+class AppError(KvlabError, RuntimeError):
     """Unknown notebook or Voila missing."""
 
 
 def find_notebook(key: str, notebook_dir: Path = DEFAULT_NOTEBOOK_DIR) -> Path:
     """``01`` or ``01_kv_pool_sizing`` -> notebooks/01_kv_pool_sizing.ipynb (exactly one match)."""
+    notebook_dir = Path(notebook_dir).resolve()  # Voila runs with the notebook's folder as its cwd
+    if not notebook_dir.is_dir():
+        raise AppError(f"kvlab app --notebook-dir {notebook_dir}: not a directory")
     try:
         matches = select_notebooks(notebook_dir, [key])
     except ReportError as exc:
@@ -32,11 +54,26 @@ def find_notebook(key: str, notebook_dir: Path = DEFAULT_NOTEBOOK_DIR) -> Path:
     return matches[0]
 
 
-def voila_command(notebook: Path, *, port: int, open_browser: bool = False) -> list[str]:
-    """The Voila command line (``python -m voila`` so the kernel runs in this interpreter's environment)."""
-    cmd = [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={HOST}",
+def cull_interval(cull_idle_seconds: int) -> int:
+    """How often Voila looks for idle kernels: half the idle timeout, between 1 s and a minute."""
+    return max(1, min(60, cull_idle_seconds // 2))
+
+
+def voila_command(notebook: Path, *, port: int, open_browser: bool = False,
+                  cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS) -> list[str]:
+    """The Voila command line (``python -m voila`` so the kernel runs in this interpreter's environment).
+
+    ``cull_idle_seconds`` > 0: a kernel idle that long with no page connected is shut down (jupyter_server's
+    culler, which Voila's kernel manager inherits); 0 never culls.
+    """
+    if cull_idle_seconds < 0:
+        raise AppError(f"kvlab app --cull-idle-seconds: must be >= 0 (0 = never), got {cull_idle_seconds}")
+    cmd = [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={HOST}", "--Voila.port_retries=0",
            "--strip_sources=True", "--show_tracebacks=True", "--theme=light",
-           f"--Voila.root_dir={notebook.parent}"]
+           f"--Voila.root_dir={notebook.parent}",
+           f"--MappingKernelManager.cull_idle_timeout={cull_idle_seconds}",
+           f"--MappingKernelManager.cull_interval={cull_interval(cull_idle_seconds)}",
+           "--MappingKernelManager.cull_connected=False", "--MappingKernelManager.cull_busy=False"]
     if not open_browser:
         cmd.append("--no-browser")
     return cmd
@@ -50,19 +87,157 @@ def app_env(device: str | None) -> dict[str, str]:
     return env
 
 
-def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser: bool = True) -> int:
-    """Run Voila in the foreground until interrupted; returns its exit status."""
+# -- processes ------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Proc:
+    """A process as /proc saw it; ``start`` (clock ticks since boot) tells it from a later one with its pid."""
+
+    pid: int
+    ppid: int
+    start: int
+
+
+def _read_proc(pid: int) -> _Proc | None:
+    """``None`` if ``pid`` is gone, a zombie, or there is no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("ascii", "replace")
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2:].split()  # the command name may hold spaces and parentheses
+    if fields[0] in ("Z", "X"):
+        return None
+    return _Proc(pid, int(fields[1]), int(fields[19]))
+
+
+def descendants(pid: int) -> list[_Proc]:
+    """Every live process below ``pid`` (children first), from /proc; ``[]`` where there is no /proc."""
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return []
+    children: dict[int, list[_Proc]] = {}
+    for p in pids:
+        proc = _read_proc(p)
+        if proc is not None:
+            children.setdefault(proc.ppid, []).append(proc)
+    found: list[_Proc] = []
+    frontier = [pid]
+    while frontier:
+        below = [c for p in frontier for c in children.get(p, [])]
+        found += below
+        frontier = [c.pid for c in below]
+    return found
+
+
+def _alive(proc: _Proc) -> bool:
+    now = _read_proc(proc.pid)
+    return now is not None and now.start == proc.start
+
+
+def _kill_leftovers(procs: list[_Proc]) -> int:
+    """SIGTERM, then SIGKILL, each process of ``procs`` still alive (same pid and start time); how many."""
+    left = [p for p in procs if _alive(p)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in left:
+            try:
+                os.kill(p.pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + _KERNEL_KILL_WAIT_S
+        while any(_alive(p) for p in left) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not any(_alive(p) for p in left):
+            break
+    return len(left)
+
+
+class _StopRequests:
+    """SIGINT/SIGTERM handler for the supervising loop: only records the signal (the loop acts on it)."""
+
+    def __init__(self) -> None:
+        self.signals: list[int] = []
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._previous[sig] = signal.signal(sig, self._record)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _record(self, signum: int, frame: object) -> None:
+        self.signals.append(signum)
+
+
+def _supervise(process: subprocess.Popen, stops: _StopRequests, stop_timeout: float) -> int:
+    """Wait for Voila; on a stop request shut it and its kernels down. Returns ``kvlab app``'s exit status."""
+    while process.poll() is None and not stops.signals:
+        time.sleep(0.1)
+    if not stops.signals:  # Voila ended on its own (it could not start, or someone signalled it directly)
+        status = process.returncode if process.returncode >= 0 else 128 - process.returncode
+        print(f"kvlab app: Voila exited on its own (status {status})", file=sys.stderr, flush=True)
+        return status
+    why = signal.Signals(stops.signals[0]).name
+    kernels = descendants(process.pid)  # before Voila goes: afterwards its orphans have another parent
+    try:
+        process.send_signal(signal.SIGTERM)  # Voila's handler stops the server and shuts every kernel down
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + stop_timeout
+    while process.poll() is None and time.monotonic() < deadline and len(stops.signals) < 2:
+        time.sleep(0.05)
+    forced = process.poll() is None
+    if forced:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)  # Voila leads its own group (start_new_session)
+        except ProcessLookupError:
+            pass
+        process.wait()
+    leftover = _kill_leftovers(kernels)
+    n_kernels = sum(1 for k in kernels if k.ppid == process.pid)
+    if forced:
+        waited = "a second signal came" if len(stops.signals) > 1 else f"it did not stop within {stop_timeout:g} s"
+        print(f"kvlab app: stopped ({why}); killed Voila ({waited}) and {leftover} leftover kernel process(es)",
+              file=sys.stderr, flush=True)
+        return 1
+    if leftover:
+        print(f"kvlab app: stopped ({why}); Voila stopped but left {leftover} kernel process(es), killed them",
+              file=sys.stderr, flush=True)
+        return 1
+    print(f"kvlab app: stopped ({why}); Voila and its {n_kernels} kernel(s) shut down", flush=True)
+    return 0
+
+
+def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser: bool = True,
+          cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, notebook_dir: Path = DEFAULT_NOTEBOOK_DIR,
+          stop_timeout: float = STOP_TIMEOUT_S) -> int:
+    """Run Voila until SIGINT/SIGTERM, then stop it and its kernels; returns the exit status.
+
+    0: stopped on request and everything shut down cleanly; 1: stopped, but Voila or a kernel had to be
+    killed; Voila's own status (128 + signal if a signal ended it) when it exited without being asked.
+    """
     try:
         import voila  # noqa: F401
     except ImportError:
         raise AppError("voila is not installed: pip install voila (or pip install -e .)") from None
-    notebook = find_notebook(key)
-    cmd = voila_command(notebook, port=port, open_browser=open_browser)
+    notebook = find_notebook(key, notebook_dir)
+    cmd = voila_command(notebook, port=port, open_browser=open_browser, cull_idle_seconds=cull_idle_seconds)
     print(f"kvlab app: serving {notebook.name} at http://{HOST}:{port}/ (Ctrl-C to stop)", flush=True)
-    try:
-        return subprocess.call(cmd, cwd=notebook.parent, env=app_env(device))
-    except KeyboardInterrupt:
-        return 0
+    with _StopRequests() as stops:  # installed first: a signal during the start is not lost
+        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device), start_new_session=True)
+        try:
+            return _supervise(process, stops, stop_timeout)
+        finally:
+            if process.poll() is None:  # an exception in the loop: leave nothing behind
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
-__all__ = ["AppError", "HOST", "find_notebook", "serve", "voila_command"]
+__all__ = ["AppError", "DEFAULT_CULL_IDLE_SECONDS", "HOST", "STOP_TIMEOUT_S", "app_env", "cull_interval",
+           "descendants", "find_notebook", "serve", "voila_command"]

@@ -4,7 +4,7 @@
                                [--prompt-tokens N] [--json]
     kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare] [...]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
-    kvlab app [01|02|...] [--port N]
+    kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--notebook-dir DIR]
 """
 
 from __future__ import annotations
@@ -26,6 +26,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
 def _fraction(text: str) -> float:
     try:
         value = float(text)
@@ -37,6 +47,7 @@ def _fraction(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvlab.app import DEFAULT_CULL_IDLE_SECONDS
     from kvlab.experiments.kv_pool_sizing import SCENARIO_PRESETS
 
     parser = argparse.ArgumentParser(prog="kvlab", description="Reproduce LLM-serving KV-memory findings.")
@@ -110,8 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Serve a notebook with Voila for demos: only outputs and live widgets are shown.")
     app.add_argument("notebook", nargs="?", default="01", help="notebook number or name (default: %(default)s)")
     app.add_argument("--port", type=_positive_int, default=8866, help="port on 127.0.0.1 (default: %(default)s)")
-    app.add_argument("--device", default=None, help="KVLAB_DEVICE for the kernel: auto, cuda, sim:<preset>")
+    app.add_argument("--device", default=None, help="KVLAB_DEVICE for the kernel: auto, cpu, cuda, sim:<preset>")
     app.add_argument("--no-browser", action="store_true", help="do not open a web browser")
+    app.add_argument("--cull-idle-seconds", type=_nonnegative_int, default=DEFAULT_CULL_IDLE_SECONDS, metavar="N",
+                     help="shut down a page's kernel once it has been idle N s with no page connected "
+                          "(a closed tab, a sleeping laptop); 0 = never (default: %(default)s)")
+    app.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: the repo's notebooks/)")
     return parser
 
 
@@ -140,7 +155,9 @@ def _app(args) -> int:
     from kvlab.app import AppError, serve
 
     try:
-        return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser)
+        extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
+        return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser,
+                     cull_idle_seconds=args.cull_idle_seconds, **extra)
     except AppError as exc:
         print(f"kvlab: error: {exc}", file=sys.stderr)
         return 2
