@@ -20,6 +20,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
+NOTEBOOK_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 ALLOWED_ERROR_TAG = "raises-exception"  # nbclient's own tag for cells that are meant to fail
 
@@ -37,6 +38,17 @@ class NotebookExecutionError(RuntimeError):
 
 def strip_ansi(text: str) -> str:
     return ANSI_ESCAPE.sub("", text)
+
+
+def notebook_params() -> list:
+    """``pytest.param(path, id=stem)`` for every notebooks/*.ipynb, for ``parametrize``."""
+    import pytest
+
+    notebooks = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
+    if not notebooks:
+        # A skip, not zero tests: an empty parametrization would hide that nothing was checked.
+        return [pytest.param(None, id="no-notebooks", marks=pytest.mark.skip(reason=f"no {NOTEBOOK_DIR}/*.ipynb yet"))]
+    return [pytest.param(path, id=path.stem) for path in notebooks]
 
 
 def _injected_cell(source: str, tag: str) -> nbformat.NotebookNode:
