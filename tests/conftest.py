@@ -1,6 +1,20 @@
-"""Suite-wide options: where the repo is, and whether a missing browser is a skip or a failure.
+"""Suite-wide options: where the repo is, whether a missing browser is a skip or a failure, and how
+much the hypothesis fuzz suites run.
 
 Browser fixtures live in tests/browser/conftest.py, notebook helpers in tests/notebooks/nbrun.py.
+
+Fuzz profiles (hypothesis), chosen with ``KVLAB_FUZZ``:
+
+- ``ci`` (default): the fuzz suites (allocator model, the three radix caches, the scheduler and its
+  fast-decode path) run 2,200 random operation sequences together (about 2,450 counted: hypothesis
+  adds database replays and runs cut short); ~40 s of CPU, 1.5-3 min wall on a loaded 2-core machine.
+- ``long`` (``KVLAB_FUZZ=long``, for release checks): 10,400 sequences; ~3 min of CPU, extrapolated
+  from the radix suite (4,469 sequences in 60 s of CPU).
+- ``dev``: 120 sequences, for a quick look while changing a suite.
+
+The per-suite counts live in tests/fuzz.py (one table); the end-of-run summary prints how many
+examples each suite really ran. Every profile turns hypothesis' deadline off: on a shared 2-core
+runner a slow step is load, not a bug.
 """
 
 from __future__ import annotations
@@ -9,8 +23,16 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+import fuzz
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# Named kvlab-*: hypothesis has a built-in "ci" profile of its own, which this must not overwrite.
+for _name in fuzz.PROFILES:
+    settings.register_profile(f"kvlab-{_name}", deadline=None, print_blob=True)
+settings.load_profile(f"kvlab-{fuzz.profile()}")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -33,3 +55,18 @@ def repo_root() -> Path:
 def require_browser(pytestconfig: pytest.Config) -> bool:
     """True in CI: a missing browser must fail the run, never skip it silently."""
     return pytestconfig.getoption("--require-browser") or os.environ.get("KVLAB_REQUIRE_BROWSER", "") == "1"
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"fuzz profile: {fuzz.profile()} ({fuzz.ENV}; counts in tests/fuzz.py)"
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """How many random sequences each fuzz suite ran (counted as they start, not the configured number)."""
+    if not fuzz.ran:
+        return
+    tr = terminalreporter
+    tr.section(f"fuzz: examples run ({fuzz.ENV}={fuzz.profile()})")
+    for suite in sorted(fuzz.ran):
+        tr.write_line(f"{suite:>12}: {fuzz.ran[suite]:>6,} run (configured {fuzz.examples(suite):,})")
+    tr.write_line(f"{'total':>12}: {sum(fuzz.ran.values()):>6,}")

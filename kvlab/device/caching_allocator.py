@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvlab.errors import InvariantError, require
 from kvlab.units import MiB, align_down, align_up, div_ceil, fmt_bytes
 
 if TYPE_CHECKING:
@@ -376,7 +377,9 @@ class _BlockPool:
     def erase(self, block: Block) -> None:
         keys = self._keys[block.stream]
         i = bisect_left(keys, (block.size, block.addr))
-        assert i < len(keys) and keys[i] == (block.size, block.addr), f"{block!r} not in the {self.name} pool"
+        if i >= len(keys) or keys[i] != (block.size, block.addr):
+            raise InvariantError("a block taken from a pool must be in that pool's best-fit index", block=block,
+                                 pool=self.name)
         del keys[i]
         del self.blocks[block.addr]
 
@@ -393,7 +396,9 @@ class _BlockPool:
     def erase_unmapped(self, block: Block) -> None:
         addrs = self._unmapped_addrs[block.stream]
         i = bisect_left(addrs, block.addr)
-        assert i < len(addrs) and addrs[i] == block.addr, f"{block!r} not unmapped in the {self.name} pool"
+        if i >= len(addrs) or addrs[i] != block.addr:
+            raise InvariantError("a block taken from a pool's unmapped ranges must be listed there", block=block,
+                                 pool=self.name)
         del addrs[i]
         del self.unmapped[block.addr]
 
@@ -416,7 +421,8 @@ class _Stat:
 
     def decrease(self, amount: int) -> None:
         self.current -= amount
-        assert self.current >= 0, "negative tracked stat in the allocator model (logic error)"
+        if self.current < 0:
+            raise InvariantError("a tracked stat never goes negative", current=self.current, decrease=amount)
         self.freed += amount
 
 
@@ -534,7 +540,9 @@ class CachingAllocatorModel:
             else:
                 for stat in pairs[name, pool]:
                     stat.current += amount
-                    assert stat.current >= 0, f"negative {name} stat in the allocator model (logic error)"
+                    if stat.current < 0:
+                        raise InvariantError("a tracked stat never goes negative", stat=name, pool=pool,
+                                             current=stat.current, decrease=-amount)
                     stat.freed -= amount
 
     # ---- public entry points -----------------------------------------------------------------
@@ -778,7 +786,9 @@ class CachingAllocatorModel:
     def release_block(self, block: Block) -> None:
         """cudaFree a cached block that is a whole non-expandable segment."""
         segment = block.segment
-        assert not segment.is_expandable and not block.is_split() and not block.allocated, block
+        require(not segment.is_expandable and not block.is_split() and not block.allocated,
+                "release_block frees only a free block that is a whole cudaMalloc segment", block=block,
+                segment=segment)
         pool = self._pools[block.pool]
         pool.erase(block)
         del self._segments[segment.addr]
@@ -819,7 +829,9 @@ class CachingAllocatorModel:
             return None
         while candidate.size < size:  # free -> unmapped: map the rest and merge
             following = candidate.next
-            assert following is not None and not following.mapped, following
+            require(following is not None and not following.mapped,
+                    "a free expandable block too small for the request is followed by unmapped space",
+                    block=candidate, following=following, size=size)
             if not self._map_block(following, min(size - candidate.size, following.size)):
                 return None
             candidate = following
@@ -830,8 +842,10 @@ class CachingAllocatorModel:
         """Map whole pages covering ``size`` bytes at the start of an unmapped block (all or
         nothing, like torch's cuMemCreate loop), then merge with free neighbours."""
         segment, pool = to_map.segment, self._pools[to_map.pool]
-        assert not to_map.mapped and 0 < size <= to_map.size, (to_map, size)
-        assert (to_map.addr - segment.addr) % segment.page_bytes == 0, to_map
+        require(not to_map.mapped and 0 < size <= to_map.size,
+                "_map_block maps part of an unmapped block (0 < size <= block size)", block=to_map, size=size)
+        require((to_map.addr - segment.addr) % segment.page_bytes == 0, "an unmapped block starts on a page",
+                block=to_map, page_bytes=segment.page_bytes)
         mapped_bytes = align_up(size, segment.page_bytes)
         if mapped_bytes > self._driver_free_bytes():
             return False
@@ -885,7 +899,9 @@ class CachingAllocatorModel:
     def _release_expandable_segment(self, block: Block) -> None:
         """Drop an expandable segment whose address space is entirely unmapped."""
         segment = block.segment
-        assert not block.mapped and block.size == segment.address_space_bytes and segment.size == 0, block
+        require(not block.mapped and block.size == segment.address_space_bytes and segment.size == 0,
+                "an expandable segment is released only when its whole address space is unmapped", block=block,
+                segment=segment)
         self._pools[block.pool].erase_unmapped(block)
         del self._segments[segment.addr]
 
@@ -1044,7 +1060,8 @@ class CachingAllocatorModel:
         }
 
     def check_invariants(self) -> None:
-        """Walk every segment and pool; raise ``AssertionError`` naming the first broken rule."""
+        """Walk every segment and pool; raise :class:`~kvlab.errors.InvariantError` naming the first
+        broken rule and the values that broke it (a real check, also under ``python -O``)."""
         allocated = {p: 0 for p in POOLS}
         requested = {p: 0 for p in POOLS}
         reserved = {p: 0 for p in POOLS}
@@ -1053,61 +1070,79 @@ class CachingAllocatorModel:
         n_unmapped = {p: 0 for p in POOLS}
         n_allocated = n_cuda_segments = 0
         for addr, seg in self._segments.items():
-            assert seg.addr == addr, f"{seg!r} filed under {addr:#x}"
-            assert seg.head is not None and seg.head.prev is None, f"{seg!r}: bad head block"
+            require(seg.addr == addr, "a segment is filed under its own address", segment=seg, key=addr)
+            require(seg.head is not None and seg.head.prev is None, "a segment's head block has no predecessor",
+                    segment=seg, head=seg.head)
             pool = self._pools[seg.pool]
             cursor, mapped_bytes, prev = seg.addr, 0, None
             for b in seg.iter_all_blocks():
-                where = f"{seg!r}, {b!r}"
-                assert b.segment is seg and b.prev is prev, f"{where}: broken block links"
-                assert b.addr == cursor, f"{where}: gap or overlap (expected addr {cursor:#x})"
-                assert b.size > 0 and b.size % MIN_BLOCK_BYTES == 0, f"{where}: size not a positive multiple of 512"
-                assert b.pool == seg.pool and b.stream == seg.stream, f"{where}: pool/stream differ from segment"
+                require(b.segment is seg and b.prev is prev, "block links: each block points at its segment and "
+                        "at the block before it", segment=seg, block=b, prev=prev)
+                require(b.addr == cursor, "a segment's blocks tile it with no gap or overlap", segment=seg, block=b,
+                        expected_addr=cursor)
+                require(b.size > 0 and b.size % MIN_BLOCK_BYTES == 0, "a block's size is a positive multiple of 512",
+                        segment=seg, block=b, size=b.size)
+                require(b.pool == seg.pool and b.stream == seg.stream, "a block has its segment's pool and stream",
+                        segment=seg, block=b)
                 if prev is not None and not b.allocated and not prev.allocated:
-                    assert b.mapped != prev.mapped, f"{where}: two adjacent free blocks were not merged"
+                    require(b.mapped != prev.mapped, "two adjacent free blocks are merged", segment=seg, block=b,
+                            prev=prev)
                 if b.allocated:
-                    assert b.mapped and self._active.get(b.addr) is b, f"{where}: allocated block not active"
+                    require(b.mapped and self._active.get(b.addr) is b, "an allocated block is mapped and active",
+                            segment=seg, block=b)
                     allocated[seg.pool] += b.size
                     requested[seg.pool] += b.requested_size
                     n_allocated += 1
                 elif b.mapped:
-                    assert pool.blocks.get(b.addr) is b, f"{where}: free block missing from the {seg.pool} pool"
+                    require(pool.blocks.get(b.addr) is b, "a free mapped block is in its pool", segment=seg, block=b,
+                            pool=seg.pool)
                     n_free[seg.pool] += 1
                     if not seg.is_expandable and b.is_split():
                         inactive_split[seg.pool][0] += 1
                         inactive_split[seg.pool][1] += b.size
                 else:
-                    assert seg.is_expandable, f"{where}: unmapped block in a cudaMalloc segment"
-                    assert (b.addr - seg.addr) % seg.page_bytes == 0 and b.size % seg.page_bytes == 0, (
-                        f"{where}: unmapped range not page aligned"
-                    )
-                    assert pool.unmapped.get(b.addr) is b, f"{where}: unmapped block missing from the pool"
+                    require(seg.is_expandable, "only expandable segments hold unmapped blocks", segment=seg, block=b)
+                    require((b.addr - seg.addr) % seg.page_bytes == 0 and b.size % seg.page_bytes == 0,
+                            "an unmapped range is page aligned", segment=seg, block=b, page_bytes=seg.page_bytes)
+                    require(pool.unmapped.get(b.addr) is b, "an unmapped block is in its pool's unmapped ranges",
+                            segment=seg, block=b, pool=seg.pool)
                     n_unmapped[seg.pool] += 1
                 if b.mapped:
                     mapped_bytes += b.size
                 cursor, prev = b.end_addr, b
-            assert cursor - seg.addr == seg.address_space_bytes, f"{seg!r}: blocks do not cover the segment"
-            assert mapped_bytes == seg.size, f"{seg!r}: mapped blocks sum to {mapped_bytes}"
+            require(cursor - seg.addr == seg.address_space_bytes, "a segment's blocks cover its address space",
+                    segment=seg, covered_bytes=cursor - seg.addr, address_space_bytes=seg.address_space_bytes)
+            require(mapped_bytes == seg.size, "a segment's size is the sum of its mapped blocks", segment=seg,
+                    size=seg.size, mapped_bytes=mapped_bytes)
             if not seg.is_expandable:
                 n_cuda_segments += 1
-                assert seg.size == seg.address_space_bytes, f"{seg!r}: cudaMalloc segment partly mapped"
+                require(seg.size == seg.address_space_bytes, "a cudaMalloc segment is mapped whole", segment=seg,
+                        size=seg.size, address_space_bytes=seg.address_space_bytes)
                 if seg.pool == "small":
-                    assert seg.size == SMALL_BUFFER_BYTES, f"{seg!r}: small segments are 2 MiB"
+                    require(seg.size == SMALL_BUFFER_BYTES, "small-pool cudaMalloc segments are 2 MiB", segment=seg,
+                            size=seg.size)
             reserved[seg.pool] += seg.size
-        assert n_allocated == len(self._active), "an active block is not in any segment"
+        require(n_allocated == len(self._active), "every active block is in a segment",
+                active=len(self._active), in_segments=n_allocated)
         for p in POOLS:
             pool = self._pools[p]
-            assert n_free[p] == len(pool.blocks), f"{p} pool holds blocks that are in no segment"
-            assert n_unmapped[p] == len(pool.unmapped), f"{p} pool holds unmapped blocks that are in no segment"
+            require(n_free[p] == len(pool.blocks), "every free block in a pool is in a segment", pool=p,
+                    in_pool=len(pool.blocks), in_segments=n_free[p])
+            require(n_unmapped[p] == len(pool.unmapped), "every unmapped block in a pool is in a segment", pool=p,
+                    in_pool=len(pool.unmapped), in_segments=n_unmapped[p])
             n_keys = 0
             for stream in pool.streams():
                 keys = pool.keys(stream)
-                assert keys == sorted(keys), f"{p} pool, stream {stream}: best-fit order broken"
+                require(keys == sorted(keys), "a pool's best-fit index is sorted by (size, addr)", pool=p,
+                        stream=stream)
                 for size, addr in keys:
                     b = pool.blocks.get(addr)
-                    assert b is not None and (b.size, b.stream) == (size, stream), f"{p} pool: stale key {(size, addr)}"
+                    require(b is not None and (b.size, b.stream) == (size, stream),
+                            "every best-fit key names a free block of that size and stream", pool=p, stream=stream,
+                            key=(size, addr), block=b)
                 n_keys += len(keys)
-            assert n_keys == len(pool.blocks), f"{p} pool: keys and blocks disagree"
+            require(n_keys == len(pool.blocks), "a pool's best-fit index and its blocks agree", pool=p, keys=n_keys,
+                    blocks=len(pool.blocks))
             checks = (
                 ("allocated_bytes", allocated[p]),
                 ("active_bytes", allocated[p]),
@@ -1118,16 +1153,18 @@ class CachingAllocatorModel:
             )
             for name, expected in checks:
                 current = self._stats[name][f"{p}_pool"].current
-                assert current == expected, f"{name}.{p}_pool.current is {current}, blocks say {expected}"
+                require(current == expected, "each pool stat's current value matches the blocks",
+                        stat=f"{name}.{p}_pool.current", current=current, blocks_say=expected)
         for name in _STAT_ARRAYS:
             s = self._stats[name]
-            assert s["all"].current == s["small_pool"].current + s["large_pool"].current, (
-                f"{name}: all != small + large"
-            )
-        assert self._stats["allocation"]["all"].current == len(self._active), "allocation count != live blocks"
-        assert self._stats["segment"]["all"].current == n_cuda_segments, "segment count != cudaMalloc segments"
+            require(s["all"].current == s["small_pool"].current + s["large_pool"].current,
+                    "a stat's 'all' entry is small + large", stat=name, all=s["all"].current,
+                    small=s["small_pool"].current, large=s["large_pool"].current)
+        require(self._stats["allocation"]["all"].current == len(self._active), "allocation count == live blocks",
+                allocation=self._stats["allocation"]["all"].current, live_blocks=len(self._active))
+        require(self._stats["segment"]["all"].current == n_cuda_segments, "segment count == cudaMalloc segments",
+                segment=self._stats["segment"]["all"].current, cuda_segments=n_cuda_segments)
         free_bytes, total = self.mem_get_info()
-        assert free_bytes >= 0 and free_bytes + self.memory_reserved() + self._non_pytorch_bytes == total, (
-            f"driver books do not balance: free {free_bytes} + reserved {self.memory_reserved()} "
-            f"+ non-PyTorch {self._non_pytorch_bytes} != total {total}"
-        )
+        require(free_bytes >= 0 and free_bytes + self.memory_reserved() + self._non_pytorch_bytes == total,
+                "driver books balance: free + reserved + non-PyTorch == total", free=free_bytes,
+                reserved=self.memory_reserved(), non_pytorch=self._non_pytorch_bytes, total=total)

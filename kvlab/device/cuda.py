@@ -13,6 +13,7 @@ import torch
 
 from kvlab.device.base import Device, nbytes_of
 from kvlab.device.events import EventRecorder
+from kvlab.errors import require
 
 
 class CudaDevice(Device):
@@ -81,4 +82,5 @@ class CudaDevice(Device):
         return torch.cuda.memory._snapshot(self.index)
 
     def check_invariants(self) -> None:
-        assert self.memory_allocated() <= self.memory_reserved(), "allocated exceeds reserved"
+        allocated, reserved = self.memory_allocated(), self.memory_reserved()
+        require(allocated <= reserved, "allocated <= reserved", allocated=allocated, reserved=reserved)

@@ -24,7 +24,8 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from kvlab.mem_cache.memory_pool import DoubleFreeError, InvariantError, index_device
+from kvlab.errors import InvariantError, require
+from kvlab.mem_cache.memory_pool import DoubleFreeError, index_device
 from kvlab.units import div_ceil, tokens_to_pages
 
 _I64 = torch.int64
@@ -242,25 +243,37 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         name = type(self).__name__
         listed = torch.cat((self.free_pages, self.release_pages))
         n_free = len(listed)
-        if n_free and len(torch.unique(listed)) != n_free:
-            raise InvariantError(f"{name}: a page is on the free list twice")
-        if n_free and (int(listed.min()) < 1 or int(listed.max()) > self.num_pages):
-            raise InvariantError(f"{name}: the free list holds the padding page or a page out of range")
-        if n_free and not bool(self._page_free[listed].all()):
-            raise InvariantError(f"{name}: a page is on the free list but marked allocated")
-        if int(self._page_free.sum()) != n_free:
-            raise InvariantError(f"{name}: {int(self._page_free.sum())} pages marked free, {n_free} listed")
-        if bool(self._page_free[0]) or bool(self._page_pending[0]):
-            raise InvariantError(f"{name}: the padding page is marked free or pending")
-        if bool((self._page_free & self._page_pending).any()):
-            raise InvariantError(f"{name}: a page is both free and pending in a free group")
-        if self.free_group is None and bool(self._page_pending.any()):
-            raise InvariantError(f"{name}: pages pending with no open free group")
+        if n_free:
+            distinct = torch.unique(listed)
+            if len(distinct) != n_free:
+                raise InvariantError(f"{name}: no page is on the free list twice", listed=n_free,
+                                     distinct=len(distinct))
+            lo, hi = int(listed.min()), int(listed.max())
+            require(lo >= 1 and hi <= self.num_pages, f"{name}: the free list holds pages 1..num_pages only "
+                    "(never the padding page 0)", min_page=lo, max_page=hi, num_pages=self.num_pages)
+            taken = listed[~self._page_free[listed]]
+            if len(taken):
+                raise InvariantError(f"{name}: every page on the free list is marked free", pages=taken.tolist())
+        marked = int(self._page_free.sum())
+        require(marked == n_free, f"{name}: pages marked free == pages listed free", marked=marked, listed=n_free)
+        require(not bool(self._page_free[0]) and not bool(self._page_pending[0]),
+                f"{name}: the padding page is never free or pending", free=bool(self._page_free[0]),
+                pending=bool(self._page_pending[0]))
+        both = torch.nonzero(self._page_free & self._page_pending).reshape(-1)
+        if len(both):
+            raise InvariantError(f"{name}: no page is both free and pending in a free group", pages=both.tolist())
+        if self.free_group is None:
+            pending = torch.nonzero(self._page_pending).reshape(-1)
+            if len(pending):
+                raise InvariantError(f"{name}: pages are pending only inside an open free group",
+                                     pages=pending.tolist())
         used_pages = self.num_pages - n_free
-        if used_pages < 0 or (used_pages + n_free) * self.page_size != self.size:
-            raise InvariantError(f"{name}: used {used_pages} + free {n_free} pages != {self.num_pages}")
-        if self.available_size() + self.used_size() != self.size:
-            raise InvariantError(f"{name}: available + used != size")
+        require(used_pages >= 0 and (used_pages + n_free) * self.page_size == self.size,
+                f"{name}: used + free pages == num_pages", used_pages=used_pages, free_pages=n_free,
+                num_pages=self.num_pages, page_size=self.page_size, size=self.size)
+        available, used = self.available_size(), self.used_size()
+        require(available + used == self.size, f"{name}: available + used == size", available=available, used=used,
+                size=self.size)
 
 
 class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
@@ -423,7 +436,8 @@ class SWATokenToKVPoolAllocator:
 
     def _pair(self, full: Optional[torch.Tensor], swa: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         if full is None or swa is None:
-            raise InvariantError("SWA allocator: one side allocated after both sides were checked")
+            raise InvariantError("SWA allocator: both sides allocate once both were checked to have room",
+                                 full_allocated=full is not None, swa_allocated=swa is not None)
         self.full_to_swa_index_mapping[full] = swa
         return full
 
@@ -521,17 +535,24 @@ class SWATokenToKVPoolAllocator:
         self.swa_attn_allocator.check_invariants()
         m = self.full_to_swa_index_mapping
         if int(m[-1]) != -1 or bool((m[: self.page_size] != 0).any()):
-            raise InvariantError("SWA allocator: padding entries of the mapping were overwritten")
+            raise InvariantError("SWA allocator: the mapping's padding entries keep their values (0 for the padding "
+                                 "page, -1 at the end)", padding=m[: self.page_size].tolist(), last=int(m[-1]))
         mapped = torch.nonzero(m[:-1] > 0).reshape(-1)
-        if len(mapped) and not bool(self.full_attn_allocator.is_allocated(mapped).all()):
-            raise InvariantError("SWA allocator: a free full slot still maps to an SWA slot")
+        if len(mapped):
+            stale = mapped[~self.full_attn_allocator.is_allocated(mapped)]
+            if len(stale):
+                raise InvariantError("SWA allocator: only allocated full slots map to an SWA slot",
+                                     free_full_slots=stale.tolist(), swa_slots=m[stale].tolist())
         swa = m[mapped]
-        if len(torch.unique(swa)) != len(swa):
-            raise InvariantError("SWA allocator: two full slots share one SWA slot")
-        if len(swa) and not bool(self.swa_attn_allocator.is_allocated(swa).all()):
-            raise InvariantError("SWA allocator: a full slot maps to a free SWA slot")
+        n_distinct = len(torch.unique(swa))
+        require(n_distinct == len(swa), "SWA allocator: no two full slots share one SWA slot", mapped=len(swa),
+                distinct_swa_slots=n_distinct)
+        if len(swa):
+            freed = swa[~self.swa_attn_allocator.is_allocated(swa)]
+            if len(freed):
+                raise InvariantError("SWA allocator: every mapped SWA slot is allocated", free_swa_slots=freed.tolist())
         if self.free_group is None:
             swa_used = self.swa_attn_allocator.used_size()
             paged_swa = len(torch.unique(swa // self.page_size)) * self.page_size if len(swa) else 0
-            if paged_swa != swa_used:
-                raise InvariantError(f"SWA allocator: {swa_used} SWA slots used, {paged_swa} reachable from the mapping")
+            require(paged_swa == swa_used, "SWA allocator: every used SWA slot's page is reachable from the mapping",
+                    swa_used=swa_used, reachable=paged_swa)

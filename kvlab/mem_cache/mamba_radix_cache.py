@@ -27,7 +27,8 @@ from typing import Any, NamedTuple, Optional
 import torch
 
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
-from kvlab.mem_cache.memory_pool import DoubleFreeError, InvariantError
+from kvlab.errors import InvariantError, require
+from kvlab.mem_cache.memory_pool import DoubleFreeError
 from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, _as_tokens
 from kvlab.mem_cache.swa_radix_cache import HybridEvictResult, HybridTreeNode, _HybridTreeBase
 from kvlab.units import align_down
@@ -83,12 +84,19 @@ class MambaPool:
         self.ssm_state[dst] = self.ssm_state[src]
 
     def check_invariants(self) -> None:
-        if len(set(self.free_slots)) != len(self.free_slots):
-            raise InvariantError("MambaPool: a slot is on the free list twice")
-        if int(self._is_free.sum()) != len(self.free_slots) or not bool(self._is_free[self.free_slots].all()):
-            raise InvariantError("MambaPool: free list and free mask disagree")
-        if self.available_size() + self.used_size() != self.size:
-            raise InvariantError("MambaPool: free + used != size")
+        free = self.free_slots
+        require(len(set(free)) == len(free), "MambaPool: no slot is on the free list twice", free_slots=len(free),
+                distinct=len(set(free)))
+        bad = [x for x in free if not 0 <= x < self.size]
+        require(not bad, "MambaPool: the free list holds slots 0..size-1 only", slots=bad, size=self.size)
+        marked = int(self._is_free.sum())
+        idx = torch.tensor(free, dtype=_I64)
+        unmarked = idx[~self._is_free[idx]].tolist() if free else []
+        require(marked == len(free) and not unmarked, "MambaPool: the free list and the free mask agree",
+                marked_free=marked, listed_free=len(free), listed_but_not_marked=unmarked)
+        available, used = self.available_size(), self.used_size()
+        require(available + used == self.size, "MambaPool: free + used == size", free=available, used=used,
+                size=self.size)
 
 
 class MambaInsertResult(NamedTuple):
@@ -297,21 +305,25 @@ class MambaRadixCache(_HybridTreeBase):
         slots = []
         for x in nodes:
             if not x.children and x.mamba_value is None:
-                raise InvariantError(f"MambaRadixCache: leaf {x!r} has no mamba state")
+                raise InvariantError("MambaRadixCache: every leaf has a mamba state", node=x)
             if x.mamba_lock_ref < 0 or x.mamba_lock_ref > x.lock_ref:
-                raise InvariantError(f"MambaRadixCache: {x!r} mamba_lock_ref {x.mamba_lock_ref} outside [0, lock_ref]")
+                raise InvariantError("MambaRadixCache: 0 <= mamba_lock_ref <= lock_ref", node=x,
+                                     mamba_lock_ref=x.mamba_lock_ref, lock_ref=x.lock_ref)
             if x.mamba_value is None:
                 if x.mamba_lock_ref:
-                    raise InvariantError(f"MambaRadixCache: {x!r} is mamba-locked without a state")
+                    raise InvariantError("MambaRadixCache: only a node with a state is mamba-locked", node=x,
+                                         mamba_lock_ref=x.mamba_lock_ref)
                 continue
             slots.append(x.mamba_value)
             if x.mamba_lock_ref:
                 pr += 1
             else:
                 ev += 1
-        if len(set(slots)) != len(slots):
-            raise InvariantError("MambaRadixCache: a state slot is held by two nodes")
-        if slots and bool(self.mamba_pool._is_free[torch.tensor(slots)].any()):
-            raise InvariantError("MambaRadixCache: a cached state slot is free in the MambaPool")
-        if (ev, pr) != (self.mamba_evictable_size_, self.mamba_protected_size_):
-            raise InvariantError(f"MambaRadixCache: mamba counters {self.mamba_evictable_size_}/{self.mamba_protected_size_}, tree has {ev}/{pr}")
+        require(len(set(slots)) == len(slots), "MambaRadixCache: no state slot is held by two nodes",
+                states=len(slots), distinct=len(set(slots)))
+        if slots:
+            free = [s for s, f in zip(slots, self.mamba_pool._is_free[torch.tensor(slots)].tolist()) if f]
+            require(not free, "MambaRadixCache: every cached state slot is allocated in the MambaPool", slots=free)
+        require((ev, pr) == (self.mamba_evictable_size_, self.mamba_protected_size_),
+                "MambaRadixCache: mamba counters match the tree", evictable=self.mamba_evictable_size_,
+                protected=self.mamba_protected_size_, tree_evictable=ev, tree_protected=pr)

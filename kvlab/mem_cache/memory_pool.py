@@ -18,7 +18,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from kvlab.errors import InvariantError
+from kvlab.errors import InvariantError, require
 
 __all__ = ["InvariantError", "DoubleFreeError", "ReqToTokenPool", "MHATokenToKVPool", "allocate_tensor", "index_device"]
 
@@ -125,17 +125,20 @@ class ReqToTokenPool:
 
     def check_invariants(self) -> None:
         free = self.free_slots
-        if len(set(free)) != len(free):
-            raise InvariantError("ReqToTokenPool: a row is in free_slots twice")
-        if any(not (1 <= r <= self.size) for r in free):
-            raise InvariantError("ReqToTokenPool: free_slots holds row 0 or a row past size")
-        if any(self._allocated[r] for r in free):
-            raise InvariantError("ReqToTokenPool: a row is both free and allocated")
+        require(len(set(free)) == len(free), "ReqToTokenPool: no row is in free_slots twice", free_slots=len(free),
+                distinct=len(set(free)))
+        bad = [r for r in free if not (1 <= r <= self.size)]
+        require(not bad, "ReqToTokenPool: free_slots holds rows 1..size only (never the padding row 0)", rows=bad,
+                size=self.size)
+        both = [r for r in free if self._allocated[r]]
+        require(not both, "ReqToTokenPool: no row is both free and allocated", rows=both)
         used = sum(self._allocated)
-        if used + len(free) != self.size:
-            raise InvariantError(f"ReqToTokenPool: used {used} + free {len(free)} != size {self.size}")
-        if tuple(self.req_to_token.shape) != (self.size + 1, self.max_context_len):
-            raise InvariantError(f"ReqToTokenPool: req_to_token has shape {tuple(self.req_to_token.shape)}")
+        require(used + len(free) == self.size, "ReqToTokenPool: used + free == size", used=used, free=len(free),
+                size=self.size)
+        shape = tuple(self.req_to_token.shape)
+        require(shape == (self.size + 1, self.max_context_len),
+                "ReqToTokenPool: req_to_token is (size + 1) x max_context_len", shape=shape, size=self.size,
+                max_context_len=self.max_context_len)
 
 
 def _store_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -225,14 +228,13 @@ class MHATokenToKVPool:
     def check_invariants(self) -> None:
         rows = self.size + self.page_size
         for name, bufs, dim in (("k", self.k_buffer, self.head_dim), ("v", self.v_buffer, self.v_head_dim)):
-            if len(bufs) != self.layer_num:
-                raise InvariantError(f"MHATokenToKVPool: {len(bufs)} {name} buffers for {self.layer_num} layers")
+            require(len(bufs) == self.layer_num, "MHATokenToKVPool: one K and one V buffer per layer", kind=name,
+                    buffers=len(bufs), layers=self.layer_num)
             for l, t in enumerate(bufs):
-                if tuple(t.shape) != (rows, self.head_num, dim) or t.dtype != self.store_dtype:
-                    raise InvariantError(
-                        f"MHATokenToKVPool: {name}_buffer[{l}] is {tuple(t.shape)} {t.dtype}, "
-                        f"expected {(rows, self.head_num, dim)} {self.store_dtype}"
-                    )
+                require(tuple(t.shape) == (rows, self.head_num, dim) and t.dtype == self.store_dtype,
+                        "MHATokenToKVPool: every buffer is rows x heads x head_dim of the store dtype",
+                        buffer=f"{name}_buffer[{l}]", shape=tuple(t.shape), dtype=t.dtype,
+                        expected_shape=(rows, self.head_num, dim), expected_dtype=self.store_dtype)
         k, v = self.get_kv_size_bytes()
-        if k + v != self.cell_size_bytes * rows:
-            raise InvariantError(f"MHATokenToKVPool: {k + v} bytes != cell {self.cell_size_bytes} x {rows} rows")
+        require(k + v == self.cell_size_bytes * rows, "MHATokenToKVPool: buffer bytes == cell bytes x rows",
+                bytes=k + v, cell_size_bytes=self.cell_size_bytes, rows=rows)

@@ -41,7 +41,7 @@ import torch
 
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult, get_eviction_strategy
-from kvlab.mem_cache.memory_pool import InvariantError
+from kvlab.errors import InvariantError, require
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -439,8 +439,8 @@ class RadixCache:
                            inserted_len=key_len if chunked else 0)
         self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : done])
         m = self.match_prefix(tokens[:key_len])
-        if m.device_prefix_len != key_len:
-            raise InvariantError(f"cache_unfinished_req: re-match found {m.device_prefix_len} of {key_len} tokens")
+        require(m.device_prefix_len == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
+                found=m.device_prefix_len, inserted=key_len)
         new = m.device_indices
         protected = req.cache_protected_len
         self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), new[protected:].to(torch.int32))
@@ -610,16 +610,20 @@ class RadixCache:
         nodes = check_tree(self, self.evictable_size_, self.protected_size_, "RadixCache")
         leaves = {n for n in nodes if not n.lock_ref and not n.children}
         if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
-            raise InvariantError(
-                f"RadixCache: evictable-leaf index has {len(self.evictable_leaves)} nodes, brute force finds {len(leaves)}"
-            )
+            raise InvariantError("RadixCache: the evictable-leaf index holds exactly the unlocked leaves",
+                                 index=len(self.evictable_leaves), brute_force=len(leaves),
+                                 missing=sorted(n.id for n in leaves - self.evictable_leaves),
+                                 extra=sorted(n.id for n in self.evictable_leaves - leaves),
+                                 unflagged=sorted(n.id for n in leaves if not n._evictable))
         live = {}
         for prio, last, nid, ver, node in self._heap:
             if node._evictable and ver == node._hver:
                 live[node] = (prio, last, nid)
         for node in leaves:
             if live.get(node) != (self._prio(node), node.last_access_time, node.id):
-                raise InvariantError(f"RadixCache: heap entry of {node!r} is missing or has a stale priority")
+                raise InvariantError("RadixCache: every evictable leaf has a live heap entry with its current priority",
+                                     node=node, heap_entry=live.get(node),
+                                     expected=(self._prio(node), node.last_access_time, node.id))
 
 
 def check_tree(cache: Any, evictable_size: int, protected_size: int, name: str) -> list:
@@ -633,38 +637,47 @@ def check_tree(cache: Any, evictable_size: int, protected_size: int, name: str) 
     """
     root, ps = cache.root_node, cache.page_size
     if root.lock_ref != 1 or len(root.key) or root.parent is not None:
-        raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent")
+        raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent", lock_ref=root.lock_ref,
+                             key_len=len(root.key), parent=root.parent)
     evictable = protected = 0
     nodes = []
     for node in cache._nodes():
         child_locks = 0
         for ck, child in node.children.items():
             if child.parent is not node:
-                raise InvariantError(f"{name}: {child!r} has the wrong parent")
+                raise InvariantError(f"{name}: each child points back at its parent", child=child, parent=child.parent,
+                                     filed_under=node)
             if ck != cache._child_key(child.key):
-                raise InvariantError(f"{name}: {child!r} is filed under key {ck!r}")
+                raise InvariantError(f"{name}: each child is filed under its own first token/page", child=child,
+                                     filed_under=ck, own_key=cache._child_key(child.key))
             child_locks += child.lock_ref
         if node is root:
             continue
         nodes.append(node)
         if node.value is None or len(node.value) != len(node.key) or not len(node.key):
-            raise InvariantError(f"{name}: {node!r} has {None if node.value is None else len(node.value)} values")
+            raise InvariantError(f"{name}: every node holds one value per token of a non-empty key", node=node,
+                                 key_len=len(node.key), values=None if node.value is None else len(node.value))
         if len(node.key) % ps:
-            raise InvariantError(f"{name}: {node!r} is not a whole number of pages")
+            raise InvariantError(f"{name}: every key is a whole number of pages", node=node, key_len=len(node.key),
+                                 page_size=ps)
         if node.lock_ref < 0 or node.lock_ref < child_locks:
-            raise InvariantError(f"{name}: {node!r} lock_ref {node.lock_ref} < children's {child_locks}")
+            raise InvariantError(f"{name}: lock_ref >= 0 and >= the sum of the children's", node=node,
+                                 lock_ref=node.lock_ref, children_lock_ref=child_locks)
         if node.lock_ref:
             protected += len(node.key)
         else:
             evictable += len(node.key)
-    if (evictable, protected) != (evictable_size, protected_size):
-        raise InvariantError(f"{name}: counters evictable={evictable_size} protected={protected_size}, "
-                             f"tree has evictable={evictable} protected={protected}")
+    require((evictable, protected) == (evictable_size, protected_size),
+            f"{name}: counters evictable/protected match the tokens of unlocked/locked nodes",
+            evictable=evictable_size, protected=protected_size, tree_evictable=evictable, tree_protected=protected)
     if nodes:
         flat = torch.cat([n.value for n in nodes])
-        if len(torch.unique(flat)) != len(flat):
-            raise InvariantError(f"{name}: a KV slot is cached in two nodes")
+        distinct = len(torch.unique(flat))
+        require(distinct == len(flat), f"{name}: no KV slot is cached in two nodes", cached_slots=len(flat),
+                distinct=distinct)
         alloc = cache.token_to_kv_pool_allocator
         if alloc is not None and hasattr(alloc, "all_allocated") and not alloc.all_allocated(flat):
-            raise InvariantError(f"{name}: a cached KV slot is free in the allocator")
+            free = flat[~alloc.is_allocated(flat)] if hasattr(alloc, "is_allocated") else flat
+            raise InvariantError(f"{name}: every cached KV slot is allocated in the allocator",
+                                 n_free=len(free), first_free=free.tolist()[:16])
     return nodes

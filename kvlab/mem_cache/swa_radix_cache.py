@@ -31,7 +31,7 @@ import torch
 
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
-from kvlab.mem_cache.memory_pool import InvariantError
+from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.radix_cache import (LockRefError, LogicalClock, MatchResult, RadixCache, _as_tokens,
                                          _common_len, check_tree)
 from kvlab.units import align_down
@@ -518,20 +518,25 @@ class SWARadixCache(_HybridTreeBase):
         m = self.token_to_kv_pool_allocator.full_to_swa_index_mapping
         for x in nodes:
             if x.swa_lock_ref < 0 or x.swa_lock_ref > x.lock_ref:
-                raise InvariantError(f"SWARadixCache: {x!r} swa_lock_ref {x.swa_lock_ref} outside [0, lock_ref]")
+                raise InvariantError("SWARadixCache: 0 <= swa_lock_ref <= lock_ref", node=x,
+                                     swa_lock_ref=x.swa_lock_ref, lock_ref=x.lock_ref)
             if x.swa_tombstone:
                 if not x.children:
-                    raise InvariantError(f"SWARadixCache: {x!r} is a tombstone leaf")
+                    raise InvariantError("SWARadixCache: no tombstone is a leaf", node=x)
                 if x.swa_lock_ref:
-                    raise InvariantError(f"SWARadixCache: {x!r} is a tombstone under an SWA lock")
+                    raise InvariantError("SWARadixCache: no tombstone is under an SWA lock", node=x,
+                                         swa_lock_ref=x.swa_lock_ref)
                 if bool((m[x.value] != 0).any()):
-                    raise InvariantError(f"SWARadixCache: tombstone {x!r} still maps to SWA slots")
+                    raise InvariantError("SWARadixCache: a tombstone maps to no SWA slot", node=x,
+                                         swa_slots=m[x.value].tolist())
                 continue
             if bool((m[x.value] <= 0).any()):
-                raise InvariantError(f"SWARadixCache: {x!r} lost an SWA peer without being tombstoned")
+                raise InvariantError("SWARadixCache: every value of a live (un-tombstoned) node has an SWA peer",
+                                     node=x, swa_slots=m[x.value].tolist())
             if x.swa_lock_ref:
                 pr += len(x.key)
             else:
                 ev += len(x.key)
-        if (ev, pr) != (self.swa_evictable_size_, self.swa_protected_size_):
-            raise InvariantError(f"SWARadixCache: swa counters {self.swa_evictable_size_}/{self.swa_protected_size_}, tree has {ev}/{pr}")
+        require((ev, pr) == (self.swa_evictable_size_, self.swa_protected_size_),
+                "SWARadixCache: swa counters match the un-tombstoned tokens", swa_evictable=self.swa_evictable_size_,
+                swa_protected=self.swa_protected_size_, tree_evictable=ev, tree_protected=pr)

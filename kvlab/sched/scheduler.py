@@ -25,6 +25,7 @@ from typing import Any, Sequence
 
 import torch
 
+from kvlab.errors import require
 from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvlab.mem_cache.common import (
     EVICTION_MODES,
@@ -553,11 +554,15 @@ class Scheduler:
             held += req.kv_len - req.cache_protected_len
         ps = self.config.page_size
         owned = self.allocator.available_size() + self.tree.total_size() + held
-        if ps == 1 and owned != self.config.kv_tokens:
-            raise AssertionError(f"slot leak: available {self.allocator.available_size()} + cached "
-                                 f"{self.tree.total_size()} + held {held} != {self.config.kv_tokens}")
-        if self.tree.evictable_size() + self.tree.protected_size() != self.tree.total_size():
-            raise AssertionError("evictable + protected != cached")
+        # ``held`` counts tokens; a paged request's partly filled last page is a whole page of the pool, so
+        # the exact count is checked at page 1.
+        require(ps != 1 or owned == self.config.kv_tokens,
+                "no slot leak: available + cached + held by requests == kv_tokens",
+                available=self.allocator.available_size(), cached=self.tree.total_size(), held=held,
+                kv_tokens=self.config.kv_tokens)
+        require(self.tree.evictable_size() + self.tree.protected_size() == self.tree.total_size(),
+                "evictable + protected == cached", evictable=self.tree.evictable_size(),
+                protected=self.tree.protected_size(), cached=self.tree.total_size())
 
     def _admit_arrivals(self) -> None:
         while self.pending and self.pending[0].arrival_time_s <= self.now_s:

@@ -10,10 +10,11 @@ it is split, or that a fresh segment is needed.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from fuzz import fuzz_settings, record
 from kvlab.device.caching_allocator import (
     LARGE_BUFFER_BYTES,
     MIN_BLOCK_BYTES,
@@ -55,6 +56,7 @@ class AllocatorMachine(RuleBasedStateMachine):
         non_pytorch_mib=st.integers(0, 16),
     )
     def setup(self, config: AllocatorConfig, total_mib: int, non_pytorch_mib: int) -> None:
+        record("allocator")
         self.config = config
         self.alloc = CachingAllocatorModel(
             total_mib * MiB, non_pytorch_bytes=non_pytorch_mib * MiB, config=config, recorder=EventRecorder()
@@ -195,11 +197,6 @@ class AllocatorMachine(RuleBasedStateMachine):
             assert (last.allocated_bytes, last.reserved_bytes) == (a.memory_allocated(), a.memory_reserved())
 
 
-# ~200 runs of up to 60 steps: about 10,000 steps, ~10 s on a 2-core machine.
-AllocatorMachine.TestCase.settings = settings(
-    max_examples=200,
-    stateful_step_count=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow],
-)
+# How many runs: tests/fuzz.py, by profile (KVLAB_FUZZ).
+AllocatorMachine.TestCase.settings = fuzz_settings("allocator", suppress_health_check=[HealthCheck.too_slow])
 TestCachingAllocatorModel = AllocatorMachine.TestCase

@@ -2,10 +2,10 @@
 serve / lock / unlock / evict / hold keeps every check_invariants() true and the pools conserved."""
 
 import torch
-from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from fuzz import fuzz_settings, record
 from kvlab.mem_cache import (MambaPool, MambaRadixCache, SWARadixCache, SWATokenToKVPoolAllocator,
                              TokenToKVPoolAllocator, ensure_mamba_capacity, evict_from_tree_cache)
 from kvlab.mem_cache.evict_policy import EvictParams
@@ -14,8 +14,11 @@ tokens = st.lists(st.integers(0, 5), min_size=1, max_size=12)
 
 
 class _Machine(RuleBasedStateMachine):
+    suite = ""  # tests/fuzz.py's name for the subclass
+
     def __init__(self):
         super().__init__()
+        record(self.suite)  # hypothesis makes one machine per example
         self.locks, self.held = [], []
 
     @rule(i=st.integers(0, 20))
@@ -42,6 +45,8 @@ class _Machine(RuleBasedStateMachine):
 
 
 class SWAMachine(_Machine):
+    suite = "swa_radix"
+
     def __init__(self):
         super().__init__()
         self.alloc = SWATokenToKVPoolAllocator(48, 24, page_size=1)
@@ -78,6 +83,8 @@ class SWAMachine(_Machine):
 
 
 class MambaMachine(_Machine):
+    suite = "mamba_radix"
+
     def __init__(self):
         super().__init__()
         self.alloc = TokenToKVPoolAllocator(48)
@@ -121,7 +128,8 @@ class MambaMachine(_Machine):
         assert self.cache.mamba_pool.available_size() + self.cache.mamba_total_size() == 4
 
 
+# How many op sequences, of how many steps: tests/fuzz.py, by profile (KVLAB_FUZZ).
 TestSWAStateful = SWAMachine.TestCase
-TestSWAStateful.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+TestSWAStateful.settings = fuzz_settings("swa_radix")
 TestMambaStateful = MambaMachine.TestCase
-TestMambaStateful.settings = settings(max_examples=40, stateful_step_count=30, deadline=None)
+TestMambaStateful.settings = fuzz_settings("mamba_radix")

@@ -10,22 +10,15 @@ the slots of its last page, longest prefix found by scanning.
 
 from __future__ import annotations
 
-import os
-
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from fuzz import fuzz_settings, record
 from kvlab.mem_cache import EvictResult, evict_from_tree_cache
 from kvlab.units import align_down
 
 from .op_script import POLICIES, KvlabRunner
-
-# Default: 1,000 op sequences of up to 30 steps per page size (2,000 per run, ~55k ops, ~90 s on
-# 2 cores). KVLAB_HYPOTHESIS_EXAMPLES changes it (higher for a soak run, lower while developing).
-EXAMPLES = int(os.environ.get("KVLAB_HYPOTHESIS_EXAMPLES", "1000"))
-STEPS = 30
-
 
 def _digits(length_and_code):
     """Token list from two draws (length, base-3 code): drawing 20 separate integers per list made
@@ -44,6 +37,7 @@ class CacheMachine(RuleBasedStateMachine):
     @initialize(policy=st.sampled_from(POLICIES), pages=st.integers(6, 40),
                 mode=st.sampled_from(["shortfall", "full"]))
     def setup(self, policy, pages, mode):
+        record(f"radix_page{self.page_size}")
         self.runner = KvlabRunner(pages * self.page_size, self.page_size, policy, mode=mode, check=False)
         self.model: dict[tuple, list[int]] = {}
         self.rid = 0
@@ -168,9 +162,9 @@ class PagedCacheMachine(CacheMachine):
     page_size = 4
 
 
-_settings = settings(max_examples=EXAMPLES, stateful_step_count=STEPS, deadline=None,
-                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+# How many op sequences, of how many steps: tests/fuzz.py, by profile (KVLAB_FUZZ).
+_health = [HealthCheck.too_slow, HealthCheck.filter_too_much]
 TestCacheMachinePage1 = CacheMachine.TestCase
-TestCacheMachinePage1.settings = _settings
+TestCacheMachinePage1.settings = fuzz_settings("radix_page1", suppress_health_check=_health)
 TestCacheMachinePage4 = PagedCacheMachine.TestCase
-TestCacheMachinePage4.settings = _settings
+TestCacheMachinePage4.settings = fuzz_settings("radix_page4", suppress_health_check=_health)

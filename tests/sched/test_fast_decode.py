@@ -7,9 +7,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
+from fuzz import fuzz_settings, record
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import SchedulerConfig, simulate
 from kvlab.workloads.mooncake import load_trace
@@ -55,7 +56,7 @@ def test_mooncake_trace_at_block_granularity(mode, pages, max_running):
         assert plain.counts["retractions"] > 0
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings("fast_decode", suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     page_size=st.sampled_from([2, 4, 8]),
@@ -68,6 +69,7 @@ def test_mooncake_trace_at_block_granularity(mode, pages, max_running):
 )
 def test_random_workloads_match_the_plain_loop(seed, page_size, mode, policy, groups, max_running, chunk,
                                                long_outputs):
+    record("fast_decode")
     rng = random.Random(seed)
     reqs = []
     for g in range(groups):

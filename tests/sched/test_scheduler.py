@@ -4,9 +4,10 @@ import random
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
+from fuzz import fuzz_settings, record
 from kvlab.sched import SchedulerConfig, simulate
 
 
@@ -62,7 +63,7 @@ def test_max_running_one_replays_one_at_a_time():
     assert res.counts["cached_prompt_tokens"] >= 6 * 64
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@fuzz_settings("scheduler", suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 10_000),
     page_size=st.sampled_from([1, 4]),
@@ -73,6 +74,7 @@ def test_max_running_one_replays_one_at_a_time():
     chunk=st.sampled_from([16, 64, 8192]),
 )
 def test_random_workloads_keep_every_invariant(seed, page_size, mode, policy, groups, max_running, chunk):
+    record("scheduler")
     rng = random.Random(seed)
     reqs = []
     for g in range(groups):
