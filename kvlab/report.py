@@ -164,15 +164,14 @@ def _strip_ansi(text: str) -> str:
 
 
 def render_html(nb) -> str:
-    """nbconvert's lab template over a copy whose widget outputs are replaced by static HTML from the saved
-    widget state (figures as plotly divs, plotly.js inlined once): FigureWidgets need a kernel or a CDN,
-    the page must work offline. ``fig.show()`` outputs carry their own plotly.js (PLOTLY_RENDERER)."""
-    from nbconvert import HTMLExporter
-
+    """One offline page (nbconvert's lab template without its CDN scripts, math by inlined KaTeX: see
+    ``kvlab.viz.offline``) over a copy whose widget outputs are replaced by static HTML from the saved widget
+    state (figures as plotly divs, plotly.js inlined once): FigureWidgets need a kernel or a CDN, the page
+    must work offline. ``fig.show()`` outputs carry their own plotly.js (PLOTLY_RENDERER)."""
     from kvlab.viz.export import static_widget_outputs  # lazy: the core never imports plotly
+    from kvlab.viz.offline import render_notebook_html
 
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(static_widget_outputs(nb))
-    return body
+    return render_notebook_html(static_widget_outputs(nb))
 
 
 # ---- the numbers ----------------------------------------------------------------------------------

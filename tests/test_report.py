@@ -62,40 +62,134 @@ def test_html_embeds_plotly_figures_and_plotly_js_offline(report_dir: Path):
     assert "kvlab-verdict-box" in page  # the panel's HTML widgets are shown too
 
 
-@pytest.mark.slow
-@pytest.mark.browser
-def test_html_page_draws_its_plots_with_the_network_cut(report_dir: Path):
-    """Open the page in chromium with every non-file request aborted: the plots must still draw."""
+def _chromium_or_skip() -> None:
     if not os.access("/usr/bin/chromium", os.X_OK):
         if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
             pytest.fail("chromium not found at /usr/bin/chromium (KVLAB_REQUIRE_BROWSER=1)")
         pytest.skip("chromium not found at /usr/bin/chromium: apt-get install -y chromium")
+
+
+LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
+OFFLINE_CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                         "--disable-dev-shm-usage"]
+
+
+def _open_offline(path: Path, check, screenshot: Path | None = None) -> None:
+    """Open ``path`` in chromium with every non-local request aborted and counted (``page.on("request")``),
+    then ``check(page, remote_requests, page_errors)``. A thread of its own: pytest-playwright's session
+    (the browser tests) may already hold this thread's event loop, and the sync API refuses to start inside
+    a running loop."""
     from concurrent.futures import ThreadPoolExecutor
 
     from playwright.sync_api import sync_playwright
 
-    def draw() -> None:
+    def run() -> None:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=OFFLINE_CHROMIUM_ARGS)
             try:
-                context = browser.new_context()
-                context.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+                context = browser.new_context(viewport={"width": 1280, "height": 900})
+                context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(LOCAL_SCHEMES)
+                              else r.abort())
                 page = context.new_page()
+                remote: list[str] = []
                 errors: list[str] = []
+                page.on("request", lambda r: None if r.url.startswith(LOCAL_SCHEMES) else remote.append(r.url))
                 page.on("pageerror", lambda e: errors.append(str(e)))
-                page.goto((report_dir / "html" / "01_kv_pool_sizing.html").as_uri())
-                page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
-                                       timeout=60_000)
-                assert page.evaluate("() => typeof window.Plotly") == "object"
-                assert not [e for e in errors if "Plotly" in e], errors
+                page.goto(path.as_uri(), wait_until="load")
+                check(page, remote, errors)
+                if screenshot is not None:
+                    page.screenshot(path=str(screenshot), full_page=True)
             finally:
                 browser.close()
 
-    # A thread of its own: pytest-playwright's session (the browser tests) may already hold this
-    # thread's event loop, and the sync API refuses to start inside a running loop.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(draw).result()
+        pool.submit(run).result()
+
+
+@pytest.mark.slow
+@pytest.mark.browser
+def test_html_page_draws_its_plots_and_formulas_with_the_network_cut(report_dir: Path, tmp_path: Path):
+    """Open the page in chromium with every non-local request aborted: the plots draw, the formulas are
+    typeset by KaTeX (no raw ``$$`` left in the visible text) and the page asked for nothing off the machine."""
+    _chromium_or_skip()
+
+    def check(page, remote, errors) -> None:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
+                               timeout=60_000)
+        page.wait_for_function("() => document.body.getAttribute('data-kvlab-math') === 'typeset'", timeout=30_000)
+        assert page.evaluate("() => typeof window.Plotly") == "object"
+        assert not [e for e in errors if "Plotly" in e], errors
+        # notebook 01's budget formula, typeset: KaTeX's HTML with its MathML twin, and no error box
+        assert page.locator(".katex-display .katex-html").count() >= 1
+        assert r"max\_total\_num\_tokens" in page.locator(".katex-display annotation").first.text_content()
+        assert page.locator(".katex-error").count() == 0
+        text = page.evaluate("() => document.body.innerText")
+        assert "$$" not in text and "\\text{rest}" not in text
+        assert errors == [], errors
+        assert remote == [], f"requests off the machine: {remote}"
+
+    _open_offline(report_dir / "html" / "01_kv_pool_sizing.html", check, tmp_path / "01.png")
+
+
+def _figure_notebook(markdown: str) -> nbformat.NotebookNode:
+    """A notebook as a headless run leaves it: a markdown cell and a figure shown through plotly's ``notebook``
+    renderer (``PLOTLY_RENDERER=plotly_mimetype+notebook``), whose HTML asks cdnjs for MathJax."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[3, 1, 2]), layout_title_text="three points")
+    bundle = pio.renderers["notebook"].to_mimebundle(fig.to_dict())
+    assert re.search(r"<script src=\"https://cdnjs[^\"]+mathjax", bundle["text/html"])  # what a run leaves
+    nb = nbformat.v4.new_notebook()
+    code = nbformat.v4.new_code_cell("fig.show()", execution_count=1)
+    code.outputs = [nbformat.v4.new_output("display_data", data={**bundle, "text/plain": "Figure"})]
+    nb.cells = [nbformat.v4.new_markdown_cell(markdown), code]
+    return nb
+
+
+def test_remote_loads_finds_scripts_styles_images_and_imports_not_links():
+    from kvlab.viz.offline import remote_loads
+
+    page = ("<script src='https://cdn.example/a.js'></script><link rel=stylesheet href=\"//cdn.example/b.css\">"
+            "<img src=http://x.example/c.png><script type=module>import \"https://cdn.example/d.mjs\"</script>"
+            "<a href='https://plotly.com/'>plotly</a><script src='../local.js'></script>")
+    assert remote_loads(page) == ["https://cdn.example/a.js", "//cdn.example/b.css", "http://x.example/c.png",
+                                  "https://cdn.example/d.mjs"]
+
+
+def test_rendered_page_loads_nothing_remote_and_inlines_katex_only_when_needed():
+    from kvlab.report import render_html
+    from kvlab.viz.offline import remote_loads
+
+    page = render_html(_figure_notebook("Budget: $$\\text{rest} = a - b$$ and inline $x^2$."))
+    assert remote_loads(page) == []  # no require.js, MathJax, widget manager or mermaid from a CDN
+    assert "renderMathInElement" in page and "data:font/woff2;base64," in page  # KaTeX and its fonts inline
+    assert "url(fonts/" not in page
+    assert page.count("* plotly.js v") == 1  # the figure gets plotly.js, once
+    plain = render_html(_figure_notebook("No formulas here, only a price of 5 dollars."))
+    assert "renderMathInElement" not in plain and remote_loads(plain) == []
+
+
+@pytest.mark.browser
+def test_a_plotly_figure_and_inline_math_render_offline(tmp_path: Path):
+    """A plain ``fig.show()`` output (what panels emit headless) and ``$…$`` math, with the network cut."""
+    _chromium_or_skip()
+    from kvlab.report import render_html
+
+    path = tmp_path / "page.html"
+    path.write_text(render_html(_figure_notebook("Inline $x^2 + y$ and display $$\\frac{a}{b}$$.")), encoding="utf-8")
+
+    def check(page, remote, errors) -> None:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1",
+                               timeout=30_000)
+        page.wait_for_function("() => document.body.getAttribute('data-kvlab-math') === 'typeset'", timeout=30_000)
+        assert page.locator(".jp-RenderedMarkdown .katex").count() == 2  # inline and display
+        assert page.locator(".katex-display").count() == 1 and page.locator(".katex-error").count() == 0
+        assert "$" not in page.locator(".jp-RenderedMarkdown").first.inner_text()
+        assert errors == [] and remote == [], (errors, remote)
+
+    _open_offline(path, check)
 
 
 @pytest.mark.slow

@@ -68,9 +68,9 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def plotly_js_tag() -> str:
-    """plotly.js inlined, hidden from require.js: nbconvert's template loads require.js (from a CDN when
-    online), and an anonymous ``define`` inside plotly.min.js would then register a module instead of
-    setting ``window.Plotly``."""
+    """plotly.js inlined, hidden from any AMD loader: the report's template loads no require.js, but an
+    output that defines ``define`` would make plotly.min.js register a module instead of setting
+    ``window.Plotly``."""
     from plotly.offline import get_plotlyjs
 
     return ("<script>window.__kvlab_define = window.define; window.define = undefined;</script>"
@@ -114,27 +114,41 @@ def _widget_html(model_id: str, states: dict, depth: int = 0) -> str:
     return ""
 
 
+PLOTLY_JS_MARKER = "* plotly.js v"  # the first lines of plotly.min.js: an output that loads plotly.js itself
+
+
 def static_widget_outputs(nb):
-    """A copy of an executed notebook whose widget outputs also carry a static text/html rendering (from
-    the saved widget state), so nbconvert's HTML shows the panels' figures offline. The first figure's
-    output carries plotly.js inline; nbformat's widget state is dropped from the copy (it would make the
-    page load widget code from a CDN)."""
+    """A copy of an executed notebook fit for an offline page: widget outputs are replaced by static HTML from
+    the saved widget state (the panels' figures as plotly divs, HTML widgets as their value), remote
+    ``<script src>`` tags are dropped from HTML outputs (plotly's ``notebook`` renderer adds MathJax from a
+    CDN to each figure), and plotly.js is inlined once, in the first output that draws a figure, unless an
+    earlier output (plotly's notebook-renderer init) already loads it. nbformat's widget state is dropped from
+    the copy (it would make nbconvert load widget code from a CDN)."""
     import copy
+
+    from kvlab.viz.offline import strip_remote_scripts
 
     nb = copy.deepcopy(nb)
     states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     js_done = False
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            view = out.get("data", {}).get(WIDGET_VIEW)
-            if not view:
+            data = out.get("data", {})
+            view = data.get(WIDGET_VIEW)
+            if view:
+                body = _widget_html(view.get("model_id", ""), states)
+                if body:
+                    out["data"] = {"text/html": body, "text/plain": data.get("text/plain", "")}
+                    data = out["data"]  # NotebookNode stores a converted copy of the dict
+            body = data.get("text/html")
+            if body is None:
                 continue
-            body = _widget_html(view.get("model_id", ""), states)
-            if not body:
-                continue
-            if "plotly-graph-div" in body and not js_done:
+            body = strip_remote_scripts("".join(body) if isinstance(body, list) else body)
+            if PLOTLY_JS_MARKER in body:
+                js_done = True
+            elif "plotly-graph-div" in body and not js_done:
                 body = plotly_js_tag() + body
                 js_done = True
-            out["data"] = {"text/html": body, "text/plain": out["data"].get("text/plain", "")}
+            data["text/html"] = body
     nb.metadata.pop("widgets", None)
     return nb
