@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -193,7 +194,7 @@ def test_a_plotly_figure_and_inline_math_render_offline(tmp_path: Path):
 
 
 @pytest.mark.slow
-def test_summary_equals_the_experiments(report_dir: Path):
+def test_summary_equals_the_experiments_with_the_notebooks_settings(report_dir: Path):
     from kvlab.experiments import kv_pool_sizing, shortfall_eviction
 
     summary = json.loads((report_dir / "summary.json").read_text())
@@ -201,32 +202,134 @@ def test_summary_equals_the_experiments(report_dir: Path):
     f1 = summary["finding1_kv_pool_sizing"]
     for arm, result in (("without_gc", no_gc), ("with_gc", with_gc)):
         data = result.to_json()
-        for key in ("max_total_num_tokens", "accepted", "error", "rest_bytes"):
+        for key in ("max_total_num_tokens", "accepted", "error", "rest_bytes", "available_bytes"):
             assert f1[arm][key] == data[key], (arm, key)
     assert f1["without_gc"]["accepted"] is False and f1["with_gc"]["accepted"] is True
-    comparison = shortfall_eviction.compare(shortfall_eviction.load_requests(workload="generated-shared-prefix"),
-                                            progress=False)
+    # the devices are named: the notebooks' (--device) and the preset's simulated ranks finding 1 ran on
+    assert summary["device"] == {"name": "sim:h200", "description": "simulated NVIDIA H200 141 GB HBM3e (sim:h200)"}
+    assert f1["device"] == "sim:h200-80gb-cap" and f1["device_description"].startswith("4 × simulated H200 capped")
+    assert "finding1_on_this_gpu" not in summary  # a simulated report measures no GPU
+    # finding 2 is notebook 02 section 2's workload and pool, named in full
     f2 = summary["finding2_shortfall_eviction"]
+    assert (f2["workload"], f2["seed"], f2["kv_tokens"]) == ("generated-shared-prefix", 0, 20_000)
+    requests = shortfall_eviction.load_requests(workload=f2["workload"], seed=f2["seed"], overrides=f2["overrides"])
+    comparison = shortfall_eviction.compare(requests, kv_tokens=f2["kv_tokens"])
     for arm, result in (("shortfall", comparison.shortfall), ("full", comparison.full)):
         totals = result.totals()
-        for key in ("hit_rate", "over_evicted_tokens", "evicted_tokens"):
+        for key in ("hit_rate", "over_evicted_tokens", "evicted_tokens", "prefill_tokens_computed", "requests"):
             assert f2[arm][key] == totals[key], (arm, key)
     assert f2["shortfall"]["over_evicted_tokens"] == 0 < f2["full"]["over_evicted_tokens"]
     assert summary["notebooks"]["01_kv_pool_sizing"]["ok"] is True
 
 
+def _calls(path: Path, name: str) -> list[tuple[list, dict]]:
+    """(positional, keyword) literal arguments of every ``<anything>.name(...)`` call in a notebook's py twin
+    (``dict(k=v)`` read as a dict, other non-literal arguments as their source text)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name:
+            def value(n):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "dict" and not n.args:
+                    return {k.arg: value(k.value) for k in n.keywords}  # dict(a=1) as {"a": 1}
+                try:
+                    return ast.literal_eval(n)
+                except ValueError:
+                    return ast.unparse(n)
+            found.append(([value(a) for a in node.args], {k.arg: value(k.value) for k in node.keywords}))
+    return found
+
+
+def test_summary_settings_are_the_notebooks_own(repo_root: Path):
+    """summary.json reports what the notebooks show: the same presets, workload and pool as their cells."""
+    from kvlab import report
+
+    nb01, nb02 = repo_root / "notebooks" / "01_kv_pool_sizing.py", repo_root / "notebooks" / "02_shortfall_eviction.py"
+    compares = _calls(nb01, "compare")
+    assert ([report.SUMMARY_PRESET], {}) in compares  # section 1
+    assert ([report.SUMMARY_GPU_PRESET], {"device": "cuda"}) in compares  # section 4, on a GPU
+    loads = _calls(nb02, "load_requests")
+    assert loads == [([], {"workload": report.SUMMARY_WORKLOAD, "seed": report.SUMMARY_SEED,
+                           "overrides": report.SUMMARY_OVERRIDES})]
+    assert (["requests"], {"kv_tokens": report.SUMMARY_KV_TOKENS}) in _calls(nb02, "compare")
+
+
 @pytest.mark.slow
-def test_pngs_are_valid_images(report_dir: Path):
+def test_index_states_the_headline_numbers_in_words(report_dir: Path):
+    summary = json.loads((report_dir / "summary.json").read_text())
+    index = (report_dir / "index.html").read_text()
+    assert "&quot;" not in index and '"max_total_num_tokens"' not in index  # no JSON dump
+    assert index.count("<table class='kvlab-headline'>") == 2
+    assert "Notebooks ran on <b>simulated NVIDIA H200 141 GB HBM3e (sim:h200)</b>" in index
+    f1, f2 = summary["finding1_kv_pool_sizing"], summary["finding2_shortfall_eviction"]
+    bug, fix = f1["without_gc"]["max_total_num_tokens"], f1["with_gc"]["max_total_num_tokens"]
+    for text in (f"{bug:,} tokens", f"{fix:,} tokens", f"+{fix - bug:,} tokens", "refused", "accepted",
+                 f1["device_description"]):
+        assert html.escape(text) in index, text
+    hit_bug, hit_fix = f2["full"]["hit_rate"], f2["shortfall"]["hit_rate"]
+    over = f2["full"]["over_evicted_tokens"]
+    for text in (f"{100 * hit_bug:.2f} %", f"{100 * hit_fix:.2f} %",
+                 f"+{100 * (hit_fix - hit_bug):.2f} percentage points", f"{over:,}", f"−{over:,}",
+                 f"{f2['kv_tokens']:,}-token KV pool", "seed 0, num_groups=16, prompts_per_group=8"):
+        assert html.escape(text) in index, text
+    assert index.index("(the bug)") < index.index("(the fix)") < index.index("difference (fix − bug)")
+
+
+def _summary(hit_bug: float, hit_fix: float, prefill_bug: int, prefill_fix: int) -> dict:
+    arm = {"max_total_num_tokens": 0, "max_req_input_len": None, "available_bytes": 3 * 2**30, "rest_bytes": 0,
+           "kv_pool_bytes": 0, "prompt_tokens": 4000, "accepted": False, "error": "Not enough memory"}
+    f1 = {"source": "s", "preset": "p", "model": "m", "tp_size": 1, "device": "sim:l4", "device_description": "d",
+          "without_gc": arm, "with_gc": {**arm, "max_total_num_tokens": 12_345, "max_req_input_len": 8_186,
+                                          "available_bytes": 5 * 2**30, "accepted": True, "error": None}}
+    sim = {"over_evicted_tokens": 0, "evicted_tokens": 10, "requests": 4}
+    f2 = {"source": "s", "workload": "w", "seed": 1, "overrides": {}, "kv_tokens": 1_000, "device_description": "d",
+          "shortfall": {**sim, "hit_rate": hit_fix, "prefill_tokens_computed": prefill_fix},
+          "full": {**sim, "hit_rate": hit_bug, "prefill_tokens_computed": prefill_bug, "over_evicted_tokens": 7}}
+    return {"finding1_kv_pool_sizing": f1, "finding2_shortfall_eviction": f2}
+
+
+def test_headlines_word_the_direction_of_each_difference():
+    from kvlab.report import headlines
+
+    pool, eviction = headlines(_summary(0.5, 0.25, 100, 1_100))
+    assert "instead of 0" in pool.sentence and "(" not in pool.sentence.split("instead of 0")[1][:3]  # no ratio of 0
+    assert pool.rows[0][1:] == ("0 tokens", "12,345 tokens", "+12,345 tokens")
+    assert pool.rows[2][1:] == ("3.00 GiB", "5.00 GiB", "+2.00 GiB")
+    assert pool.note == "SGLang's message — without gc.collect(): Not enough memory"
+    assert "lowers the prefix-cache hit rate from 50.00 % to 25.00 % (−25.00 percentage points)" in eviction.sentence
+    assert "computed 1,000 fewer prefill tokens" in eviction.sentence
+    assert eviction.rows[0] == ("prefix-cache hit rate", "50.00 %", "25.00 %", "−25.00 percentage points")
+    assert ("prefill tokens computed", "100", "1,100", "+1,000") in eviction.rows
+    same = headlines(_summary(0.5, 0.5, 100, 100))[1]
+    assert "leaves the prefix-cache hit rate" in same.sentence and "as many prefill tokens" in same.sentence
+
+
+def test_describe_device_names_simulated_presets_and_refuses_unknown_ones():
+    from kvlab.report import describe_device
+
+    assert describe_device("sim:h100-80g") == "simulated NVIDIA H100 80 GB HBM3 (sim:h100-80g)"
+    with pytest.raises(ValueError, match="unknown device preset 'b300'"):
+        describe_device("sim:b300")
+
+
+@pytest.mark.slow
+def test_pngs_are_legible_images_captioned_in_words(report_dir: Path):
+    from kvlab.viz.export import FIGURE_CAPTIONS, PNG_SCALE, PNG_WIDTH
+
     pngs = sorted((report_dir / "figures").glob("*.png"))
-    assert {p.stem for p in pngs} >= {"finding1_memory_timelines", "finding2_timelines"}
+    assert {p.stem for p in pngs} == set(FIGURE_CAPTIONS)
     for path in pngs:
         data = path.read_bytes()
         assert data[:8] == PNG_SIGNATURE, path
         width, height = struct.unpack(">II", data[16:24])  # IHDR
-        assert (width, height) == (1100, 500), path
-        assert len(data) > 5_000, path  # a drawn figure, not an empty canvas
+        assert width == PNG_WIDTH * PNG_SCALE == 2400 and 600 <= height <= 1200, (path, width, height)
+        assert len(data) > 20_000, path  # a drawn figure, not an empty canvas
     index = (report_dir / "index.html").read_text()
-    assert all(f"figures/{p.name}" in index for p in pngs)
+    for path in pngs:
+        caption = html.escape(FIGURE_CAPTIONS[path.stem])
+        assert f"<img src='figures/{path.name}' alt='{caption}'>" in index
+        assert f"<figcaption>{caption}</figcaption>" in index and f"<figcaption>{path.stem}" not in index
 
 
 def _notebook(path: Path, sources: list[str]) -> None:
