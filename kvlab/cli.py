@@ -148,7 +148,9 @@ def _report(args) -> int:
           f"{report.seconds:.0f} s)")
     for run in report.failures:
         print(f"kvlab: error: {run.error}", file=sys.stderr)
-    return 1 if report.failures else 0
+    if report.figure_error:
+        print(f"kvlab: error: {report.figure_error}", file=sys.stderr)
+    return 0 if report.ok else 1
 
 
 def _app(args) -> int:

@@ -1,11 +1,14 @@
 """``kvlab report``: execute every notebook headless and write a static, offline site of the results.
 
-    DIR/index.html                  links to each notebook's HTML page, failed ones marked
+    DIR/index.html                  the headline numbers as tables in words, links to each notebook's page
+                                    (failed ones marked), the key figures with captions
     DIR/notebooks/NN_name.ipynb     the executed copies (partly executed when a cell failed)
-    DIR/html/NN_name.html           each notebook rendered by nbconvert, plotly.js inlined (works offline)
-    DIR/figures/*.png               the findings' key figures as static images (kaleido)
+    DIR/html/NN_name.html           each notebook rendered by nbconvert, plotly.js and (with math) KaTeX
+                                    inlined: the page requests nothing off the machine (kvlab.viz.offline)
+    DIR/figures/*.png               the findings' key figures as static images (kaleido, 1200 px at scale 2)
     DIR/summary.json                headline numbers of both findings, both arms, computed by calling
-                                    kvlab.experiments directly (never scraped from notebook outputs)
+                                    kvlab.experiments directly with the notebooks' settings (never scraped
+                                    from notebook outputs), the devices named
     DIR/.kvlab-report               marker: only a directory holding it may be written over again
 
 Notebooks run in their own folder as cwd (as in JupyterLab) with ``KVLAB_DEVICE`` set in an injected first
@@ -29,8 +32,15 @@ from typing import Sequence
 MARKER = ".kvlab-report"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+# The headline numbers are those the notebooks show (tests/test_report.py reads the notebooks' own calls):
+# finding 1 is notebook 01 §1, the PR's setup on its simulated devices, plus §4 on a CUDA device when the
+# report runs on one; finding 2 is notebook 02 §2, a small generated-shared-prefix workload.
 SUMMARY_PRESET = "sglang-pr-4xh200"
+SUMMARY_GPU_PRESET = "llama-8b-l4"
 SUMMARY_WORKLOAD = "generated-shared-prefix"
+SUMMARY_SEED = 0
+SUMMARY_OVERRIDES = {"num_groups": 16, "prompts_per_group": 8, "output_len": 128}
+SUMMARY_KV_TOKENS = 20_000
 
 
 class ReportError(RuntimeError):
@@ -58,11 +68,12 @@ class Report:
     runs: list[NotebookRun] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
     pngs: list[Path] = field(default_factory=list)
+    figure_error: str | None = None  # the PNG export's error, when kaleido failed (the rest is still written)
     seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.runs)
+        return all(r.ok for r in self.runs) and self.figure_error is None
 
     @property
     def failures(self) -> list[NotebookRun]:
@@ -164,78 +175,246 @@ def _strip_ansi(text: str) -> str:
 
 
 def render_html(nb) -> str:
-    """nbconvert's lab template over a copy whose widget outputs are replaced by static HTML from the saved
-    widget state (figures as plotly divs, plotly.js inlined once): FigureWidgets need a kernel or a CDN,
-    the page must work offline. ``fig.show()`` outputs carry their own plotly.js (PLOTLY_RENDERER)."""
-    from nbconvert import HTMLExporter
-
+    """One offline page (nbconvert's lab template without its CDN scripts, math by inlined KaTeX: see
+    ``kvlab.viz.offline``) over a copy whose widget outputs are replaced by static HTML from the saved widget
+    state (figures as plotly divs, plotly.js inlined once): FigureWidgets need a kernel or a CDN, the page
+    must work offline. ``fig.show()`` outputs carry their own plotly.js (PLOTLY_RENDERER)."""
     from kvlab.viz.export import static_widget_outputs  # lazy: the core never imports plotly
+    from kvlab.viz.offline import render_notebook_html
 
-    body, _ = HTMLExporter(template_name="lab").from_notebook_node(static_widget_outputs(nb))
-    return body
+    return render_notebook_html(static_widget_outputs(nb))
 
 
 # ---- the numbers ----------------------------------------------------------------------------------
-def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET,
-                    workload: str = SUMMARY_WORKLOAD) -> tuple[dict, tuple, object]:
-    """Both findings, both arms, from ``kvlab.experiments`` (the same calls as the CLI).
+def describe_device(name: str) -> str:
+    """A device name in words: ``simulated NVIDIA H200 141 GB HBM3e (sim:h200)``, ``NVIDIA H200 (cuda:0)``."""
+    if name.startswith("sim:"):
+        from kvlab.device import get_device_spec
 
-    ``device``: finding 1's device override (``None`` keeps the preset's simulated H200s; ``cuda`` measures
-    the real GPU). Returns (summary dict, finding 1's arms, finding 2's comparison) so the figures are
-    drawn from the very results whose numbers are reported."""
+        spec = get_device_spec(name[4:])
+        return f"simulated {spec.description or spec.name} ({name})"
+    if name == "cuda" or name.startswith("cuda:"):
+        import torch
+
+        if not torch.cuda.is_available():
+            return f"{name} (no CUDA device visible)"
+        index = int(name.split(":", 1)[1]) if ":" in name else torch.cuda.current_device()
+        return f"{torch.cuda.get_device_name(index)} (cuda:{index})"
+    return name
+
+
+def _pool_arm(result) -> dict:
+    data = result.to_json()
+    keys = ("max_total_num_tokens", "max_req_input_len", "available_bytes", "rest_bytes", "kv_pool_bytes",
+            "prompt_tokens", "accepted", "error")
+    return {k: data[k] for k in keys}
+
+
+def _pool_finding(arms, device: str, source: str) -> dict:
+    no_gc, with_gc = arms
+    scenario = no_gc.scenario
+    ranks = f"{scenario.tp_size} × " if scenario.tp_size > 1 else ""
+    return {"source": source, "preset": scenario.name, "model": scenario.model, "tp_size": scenario.tp_size,
+            "device": device, "device_description": ranks + describe_device(device),
+            "without_gc": _pool_arm(no_gc), "with_gc": _pool_arm(with_gc)}
+
+
+def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET) -> tuple[dict, tuple, object]:
+    """Both findings, both arms, from ``kvlab.experiments`` with the notebooks' settings (the same calls as
+    notebook 01 §1 and notebook 02 §2).
+
+    ``device``: the report's device (``--device``, resolved). Finding 1's headline runs ``preset`` on its own
+    simulated devices, as the notebook does; when ``device`` is CUDA, ``finding1_on_this_gpu`` adds notebook
+    01 §4, ``SUMMARY_GPU_PRESET`` measured on it. Returns (summary dict, finding 1's arms, finding 2's
+    comparison) so the figures are drawn from the very results whose numbers are reported."""
     from kvlab.experiments import kv_pool_sizing, shortfall_eviction
 
-    pool_device = None if device in (None, "auto") or device.startswith("sim:") else device
-    arms = kv_pool_sizing.compare(preset, device=pool_device)
-    requests = shortfall_eviction.load_requests(workload=workload)
-    comparison = shortfall_eviction.compare(requests, progress=False)
-
-    def pool(result) -> dict:
-        data = result.to_json()
-        keys = ("max_total_num_tokens", "max_req_input_len", "available_bytes", "rest_bytes", "prompt_tokens",
-                "accepted", "error")
-        return {k: data[k] for k in keys}
+    arms = kv_pool_sizing.compare(preset)
+    requests = shortfall_eviction.load_requests(workload=SUMMARY_WORKLOAD, seed=SUMMARY_SEED,
+                                                overrides=dict(SUMMARY_OVERRIDES))
+    comparison = shortfall_eviction.compare(requests, kv_tokens=SUMMARY_KV_TOKENS, progress=False)
 
     def sim(result) -> dict:
         totals = result.totals()
-        keys = ("hit_rate", "over_evicted_tokens", "evicted_tokens", "prefill_tokens_computed", "requests")
+        keys = ("hit_rate", "cached_prompt_tokens", "prompt_tokens", "over_evicted_tokens", "evicted_tokens",
+                "prefill_tokens_computed", "pressure_events", "requests")
         return {k: totals[k] for k in keys if k in totals}
 
-    no_gc, with_gc = arms
-    summary = {
-        "finding1_kv_pool_sizing": {"preset": preset, "device": pool_device or "preset",
-                                    "without_gc": pool(no_gc), "with_gc": pool(with_gc)},
-        "finding2_shortfall_eviction": {"workload": workload, "shortfall": sim(comparison.shortfall),
-                                        "full": sim(comparison.full)},
-    }
+    summary = {"device": {"name": device, "description": describe_device(device)} if device else None,
+               "finding1_kv_pool_sizing": _pool_finding(arms, arms[0].scenario.device, "notebook 01, section 1")}
+    if device and device.startswith("cuda"):
+        gpu_arms = kv_pool_sizing.compare(SUMMARY_GPU_PRESET, device=device)
+        summary["finding1_on_this_gpu"] = _pool_finding(gpu_arms, device, "notebook 01, section 4")
+    summary["finding2_shortfall_eviction"] = {
+        "source": "notebook 02, section 2", "workload": SUMMARY_WORKLOAD, "seed": SUMMARY_SEED,
+        "overrides": dict(SUMMARY_OVERRIDES), "kv_tokens": SUMMARY_KV_TOKENS,
+        "device_description": "no device: a scheduler simulation that counts KV-pool slots",
+        "shortfall": sim(comparison.shortfall), "full": sim(comparison.full)}
     return summary, arms, comparison
+
+
+# ---- the headline table -------------------------------------------------------------------------------
+def _int(n: int) -> str:
+    return f"{n:,}".replace("-", "−")
+
+
+def _signed_int(n: int) -> str:
+    return ("+" if n > 0 else "") + _int(n)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f} %"
+
+
+def _signed_points(points: float) -> str:
+    return f"{points:+.2f} percentage points".replace("-", "−")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB".replace("-", "−")
+
+
+def _signed_gib(n: int) -> str:
+    return ("+" if n > 0 else "") + _gib(n)
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One finding's table: a sentence, the two arms' column names (bug first, then fix) and rows of
+    (what, bug, fix, fix − bug), every cell already in words and formatted numbers."""
+
+    title: str
+    setting: str
+    sentence: str
+    arms: tuple[str, str]
+    rows: list[tuple[str, str, str, str]]
+    note: str = ""
+
+
+def _pool_headline(f1: dict, title: str) -> Headline:
+    bug, fix = f1["without_gc"], f1["with_gc"]
+    tokens_bug, tokens_fix = bug["max_total_num_tokens"], fix["max_total_num_tokens"]
+    ratio = f" ({tokens_fix / tokens_bug:,.1f}×)" if tokens_bug else ""
+    prompt = f"{_int(fix['prompt_tokens'])}-token prompt"
+
+    def verdict(arm: dict) -> str:
+        return "accepted" if arm["accepted"] else "refused"
+
+    rows = [
+        ("KV pool size (max_total_num_tokens)", f"{_int(tokens_bug)} tokens", f"{_int(tokens_fix)} tokens",
+         f"{_signed_int(tokens_fix - tokens_bug)} tokens{ratio}"),
+        ("longest prompt allowed (max_req_input_len)", _int(bug["max_req_input_len"] or 0) + " tokens",
+         _int(fix["max_req_input_len"] or 0) + " tokens",
+         _signed_int((fix["max_req_input_len"] or 0) - (bug["max_req_input_len"] or 0)) + " tokens"),
+        ("free memory measured after loading (min over ranks)", _gib(bug["available_bytes"]), _gib(fix["available_bytes"]),
+         _signed_gib(fix["available_bytes"] - bug["available_bytes"])),
+        (f"the {prompt}", verdict(bug), verdict(fix), "" if bug["accepted"] == fix["accepted"] else
+         f"{verdict(bug)} → {verdict(fix)}"),
+    ]
+    sentence = (f"With gc.collect() before the memory reading SGLang sizes a KV pool of {_int(tokens_fix)} tokens "
+                f"instead of {_int(tokens_bug)}{ratio.replace('×', '× as many')}; the {prompt} is {verdict(bug)} without it and "
+                f"{verdict(fix)} with it.")
+    errors = [f"{arm}: {f1[key]['error']}" for arm, key in (("without gc.collect()", "without_gc"),
+                                                             ("with gc.collect()", "with_gc")) if f1[key]["error"]]
+    setting = (f"preset {f1['preset']}: {f1['model']}, TP{f1['tp_size']}, on {f1['device_description']} "
+               f"— {f1['source']}")
+    return Headline(title, setting, sentence, ("without gc.collect() (the bug)", "with gc.collect() (the fix)"),
+                    rows, note="SGLang's message — " + " · ".join(errors) if errors else "")
+
+
+def _eviction_headline(f2: dict) -> Headline:
+    bug, fix = f2["full"], f2["shortfall"]
+    points = 100 * (fix["hit_rate"] - bug["hit_rate"])
+    verb = "raises" if points > 0 else "lowers" if points < 0 else "leaves"
+    rows = [("prefix-cache hit rate", _pct(bug["hit_rate"]), _pct(fix["hit_rate"]),
+             _signed_points(points))]
+    for key, label in (("over_evicted_tokens", "tokens evicted beyond the shortfall (over-evicted)"),
+                       ("evicted_tokens", "tokens evicted"),
+                       ("prefill_tokens_computed", "prefill tokens computed"),
+                       ("pressure_events", "memory-pressure events"),
+                       ("requests", "requests")):
+        if key in bug and key in fix:
+            rows.append((label, _int(bug[key]), _int(fix[key]), _signed_int(fix[key] - bug[key])))
+    overrides = ", ".join(f"{k}={_int(v) if isinstance(v, int) else v}" for k, v in f2["overrides"].items())
+    setting = (f"workload {f2['workload']} (seed {f2['seed']}, {overrides}) through a {_int(f2['kv_tokens'])}-token "
+               f"KV pool — {f2['device_description']} — {f2['source']}")
+    extra = bug["prefill_tokens_computed"] - fix["prefill_tokens_computed"]
+    recomputed = (f"{_int(extra)} more prefill tokens" if extra > 0 else f"{_int(-extra)} fewer prefill tokens"
+                  if extra < 0 else "as many prefill tokens")
+    sentence = (f"Evicting only the shortfall {verb} the prefix-cache hit rate from {_pct(bug['hit_rate'])} to "
+                f"{_pct(fix['hit_rate'])} ({_signed_points(points)}); full eviction over-evicted "
+                f"{_int(bug['over_evicted_tokens'])} tokens and computed {recomputed}.")
+    return Headline("Finding 2 · evict only the shortfall", setting, sentence,
+                    ("full eviction, SGLang ≤ 0.5.16 (the bug)", "shortfall eviction, SGLang ≥ 0.5.17 (the fix)"),
+                    rows)
+
+
+def headlines(summary: dict) -> list[Headline]:
+    """The findings of ``summary`` (as ``compute_summary`` makes it) as readable tables."""
+    out = [_pool_headline(summary["finding1_kv_pool_sizing"], "Finding 1 · measure the KV budget after collecting")]
+    if "finding1_on_this_gpu" in summary:
+        out.append(_pool_headline(summary["finding1_on_this_gpu"], "Finding 1 on this GPU"))
+    out.append(_eviction_headline(summary["finding2_shortfall_eviction"]))
+    return out
+
+
+def _headline_html(h: Headline) -> str:
+    e = html.escape
+    rows = "".join(f"<tr><th scope='row'>{e(what)}</th><td>{e(bug)}</td><td>{e(fix)}</td><td>{e(diff)}</td></tr>"
+                   for what, bug, fix, diff in h.rows)
+    note = f"<p class='note'>{e(h.note)}</p>" if h.note else ""
+    return (f"<section class='headline'><h3>{e(h.title)}</h3><p>{e(h.sentence)}</p>"
+            f"<p class='setting'>{e(h.setting)}</p>"
+            f"<table class='kvlab-headline'><thead><tr><th></th><th>{e(h.arms[0])}</th><th>{e(h.arms[1])}</th>"
+            f"<th>difference (fix − bug)</th></tr></thead><tbody>{rows}</tbody></table>{note}</section>")
 
 
 # ---- the site -------------------------------------------------------------------------------------
 def write_index(report: Report) -> Path:
+    e = html.escape
     rows = []
     for run in report.runs:
-        link = f"<a href='html/{html.escape(run.name)}.html'>{html.escape(run.name)}</a>"
-        ipynb = f"<a href='notebooks/{html.escape(run.source.name)}'>.ipynb</a>"
+        link = f"<a href='html/{e(run.name)}.html'>{e(run.name)}</a>"
+        ipynb = f"<a href='notebooks/{e(run.source.name)}'>.ipynb</a>"
         if run.ok:
             status = "<td class='ok'>ok</td>"
         else:
-            status = f"<td class='failed'>FAILED: {html.escape(run.error or '')}</td>"
-        rows.append(f"<tr data-notebook='{html.escape(run.name)}' data-ok='{str(run.ok).lower()}'>"
+            status = f"<td class='failed'>FAILED: {e(run.error or '')}</td>"
+        rows.append(f"<tr data-notebook='{e(run.name)}' data-ok='{str(run.ok).lower()}'>"
                     f"<td>{link}</td><td>{ipynb}</td>{status}<td>{run.seconds:.1f} s</td></tr>")
-    figures = "".join(f"<figure><img src='figures/{p.name}' alt='{html.escape(p.stem)}' width='720'>"
-                      f"<figcaption>{html.escape(p.stem)}</figcaption></figure>" for p in report.pngs)
-    summary = html.escape(json.dumps(report.summary, indent=2))
+    if report.pngs:
+        from kvlab.viz.export import caption  # lazy: the core never imports plotly (only with figures)
+
+        figures = "".join(f"<figure><img src='figures/{e(p.name)}' alt='{e(caption(p.stem))}'>"
+                          f"<figcaption>{e(caption(p.stem))}</figcaption></figure>" for p in report.pngs)
+    else:
+        figures = "" if report.figure_error else "<p>No figures (written with --no-png).</p>"
+    if report.figure_error:
+        figures = f"<p class='failed'>FAILED: {e(report.figure_error)}</p>" + figures
+    tables = "".join(_headline_html(h) for h in headlines(report.summary)) if report.summary else ""
+    device = describe_device(report.device)
     page = f"""<!doctype html>
-<html><head><meta charset="utf-8"><title>kvlab report</title>
-<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}} td{{padding:4px 10px}}
-.ok{{color:#155724}} .failed{{color:#721c24;font-weight:bold}} pre{{background:#f6f6f6;padding:8px}}</style></head>
+<html lang="en"><head><meta charset="utf-8"><title>kvlab report</title>
+<style>
+body{{font-family:system-ui,sans-serif;max-width:1150px;margin:2em auto;padding:0 1em;color:#1d1d1f;line-height:1.45}}
+table{{border-collapse:collapse}} td,th{{padding:5px 12px;text-align:left;vertical-align:top}}
+.kvlab-headline{{margin:0.5em 0 0.3em}} .kvlab-headline thead th{{border-bottom:2px solid #999;font-weight:600}} .kvlab-headline thead th+th{{text-align:right}}
+.kvlab-headline tbody th{{font-weight:normal;color:#333}} .kvlab-headline tbody tr:nth-child(odd){{background:#f5f6f8}}
+.kvlab-headline td{{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}}
+.setting,.note{{color:#555;font-size:0.92em;margin:0.2em 0}} section.headline{{margin-bottom:1.6em}}
+.ok{{color:#155724}} .failed{{color:#721c24;font-weight:bold}}
+figure{{margin:1.5em 0}} figure img{{width:100%;height:auto;border:1px solid #e3e3e3}}
+figcaption{{color:#333;margin-top:0.3em}}
+</style></head>
 <body><h1>kvlab report</h1>
-<p>device: <code>{html.escape(report.device)}</code> · {len(report.runs)} notebook(s),
-{len(report.failures)} failed · {report.seconds:.0f} s</p>
+<p>Notebooks ran on <b>{e(device)}</b> · {len(report.runs)} notebook(s), {len(report.failures)} failed ·
+{report.seconds:.0f} s</p>
 <table class="kvlab-report-notebooks"><tr><th>notebook</th><th>executed</th><th>status</th><th>time</th></tr>
 {''.join(rows)}</table>
-<h2>Headline numbers (<a href="summary.json">summary.json</a>)</h2><pre>{summary}</pre>
+<h2>Headline numbers</h2>
+{tables}
+<p class="setting">All numbers come from kvlab.experiments with the notebooks' settings; raw values in
+<a href="summary.json">summary.json</a>.</p>
 <h2>Key figures</h2>{figures}
 </body></html>
 """
@@ -270,9 +449,13 @@ def build_report(out: str | os.PathLike[str], *, device: str = "auto", notebooks
         bar.update()
         if pngs:
             bar.set_postfix_str("figures")
-            from kvlab.viz.export import key_figures, write_pngs  # lazy: the core never imports plotly
+            from kvlab.viz.export import FigureExportError, key_figures, write_pngs  # lazy: core never imports plotly
 
-            report.pngs = write_pngs(key_figures(arms, comparison), out_dir / "figures")
+            try:
+                report.pngs = write_pngs(key_figures(arms, comparison), out_dir / "figures")
+            except FigureExportError as exc:
+                report.figure_error = str(exc)
+                report.pngs = sorted((out_dir / "figures").glob("*.png"))
         bar.update()
     report.seconds = time.perf_counter() - start
     write_index(report)

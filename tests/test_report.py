@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -62,44 +63,138 @@ def test_html_embeds_plotly_figures_and_plotly_js_offline(report_dir: Path):
     assert "kvlab-verdict-box" in page  # the panel's HTML widgets are shown too
 
 
-@pytest.mark.slow
-@pytest.mark.browser
-def test_html_page_draws_its_plots_with_the_network_cut(report_dir: Path):
-    """Open the page in chromium with every non-file request aborted: the plots must still draw."""
+def _chromium_or_skip() -> None:
     if not os.access("/usr/bin/chromium", os.X_OK):
         if os.environ.get("KVLAB_REQUIRE_BROWSER") == "1":
             pytest.fail("chromium not found at /usr/bin/chromium (KVLAB_REQUIRE_BROWSER=1)")
         pytest.skip("chromium not found at /usr/bin/chromium: apt-get install -y chromium")
+
+
+LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
+OFFLINE_CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                         "--disable-dev-shm-usage"]
+
+
+def _open_offline(path: Path, check, screenshot: Path | None = None) -> None:
+    """Open ``path`` in chromium with every non-local request aborted and counted (``page.on("request")``),
+    then ``check(page, remote_requests, page_errors)``. A thread of its own: pytest-playwright's session
+    (the browser tests) may already hold this thread's event loop, and the sync API refuses to start inside
+    a running loop."""
     from concurrent.futures import ThreadPoolExecutor
 
     from playwright.sync_api import sync_playwright
 
-    def draw() -> None:
+    def run() -> None:
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path="/usr/bin/chromium",
-                                        args=["--headless", "--no-sandbox", "--disable-gpu"])
+            browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=OFFLINE_CHROMIUM_ARGS)
             try:
-                context = browser.new_context()
-                context.route("**/*", lambda r: r.continue_() if r.request.url.startswith("file:") else r.abort())
+                context = browser.new_context(viewport={"width": 1280, "height": 900})
+                context.route("**/*", lambda r: r.continue_() if r.request.url.startswith(LOCAL_SCHEMES)
+                              else r.abort())
                 page = context.new_page()
+                remote: list[str] = []
                 errors: list[str] = []
+                page.on("request", lambda r: None if r.url.startswith(LOCAL_SCHEMES) else remote.append(r.url))
                 page.on("pageerror", lambda e: errors.append(str(e)))
-                page.goto((report_dir / "html" / "01_kv_pool_sizing.html").as_uri())
-                page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
-                                       timeout=60_000)
-                assert page.evaluate("() => typeof window.Plotly") == "object"
-                assert not [e for e in errors if "Plotly" in e], errors
+                page.goto(path.as_uri(), wait_until="load")
+                check(page, remote, errors)
+                if screenshot is not None:
+                    page.screenshot(path=str(screenshot), full_page=True)
             finally:
                 browser.close()
 
-    # A thread of its own: pytest-playwright's session (the browser tests) may already hold this
-    # thread's event loop, and the sync API refuses to start inside a running loop.
     with ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(draw).result()
+        pool.submit(run).result()
 
 
 @pytest.mark.slow
-def test_summary_equals_the_experiments(report_dir: Path):
+@pytest.mark.browser
+def test_html_page_draws_its_plots_and_formulas_with_the_network_cut(report_dir: Path, tmp_path: Path):
+    """Open the page in chromium with every non-local request aborted: the plots draw, the formulas are
+    typeset by KaTeX (no raw ``$$`` left in the visible text) and the page asked for nothing off the machine."""
+    _chromium_or_skip()
+
+    def check(page, remote, errors) -> None:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 2",
+                               timeout=60_000)
+        page.wait_for_function("() => document.body.getAttribute('data-kvlab-math') === 'typeset'", timeout=30_000)
+        assert page.evaluate("() => typeof window.Plotly") == "object"
+        assert not [e for e in errors if "Plotly" in e], errors
+        # notebook 01's budget formula, typeset: KaTeX's HTML with its MathML twin, and no error box
+        assert page.locator(".katex-display .katex-html").count() >= 1
+        assert r"max\_total\_num\_tokens" in page.locator(".katex-display annotation").first.text_content()
+        assert page.locator(".katex-error").count() == 0
+        text = page.evaluate("() => document.body.innerText")
+        assert "$$" not in text and "\\text{rest}" not in text
+        assert errors == [], errors
+        assert remote == [], f"requests off the machine: {remote}"
+
+    _open_offline(report_dir / "html" / "01_kv_pool_sizing.html", check, tmp_path / "01.png")
+
+
+def _figure_notebook(markdown: str) -> nbformat.NotebookNode:
+    """A notebook as a headless run leaves it: a markdown cell and a figure shown through plotly's ``notebook``
+    renderer (``PLOTLY_RENDERER=plotly_mimetype+notebook``), whose HTML asks cdnjs for MathJax."""
+    import plotly.graph_objects as go
+    import plotly.io as pio
+
+    fig = go.Figure(go.Scatter(x=[0, 1, 2], y=[3, 1, 2]), layout_title_text="three points")
+    bundle = pio.renderers["notebook"].to_mimebundle(fig.to_dict())
+    assert re.search(r"<script src=\"https://cdnjs[^\"]+mathjax", bundle["text/html"])  # what a run leaves
+    nb = nbformat.v4.new_notebook()
+    code = nbformat.v4.new_code_cell("fig.show()", execution_count=1)
+    code.outputs = [nbformat.v4.new_output("display_data", data={**bundle, "text/plain": "Figure"})]
+    nb.cells = [nbformat.v4.new_markdown_cell(markdown), code]
+    return nb
+
+
+def test_remote_loads_finds_scripts_styles_images_and_imports_not_links():
+    from kvlab.viz.offline import remote_loads
+
+    page = ("<script src='https://cdn.example/a.js'></script><link rel=stylesheet href=\"//cdn.example/b.css\">"
+            "<img src=http://x.example/c.png><script type=module>import \"https://cdn.example/d.mjs\"</script>"
+            "<a href='https://plotly.com/'>plotly</a><script src='../local.js'></script>")
+    assert remote_loads(page) == ["https://cdn.example/a.js", "//cdn.example/b.css", "http://x.example/c.png",
+                                  "https://cdn.example/d.mjs"]
+
+
+def test_rendered_page_loads_nothing_remote_and_inlines_katex_only_when_needed():
+    from kvlab.report import render_html
+    from kvlab.viz.offline import remote_loads
+
+    page = render_html(_figure_notebook("Budget: $$\\text{rest} = a - b$$ and inline $x^2$."))
+    assert remote_loads(page) == []  # no require.js, MathJax, widget manager or mermaid from a CDN
+    assert "renderMathInElement" in page and "data:font/woff2;base64," in page  # KaTeX and its fonts inline
+    assert "url(fonts/" not in page
+    assert page.count("* plotly.js v") == 1  # the figure gets plotly.js, once
+    plain = render_html(_figure_notebook("No formulas here, only a price of 5 dollars."))
+    assert "renderMathInElement" not in plain and remote_loads(plain) == []
+
+
+@pytest.mark.browser
+def test_a_plotly_figure_and_inline_math_render_offline(tmp_path: Path):
+    """A plain ``fig.show()`` output (what panels emit headless) and ``$…$`` math, with the network cut."""
+    _chromium_or_skip()
+    from kvlab.report import render_html
+
+    path = tmp_path / "page.html"
+    path.write_text(render_html(_figure_notebook("Inline $x^2 + y$ and display $$\\frac{a}{b}$$.")), encoding="utf-8")
+
+    def check(page, remote, errors) -> None:
+        page.wait_for_function("() => document.querySelectorAll('.js-plotly-plot .main-svg').length >= 1",
+                               timeout=30_000)
+        page.wait_for_function("() => document.body.getAttribute('data-kvlab-math') === 'typeset'", timeout=30_000)
+        assert page.locator(".jp-RenderedMarkdown .katex").count() == 2  # inline and display
+        assert page.locator(".katex-display").count() == 1 and page.locator(".katex-error").count() == 0
+        assert "$" not in page.locator(".jp-RenderedMarkdown").first.inner_text()
+        assert errors == [] and remote == [], (errors, remote)
+
+    _open_offline(path, check)
+
+
+@pytest.mark.slow
+def test_summary_equals_the_experiments_with_the_notebooks_settings(report_dir: Path):
     from kvlab.experiments import kv_pool_sizing, shortfall_eviction
 
     summary = json.loads((report_dir / "summary.json").read_text())
@@ -107,32 +202,134 @@ def test_summary_equals_the_experiments(report_dir: Path):
     f1 = summary["finding1_kv_pool_sizing"]
     for arm, result in (("without_gc", no_gc), ("with_gc", with_gc)):
         data = result.to_json()
-        for key in ("max_total_num_tokens", "accepted", "error", "rest_bytes"):
+        for key in ("max_total_num_tokens", "accepted", "error", "rest_bytes", "available_bytes"):
             assert f1[arm][key] == data[key], (arm, key)
     assert f1["without_gc"]["accepted"] is False and f1["with_gc"]["accepted"] is True
-    comparison = shortfall_eviction.compare(shortfall_eviction.load_requests(workload="generated-shared-prefix"),
-                                            progress=False)
+    # the devices are named: the notebooks' (--device) and the preset's simulated ranks finding 1 ran on
+    assert summary["device"] == {"name": "sim:h200", "description": "simulated NVIDIA H200 141 GB HBM3e (sim:h200)"}
+    assert f1["device"] == "sim:h200-80gb-cap" and f1["device_description"].startswith("4 × simulated H200 capped")
+    assert "finding1_on_this_gpu" not in summary  # a simulated report measures no GPU
+    # finding 2 is notebook 02 section 2's workload and pool, named in full
     f2 = summary["finding2_shortfall_eviction"]
+    assert (f2["workload"], f2["seed"], f2["kv_tokens"]) == ("generated-shared-prefix", 0, 20_000)
+    requests = shortfall_eviction.load_requests(workload=f2["workload"], seed=f2["seed"], overrides=f2["overrides"])
+    comparison = shortfall_eviction.compare(requests, kv_tokens=f2["kv_tokens"])
     for arm, result in (("shortfall", comparison.shortfall), ("full", comparison.full)):
         totals = result.totals()
-        for key in ("hit_rate", "over_evicted_tokens", "evicted_tokens"):
+        for key in ("hit_rate", "over_evicted_tokens", "evicted_tokens", "prefill_tokens_computed", "requests"):
             assert f2[arm][key] == totals[key], (arm, key)
     assert f2["shortfall"]["over_evicted_tokens"] == 0 < f2["full"]["over_evicted_tokens"]
     assert summary["notebooks"]["01_kv_pool_sizing"]["ok"] is True
 
 
+def _calls(path: Path, name: str) -> list[tuple[list, dict]]:
+    """(positional, keyword) literal arguments of every ``<anything>.name(...)`` call in a notebook's py twin
+    (``dict(k=v)`` read as a dict, other non-literal arguments as their source text)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name:
+            def value(n):
+                if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "dict" and not n.args:
+                    return {k.arg: value(k.value) for k in n.keywords}  # dict(a=1) as {"a": 1}
+                try:
+                    return ast.literal_eval(n)
+                except ValueError:
+                    return ast.unparse(n)
+            found.append(([value(a) for a in node.args], {k.arg: value(k.value) for k in node.keywords}))
+    return found
+
+
+def test_summary_settings_are_the_notebooks_own(repo_root: Path):
+    """summary.json reports what the notebooks show: the same presets, workload and pool as their cells."""
+    from kvlab import report
+
+    nb01, nb02 = repo_root / "notebooks" / "01_kv_pool_sizing.py", repo_root / "notebooks" / "02_shortfall_eviction.py"
+    compares = _calls(nb01, "compare")
+    assert ([report.SUMMARY_PRESET], {}) in compares  # section 1
+    assert ([report.SUMMARY_GPU_PRESET], {"device": "cuda"}) in compares  # section 4, on a GPU
+    loads = _calls(nb02, "load_requests")
+    assert loads == [([], {"workload": report.SUMMARY_WORKLOAD, "seed": report.SUMMARY_SEED,
+                           "overrides": report.SUMMARY_OVERRIDES})]
+    assert (["requests"], {"kv_tokens": report.SUMMARY_KV_TOKENS}) in _calls(nb02, "compare")
+
+
 @pytest.mark.slow
-def test_pngs_are_valid_images(report_dir: Path):
+def test_index_states_the_headline_numbers_in_words(report_dir: Path):
+    summary = json.loads((report_dir / "summary.json").read_text())
+    index = (report_dir / "index.html").read_text()
+    assert "&quot;" not in index and '"max_total_num_tokens"' not in index  # no JSON dump
+    assert index.count("<table class='kvlab-headline'>") == 2
+    assert "Notebooks ran on <b>simulated NVIDIA H200 141 GB HBM3e (sim:h200)</b>" in index
+    f1, f2 = summary["finding1_kv_pool_sizing"], summary["finding2_shortfall_eviction"]
+    bug, fix = f1["without_gc"]["max_total_num_tokens"], f1["with_gc"]["max_total_num_tokens"]
+    for text in (f"{bug:,} tokens", f"{fix:,} tokens", f"+{fix - bug:,} tokens", "refused", "accepted",
+                 f1["device_description"]):
+        assert html.escape(text) in index, text
+    hit_bug, hit_fix = f2["full"]["hit_rate"], f2["shortfall"]["hit_rate"]
+    over = f2["full"]["over_evicted_tokens"]
+    for text in (f"{100 * hit_bug:.2f} %", f"{100 * hit_fix:.2f} %",
+                 f"+{100 * (hit_fix - hit_bug):.2f} percentage points", f"{over:,}", f"−{over:,}",
+                 f"{f2['kv_tokens']:,}-token KV pool", "seed 0, num_groups=16, prompts_per_group=8"):
+        assert html.escape(text) in index, text
+    assert index.index("(the bug)") < index.index("(the fix)") < index.index("difference (fix − bug)")
+
+
+def _summary(hit_bug: float, hit_fix: float, prefill_bug: int, prefill_fix: int) -> dict:
+    arm = {"max_total_num_tokens": 0, "max_req_input_len": None, "available_bytes": 3 * 2**30, "rest_bytes": 0,
+           "kv_pool_bytes": 0, "prompt_tokens": 4000, "accepted": False, "error": "Not enough memory"}
+    f1 = {"source": "s", "preset": "p", "model": "m", "tp_size": 1, "device": "sim:l4", "device_description": "d",
+          "without_gc": arm, "with_gc": {**arm, "max_total_num_tokens": 12_345, "max_req_input_len": 8_186,
+                                          "available_bytes": 5 * 2**30, "accepted": True, "error": None}}
+    sim = {"over_evicted_tokens": 0, "evicted_tokens": 10, "requests": 4}
+    f2 = {"source": "s", "workload": "w", "seed": 1, "overrides": {}, "kv_tokens": 1_000, "device_description": "d",
+          "shortfall": {**sim, "hit_rate": hit_fix, "prefill_tokens_computed": prefill_fix},
+          "full": {**sim, "hit_rate": hit_bug, "prefill_tokens_computed": prefill_bug, "over_evicted_tokens": 7}}
+    return {"finding1_kv_pool_sizing": f1, "finding2_shortfall_eviction": f2}
+
+
+def test_headlines_word_the_direction_of_each_difference():
+    from kvlab.report import headlines
+
+    pool, eviction = headlines(_summary(0.5, 0.25, 100, 1_100))
+    assert "instead of 0" in pool.sentence and "(" not in pool.sentence.split("instead of 0")[1][:3]  # no ratio of 0
+    assert pool.rows[0][1:] == ("0 tokens", "12,345 tokens", "+12,345 tokens")
+    assert pool.rows[2][1:] == ("3.00 GiB", "5.00 GiB", "+2.00 GiB")
+    assert pool.note == "SGLang's message — without gc.collect(): Not enough memory"
+    assert "lowers the prefix-cache hit rate from 50.00 % to 25.00 % (−25.00 percentage points)" in eviction.sentence
+    assert "computed 1,000 fewer prefill tokens" in eviction.sentence
+    assert eviction.rows[0] == ("prefix-cache hit rate", "50.00 %", "25.00 %", "−25.00 percentage points")
+    assert ("prefill tokens computed", "100", "1,100", "+1,000") in eviction.rows
+    same = headlines(_summary(0.5, 0.5, 100, 100))[1]
+    assert "leaves the prefix-cache hit rate" in same.sentence and "as many prefill tokens" in same.sentence
+
+
+def test_describe_device_names_simulated_presets_and_refuses_unknown_ones():
+    from kvlab.report import describe_device
+
+    assert describe_device("sim:h100-80g") == "simulated NVIDIA H100 80 GB HBM3 (sim:h100-80g)"
+    with pytest.raises(ValueError, match="unknown device preset 'b300'"):
+        describe_device("sim:b300")
+
+
+@pytest.mark.slow
+def test_pngs_are_legible_images_captioned_in_words(report_dir: Path):
+    from kvlab.viz.export import FIGURE_CAPTIONS, PNG_SCALE, PNG_WIDTH
+
     pngs = sorted((report_dir / "figures").glob("*.png"))
-    assert {p.stem for p in pngs} >= {"finding1_memory_timelines", "finding2_timelines"}
+    assert {p.stem for p in pngs} == set(FIGURE_CAPTIONS)
     for path in pngs:
         data = path.read_bytes()
         assert data[:8] == PNG_SIGNATURE, path
         width, height = struct.unpack(">II", data[16:24])  # IHDR
-        assert (width, height) == (1100, 500), path
-        assert len(data) > 5_000, path  # a drawn figure, not an empty canvas
+        assert width == PNG_WIDTH * PNG_SCALE == 2400 and 600 <= height <= 1200, (path, width, height)
+        assert len(data) > 20_000, path  # a drawn figure, not an empty canvas
     index = (report_dir / "index.html").read_text()
-    assert all(f"figures/{p.name}" in index for p in pngs)
+    for path in pngs:
+        caption = html.escape(FIGURE_CAPTIONS[path.stem])
+        assert f"<img src='figures/{path.name}' alt='{caption}'>" in index
+        assert f"<figcaption>{caption}</figcaption>" in index and f"<figcaption>{path.stem}" not in index
 
 
 def _notebook(path: Path, sources: list[str]) -> None:

@@ -13,14 +13,30 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from kvlab.errors import KvlabError
 from kvlab.viz import plots
 
 SYSTEM_CHROMIUM = "/usr/bin/chromium"
 
 
+# What each key figure shows, in words: the report's captions (the figures' own titles are per-panel only).
+FIGURE_CAPTIONS = {
+    "finding1_memory_timelines": "Finding 1 · GPU memory of rank 0 while SGLang starts, without and with gc.collect() "
+                                 "before the memory reading: allocated, reserved and free bytes per allocator event",
+    "finding1_budget_no_gc": "Finding 1 · How the KV budget is computed without gc.collect(): from the memory free "
+                             "before loading to the KV pool budget",
+    "finding1_budget_gc": "Finding 1 · How the KV budget is computed with gc.collect() (the fix)",
+    "finding2_timelines": "Finding 2 · Cumulative prefix-cache hit rate, evicted and over-evicted tokens over the "
+                          "workload, shortfall eviction (the fix) beside full eviction (the bug)",
+    "finding2_totals": "Finding 2 · Prefill tokens computed, tokens evicted and tokens over-evicted over the whole "
+                       "workload, per eviction mode",
+}
+
+
 def key_figures(pool_arms, comparison) -> dict[str, go.Figure]:
-    """The findings' headline figures by file stem: finding 1's timelines and both budgets, finding 2's
-    timelines and totals. ``pool_arms`` is ``kv_pool_sizing.compare(...)``'s (without gc, with gc)."""
+    """The findings' headline figures by file stem (captions in ``FIGURE_CAPTIONS``): finding 1's timelines
+    and both budgets, finding 2's timelines and totals. ``pool_arms`` is ``kv_pool_sizing.compare(...)``'s
+    (without gc, with gc)."""
     no_gc, with_gc = pool_arms
     figures = {
         "finding1_memory_timelines": plots.memory_timelines_side_by_side(
@@ -38,15 +54,57 @@ def key_figures(pool_arms, comparison) -> dict[str, go.Figure]:
     return figures
 
 
-def write_pngs(figures: dict[str, go.Figure], out_dir: str | os.PathLike[str], *, width: int = 1100,
-               height: int = 500) -> list[Path]:
-    """Write ``<stem>.png`` for each figure in one kaleido session (one browser start for all of them)."""
+def caption(stem: str) -> str:
+    """A figure's caption in words; a stem without one gets its words back (``finding3_x`` -> ``finding3 x``)."""
+    return FIGURE_CAPTIONS.get(stem, stem.replace("_", " "))
+
+
+# PNG size: 1200 layout px wide (the index shows them at up to ~1100 CSS px, so text keeps about its size),
+# drawn at scale 2 for sharp text, with a base font of 14 px instead of plotly's 12.
+PNG_WIDTH = 1200
+PNG_DEFAULT_HEIGHT = 500
+PNG_SCALE = 2
+PNG_FONT_SIZE = 14
+
+
+# kaleido's page loads MathJax from cdnjs unless told not to: the key figures carry no LaTeX, and no request may
+# leave the machine. plotly.js comes from the plotly package (kaleido's default when plotly is installed).
+KALEIDO_OPTIONS = {"mathjax": False}
+
+
+class FigureExportError(KvlabError):
+    """kaleido did not write a figure."""
+
+
+def write_pngs(figures: dict[str, go.Figure], out_dir: str | os.PathLike[str], *, width: int = PNG_WIDTH,
+               scale: float = PNG_SCALE, font_size: int = PNG_FONT_SIZE) -> list[Path]:
+    """Write ``<stem>.png`` for each figure in one kaleido session (one browser start for all of them), at
+    ``width`` × the figure's own height (or ``PNG_DEFAULT_HEIGHT``) layout pixels, ``scale`` × that many
+    image pixels. Copies are exported: the callers' figures keep their fonts. A figure kaleido fails to
+    write raises ``FigureExportError`` naming it (plotly's ``write_images`` would only skip the file)."""
+    import kaleido
+
     if not os.environ.get("BROWSER_PATH") and os.access(SYSTEM_CHROMIUM, os.X_OK):
         os.environ["BROWSER_PATH"] = SYSTEM_CHROMIUM
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    paths = [out / f"{stem}.png" for stem in figures]
-    pio.write_images(list(figures.values()), paths, format="png", width=width, height=height)
+    specs, paths = [], []
+    for stem, fig in figures.items():
+        copy = go.Figure(fig).update_layout(font_size=font_size)
+        path = out / f"{stem}.png"
+        path.unlink(missing_ok=True)
+        specs.append({"fig": copy.to_dict(), "path": path, "opts": {
+            "format": "png", "width": width, "height": copy.layout.height or PNG_DEFAULT_HEIGHT, "scale": scale}})
+        paths.append(path)
+    try:
+        kaleido.write_fig_from_object_sync(specs, kopts=dict(KALEIDO_OPTIONS), cancel_on_error=True)
+    except Exception as exc:  # kaleido's own errors (no browser, a render that failed or timed out)
+        missing = [p.stem for p in paths if not p.is_file()]
+        raise FigureExportError(f"PNG export of {', '.join(missing) or 'the figures'} to {out} failed: "
+                                f"{type(exc).__name__}: {exc}") from exc
+    missing = [p.stem for p in paths if not p.is_file()]
+    if missing:
+        raise FigureExportError(f"kaleido wrote no PNG for {', '.join(missing)} in {out}")
     return paths
 
 
@@ -68,9 +126,9 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def plotly_js_tag() -> str:
-    """plotly.js inlined, hidden from require.js: nbconvert's template loads require.js (from a CDN when
-    online), and an anonymous ``define`` inside plotly.min.js would then register a module instead of
-    setting ``window.Plotly``."""
+    """plotly.js inlined, hidden from any AMD loader: the report's template loads no require.js, but an
+    output that defines ``define`` would make plotly.min.js register a module instead of setting
+    ``window.Plotly``."""
     from plotly.offline import get_plotlyjs
 
     return ("<script>window.__kvlab_define = window.define; window.define = undefined;</script>"
@@ -114,27 +172,41 @@ def _widget_html(model_id: str, states: dict, depth: int = 0) -> str:
     return ""
 
 
+PLOTLY_JS_MARKER = "* plotly.js v"  # the first lines of plotly.min.js: an output that loads plotly.js itself
+
+
 def static_widget_outputs(nb):
-    """A copy of an executed notebook whose widget outputs also carry a static text/html rendering (from
-    the saved widget state), so nbconvert's HTML shows the panels' figures offline. The first figure's
-    output carries plotly.js inline; nbformat's widget state is dropped from the copy (it would make the
-    page load widget code from a CDN)."""
+    """A copy of an executed notebook fit for an offline page: widget outputs are replaced by static HTML from
+    the saved widget state (the panels' figures as plotly divs, HTML widgets as their value), remote
+    ``<script src>`` tags are dropped from HTML outputs (plotly's ``notebook`` renderer adds MathJax from a
+    CDN to each figure), and plotly.js is inlined once, in the first output that draws a figure, unless an
+    earlier output (plotly's notebook-renderer init) already loads it. nbformat's widget state is dropped from
+    the copy (it would make nbconvert load widget code from a CDN)."""
     import copy
+
+    from kvlab.viz.offline import strip_remote_scripts
 
     nb = copy.deepcopy(nb)
     states = nb.metadata.get("widgets", {}).get(WIDGET_STATE, {}).get("state", {})
     js_done = False
     for cell in nb.cells:
         for out in cell.get("outputs", []) if cell.cell_type == "code" else []:
-            view = out.get("data", {}).get(WIDGET_VIEW)
-            if not view:
+            data = out.get("data", {})
+            view = data.get(WIDGET_VIEW)
+            if view:
+                body = _widget_html(view.get("model_id", ""), states)
+                if body:
+                    out["data"] = {"text/html": body, "text/plain": data.get("text/plain", "")}
+                    data = out["data"]  # NotebookNode stores a converted copy of the dict
+            body = data.get("text/html")
+            if body is None:
                 continue
-            body = _widget_html(view.get("model_id", ""), states)
-            if not body:
-                continue
-            if "plotly-graph-div" in body and not js_done:
+            body = strip_remote_scripts("".join(body) if isinstance(body, list) else body)
+            if PLOTLY_JS_MARKER in body:
+                js_done = True
+            elif "plotly-graph-div" in body and not js_done:
                 body = plotly_js_tag() + body
                 js_done = True
-            out["data"] = {"text/html": body, "text/plain": out["data"].get("text/plain", "")}
+            data["text/html"] = body
     nb.metadata.pop("widgets", None)
     return nb
