@@ -16,7 +16,7 @@ for arg in "$@"; do
     *) echo "install.sh: unknown option $arg (use --latest)" >&2; exit 2 ;;
   esac
 done
-pip=(python3 -m pip install -q --disable-pip-version-check)
+pip=(python3 -m pip install -q --disable-pip-version-check --root-user-action=ignore)
 # pip prints a WARNING line for each local index folder of this machine's pip config that does not exist.
 quiet() { "$@" 2> >(grep -v "^WARNING: Location '" >&2); }
 
