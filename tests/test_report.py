@@ -52,6 +52,11 @@ def test_executed_copy_has_outputs_and_the_device_env(report_dir: Path):
     # the source notebook is untouched (committed without outputs)
     source = nbformat.read(Path(__file__).resolve().parents[1] / "notebooks" / "01_kv_pool_sizing.ipynb", 4)
     assert all(not c.get("outputs") for c in source.cells if c.cell_type == "code")
+    # ... and the injected cell is plumbing: the executed copy keeps it, the page a reader sees does not
+    page = re.sub(r"<[^>]+>", "", html.unescape((report_dir / "html" / "01_kv_pool_sizing.html").read_text()))
+    assert "no_gc, with_gc = kv_pool_sizing.compare" in page
+    assert "Environment injected by kvlab report" not in page
+    assert "os.environ['KVLAB_DEVICE'] = 'sim:h200'" not in page
 
 
 @pytest.mark.slow

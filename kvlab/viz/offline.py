@@ -107,8 +107,11 @@ def katex_head() -> str:
 def exporter():
     """nbconvert's HTML exporter with kvlab's offline template."""
     from nbconvert import HTMLExporter
+    from traitlets.config import Config
 
-    return HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATE_DIR)])
+    # The cell that `kvlab report` injects (tag injected-env: KVLAB_DEVICE etc.) is plumbing, not the notebook.
+    config = Config({"TagRemovePreprocessor": {"enabled": True, "remove_cell_tags": ["injected-env"]}})
+    return HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATE_DIR)], config=config)
 
 
 def render_notebook_html(nb) -> str:
