@@ -169,30 +169,54 @@ def totals_bars(totals: dict[str, dict], keys: tuple[str, ...] = ("prefill_token
     return fig
 
 
+def hit_rate_indicator(hit_rate: float, reference: float, title: str = "hit rate") -> go.Figure:
+    """The big number: ``hit_rate`` (0..1) in percent, with its difference from ``reference`` in points."""
+    fig = go.Figure(go.Indicator(
+        mode="number+delta", value=round(100 * hit_rate, 4), number=dict(suffix=" %", valueformat=".2f"),
+        delta=dict(reference=round(100 * reference, 4), valueformat=".2f", suffix=" pts"), title=dict(text=title)))
+    fig.update_layout(height=200, width=300, margin=dict(t=40, b=10, l=10, r=10))
+    return fig
+
+
 # ---- radix tree -------------------------------------------------------------------------------
 TREE_COLOURS = {"root": "#dddddd", "locked": "#d62728", "evictable": "#2ca02c", "internal": "#1f77b4"}
+TREE_HOVER = ("<b>%{label}</b><br>key %{customdata[6]}<br>%{customdata[0]:,} tokens "
+              "(%{customdata[5]:,} from the root)<br>%{customdata[1]}, lock_ref %{customdata[2]}<br>"
+              "last access %{customdata[3]}, hits %{customdata[4]}<extra></extra>")
+_TREE_CUSTOM = ["tokens", "status", "lock_ref", "last_access_time", "hit_count", "prefix_tokens", "preview"]
+
+
+def icicle_arrays(frame: pd.DataFrame) -> dict[str, list]:
+    """The icicle's per-node arrays from a ``tree_frame`` table (with an extra ``preview`` column of the
+    node's key, else the label is used as the preview)."""
+    preview = frame["preview"] if "preview" in frame else frame["label"]
+    custom = frame.assign(preview=preview)[_TREE_CUSTOM]
+    return dict(
+        ids=frame["id"].astype(str).tolist(),
+        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
+        values=[int(v) for v in frame["path_tokens"]],
+        labels=frame["label"].astype(str).tolist(),
+        colors=[TREE_COLOURS[s] for s in frame["status"]],
+        customdata=[[int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6])]
+                    for r in custom.itertuples(index=False)],
+    )
 
 
 def radix_icicle_trace(frame: pd.DataFrame) -> go.Icicle:
     """One icicle: a node's width is the tokens of the cached sequences through it (children fill their
-    parent), colour by locked / evictable leaf / internal; hover gives the node's own tokens."""
-    return go.Icicle(
-        ids=frame["id"].astype(str).tolist(),
-        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
-        values=frame["path_tokens"].tolist(), branchvalues="total",
-        labels=frame["label"].tolist(),
-        marker=dict(colors=[TREE_COLOURS[s] for s in frame["status"]]),
-        customdata=frame[["tokens", "status", "lock_ref", "last_access_time", "hit_count", "prefix_tokens"]].values,
-        hovertemplate=("%{label}<br>%{customdata[0]} tokens (%{customdata[5]} from the root)<br>"
-                       "%{customdata[1]}, lock_ref %{customdata[2]}<br>last access %{customdata[3]}, "
-                       "hits %{customdata[4]}<extra></extra>"),
-        tiling=dict(orientation="v"), root=dict(color="#eeeeee"),
-    )
+    parent), colour by locked / evictable leaf / internal; hover gives the node's own tokens, key, lock,
+    last access and hits."""
+    a = icicle_arrays(frame)
+    return go.Icicle(ids=a["ids"], parents=a["parents"], values=a["values"], labels=a["labels"],
+                     marker=dict(colors=a["colors"]), customdata=a["customdata"], branchvalues="total",
+                     hovertemplate=TREE_HOVER, tiling=dict(orientation="v"), root=dict(color="#eeeeee"),
+                     leaf=dict(opacity=1.0), sort=False)
 
 
-def radix_icicle(frame: pd.DataFrame, title: str = "Radix cache") -> go.Figure:
+def radix_icicle(frame: pd.DataFrame, title: str = "Radix cache", height: int = 360) -> go.Figure:
     fig = go.Figure(radix_icicle_trace(frame))
-    fig.update_layout(title=title, margin=dict(t=40, l=10, r=10, b=10), height=360)
+    # uirevision: a redraw of the same tree keeps the node a viewer zoomed into
+    fig.update_layout(title=title, margin=dict(t=40, l=10, r=10, b=10), height=height, uirevision="kvlab-tree")
     return fig
 
 

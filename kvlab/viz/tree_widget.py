@@ -4,8 +4,9 @@
 Widths are tokens: a node is as wide as the cached sequences through it (``tree_frame``'s
 ``path_tokens``), so children fill their parent; colour is locked (red) / evictable leaf (green) /
 shared inner node (blue). Hover gives the node's own tokens, a preview of its key, lock_ref, last
-access time (the cache's logical clock) and hit count. ``refresh()`` updates the one trace in place
-(``batch_update``), so a FigureWidget in the browser redraws without being replaced.
+access time (the cache's logical clock) and hit count. ``refresh()`` reads the cache again and draws the
+icicle whole (:func:`kvlab.viz.plots.radix_icicle` into a :class:`~kvlab.viz.live.LiveFigure`), so every view,
+also one that attaches later, shows the tree as it is now.
 """
 
 from __future__ import annotations
@@ -15,36 +16,16 @@ from typing import Any, Optional
 
 import ipywidgets as widgets
 import pandas as pd
-import plotly.graph_objects as go
 
 from kvlab.mem_cache.tree_view import tree_frame
-from kvlab.viz.plots import TREE_COLOURS
+from kvlab.viz import plots
+from kvlab.viz.live import LiveFigure
+from kvlab.viz.plots import TREE_COLOURS, icicle_arrays  # noqa: F401  (icicle_arrays: kept importable here)
 from kvlab.viz.widgets import show_errors
-
-_HOVER = ("<b>%{label}</b><br>key %{customdata[6]}<br>%{customdata[0]:,} tokens "
-          "(%{customdata[5]:,} from the root)<br>%{customdata[1]}, lock_ref %{customdata[2]}<br>"
-          "last access %{customdata[3]}, hits %{customdata[4]}<extra></extra>")
-_CUSTOM = ["tokens", "status", "lock_ref", "last_access_time", "hit_count", "prefix_tokens", "preview"]
-
-
-def icicle_arrays(frame: pd.DataFrame) -> dict[str, Any]:
-    """The icicle's per-node arrays from a ``tree_frame`` table (with an extra ``preview`` column,
-    else the label is used as the preview)."""
-    preview = frame["preview"] if "preview" in frame else frame["label"]
-    custom = frame.assign(preview=preview)[_CUSTOM]
-    return dict(
-        ids=frame["id"].astype(str).tolist(),
-        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
-        values=[int(v) for v in frame["path_tokens"]],
-        labels=frame["label"].astype(str).tolist(),
-        colors=[TREE_COLOURS[s] for s in frame["status"]],
-        customdata=[[int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6])]
-                    for r in custom.itertuples(index=False)],
-    )
 
 
 class RadixTreeWidget:
-    """An icicle of ``cache`` that ``refresh()`` redraws in place from the cache's current state.
+    """An icicle of ``cache`` that ``refresh()`` redraws, whole, from the cache's current state.
 
     ``max_nodes``: draw at most that many nodes, the first in pre-order (parents always come before
     their children, so what is drawn is a tree; the title says how many were left out).
@@ -62,12 +43,8 @@ class RadixTreeWidget:
         self.max_nodes = max_nodes
         self.title = title or "Radix cache"
         self.names = names
-        self.figure = go.FigureWidget(go.Figure(go.Icicle(
-            branchvalues="total", hovertemplate=_HOVER, tiling=dict(orientation="v"), root=dict(color="#eeeeee"),
-            leaf=dict(opacity=1.0),
-            sort=False)))
-        self.figure.update_layout(height=height, margin=dict(t=40, l=10, r=10, b=10), title=self.title,
-                                  uirevision="kvlab-tree")
+        self.height = height
+        self.figure = LiveFigure()
         self.figure.add_class("kvlab-tree-fig")
         self.summary = widgets.HTML()
         self.summary.add_class("kvlab-tree-summary")
@@ -94,16 +71,10 @@ class RadixTreeWidget:
         return frame.iloc[: self.max_nodes].reset_index(drop=True), total
 
     def refresh(self) -> None:
-        """Read the cache again and update the icicle's arrays, the title and the summary in place."""
+        """Read the cache again and draw the icicle, its title and the summary from it."""
         frame, total = self.read_frame()
-        arrays = icicle_arrays(frame)
         cut = f" · first {len(frame)} of {total} nodes" if total > len(frame) else ""
-        with self.figure.batch_update():
-            trace = self.figure.data[0]
-            trace.ids, trace.parents, trace.values = arrays["ids"], arrays["parents"], arrays["values"]
-            trace.labels, trace.customdata = arrays["labels"], arrays["customdata"]
-            trace.marker.colors = arrays["colors"]
-            self.figure.layout.title.text = f"{self.title}{cut}"
+        self.figure.draw(plots.radix_icicle(frame, title=f"{self.title}{cut}", height=self.height))
         self.frame = frame
         self.summary.value = summary_html(self.cache, frame, total)
 

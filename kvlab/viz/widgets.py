@@ -1,4 +1,9 @@
-"""Widget panels: thin controllers over ``kvlab.experiments`` that update plots in place."""
+"""Widget panels: thin controllers over ``kvlab.experiments``.
+
+Every figure of a panel is a :class:`~kvlab.viz.live.LiveFigure` drawn whole from the panel's results by the
+pure functions in :mod:`kvlab.viz.plots` (keyed by the settings it shows, so a toggle back redraws from
+cache); tables and verdicts are ``ipywidgets.HTML`` whose ``value`` is set whole. The widgets' synced state is
+therefore always what the panel shows, for views that attach at any time (Voila, a reload, saved state)."""
 
 from __future__ import annotations
 
@@ -6,9 +11,9 @@ import html
 import traceback
 
 import ipywidgets as widgets
-import plotly.graph_objects as go
 
 from kvlab.viz import plots
+from kvlab.viz.live import LiveFigure
 
 GIB = float(1 << 30)
 
@@ -69,12 +74,8 @@ class KVPoolPanel:
                        (self.prompt, "kvlab-prompt")):
             w.add_class(css)
 
-        self.timelines = go.FigureWidget(plots.memory_timelines_side_by_side(
-            _empty_frame(), _empty_frame(), ("without gc.collect()", "with gc.collect()")))
-        self.timelines.update_layout(width=980)
-        self._subplot_titles = tuple(self.timelines.layout.annotations)
-        self.waterfall = go.FigureWidget(plots.budget_waterfall([("free before load", 0)]))
-        self.waterfall.update_layout(height=380, width=640, margin=dict(t=50, l=50, r=20, b=60))
+        self.timelines = LiveFigure()
+        self.waterfall = LiveFigure()
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
         self.errors = widgets.Output()
@@ -85,9 +86,8 @@ class KVPoolPanel:
         controls = widgets.VBox([widgets.HBox([self.preset, self.gc_toggle, self.empty_cache_toggle]),
                                  widgets.HBox([self.fraction, self.prompt])])
         self.widget = widgets.VBox([controls, self.verdict, self.timelines,
-                                    widgets.HBox([self.waterfall, self.table]), self.errors])
+                                    widgets.HBox([self.waterfall, self.table], layout=_wrap()), self.errors])
         self.widget.add_class("kvlab-kv-pool-panel")
-        self._drawn_arms: tuple | None = None  # the arms the timelines currently show
         self._on_change = show_errors(self.errors, self._handle_change)
         for w in (self.preset, self.gc_toggle, self.empty_cache_toggle, self.fraction, self.prompt):
             w.observe(self._on_change, names="value")
@@ -106,9 +106,13 @@ class KVPoolPanel:
                 self.prompt.observe(self._on_change, names="value")
         self._refresh()
 
+    def settings(self) -> tuple:
+        """What the arms are computed from (the gc toggle only picks one of them)."""
+        return (self.preset.value, self.empty_cache_toggle.value, round(self.fraction.value, 4), self.prompt.value)
+
     def arms(self):
         """(without gc, with gc) for the current settings, from the cache when seen before."""
-        key = (self.preset.value, self.empty_cache_toggle.value, round(self.fraction.value, 4), self.prompt.value)
+        key = self.settings()
         if key not in self._cache:
             self._cache[key] = self._experiment.compare(
                 self.preset.value, empty_cache=key[1], mem_fraction_static=key[2], prompt_tokens=key[3],
@@ -126,45 +130,33 @@ class KVPoolPanel:
     def _refresh(self) -> None:
         no_gc, with_gc = self.arms()
         current = with_gc if self.gc_toggle.value else no_gc
-        self._draw(no_gc, with_gc, current)
-
-    def _draw(self, no_gc, with_gc, current) -> None:
-        # The timelines show both arms, so the gc toggle (which only picks "your server") leaves them as
-        # they are: redrawing 8 traces of thousands of points is what made a toggle slow.
-        if self._drawn_arms != (id(no_gc), id(with_gc)):
-            self._draw_timelines(no_gc, with_gc)
-            self._drawn_arms = (id(no_gc), id(with_gc))
-        trace = plots.waterfall_trace(current.budget_terms())
-        with self.waterfall.batch_update():
-            self.waterfall.data[0].update(x=trace.x, y=trace.y, measure=trace.measure, text=trace.text)
-            arm = "with" if current.gc_before_measure else "without"
-            self.waterfall.layout.title = f"KV budget {arm} gc.collect(): {_fmt_gib(current.budget.rest_bytes if current.budget else None)}"
+        key = self.settings()
+        # Both arms' timelines: the gc toggle (which only picks "your server") leaves them as they are.
+        self.timelines.draw(lambda: timelines_figure(no_gc, with_gc), key=key)
+        self.waterfall.draw(lambda: budget_figure(current), key=(key, current.gc_before_measure))
         self.table.value = result_table_html(no_gc, with_gc, current)
         self.verdict.value = verdict_html(current)
 
-    def _draw_timelines(self, no_gc, with_gc) -> None:
-        with self.timelines.batch_update():
-            for offset, result in ((0, no_gc), (plots.TRACES_PER_TIMELINE, with_gc)):
-                frame = result.timeline
-                steps, phases = list(range(len(frame))), frame["phase"].tolist()
-                for i, (column, _, _) in enumerate(plots.SERIES):
-                    self.timelines.data[offset + i].update(x=steps, y=(frame[column] / GIB).round(4).tolist(),
-                                                           customdata=phases)
-                x, y = plots.weights_line(len(frame), result.weights_bytes)
-                self.timelines.data[offset + len(plots.SERIES)].update(x=x, y=y)
-            shapes, labels = [], []
-            for xref, result in (("x", no_gc), ("x2", with_gc)):
-                s, a = plots.phase_bands(result.timeline, xref)
-                shapes += s
-                labels += a
-            self.timelines.layout.shapes = shapes
-            self.timelines.layout.annotations = list(self._subplot_titles) + labels
+
+def _wrap() -> widgets.Layout:
+    """A row that wraps: on a narrow page the table goes below its figure instead of being cut off."""
+    return widgets.Layout(flex_flow="row wrap", align_items="flex-start")
 
 
-def _empty_frame():
-    import pandas as pd
+def timelines_figure(no_gc, with_gc):
+    """Finding 1's two memory timelines (without, with gc.collect()) as a panel draws them."""
+    fig = plots.memory_timelines_side_by_side(no_gc.timeline, with_gc.timeline,
+                                              ("without gc.collect()", "with gc.collect()"),
+                                              weights_bytes=(no_gc.weights_bytes, with_gc.weights_bytes))
+    return fig.update_layout(width=980)
 
-    return pd.DataFrame({"phase": ["start"], "allocated_bytes": [0], "reserved_bytes": [0], "free_bytes": [0]})
+
+def budget_figure(result):
+    """One arm's KV budget waterfall, titled with the budget it comes to."""
+    arm = "with" if result.gc_before_measure else "without"
+    rest = result.budget.rest_bytes if result.budget else None
+    fig = plots.budget_waterfall(result.budget_terms(), title=f"KV budget {arm} gc.collect(): {_fmt_gib(rest)}")
+    return fig.update_layout(height=380, width=640, margin=dict(t=50, l=50, r=20, b=60))
 
 
 def result_table_html(no_gc, with_gc, current) -> str:
@@ -230,16 +222,9 @@ class ShortfallPanel:
         for w, css in ((self.mode, "kvlab-eviction-mode"), (self.kv_tokens, "kvlab-kv-tokens"),
                        (self.workload, "kvlab-workload"), (self.policy, "kvlab-policy")):
             w.add_class(css)
-        empty = _empty_sim_frame()
-        self.timelines = go.FigureWidget(plots.sim_timelines_side_by_side(empty, empty, ("shortfall (fix)", "full (bug)")))
-        self.timelines.update_layout(width=980)
-        self.bars = go.FigureWidget(plots.totals_bars({"shortfall (fix)": _zero_totals(), "full (bug)": _zero_totals()}))
-        self.bars.update_layout(width=560)
-        self.gauge = go.FigureWidget(go.Figure(go.Indicator(
-            mode="number+delta", value=0, number=dict(suffix=" %", valueformat=".2f"),
-            delta=dict(reference=0, valueformat=".2f", suffix=" pts"),
-            title=dict(text="hit rate of your server"))).update_layout(height=200, width=300,
-                                                                         margin=dict(t=40, b=10, l=10, r=10)))
+        self.timelines = LiveFigure()
+        self.bars = LiveFigure()
+        self.gauge = LiveFigure()
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
         self.errors = widgets.Output()
@@ -248,17 +233,21 @@ class ShortfallPanel:
                        (self.errors, "kvlab-errors")):
             w.add_class(css)
         self.widget = widgets.VBox([widgets.HBox([self.mode, self.workload]), widgets.HBox([self.kv_tokens, self.policy]),
-                                    self.verdict, self.timelines, widgets.HBox([self.bars, widgets.VBox([self.gauge, self.table])]),
+                                    self.verdict, self.timelines,
+                                    widgets.HBox([self.bars, widgets.VBox([self.gauge, self.table])], layout=_wrap()),
                                     self.errors])
         self.widget.add_class("kvlab-shortfall-panel")
-        self._drawn: object | None = None  # the comparison the timelines and bars currently show
         self._on_change = show_errors(self.errors, lambda _change: self._refresh())
         for w in (self.mode, self.kv_tokens, self.workload, self.policy):
             w.observe(self._on_change, names="value")
         self.refresh()
 
+    def settings(self) -> tuple:
+        """What both arms are computed from (the mode toggle only picks one of them)."""
+        return (self.workload.value, self.kv_tokens.value, self.policy.value)
+
     def comparison(self):
-        key = (self.workload.value, self.kv_tokens.value, self.policy.value)
+        key = self.settings()
         if key not in self._cache:
             requests = self._experiment.load_requests(workload=key[0], seed=self.seed,
                                                       overrides=self.WORKLOAD_SIZES[key[0]])
@@ -269,55 +258,50 @@ class ShortfallPanel:
         show_errors(self.errors, self._refresh)()
 
     def _refresh(self) -> None:
-        self._draw(self.comparison())
+        comparison, key, mode = self.comparison(), self.settings(), self.mode.value
+        # Both arms are drawn whatever the mode: the mode toggle only re-highlights (gauge, table, verdict).
+        self.timelines.draw(lambda: sim_timelines_figure(comparison), key=key)
+        self.bars.draw(lambda: totals_figure(comparison), key=key)
+        self.gauge.draw(lambda: gauge_figure(comparison, mode), key=(key, mode))
+        self.table.value = sim_table_html(comparison, mode)
+        self.verdict.value = sim_verdict_html(comparison, mode)
 
-    def _draw(self, comparison) -> None:
-        # Both arms are drawn whatever the mode: the mode toggle only re-highlights (table, gauge, verdict).
-        if self._drawn is not comparison:
-            self._draw_arms(comparison)
-            self._drawn = comparison
-        self._draw_selection(comparison)
 
-    def _draw_arms(self, comparison) -> None:
-        arms = (("shortfall", comparison.shortfall), ("full", comparison.full))
-        n = len(plots.SIM_SERIES)
-        with self.timelines.batch_update():
-            for col, (_, result) in enumerate(arms):
-                series = plots.sim_series(result.steps_frame())
-                for i, (column, _, _, _) in enumerate(plots.SIM_SERIES):
-                    self.timelines.data[col * n + i].update(x=series["x"], y=series[column])
-        with self.bars.batch_update():
-            for i, (_, result) in enumerate(arms):
-                t = result.totals()
-                self.bars.data[i].y = [t[k] for k in self.bars.data[i].x]
+ARMS = (("shortfall", "shortfall (fix)"), ("full", "full (bug)"))
 
-    def _draw_selection(self, comparison) -> None:
-        self.table.value = sim_table_html(comparison, self.mode.value)
-        current = comparison.shortfall if self.mode.value == "shortfall" else comparison.full
-        other = comparison.full if current is comparison.shortfall else comparison.shortfall
-        t = current.totals()
-        with self.gauge.batch_update():
-            self.gauge.data[0].value = round(100 * t["hit_rate"], 4)
-            self.gauge.data[0].delta.reference = round(100 * other.totals()["hit_rate"], 4)
-            self.gauge.data[0].title.text = f"hit rate · {self.mode.value} eviction"
-        self.verdict.value = (
-            f"<div class='kvlab-sim-verdict-box' data-mode='{self.mode.value}' data-hit-rate='{t['hit_rate']}' "
+
+def _arm(comparison, mode: str):
+    return comparison.shortfall if mode == "shortfall" else comparison.full
+
+
+def sim_timelines_figure(comparison):
+    """Finding 2's timelines, one panel per eviction mode."""
+    fig = plots.sim_timelines_side_by_side(comparison.shortfall.steps_frame(), comparison.full.steps_frame(),
+                                           tuple(label for _, label in ARMS))
+    return fig.update_layout(width=980)
+
+
+def totals_figure(comparison):
+    """Both modes' prefill / evicted / over-evicted tokens as grouped bars."""
+    return plots.totals_bars({label: _arm(comparison, mode).totals() for mode, label in ARMS}).update_layout(width=560)
+
+
+def gauge_figure(comparison, mode: str):
+    """The big number: the selected mode's hit rate, against the other mode's."""
+    other = "full" if mode == "shortfall" else "shortfall"
+    return plots.hit_rate_indicator(_arm(comparison, mode).totals()["hit_rate"],
+                                    _arm(comparison, other).totals()["hit_rate"], title=f"hit rate · {mode} eviction")
+
+
+def sim_verdict_html(comparison, mode: str) -> str:
+    t = _arm(comparison, mode).totals()
+    return (f"<div class='kvlab-sim-verdict-box' data-mode='{mode}' data-hit-rate='{t['hit_rate']}' "
             f"data-over-evicted='{t['over_evicted_tokens']}' style='padding:6px 10px;border-radius:4px;"
-            f"background:{'#d4edda' if self.mode.value == 'shortfall' else '#f8d7da'}'>"
-            f"<b>{self.mode.value} eviction</b>: hit rate {t['hit_rate']:.2%}, "
+            f"background:{'#d4edda' if mode == 'shortfall' else '#f8d7da'}'>"
+            f"<b>{mode} eviction</b>: hit rate {t['hit_rate']:.2%}, "
             f"{t['over_evicted_tokens']:,} tokens evicted beyond the shortfall, "
             f"{t['prefill_tokens_computed']:,} prefill tokens computed, "
             f"{t['output_tokens_per_s']:,.0f} output tokens/s (cost model)</div>")
-
-
-def _empty_sim_frame():
-    import pandas as pd
-
-    return pd.DataFrame({"time_s": [0.0], "hit_rate": [0.0], "evicted_tokens": [0], "over_evicted_tokens": [0]})
-
-
-def _zero_totals() -> dict:
-    return {"prefill_tokens_computed": 0, "evicted_tokens": 0, "over_evicted_tokens": 0}
 
 
 def sim_table_html(comparison, selected: str) -> str:

@@ -117,3 +117,19 @@ def lab_page(context: BrowserContext, lab_server: LabServer) -> Iterator[Page]:
     yield page
     context.close()
     lab_server.delete_sessions()
+
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"  # git-ignored
+
+
+@pytest.fixture
+def artifacts(request: pytest.FixtureRequest) -> Path:
+    """A folder for this test's screenshots, kept after the run: tests/browser/artifacts/<test name>/ (emptied
+    first; the path is printed so a failing run says where to look)."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in request.node.name)
+    folder = ARTIFACTS / name
+    if folder.is_dir():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    print(f"[kvlab] screenshots of {request.node.nodeid}: {folder}")
+    return folder

@@ -33,7 +33,7 @@ from playwright.sync_api import Locator, Page, expect
 # -- server ---------------------------------------------------------------------------------------
 
 # Written into the isolated user-settings dir. autosave off: a run longer than the 120 s autosave
-# interval would otherwise write outputs (MBs of FigureWidget JS) back into the repo's notebooks.
+# interval would otherwise write outputs (MBs of widget state) back into the repo's notebooks.
 # windowingMode "none": every cell stays in the DOM, so off-screen outputs can be found and read.
 LAB_SETTINGS = {
     "@jupyterlab/docmanager-extension/plugin": {"autosave": False},
@@ -306,7 +306,7 @@ def plotly_data(page: Page, selector: str) -> list[dict]:
 def wait_plotly(page: Page, selector: str, timeout: float = 90_000) -> list[dict]:
     """Wait until the plot in ``selector`` has rendered traces; returns ``plotly_data``.
 
-    A FigureWidget takes 14-18 s to appear on 2 cores.
+    A plotly FigureWidget takes 14-18 s to appear on 2 cores; a kvlab LiveFigure a few seconds.
     """
     _plot_root(page, selector).wait_for(state="attached", timeout=timeout)
     page.wait_for_function(
@@ -315,6 +315,28 @@ def wait_plotly(page: Page, selector: str, timeout: float = 90_000) -> list[dict
         arg=selector, timeout=timeout, polling=100,
     )
     return plotly_data(page, selector)
+
+
+def plotly_axes(page: Page, selector: str) -> dict[str, list]:
+    """The drawn axis ranges of the plot in ``selector`` (``gd._fullLayout``): {"xaxis": [lo, hi], ...}.
+
+    An empty figure draws its axes at plotly's default [-1, 1] (or [-1, 6] for categories)."""
+    return _plot_root(page, selector).evaluate(
+        """(root) => {
+          const gd = root.classList.contains('js-plotly-plot') ? root : root.querySelector('.js-plotly-plot');
+          const out = {};
+          for (const [k, v] of Object.entries(gd._fullLayout)) {
+            if (/^[xy]axis\\d*$/.test(k) && v && Array.isArray(v.range)) out[k] = v.range.slice();
+          }
+          return out;
+        }""")
+
+
+def plotly_title(page: Page, selector: str) -> str:
+    """The drawn title text of the plot in ``selector`` (from ``gd._fullLayout``)."""
+    return _plot_root(page, selector).evaluate(
+        "(root) => { const gd = root.classList.contains('js-plotly-plot') ? root : root.querySelector('.js-plotly-plot');"
+        " const t = gd._fullLayout.title; return (t && t.text) || ''; }")
 
 
 def wait_plotly_change(page: Page, selector: str, old_data: list[dict], timeout: float = 30_000) -> list[dict]:
@@ -407,20 +429,38 @@ def table_rows(page: Page, css_class: str) -> list[list[str]]:
     )
 
 
+def table_cells(page: Page, css_class: str) -> list[dict[str, str]]:
+    """Every ``<td data-field=...>`` of the table inside the widget as its data-* attributes (``field``,
+    ``value`` and the column's ``arm`` / ``mode``): the numbers behind what the table shows."""
+    return widget(page, css_class).locator("td[data-field]").evaluate_all(
+        "tds => tds.map(td => Object.assign({}, td.dataset))")
+
+
 def screenshot(page: Page, path: str | os.PathLike[str], selector: str | None = None) -> Path:
     """Save a PNG of ``selector`` (e.g. ".kvlab-pool-fig") or of the page; returns the path.
 
     The notebook scrolls inside its own panel, so a page shot shows only what is on screen: pass a
-    selector to capture a widget wherever it is (Playwright scrolls it into view).
+    selector to capture a widget wherever it is (Playwright scrolls it into view). An element taller
+    than the window is shot in a window made tall enough for it, then the window is set back.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if selector is None:
         page.screenshot(path=path, full_page=True)
+        return path
+    element = page.locator(selector)
+    size = page.viewport_size
+    box = element.bounding_box()
+    if size and box and box["height"] + 200 > size["height"]:
+        page.set_viewport_size({"width": size["width"], "height": int(box["height"]) + 400})
+        try:
+            page.wait_for_timeout(300)  # let the page lay out again at the new height
+            element.screenshot(path=path)
+        finally:
+            page.set_viewport_size(size)
     else:
-        page.locator(selector).screenshot(path=path)
+        element.screenshot(path=path)
     return path
-
 
 
 # -- latency ------------------------------------------------------------------------------------

@@ -41,7 +41,7 @@ def test_runs_top_to_bottom_in_jupyterlab(stem: str, lab_page: Page, lab_server:
     tracebacks = lab_page.locator('.jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"]',
                                   has_text="Traceback")
     assert tracebacks.count() == 0, "\n---\n".join(tracebacks.all_inner_texts())
-    # a static figure's output element is the plot itself; a FigureWidget's plot sits inside its output
+    # a static figure's output element is the plot itself; a widget's plot (LiveFigure) sits inside its output
     plots = lab_page.locator(PLOTS)
     plots.first.wait_for(state="visible", timeout=90_000)
     drawn = lab_page.evaluate(

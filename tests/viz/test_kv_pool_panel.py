@@ -41,7 +41,7 @@ def test_timelines_show_both_arms(panel):
     assert weights_gib == pytest.approx(no_gc.weights_bytes / GIB, abs=1e-3)
     measured = no_gc.timeline[no_gc.timeline["phase"] == "measure"]["allocated_bytes"].iloc[-1] / GIB
     assert measured - weights_gib == pytest.approx(sum(w.kept_staging_bytes for w in no_gc.weights) / GIB, abs=0.01)
-    assert any(a.text == "measure" for a in panel.timelines.layout.annotations)
+    assert any(a.text == "measure" for a in panel.timelines.figure.layout.annotations)
 
 
 def test_fraction_slider_reruns(panel):

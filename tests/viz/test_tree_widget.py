@@ -40,15 +40,15 @@ def test_icicle_arrays_are_the_tree_frame():
     assert "data-nodes='5'" in w.summary.value and "data-evictable='13'" in w.summary.value
 
 
-def test_refresh_updates_the_same_trace_in_place_after_lock_insert_and_evict():
+def test_refresh_redraws_the_synced_figure_after_lock_insert_and_evict():
     cache = _cache()
     w = RadixTreeWidget(cache)
-    trace = w.figure.data[0]
     leaf = cache.match_prefix([20, 21, 22]).last_device_node
     assert _colour_of(w, leaf.id) == TREE_COLOURS["evictable"]
     cache.inc_lock_ref(leaf)
     w.refresh()
-    assert w.figure.data[0] is trace  # updated in place, not replaced
+    synced = w.figure.get_state()["_widget_data"][0]  # what a view attaching now is sent
+    assert synced["marker"]["colors"][synced["ids"].index(str(leaf.id))] == TREE_COLOURS["locked"]
     assert _colour_of(w, leaf.id) == TREE_COLOURS["locked"]
     assert "data-protected='3'" in w.summary.value
     key = [1, 2, 3, 4, 5, 6, 40, 41, 42]
@@ -84,7 +84,7 @@ def test_max_nodes_draws_a_tree_and_says_what_it_left_out():
     w = RadixTreeWidget(cache, max_nodes=5)
     trace = w.figure.data[0]
     assert len(trace.ids) == 5 and set(p for p in trace.parents if p) <= set(trace.ids)
-    assert "first 5 of 12 nodes" in w.figure.layout.title.text
+    assert "first 5 of 12 nodes" in w.figure.figure.layout.title.text
 
 
 def test_bad_input_is_named():
@@ -131,20 +131,21 @@ def test_demo_bad_input_is_named():
 
 def test_panel_buttons_step_the_demo_and_redraw():
     panel = TreeDemoPanel(start_requests=3)
-    trace = panel.tree.figure.data[0]
-    before = list(trace.values)
+    trace = lambda: panel.tree.figure.data[0]  # noqa: E731
+    before = list(trace().values)
     panel.next_button.click()
-    assert panel.demo.requests_run == 4 and panel.tree.figure.data[0] is trace
-    assert list(trace.values) != before and "data-steps='4'" in panel.log.value
-    ids_before = set(trace.ids)
+    assert panel.demo.requests_run == 4
+    assert list(trace().values) != before and "data-steps='4'" in panel.log.value
+    assert list(trace().values) == [int(v) for v in tree_frame(panel.demo.cache)["path_tokens"]]
+    ids_before = set(trace().ids)
     panel.mode.value = "full"
     panel.pressure_button.click()
     step = panel.demo.history[-1]
     assert step.kind == "pressure" and step.evict.over_evicted_tokens > 0 and panel.demo.mode == "full"
-    assert set(trace.ids) < ids_before  # leaves evicted
+    assert set(trace().ids) < ids_before  # leaves evicted
     assert "pressure event" in panel.log.value
     panel.reset_button.click()
-    assert list(trace.ids) == ["0"] and panel.demo.requests_run == 0
+    assert list(trace().ids) == ["0"] and panel.demo.requests_run == 0
     assert panel.errors.outputs == ()
 
 
