@@ -11,6 +11,7 @@ how much memory then sits idle — the PR's "46.9 GB left idle".
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import numbers
 from dataclasses import dataclass, field
@@ -273,7 +274,10 @@ def run(
         pre = get_available_gpu_memory(ranks, empty_cache=True, gc_collect=False)
         reports = [_load_rank(d, scenario, r) for r, d in enumerate(ranks)]
         if measure is None:
-            reading = get_available_gpu_memory(ranks, empty_cache=empty_cache, gc_collect=gc_before_measure)
+            with contextlib.ExitStack() as phases:  # the collection's frees land in a phase of their own
+                for d in ranks if gc_before_measure else ():
+                    phases.enter_context(d.recorder.phase("gc.collect()"))
+                reading = get_available_gpu_memory(ranks, empty_cache=empty_cache, gc_collect=gc_before_measure)
         else:
             reading = _as_reading(measure(list(ranks)), ranks)
         budget = error = None

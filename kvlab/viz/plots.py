@@ -15,10 +15,19 @@ SERIES = (  # column, label, colour
 PHASE_COLOURS = {
     "before load": "rgba(200,200,200,0.25)",
     "weights": "rgba(31,119,180,0.10)",
-    "draft weights": "rgba(148,103,189,0.12)",
+    "draft weights": "rgba(148,103,189,0.14)",
+    "gc.collect()": "rgba(255,187,0,0.28)",
     "measure": "rgba(214,39,40,0.18)",
     "kv pool": "rgba(44,160,44,0.12)",
     "serving": "rgba(140,86,75,0.12)",
+}
+PHASE_MEANING = {  # what the phase legend says of each band
+    "weights": "loading weights",
+    "draft weights": "draft model",
+    "gc.collect()": "gc.collect()",
+    "measure": "free memory read",
+    "kv pool": "KV pool allocated",
+    "serving": "serving",
 }
 
 
@@ -64,16 +73,39 @@ def timeline_traces(frame: pd.DataFrame, *, weights_bytes: int | None = None, sh
 
 
 def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[dict]]:
-    """Shaded rectangles and labels for the phases of a timeline (layout shapes and annotations)."""
+    """Shaded rectangles for the phases of a timeline, and labels for the two moments the finding turns on.
+
+    Every phase is shaded (its colour is named by :func:`phase_legend`); only two get a label on the plot, so
+    labels never collide: the post-load ``measure`` (where the pool is sized) and ``gc.collect()`` with the
+    memory it freed (allocated bytes at its start minus at its end).
+    """
     shapes, labels = [], []
     spans = [span for span in phase_spans(frame) if span[0] in PHASE_COLOURS and span[2] > span[1]]
-    for row, (phase, start, stop) in enumerate(spans):
+    allocated = frame["allocated_bytes"].tolist() if len(frame) else []
+    measures = [span for span in spans if span[0] == "measure"]
+    for phase, start, stop in spans:
         shapes.append(dict(type="rect", xref=xref, yref="paper", x0=start - 0.5, x1=stop + 0.5, y0=0, y1=1,
                            fillcolor=PHASE_COLOURS[phase], line_width=0, layer="below"))
-        # labels step down in three rows so short neighbouring phases stay readable
-        labels.append(dict(xref=xref, yref="paper", x=start - 0.5, y=1 - 0.06 * (row % 3), text=phase, showarrow=False,
-                           xanchor="left", yanchor="top", font=dict(size=10, color="#555")))
+        if phase == "gc.collect()":
+            freed = (allocated[max(start - 1, 0)] - allocated[stop]) / GIB
+            text = f"<b>gc.collect()</b><br>frees {freed:,.2f} GiB"
+        elif measures and (phase, start, stop) == measures[-1]:
+            text = "<b>measure</b><br>pool sized here"
+        else:
+            continue
+        labels.append(dict(xref=xref, yref="paper", x=(start + stop) / 2, y=0.98, text=text, showarrow=False,
+                           xanchor="center", yanchor="top", align="center", font=dict(size=11, color="#333"),
+                           bgcolor="rgba(255,255,255,0.85)"))
     return shapes, labels
+
+
+def phase_legend(frames: list[pd.DataFrame], y: float = -0.34) -> dict:
+    """One annotation under the plot naming each phase colour that appears in ``frames``."""
+    seen = {span[0] for frame in frames for span in phase_spans(frame) if span[2] > span[1]}
+    items = [f'<span style="color:{PHASE_COLOURS[p].rsplit(",", 1)[0].replace("rgba", "rgb")})">■</span> '
+             f"{PHASE_MEANING[p]}" for p in PHASE_MEANING if p in seen]
+    return dict(xref="paper", yref="paper", x=0, y=y, xanchor="left", yanchor="top", showarrow=False,
+                text="phases: " + " &nbsp; ".join(items), font=dict(size=12, color="#444"))
 
 
 def _add_phase_bands(fig: go.Figure, frame: pd.DataFrame, col: int | None = None) -> None:
@@ -88,8 +120,9 @@ def memory_timeline(frame: pd.DataFrame, title: str = "Device memory", weights_b
     """Allocated / reserved / free across the recorded events, phases shaded."""
     fig = go.Figure(timeline_traces(frame, weights_bytes=weights_bytes))
     _add_phase_bands(fig, frame)
+    fig.add_annotation(phase_legend([frame]))
     fig.update_layout(title=title, xaxis_title="allocator event", yaxis_title="GiB", template="plotly_white",
-                      legend=dict(orientation="h", y=-0.2))
+                      legend=dict(orientation="h", y=-0.2), margin=dict(b=110))
     return fig
 
 
@@ -101,8 +134,9 @@ def memory_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, title
         for trace in timeline_traces(frame, weights_bytes=weights, showlegend=col == 1):
             fig.add_trace(trace, row=1, col=col)
         _add_phase_bands(fig, frame, col)
-    fig.update_layout(template="plotly_white", height=420, legend=dict(orientation="h", y=-0.18),
-                      margin=dict(t=60, l=50, r=20, b=60))
+    fig.add_annotation(phase_legend([left, right], y=-0.25))
+    fig.update_layout(template="plotly_white", height=470, legend=dict(orientation="h", y=-0.15),
+                      margin=dict(t=60, l=50, r=20, b=115))
     fig.update_yaxes(title_text="GiB", row=1, col=1)
     fig.update_xaxes(title_text="allocator event")
     return fig
@@ -119,8 +153,9 @@ def waterfall_trace(terms: list[tuple[str, int]]) -> go.Waterfall:
     labels = [name for name, _ in terms] + ["KV pool budget"]
     values = [round(v / GIB, 4) for _, v in terms] + [0]
     measure = ["absolute"] + ["relative"] * (len(terms) - 1) + ["total"]
+    total = round(sum(values), 4)
     return go.Waterfall(x=labels, y=values, measure=measure, textposition="outside",
-                        text=[f"{v:+.2f}" if i else f"{v:.2f}" for i, v in enumerate(values[:-1])] + [""],
+                        text=[f"{v:+.2f}" if i else f"{v:.2f}" for i, v in enumerate(values[:-1])] + [f"{total:.2f}"],
                         connector=dict(line=dict(color="#999")))
 
 

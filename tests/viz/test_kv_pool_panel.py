@@ -41,7 +41,17 @@ def test_timelines_show_both_arms(panel):
     assert weights_gib == pytest.approx(no_gc.weights_bytes / GIB, abs=1e-3)
     measured = no_gc.timeline[no_gc.timeline["phase"] == "measure"]["allocated_bytes"].iloc[-1] / GIB
     assert measured - weights_gib == pytest.approx(sum(w.kept_staging_bytes for w in no_gc.weights) / GIB, abs=0.01)
-    assert any(a.text == "measure" for a in panel.timelines.figure.layout.annotations)
+    texts = [a.text for a in panel.timelines.figure.layout.annotations]
+    assert sum("pool sized here" in t for t in texts) == 2  # each arm's post-load reading is labelled
+    # the collection is labelled with what it freed: the loader's staging, held by the cycle until then
+    gc_label = next(t for t in texts if t.startswith("<b>gc.collect()</b>"))
+    freed = float(gc_label.split("frees ")[1].split(" GiB")[0])
+    spans = [s for s in plots.phase_spans(with_gc.timeline) if s[0] == "gc.collect()"]
+    alloc = with_gc.timeline["allocated_bytes"]
+    assert freed == pytest.approx((alloc.iloc[spans[0][1] - 1] - alloc.iloc[spans[0][2]]) / GIB, abs=0.005)
+    assert freed == pytest.approx(sum(w.kept_staging_bytes for w in with_gc.weights) / GIB, abs=0.05)
+    legend = next(t for t in texts if t.startswith("phases:"))
+    assert all(word in legend for word in ("loading weights", "gc.collect()", "free memory read", "KV pool allocated"))
 
 
 def test_fraction_slider_reruns(panel):
