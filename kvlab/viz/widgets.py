@@ -7,6 +7,7 @@ therefore always what the panel shows, for views that attach at any time (Voila,
 
 from __future__ import annotations
 
+import contextlib
 import html
 import traceback
 
@@ -41,6 +42,24 @@ def show_errors(errors: widgets.Output, callback):
 
     wrapped.__wrapped__ = callback
     return wrapped
+
+
+class BusyStatus:
+    """A panel's "computing…" line: shown while a setting not seen before is computed (a second or more),
+    cleared when the figures are drawn. Widget updates reach the page while the callback still runs."""
+
+    def __init__(self) -> None:
+        self.widget = widgets.HTML(value="")
+        self.widget.add_class("kvlab-status")
+
+    @contextlib.contextmanager
+    def busy(self, what: str):
+        self.widget.value = (f"<div class='kvlab-busy' style='padding:4px 10px;color:#555;background:#eef3fb;"
+                             f"border-radius:4px'>⏳ computing {html.escape(what)} …</div>")
+        try:
+            yield
+        finally:
+            self.widget.value = ""
 
 
 class KVPoolPanel:
@@ -79,13 +98,14 @@ class KVPoolPanel:
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
         self.errors = widgets.Output()
+        self.status = BusyStatus()
         for w, css in ((self.timelines, "kvlab-timelines"), (self.waterfall, "kvlab-waterfall"),
                        (self.table, "kvlab-table"), (self.verdict, "kvlab-verdict"), (self.errors, "kvlab-errors")):
             w.add_class(css)
 
         controls = widgets.VBox([widgets.HBox([self.preset, self.gc_toggle, self.empty_cache_toggle]),
                                  widgets.HBox([self.fraction, self.prompt])])
-        self.widget = widgets.VBox([controls, self.verdict, self.timelines,
+        self.widget = widgets.VBox([controls, self.status.widget, self.verdict, self.timelines,
                                     widgets.HBox([self.waterfall, self.table], layout=_wrap()), self.errors])
         self.widget.add_class("kvlab-kv-pool-panel")
         self._on_change = show_errors(self.errors, self._handle_change)
@@ -114,9 +134,10 @@ class KVPoolPanel:
         """(without gc, with gc) for the current settings, from the cache when seen before."""
         key = self.settings()
         if key not in self._cache:
-            self._cache[key] = self._experiment.compare(
-                self.preset.value, empty_cache=key[1], mem_fraction_static=key[2], prompt_tokens=key[3],
-                device=self.device)
+            with self.status.busy(f"both start-ups of {key[0]} (mem_fraction_static {key[2]})"):
+                self._cache[key] = self._experiment.compare(
+                    self.preset.value, empty_cache=key[1], mem_fraction_static=key[2], prompt_tokens=key[3],
+                    device=self.device)
         return self._cache[key]
 
     @property
@@ -160,25 +181,31 @@ def budget_figure(result):
 
 
 def result_table_html(no_gc, with_gc, current) -> str:
+    """Both arms beside the waterfall; the arm the toggle selects is shaded. Fixed column widths, no wrapping
+    and tabular digits, so toggling never reflows the table (only the shading moves)."""
     rows = [
         ("free before load", "pre_model_load_bytes", _fmt_gib),
-        ("available after load", "available_bytes", _fmt_gib),
+        ("free memory read after loading", "available_bytes", _fmt_gib),
         ("KV budget (rest)", "rest_bytes", _fmt_gib),
-        ("max_total_num_tokens", "max_total_num_tokens", _fmt_int),
-        ("max_req_input_len", "max_req_input_len", _fmt_int),
-        ("memory idle once gc ran", "idle_bytes", _fmt_gib),
+        ("KV pool, tokens", "max_total_num_tokens", _fmt_int),
+        ("longest prompt, tokens", "max_req_input_len", _fmt_int),
+        ("memory left idle once gc has run", "idle_bytes", _fmt_gib),
     ]
     a, b = no_gc.to_json(), with_gc.to_json()
-    head_style = "background:#fff3cd;font-weight:bold"
-    cols = [(a, "without gc", not current.gc_before_measure), (b, "with gc", current.gc_before_measure)]
-    header = "".join(f"<th style='{head_style if sel else ''}'>{name}</th>" for _, name, sel in cols)
+    shade = "background:#fff3cd;"
+    cols = [(a, "without gc.collect()", not current.gc_before_measure),
+            (b, "with gc.collect()", current.gc_before_measure)]
+    cell = "padding:3px 8px;white-space:nowrap;"
+    header = "".join(f"<th style='{cell}width:10.5em;text-align:right;{shade if sel else ''}'>{name}</th>"
+                     for _, name, sel in cols)
     body = ""
     for label, key, fmt in rows:
         cells = "".join(
             f"<td data-field='{key}' data-arm='{'gc' if d is b else 'no-gc'}' data-value='{d[key] if d[key] is not None else ''}'"
-            f" style='text-align:right;{head_style if sel else ''}'>{fmt(d[key])}</td>" for d, _, sel in cols)
-        body += f"<tr><td>{label}</td>{cells}</tr>"
-    return f"<table class='kvlab-result-table'><tr><th></th>{header}</tr>{body}</table>"
+            f" style='{cell}text-align:right;{shade if sel else ''}'>{fmt(d[key])}</td>" for d, _, sel in cols)
+        body += f"<tr><td style='{cell}'>{label}</td>{cells}</tr>"
+    return (f"<table class='kvlab-result-table' style='table-layout:fixed;border-collapse:collapse;"
+            f"font-variant-numeric:tabular-nums'><tr><th style='{cell}width:16em'></th>{header}</tr>{body}</table>")
 
 
 def verdict_html(result) -> str:
@@ -228,12 +255,13 @@ class ShortfallPanel:
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
         self.errors = widgets.Output()
+        self.status = BusyStatus()
         for w, css in ((self.gauge, "kvlab-sim-gauge"), (self.timelines, "kvlab-sim-timelines"), (self.bars, "kvlab-sim-bars"),
                        (self.table, "kvlab-sim-table"), (self.verdict, "kvlab-sim-verdict"),
                        (self.errors, "kvlab-errors")):
             w.add_class(css)
         self.widget = widgets.VBox([widgets.HBox([self.mode, self.workload]), widgets.HBox([self.kv_tokens, self.policy]),
-                                    self.verdict, self.timelines,
+                                    self.status.widget, self.verdict, self.timelines,
                                     widgets.HBox([self.bars, widgets.VBox([self.gauge, self.table])], layout=_wrap()),
                                     self.errors])
         self.widget.add_class("kvlab-shortfall-panel")
@@ -249,9 +277,11 @@ class ShortfallPanel:
     def comparison(self):
         key = self.settings()
         if key not in self._cache:
-            requests = self._experiment.load_requests(workload=key[0], seed=self.seed,
-                                                      overrides=self.WORKLOAD_SIZES[key[0]])
-            self._cache[key] = self._experiment.compare(requests, kv_tokens=key[1], policy=key[2], progress=False)
+            with self.status.busy(f"both eviction modes on {key[0]} with a {key[1]:,}-token pool"):
+                requests = self._experiment.load_requests(workload=key[0], seed=self.seed,
+                                                          overrides=self.WORKLOAD_SIZES[key[0]])
+                self._cache[key] = self._experiment.compare(requests, kv_tokens=key[1], policy=key[2],
+                                                            progress=False)
         return self._cache[key]
 
     def refresh(self) -> None:

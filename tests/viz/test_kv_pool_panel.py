@@ -79,3 +79,13 @@ def test_plots_are_figures():
     assert isinstance(plots.memory_timeline(result.timeline), go.Figure)
     fig = plots.budget_waterfall(result.budget_terms())
     assert isinstance(fig, go.Figure) and list(fig.data[0].measure)[-1] == "total"
+
+
+def test_a_new_setting_shows_computing_until_it_is_drawn(panel):
+    seen: list[str] = []
+    panel.status.widget.observe(lambda change: seen.append(change["new"]), names="value")
+    panel.gc_toggle.value = not panel.gc_toggle.value  # cached: only picks the other arm
+    assert seen == []
+    panel.fraction.value = 0.77
+    assert len(seen) == 2 and "computing both start-ups of" in seen[0] and "0.77" in seen[0]
+    assert seen[1] == "" == panel.status.widget.value

@@ -46,3 +46,16 @@ def test_matches_the_experiment_run_directly(panel):
                                                 overrides=ShortfallPanel.WORKLOAD_SIZES["generated-shared-prefix"])
     direct = shortfall_eviction.run(requests, eviction="full", kv_tokens=20_000, progress=False)
     assert direct.totals() == panel.comparison().full.totals()
+
+
+def test_a_new_setting_shows_computing_until_it_is_drawn():
+    """The status line says what is being computed while a setting not seen before runs, then clears;
+    a cached setting (the mode toggle) never shows it."""
+    panel = ShortfallPanel(kv_tokens=20_000)
+    seen: list[str] = []
+    panel.status.widget.observe(lambda change: seen.append(change["new"]), names="value")
+    panel.mode.value = "full"  # both arms are cached: nothing to compute
+    assert seen == []
+    panel.kv_tokens.value = 24_576
+    assert len(seen) == 2 and "computing both eviction modes on generated-shared-prefix" in seen[0]
+    assert "24,576-token pool" in seen[0] and seen[1] == "" == panel.status.widget.value
