@@ -37,6 +37,8 @@ from kvlab.errors import KvlabError
 from kvlab.units import KiB, MiB
 
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
+# One vocabulary for block states in every table, legend and CLI line (memory_viz's words, shortened).
+STATE_NAMES = {"active_allocated": "live", "active_pending_free": "pending free", "inactive": "free"}
 # torch's docs spell the pending state ``active_awaiting_free``; the C++ writes ``active_pending_free``.
 _STATE_ALIASES = {"active_awaiting_free": "active_pending_free"}
 SEGMENT_FIELDS = ("address", "total_size", "allocated_size", "stream", "segment_type", "blocks")

@@ -2,3 +2,5 @@
 
 The only layer of kvlab that imports plotly or ipywidgets.
 """
+
+from kvlab.viz import theme  # noqa: E402,F401  (registers the "kvlab" plotly template as the default)

@@ -8,7 +8,7 @@ Pure functions of a snapshot dict (torch's ``_snapshot()`` schema, read through
 
 Trace layout of :func:`block_traces`: one *group* of bar traces per segment (``meta`` holds the
 segment's row label), one trace in the group per block state present in that segment, one bar
-per block. ``legendgroup`` is the state, so clicking "free (cached)" in the legend hides the free
+per block. ``legendgroup`` is the state, so clicking "free" in the legend hides the free
 blocks of every segment at once.
 """
 
@@ -21,6 +21,7 @@ from plotly.subplots import make_subplots
 from kvlab.device.snapshot import read_snapshot
 from kvlab.units import KiB, MiB, fmt_bytes
 from kvlab.viz.snapshot_plots import MIB, STATE_STYLE
+from kvlab.viz.theme import TEMPLATE
 
 GIB = float(1 << 30)
 TIMELINE_SERIES = (  # column, label, colour
@@ -76,7 +77,7 @@ def block_traces(snapshot: dict, unit_bytes: int = MiB) -> list[go.Bar]:
 def block_map(snapshot: dict, title: str = "Allocator state") -> go.Figure:
     """One snapshot's segments and blocks (sizes and addresses on hover)."""
     fig = go.Figure(block_traces(snapshot))
-    fig.update_layout(barmode="overlay", title=title, xaxis_title="offset in segment (MiB)", template="plotly_white",
+    fig.update_layout(barmode="overlay", title=title, xaxis_title="offset in segment (MiB)", template=TEMPLATE,
                       yaxis=dict(autorange="reversed", title="segment"), legend=dict(orientation="h", y=-0.25))
     return fig
 
@@ -174,7 +175,7 @@ def state_history(run, title: str | None = None, active: int | None = None) -> g
                                  "shapes": marker(state.timeline_index), "annotations": note(state)}]))
     shown = steps[active]["args"][1] if steps else {"title.text": title, "shapes": [], "annotations": []}
     fig.update_layout(
-        barmode="overlay", template="plotly_white", height=640, title=dict(text=shown["title.text"]),
+        barmode="overlay", template=TEMPLATE, height=640, title=dict(text=shown["title.text"]),
         shapes=shown["shapes"], annotations=shown["annotations"], legend=dict(x=1.02, y=1, xanchor="left"),
         sliders=[dict(active=active, steps=steps, currentvalue=dict(prefix="state "), pad=dict(t=50))],
         margin=dict(t=90, l=60, r=20, b=60), meta={"states": groups},

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
+from kvlab.viz.theme import TEMPLATE
 
 _MODE_COLOURS = {"shortfall": "#1f77b4", "full": "#d62728"}
 
@@ -22,7 +23,7 @@ def eviction_cost_bars(df: pd.DataFrame) -> go.Figure:
                     hovertemplate="%{x}: %{y} extra prefill tokens<br>hit rate %{customdata:.1%}<extra></extra>")
     fig.update_layout(title="Extra prefill caused by full-num_tokens eviction", barmode="group",
                       xaxis_title="tree", yaxis_title="prefill tokens beyond shortfall mode",
-                      template="plotly_white", height=360)
+                      template=TEMPLATE, height=360)
     return fig
 
 
@@ -36,5 +37,5 @@ def swa_pool_bars(event) -> go.Figure:
     fig.add_bar(name="freed by the tree", x=pools, y=[event.full_evicted, event.swa_evicted])
     fig.add_hline(y=event.need_tokens, line_dash="dot", annotation_text=f"need {event.need_tokens}")
     fig.update_layout(title="SWA tree: one shortfall per pool", barmode="group", yaxis_title="tokens",
-                      template="plotly_white", height=340)
+                      template=TEMPLATE, height=340)
     return fig

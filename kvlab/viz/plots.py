@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+from kvlab.viz.theme import TEMPLATE
 
 GIB = float(1 << 30)
 SERIES = (  # column, label, colour
@@ -121,7 +122,7 @@ def memory_timeline(frame: pd.DataFrame, title: str = "Device memory", weights_b
     fig = go.Figure(timeline_traces(frame, weights_bytes=weights_bytes))
     _add_phase_bands(fig, frame)
     fig.add_annotation(phase_legend([frame]))
-    fig.update_layout(title=title, xaxis_title="allocator event", yaxis_title="GiB", template="plotly_white",
+    fig.update_layout(title=title, xaxis_title="allocator event", yaxis_title="GiB", template=TEMPLATE,
                       legend=dict(orientation="h", y=-0.2), margin=dict(b=110))
     return fig
 
@@ -135,7 +136,7 @@ def memory_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, title
             fig.add_trace(trace, row=1, col=col)
         _add_phase_bands(fig, frame, col)
     fig.add_annotation(phase_legend([left, right], y=-0.25))
-    fig.update_layout(template="plotly_white", height=470, legend=dict(orientation="h", y=-0.15),
+    fig.update_layout(template=TEMPLATE, height=470, legend=dict(orientation="h", y=-0.15),
                       margin=dict(t=60, l=50, r=20, b=115))
     fig.update_yaxes(title_text="GiB", row=1, col=1)
     fig.update_xaxes(title_text="allocator event")
@@ -145,7 +146,7 @@ def memory_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, title
 def budget_waterfall(terms: list[tuple[str, int]], title: str = "KV budget") -> go.Figure:
     """Signed byte terms ending in the KV budget (the total bar)."""
     fig = go.Figure(waterfall_trace(terms))
-    fig.update_layout(title=title, yaxis_title="GiB", template="plotly_white", showlegend=False)
+    fig.update_layout(title=title, yaxis_title="GiB", template=TEMPLATE, showlegend=False)
     return fig
 
 
@@ -178,29 +179,44 @@ def sim_series(frame: pd.DataFrame) -> dict[str, list]:
 
 
 def sim_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, titles: tuple[str, str]) -> go.Figure:
-    """Hit rate (left axis) and evicted / over-evicted tokens (right axis) over time, one panel per mode."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.14,
+    """Hit rate and evicted / over-evicted tokens over simulated time, one panel per mode, on SHARED scales:
+    the same time, hit-rate and token ranges in both panels (hit rate read on the left axis, tokens on the
+    right), so the gap between the modes is what the eye compares."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.06,
                         specs=[[{"secondary_y": True}, {"secondary_y": True}]])
-    for col, frame in ((1, left), (2, right)):
-        series = sim_series(frame)
+    series = [sim_series(frame) for frame in (left, right)]
+    for col, data in ((1, series[0]), (2, series[1])):
         for column, label, colour, axis in SIM_SERIES:
-            fig.add_trace(go.Scatter(x=series["x"], y=series[column], name=label, mode="lines",
+            fig.add_trace(go.Scatter(x=data["x"], y=data[column], name=label, mode="lines",
                                      line=dict(color=colour, width=2), legendgroup=label, showlegend=col == 1),
                           row=1, col=col, secondary_y=axis == "y2")
-    fig.update_layout(template="plotly_white", height=400, legend=dict(orientation="h", y=-0.2),
-                      margin=dict(t=60, l=50, r=50, b=60))
-    fig.update_xaxes(title_text="simulated time (s)")
-    fig.update_yaxes(title_text="hit rate", range=[0, 1], secondary_y=False)
-    fig.update_yaxes(title_text="tokens", secondary_y=True)
+    t_max = max([max(d["x"], default=0) for d in series] + [1e-9])
+    hit_max = max([max(d["hit_rate"], default=0) for d in series] + [0.01])
+    tok_max = max([max(d["evicted_cum"], default=0) for d in series] + [1])
+    fig.update_layout(template=TEMPLATE, height=400, legend=dict(orientation="h", y=-0.2),
+                      margin=dict(t=60, l=60, r=70, b=60))
+    fig.update_xaxes(title_text="simulated time (s)", range=[0, t_max * 1.02])
+    for col in (1, 2):  # one scale per quantity across both panels; each quantity's ticks shown once
+        fig.update_yaxes(range=[0, min(1.0, hit_max * 1.1)], tickformat=".0%", secondary_y=False, row=1, col=col,
+                         title_text="cumulative hit rate" if col == 1 else None, showticklabels=col == 1)
+        fig.update_yaxes(range=[0, tok_max * 1.05], secondary_y=True, row=1, col=col, showgrid=False,
+                         title_text="tokens (cumulative)" if col == 2 else None, showticklabels=col == 2)
     return fig
+
+
+TOTALS_WORDS = {"prefill_tokens_computed": "prefill tokens<br>computed", "evicted_tokens": "tokens<br>evicted",
+                "over_evicted_tokens": "evicted beyond<br>the shortfall"}
 
 
 def totals_bars(totals: dict[str, dict], keys: tuple[str, ...] = ("prefill_tokens_computed", "evicted_tokens",
                                                                    "over_evicted_tokens")) -> go.Figure:
-    """Grouped bars of a few totals per arm (``totals``: arm name -> totals dict)."""
-    fig = go.Figure([go.Bar(name=arm, x=list(keys), y=[t[k] for k in keys]) for arm, t in totals.items()])
-    fig.update_layout(barmode="group", template="plotly_white", height=340, yaxis_title="tokens",
-                      margin=dict(t=40, l=60, r=20, b=40))
+    """Grouped bars of a few totals per arm (``totals``: arm name -> totals dict). Bars are labelled in words;
+    each bar's ``customdata`` is the totals key it shows."""
+    words = [TOTALS_WORDS.get(k, k.replace("_", " ")) for k in keys]
+    fig = go.Figure([go.Bar(name=arm, x=words, y=[t[k] for k in keys], customdata=list(keys),
+                            hovertemplate=f"{arm}: %{{y:,}} tokens<extra></extra>") for arm, t in totals.items()])
+    fig.update_layout(barmode="group", template=TEMPLATE, height=340, yaxis_title="tokens",
+                      yaxis=dict(rangemode="tozero"), margin=dict(t=40, l=60, r=20, b=40))
     return fig
 
 

@@ -5,12 +5,9 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from kvlab.viz.theme import STATE_STYLE  # normalised block state -> (legend label, colour)
+
 MIB = float(1 << 20)
-STATE_STYLE = {  # normalised block state -> (legend label, colour)
-    "active_allocated": ("live", "#1f77b4"),
-    "active_pending_free": ("pending free", "#ff7f0e"),
-    "inactive": ("free (cached)", "#cccccc"),
-}
 
 
 def active_memory_timeline(snapshot) -> go.Figure:

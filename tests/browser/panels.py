@@ -85,7 +85,7 @@ def check_shortfall_panel(page: Page, mode: str, fix: dict, bug: dict) -> None:
     bars = lab.wait_plotly(page, ".kvlab-sim-bars")
     assert len(bars) == 2
     for trace, m in zip(bars, ("shortfall", "full")):
-        assert len(trace["x"]) >= 3 and trace["y"] == [tables[m][k] for k in trace["x"]]
+        assert len(trace["x"]) >= 3 and trace["y"] == [tables[m][k] for k in trace["customdata"]]
     lines = drawn_lines(page, ".kvlab-sim-timelines")
     assert len(lines) == 6
     assert lines[0]["y"][-1] == pytest.approx(fix["hit_rate"], abs=1e-4)

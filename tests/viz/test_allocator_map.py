@@ -48,10 +48,10 @@ def test_blocks_are_coloured_by_state_and_the_legend_names_each_state_once(runs)
     state = runs["splitting"].states[runs["splitting"].focus_index]  # [8 MiB free | 2 MiB live | 10 MiB free]
     traces = allocator_map.block_traces(state.snapshot)
     by_name = {t.name: t for t in traces}
-    live, free = by_name["live"], by_name["free (cached)"]
+    live, free = by_name["live"], by_name["free"]
     assert live.marker.color == STATE_STYLE["active_allocated"][1] and free.marker.color == STATE_STYLE["inactive"][1]
     assert list(live.x) == [2.0] and sorted(free.x) == [8.0, 10.0]
-    assert [t.name for t in traces if t.showlegend] == ["live", "free (cached)"]
+    assert [t.name for t in traces if t.showlegend] == ["live", "free"]
 
 
 def test_hover_shows_block_sizes_in_human_units_and_bytes(runs):
