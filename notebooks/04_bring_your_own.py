@@ -37,8 +37,6 @@ PAGE_SIZE = 512  # tokens per KV page (Mooncake hash ids are 512-token blocks)
 RECORD_ON_GPU = True  # on a CUDA machine, also record a fresh snapshot from a real run
 
 # %%
-import pandas as pd
-
 from kvlab.device.snapshot import EXAMPLE_SNAPSHOT, SnapshotError, read_snapshot
 from kvlab.experiments import pool_sweep
 from kvlab.units import fmt_bytes
@@ -58,17 +56,7 @@ from kvlab.workloads.mooncake import TraceFormatError, load_trace, read_records,
 # %%
 snapshot = read_snapshot(SNAPSHOT_PATH or EXAMPLE_SNAPSHOT)
 blocks = snapshot.blocks_frame()
-pd.Series({
-    "file": snapshot.source,
-    "segments": len(snapshot.segments_frame()),
-    "blocks": len(blocks),
-    **{f"  {state} blocks": int((blocks["state"] == state).sum()) for state in sorted(set(blocks["state"]))},
-    "trace events": len(snapshot.events_frame()),
-    "peak allocated": fmt_bytes(snapshot.peak_allocated_bytes),
-    "peak reserved": fmt_bytes(snapshot.peak_reserved_bytes),
-    "allocated now": fmt_bytes(snapshot.final_allocated_bytes),
-    "reserved now": fmt_bytes(snapshot.final_reserved_bytes),
-}, name="snapshot").to_frame()
+snapshot.summary().to_frame()
 
 # %% [markdown]
 # Allocated bytes (what tensors hold) and reserved bytes (what the allocator took from the driver) after each trace

@@ -303,6 +303,23 @@ class Snapshot:
                   *result.frame["reserved_bytes"]]
         return int(max(values))
 
+    def summary(self) -> pd.Series:
+        """What the file holds, in words and human units: segments, blocks per state (live / pending free /
+        free), trace events, and peak and final allocated / reserved bytes."""
+        from kvlab.units import fmt_bytes
+
+        blocks = self.blocks_frame()
+        states = {f"{STATE_NAMES[s]} blocks": int((blocks["state"] == s).sum())
+                  for s in BLOCK_STATES if (blocks["state"] == s).any()}
+        return pd.Series({
+            "file": self.source, "segments": len(self.segments_frame()), "blocks": len(blocks), **states,
+            "trace events": len(self.events_frame()),
+            "peak allocated": fmt_bytes(self.peak_allocated_bytes),
+            "peak reserved": fmt_bytes(self.peak_reserved_bytes),
+            "allocated now": fmt_bytes(self.final_allocated_bytes),
+            "reserved now": fmt_bytes(self.final_reserved_bytes),
+        }, name="snapshot")
+
 
 # ---- reading ------------------------------------------------------------------------------------
 

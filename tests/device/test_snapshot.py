@@ -208,3 +208,16 @@ def test_plots(raw):
     states = [b["state"] for b in raw_blocks(raw)]
     assert [len(t.x) for t in smap.data] == [states.count(s) for s in ("active_allocated", "active_pending_free", "inactive")]
     assert sum(smap.data[0].x) * (1 << 20) == sum(b["size"] for b in raw_blocks(raw) if b["state"] == "active_allocated")
+
+
+def test_summary_names_block_states_in_the_shared_words():
+    from kvlab.device.snapshot import STATE_NAMES
+
+    snapshot = read_snapshot(EXAMPLE)
+    summary = snapshot.summary()
+    blocks = snapshot.blocks_frame()
+    for state, word in STATE_NAMES.items():
+        count = int((blocks["state"] == state).sum())
+        assert summary.get(f"{word} blocks", 0) == count
+    assert not any("active_" in key or "inactive" in key for key in summary.index)
+    assert summary["blocks"] == len(blocks) and summary["file"] == snapshot.source
