@@ -6,7 +6,8 @@
   simulated ranks, so whether the learner's ``gc.collect()`` frees the staging is decided by Python's
   real collector, not by a flag.
 - Notebook 02, :func:`check_shortfall`: the learner writes how many tokens to ask the tree for,
-  ``my_shortfall(num_tokens, available) -> tokens``. Four allocations under different pressure run on
+  ``my_shortfall(num_tokens, available) -> tokens`` (the notebook's starter is SGLang 0.5.16's standard arm:
+  ``num_tokens`` when ``available < num_tokens``, else nothing). Four allocations under different pressure run on
   a real ``RadixCache`` over a ``TokenToKVPoolAllocator``, evicting what the learner asks for, and are
   compared with ``evict_from_tree_cache(..., mode="shortfall")`` on an identical tree.
 
@@ -190,9 +191,12 @@ def check_shortfall(shortfall: Callable[[int, int], Any]) -> CheckResult:
             hint = ""
         elif not fits:
             hint = f"you asked for {asked:,}: too little, the {num:,}-slot allocation still does not fit"
+        elif missing == 0:
+            hint = (f"nothing was missing: {free:,} slots free for {num:,} needed, so no SGLang version evicts "
+                    f"here (0.5.16 neither: it evicted only when available < num_tokens); ask for 0")
         elif asked >= num and free > 0:
-            hint = (f"you asked the tree for all {num:,} tokens — SGLang ≤ 0.5.16's bug: {free:,} slots were "
-                    "already free, so " + (f"only {missing:,} were missing" if missing else "nothing was missing"))
+            hint = (f"you asked the tree for all {num:,} tokens, as SGLang ≤ 0.5.16 did when short (the bug): "
+                    f"{free:,} slots were already free, so only {missing:,} were missing")
         else:
             hint = f"you asked for {asked:,}; only {missing:,} were missing"
         lines.append(compare(label, evicted, expected, hint))

@@ -31,6 +31,7 @@
 # %%
 from kvlab.experiments import hybrid_caches
 from kvlab.labs import Solution
+from kvlab.mem_cache.tree_view import SPANS
 from kvlab.viz import hybrid_plots
 from kvlab.viz.tree_widget import RadixTreeWidget
 
@@ -61,10 +62,11 @@ m = cache.match_prefix(list(cache.root_node.children.values())[0].key.tolist() +
 print("hit after the tombstone:", m.device_prefix_len, "tokens (18 cached; the 6-token tail >= window 4)")
 
 # %% [markdown]
-# ## 2 · Mamba: why over-eviction costs more
-# SGLang <= 0.5.16 asked the tree for the whole `num_tokens` whenever the pool was short (`mode="full"`); the fix
-# asks for the shortfall. On a plain radix tree an over-evicted leaf costs its own tokens. On a Mamba tree, states
-# are scarce (here 16 slots for 12 chat sessions), so inner turns lose their states first (tombstones); when a leaf
+# ## 2 · Mamba: why over-eviction can cost more
+# SGLang <= 0.5.16 asked the tree for the whole `num_tokens` whenever the pool was short (*full (the bug)*); the
+# fix asks for the shortfall (*shortfall (the fix)*). Notebook 02 shows that on a plain radix tree this mostly
+# changes *when* prefixes are evicted, not how many, and often costs no hit at all. On a Mamba tree, states are
+# scarce (here 16 slots for 12 chat sessions), so inner turns lose their states first (tombstones); when a leaf
 # then goes, its tombstone ancestors become leaves and go too — the whole conversation must be re-prefilled,
 # because no snapshot remains to resume from.
 #
@@ -72,7 +74,7 @@ print("hit after the tombstone:", m.device_prefix_len, "tokens (18 cached; the 6
 
 # %%
 df = hybrid_caches.eviction_mode_comparison()
-df[["cache", "mode", "hit_rate", "hit_tokens", "prefill_tokens", "extra_prefill_tokens", "states_lost"]]
+hybrid_caches.comparison_table(df)
 
 # %%
 hybrid_plots.eviction_cost_bars(df)
@@ -80,7 +82,13 @@ hybrid_plots.eviction_cost_bars(df)
 # %%
 radix_extra = int(df.query("cache == 'radix' and mode == 'full'")["extra_prefill_tokens"].iloc[0])
 mamba_extra = int(df.query("cache == 'mamba' and mode == 'full'")["extra_prefill_tokens"].iloc[0])
-print(f"full eviction recomputes {radix_extra} extra prefill tokens on the radix tree, {mamba_extra} on the Mamba tree")
+print(f"full eviction recomputes {radix_extra:,} extra prefill tokens on the plain radix tree, "
+      f"{mamba_extra:,} on the Mamba tree")
+
+# %% [markdown]
+# One pool, one seed: notebook 02 (section 3) runs this comparison over pool sizes and five seeds. There the Mamba
+# tree loses as much as the plain tree or more at every pool size, but by a point or two at most, and nothing
+# once the pool holds most of the conversations.
 
 # %% [markdown]
 # ## 3 · Exercise: where may a Mamba hit resume?
@@ -102,25 +110,29 @@ Solution("resume_point", hybrid_caches.RESUME_SOLUTION)
 # %% [markdown]
 # ## 4 · The Mamba tree, live
 # The exercise's tree as kvlab's radix tree widget (width = tokens through a node; hover for key, lock and access
-# time), beside which nodes still hold a recurrent state. The shared stem (the first node under the root) is a tombstone: its KV is cached,
-# but a request can only resume from a node *with* a state, so a hit that ends there is worth nothing.
+# time). Each node is labelled with where it lies in the sequence and whether it holds a recurrent state
+# (`· state`) or not (`· no state`: a Mamba tombstone); the table below it is the same tree at the same moment.
+# The shared stem (the first node under the root) is a tombstone: its KV is cached, but a request can only resume
+# from a node *with* a state, so a hit that ends there is worth nothing.
 
 # %%
 tree_cache, _queries = hybrid_caches.resume_scenario()
-tree_view = RadixTreeWidget(tree_cache, title="Mamba radix cache (the exercise's tree)")
-tree_view.widget
+before_view = RadixTreeWidget(tree_cache, names=SPANS, title="Mamba radix cache (the exercise's tree)")
+before_view.widget
 
 # %%
-hybrid_caches.state_frame(tree_cache)[["id", "parent_id", "tokens", "status", "mamba_slot", "has_state"]]
+hybrid_caches.state_table(tree_cache)
 
 # %% [markdown]
 # Now ask the cache for one more state slot (`evict(0, mamba_num=1)`: no KV needed, one state). The least recently
-# used state is a leaf's, and a leaf without its state is useless, so the whole leaf goes, KV included. The widget
-# above redraws in place.
+# used state is a leaf's, and a leaf without its state is useless, so the whole leaf goes, KV included. This runs
+# on a second copy of the tree (same seed), so the widget and table above keep showing the moment before.
 
 # %%
-freed = tree_cache.evict(0, mamba_num=1)
-tree_cache.check_invariants()
-tree_view.refresh()
+after_cache, freed = hybrid_caches.state_eviction()
+after_view = RadixTreeWidget(after_cache, names=SPANS, title="The same tree after evict(0, mamba_num=1)")
 print(f"states freed {freed.mamba_num_evicted}, KV tokens freed with them {freed.evicted_tokens}")
-hybrid_caches.state_frame(tree_cache)[["id", "parent_id", "tokens", "status", "mamba_slot", "has_state"]]
+after_view.widget
+
+# %%
+hybrid_caches.state_table(after_cache)

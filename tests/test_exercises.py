@@ -102,12 +102,24 @@ def test_an_unknown_scenario_is_named():
 # ---- notebook 02 ----------------------------------------------------------------------------
 
 def test_the_notebook_stub_is_sglang_0516s_full_eviction():
+    """The starter is 0.5.16's standard arm: all of num_tokens when short, nothing otherwise. So it is
+    wrong exactly where the pool was short, and right where 0.5.16 did not evict either."""
     stub = _notebook_function("02_shortfall_eviction.py", "my_shortfall")
+    for num, free in exercises.SHORTFALL_CASES + ((100, 0), (1, 1)):
+        assert stub(num, free) == (num if free < num else 0)
     result = exercises.check_shortfall(stub)
-    assert not result.ok and len(result.wrong) == 4
+    assert not result.ok and [line.ok for line in result.lines] == [False, False, True, True]
     first = result.lines[0]
-    assert (first.given, first.expected) == (750, 450) and "0.5.16" in first.hint
-    assert "nothing was missing" in result.lines[3].hint
+    assert (first.given, first.expected) == (750, 450) and "0.5.16" in first.hint and "only 300 were missing" in first.hint
+    tree, _alloc, _held = exercises.conversation_tree(300)
+    assert first.given == evict_from_tree_cache(tree, 600, "full").evicted_tokens  # what 0.5.16 evicted
+
+
+def test_asking_when_nothing_is_missing_does_not_blame_0516():
+    always = exercises.check_shortfall(lambda n, a: n)
+    assert [line.ok for line in always.lines] == [False, False, False, False]
+    for line in always.lines[2:]:
+        assert "nothing was missing" in line.hint and "0.5.16 neither" in line.hint and "bug" not in line.hint
 
 
 def test_the_solution_passes_and_matches_evict_from_tree_cache():

@@ -188,6 +188,26 @@ def eviction_mode_comparison(seed: int = 0, pool_tokens: int = 1200, mamba_state
     return df
 
 
+def comparison_table(df):
+    """:func:`eviction_mode_comparison`'s table for reading: one row per tree and mode, titles in words,
+    percentages with two decimals and token counts with separators."""
+    import pandas as pd
+
+    from kvlab.experiments.shortfall_eviction import MODE_LABELS
+
+    trees = {"radix": "plain radix tree", "mamba": "Mamba radix tree"}
+    return pd.DataFrame({
+        "tree": [trees.get(c, c) for c in df["cache"]],
+        "eviction": [MODE_LABELS.get(m, m) for m in df["mode"]],
+        "hit rate": [f"{h:.2%}" for h in df["hit_rate"]],
+        "prompt tokens from the cache": [f"{int(v):,}" for v in df["hit_tokens"]],
+        "prefill tokens computed": [f"{int(v):,}" for v in df["prefill_tokens"]],
+        "extra prefill vs the fix": [f"{int(v):,} ({p:.2f} %)" for v, p in zip(df["extra_prefill_tokens"],
+                                                                             df["extra_prefill_pct"])],
+        "recurrent states lost": [f"{int(v):,}" for v in df["states_lost"]],
+    })
+
+
 # -- exercise: where may a Mamba hit resume? ---------------------------------------------------
 RESUME_SOLUTION = """def resume_point(path):
     # path: [(tokens_on_edge, has_state), ...] from the root down the matched edges.
@@ -262,14 +282,32 @@ def check_resume_point(fn, seed: int = 0):
 
 
 def state_frame(cache: MambaRadixCache):
-    """``tree_frame(cache)`` plus ``has_state`` (the node holds a recurrent state a hit can resume from)
-    and ``mamba_slot``; the root has no state by definition."""
-    from kvlab.mem_cache.tree_view import tree_frame
+    """``tree_frame(cache, names="spans")``: one row per node with ``has_state`` (the node holds a
+    recurrent state a hit can resume from), ``mamba_slot``, ``state`` (in words: a state, or none — a
+    Mamba tombstone) and a readable ``label`` (where the node lies in the sequence, and its state); the
+    root has no state by definition."""
+    from kvlab.mem_cache.tree_view import SPANS, tree_frame
 
-    import pandas as pd
+    return tree_frame(cache, names=SPANS)
 
-    frame = tree_frame(cache)
-    slots = {node.id: node.mamba_value for node in cache._nodes()}
-    frame["mamba_slot"] = pd.array([slots.get(i) for i in frame["id"]], dtype="Int64")
-    frame["has_state"] = frame["mamba_slot"].notna()
-    return frame
+
+STATE_TABLE_COLUMNS = {"id": "node", "parent_id": "parent", "label": "where in the sequence", "tokens": "tokens",
+                       "status": "status", "state": "recurrent state", "mamba_slot": "state slot"}
+
+
+def state_table(cache: MambaRadixCache):
+    """:func:`state_frame` for reading: the node, its parent, where it lies, its tokens, lock status,
+    whether it holds a recurrent state and in which slot, with column titles in words."""
+    frame = state_frame(cache)[list(STATE_TABLE_COLUMNS)].rename(columns=STATE_TABLE_COLUMNS)
+    frame["parent"] = frame["parent"].astype("Int64")
+    return frame.set_index("node")
+
+
+def state_eviction(seed: int = 0):
+    """:func:`resume_scenario`'s tree, built afresh, after one more state slot is asked for
+    (``evict(0, mamba_num=1)``: no KV needed, one state). Returns (cache, the tree's result). A tree of
+    its own, so a widget or table of the tree before keeps showing the moment before."""
+    cache, _queries = resume_scenario(seed)
+    freed = cache.evict(0, mamba_num=1)
+    cache.check_invariants()
+    return cache, freed

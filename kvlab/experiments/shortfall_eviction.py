@@ -1,7 +1,23 @@
 """Finding 2 as a function: run one workload through the scheduler with each eviction mode.
 
-``mode="shortfall"`` is SGLang ≥ 0.5.17 (evict ``num_tokens − available``); ``mode="full"`` is
-≤ 0.5.16 (evict ``num_tokens`` whenever short). Everything else is identical between the arms.
+``mode="shortfall"`` is SGLang ≥ 0.5.17 (evict ``num_tokens − available``, the fix); ``mode="full"`` is
+≤ 0.5.16 (evict ``num_tokens`` whenever ``available < num_tokens``, the bug). Everything else is identical
+between the arms.
+
+Words, as the notebook and the tables use them:
+
+- **pressure event**: one ``evict_from_tree_cache(tree, num_tokens)`` call that finds fewer than
+  ``num_tokens`` free slots, so it asks the radix tree to evict.
+- **shortfall**: what that allocation truly lacks, ``num_tokens − available``.
+- **over-eviction** (the bug only): tokens evicted beyond the shortfall *at one pressure event* because
+  the tree was asked for all of ``num_tokens``: ``min(evicted, asked) − shortfall``. They are evicted
+  *earlier than needed*, not necessarily *lost*: the pool is full of cache either way, so the fix
+  evicts the same least-recently-used prefixes at its next pressure events. Over-eviction costs a hit
+  only when one of those prefixes is asked for again in between — which is why the total evicted is
+  almost the same in both modes while the hit rate may or may not differ.
+- **overshoot** (both modes): the tree frees whole leaves, so the last leaf may free more than asked.
+  The fix asks for less each time, is short again sooner, so it has *more* pressure events, and more
+  overshoot, than the bug.
 """
 
 from __future__ import annotations
@@ -38,15 +54,168 @@ def default_kv_tokens(requests: Sequence[Any], page_size: int) -> int:
     return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
 
 
+MODES = ("shortfall", "full")
+MODE_LABELS = {"shortfall": "shortfall (the fix)", "full": "full (the bug)"}
+NEGLIGIBLE_GAP_POINTS = 0.5  # a hit-rate difference below this many points is called negligible
+
+
 @dataclass(frozen=True)
 class ShortfallComparison:
     shortfall: SimResult
     full: SimResult
 
+    def arms(self) -> tuple[tuple[str, SimResult], ...]:
+        return (("shortfall", self.shortfall), ("full", self.full))
+
+    @property
+    def gap_points(self) -> float:
+        """Hit-rate loss of full eviction, in percentage points (shortfall − full)."""
+        return 100.0 * (self.shortfall.hit_rate - self.full.hit_rate)
+
     def totals_frame(self):
+        """Both arms' raw ``totals()`` (the CLI's JSON keys), one column per mode."""
         import pandas as pd
 
-        return pd.DataFrame({"shortfall (fix)": self.shortfall.totals(), "full (bug)": self.full.totals()})
+        return pd.DataFrame({MODE_LABELS[m]: r.totals() for m, r in self.arms()})
+
+    def summary_frame(self):
+        """The comparison as a person reads it: rows in words, percentages with two decimals, tokens
+        with thousands separators, and the difference full − shortfall."""
+        import pandas as pd
+
+        fix, bug = self.shortfall.totals(), self.full.totals()
+        rows = (  # label, totals key, format, format of the difference
+            ("hit rate (prompt tokens served from the cache)", "hit_rate", _pct, lambda d: _points(100 * d)),
+            ("prompt tokens served from the cache", "cached_prompt_tokens", _int, _signed),
+            ("prompt tokens prefilled (computed)", "prefill_tokens_computed", _int, _signed),
+            ("tokens evicted from the cache", "evicted_tokens", _int, _signed),
+            ("evicted earlier than needed (over-eviction)", "over_evicted_tokens", _int, _signed),
+            ("freed beyond what was asked (leaf overshoot)", "overshoot_tokens", _int, _signed),
+            ("pressure events (allocations that had to evict)", "pressure_events", _int, _signed),
+            ("requests retracted", "retractions", _int, _signed),
+            ("output tokens per second (cost model)", "output_tokens_per_s", _rate, _signed_rate),
+        )
+        frame = pd.DataFrame(
+            {MODE_LABELS["shortfall"]: [fmt(fix[k]) for _, k, fmt, _ in rows],
+             MODE_LABELS["full"]: [fmt(bug[k]) for _, k, fmt, _ in rows],
+             "difference (full − shortfall)": [dfmt(bug[k] - fix[k]) for _, k, _, dfmt in rows]},
+            index=[label for label, *_ in rows])
+        frame.index.name = f"{fix['requests']:,} requests, pool {fix['kv_tokens']:,} tokens"
+        return frame
+
+    def verdict(self) -> str:
+        """One plain sentence: does full eviction cost hit rate here, and how much was evicted early."""
+        fix, bug = self.shortfall.totals(), self.full.totals()
+        gap = self.gap_points
+        early = f"{bug['over_evicted_tokens']:,} tokens earlier than needed"
+        if bug["over_evicted_tokens"] == 0:
+            return (f"No pressure event had free slots to spare, so both modes evicted the same: hit rate "
+                    f"{_pct(fix['hit_rate'])} either way.")
+        if abs(gap) < NEGLIGIBLE_GAP_POINTS:
+            same = "the same hit rate" if gap == 0 else f"hit rates {_pct(fix['hit_rate'])} vs {_pct(bug['hit_rate'])}"
+            return (f"Negligible here: {same} ({_points(-gap)}). Full eviction (the bug) evicted {early}, but "
+                    f"the fix evicted the same prefixes a little later, before anyone asked for them again "
+                    f"(tokens evicted in all: {fix['evicted_tokens']:,} vs {bug['evicted_tokens']:,}).")
+        if gap < 0:
+            return (f"Here full eviction (the bug) happens to do better, by {-gap:.2f} points "
+                    f"({_pct(bug['hit_rate'])} vs {_pct(fix['hit_rate'])}): it evicted {early}, and the prefixes "
+                    f"the fix kept instead were not the ones asked for next.")
+        return (f"Full eviction (the bug) costs {gap:.2f} points of hit rate here ({_pct(fix['hit_rate'])} → "
+                f"{_pct(bug['hit_rate'])}): it evicted {early}, some of them just before they were asked for "
+                f"again, so {bug['prefill_tokens_computed'] - fix['prefill_tokens_computed']:,} more prompt "
+                f"tokens were prefilled.")
+
+    def cumulative_frame(self):
+        """Tidy, one row per step and mode (plus a zero row at t = 0): ``mode``, ``label``, ``time_s``
+        (simulated), and running totals ``evicted_tokens``, ``over_evicted_tokens``, ``pressure_events``,
+        ``cached_prompt_tokens``, ``hit_rate``; and the state after the step: ``free_tokens`` (free
+        slots) and ``cached_tokens`` (evictable: cached and not used by a running request)."""
+        import pandas as pd
+
+        parts = []
+        for mode, result in self.arms():
+            f = result.steps_frame()
+            zero = pd.DataFrame([dict(time_s=0.0, evicted_tokens=0, over_evicted_tokens=0, pressure_events=0,
+                                      cached_prompt_tokens=0, hit_rate=0.0, free_tokens=result.config.kv_tokens,
+                                      cached_tokens=0)])
+            part = pd.DataFrame(dict(
+                time_s=f["time_s"], evicted_tokens=f["evicted_tokens"].cumsum(),
+                over_evicted_tokens=f["over_evicted_tokens"].cumsum(), pressure_events=f["pressure_events"].cumsum(),
+                cached_prompt_tokens=f["cached_prompt_tokens"], hit_rate=f["hit_rate"],
+                free_tokens=f["available_tokens"], cached_tokens=f["evictable_tokens"]))
+            part = pd.concat([zero, part], ignore_index=True)
+            part.insert(0, "label", MODE_LABELS[mode])
+            part.insert(0, "mode", mode)
+            parts.append(part)
+        return pd.concat(parts, ignore_index=True)
+
+    def pressure_frame(self):
+        """Per mode, what its pressure events did (numbers, not strings: ``pressure_summary`` formats
+        them). ``free_tokens_avg`` / ``cached_tokens_avg``: free slots and evictable cached tokens,
+        averaged over simulated time — the bug keeps more slots free and so caches less."""
+        import pandas as pd
+
+        rows = {}
+        for mode, result in self.arms():
+            t, f = result.totals(), result.steps_frame()
+            rows[mode] = dict(
+                pressure_events=t["pressure_events"],
+                evicted_tokens=t["evicted_tokens"], over_evicted_tokens=t["over_evicted_tokens"],
+                overshoot_tokens=t["overshoot_tokens"],
+                evicted_per_event=t["evicted_tokens"] / t["pressure_events"] if t["pressure_events"] else 0.0,
+                free_tokens_avg=_time_average(f, "available_tokens"),
+                cached_tokens_avg=_time_average(f, "evictable_tokens"), hit_rate=t["hit_rate"])
+        return pd.DataFrame(rows)
+
+    def pressure_summary(self):
+        """:meth:`pressure_frame` in words and human units, one column per mode."""
+        import pandas as pd
+
+        raw = self.pressure_frame()
+        labels = (("pressure events", "pressure_events", _int),
+                  ("tokens evicted", "evicted_tokens", _int),
+                  ("… beyond the shortfall (over-eviction)", "over_evicted_tokens", _int),
+                  ("… beyond what was asked (leaf overshoot)", "overshoot_tokens", _int),
+                  ("tokens evicted per pressure event", "evicted_per_event", lambda v: f"{v:,.0f}"),
+                  ("free slots, average over time", "free_tokens_avg", lambda v: f"{v:,.0f}"),
+                  ("cached tokens not in use, average over time", "cached_tokens_avg", lambda v: f"{v:,.0f}"),
+                  ("hit rate", "hit_rate", _pct))
+        return pd.DataFrame({MODE_LABELS[m]: [fmt(raw.loc[k, m]) for _, k, fmt in labels] for m in MODES},
+                            index=[label for label, *_ in labels])
+
+
+def _time_average(frame, column: str) -> float:
+    """``column`` (the state after each step) weighted by how long it lasted: until the next step."""
+    if frame.empty:
+        return 0.0
+    lasted = (frame["time_s"].shift(-1) - frame["time_s"]).fillna(0.0)
+    if float(lasted.sum()) <= 0:
+        return float(frame[column].mean())
+    return float((frame[column] * lasted).sum() / lasted.sum())
+
+
+def _pct(v: float) -> str:
+    return f"{v:.2%}"
+
+
+def _points(v: float) -> str:
+    return f"{v:+.2f} points"
+
+
+def _int(v) -> str:
+    return f"{int(v):,}"
+
+
+def _signed(v) -> str:
+    return f"{int(v):+,}"
+
+
+def _rate(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def _signed_rate(v: float) -> str:
+    return f"{v:+,.0f}"
 
 
 def run(requests: Sequence[Any], *, eviction: str = "shortfall", page_size: int = 1, kv_tokens: int | None = None,
@@ -62,7 +231,51 @@ def compare(requests: Sequence[Any], **options: Any) -> ShortfallComparison:
     return ShortfallComparison(run(requests, eviction="shortfall", **options), run(requests, eviction="full", **options))
 
 
-MODES = ("shortfall", "full")
+@dataclass(frozen=True)
+class PanelSettings:
+    """One setting of notebook 02's live panel: a seeded workload and the server's pool, pages and policy."""
+
+    workload: str
+    overrides: tuple[tuple[str, Any], ...]  # make_workload keyword arguments, as (name, value) pairs
+    kv_tokens: int
+    page_size: int = 1
+    policy: str = "lru"
+    seed: int = 0
+
+    def workload_overrides(self) -> dict:
+        return dict(self.overrides)
+
+    def requests(self) -> list:
+        return load_requests(workload=self.workload, seed=self.seed, overrides=self.workload_overrides())
+
+    def run_options(self) -> dict:
+        """``run`` / ``compare`` keyword arguments."""
+        return dict(kv_tokens=self.kv_tokens, page_size=self.page_size, policy=self.policy)
+
+
+# Notebook 02's live panel opens here: a regime where full eviction visibly costs hit rate (about 5 points,
+# tests/experiments/test_eviction_regimes.py holds it to PANEL_MIN_GAP_POINTS). bench_serving's
+# generated-shared-prefix workload with many small groups (64 system prompts of 512 tokens, 8 short
+# questions each, all 512 requests at once) on 128-token pages: SGLang's paged allocator asks, every
+# decode round, for a page per running request (about 50 × 128 tokens here), so each pressure event has
+# thousands of free slots that the bug evicts on top; and the pool (32,768 tokens, 256 pages) holds
+# about half of the system prompts, so the prefixes it destroys early are often asked for soon after.
+# Under 1-token pages, a larger pool or another workload the difference shrinks (see eviction_regimes).
+PANEL_DEFAULTS = PanelSettings(
+    workload="generated-shared-prefix",
+    overrides=(("num_groups", 64), ("prompts_per_group", 8), ("system_prompt_len", 512), ("question_len", 32),
+               ("output_len", 128)),
+    kv_tokens=32_768, page_size=128, policy="lru", seed=0)
+PANEL_MIN_GAP_POINTS = 4.0  # full eviction's hit-rate loss at PANEL_DEFAULTS is at least this (measured 5.33)
+
+_COMPARISONS: dict = {}
+
+
+def panel_comparison(settings: PanelSettings = PANEL_DEFAULTS, *, progress: bool | None = None) -> ShortfallComparison:
+    """Both modes at ``settings`` (seeded, so computed once per process and then reused)."""
+    if settings not in _COMPARISONS:
+        _COMPARISONS[settings] = compare(settings.requests(), progress=progress, **settings.run_options())
+    return _COMPARISONS[settings]
 
 
 def _timed_totals(requests: Sequence[Any], mode: str, options: dict) -> dict:
@@ -169,3 +382,23 @@ def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) ->
     del filler
     return PressureEvent(mode, num_tokens, available, result, before, tree.pretty_print(), destroyed,
                          frame_before, tree_frame(tree, names=short))
+
+
+def events_frame(events: dict[str, PressureEvent]):
+    """:func:`pressure_event` results side by side (``{mode: event}``), rows in words, tokens with separators."""
+    import pandas as pd
+
+    def rows(e: PressureEvent) -> dict[str, str]:
+        ev = e.evict
+        return {
+            "slots the allocation needs": f"{e.num_tokens:,}",
+            "free slots before it": f"{e.available_before:,}",
+            "shortfall (what was missing)": f"{ev.shortfall_tokens:,}",
+            "asked of the tree": f"{ev.requested_tokens:,}",
+            "tokens evicted": f"{ev.evicted_tokens:,}",
+            "… beyond the shortfall (over-eviction)": f"{ev.over_evicted_tokens:,}",
+            "… beyond what was asked (leaf overshoot)": f"{ev.overshoot_tokens:,}",
+            "cached conversations destroyed": f"{len(e.destroyed):,}",
+        }
+
+    return pd.DataFrame({MODE_LABELS.get(mode, mode): rows(e) for mode, e in events.items()})

@@ -189,6 +189,7 @@ class Scheduler:
                            output_tokens=0, retractions=0, aborted=0, steps=0, pressure_events=0)
         self.totals["prompt_pages"] = sum(-(-len(r.prompt_token_ids) // ps) for r in requests)
         self._step_evict = EvictResult()
+        self._step_pressure = 0  # pressure events (evict_from_tree_cache calls that were short) this step
         self.fast = config.fast_decode and ps > 1
         self._dstep = 0  # decode rounds run so far
         self._orders = itertools.count()
@@ -206,6 +207,7 @@ class Scheduler:
             return  # no pressure (most calls): nothing to add
         if ev.requested_tokens:
             self.totals["pressure_events"] += 1
+            self._step_pressure += 1
         self.totals["evicted_tokens"] += ev.evicted_tokens
         self.totals["over_evicted_tokens"] += ev.over_evicted_tokens
         self.totals["overshoot_tokens"] += ev.overshoot_tokens
@@ -593,6 +595,7 @@ class Scheduler:
                 continue
             self._step_evict = EvictResult()
             self._step_hits = 0
+            self._step_pressure = 0
             self._finished = 0
             batch = self._schedule_prefill()
             retracted = 0
@@ -618,7 +621,8 @@ class Scheduler:
             ev = self._step_evict
             self.rows.append(dict(
                 step=self.totals["steps"], time_s=self.now_s, kind=kind, hit_tokens=self._step_hits,
-                prefill_tokens=computed, shortfall_tokens=ev.shortfall_tokens, evicted_tokens=ev.evicted_tokens,
+                prefill_tokens=computed, pressure_events=self._step_pressure,
+                shortfall_tokens=ev.shortfall_tokens, evicted_tokens=ev.evicted_tokens,
                 over_evicted_tokens=ev.over_evicted_tokens, overshoot_tokens=ev.overshoot_tokens,
                 available_tokens=self.allocator.available_size(), evictable_tokens=self.tree.evictable_size(),
                 protected_tokens=self.tree.protected_size(), running=len(self.running),

@@ -4,26 +4,34 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
-from kvlab.viz.theme import TEMPLATE
+from kvlab.viz.theme import BUG_COLOUR, TEMPLATE
 
-_MODE_COLOURS = {"shortfall": "#1f77b4", "full": "#d62728"}
+TREE_NAMES = {"radix": "plain radix tree", "mamba": "Mamba radix tree"}
 
 
 def eviction_cost_bars(df: pd.DataFrame) -> go.Figure:
-    """Prefill tokens recomputed beyond shortfall mode, per cache and eviction mode
-    (``hybrid_caches.eviction_mode_comparison``'s table: ``cache``, ``mode``,
-    ``extra_prefill_tokens``, ``hit_rate``)."""
-    missing = {"cache", "mode", "extra_prefill_tokens", "hit_rate"} - set(df.columns)
+    """Prefill tokens full eviction (the bug) recomputed beyond shortfall eviction (the fix), one bar per
+    tree (``hybrid_caches.eviction_mode_comparison``'s table: ``cache``, ``mode``, ``extra_prefill_tokens``,
+    ``extra_prefill_pct``, ``hit_rate``). Only the full-mode rows are drawn — the shortfall rows are the
+    zero they are measured from — so the one legend entry names exactly the bars there are."""
+    missing = {"cache", "mode", "extra_prefill_tokens", "extra_prefill_pct", "hit_rate"} - set(df.columns)
     if missing:
         raise ValueError(f"eviction_cost_bars: DataFrame lacks columns {sorted(missing)}")
-    fig = go.Figure()
-    for mode, sub in df.groupby("mode", sort=False):
-        fig.add_bar(name=f"{mode} eviction", x=list(sub["cache"]), y=list(sub["extra_prefill_tokens"]),
-                    marker_color=_MODE_COLOURS.get(mode), customdata=list(sub["hit_rate"]),
-                    hovertemplate="%{x}: %{y} extra prefill tokens<br>hit rate %{customdata:.1%}<extra></extra>")
-    fig.update_layout(title="Extra prefill caused by full-num_tokens eviction", barmode="group",
-                      xaxis_title="tree", yaxis_title="prefill tokens beyond shortfall mode",
-                      template=TEMPLATE, height=360)
+    full = df[df["mode"] == "full"]
+    if full.empty:
+        raise ValueError("eviction_cost_bars: the table has no mode == 'full' rows to draw")
+    base = df[df["mode"] == "shortfall"].set_index("cache")["hit_rate"]
+    extra = [int(v) for v in full["extra_prefill_tokens"]]
+    fig = go.Figure(go.Bar(
+        name="full eviction (the bug), beyond shortfall eviction (the fix)",
+        x=[TREE_NAMES.get(c, c) for c in full["cache"]], y=extra, marker_color=BUG_COLOUR, showlegend=True,
+        text=[f"{e:,} tokens ({p:.2f} %)" for e, p in zip(extra, full["extra_prefill_pct"])], textposition="outside",
+        customdata=[[f"{base.get(c, float('nan')):.2%}", f"{h:.2%}"] for c, h in zip(full["cache"], full["hit_rate"])],
+        hovertemplate="%{x}: %{y:,} extra prefill tokens<br>hit rate %{customdata[0]} (the fix) → "
+                      "%{customdata[1]} (the bug)<extra></extra>"))
+    fig.update_layout(title="Extra prefill caused by full eviction (the bug)", xaxis_title="radix tree",
+                      yaxis_title="prefill tokens beyond shortfall eviction", template=TEMPLATE, height=360,
+                      legend=dict(orientation="h", y=-0.25), yaxis=dict(rangemode="tozero", tickformat=",d"))
     return fig
 
 
@@ -37,5 +45,6 @@ def swa_pool_bars(event) -> go.Figure:
     fig.add_bar(name="freed by the tree", x=pools, y=[event.full_evicted, event.swa_evicted])
     fig.add_hline(y=event.need_tokens, line_dash="dot", annotation_text=f"need {event.need_tokens}")
     fig.update_layout(title="SWA tree: one shortfall per pool", barmode="group", yaxis_title="tokens",
+                      xaxis_title="KV pool",
                       template=TEMPLATE, height=340)
     return fig

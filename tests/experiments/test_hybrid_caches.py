@@ -54,3 +54,39 @@ def test_state_frame_marks_tombstones_and_follows_eviction():
     after = h.state_frame(cache)
     assert int(after["has_state"].sum()) == before - freed.mamba_num_evicted == before - 1
     cache.check_invariants()
+
+
+def test_state_eviction_is_a_tree_of_its_own_so_before_and_after_stay_apart():
+    """Notebook 03 shows a widget and a table of the tree before, then of the tree after the state eviction:
+    each pair must show one moment, and the 'after' eviction must not change what 'before' shows."""
+    from kvlab.mem_cache.tree_view import SPANS
+    from kvlab.viz.tree_widget import RadixTreeWidget
+
+    before, _ = h.resume_scenario()
+    before_view = RadixTreeWidget(before, names=SPANS)
+    before_table = h.state_table(before)
+    after, freed = h.state_eviction()
+    after_view = RadixTreeWidget(after, names=SPANS)
+    assert after is not before and freed.mamba_num_evicted == 1 and freed.evicted_tokens > 0
+    assert list(before_view.figure.data[0].ids) == [str(i) for i in before_table.index]
+    assert list(h.state_table(before).index) == list(before_table.index)  # untouched by the eviction
+    after_table = h.state_table(after)
+    assert list(after_view.figure.data[0].ids) == [str(i) for i in after_table.index]
+    assert len(after_table) == len(before_table) - 1
+    assert list(before_view.figure.data[0].labels) == list(before_table["where in the sequence"])
+    assert "tokens 1–8 · no state" in set(before_table["where in the sequence"])
+
+
+def test_tables_are_in_words_and_human_units():
+    df = h.eviction_mode_comparison()
+    table = h.comparison_table(df)
+    assert list(table["eviction"]) == ["shortfall (the fix)", "full (the bug)"] * 2
+    mamba_full = df[(df["cache"] == "mamba") & (df["mode"] == "full")].iloc[0]
+    assert table.iloc[3]["hit rate"] == f"{mamba_full['hit_rate']:.2%}"
+    assert table.iloc[3]["extra prefill vs the fix"] == (
+        f"{int(mamba_full['extra_prefill_tokens']):,} ({mamba_full['extra_prefill_pct']:.2f} %)")
+    cache, _ = h.resume_scenario()
+    states = h.state_table(cache)
+    assert list(states.columns) == ["parent", "where in the sequence", "tokens", "status", "recurrent state",
+                                    "state slot"]
+    assert states.index.name == "node"
