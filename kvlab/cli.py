@@ -49,6 +49,7 @@ def _fraction(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from kvlab.app import DEFAULT_CULL_IDLE_SECONDS
     from kvlab.experiments.kv_pool_sizing import SCENARIO_PRESETS
+    from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
 
     parser = argparse.ArgumentParser(prog="kvlab", description="Reproduce LLM-serving KV-memory findings.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -92,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     pool_size.add_argument("--kv-tokens", type=_positive_int, help="KV pool size in tokens")
     pool_size.add_argument("--kv-pages", type=_positive_int, help="KV pool size in pages")
     sim.add_argument("--max-running", type=_positive_int, default=256, help="max running requests (default: %(default)s)")
-    sim.add_argument("--policy", choices=["lru", "lfu", "fifo", "mru", "filo", "priority"], default="lru",
+    sim.add_argument("--policy", choices=sorted(EVICTION_POLICIES), default="lru",
                      help="radix-cache eviction policy (default: %(default)s)")
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")
 

@@ -34,13 +34,9 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 # The headline numbers are those the notebooks show (tests/test_report.py reads the notebooks' own calls):
 # finding 1 is notebook 01 §1, the PR's setup on its simulated devices, plus §4 on a CUDA device when the
-# report runs on one; finding 2 is notebook 02 §2, a small generated-shared-prefix workload.
+# report runs on one; finding 2 is notebook 02 §2, shortfall_eviction.PANEL_DEFAULTS (the live panel's setting).
 SUMMARY_PRESET = "sglang-pr-4xh200"
 SUMMARY_GPU_PRESET = "llama-8b-l4"
-SUMMARY_WORKLOAD = "generated-shared-prefix"
-SUMMARY_SEED = 0
-SUMMARY_OVERRIDES = {"num_groups": 16, "prompts_per_group": 8, "output_len": 128}
-SUMMARY_KV_TOKENS = 20_000
 
 
 class ReportError(RuntimeError):
@@ -230,9 +226,8 @@ def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET) 
     from kvlab.experiments import kv_pool_sizing, shortfall_eviction
 
     arms = kv_pool_sizing.compare(preset)
-    requests = shortfall_eviction.load_requests(workload=SUMMARY_WORKLOAD, seed=SUMMARY_SEED,
-                                                overrides=dict(SUMMARY_OVERRIDES))
-    comparison = shortfall_eviction.compare(requests, kv_tokens=SUMMARY_KV_TOKENS, progress=False)
+    settings = shortfall_eviction.PANEL_DEFAULTS
+    comparison = shortfall_eviction.panel_comparison(settings, progress=False)
 
     def sim(result) -> dict:
         totals = result.totals()
@@ -246,8 +241,9 @@ def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET) 
         gpu_arms = kv_pool_sizing.compare(SUMMARY_GPU_PRESET, device=device)
         summary["finding1_on_this_gpu"] = _pool_finding(gpu_arms, device, "notebook 01, section 4")
     summary["finding2_shortfall_eviction"] = {
-        "source": "notebook 02, section 2", "workload": SUMMARY_WORKLOAD, "seed": SUMMARY_SEED,
-        "overrides": dict(SUMMARY_OVERRIDES), "kv_tokens": SUMMARY_KV_TOKENS,
+        "source": "notebook 02, section 2 (shortfall_eviction.PANEL_DEFAULTS)", "workload": settings.workload,
+        "seed": settings.seed, "overrides": settings.workload_overrides(), "kv_tokens": settings.kv_tokens,
+        "page_size": settings.page_size, "policy": settings.policy,
         "device_description": "no device: a scheduler simulation that counts KV-pool slots",
         "shortfall": sim(comparison.shortfall), "full": sim(comparison.full)}
     return summary, arms, comparison
@@ -336,8 +332,10 @@ def _eviction_headline(f2: dict) -> Headline:
         if key in bug and key in fix:
             rows.append((label, _int(bug[key]), _int(fix[key]), _signed_int(fix[key] - bug[key])))
     overrides = ", ".join(f"{k}={_int(v) if isinstance(v, int) else v}" for k, v in f2["overrides"].items())
+    pages = f", {_int(f2['page_size'])}-token pages" if f2.get("page_size", 1) != 1 else ""
+    policy = f", {f2['policy']} eviction policy" if f2.get("policy") else ""
     setting = (f"workload {f2['workload']} (seed {f2['seed']}, {overrides}) through a {_int(f2['kv_tokens'])}-token "
-               f"KV pool — {f2['device_description']} — {f2['source']}")
+               f"KV pool{pages}{policy} — {f2['device_description']} — {f2['source']}")
     extra = bug["prefill_tokens_computed"] - fix["prefill_tokens_computed"]
     recomputed = (f"{_int(extra)} more prefill tokens" if extra > 0 else f"{_int(-extra)} fewer prefill tokens"
                   if extra < 0 else "as many prefill tokens")

@@ -181,7 +181,7 @@ panel.widget
 # A small radix cache (4,096 KV slots) serving chat turns: eight conversations behind two system prompts, each
 # turn's prompt is its conversation so far. **next request** runs one turn (the running request's path is locked,
 # red); **pressure event** is a batch of other requests that needs 256 slots more than are free. Switch the
-# eviction to *full (bug)* and press **pressure event** again: the tree loses far more than 256 tokens.
+# eviction to *full (the bug)* and press **pressure event** again: the tree loses far more than 256 tokens.
 
 # %%
 from kvlab.viz.tree_widget import TreeDemoPanel

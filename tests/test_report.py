@@ -216,9 +216,12 @@ def test_summary_equals_the_experiments_with_the_notebooks_settings(report_dir: 
     assert "finding1_on_this_gpu" not in summary  # a simulated report measures no GPU
     # finding 2 is notebook 02 section 2's workload and pool, named in full
     f2 = summary["finding2_shortfall_eviction"]
-    assert (f2["workload"], f2["seed"], f2["kv_tokens"]) == ("generated-shared-prefix", 0, 20_000)
+    panel = shortfall_eviction.PANEL_DEFAULTS
+    assert (f2["workload"], f2["seed"], f2["kv_tokens"], f2["page_size"], f2["policy"]) == (
+        panel.workload, panel.seed, panel.kv_tokens, panel.page_size, panel.policy)
     requests = shortfall_eviction.load_requests(workload=f2["workload"], seed=f2["seed"], overrides=f2["overrides"])
-    comparison = shortfall_eviction.compare(requests, kv_tokens=f2["kv_tokens"])
+    comparison = shortfall_eviction.compare(requests, kv_tokens=f2["kv_tokens"], page_size=f2["page_size"],
+                                            policy=f2["policy"])
     for arm, result in (("shortfall", comparison.shortfall), ("full", comparison.full)):
         totals = result.totals()
         for key in ("hit_rate", "over_evicted_tokens", "evicted_tokens", "prefill_tokens_computed", "requests"):
@@ -254,10 +257,9 @@ def test_summary_settings_are_the_notebooks_own(repo_root: Path):
     compares = _calls(nb01, "compare")
     assert ([report.SUMMARY_PRESET], {}) in compares  # section 1
     assert ([report.SUMMARY_GPU_PRESET], {"device": "cuda"}) in compares  # section 4, on a GPU
-    loads = _calls(nb02, "load_requests")
-    assert loads == [([], {"workload": report.SUMMARY_WORKLOAD, "seed": report.SUMMARY_SEED,
-                           "overrides": report.SUMMARY_OVERRIDES})]
-    assert (["requests"], {"kv_tokens": report.SUMMARY_KV_TOKENS}) in _calls(nb02, "compare")
+    source = nb02.read_text()
+    assert "settings = shortfall_eviction.PANEL_DEFAULTS" in source  # section 2's setting is the panel's
+    assert (["settings"], {}) in _calls(nb02, "panel_comparison")
 
 
 @pytest.mark.slow
@@ -276,7 +278,8 @@ def test_index_states_the_headline_numbers_in_words(report_dir: Path):
     over = f2["full"]["over_evicted_tokens"]
     for text in (f"{100 * hit_bug:.2f} %", f"{100 * hit_fix:.2f} %",
                  f"+{100 * (hit_fix - hit_bug):.2f} percentage points", f"{over:,}", f"−{over:,}",
-                 f"{f2['kv_tokens']:,}-token KV pool", "seed 0, num_groups=16, prompts_per_group=8"):
+                 f"{f2['kv_tokens']:,}-token KV pool, {f2['page_size']:,}-token pages",
+                 "seed 0, num_groups=64, prompts_per_group=8"):
         assert html.escape(text) in index, text
     assert index.index("(the bug)") < index.index("(the fix)") < index.index("difference (fix − bug)")
 

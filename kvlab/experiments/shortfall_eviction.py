@@ -252,6 +252,13 @@ class PanelSettings:
         """``run`` / ``compare`` keyword arguments."""
         return dict(kv_tokens=self.kv_tokens, page_size=self.page_size, policy=self.policy)
 
+    def cli_args(self) -> list[str]:
+        """The same setting as ``kvlab simulate`` arguments (the browser tests compare the panel with the CLI)."""
+        args = ["--workload", self.workload, "--seed", str(self.seed)]
+        for name, value in self.overrides:
+            args += ["--workload-param", f"{name}={value}"]
+        return args + ["--kv-tokens", str(self.kv_tokens), "--page-size", str(self.page_size), "--policy", self.policy]
+
 
 # Notebook 02's live panel opens here: a regime where full eviction visibly costs hit rate (about 5 points,
 # tests/experiments/test_eviction_regimes.py holds it to PANEL_MIN_GAP_POINTS). bench_serving's

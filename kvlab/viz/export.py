@@ -47,10 +47,12 @@ def key_figures(pool_arms, comparison) -> dict[str, go.Figure]:
         arm = "with" if result.gc_before_measure else "without"
         figures[f"finding1_budget_{name}"] = plots.budget_waterfall(result.budget_terms(),
                                                                     title=f"KV budget {arm} gc.collect()")
-    figures["finding2_timelines"] = plots.sim_timelines_side_by_side(
-        comparison.shortfall.steps_frame(), comparison.full.steps_frame(), ("shortfall (fix)", "full (bug)"))
-    figures["finding2_totals"] = plots.totals_bars({"shortfall (fix)": comparison.shortfall.totals(),
-                                                   "full (bug)": comparison.full.totals()})
+    from kvlab.experiments.shortfall_eviction import MODE_LABELS
+    from kvlab.viz import eviction_plots
+
+    figures["finding2_timelines"] = eviction_plots.cumulative_eviction(comparison.cumulative_frame())
+    figures["finding2_totals"] = plots.totals_bars({MODE_LABELS[mode]: result.totals()
+                                                   for mode, result in comparison.arms()})
     return figures
 
 

@@ -7,8 +7,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 MODE_STYLE = {  # mode -> (legend label, colour): the fix solid blue, the bug dashed red, as in notebook 02
-    "shortfall": ("shortfall (fix)", "#1f77b4", "solid"),
-    "full": ("full (bug)", "#d62728", "dash"),
+    "shortfall": ("shortfall (the fix)", "#1f77b4", "solid"),
+    "full": ("full (the bug)", "#d62728", "dash"),
 }
 
 

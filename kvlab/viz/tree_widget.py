@@ -110,7 +110,7 @@ class TreeDemoPanel:
         self.next_button = widgets.Button(description="next request", button_style="primary")
         self.pressure_button = widgets.Button(description="pressure event", button_style="warning")
         self.reset_button = widgets.Button(description="reset")
-        self.mode = widgets.Dropdown(options=[("shortfall (fix)", "shortfall"), ("full (bug)", "full")],
+        self.mode = widgets.Dropdown(options=[("shortfall (the fix)", "shortfall"), ("full (the bug)", "full")],
                                      value=self.demo.mode, description="eviction")
         self.log = widgets.HTML()
         self.errors = widgets.Output()

@@ -223,31 +223,45 @@ def verdict_html(result) -> str:
 class ShortfallPanel:
     """Finding 2, live: both eviction modes on the same workload, side by side.
 
-    The mode toggle picks "your server" (its verdict line and highlighted column); the pool size,
-    workload and policy re-run both arms (cached per setting).
+    Opens on ``shortfall_eviction.PANEL_DEFAULTS``, a regime where full eviction visibly costs hit rate
+    (notebook 02 says where it does not). The mode toggle picks "your server" (its verdict, gauge and
+    highlighted column); the workload, pool size, page size and policy re-run both modes (cached per setting).
     """
 
-    WORKLOAD_SIZES = {  # small enough to re-run in a few seconds on a laptop
-        "generated-shared-prefix": dict(num_groups=16, prompts_per_group=8, output_len=128),
-        "multi-turn-chat": dict(num_sessions=16, turns=4),
-        "few-shot": dict(num_requests=96),
+    # dropdown -> make_workload overrides, small enough to re-run in seconds on a laptop
+    WORKLOAD_SIZES = {
+        "generated-shared-prefix": None,  # PANEL_DEFAULTS' own sizes
+        "multi-turn-chat": (("num_sessions", 16), ("turns", 4)),
+        "few-shot": (("num_requests", 96),),
     }
+    PAGE_SIZES = (1, 16, 128)
 
-    def __init__(self, workload: str = "generated-shared-prefix", kv_tokens: int = 20_000, *, seed: int = 0) -> None:
+    def __init__(self, settings=None) -> None:
         from kvlab.experiments import shortfall_eviction
+        from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
 
         self._experiment = shortfall_eviction
-        self.seed = seed
-        self._cache: dict[tuple, object] = {}
-        self.mode = widgets.ToggleButtons(options=[("shortfall (fix)", "shortfall"), ("full (bug)", "full")],
+        settings = settings or shortfall_eviction.PANEL_DEFAULTS
+        self._sizes = {**self.WORKLOAD_SIZES}
+        self._sizes[settings.workload] = settings.overrides
+        if self._sizes["generated-shared-prefix"] is None:
+            self._sizes["generated-shared-prefix"] = shortfall_eviction.PANEL_DEFAULTS.overrides
+        self.seed = settings.seed
+        self._cache: dict[object, object] = {}
+        labels = shortfall_eviction.MODE_LABELS
+        self.mode = widgets.ToggleButtons(options=[(labels[m], m) for m in shortfall_eviction.MODES],
                                           value="shortfall", description="eviction")
-        self.kv_tokens = widgets.IntSlider(value=kv_tokens, min=8_192, max=131_072, step=4_096,
+        self.kv_tokens = widgets.IntSlider(value=settings.kv_tokens, min=8_192, max=131_072, step=4_096,
                                            description="KV pool tokens", continuous_update=False,
                                            style={"description_width": "initial"})
-        self.workload = widgets.Dropdown(options=list(self.WORKLOAD_SIZES), value=workload, description="workload")
-        self.policy = widgets.Dropdown(options=["lru", "lfu", "fifo", "mru", "filo"], value="lru", description="policy")
+        self.page_size = widgets.Dropdown(options=list(self.PAGE_SIZES), value=settings.page_size,
+                                          description="page size")
+        self.workload = widgets.Dropdown(options=list(self._sizes), value=settings.workload, description="workload")
+        self.policy = widgets.Dropdown(options=sorted(EVICTION_POLICIES), value=settings.policy,
+                                       description="policy")
         for w, css in ((self.mode, "kvlab-eviction-mode"), (self.kv_tokens, "kvlab-kv-tokens"),
-                       (self.workload, "kvlab-workload"), (self.policy, "kvlab-policy")):
+                       (self.page_size, "kvlab-page-size"), (self.workload, "kvlab-workload"),
+                       (self.policy, "kvlab-policy")):
             w.add_class(css)
         self.timelines = LiveFigure()
         self.bars = LiveFigure()
@@ -260,28 +274,28 @@ class ShortfallPanel:
                        (self.table, "kvlab-sim-table"), (self.verdict, "kvlab-sim-verdict"),
                        (self.errors, "kvlab-errors")):
             w.add_class(css)
-        self.widget = widgets.VBox([widgets.HBox([self.mode, self.workload]), widgets.HBox([self.kv_tokens, self.policy]),
-                                    self.status.widget, self.verdict, self.timelines,
-                                    widgets.HBox([self.bars, widgets.VBox([self.gauge, self.table])], layout=_wrap()),
-                                    self.errors])
+        self.widget = widgets.VBox([widgets.HBox([self.mode, self.workload]),
+                                    widgets.HBox([self.kv_tokens, self.page_size, self.policy]),
+                                    self.status.widget, self.verdict,
+                                    widgets.HBox([self.gauge, self.table], layout=_wrap()),
+                                    self.timelines, self.bars, self.errors])
         self.widget.add_class("kvlab-shortfall-panel")
         self._on_change = show_errors(self.errors, lambda _change: self._refresh())
-        for w in (self.mode, self.kv_tokens, self.workload, self.policy):
+        for w in (self.mode, self.kv_tokens, self.page_size, self.workload, self.policy):
             w.observe(self._on_change, names="value")
         self.refresh()
 
-    def settings(self) -> tuple:
-        """What both arms are computed from (the mode toggle only picks one of them)."""
-        return (self.workload.value, self.kv_tokens.value, self.policy.value)
+    def settings(self):
+        """What both modes are computed from (the mode toggle only picks one of them)."""
+        return self._experiment.PanelSettings(
+            workload=self.workload.value, overrides=tuple(self._sizes[self.workload.value]),
+            kv_tokens=self.kv_tokens.value, page_size=self.page_size.value, policy=self.policy.value, seed=self.seed)
 
     def comparison(self):
         key = self.settings()
         if key not in self._cache:
-            with self.status.busy(f"both eviction modes on {key[0]} with a {key[1]:,}-token pool"):
-                requests = self._experiment.load_requests(workload=key[0], seed=self.seed,
-                                                          overrides=self.WORKLOAD_SIZES[key[0]])
-                self._cache[key] = self._experiment.compare(requests, kv_tokens=key[1], policy=key[2],
-                                                            progress=False)
+            with self.status.busy(f"both eviction modes on {key.workload} with a {key.kv_tokens:,}-token pool"):
+                self._cache[key] = self._experiment.panel_comparison(key, progress=False)
         return self._cache[key]
 
     def refresh(self) -> None:
@@ -289,7 +303,7 @@ class ShortfallPanel:
 
     def _refresh(self) -> None:
         comparison, key, mode = self.comparison(), self.settings(), self.mode.value
-        # Both arms are drawn whatever the mode: the mode toggle only re-highlights (gauge, table, verdict).
+        # Both modes are drawn whatever the toggle: it only re-highlights (gauge, table, verdict).
         self.timelines.draw(lambda: sim_timelines_figure(comparison), key=key)
         self.bars.draw(lambda: totals_figure(comparison), key=key)
         self.gauge.draw(lambda: gauge_figure(comparison, mode), key=(key, mode))
@@ -297,7 +311,7 @@ class ShortfallPanel:
         self.verdict.value = sim_verdict_html(comparison, mode)
 
 
-ARMS = (("shortfall", "shortfall (fix)"), ("full", "full (bug)"))
+ARMS = (("shortfall", "shortfall (the fix)"), ("full", "full (the bug)"))
 
 
 def _arm(comparison, mode: str):
@@ -305,10 +319,10 @@ def _arm(comparison, mode: str):
 
 
 def sim_timelines_figure(comparison):
-    """Finding 2's timelines, one panel per eviction mode."""
-    fig = plots.sim_timelines_side_by_side(comparison.shortfall.steps_frame(), comparison.full.steps_frame(),
-                                           tuple(label for _, label in ARMS))
-    return fig.update_layout(width=980)
+    """Finding 2 over time: both modes on shared axes (evicted so far, pressure events, hit rate)."""
+    from kvlab.viz import eviction_plots
+
+    return eviction_plots.cumulative_eviction(comparison.cumulative_frame()).update_layout(width=980, height=560)
 
 
 def totals_figure(comparison):
@@ -320,31 +334,38 @@ def gauge_figure(comparison, mode: str):
     """The big number: the selected mode's hit rate, against the other mode's."""
     other = "full" if mode == "shortfall" else "shortfall"
     return plots.hit_rate_indicator(_arm(comparison, mode).totals()["hit_rate"],
-                                    _arm(comparison, other).totals()["hit_rate"], title=f"hit rate · {mode} eviction")
+                                    _arm(comparison, other).totals()["hit_rate"],
+                                    title=f"hit rate · {dict(ARMS)[mode]}")
 
 
 def sim_verdict_html(comparison, mode: str) -> str:
+    """The selected mode's numbers, then the comparison's plain verdict (negligible where it is)."""
     t = _arm(comparison, mode).totals()
+    label = dict(ARMS)[mode]
     return (f"<div class='kvlab-sim-verdict-box' data-mode='{mode}' data-hit-rate='{t['hit_rate']}' "
             f"data-over-evicted='{t['over_evicted_tokens']}' style='padding:6px 10px;border-radius:4px;"
             f"background:{'#d4edda' if mode == 'shortfall' else '#f8d7da'}'>"
-            f"<b>{mode} eviction</b>: hit rate {t['hit_rate']:.2%}, "
-            f"{t['over_evicted_tokens']:,} tokens evicted beyond the shortfall, "
-            f"{t['prefill_tokens_computed']:,} prefill tokens computed, "
-            f"{t['output_tokens_per_s']:,.0f} output tokens/s (cost model)</div>")
+            f"<b>your server: {html.escape(label)}</b> · hit rate {t['hit_rate']:.2%} · "
+            f"{t['over_evicted_tokens']:,} tokens evicted earlier than needed · "
+            f"{t['prefill_tokens_computed']:,} prefill tokens computed"
+            f"<br>{html.escape(comparison.verdict())}</div>")
 
 
 def sim_table_html(comparison, selected: str) -> str:
     rows = [("hit rate", "hit_rate", lambda v: f"{v:.2%}"), ("cached prompt tokens", "cached_prompt_tokens", _fmt_int),
             ("prefill tokens computed", "prefill_tokens_computed", _fmt_int), ("evicted tokens", "evicted_tokens", _fmt_int),
-            ("over-evicted tokens", "over_evicted_tokens", _fmt_int), ("retractions", "retractions", _fmt_int),
+            ("evicted earlier than needed", "over_evicted_tokens", _fmt_int),
+            ("pressure events", "pressure_events", _fmt_int), ("retractions", "retractions", _fmt_int),
             ("output tokens/s (model)", "output_tokens_per_s", lambda v: f"{v:,.0f}")]
     cols = (("shortfall", comparison.shortfall.totals()), ("full", comparison.full.totals()))
-    hl = "background:#fff3cd;font-weight:bold"
-    header = "".join(f"<th style='{hl if m == selected else ''}'>{m}</th>" for m, _ in cols)
+    hl = "background:#fff3cd"
+    cell = "padding:3px 8px;white-space:nowrap;"
+    header = "".join(f"<th style='{cell}width:11em;text-align:right;{hl if m == selected else ''}'>"
+                     f"{dict(ARMS)[m]}</th>" for m, _ in cols)
     body = "".join(
         f"<tr><td>{label}</td>" + "".join(
-            f"<td data-field='{key}' data-mode='{m}' data-value='{t[key]}' style='text-align:right;"
+            f"<td data-field='{key}' data-mode='{m}' data-value='{t[key]}' style='{cell}text-align:right;"
             f"{hl if m == selected else ''}'>{fmt(t[key])}</td>" for m, t in cols) + "</tr>"
         for label, key, fmt in rows)
-    return f"<table class='kvlab-sim-result-table'><tr><th></th>{header}</tr>{body}</table>"
+    return (f"<table class='kvlab-sim-result-table' style='table-layout:fixed;border-collapse:collapse;"
+            f"font-variant-numeric:tabular-nums'><tr><th style='{cell}width:14em'></th>{header}</tr>{body}</table>")

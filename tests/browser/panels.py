@@ -13,12 +13,12 @@ import sys
 import pytest
 from playwright.sync_api import Page
 
+from kvlab.experiments.shortfall_eviction import MODE_LABELS, PANEL_DEFAULTS
+
 from . import lab
 
 GIB = float(1 << 30)
-SIM_PANEL = ["--workload", "generated-shared-prefix", "--workload-param", "num_groups=16",
-             "--workload-param", "prompts_per_group=8", "--workload-param", "output_len=128",
-             "--kv-tokens", "20000"]  # ShortfallPanel()'s defaults
+SIM_PANEL = PANEL_DEFAULTS.cli_args()  # ShortfallPanel()'s defaults
 
 
 def _cli(*args: str) -> dict:
@@ -87,9 +87,12 @@ def check_shortfall_panel(page: Page, mode: str, fix: dict, bug: dict) -> None:
     for trace, m in zip(bars, ("shortfall", "full")):
         assert len(trace["x"]) >= 3 and trace["y"] == [tables[m][k] for k in trace["customdata"]]
     lines = drawn_lines(page, ".kvlab-sim-timelines")
-    assert len(lines) == 6
-    assert lines[0]["y"][-1] == pytest.approx(fix["hit_rate"], abs=1e-4)
-    assert lines[3]["y"][-1] == pytest.approx(bug["hit_rate"], abs=1e-4)
+    assert len(lines) == 7  # per mode: evicted, pressure events, hit rate; plus full's evicted-early line
+    hit = {t["name"]: t for t in lines if t.get("yaxis") == "y3"}  # the bottom row: cumulative hit rate
+    assert hit[MODE_LABELS["shortfall"]]["y"][-1] == pytest.approx(fix["hit_rate"], abs=1e-4)
+    assert hit[MODE_LABELS["full"]]["y"][-1] == pytest.approx(bug["hit_rate"], abs=1e-4)
+    early = next(t for t in lines if "earlier than needed" in t["name"])
+    assert early["y"][-1] == bug["over_evicted_tokens"]
     box = page.locator(".kvlab-sim-verdict .kvlab-sim-verdict-box")
     assert box.get_attribute("data-mode") == mode
     assert int(box.get_attribute("data-over-evicted")) == (fix if mode == "shortfall" else bug)["over_evicted_tokens"]

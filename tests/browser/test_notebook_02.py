@@ -27,7 +27,7 @@ def test_mode_toggle_plots_the_cli_hit_rate(lab_page: Page, lab_server: LabServe
     check_shortfall_panel(lab_page, "shortfall", fix, bug)
     lab.screenshot(lab_page, artifacts / "lab02_shortfall.png", ".kvlab-shortfall-panel")
 
-    lab.select_dropdown(lab_page, "kvlab-eviction-mode", "full (bug)")
+    lab.select_dropdown(lab_page, "kvlab-eviction-mode", "full (the bug)")
     lab.wait_plotly_change(lab_page, ".kvlab-sim-gauge", gauge)
     lab.wait_widget_text(lab_page, "kvlab-sim-verdict", "full eviction")
     check_shortfall_panel(lab_page, "full", fix, bug)

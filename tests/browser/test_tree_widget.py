@@ -50,7 +50,7 @@ def test_tree_icicle_redraws_after_next_request_and_pressure(lab_page: Page, lab
     assert after[0]["values"][0] > before[0]["values"][0]  # one more cached sequence
     lab.wait_widget_text(lab_page, "kvlab-tree-log", f"{START_REQUESTS + 1} of 40 requests run")
 
-    lab.select_dropdown(lab_page, "kvlab-tree-mode", "full (bug)")
+    lab.select_dropdown(lab_page, "kvlab-tree-mode", "full (the bug)")
     lab.click_widget(lab_page, "kvlab-tree-pressure")
     pressured = lab.wait_plotly_change(lab_page, ".kvlab-tree-fig", after)
     demo.mode = "full"

@@ -49,7 +49,7 @@ def test_mode_toggle_latency(lab_page: Page, lab_server: LabServer, capsys):
     lab.wait_plotly(lab_page, ".kvlab-sim-gauge")
     samples, gauges = [], []
     for i in range(TOGGLES):
-        label = "full (bug)" if i % 2 == 0 else "shortfall (fix)"
+        label = "full (the bug)" if i % 2 == 0 else "shortfall (the fix)"
         samples.append(lab.timed_plot_change(lab_page, ".kvlab-sim-gauge", ".kvlab-eviction-mode", "button", label))
         gauges.append(lab.plotly_data(lab_page, ".kvlab-sim-gauge")[0]["value"])
     assert len(set(gauges)) == 2 and gauges[0] < gauges[1]  # full mode's hit rate is the lower one

@@ -20,7 +20,7 @@ def test_plot_carries_the_sweep():
     assert isinstance(fig, go.Figure)
     lines = [t for t in fig.data if t.yaxis == "y"]  # top row: hit rate
     bars = [t for t in fig.data if t.yaxis == "y2"]  # bottom row: over-evicted tokens
-    assert [t.name for t in lines] == ["shortfall (fix)", "full (bug)"]
+    assert [t.name for t in lines] == ["shortfall (the fix)", "full (the bug)"]
     for trace, mode in zip(lines, ("shortfall", "full")):
         part = frame[frame["mode"] == mode].sort_values("kv_pages")
         assert list(trace.x) == [7, 12, 30]  # sorted by pool, whatever order was asked

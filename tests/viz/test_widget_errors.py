@@ -40,8 +40,10 @@ def test_an_error_in_the_first_draw_is_shown_too():
 
 
 def test_a_shortfall_callback_error_is_shown():
-    panel = ShortfallPanel(kv_tokens=16_384)
-    panel.WORKLOAD_SIZES = {**ShortfallPanel.WORKLOAD_SIZES, "few-shot": dict(num_requests=-1)}
+    from tests.viz.test_shortfall_panel import SMALL
+
+    panel = ShortfallPanel(SMALL)
+    panel._sizes["few-shot"] = (("num_requests", -1),)
     panel.workload.value = "few-shot"
     assert "num_requests must be an int >= 1, got -1" in _error_text(panel)
     panel.workload.value = "generated-shared-prefix"  # cached: redraws without error
