@@ -233,33 +233,60 @@ def hit_rate_indicator(hit_rate: float, reference: float, title: str = "hit rate
 TREE_COLOURS = {"root": "#dddddd", "locked": "#d62728", "evictable": "#2ca02c", "internal": "#1f77b4"}
 TREE_HOVER = ("<b>%{label}</b><br>key %{customdata[6]}<br>%{customdata[0]:,} tokens "
               "(%{customdata[5]:,} from the root)<br>%{customdata[1]}, lock_ref %{customdata[2]}<br>"
-              "last access %{customdata[3]}, hits %{customdata[4]}<extra></extra>")
+              "last access %{customdata[3]}, hits %{customdata[4]}%{customdata[7]}<extra></extra>")
 _TREE_CUSTOM = ["tokens", "status", "lock_ref", "last_access_time", "hit_count", "prefix_tokens", "preview"]
+# Hybrid trees: a node holding a Mamba state is outlined; a tombstone (Mamba state or SWA KV gone) is hatched.
+STATE_OUTLINE = dict(width=3, color="#222222")
+TOMBSTONE_PATTERN = "/"
+
+
+def _state_text(row) -> str:
+    state = row.get("state", "") if hasattr(row, "get") else ""
+    if not state:
+        return ""
+    slot = row.get("mamba_slot")
+    slot_text = f" in slot {int(slot)}" if slot is not None and not pd.isna(slot) else ""
+    return f"<br>{state}{slot_text}"
 
 
 def icicle_arrays(frame: pd.DataFrame) -> dict[str, list]:
-    """The icicle's per-node arrays from a ``tree_frame`` table (with an extra ``preview`` column of the
-    node's key, else the label is used as the preview)."""
-    preview = frame["preview"] if "preview" in frame else frame["label"]
+    """The icicle's per-node arrays from a ``tree_frame`` table (the key preview from ``key_preview``, else
+    ``preview``, else the label). On a hybrid tree (a non-empty ``state`` column) nodes holding a state get
+    an outline and tombstones a hatch, and the hover names the state (and its Mamba slot)."""
+    preview = frame["key_preview"] if "key_preview" in frame else frame["preview"] if "preview" in frame \
+        else frame["label"]
     custom = frame.assign(preview=preview)[_TREE_CUSTOM]
-    return dict(
+    records = frame.to_dict("records")
+    states = [r.get("state", "") or "" for r in records]
+    out = dict(
         ids=frame["id"].astype(str).tolist(),
         parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
         values=[int(v) for v in frame["path_tokens"]],
         labels=frame["label"].astype(str).tolist(),
-        colors=[TREE_COLOURS[s] for s in frame["status"]],
-        customdata=[[int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6])]
-                    for r in custom.itertuples(index=False)],
+        colors=[TREE_COLOURS.get(s, "#bbbbbb") for s in frame["status"]],
+        customdata=[[int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6]), _state_text(rec)]
+                    for r, rec in zip(custom.itertuples(index=False), records)],
     )
+    if any(states):
+        has_state = [bool(r.get("has_state", False)) for r in records]
+        out["line_widths"] = [STATE_OUTLINE["width"] if h else 0.5 for h in has_state]
+        out["line_colors"] = [STATE_OUTLINE["color"] if h else "#ffffff" for h in has_state]
+        out["patterns"] = [TOMBSTONE_PATTERN if "tombstone" in st else "" for st in states]
+    return out
 
 
 def radix_icicle_trace(frame: pd.DataFrame) -> go.Icicle:
     """One icicle: a node's width is the tokens of the cached sequences through it (children fill their
     parent), colour by locked / evictable leaf / internal; hover gives the node's own tokens, key, lock,
-    last access and hits."""
+    last access and hits, and on a hybrid tree its state (outlined: holds a state; hatched: tombstone)."""
     a = icicle_arrays(frame)
+    marker = dict(colors=a["colors"])
+    if "line_widths" in a:
+        marker.update(line=dict(width=a["line_widths"], color=a["line_colors"]),
+                      pattern=dict(shape=a["patterns"], fillmode="overlay", fgcolor="rgba(255,255,255,0.75)",
+                                   size=8, solidity=0.3))
     return go.Icicle(ids=a["ids"], parents=a["parents"], values=a["values"], labels=a["labels"],
-                     marker=dict(colors=a["colors"]), customdata=a["customdata"], branchvalues="total",
+                     marker=marker, customdata=a["customdata"], branchvalues="total",
                      hovertemplate=TREE_HOVER, tiling=dict(orientation="v"), root=dict(color="#eeeeee"),
                      leaf=dict(opacity=1.0), sort=False)
 

@@ -42,7 +42,8 @@ class RadixTreeWidget:
         self.cache = cache
         self.max_nodes = max_nodes
         self.title = title or "Radix cache"
-        self.names = names
+        # hybrid trees (SWA, Mamba) read best by position: "tokens 9–17 · state"
+        self.names = names if names is not None or not _is_hybrid(cache) else "spans"
         self.height = height
         self.figure = LiveFigure()
         self.figure.add_class("kvlab-tree-fig")
@@ -50,9 +51,14 @@ class RadixTreeWidget:
         self.summary.add_class("kvlab-tree-summary")
         legend = " ".join(f"<span style='color:{TREE_COLOURS[s]}'>■</span> {s}"
                           for s in ("locked", "evictable", "internal"))
-        self.widget = widgets.VBox([self.summary, widgets.HTML(f"<small>{legend} · width = tokens of the "
-                                                               "cached sequences through a node</small>"),
-                                    self.figure])
+        if _is_hybrid(cache):
+            legend += (" · <span style='border:2px solid #222;padding:0 4px'>outlined</span> holds a recurrent "
+                       "state · <span style='background:repeating-linear-gradient(45deg,#fff,#fff 2px,#999 2px,"
+                       "#999 4px);padding:0 4px'>hatched</span> tombstone (state or window KV gone)")
+        self.legend = widgets.HTML(f"<small>{legend} · width = tokens of the cached sequences through a node"
+                                   f"</small>")
+        self.legend.add_class("kvlab-tree-legend")
+        self.widget = widgets.VBox([self.summary, self.legend, self.figure])
         self.widget.add_class("kvlab-tree-widget")
         self.frame: pd.DataFrame = pd.DataFrame()
         self.refresh()
@@ -65,8 +71,6 @@ class RadixTreeWidget:
     def read_frame(self) -> tuple[pd.DataFrame, int]:
         """The cache as a table (``tree_frame`` plus ``preview``), cut to ``max_nodes``; and the node count."""
         frame = tree_frame(self.cache, names=self.names)
-        if self.names:
-            frame["preview"] = tree_frame(self.cache)["label"]
         total = len(frame)
         return frame.iloc[: self.max_nodes].reset_index(drop=True), total
 
@@ -77,6 +81,10 @@ class RadixTreeWidget:
         self.figure.draw(plots.radix_icicle(frame, title=f"{self.title}{cut}", height=self.height))
         self.frame = frame
         self.summary.value = summary_html(self.cache, frame, total)
+
+
+def _is_hybrid(cache: Any) -> bool:
+    return hasattr(cache, "mamba_pool") or hasattr(cache, "sliding_window_size")
 
 
 def summary_html(cache: Any, frame: pd.DataFrame, total_nodes: int) -> str:

@@ -69,7 +69,8 @@ def test_hover_carries_key_preview_last_access_and_hits():
     w = RadixTreeWidget(cache, names={1: "shared prefix"})
     trace = w.figure.data[0]
     i = list(trace.labels).index("shared prefix")
-    tokens, status, lock_ref, last_access, hits, prefix, preview = trace.customdata[i]
+    tokens, status, lock_ref, last_access, hits, prefix, preview, state = trace.customdata[i]
+    assert state == ""  # a plain radix tree's nodes have no second component
     node = cache.root_node.children[1]
     assert (tokens, status, lock_ref, last_access, hits) == (4, "internal", 0, node.last_access_time, node.hit_count)
     assert preview == "[1, 2, 3, 4]" and hits >= 2  # hit by the second and third inserts
@@ -156,3 +157,24 @@ def test_panel_disables_next_when_done_and_shows_errors_in_the_panel():
     assert panel.next_button.disabled
     panel.next_button.click()  # a click that slips through lands in the panel's errors, not the log
     assert "all 2 requests have run" in panel.errors.outputs[0]["text"]
+
+
+def test_a_mamba_tree_outlines_nodes_with_a_state_and_hatches_tombstones():
+    """On a hybrid tree the drawing says which nodes a hit can resume from (outlined, hover names the slot)
+    and which are tombstones (hatched), with a legend for both; labels are positions, not token ids."""
+    from kvlab.experiments import hybrid_caches
+    from kvlab.mem_cache.tree_view import STATE_MAMBA, STATE_MAMBA_TOMBSTONE, tree_frame
+
+    cache, _freed = hybrid_caches.state_eviction()
+    w = RadixTreeWidget(cache)
+    frame = tree_frame(cache, names="spans")
+    trace = w.figure.data[0]
+    assert list(trace.labels) == frame["label"].astype(str).tolist() and trace.labels[1].startswith("tokens ")
+    widths, shapes = list(trace.marker.line.width), list(trace.marker.pattern.shape)
+    for i, row in frame.iterrows():
+        assert (widths[i] == 3) == bool(row["has_state"])
+        assert (shapes[i] == "/") == ("tombstone" in row["state"])
+        if row["state"] == STATE_MAMBA:
+            assert f"{STATE_MAMBA} in slot {int(row['mamba_slot'])}" in trace.customdata[i][7]
+    assert (frame["state"] == STATE_MAMBA_TOMBSTONE).any() and frame["has_state"].any()
+    assert "outlined" in w.legend.value and "hatched" in w.legend.value
