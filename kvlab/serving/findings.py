@@ -4,6 +4,7 @@
 - ``no_room_for_pool``: the fraction leaves nothing for the pool (SGLang's own error);
 - ``pool_below_context``: prompts near the context length will be refused (SGLang's message);
 - ``ranks_disagree``: ranks printed different readings or pool sizes (SGLang uses the minimum);
+- ``incomplete_ranks``: some ranks began loading but never printed the end of it;
 - ``outside_interval``: the logged pool is outside what the printed readings allow;
 - ``cell_mismatch``: the config's cell size disagrees with the log's own K/V sizes;
 - ``shared_gpu``: much of the card was in use before loading (another process);
@@ -104,6 +105,11 @@ def _context(exp, out: list) -> None:
 
 def _ranks(log: SGLangStartup, out: list) -> None:
     ranks = [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None]
+    cut = [r.label for r in log.ranks.values() if r.before_gib is not None and r.after_gib is None]
+    if cut:
+        out.append(_f("incomplete_ranks", "warning", f"{', '.join(cut)} printed 'Load weight begin' but no 'Load weight "
+                      f"end': the log is cut or those ranks failed; the minimum is taken over the "
+                      f"{len(ranks)} rank(s) with both readings", ranks=cut))
     if len(ranks) > 1:
         for attr, what in (("before_gib", "free before load"), ("after_gib", "free after load")):
             values = {r.label: getattr(r, attr) for r in ranks}
