@@ -5,6 +5,7 @@
     kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare] [...]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
     kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--notebook-dir DIR]
+    kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...] [--json]
 """
 
 from __future__ import annotations
@@ -96,6 +97,26 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", choices=sorted(EVICTION_POLICIES), default="lru",
                      help="radix-cache eviction policy (default: %(default)s)")
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")
+
+    explain = commands.add_parser(
+        "explain-log", help="explain a server's KV pool from its SGLang or vLLM start-up log",
+        description="Recompute the KV pool from an SGLang (0.1.17 to today) or vLLM start-up log and a model's "
+                    "config.json: the waterfall, the print-rounding range, findings and what-ifs.")
+    explain.add_argument("log", help="the server's start-up log (a text file)")
+    explain.add_argument("--model-config", metavar="CONFIG",
+                         help="a Hugging Face config.json, the folder holding it, or a kvlab preset name "
+                              "(without it the cell size comes from the log's K/V sizes)")
+    explain.add_argument("--kv-cache-dtype", default=None,
+                         help="auto, bf16, fp16, fp8_e4m3 or fp8_e5m2 (default: what the log or config says)")
+    explain.add_argument("--mem-fraction-static", type=_fraction, default=None,
+                         help="override the fraction (default: the log's server_args or command line, else the "
+                              "version's default)")
+    explain.add_argument("--gpu", default=None, help="the GPU, a kvlab preset (h100-80g, a10g, ...) or a product name, "
+                                                     "where the log does not name it")
+    explain.add_argument("--sglang-version", default=None, help="the SGLang version, where the log does not print it")
+    explain.add_argument("--what-if", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
+                         help="recompute with mem_fraction_static=F, kv_cache_dtype=D, tp=N or gpu=NAME")
+    explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
     data = commands.add_parser("data", help="regenerate the files kvlab ships in data/")
     data_kinds = data.add_subparsers(dest="kind", required=True)
@@ -353,6 +374,26 @@ def _print_pool(result) -> None:
         print("  (the PR measured 1,741 → 349,377 tokens: `kvlab repro kv-pool-sizing --compare` says why kvlab differs)")
 
 
+def _explain_log(args) -> int:
+    from kvlab.errors import KvlabError
+    from kvlab.model.hf_config import load_model_config
+    from kvlab.serving import explain_log
+    from kvlab.serving.text import format_explanation
+
+    try:
+        config = None
+        if args.model_config:
+            config = load_model_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype or "auto")
+        exp = explain_log(args.log, model_config=config, mem_fraction_static=args.mem_fraction_static, gpu=args.gpu,
+                          sglang_version=args.sglang_version, kv_cache_dtype=args.kv_cache_dtype,
+                          what_if=args.what_if)
+    except (KvlabError, ValueError) as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(exp.to_json(), indent=2) if args.json else format_explanation(exp))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -380,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         return _report(args)
     if args.command == "app":
         return _app(args)
+    if args.command == "explain-log":
+        return _explain_log(args)
     if args.command == "data" and args.kind == "tiny-checkpoint":
         return _write_tiny_checkpoint(args)
     parser.error("unknown command")  # pragma: no cover

@@ -32,6 +32,8 @@ EXAMPLES: dict[str, dict[str, int]] = {
     # tests/sched/test_scheduler.py, tests/sched/test_fast_decode.py: one random workload per example
     "scheduler": {"ci": 150, "long": 700, "dev": 10},
     "fast_decode": {"ci": 150, "long": 700, "dev": 10},
+    # tests/serving/test_log_roundtrip.py: one rendered start-up log per example, parsed back and explained
+    "log_roundtrip": {"ci": 200, "long": 1000, "dev": 20},
 }
 # Rules per state-machine run (the upper bound; hypothesis draws the length). Same in every profile, so
 # the long profile explores more sequences of the same depth.

@@ -1,4 +1,5 @@
-"""ModelConfig presets and the KV bytes one token costs on one tensor-parallel rank.
+"""ModelConfig (read from a Hugging Face config.json, see kvlab.model.hf_config) and the KV bytes one
+token costs on one tensor-parallel rank. The presets are config.json files in kvlab/model/presets/.
 
 Cell size mirrors SGLang's ``model_executor/pool_configurator.py::_compute_cell_size``:
 - MHA/GQA: ``max(1, kv_heads // tp) × (head_dim + v_head_dim) × layers × kv_dtype_bytes``;
@@ -16,7 +17,10 @@ from dataclasses import dataclass
 
 import torch
 
-DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "fp8": torch.float8_e4m3fn}
+DTYPES = {
+    "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
+}
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,10 @@ class ModelConfig:
     first_k_dense_layers: int = 0
     # EAGLE-style draft: one decoder layer + fc over [embed; hidden], shares embeddings/lm_head
     is_eagle_draft: bool = False
+    sliding_window: int = 0  # noted from config.json; the cell size does not use it (see hf_config)
     description: str = ""
+    source: str = ""  # the config.json it was read from
+    notes: tuple[str, ...] = ()  # what the reader assumed or left out, in words
 
     def __post_init__(self) -> None:
         if self.attention not in ("mha", "mla"):
@@ -200,38 +207,15 @@ class ModelConfig:
                             description=f"EAGLE draft head ({num_layers} layer) for {self.name}")
 
 
-MODEL_PRESETS: dict[str, ModelConfig] = {
-    m.name: m
-    for m in (
-        ModelConfig(
-            "tiny", num_layers=4, hidden_size=128, num_attention_heads=4, num_kv_heads=2, head_dim=32,
-            intermediate_size=384, vocab_size=512, context_len=2048,
-            description="a 0.9M-parameter Llama-shaped model; data/tiny-llama ships its checkpoint",
-        ),
-        ModelConfig(
-            "llama-3.1-8b", num_layers=32, hidden_size=4096, num_attention_heads=32, num_kv_heads=8, head_dim=128,
-            intermediate_size=14336, vocab_size=128256, context_len=131072, description="Llama-3.1-8B (GQA 32/8)",
-        ),
-        ModelConfig(
-            "llama-3.1-70b", num_layers=80, hidden_size=8192, num_attention_heads=64, num_kv_heads=8, head_dim=128,
-            intermediate_size=28672, vocab_size=128256, context_len=131072, description="Llama-3.1-70B (GQA 64/8)",
-        ),
-        ModelConfig(
-            "qwen3-235b-a22b", num_layers=94, hidden_size=4096, num_attention_heads=64, num_kv_heads=4, head_dim=128,
-            intermediate_size=0, vocab_size=151936, context_len=40960, qk_norm=True,
-            num_experts=128, num_experts_per_tok=8, moe_intermediate_size=1536,
-            description="Qwen3-235B-A22B (MoE 128 experts, top-8, GQA 64/4)",
-        ),
-        ModelConfig(
-            "deepseek-v3", num_layers=61, hidden_size=7168, num_attention_heads=128, num_kv_heads=128, head_dim=192,
-            intermediate_size=18432, vocab_size=129280, context_len=163840, weight_dtype="fp8",
-            attention="mla", q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
-            v_head_dim=128, num_experts=256, num_experts_per_tok=8, moe_intermediate_size=2048,
-            num_shared_experts=1, first_k_dense_layers=3,
-            description="DeepSeek-V3 (MLA, 256 experts + 1 shared, fp8 weights)",
-        ),
-    )
-}
+def _load_presets() -> dict[str, ModelConfig]:
+    """The presets kvlab ships: Hugging Face config.json files in kvlab/model/presets/, read by the same
+    code as a user's config (kvlab.model.hf_config)."""
+    from kvlab.model.hf_config import load_model_config, preset_names
+
+    return {name: load_model_config(name) for name in preset_names()}
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = _load_presets()
 
 
 def get_model_config(name: str) -> ModelConfig:

@@ -1,0 +1,238 @@
+"""A Hugging Face ``config.json`` (a file, a folder holding one, or a preset kvlab ships) -> ModelConfig.
+
+kvlab's model presets are such files (``kvlab/model/presets/<name>.json``) and go through the same
+reader as a user's config, so a preset can never say more than its config.json does. Nothing is
+downloaded: a hub id that is not a local path is refused.
+
+What is read (the names Hugging Face's ``transformers`` configs use; aliases in ``_ALIASES``):
+
+- MHA/GQA: ``num_hidden_layers``, ``num_attention_heads``, ``num_key_value_heads`` (absent = MHA, as
+  transformers defaults it), ``head_dim`` (explicit, else ``hidden_size // num_attention_heads``);
+- MLA (DeepSeek-V2/V3, Kimi): ``kv_lora_rank`` + ``qk_rope_head_dim`` (one latent head per token);
+- MoE: ``n_routed_experts`` / ``num_experts`` / ``num_local_experts``, ``num_experts_per_tok``,
+  ``moe_intermediate_size``, ``n_shared_experts``, ``first_k_dense_replace``;
+- a multimodal config's ``text_config`` (the language model is what owns the KV cache);
+- ``sliding_window`` / ``layer_types``: noted, not used for the cell size (SGLang sizes every layer's
+  KV for the full context unless the model runs as hybrid-SWA, which kvlab does not model);
+- ``torch_dtype`` / ``dtype`` and ``quantization_config.quant_method`` for the weights.
+
+Every missing or malformed field raises :class:`ConfigError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kvlab.errors import KvlabError
+
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
+
+# kv_cache_dtype names SGLang accepts (server_args: auto, fp8_e5m2, fp8_e4m3, bf16/bfloat16, fp16/float16)
+KV_DTYPE_NAMES = {
+    "bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16", "half": "float16",
+    "fp8_e4m3": "fp8_e4m3", "fp8": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "float32": "float32", "fp32": "float32",
+}
+_TORCH_DTYPES = {"bfloat16": "bfloat16", "float16": "float16", "half": "float16", "float32": "float32",
+                 "float": "float32", "fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_ALIASES = {
+    "num_hidden_layers": ("num_hidden_layers", "n_layer", "num_layers", "n_layers"),
+    "hidden_size": ("hidden_size", "n_embd", "d_model", "dim"),
+    "num_attention_heads": ("num_attention_heads", "n_head", "n_heads"),
+    "num_key_value_heads": ("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num"),
+    "max_position_embeddings": ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length",
+                                "max_seq_len"),
+    "num_experts": ("n_routed_experts", "num_experts", "num_local_experts"),
+}
+
+
+class ConfigError(KvlabError, ValueError):
+    """A model config kvlab cannot use; the message names the file and the field."""
+
+
+def preset_names() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
+
+
+def resolve_config_path(source: str | Path) -> Path:
+    """A preset name, a config.json file, or a folder holding config.json -> the file to read."""
+    text = str(source)
+    if text in preset_names():
+        return PRESET_DIR / f"{text}.json"
+    path = Path(text).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"{path}: folder holds no config.json")
+        return path / "config.json"
+    if path.is_file():
+        return path
+    raise ConfigError(
+        f"{text}: no such file or folder, and not a kvlab preset (kvlab never downloads from the hub; "
+        f"presets: {', '.join(preset_names())})"
+    )
+
+
+def read_config_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (expected a Hugging Face config.json)") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object (a Hugging Face config.json), got {type(data).__name__}")
+    return data
+
+
+def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name: str | None = None):
+    """Read a preset name, a config.json, or a folder holding one into a :class:`ModelConfig`."""
+    path = resolve_config_path(source)
+    data = read_config_json(path)
+    if name is None:
+        name = path.stem if path.parent == PRESET_DIR else str(data.get("_name_or_path") or path.parent.name
+                                                               or path.stem)
+    return config_from_dict(data, name=name, origin=str(path), kv_cache_dtype=kv_cache_dtype)
+
+
+class _Fields:
+    """Typed field access that names the file and the field in every error."""
+
+    def __init__(self, data: dict, origin: str, prefix: str = ""):
+        self.data, self.origin, self.prefix = data, origin, prefix
+
+    def has(self, key: str) -> bool:
+        return any(self.data.get(alias) is not None for alias in _ALIASES.get(key, (key,)))
+
+    def raw(self, key: str) -> tuple[str, Any]:
+        for alias in _ALIASES.get(key, (key,)):
+            if self.data.get(alias) is not None:
+                return alias, self.data[alias]
+        return key, None
+
+    def int(self, key: str, *, default: int | None = None, minimum: int = 1, why: str = "") -> int:
+        alias, value = self.raw(key)
+        if value is None:
+            if default is not None:
+                return default
+            names = " / ".join(f"'{a}'" for a in _ALIASES.get(key, (key,)))
+            raise ConfigError(f"{self.origin}: field {self.prefix}{names} is missing" + (f" ({why})" if why else ""))
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be an integer >= {minimum}, "
+                              f"got {value!r}")
+        return value
+
+
+def _weight_dtype(data: dict, f: _Fields, notes: list[str]) -> str:
+    raw = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
+    dtype = _TORCH_DTYPES.get(str(raw).removeprefix("torch."))
+    if dtype is None:
+        raise ConfigError(f"{f.origin}: field 'torch_dtype' must be one of {sorted(_TORCH_DTYPES)}, got {raw!r}")
+    quant = data.get("quantization_config") or {}
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method == "fp8":
+        return "fp8"
+    if method:
+        notes.append(f"weights quantized with {method!r}: kvlab's weight bytes assume {dtype}, not the "
+                     f"quantized size (the KV cell size does not depend on it)")
+    return dtype
+
+
+def _kv_dtype(kv_cache_dtype: str, weight_dtype: str, origin: str, notes: list[str]) -> str:
+    if kv_cache_dtype in (None, "", "auto"):
+        # SGLang: kv_cache_dtype auto = the model's dtype (an fp8 checkpoint still runs in bf16)
+        if weight_dtype == "float32":
+            notes.append("dtype auto on a float32 config: SGLang serves it in 16-bit; KV taken as bfloat16")
+            return "bfloat16"
+        return "bfloat16" if weight_dtype == "fp8" else weight_dtype
+    name = KV_DTYPE_NAMES.get(str(kv_cache_dtype).lower())
+    if name is None:
+        raise ConfigError(f"{origin}: kv_cache_dtype must be auto or one of {sorted(KV_DTYPE_NAMES)}, "
+                          f"got {kv_cache_dtype!r}")
+    return name
+
+
+def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str = "auto"):
+    from kvlab.model.config import ModelConfig
+
+    notes: list[str] = []
+    meta = data.get("kvlab") if isinstance(data.get("kvlab"), dict) else {}
+    prefix = ""
+    if not _Fields(data, origin).has("num_hidden_layers") and isinstance(data.get("text_config"), dict):
+        text = dict(data["text_config"])
+        notes.append("multimodal config: the language model's text_config owns the KV cache; vision encoder "
+                     "memory is not modelled")
+        for key in ("torch_dtype", "dtype", "quantization_config"):
+            text.setdefault(key, data.get(key))
+        data, prefix = text, "text_config."
+    f = _Fields(data, origin, prefix)
+    layers = f.int("num_hidden_layers", why="needed for the KV cell size")
+    hidden = f.int("hidden_size", why="needed for head_dim and the weights")
+    heads = f.int("num_attention_heads", why="needed for the attention shape")
+    mla = data.get("kv_lora_rank") is not None
+    if mla:
+        kv_heads = heads
+        kv_lora_rank = f.int("kv_lora_rank", why="MLA latent size")
+        qk_rope = f.int("qk_rope_head_dim", why="MLA caches kv_lora_rank + qk_rope_head_dim per token and layer")
+        qk_nope = f.int("qk_nope_head_dim", default=0, minimum=0)
+        v_head_dim = f.int("v_head_dim", default=qk_nope, minimum=0)
+        head_dim = qk_nope + qk_rope
+        notes.append(f"MLA: one latent of {kv_lora_rank} + {qk_rope} per token and layer, not split by TP")
+    else:
+        kv_lora_rank = qk_rope = qk_nope = 0
+        if f.has("num_key_value_heads"):
+            kv_heads = f.int("num_key_value_heads")
+        elif data.get("multi_query") is True:
+            kv_heads = 1
+            notes.append("multi_query: one KV head")
+        else:
+            kv_heads = heads
+            notes.append("no num_key_value_heads: MHA, as transformers assumes (KV heads = attention heads)")
+        if kv_heads > heads or heads % kv_heads:
+            raise ConfigError(f"{origin}: field '{prefix}num_key_value_heads' = {kv_heads} must divide "
+                              f"num_attention_heads = {heads}")
+        if data.get("head_dim") is not None:
+            head_dim = f.int("head_dim")
+        else:
+            if hidden % heads:
+                raise ConfigError(f"{origin}: no field '{prefix}head_dim', and hidden_size {hidden} is not a "
+                                  f"multiple of num_attention_heads {heads}")
+            head_dim = hidden // heads
+        v_head_dim = 0
+    context = f.int("max_position_embeddings", why="the model's context length")
+    vocab = f.int("vocab_size", why="needed for the embedding weights")
+    experts = f.int("num_experts", default=0, minimum=0)
+    moe_inter = f.int("moe_intermediate_size", default=0, minimum=0)
+    if experts and not moe_inter:  # Mixtral: intermediate_size is each expert's
+        moe_inter = f.int("intermediate_size", why="each expert's MLP width")
+    inter = f.int("intermediate_size", default=0 if experts else None, minimum=0,
+                  why="the dense MLP width")
+    shared = f.int("n_shared_experts", default=0, minimum=0)
+    if not shared and data.get("shared_expert_intermediate_size") and moe_inter:
+        shared = max(1, round(data["shared_expert_intermediate_size"] / moe_inter))
+    if experts:
+        notes.append(f"MoE: {experts} experts, {f.int('num_experts_per_tok', default=0, minimum=0)} per token")
+    window = data.get("sliding_window") if data.get("use_sliding_window", True) is not False else None
+    if isinstance(window, int) and window > 0:
+        kinds = data.get("layer_types") or []
+        sliding = sum(1 for k in kinds if "sliding" in str(k))
+        notes.append(f"sliding window {window}" + (f" on {sliding} of {layers} layers" if sliding else "")
+                     + ": SGLang still sizes the pool per full-context token unless it runs the model as "
+                       "hybrid SWA, which kvlab does not model")
+    weight_dtype = _weight_dtype(data, f, notes)
+    archs = data.get("architectures") or []
+    arch = archs[0] if isinstance(archs, list) and archs else str(data.get("model_type", ""))
+    return ModelConfig(
+        name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
+        head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, context_len=context,
+        weight_dtype=weight_dtype, kv_dtype=_kv_dtype(kv_cache_dtype, weight_dtype, origin, notes),
+        tie_word_embeddings=bool(data.get("tie_word_embeddings", False)),
+        qk_norm=arch.startswith("Qwen3") or bool(meta.get("qk_norm", False)),
+        attention="mla" if mla else "mha", q_lora_rank=f.int("q_lora_rank", default=0, minimum=0),
+        kv_lora_rank=kv_lora_rank, qk_rope_head_dim=qk_rope, qk_nope_head_dim=qk_nope, v_head_dim=v_head_dim,
+        num_experts=experts, num_experts_per_tok=f.int("num_experts_per_tok", default=0, minimum=0),
+        moe_intermediate_size=moe_inter, num_shared_experts=shared,
+        first_k_dense_layers=f.int("first_k_dense_replace", default=0, minimum=0),
+        sliding_window=window if isinstance(window, int) and window > 0 else 0,
+        description=str(meta.get("description", arch)), source=origin, notes=tuple(notes),
+    )

@@ -1,0 +1,246 @@
+"""Explain a server's KV pool from its start-up log and (optionally) the model's config.json.
+
+``explain_log(path, model_config=..., ...)`` reads an SGLang or vLLM start-up log, recomputes the pool
+with that version's rules (kvlab.serving.sglang_versions) and the cell size from the config (or from the
+log's own K/V sizes, marked as such), gives the range the log's 2-decimal rounding allows, and lists
+findings and what-ifs. Every input it cannot use raises ``LogError`` / ``ConfigError`` naming it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kvlab.device.spec import DEVICE_PRESETS, DeviceSpec, find_device_spec
+from kvlab.model.config import ModelConfig
+from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
+from kvlab.serving.result import Explanation
+from kvlab.serving.sglang_log import LogError, RankReadings, SGLangStartup, parse_sglang_log
+from kvlab.serving.sglang_versions import at_least, cell_rule, default_mem_fraction, nearest_read, parse_version
+
+TORCH_DTYPE_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.half": 2, "torch.float32": 4,
+                     "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1, "torch.float8_e4m3fnuz": 1,
+                     "torch.float8_e5m2fnuz": 1, "torch.uint8": 1}
+OPTION_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1,
+                      "float32": 4}
+
+
+def resolve_gpu(name: str | None, log_gpu_name: str | None) -> tuple[DeviceSpec | None, str | None]:
+    if name:
+        spec = DEVICE_PRESETS.get(name) or find_device_spec(name)
+        if spec is None:
+            raise LogError(f"--gpu {name!r}: not a kvlab GPU preset or a known product name; presets: "
+                           f"{', '.join(sorted(DEVICE_PRESETS))}")
+        return spec, f"--gpu {name}"
+    if log_gpu_name:
+        spec = find_device_spec(log_gpu_name)
+        return spec, (f"log: {log_gpu_name!r}" if spec else None)
+    return None, None
+
+
+def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None, str, str | None]:
+    if given:
+        parse_version(given)
+        return given, "--sglang-version", nearest_read(given)
+    if log.version:
+        return log.version, log.version_source, nearest_read(log.version)
+    if log.format_hints:
+        floor = max(log.format_hints, key=parse_version)
+        return None, f"not printed; its line formats first appear in sglang {floor}", floor
+    return None, "not printed", None
+
+
+def _tp_size(log: SGLangStartup) -> tuple[int, str]:
+    value, where = log.setting("tp_size")
+    if value is not None:
+        try:
+            return int(value), where
+        except ValueError:
+            raise LogError(f"{log.path}: {where}: tp_size is not an integer") from None
+    seen = 1 + max(r.tp_rank for r in log.ranks.values())
+    return seen, f"{seen} TP rank(s) printed in the log"
+
+
+def _fraction(log, override, version, rules, tp, device, extra) -> tuple[float, str, bool]:
+    if override is not None:
+        return override, "--mem-fraction-static", False
+    value, where = log.setting("mem_fraction_static")
+    if value is not None:
+        try:
+            return float(value), where, False
+        except ValueError:
+            raise LogError(f"{log.path}: {where}: mem_fraction_static is not a number") from None
+    if rules is None:
+        raise LogError(f"{log.path}: no mem_fraction_static in the log (no server_args line or --mem-fraction-static "
+                       f"on a launch command) and no SGLang version to take its default from: pass "
+                       f"--mem-fraction-static F or --sglang-version X")
+    chunked = log.tokens_fields.get("chunked_prefill_size")
+    default = default_mem_fraction(version or rules, tp, device.smi_mib if device else None,
+                                   chunked_prefill_size=int(chunked) if chunked and chunked.isdigit() else None,
+                                   speculative=extra["speculative"], dp_attention=extra["dp_attention"])
+    return default.value, f"default: {default.rule}", True
+
+
+def _setting_int(log: SGLangStartup, name: str, default: int | None) -> int | None:
+    value, where = log.setting(name)
+    if value in (None, "None"):
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise LogError(f"{log.path}: {where}: {name} is not an integer") from None
+
+
+def _kv_bytes(log: SGLangStartup, config: ModelConfig | None, rule, override: str | None) -> tuple[int | None, str]:
+    if override not in (None, "", "auto"):
+        if override not in OPTION_DTYPE_BYTES:
+            raise LogError(f"--kv-cache-dtype {override!r}: expected one of {sorted(OPTION_DTYPE_BYTES)}")
+        return OPTION_DTYPE_BYTES[override], f"--kv-cache-dtype {override}"
+    if rule.kv_dtype == "fp16":
+        return 2, f"sglang {rule.read} hard-codes 2-byte (fp16) KV"
+    if log.kv_dtype in TORCH_DTYPE_BYTES:
+        return TORCH_DTYPE_BYTES[log.kv_dtype], f"log prints KV dtype {log.kv_dtype}"
+    option, where = log.setting("kv_cache_dtype")
+    if rule.kv_dtype == "option" and option and option != "auto":
+        if option not in OPTION_DTYPE_BYTES:
+            raise LogError(f"{log.path}: {where}: unknown kv_cache_dtype {option!r}")
+        return OPTION_DTYPE_BYTES[option], where
+    if log.model_dtype in TORCH_DTYPE_BYTES:
+        return TORCH_DTYPE_BYTES[log.model_dtype], f"kv_cache_dtype auto = model dtype {log.model_dtype} (log)"
+    if config is not None:
+        return config.kv_dtype_bytes, f"kv_cache_dtype auto = {config.kv_dtype} (config)"
+    return None, "unknown"
+
+
+def config_cell(config: ModelConfig, rule, attn_tp: int, dtype_bytes: int, mla_on: bool, where: str) -> int:
+    """SGLang's cell size for ``config`` under a version's rule (kvlab.serving.sglang_versions.cell_rule)."""
+    if config.attention == "mla":
+        if not mla_on:
+            raise LogError(f"{where}: sglang {rule.read} sizes this MLA model without MLA (MLA off: "
+                           f"{'no MLA support' if rule.mla == 'no' else 'needs --enable-mla'}); kvlab does not "
+                           f"model that cell size")
+        return (config.kv_lora_rank + config.qk_rope_head_dim) * config.num_layers * dtype_bytes
+    heads = config.num_kv_heads // attn_tp if rule.kv_heads == "floor" else max(1, config.num_kv_heads // attn_tp)
+    if heads == 0:
+        raise LogError(f"{where}: sglang {rule.read} gives each of {attn_tp} ranks {config.num_kv_heads} // "
+                       f"{attn_tp} = 0 KV heads (it crashed on such a setup)")
+    v_dim = config.v_head_dim or config.head_dim
+    return heads * (config.head_dim + v_dim) * config.num_layers * dtype_bytes
+
+
+def _logged_cell(log: SGLangStartup, rank: RankReadings, page: int) -> tuple[int, int, int, str] | None:
+    for r in [rank, *log.ranks.values()]:
+        total = (r.k_gib + r.v_gib) if r.k_gib is not None else r.kv_gib
+        n_rounded = 2 if r.k_gib is not None else 1
+        tokens = r.kv_tokens or r.max_total_num_tokens
+        if total and tokens:
+            est, lo, hi = cell_from_logged_sizes(total, tokens + page, n_rounded)
+            return est, lo, hi, (f"from the log's K/V sizes ({total:.2f} GiB over {tokens:,} + {page} slots, line "
+                                 f"{r.lines.get('kv')}): {lo:,}–{hi:,} B, no config given")
+    return None
+
+
+def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = None, mem_fraction_static=None,
+                   gpu: str | None = None, sglang_version: str | None = None, kv_cache_dtype: str | None = None,
+                   what_if=()) -> Explanation:
+    from kvlab.serving.findings import sglang_findings
+    from kvlab.serving.whatif import apply_what_ifs
+
+    with_readings = [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None]
+    _require_readings(log, with_readings)
+    version, version_source, rules = _assumed_version(log, sglang_version)
+    tp, tp_source = _tp_size(log)
+    dp = _setting_int(log, "dp_size", 1)
+    flags = {"speculative": log.setting("speculative_algorithm")[0] not in (None, "None"),
+             "dp_attention": log.setting("enable_dp_attention")[0] == "True"}
+    device, gpu_source = resolve_gpu(gpu, log.gpu_name)
+    fraction, fraction_source, from_default = _fraction(log, mem_fraction_static, version, rules, tp, device, flags)
+    page = _setting_int(log, "page_size", 1)
+    cap = _setting_int(log, "max_total_tokens", None)
+    before = min(r.before_gib for r in with_readings)
+    after = min(r.after_gib for r in with_readings)
+    rule = cell_rule(version or rules)
+    attn_tp = max(1, tp // dp) if flags["dp_attention"] and rule.attn_tp else tp
+    dtype_bytes, dtype_source = _kv_bytes(log, model_config, rule, kv_cache_dtype)
+    low_rank = min(with_readings, key=lambda r: r.after_gib)
+    if model_config is not None:
+        if dtype_bytes is None:
+            dtype_bytes = model_config.kv_dtype_bytes
+        mla_on = {"no": False, "flag": log.setting("enable_mla")[0] == "True",
+                  "default": log.setting("disable_mla")[0] != "True"}[rule.mla]
+        cell = config_cell(model_config, rule, attn_tp, dtype_bytes, mla_on, log.path)
+        cell_lo = cell_hi = cell
+        cell_source = (f"config {model_config.source or model_config.name}: {model_config.attention.upper()} cell at "
+                       f"{'attention ' if attn_tp != tp else ''}TP {attn_tp}, {dtype_bytes}-byte KV ({dtype_source}), "
+                       f"sglang {rule.read} formula")
+    else:
+        logged = _logged_cell(log, low_rank, page)
+        if logged is None:
+            raise LogError(f"{log.path}: no cell size: the log prints no 'KV Cache is allocated' sizes and no "
+                           f"config was given: pass --model-config CONFIG (a config.json, its folder, or a preset)")
+        cell, cell_lo, cell_hi, cell_source = logged
+    pool = Pool(before, after, fraction, cell, page, cap)
+    logged_tokens = [r.max_total_num_tokens if r.max_total_num_tokens is not None else r.kv_tokens
+                     for r in log.ranks.values()]
+    logged_tokens = [t for t in logged_tokens if t is not None]
+    context = log.tokens_fields.get("context_len")
+    exp = Explanation(
+        log_path=log.path, engine="sglang", version=version, version_source=version_source, rules_version=rules,
+        tp_size=tp, tp_size_source=tp_source, mem_fraction_static=fraction, mem_fraction_static_source=fraction_source,
+        avail_before_load_gib=before, avail_after_load_gib=after, cell_size_bytes=cell, cell_size_source=cell_source,
+        cell_range=(cell_lo, cell_hi), max_total_num_tokens_logged=min(logged_tokens) if logged_tokens else None,
+        max_total_num_tokens_computed=pool.tokens,
+        computed_range=sglang_tokens_range(before, after, fraction, cell_lo, cell_hi, page, cap), pool=pool,
+        ranks=[_rank_json(r) for r in log.ranks.values()], gpu=device.name if device else log.gpu_name,
+        gpu_source=gpu_source, model=model_config.name if model_config else log.arch,
+        context_len=int(context) if context and context.isdigit() else (model_config.context_len if model_config
+                                                                       else None),
+        page_size=page, model_config=model_config, device=device, fraction_from_default=from_default,
+        kv_dtype_bytes=dtype_bytes, weights_gib=low_rank.before_gib - low_rank.after_gib,
+        extra={"dp_size": dp, "attention_tp_size": attn_tp, "max_total_tokens_cap": cap, "rocm": log.rocm,
+               **flags},
+    )
+    exp.findings = sglang_findings(exp, log)
+    exp.what_if = apply_what_ifs(exp, what_if)
+    return exp
+
+
+def _require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:
+    if with_readings:
+        return
+    begun = [r for r in log.ranks.values() if r.before_gib is not None]
+    if begun:
+        r = begun[0]
+        raise LogError(f"{log.path}:{r.lines['begin']}: truncated: 'Load weight begin' on {r.label} has no "
+                       f"'Load weight end' after it (the log stops at line {log.n_lines}); kvlab needs both readings")
+    sized = [r for r in log.ranks.values() if r.max_total_num_tokens is not None or r.kv_tokens is not None]
+    if sized:
+        where = log.where("tokens") if any("tokens" in r.lines for r in sized) else log.where("kv")
+        old = " (SGLang before 0.1.17 printed none)" if log.version and not at_least(log.version, "0.1.17") else ""
+        raise LogError(f"{where}: no memory readings: the log has the pool size but no 'Load weight begin. avail "
+                       f"mem=' / 'Load weight end. ... avail mem=' lines{old}; kvlab needs both to recompute the pool")
+    raise LogError(f"{log.path}: not an SGLang or vLLM start-up log: none of 'Load weight begin', 'Load weight end', "
+                   f"'KV Cache is allocated', 'max_total_num_tokens=' (SGLang) or 'Model loading took', "
+                   f"'GPU KV cache size' (vLLM) appears in its {log.n_lines} lines")
+
+
+def _rank_json(r: RankReadings) -> dict:
+    return {"rank": r.label, "avail_before_load_gib": r.before_gib, "avail_after_load_gib": r.after_gib,
+            "memory_pool_end_gib": r.pool_end_gib, "max_total_num_tokens": r.max_total_num_tokens,
+            "kv_tokens": r.kv_tokens, "lines": r.lines}
+
+
+def explain_log(path, *, model_config: ModelConfig | None = None, mem_fraction_static=None, gpu=None,
+                sglang_version=None, kv_cache_dtype=None, what_if=()) -> Explanation:
+    """Explain the start-up log at ``path`` (SGLang or vLLM, told apart by their messages)."""
+    from kvlab.serving.vllm_log import explain_vllm, looks_like_vllm, parse_vllm_log
+
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise LogError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
+    log = parse_sglang_log(text, str(path))
+    if not log.ranks and looks_like_vllm(text):
+        return explain_vllm(parse_vllm_log(text, str(path)), model_config=model_config, gpu=gpu, what_if=what_if)
+    return explain_sglang(log, model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
+                          sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)

@@ -1,0 +1,172 @@
+"""What an explained SGLang start-up shows, in words: each finding is {id, severity, message}.
+
+- ``resident_after_load``: memory still held after loading beyond the weights (the finding-1 signature);
+- ``no_room_for_pool``: the fraction leaves nothing for the pool (SGLang's own error);
+- ``pool_below_context``: prompts near the context length will be refused (SGLang's message);
+- ``ranks_disagree``: ranks printed different readings or pool sizes (SGLang uses the minimum);
+- ``incomplete_ranks``: some ranks began loading but never printed the end of it;
+- ``outside_interval``: the logged pool is outside what the printed readings allow;
+- ``cell_mismatch``: the config's cell size disagrees with the log's own K/V sizes;
+- ``shared_gpu``: much of the card was in use before loading (another process);
+- notes on the version, the rank-zero log filter, speculative decoding and the config.
+"""
+
+from __future__ import annotations
+
+from kvlab.device.budget import KVBudget
+from kvlab.serving.pool import GIB, cell_from_logged_sizes
+from kvlab.serving.sglang_log import SGLangStartup
+from kvlab.serving.sglang_versions import at_least, parse_version
+
+CONTEXT_GIB = 0.5  # a CUDA context and library workspaces, before anything is loaded (order of magnitude)
+
+
+def _f(fid: str, severity: str, message: str, **values) -> dict:
+    return {"id": fid, "severity": severity, "message": message, **values}
+
+
+def sglang_findings(exp, log: SGLangStartup) -> list[dict]:
+    out: list[dict] = []
+    pool, cell = exp.pool, exp.cell_size_bytes
+    version = exp.version or exp.rules_version
+    if exp.version is None:
+        out.append(_f("version_assumed", "info", f"SGLang version {exp.version_source}: the rules of sglang "
+                      f"{exp.rules_version or 'today'} were applied; pass --sglang-version to choose"))
+    if exp.fraction_from_default:
+        out.append(_f("default_fraction", "info", f"mem_fraction_static is this version's default, not printed in "
+                      f"the log: {exp.mem_fraction_static_source}"))
+    _weights(exp, out)
+    if pool.rest_gib <= 0:
+        text = ("Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
+                f"{pool.mem_fraction_static}." if at_least(version, "0.5.16")
+                else "Not enough memory. Please try to increase --mem-fraction-static.")
+        out.append(_f("no_room_for_pool", "error", f"the fraction leaves no room for the pool: before × (1 − f) = "
+                      f"{pool.slack_gib:.2f} GiB is more than the {pool.after_gib:.2f} GiB free after loading; SGLang "
+                      f"stops with: {text!r}. Minimum viable fraction = 1 − after/before = "
+                      f"{pool.min_viable_fraction:.4f}", min_viable_fraction=round(pool.min_viable_fraction, 4)))
+    _context(exp, out)
+    _ranks(log, out)
+    _interval(exp, out)
+    _cell_check(exp, log, out)
+    _shared(exp, out)
+    if version and parse_version("0.4.7.post1") <= parse_version(version) < parse_version("0.5.4"):
+        out.append(_f("rank_zero_log", "info", "this version logs the model runner's lines (readings, memory pool) "
+                      "from TP rank 0 only; SGLang used the minimum over all ranks, which may be lower"))
+    if exp.extra.get("speculative"):
+        out.append(_f("speculative", "warning", "speculative decoding is on: 0.4.x adds draft headroom to the pool "
+                      "(max_num_reqs × (steps × topk + draft tokens) + 100) and newer versions size a draft pool; "
+                      "kvlab does not model either, so expect a difference"))
+    if log.setting("nnodes")[0] not in (None, "1"):
+        out.append(_f("multi_node", "info", "several nodes: only the ranks printed in this log are seen"))
+    for note in exp.model_config.notes if exp.model_config else ():
+        out.append(_f("config_note", "info", note))
+    if exp.max_total_num_tokens_logged is None:
+        out.append(_f("no_logged_pool", "info", "the log ends before SGLang printed the pool size: only the "
+                      "computed value is shown"))
+    return out
+
+
+def _weights(exp, out: list) -> None:
+    config = exp.model_config
+    if config is None or exp.weights_gib is None:
+        return
+    expected = config.weight_bytes_per_rank(exp.tp_size) / GIB
+    extra = exp.weights_gib - expected
+    if extra > max(0.5, 0.05 * expected):
+        lost = int(extra * GIB) // exp.cell_size_bytes
+        fix = ("0.5.23 calls gc.collect() before this reading" if not at_least(exp.version, "0.5.23")
+               else "this version already collects garbage first: look for other allocations")
+        out.append(_f("resident_after_load", "warning",
+                      f"{exp.weights_gib:.2f} GiB went in loading, {extra:.2f} GiB more than the weights "
+                      f"({expected:.2f} GiB per rank from the config): memory still held when SGLang read free memory "
+                      f"after loading — the finding-1 signature (loader temporaries not yet garbage-collected). It "
+                      f"cost about {lost:,} tokens. See notebooks/01_kv_pool_sizing.ipynb and `kvlab repro "
+                      f"kv-pool-sizing --compare`; {fix}", extra_gib=round(extra, 3), tokens_lost=lost))
+    elif extra < -max(0.5, 0.1 * expected):
+        out.append(_f("weights_smaller", "info", f"loading took {exp.weights_gib:.2f} GiB, less than the "
+                      f"{expected:.2f} GiB the config's {config.weight_dtype} weights need per rank: a quantized "
+                      f"checkpoint, or a config that does not match the served model"))
+
+
+def _context(exp, out: list) -> None:
+    pool = exp.max_total_num_tokens_logged or exp.max_total_num_tokens_computed
+    if not exp.context_len or not pool or pool >= exp.context_len:
+        return
+    p = exp.pool
+    budget = KVBudget(int(p.before_gib * GIB), int(p.after_gib * GIB), p.mem_fraction_static, int(p.slack_gib * GIB),
+                      int(max(p.rest_gib, 0) * GIB), p.cell_size_bytes, p.page_size, exp.context_len, pool)
+    limit = budget.max_req_input_len
+    out.append(_f("pool_below_context", "warning",
+                  f"the pool holds {pool:,} tokens, fewer than the context length {exp.context_len:,}: prompts of "
+                  f"{limit:,} tokens or more are refused with SGLang's message "
+                  f"{budget.validate_input_length(max(1, min(exp.context_len - 1, pool)))!r}",
+                  max_req_input_len=limit))
+
+
+def _ranks(log: SGLangStartup, out: list) -> None:
+    ranks = [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None]
+    cut = [r.label for r in log.ranks.values() if r.before_gib is not None and r.after_gib is None]
+    if cut:
+        out.append(_f("incomplete_ranks", "warning", f"{', '.join(cut)} printed 'Load weight begin' but no 'Load weight "
+                      f"end': the log is cut or those ranks failed; the minimum is taken over the "
+                      f"{len(ranks)} rank(s) with both readings", ranks=cut))
+    if len(ranks) > 1:
+        for attr, what in (("before_gib", "free before load"), ("after_gib", "free after load")):
+            values = {r.label: getattr(r, attr) for r in ranks}
+            if max(values.values()) - min(values.values()) > 0.011:
+                low = min(values, key=values.get)
+                out.append(_f("ranks_disagree", "warning", f"ranks differ in {what}: {min(values.values()):.2f}–"
+                              f"{max(values.values()):.2f} GiB; SGLang uses the minimum ({low}), so every rank's pool "
+                              f"is sized by the fullest GPU", values=values))
+    pools = {r.label: r.max_total_num_tokens for r in log.ranks.values() if r.max_total_num_tokens is not None}
+    if len(set(pools.values())) > 1:
+        out.append(_f("ranks_disagree", "warning", f"ranks logged different pool sizes {sorted(set(pools.values()))}: "
+                      f"separate data-parallel groups, or a log mixing runs", values=pools))
+
+
+def _interval(exp, out: list) -> None:
+    logged, (lo, hi) = exp.max_total_num_tokens_logged, exp.computed_range
+    if logged is None or lo <= logged <= hi:
+        return
+    near = lo if logged < lo else hi
+    gap_gib = (near - logged) * exp.cell_size_bytes / GIB
+    causes = ["free memory changed between the readings SGLang printed and the ones it used (another process on "
+              "the card, or an allocation between the two)"]
+    if exp.fraction_from_default:
+        causes.append("the version default for mem_fraction_static may not be the one the server used")
+    if exp.model_config is not None:
+        causes.append("the config or KV dtype may not match the served model")
+    out.append(_f("outside_interval", "warning",
+                  f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the printed readings allow: "
+                  f"{abs(near - logged):,} tokens = {abs(gap_gib):.3f} GiB {'less' if logged < lo else 'more'} than "
+                  f"the readings give. Possible causes: " + "; ".join(causes), gap_gib=round(gap_gib, 4)))
+
+
+def _cell_check(exp, log: SGLangStartup, out: list) -> None:
+    if exp.model_config is None:
+        return
+    for r in log.ranks.values():
+        total = (r.k_gib + r.v_gib) if r.k_gib is not None else r.kv_gib
+        tokens = r.kv_tokens or r.max_total_num_tokens
+        if total and tokens:
+            _, lo, hi = cell_from_logged_sizes(total, tokens + exp.page_size, 2 if r.k_gib is not None else 1)
+            if not lo <= exp.cell_size_bytes <= hi:
+                out.append(_f("cell_mismatch", "warning", f"the config gives {exp.cell_size_bytes:,} B per token but "
+                              f"the log's K/V sizes (line {r.lines.get('kv')}) allow {lo:,}–{hi:,} B: a different "
+                              f"model, KV dtype or TP than assumed", logged_cell_range=[lo, hi]))
+            return
+
+
+def _shared(exp, out: list) -> None:
+    device = exp.device
+    if device is None or exp.avail_before_load_gib is None:
+        return
+    total = device.smi_mib / 1024
+    held = total - exp.avail_before_load_gib
+    if held < -0.5:
+        out.append(_f("gpu_mismatch", "warning", f"{exp.avail_before_load_gib:.2f} GiB free before load is more than "
+                      f"the {device.name}'s {total:.2f} GiB: the GPU is not a {device.description}"))
+    elif held > 4 * CONTEXT_GIB:
+        out.append(_f("shared_gpu", "info", f"{held:.2f} GiB of the {total:.2f} GiB {device.description} was in use "
+                      f"before loading (a CUDA context takes about {CONTEXT_GIB} GiB): another process shares this "
+                      f"GPU, and its memory can change between SGLang's readings", held_gib=round(held, 2)))

@@ -1,0 +1,86 @@
+"""The result of explaining a start-up log: every number with where it came from, as JSON or text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvlab.device.spec import DeviceSpec
+from kvlab.model.config import ModelConfig
+from kvlab.serving.pool import GIB, Pool
+
+
+@dataclass
+class Explanation:
+    log_path: str
+    engine: str
+    version: str | None
+    version_source: str
+    rules_version: str | None  # the read release whose rules were applied
+    tp_size: int
+    tp_size_source: str
+    mem_fraction_static: float | None
+    mem_fraction_static_source: str
+    avail_before_load_gib: float | None
+    avail_after_load_gib: float | None
+    cell_size_bytes: int
+    cell_size_source: str
+    cell_range: tuple[int, int]
+    max_total_num_tokens_logged: int | None
+    max_total_num_tokens_computed: int
+    computed_range: tuple[int, int]
+    pool: Pool | None = None
+    ranks: list[dict] = field(default_factory=list)
+    gpu: str | None = None
+    gpu_source: str | None = None
+    model: str | None = None
+    context_len: int | None = None
+    page_size: int = 1
+    extra: dict = field(default_factory=dict)  # engine-specific fields (vLLM: gpu_memory_utilization, ...)
+    findings: list[dict] = field(default_factory=list)
+    what_if: list[dict] = field(default_factory=list)
+    model_config: ModelConfig | None = None
+    device: DeviceSpec | None = None
+    fraction_from_default: bool = False
+    kv_dtype_bytes: int | None = None
+    weights_gib: float | None = None  # before − after on the rank that kept the least free memory
+
+    @property
+    def consistent(self) -> bool | None:
+        if self.max_total_num_tokens_logged is None:
+            return None
+        lo, hi = self.computed_range
+        return lo <= self.max_total_num_tokens_logged <= hi
+
+    def terms(self) -> list[dict]:
+        if self.pool is None:
+            return self.extra.get("terms", [])
+        p = self.pool
+        pool_gib = self.max_total_num_tokens_computed * p.cell_size_bytes / GIB
+        rows = [
+            ("free before load", p.before_gib, "avail mem at 'Load weight begin' (min over ranks)"),
+            ("weights and other memory loaded", p.after_gib - p.before_gib, "'Load weight end' − 'Load weight begin'"),
+            ("kept for activations and CUDA graphs", -p.slack_gib, f"before × (1 − {p.mem_fraction_static})"),
+            ("KV pool budget (rest)", p.rest_gib, "what is left for the pool"),
+            ("KV pool", pool_gib, f"{self.max_total_num_tokens_computed:,} tokens × {p.cell_size_bytes:,} B"),
+            ("left by page and cell rounding", max(p.rest_gib, 0) - pool_gib, "rest − pool"),
+        ]
+        return [{"name": n, "gib": round(v, 4), "how": how} for n, v, how in rows]
+
+    def to_json(self) -> dict:
+        return {
+            "log": self.log_path, "engine": self.engine, "version": self.version,
+            "version_source": self.version_source, "rules_version": self.rules_version, "tp_size": self.tp_size,
+            "tp_size_source": self.tp_size_source, "gpu": self.gpu, "gpu_source": self.gpu_source, "model": self.model,
+            "mem_fraction_static": self.mem_fraction_static,
+            "mem_fraction_static_source": self.mem_fraction_static_source,
+            "avail_before_load_gib": self.avail_before_load_gib, "avail_after_load_gib": self.avail_after_load_gib,
+            "cell_size_bytes": self.cell_size_bytes, "cell_size_source": self.cell_size_source,
+            "cell_size_range": list(self.cell_range), "page_size": self.page_size, "context_len": self.context_len,
+            "max_total_num_tokens_logged": self.max_total_num_tokens_logged,
+            "max_total_num_tokens_computed": self.max_total_num_tokens_computed,
+            "computed_range": list(self.computed_range), "consistent": self.consistent, "ranks": self.ranks,
+            **self.extra_json(), "terms": self.terms(), "findings": self.findings, "what_if": self.what_if,
+        }
+
+    def extra_json(self) -> dict:
+        return {k: v for k, v in self.extra.items() if k != "terms"}

@@ -1,0 +1,247 @@
+"""Read an SGLang start-up log (any version from 0.1.17 on; formats in kvlab.serving.sglang_formats).
+
+Lines are found by their message, anywhere on a line: users paste logs with tqdm bars, docker-compose
+prefixes (``sglang-1  | ``) and shell prompts in front. The rank comes from the tag just before the
+message (``[gpu_id=2]``, ``[gpu=2]``, ``[... TP3]``, ``[... DP1 TP3]``; none = rank 0). A line that starts
+a known message but does not carry its number is an error naming the line, never skipped.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvlab.errors import KvlabError
+
+
+class LogError(KvlabError, ValueError):
+    """A log kvlab cannot explain; the message names the file (and line) and what is missing."""
+
+
+_NUM = r"(\d+(?:\.\d+)?)"
+MESSAGES = {  # name -> (anchor, full pattern); the anchor alone on a line without the pattern is an error
+    "begin": ("Load weight begin.", re.compile(r"Load weight begin\.\s+avail mem=" + _NUM + r" GB", re.I)),
+    "end": ("Load weight end.", re.compile(r"Load weight end\.\s*(?P<rest>.*?)avail mem=" + _NUM + r" ?GB", re.I)),
+    "pool_end": ("Memory pool end.", re.compile(r"Memory pool end\.\s+avail mem=" + _NUM + r" GB")),
+    "kv": ("KV Cache is allocated.", re.compile(
+        r"KV Cache is allocated\.(?:\s+dtype: (?P<dtype>[\w.]+),)?(?:\s+#tokens: (?P<tokens>\d+),)?\s+"
+        r"(?:K size: (?P<k>\d+\.\d+) GB, V size: (?P<v>\d+\.\d+) GB|KV size: (?P<kv>\d+\.\d+) GB)")),
+    "tokens": ("max_total_num_token", re.compile(r"(?:^|\]\s|:\s)max_total_num_tokens?=(\d+)")),
+    "init": ("Init torch distributed ends.", re.compile(r"Init torch distributed ends\..*?mem usage=" + _NUM + " GB")),
+}
+_KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
+_RANK_TAG = re.compile(r"\[([^\[\]]*)\]\s*$")
+_RANK_MSG = re.compile(r"Rank (\d+): $")
+_PAIRS = re.compile(r"(\w+)=([^,\s]+(?: GB)?)")
+_VERSION_LINES = (  # (pattern, what it is)
+    (re.compile(r"\bsglang\s*(?:==|:)\s*v?(\d+\.\d+\.\d+(?:\.?post\d+|rc\d+|\.dev\d+)?)", re.I), "version line"),
+    (re.compile(r"^\s*sglang\s+(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)\s*$", re.I), "pip list"),
+    (re.compile(r"lmsysorg/sglang:v?(\d+\.\d+\.\d+(?:\.post\d+)?)", re.I), "docker image tag"),
+)
+_GPU_LINE = re.compile(r"^\s*GPU [\d,]+:\s*(.+?)\s*$")
+_LAUNCH = re.compile(r"sglang\.launch_server\b(.*)$")
+
+
+@dataclass
+class RankReadings:
+    label: str  # as printed: "TP0", "DP1 TP3", "gpu_id=2", "rank0"
+    tp_rank: int
+    before_gib: float | None = None
+    after_gib: float | None = None
+    pool_end_gib: float | None = None
+    weights_usage_gib: float | None = None
+    kv_tokens: int | None = None
+    k_gib: float | None = None
+    v_gib: float | None = None
+    kv_gib: float | None = None
+    max_total_num_tokens: int | None = None
+    lines: dict = field(default_factory=dict)  # message -> 1-based line number
+
+
+@dataclass
+class SGLangStartup:
+    path: str
+    n_lines: int
+    ranks: dict[str, RankReadings] = field(default_factory=dict)
+    version: str | None = None
+    version_source: str | None = None
+    server_args: dict[str, str] = field(default_factory=dict)
+    server_args_line: int | None = None
+    launch_args: dict[str, str] = field(default_factory=dict)
+    launch_line: int | None = None
+    tokens_fields: dict[str, str] = field(default_factory=dict)  # context_len, chunked_prefill_size, ...
+    arch: str | None = None
+    model_dtype: str | None = None
+    kv_dtype: str | None = None
+    gpu_name: str | None = None
+    rocm: bool = False
+    format_hints: list[str] = field(default_factory=list)
+
+    def where(self, message: str) -> str:
+        lines = [r.lines[message] for r in self.ranks.values() if message in r.lines]
+        return f"{self.path}:{min(lines)}" if lines else self.path
+
+    def setting(self, *names: str) -> tuple[str | None, str | None]:
+        """(value, where) from server_args, else the launch command line."""
+        for name in names:
+            if self.server_args.get(name) not in (None, "None"):
+                return self.server_args[name], f"server_args {name}={self.server_args[name]} (line {self.server_args_line})"
+        for name in names:
+            flag = name.replace("_", "-")
+            if flag in self.launch_args:
+                return self.launch_args[flag], f"command line --{flag} {self.launch_args[flag]} (line {self.launch_line})"
+        return None, None
+
+
+def _rank_of(prefix: str) -> tuple[str, int]:
+    m = _RANK_TAG.search(prefix)
+    tag = m.group(1) if m else ""
+    for pattern in (r"gpu_id=(\d+)", r"gpu=(\d+)", r"\bTP(\d+)"):
+        found = re.search(pattern, tag)
+        if found:
+            label = " ".join(re.findall(r"\b(?:DP|PP|TP|EP|ATTN_CP|MOE_DP)\d+", tag)) or found.group(0)
+            return label, int(found.group(1))
+    m = _RANK_MSG.search(prefix)
+    if m:
+        return f"Rank {m.group(1)}", int(m.group(1))
+    return "rank0", 0
+
+
+def split_top_level(text: str) -> list[str]:
+    """``a=1, b='x, y', c=[1, 2]`` -> items split on top-level commas (quotes and brackets respected)."""
+    items, depth, quote, start = [], 0, None, 0
+    for i, ch in enumerate(text):
+        if quote:
+            if ch == quote and text[i - 1] != "\\":
+                quote = None
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            items.append(text[start:i].strip())
+            start = i + 1
+    items.append(text[start:].strip())
+    return [item for item in items if item]
+
+
+def _server_args(line: str) -> dict[str, str]:
+    body = line.split("ServerArgs(", 1)[1]
+    body = body[: body.rfind(")")] if ")" in body else body
+    fields = {}
+    for item in split_top_level(body):
+        key, sep, value = item.partition("=")
+        key = key.strip().lstrip(". ")  # pasted excerpts elide fields with "..."
+        if sep and re.fullmatch(r"[A-Za-z_]\w*", key):
+            fields[key] = value.strip().rstrip(". ").strip().strip("'\"")
+    return fields
+
+
+def _launch_args(tail: str) -> dict[str, str]:
+    args, words = {}, tail.replace("`", " ").split()
+    for i, word in enumerate(words):
+        if word.startswith("--"):
+            key, sep, value = word[2:].partition("=")
+            if not sep:
+                value = words[i + 1] if i + 1 < len(words) and not words[i + 1].startswith("--") else "True"
+            args[{"tp": "tp-size", "tensor-parallel-size": "tp-size", "dp": "dp-size",
+                  "data-parallel-size": "dp-size"}.get(key, key)] = value
+    return args
+
+
+def parse_sglang_log(text: str, path: str = "<log>") -> SGLangStartup:
+    log = SGLangStartup(path=path, n_lines=text.count("\n") + 1)
+    for number, line in enumerate(text.splitlines(), start=1):
+        _read_line(log, line, number)
+    return log
+
+
+def _read_line(log: SGLangStartup, line: str, number: int) -> None:
+    if "ServerArgs(" in line and log.server_args_line is None:
+        log.server_args, log.server_args_line = _server_args(line), number
+        return
+    if (m := _LAUNCH.search(line)) and log.launch_line is None:
+        log.launch_args, log.launch_line = _launch_args(m.group(1)), number
+    if log.version is None:
+        for pattern, what in _VERSION_LINES:
+            if m := pattern.search(line):
+                log.version, log.version_source = m.group(1), f"{what} at line {number}"
+                break
+    if (m := _GPU_LINE.match(line)) and log.gpu_name is None:
+        log.gpu_name = m.group(1)
+    if re.search(r"\bROCM|\bHIP|AMD Instinct|gfx9\d\d", line):
+        log.rocm = True
+    if m := _KV_DTYPE.search(line):
+        log.kv_dtype = m.group(1)
+        log.format_hints.append("0.5.4")
+    if "KV cache pool leak" in line or "available_size=" in line:
+        return
+    for name, (anchor, pattern) in MESSAGES.items():
+        start = line.find(anchor)
+        if start < 0:
+            continue
+        m = pattern.search(line, max(0, start - 2))
+        if m is None and name == "tokens" and not re.search(r"max_total_num_tokens?=(?!\d)", line):
+            continue  # the name inside another message (a warning), not SGLang's pool line
+        if m is None:
+            raise LogError(f"{log.path}:{number}: '{anchor}' line without a readable number: {line.strip()[:160]!r}")
+        label, tp_rank = _rank_of(line[: m.start()] if name != "tokens" else line[: start])
+        rank = log.ranks.setdefault(label, RankReadings(label, tp_rank))
+        rank.lines.setdefault(name, number)
+        _store(log, rank, name, m, line)
+
+
+_HINTS = (  # (message, text on its line, lowest version printing it that way)
+    ("end", "elapsed=", "0.5.10.post1"), ("end", "mem usage=", "0.4.3.post3"), ("end", "dtype=", "0.2.0"),
+    ("kv", "dtype:", "0.5.16"), ("kv", "#tokens", "0.4.3.post3"), ("kv", "K", "0.4.2.post3"),
+    ("tokens", "available_gpu_mem", "0.4.7.post1"), ("tokens", "chunked_prefill_size", "0.4.2.post3"),
+    ("tokens", "max_running_requests", "0.2.0"), ("begin", "[gpu=", "0.2.9"),
+)
+
+
+def _hint(log: SGLangStartup, name: str, line: str) -> None:
+    for message, text, version in _HINTS:
+        if message == name and text in line and version not in log.format_hints:
+            log.format_hints.append(version)
+    if name == "begin" and re.search(r"\[\d{4}-\d{2}-\d{2} ", line) and "0.3.6" not in log.format_hints:
+        log.format_hints.append("0.3.6")
+    elif name == "begin" and re.search(r"\[\d{2}:\d{2}:\d{2} TP", line) and "0.2.15" not in log.format_hints:
+        log.format_hints.append("0.2.15")
+
+
+def _store(log: SGLangStartup, rank: RankReadings, name: str, m: re.Match, line: str) -> None:
+    _hint(log, name, line)
+    if name == "begin":
+        rank.before_gib = float(m.group(1))
+    elif name == "end":
+        rank.after_gib = float(m.group(2))
+        if usage := re.search(r"mem usage=" + _NUM, line):
+            rank.weights_usage_gib = float(usage.group(1))
+        if arch := re.search(r"type=(\w+)", m.group("rest"), re.I):
+            log.arch = arch.group(1)
+        if dtype := re.search(r"dtype=(torch\.\w+)", m.group("rest")):
+            log.model_dtype = dtype.group(1)
+    elif name == "pool_end":
+        rank.pool_end_gib = float(m.group(1))
+    elif name == "kv":
+        rank.kv_tokens = int(m.group("tokens")) if m.group("tokens") else None
+        rank.k_gib, rank.v_gib = (float(m.group("k")), float(m.group("v"))) if m.group("k") else (None, None)
+        rank.kv_gib = float(m.group("kv")) if m.group("kv") else None
+        if m.group("dtype"):
+            log.kv_dtype = m.group("dtype")
+    elif name == "tokens":
+        rank.max_total_num_tokens = int(m.group(1))
+        for key, value in _PAIRS.findall(line[m.end():]):
+            log.tokens_fields.setdefault(key, value.removesuffix(" GB"))
+
+
+def read_sglang_log(path: str | Path) -> SGLangStartup:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise LogError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
+    return parse_sglang_log(text, str(path))

@@ -1,0 +1,152 @@
+"""What differs between SGLang versions for the KV pool: the default ``mem_fraction_static`` and the
+cell-size formula. Each rule names the release whose source it was read from (``pip download --no-deps
+sglang==X``: ``server_args.py``, ``model_executor/model_runner.py``, ``mem_cache/kv_cache_configurator.py``).
+
+Versions read: 0.1.14, 0.1.17, 0.2.0, 0.2.9, 0.2.15, 0.3.0, 0.3.6, 0.4.0, 0.4.2.post3, 0.4.3.post3, 0.4.5,
+0.4.7.post1, 0.4.9, 0.5.0rc0, 0.5.1, 0.5.4, 0.5.10.post1, 0.5.16, 0.5.23. A version between two read ones
+gets the rule of the nearest read version at or below it, and the explanation says so.
+
+The pool formula itself is the same in every version read (``profile_max_num_token`` /
+``_profile_available_bytes``): ``rest = avail_after_load − avail_before_load × (1 − f)`` in GiB, both
+readings the minimum over ranks (``get_available_gpu_memory(distributed=True)``), then
+``tokens = int(rest × 2^30) // cell``, capped by ``--max-total-tokens`` and floored to the page.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+READ_VERSIONS = ("0.1.14", "0.1.17", "0.2.0", "0.2.9", "0.2.15", "0.3.0", "0.3.6", "0.4.0", "0.4.2.post3",
+                 "0.4.3.post3", "0.4.5", "0.4.7.post1", "0.4.9", "0.5.0rc0", "0.5.1", "0.5.4", "0.5.10.post1",
+                 "0.5.16", "0.5.23")
+
+_VERSION = re.compile(r"^v?(\d+)\.(\d+)\.(\d+)(?:\.?(post|rc|dev|a|b)(\d+))?$")
+
+
+def parse_version(text: str) -> tuple:
+    """``"0.4.2.post3"`` -> (0, 4, 2, 1, 3); rc/dev sort before the release, post after."""
+    m = _VERSION.match(str(text).strip())
+    if not m:
+        raise ValueError(f"not an SGLang version: {text!r} (expected e.g. 0.4.7 or 0.4.2.post3)")
+    major, minor, patch, tag, n = m.groups()
+    rank = {"dev": -3, "a": -2, "b": -2, "rc": -1, None: 0, "post": 1}[tag]
+    return int(major), int(minor), int(patch), rank, int(n or 0)
+
+
+def nearest_read(version: str) -> str:
+    """The read version whose rules apply to ``version`` (the nearest read one at or below it)."""
+    key = parse_version(version)
+    below = [v for v in READ_VERSIONS if parse_version(v) <= key]
+    return below[-1] if below else READ_VERSIONS[0]
+
+
+def at_least(version: str | None, floor: str) -> bool:
+    return version is not None and parse_version(version) >= parse_version(floor)
+
+
+# ---- default mem_fraction_static ---------------------------------------------------------------------
+
+# (first version read with this table, thresholds on tp_size (descending), fraction below the last one)
+_TP_TABLES = (
+    ("0.1.14", ((8, 0.80), (4, 0.82), (2, 0.85)), 0.90),  # server_args.py __post_init__, same in 0.1.17
+    ("0.2.0", ((16, 0.80), (8, 0.84), (4, 0.86), (2, 0.88)), 0.89),
+    ("0.2.9", ((16, 0.79), (8, 0.83), (4, 0.85), (2, 0.87)), 0.88),  # same in 0.2.15, 0.3.0
+    ("0.3.6", ((16, 0.79), (8, 0.82), (4, 0.85), (2, 0.87)), 0.88),
+    ("0.4.0", ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87)), 0.88),  # same in 0.4.2.post3, 0.4.3.post3, 0.4.5
+)
+
+
+@dataclass(frozen=True)
+class DefaultFraction:
+    value: float
+    rule: str  # in words, with the version it was read from
+    approximate: bool = False
+
+
+def _tp_table(read: str, tp: int) -> DefaultFraction:
+    table = max((t for t in _TP_TABLES if parse_version(t[0]) <= parse_version(read)),
+                key=lambda t: parse_version(t[0]))
+    first, steps, last = table
+    for threshold, value in steps:
+        if tp >= threshold:
+            return DefaultFraction(value, f"sglang {first} default by TP size: tp_size {tp} >= {threshold} -> {value}")
+    return DefaultFraction(last, f"sglang {first} default by TP size: tp_size {tp} -> {last}")
+
+
+def _reserved_by_gpu_047(gpu_mib: int, parallel: int) -> float:
+    """sglang 0.4.7.post1 server_args.py (same in 0.4.9, 0.5.0rc0, 0.5.1): MiB kept out of the static part."""
+    if gpu_mib < 35 * 1024:  # T4, 4080 (< 20 GiB) and A10, L40, 4090 (< 35 GiB) share the formula
+        return (2.8 + parallel / 10) * 1024
+    if gpu_mib < 90 * 1024:  # H100, A100
+        return (9.5 + parallel / 2) * 1024
+    if gpu_mib < 160 * 1024:  # H20, H200
+        return (12 + parallel / 2) * 1024
+    return 32 * 1024  # B200, MI300
+
+
+def _bands_054(gpu_mib: int, tp: int) -> tuple[int, int]:
+    """sglang 0.5.4 / 0.5.10.post1 _handle_gpu_memory_settings: (chunked_prefill_size, cuda_graph_max_bs)."""
+    if gpu_mib < 20 * 1024:
+        return 2048, 8
+    if gpu_mib < 35 * 1024:
+        return 2048, (16 if tp < 4 else 80)  # 0.5.10.post1 raised 16 to 24 (small effect: 16 MiB)
+    if gpu_mib < 60 * 1024:
+        return 4096, (32 if tp < 4 else 160)
+    if gpu_mib < 160 * 1024:
+        return 8192, (256 if tp < 4 else 512)
+    return 16384, 512
+
+
+def default_mem_fraction(version: str, tp_size: int, gpu_smi_mib: int | None, *, pp_size: int = 1,
+                         chunked_prefill_size: int | None = None, speculative: bool = False,
+                         dp_attention: bool = False) -> DefaultFraction:
+    """The ``mem_fraction_static`` SGLang ``version`` picks when none is given."""
+    read = nearest_read(version)
+    if parse_version(read) < parse_version("0.4.7.post1"):
+        return _tp_table(read, tp_size)
+    if gpu_smi_mib is None:
+        return DefaultFraction(0.88, f"sglang {read}: GPU memory unknown -> 0.88 (its fallback); the real default "
+                                     f"depends on the card's nvidia-smi total: pass --gpu")
+    parallel = tp_size * pp_size
+    if parse_version(read) < parse_version("0.5.4"):
+        reserved = _reserved_by_gpu_047(gpu_smi_mib, parallel)
+        reserved += (2 * 1024 if speculative else 0) + (4 * 1024 if dp_attention else 0)
+        value = round((gpu_smi_mib - reserved) / gpu_smi_mib, 3)
+        return DefaultFraction(value, f"sglang 0.4.7.post1 default by GPU memory: ({gpu_smi_mib} − {reserved:.0f}) / "
+                                      f"{gpu_smi_mib} MiB, rounded to 3 decimals -> {value}")
+    chunk, max_bs = _bands_054(gpu_smi_mib, tp_size)
+    chunk = chunked_prefill_size or chunk
+    reserved = 512 + max(chunk, 2048) * 1.5 + max_bs * 2 + parallel / 8 * 1024
+    if gpu_smi_mib > 60 * 1024:
+        reserved = max(reserved, 10 * 1024)
+    reserved += 4 * 1024 if speculative else 0
+    value = round((gpu_smi_mib - reserved) / gpu_smi_mib, 3)
+    return DefaultFraction(
+        value, f"sglang 0.5.4/0.5.10.post1 default: reserved = 512 + {max(chunk, 2048)}×1.5 + {max_bs}×2 + "
+               f"{parallel}/8×1024 MiB (at least 10 GiB above 60 GiB cards) = {reserved:.0f} MiB; "
+               f"({gpu_smi_mib} − {reserved:.0f}) / {gpu_smi_mib} -> {value} (plain path: piecewise CUDA graphs, "
+               f"DP attention and 0.5.16+ post-capture sizing add terms kvlab leaves out)", approximate=True)
+
+
+# ---- cell size rules -----------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CellRule:
+    read: str
+    mla: str  # "no": MLA models sized as MHA; "flag": only with --enable-mla; "default": unless --disable-mla
+    kv_dtype: str  # "fp16": 2 bytes hard-coded; "model": the model dtype; "option": --kv-cache-dtype
+    kv_heads: str  # "floor": heads // tp (0.1.x); "max1": max(1, heads // attn_tp)
+    attn_tp: bool  # DP attention divides the KV heads by tp / dp (0.4.2.post3+: get_attention_tp_size)
+
+
+def cell_rule(version: str | None) -> CellRule:
+    read = nearest_read(version) if version else READ_VERSIONS[-1]
+    v = parse_version(read)
+    if v < parse_version("0.2.0"):  # 0.1.17 model_runner: head_num = kv_heads // tp; × 2 × 2 (fp16)
+        return CellRule(read, "no", "fp16", "floor", False)
+    if v < parse_version("0.2.15"):  # 0.2.0/0.2.9: get_num_kv_heads(tp) × head_dim × layers × 2 × dtype
+        return CellRule(read, "no", "model", "max1", False)
+    if v < parse_version("0.3.6"):  # 0.2.15/0.3.0: MLA cell only when --enable-mla
+        return CellRule(read, "flag", "option", "max1", False)
+    return CellRule(read, "default", "option", "max1", v >= parse_version("0.4.2.post3"))

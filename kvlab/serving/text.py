@@ -1,0 +1,42 @@
+"""``kvlab explain-log`` as text: the readings, the waterfall, logged vs computed, findings, what-ifs."""
+
+from __future__ import annotations
+
+
+def _tokens(n) -> str:
+    return "—" if n is None else f"{n:,}"
+
+
+def format_explanation(exp) -> str:
+    j = exp.to_json()
+    engine = "SGLang" if exp.engine == "sglang" else "vLLM"
+    version = exp.version or (f"? (rules of {exp.rules_version})" if exp.rules_version else "?")
+    out = [f"explain-log · {exp.log_path}",
+           f"  {engine} {version} ({exp.version_source}) · TP {exp.tp_size} ({exp.tp_size_source})"
+           + (f" · GPU {exp.gpu}" if exp.gpu else "") + (f" · model {exp.model}" if exp.model else "")]
+    if exp.engine == "sglang":
+        n = sum(1 for r in exp.ranks if r["avail_before_load_gib"] is not None)
+        out += [f"  mem_fraction_static {exp.mem_fraction_static} — {exp.mem_fraction_static_source}",
+                f"  readings (GiB, minimum over {n} rank{'s' if n != 1 else ''}): free before load "
+                f"{exp.avail_before_load_gib:.2f}, free after load {exp.avail_after_load_gib:.2f}"]
+    else:
+        out.append(f"  gpu_memory_utilization {j.get('gpu_memory_utilization')} · block size {j.get('block_size')} "
+                   f"({j.get('block_size_source')})")
+    out.append(f"  cell size {exp.cell_size_bytes:,} B/token — {exp.cell_size_source}")
+    out.append("  waterfall:")
+    for term in exp.terms():
+        gib = "—" if term["gib"] is None else f"{term['gib']:+10.2f} GiB"
+        out.append(f"    {term['name']:<40} {gib:>14}   {term['how']}")
+    lo, hi = exp.computed_range
+    verdict = {True: "consistent", False: "NOT consistent", None: "nothing logged to compare"}[exp.consistent]
+    out.append(f"  max_total_num_tokens: logged {_tokens(exp.max_total_num_tokens_logged)} · computed "
+               f"{_tokens(exp.max_total_num_tokens_computed)} · print-rounding range {lo:,}–{hi:,} · {verdict}")
+    if exp.findings:
+        out.append("  findings:")
+        out += [f"    [{f['severity']}] {f['id']}: {f['message']}" for f in exp.findings]
+    if exp.what_if:
+        out.append("  what if:")
+        for w in exp.what_if:
+            out.append(f"    {w['what_if']:<28} → {w['max_total_num_tokens']:>12,} tokens ({w['change']:+,})"
+                       + (f"  {w['note']}" if w['note'] else ""))
+    return "\n".join(out)
