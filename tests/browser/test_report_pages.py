@@ -42,7 +42,8 @@ def report_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     proc = subprocess.run(
         [sys.executable, "-m", "kvlab.cli", "report", "--out", str(out), "--device", "sim:h200", "--no-png"],
         capture_output=True, text=True, timeout=REPORT_TIMEOUT_S, env={**os.environ, "KVLAB_PROGRESS": "0"})
-    assert proc.returncode == 0, f"kvlab report failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, \
+        f"kvlab report failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}"
     ran = json.loads((out / "summary.json").read_text())["notebooks"]
     assert sorted(ran) == PAGES and all(r["ok"] for r in ran.values()), ran
     return out
