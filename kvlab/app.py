@@ -14,18 +14,36 @@ Stopping: Voila runs in a session of its own, so the terminal's Ctrl-C reaches `
 shutting its kernels down), waits up to ``stop_timeout`` seconds, then kills Voila's process group and any
 kernel Voila left behind. A second Ctrl-C skips the wait. Kernels are found as Voila's descendants in
 ``/proc`` (Linux); elsewhere only Voila's own shutdown and ipykernel's parent watch stop them.
+
+Panel first: Voila runs with progressive rendering (``VoilaConfiguration.progressive_rendering``): the page
+arrives at once and each cell's outputs appear as the cell finishes, where plain Voila shows a spinner until the
+whole notebook has run. Cells run in page order, so ``kvlab app`` serves a reordered copy
+(:func:`dashboard_notebook`): the title, then the cells tagged ``dashboard`` (the live panel: a cell that runs on
+its own, importing what it uses), then the rest of the notebook. The copy is written to a temporary folder that
+``kvlab app`` deletes when it stops. Voila serves that folder (``Voila.root_dir``) while its kernel manager
+starts kernels in the notebook's own folder (``MappingKernelManager.root_dir``: Voila asks for a kernel at the
+notebook's path relative to the root, and the kernel manager resolves that against its own root), so relative
+paths in the notebook mean what they mean in JupyterLab.
+
+Progress: the ``kvlab-app`` Voila template (``kvlab/app_share/voila/templates/kvlab-app``, found through
+``JUPYTER_PATH``) replaces Voila's bare spinner by a line at the top of the page that names the notebook, says
+that the panel comes first and counts the cells still running, and goes away when the last one is done.
 """
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from kvlab.errors import KvlabError
 from kvlab.report import DEFAULT_NOTEBOOK_DIR, ReportError, select_notebooks
@@ -34,6 +52,10 @@ HOST = "127.0.0.1"
 DEFAULT_CULL_IDLE_SECONDS = 600  # a kernel with no page connected goes after 10 idle minutes
 STOP_TIMEOUT_S = 15.0  # Voila's own kernel shutdown usually takes a second or two
 _KERNEL_KILL_WAIT_S = 5.0
+DASHBOARD_TAG = "dashboard"  # cells shown first in `kvlab app` (the live panels)
+TEMPLATE = "kvlab-app"
+SHARE_DIR = Path(__file__).resolve().parent / "app_share"  # holds voila/templates/kvlab-app, put on JUPYTER_PATH
+MOVED_NOTE = "*(The live panel of this section is at the top of the page.)*"
 
 
 class AppError(KvlabError, RuntimeError):
@@ -59,18 +81,77 @@ def cull_interval(cull_idle_seconds: int) -> int:
     return max(1, min(60, cull_idle_seconds // 2))
 
 
-def voila_command(notebook: Path, *, port: int, open_browser: bool = False,
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def dashboard_notebook(nb):
+    """A copy of ``nb`` in dashboard order: the title, the cells tagged ``dashboard``, then the rest in order.
+
+    The title is the first cell's first line when that cell is markdown starting with a ``# `` heading (the rest
+    of that cell stays where it was). Where a tagged cell was, a one-line note points to the top of the page.
+    ``nb.metadata.kvlab_app`` records the title and how many cells were moved (the template shows them);
+    ``nb.metadata.title`` names the browser tab. Without tagged cells the order is the notebook's own.
+    """
+    import nbformat
+
+    nb = copy.deepcopy(nb)
+    cells = list(nb.cells)
+    title_cells, title = [], None
+    if cells and cells[0].cell_type == "markdown" and DASHBOARD_TAG not in _tags(cells[0]):
+        first_line, _, rest = cells[0].source.partition("\n")
+        if first_line.startswith("# "):
+            title = first_line[2:].strip()
+            title_cells = [nbformat.v4.new_markdown_cell(first_line)]
+            if rest.strip():
+                cells[0].source = rest.strip("\n")
+            else:
+                cells = cells[1:]
+    dashboard = [c for c in cells if DASHBOARD_TAG in _tags(c)]
+    rest = [nbformat.v4.new_markdown_cell(MOVED_NOTE) if DASHBOARD_TAG in _tags(c) else c for c in cells]
+    nb.cells = title_cells + dashboard + rest if dashboard else title_cells + cells
+    nb.metadata["kvlab_app"] = {"title": title, "dashboard_cells": len(dashboard)}
+    if title:
+        nb.metadata["title"] = title
+    return nb
+
+
+def write_dashboard(notebook: Path, folder: Path) -> Path:
+    """Write ``notebook`` in dashboard order to ``folder`` (same file name); returns the copy's path."""
+    import nbformat
+
+    try:
+        nb = nbformat.read(notebook, as_version=4)
+    except (OSError, ValueError) as exc:  # nbformat's NotJSONError and validation errors are ValueErrors
+        raise AppError(f"kvlab app: cannot read {notebook}: {type(exc).__name__}: {exc}") from None
+    page = Path(folder) / notebook.name
+    nbformat.write(dashboard_notebook(nb), page)
+    return page
+
+
+@contextlib.contextmanager
+def dashboard_folder(notebook: Path) -> Iterator[Path]:
+    """The dashboard copy of ``notebook`` in a temporary folder, deleted on exit; yields the copy's path."""
+    with tempfile.TemporaryDirectory(prefix="kvlab-app-") as folder:
+        yield write_dashboard(notebook, Path(folder))
+
+
+def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool = False,
                   cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS) -> list[str]:
-    """The Voila command line (``python -m voila`` so the kernel runs in this interpreter's environment).
+    """The Voila command line (``python -m voila`` so the kernel runs in this interpreter's environment) that
+    serves ``page`` (the dashboard copy of ``notebook``) with kernels started in ``notebook``'s folder.
 
     ``cull_idle_seconds`` > 0: a kernel idle that long with no page connected is shut down (jupyter_server's
-    culler, which Voila's kernel manager inherits); 0 never culls.
+    culler, which Voila's kernel manager inherits); 0 never culls. Run it with ``app_env``'s environment (the
+    template is found through ``JUPYTER_PATH``).
     """
     if cull_idle_seconds < 0:
         raise AppError(f"kvlab app --cull-idle-seconds: must be >= 0 (0 = never), got {cull_idle_seconds}")
-    cmd = [sys.executable, "-m", "voila", str(notebook), f"--port={port}", f"--Voila.ip={HOST}", "--Voila.port_retries=0",
+    cmd = [sys.executable, "-m", "voila", str(page), f"--port={port}", f"--Voila.ip={HOST}", "--Voila.port_retries=0",
            "--strip_sources=True", "--show_tracebacks=True", "--theme=light",
-           f"--Voila.root_dir={notebook.parent}",
+           f"--VoilaConfiguration.template={TEMPLATE}", "--VoilaConfiguration.progressive_rendering=True",
+           f"--Voila.root_dir={page.parent}",
+           f"--MappingKernelManager.root_dir={notebook.parent}",  # the kernel's cwd: the notebook's own folder
            f"--MappingKernelManager.cull_idle_timeout={cull_idle_seconds}",
            f"--MappingKernelManager.cull_interval={cull_interval(cull_idle_seconds)}",
            "--MappingKernelManager.cull_connected=False", "--MappingKernelManager.cull_busy=False"]
@@ -82,6 +163,7 @@ def voila_command(notebook: Path, *, port: int, open_browser: bool = False,
 def app_env(device: str | None) -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("KVLAB_PROGRESS", "0")
+    env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH")) if p)
     if device:
         env["KVLAB_DEVICE"] = device
     return env
@@ -227,9 +309,10 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
     except ImportError:
         raise AppError("voila is not installed: pip install voila (or pip install -e .)") from None
     notebook = find_notebook(key, notebook_dir)
-    cmd = voila_command(notebook, port=port, open_browser=open_browser, cull_idle_seconds=cull_idle_seconds)
-    print(f"kvlab app: serving {notebook.name} at http://{HOST}:{port}/ (Ctrl-C to stop)", flush=True)
-    with _StopRequests() as stops:  # installed first: a signal during the start is not lost
+    with _StopRequests() as stops, dashboard_folder(notebook) as page:  # handler first: no signal is lost
+        cmd = voila_command(notebook, page=page, port=port, open_browser=open_browser,
+                            cull_idle_seconds=cull_idle_seconds)
+        print(f"kvlab app: serving {notebook.name} at http://{HOST}:{port}/ (Ctrl-C to stop)", flush=True)
         process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device), start_new_session=True)
         try:
             return _supervise(process, stops, stop_timeout)
@@ -239,5 +322,6 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
                 process.wait()
 
 
-__all__ = ["AppError", "DEFAULT_CULL_IDLE_SECONDS", "HOST", "STOP_TIMEOUT_S", "app_env", "cull_interval",
-           "descendants", "find_notebook", "serve", "voila_command"]
+__all__ = ["AppError", "DASHBOARD_TAG", "DEFAULT_CULL_IDLE_SECONDS", "HOST", "STOP_TIMEOUT_S", "app_env",
+           "cull_interval", "dashboard_folder", "dashboard_notebook", "descendants", "find_notebook", "serve",
+           "voila_command", "write_dashboard"]

@@ -75,7 +75,7 @@ assert not no_gc.accepted and with_gc.accepted and ratio >= 100
 # **measure** phase only the right-hand arm has let go of them. Move `mem_fraction_static`, switch `empty_cache()`
 # off, or change the prompt and preset.
 
-# %%
+# %% tags=["dashboard"]
 from kvlab.viz.widgets import KVPoolPanel
 
 panel = KVPoolPanel("sglang-pr-4xh200")

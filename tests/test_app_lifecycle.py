@@ -1,14 +1,18 @@
 """``kvlab app`` stops cleanly and does not hoard kernels.
 
 The real CLI (``python -m kvlab.cli app``) serves tests/fixtures/smoke.ipynb through ``--notebook-dir`` (a few
-seconds to run, where notebook 01 takes ~20 s; the lifecycle does not depend on the notebook). Voila runs the
-notebook server-side when the page is requested, so a plain HTTP GET starts a kernel, and a client that has
-gone away (no websocket) is what a closed tab or a sleeping laptop leaves behind. Processes are read from
-/proc, independently of kvlab.app's own process walk.
+seconds to run, where notebook 01 takes ~20 s; the lifecycle does not depend on the notebook). An HTTP GET of
+the page starts a kernel; with progressive rendering the page's script then asks Voila to run the cells over a
+websocket (``/voila/execution/<kernel id>``) and receives each cell's outputs as it finishes. ``load_page`` does
+what that script does, without a browser; a client that then goes away (no kernel websocket) is what a closed
+tab or a sleeping laptop leaves behind. Processes are read from /proc, independently of kvlab.app's own
+process walk.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import re
 import signal
@@ -99,10 +103,21 @@ class App:
         return f"http://127.0.0.1:{self.port}/"
 
     def load_page(self) -> None:
-        """GET the dashboard: Voila starts a kernel, runs the notebook and streams the page back."""
+        """GET the dashboard (Voila starts a kernel), then run its cells as the page's script does; the last
+        cell's output must carry the smoke notebook's marker."""
         with urllib.request.urlopen(self.url, timeout=120) as response:
             page = response.read().decode()
-        assert f"kvlab-smoke-ready scale=1 device={DEVICE}" in page, page[-2000:]
+        config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S)
+        assert config, page[-2000:]
+        kernel_id = json.loads(config.group(1))["kernelId"]
+        outputs = asyncio.run(_run_cells(f"ws://127.0.0.1:{self.port}/voila/execution/{kernel_id}", kernel_id))
+        assert f"kvlab-smoke-ready scale=1 device={DEVICE}" in json.dumps(outputs[-1]), outputs[-1]
+
+    def page_dir(self) -> Path:
+        """The temporary folder Voila serves the dashboard copy from (its ``--Voila.root_dir``)."""
+        root = re.search(r"--Voila\.root_dir=(\S+)", self.voila().cmdline)
+        assert root, self.voila().cmdline
+        return Path(root.group(1))
 
     def voila(self) -> Proc:
         children = [p for p in _tree(self.process.pid) if p.ppid == self.process.pid and " voila " in p.cmdline]
@@ -116,6 +131,30 @@ class App:
         except subprocess.TimeoutExpired:
             pytest.fail(f"kvlab app still running {timeout:g} s after {sig!r}:\n{self.log.read_text()[-4000:]}")
         return self.log.read_text()
+
+
+async def _run_cells(url: str, kernel_id: str, timeout: float = 120) -> list[list[dict]]:
+    """Voila's progressive execution, as its page script drives it: open the execution websocket, ask it to
+    execute, collect each cell's outputs until the last cell's result. Returns the outputs per cell."""
+    from tornado.websocket import websocket_connect
+
+    ws = await asyncio.wait_for(websocket_connect(url), timeout)
+    try:
+        hello = json.loads(await asyncio.wait_for(ws.read_message(), timeout))
+        assert hello["action"] == "initialized", hello
+        await ws.write_message(json.dumps({"action": "execute", "payload": {"kernel_id": kernel_id}}))
+        cells: list[list[dict]] = []
+        while True:
+            message = await asyncio.wait_for(ws.read_message(), timeout)
+            assert message is not None, "Voila closed the execution websocket before the last cell"
+            reply = json.loads(message)
+            assert reply["action"] == "execution_result", reply
+            payload = reply["payload"]
+            cells.append(payload["output_cell"].get("outputs", []))
+            if payload["cell_index"] + 1 == payload["total_cell"]:
+                return cells
+    finally:
+        ws.close()
 
 
 def _listening(port: int) -> bool:
@@ -180,11 +219,16 @@ def test_a_signal_stops_voila_and_every_kernel_and_frees_the_port(start_app, sig
     kernels = _kernels(app.process.pid)
     assert len(kernels) == 2, kernels  # one per page load
     assert all(k.ppid == voila.pid for k in kernels)
+    # Voila serves the dashboard copy from a temporary folder; the kernels run in the notebook's own folder.
+    page_dir = app.page_dir()
+    assert (page_dir / "smoke.ipynb").is_file() and page_dir.resolve() != FIXTURES.resolve()
+    assert {os.readlink(f"/proc/{k.pid}/cwd") for k in kernels} == {str(FIXTURES.resolve())}
 
     log = app.stop(sig)
 
     assert app.process.returncode == 0, log
     assert f"kvlab app: stopped ({sig.name}); Voila and its 2 kernel(s) shut down" in log
+    assert not page_dir.exists(), f"kvlab app left its dashboard copy behind: {page_dir}"
     assert not _alive(voila), voila
     assert not [k for k in kernels if _alive(k)]
     assert _port_is_free(app.port)
@@ -198,6 +242,7 @@ def test_a_voila_that_does_not_stop_is_killed_with_its_kernels(start_app):
     app = start_app()
     app.load_page()
     voila = app.voila()
+    page_dir = app.page_dir()
     kernels = _kernels(app.process.pid)
     assert len(kernels) == 1, kernels
     os.kill(voila.pid, signal.SIGSTOP)
@@ -211,6 +256,7 @@ def test_a_voila_that_does_not_stop_is_killed_with_its_kernels(start_app):
     assert not _alive(voila)
     assert not [k for k in kernels if _alive(k)]
     assert _port_is_free(app.port)
+    assert not page_dir.exists(), f"kvlab app left its dashboard copy behind: {page_dir}"
 
 
 def test_the_kernel_of_a_page_gone_away_is_culled_while_the_app_runs(start_app):

@@ -1,7 +1,7 @@
 """``kvlab app 01`` / ``kvlab app 02`` in a real browser: Voila serves the notebook with code hidden and the
-panels live. Voila draws widgets only after the notebook has run, so every figure here is a view that attached
-late: it must draw the panel's current figure (its data, not the empty one the panel started from), agree with
-the table beside it, and after a toggle show the CLI's numbers."""
+panels live. Voila draws a widget only once its cell has run (progressive rendering: cell by cell), so every
+figure here is a view that attached late: it must draw the panel's current figure (its data, not the empty one
+the panel started from), agree with the table beside it, and after a toggle show the CLI's numbers."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Callable, Iterator
 import pytest
 from playwright.sync_api import BrowserContext, Page
 
-from kvlab.app import app_env, find_notebook, voila_command
+from kvlab.app import app_env, find_notebook, voila_command, write_dashboard
 
 from . import lab
 from .panels import check_kv_pool_panel, check_shortfall_panel, drawn_lines, pool_cli, sim_cli
@@ -30,10 +30,12 @@ def voila(tmp_path: Path) -> Iterator[Callable[[str], str]]:
         notebook = find_notebook(key)
         port = lab.free_port()
         log_path = tmp_path / f"voila-{key}.log"
+        page = tmp_path / f"page-{key}"  # the dashboard copy `kvlab app` serves (it uses a temporary folder)
+        page.mkdir()
         env = {**app_env(None), "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
         with log_path.open("wb") as log:
-            process = subprocess.Popen(voila_command(notebook, port=port), cwd=notebook.parent, env=env,
-                                       stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(voila_command(notebook, page=write_dashboard(notebook, page), port=port),
+                                       cwd=notebook.parent, env=env, stdout=log, stderr=subprocess.STDOUT)
         processes.append(process)
         url = f"http://127.0.0.1:{port}/"
         deadline = time.monotonic() + 120
