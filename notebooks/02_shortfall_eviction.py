@@ -170,7 +170,7 @@ eviction_regimes.gap_table(hybrid)
 # Toggle the mode, change the pool size, the workload or the radix-cache eviction policy. Section 2's regime is
 # `shortfall_eviction.PANEL_DEFAULTS`; most other settings show the small or zero differences of section 3.
 
-# %%
+# %% tags=["dashboard"]
 from kvlab.viz.widgets import ShortfallPanel
 
 panel = ShortfallPanel()
