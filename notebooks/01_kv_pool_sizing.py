@@ -64,9 +64,12 @@ ratio = with_gc.max_total_num_tokens / no_gc.max_total_num_tokens
 print(f"pool without gc: {no_gc.max_total_num_tokens:,} tokens · with gc: {with_gc.max_total_num_tokens:,} tokens "
       f"· {ratio:,.0f}× larger")
 print(f"without gc, SGLang refuses the prompt:\n  {no_gc.error}")
-print()
-print(kv_pool_sizing.pr_numbers_note(no_gc.max_total_num_tokens, with_gc.max_total_num_tokens))
 assert not no_gc.accepted and with_gc.accepted and ratio >= 100
+
+# %%
+from IPython.display import Markdown
+
+Markdown(kv_pool_sizing.pr_numbers_note(no_gc.max_total_num_tokens, with_gc.max_total_num_tokens))
 
 # %% [markdown]
 # ## 2 · Try it live

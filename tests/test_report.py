@@ -409,3 +409,18 @@ def test_select_notebooks_by_number_or_stem(tmp_path: Path):
         _notebook(tmp_path / f"{name}.ipynb", ["1"])
     assert [p.stem for p in select_notebooks(tmp_path, ["02", "00_intro"])] == ["02_shortfall_eviction", "00_intro"]
     assert len(select_notebooks(tmp_path)) == 3
+
+
+def test_static_panels_show_dropdowns_and_toggle_buttons_by_their_selected_label():
+    """Selection widgets keep an index, not a value, in saved widget state: the static copy names the choice."""
+    from kvlab.viz.export import _widget_html
+
+    states = {
+        "box": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_dd", "IPY_MODEL_tb"], "_dom_classes": []}},
+        "dd": {"model_name": "DropdownModel", "state": {"description": "preset", "index": 1,
+                                                         "_options_labels": ["llama-8b-l4", "sglang-pr-4xh200"]}},
+        "tb": {"model_name": "ToggleButtonsModel", "state": {"description": "eviction", "index": 0,
+                                                              "_options_labels": ["shortfall (the fix)", "full (the bug)"]}},
+    }
+    page = _widget_html("box", states)
+    assert "preset: <b>sglang-pr-4xh200</b>" in page and "eviction: <b>shortfall (the fix)</b>" in page

@@ -164,10 +164,10 @@ def _widget_html(model_id: str, states: dict, depth: int = 0) -> str:
     if name == "OutputModel":
         texts = [o.get("text", "") for o in state.get("outputs", []) if o.get("output_type") == "stream"]
         return f"<pre class='{classes}'>{_html.escape(''.join(texts))}</pre>" if any(texts) else ""
-    if "value" in state and state.get("description") is not None:
+    if state.get("description") is not None and ("value" in state or "index" in state):
         label = state.get("description") or name.removesuffix("Model")
-        value = state["value"]
-        if "_options_labels" in state and isinstance(value, int) and "index" in state:
+        value = state.get("value")
+        if "_options_labels" in state and isinstance(state.get("index"), int):  # dropdowns, toggle buttons
             value = state["_options_labels"][state["index"]]
         return (f"<div class='{classes}' style='padding:2px 6px;color:#555'>{_html.escape(str(label))}: "
                 f"<b>{_html.escape(str(value))}</b></div>")

@@ -49,7 +49,7 @@ def hit_rate_vs_pool(frame: pd.DataFrame, *, over_evicted: bool = True, ideal_hi
             )
     if ideal_hit_rate is not None:
         fig.add_hline(y=ideal_hit_rate, line=dict(color="#555", dash="dot", width=1), row=1, col=1,
-                      annotation_text=f"infinite cache {ideal_hit_rate:.1%}", annotation_position="bottom right")
+                      annotation_text=f"infinite cache {ideal_hit_rate:.1%}", annotation_position="top left")
     fig.update_xaxes(type="log")
     fig.update_xaxes(title_text="KV pool size (pages)", row=rows, col=1)
     fig.update_yaxes(title_text="hit rate", tickformat=".0%", rangemode="tozero", row=1, col=1)
