@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from kvlab.argtypes import positive_int as _positive_int
 from kvlab.experiments.shortfall_eviction import MODES, run
 from kvlab.progress import progress_bar
 
@@ -152,16 +153,6 @@ def sweep(requests: Sequence[Any], pool_pages: Sequence[int] | None = None, mode
 
 
 # ---- command line -------------------------------------------------------------------------------
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
