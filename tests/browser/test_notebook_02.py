@@ -29,7 +29,7 @@ def test_mode_toggle_plots_the_cli_hit_rate(lab_page: Page, lab_server: LabServe
 
     lab.select_dropdown(lab_page, "kvlab-eviction-mode", "full (the bug)")
     lab.wait_plotly_change(lab_page, ".kvlab-sim-gauge", gauge)
-    lab.wait_widget_text(lab_page, "kvlab-sim-verdict", "full eviction")
+    lab.wait_widget_text(lab_page, "kvlab-sim-verdict", "your server: full (the bug)")
     check_shortfall_panel(lab_page, "full", fix, bug)
     assert bug["over_evicted_tokens"] > 0
     lab.screenshot(lab_page, artifacts / "lab02_full.png", ".kvlab-shortfall-panel")

@@ -108,7 +108,7 @@ def test_voila_02_draws_every_figure_and_the_mode_toggle_gives_the_cli_numbers(v
     gauge = lab.plotly_data(page, ".kvlab-sim-gauge")
     lab.select_dropdown(page, "kvlab-eviction-mode", "full (the bug)")
     lab.wait_plotly_change(page, ".kvlab-sim-gauge", gauge, timeout=60_000)
-    lab.wait_widget_text(page, "kvlab-sim-verdict", "full eviction")
+    lab.wait_widget_text(page, "kvlab-sim-verdict", "your server: full (the bug)")
     check_shortfall_panel(page, "full", fix, bug)
     lab.screenshot(page, artifacts / "voila02_full.png", ".kvlab-shortfall-panel")
 
