@@ -226,13 +226,27 @@ class Snapshot:
             divisions = values.pop() if len(values) == 1 else None
         return round_size(size, divisions if isinstance(divisions, int) else None)
 
+    def _prehistory_block_sizes(self, device: int, trace: list) -> dict[int, int]:
+        """Exact sizes of the blocks live at the trace's first event (kvlab.device.replay_seed)."""
+        from kvlab.device.replay_seed import infer_seed
+        from kvlab.device.replay_whatif import recorded_settings
+
+        if not trace:
+            return {}
+        config, _ = recorded_settings(self.raw.get("allocator_settings"), self.source)
+        segments = [s for s in self.raw["segments"] if s.get("device", 0) == device]
+        return infer_seed(segments, trace, config).block_sizes
+
     def replay(self) -> TimelineResult:
         """Undo the trace from the final state in ``segments`` (one device at a time).
 
         Seed: allocated = sum of live block sizes, requested = their requested sizes,
         reserved = sum of segment sizes, per device. Walking back over event i, the totals
         before it are the totals after it minus what it did; a live block's exact size comes from
-        ``segments``, a block freed inside the trace gets ``round_size`` of its request."""
+        ``segments``; a block that predates the history and is freed inside it gets the size
+        :func:`~kvlab.device.replay_seed.infer_seed` rebuilds (its unsplit tail included); a block
+        allocated and freed inside the trace gets ``round_size`` of its request
+        (:func:`kvlab.device.replay.replay_snapshot` sizes those exactly, with the allocator model)."""
         segments = self.segments_frame()
         blocks = self.blocks_frame()
         live = blocks[blocks["state"] != "inactive"]
@@ -244,6 +258,11 @@ class Snapshot:
             requested = int(on_dev["requested_size"].sum())
             reserved = int(segments.loc[segments["device"] == device, "total_size"].sum())
             block_bytes = dict(zip(on_dev["address"].tolist(), on_dev["size"].tolist()))
+            prehistory = self._prehistory_block_sizes(device, trace)
+            first_alloc: dict[int, int] = {}
+            for k, entry in enumerate(trace):
+                if entry["action"] == "alloc":
+                    first_alloc.setdefault(entry["addr"], k)
             backwards = []
             for step in range(len(trace) - 1, -1, -1):
                 entry = trace[step]
@@ -260,7 +279,8 @@ class Snapshot:
                     allocated -= block_bytes.pop(addr, None) or self._block_round_size(size)
                     requested -= size
                 elif action == "free_completed":  # before it, the block was alive
-                    block_bytes[addr] = self._block_round_size(size)
+                    before_history = first_alloc.get(addr, step + 1) > step
+                    block_bytes[addr] = (before_history and prehistory.get(addr)) or self._block_round_size(size)
                     allocated += block_bytes[addr]
                     requested += size
                 reserved -= _RESERVED_SIGN.get(action, 0) * size

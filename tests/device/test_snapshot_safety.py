@@ -25,23 +25,11 @@ from kvlab.device.snapshot import EXAMPLE_SNAPSHOT, SnapshotError, read_snapshot
 from kvlab.errors import KvlabError
 
 from tests.conftest import REPO_ROOT
+from tests.shared_data import real_snapshots, shared_dir
 
 
-def _shared_dir() -> Path | None:
-    """``../shared`` beside the repository root (README in ../shared/real-data: CI has it, a user's clone
-    does not). In a linked git worktree (``.git`` is a file naming the main checkout's ``.git/worktrees/X``)
-    the folder sits beside the main checkout instead."""
-    candidates = [REPO_ROOT.parent / "shared"]
-    dot_git = REPO_ROOT / ".git"
-    if dot_git.is_file():
-        gitdir = dot_git.read_text().partition("gitdir:")[2].strip()
-        if gitdir:
-            candidates.append(Path(gitdir).resolve().parents[2].parent / "shared")
-    return next((c for c in candidates if (c / "real-data" / "snapshots").is_dir()), None)
-
-
-SHARED = _shared_dir()
-REAL_SNAPSHOTS = sorted((SHARED / "real-data" / "snapshots").glob("*.pickle")) if SHARED else []
+SHARED = shared_dir()
+REAL_SNAPSHOTS = real_snapshots()
 
 
 # ---- malicious pickles ------------------------------------------------------------------------------------
