@@ -198,7 +198,8 @@ class ReplayResult:
                      f"{fmt_bytes(f.get('recorded_reserved_bytes', 0))}, allocated "
                      f"{fmt_bytes(f.get('recorded_allocated_bytes', 0))} (fragmentation "
                      f"{fmt_bytes(f.get('recorded_reserved_bytes', 0) - f.get('recorded_allocated_bytes', 0))}), "
-                     f"{self.recorded_cuda_mallocs:,} cudaMalloc calls")
+                     f"{self.recorded_cuda_mallocs:,} cudaMalloc calls; modelled peak allocated "
+                     f"{fmt_bytes(max(self.modelled_allocated, default=self.seed.allocated_bytes))}")
         if what_ifs:
             head = ("what-if", "peak reserved", "final reserved", "peak frag.", "cudaMallocs", "OOM at capacity")
             rows = [(w.label, fmt_bytes(w.peak_reserved_bytes), fmt_bytes(w.final_reserved_bytes),
