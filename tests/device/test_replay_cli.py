@@ -56,7 +56,8 @@ def test_json_has_the_fields_the_issue_names(capsys, snapshot_file, made):
     for w in data["what_if"]:
         assert {"settings", "peak_reserved_bytes", "final_reserved_bytes", "cuda_malloc_calls",
                 "oom_at_capacity"} <= set(w)
-        assert w["oom_at_capacity"] is (w["peak_reserved_bytes"] > 24 * GiB)
+        if w["peak_reserved_bytes"] <= 24 * GiB:
+            assert w["oom_at_capacity"] is False and w["oom_event"] is None
     assert data["what_if"][0]["peak_reserved_bytes"] == max(made.reserved)  # baseline = the recording
     assert data["what_if"][1]["settings"]["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
     assert data["what_if"][2]["settings"] == {"expandable_segments": False, "max_split_size_mb": 64,

@@ -81,7 +81,10 @@ def test_what_if_expandable_segments(path, snapshots):
     assert baseline.cuda_malloc_calls == result.recorded_cuda_mallocs
     for w in what_ifs:
         assert w.peak_reserved_bytes >= max(w.allocated) > 0
-        assert w.oom_at_capacity is (w.peak_reserved_bytes > 24 * 2**30 and w.oom_event is not None)
+        # a run whose peak fits never runs out; one that does not fit may still fit by releasing its cache
+        if w.peak_reserved_bytes <= 24 * 2**30:
+            assert w.oom_at_capacity is False
+        assert (w.oom_event is not None) is w.oom_at_capacity
 
 
 # ---- the mutation test: a wrong rule must fail the checks ----------------------------------------------
@@ -129,3 +132,23 @@ def test_a_wrong_split_threshold_fails_the_checks(snapshots):
             assert result.checks["final_segments_equal"] is False
             assert result.checks["final_allocated_equal"] is False
     assert failed == {"HugePandaCoder": False, "ZidongLiu": True, "silmont2000": True}
+
+
+def test_readme_table_states_the_replayed_figures(snapshots):
+    """README's `kvlab replay` table quotes what the replay and the expandable what-if compute here."""
+    from tests.conftest import REPO_ROOT
+
+    rows = [r for r in (REPO_ROOT / "README.md").read_text().splitlines() if "| exact (8/8) |" in r]
+    assert len(rows) == 3
+    for name, snap in snapshots.items():
+        owner = name.split("__")[0]
+        row = next(r for r in rows if r.startswith(f"| {owner}/"))
+        result, (baseline, expandable) = replay_with_what_ifs(snap)
+        assert result.exact
+        peak, what_if = result.recorded_peak_reserved_bytes, expandable.peak_reserved_bytes
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1] == f"{result.events_replayed:,}"
+        assert cells[3] == f"{peak / 2**30:.2f} GiB"
+        change = f"{(what_if - peak) / peak:+.1%}".replace("-", "−")
+        assert cells[4] == f"{what_if / 2**30:.2f} GiB ({change})"
+        assert cells[5] == f"{result.recorded_cuda_mallocs} → {expandable.cuda_malloc_calls}"
