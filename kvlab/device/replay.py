@@ -99,10 +99,11 @@ def choose_device(snapshot: Snapshot, device: int | None) -> tuple[int, list[str
 
 def replay_snapshot(snapshot: Snapshot | str | os.PathLike | Mapping | list, device: int | None = None, *,
                     model_factory: Callable[..., CachingAllocatorModel] = CachingAllocatorModel,
-                    config: AllocatorConfig | None = None, check_invariants: bool = False) -> ReplayResult:
+                    config: AllocatorConfig | None = None, check_invariants: bool = False,
+                    stop_after: int | None = None) -> ReplayResult:
     """Replay one device's trace; ``config`` overrides the recorded settings, ``model_factory`` builds
     the model (a test passes a deliberately wrong one), ``check_invariants`` walks the model after each
-    event (slow)."""
+    event (slow), ``stop_after`` stops after that event (no final comparison; see :func:`state_at`)."""
     snap = snapshot if isinstance(snapshot, Snapshot) else read_snapshot(snapshot)
     dev, notes = choose_device(snap, device)
     settings, setting_notes = recorded_settings(snap.raw.get("allocator_settings"), snap.source)
@@ -123,7 +124,8 @@ def replay_snapshot(snapshot: Snapshot | str | os.PathLike | Mapping | list, dev
         trace = kept
     tails: dict[int, int] = {}
     while True:  # each pass may learn one ambiguous tail from the recorded allocator's own choice
-        result = _replay_once(snap, dev, settings, segments, trace, list(notes), model_factory, check_invariants, tails)
+        result = _replay_once(snap, dev, settings, segments, trace, list(notes), model_factory, check_invariants, tails,
+                              stop_after)
         learned = _tail_from_choice(result)
         if learned is None or learned[0] in tails:
             break
@@ -157,7 +159,8 @@ def _tail_from_choice(result: ReplayResult) -> tuple[int, int] | None:
     return None
 
 
-def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, check_invariants, tails) -> ReplayResult:
+def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, check_invariants, tails,
+                 stop_after) -> ReplayResult:
     seed = infer_seed(segments, trace, settings, tails=tails)
     notes += seed.notes
     model = model_factory(MODEL_TOTAL_BYTES, config=settings, device_index=dev)
@@ -177,11 +180,25 @@ def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, che
                 ops.append((OP_FREE_REQUESTED, sb.addr, -1))
     model.check_invariants()
     sink = _Sink()  # set as the model's recorder only around malloc and empty_cache: frees need no events
-    result = ReplayResult(snap.source, dev, settings, seed, notes, trace, has_history=bool(trace),
+    run = trace if stop_after is None else trace[:stop_after + 1]
+    result = ReplayResult(snap.source, dev, settings, seed, notes, run, has_history=bool(trace),
                           segment_list=snap.format == "segment_list")
-    _run(model, trace, blocks, pending, ops, sink, addresses, result, check_invariants)
-    result.finish(model, segments, pending, ops)
+    _run(model, run, blocks, pending, ops, sink, addresses, result, check_invariants)
+    if stop_after is None:
+        result.finish(model, segments, pending, ops)
+    else:
+        result.model, result.ops = model, ops
     return result
+
+
+def state_at(snapshot: Snapshot | str | os.PathLike | Mapping | list, event: int, device: int | None = None
+             ) -> Snapshot:
+    """The modelled allocator state right after trace event ``event`` as a snapshot without history (draw it
+    with ``kvlab.viz.snapshot_plots.segment_map``): the segment map at any moment, the peak included."""
+    result = replay_snapshot(snapshot, device, stop_after=event)
+    segments = result.model.snapshot()["segments"]
+    return Snapshot({"segments": segments, "device_traces": []}, f"{result.source} after event {event}",
+                    "segment_list")
 
 
 def _run(model, trace, blocks, pending, ops, sink, addresses, result: ReplayResult, check: bool) -> None:

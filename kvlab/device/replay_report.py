@@ -132,6 +132,26 @@ class ReplayResult:
         return max([self.seed.reserved_bytes, self.final.get("recorded_reserved_bytes", 0), *self.recorded_reserved])
 
     @property
+    def peak_event(self) -> int:
+        """The first event after which the modelled reserved bytes are highest (-1: none replayed)."""
+        res = self.modelled_reserved
+        return res.index(max(res)) if res else -1
+
+    def banner(self) -> str:
+        """One line of Markdown: the verdict."""
+        if not self.has_history:
+            return (f"**No history** in `{self.source}`: segment map and fragmentation only (record with "
+                    "`torch.cuda.memory._record_memory_history()` to replay it).")
+        if self.exact:
+            return (f"**Exact.** kvlab's allocator model replays all {self.events_replayed:,} events of "
+                    f"`{self.source}` (device {self.device}) and reproduces every segment, block address, release "
+                    "and the final reserved and allocated bytes: all 8 checks hold.")
+        first = self.first_divergence
+        failed = [name for name, ok in self.checks.items() if not ok]
+        return (f"**Diverges** from `{self.source}` at {first.describe()}; {len(failed)} of 8 checks fail "
+                f"({', '.join(failed)}).")
+
+    @property
     def event_counts(self) -> Counter:
         return Counter(e["action"] for e in self.trace)
 
