@@ -1117,6 +1117,29 @@ class CachingAllocatorModel:
         self._next_addr = max(self._next_addr, align_up(end, SEGMENT_ALIGN_BYTES))
         return allocated
 
+    def limit_address_space(self, segment: Segment, end: int) -> None:
+        """Give up an expandable segment's unmapped address space from ``end`` (rounded down to a page) on:
+        a replay learns where the recording's next segment starts and fences this one below it."""
+        require(segment.is_expandable, "only an expandable segment has address space to give up", segment=segment)
+        new_end = segment.addr + align_down(end - segment.addr, segment.page_bytes)
+        if new_end >= segment.addr + segment.address_space_bytes:
+            return
+        tail = segment.head
+        while tail.next is not None:
+            tail = tail.next
+        require(not tail.mapped and segment.addr < tail.addr <= new_end,
+                "only unmapped space after the last mapped page can be given up", segment=segment, tail=tail,
+                end=new_end)
+        pool = self._pools[segment.pool]
+        pool.erase_unmapped(tail)
+        if tail.addr < new_end:
+            tail.size = new_end - tail.addr
+            pool.insert_unmapped(tail)
+        else:
+            tail.prev.next = None
+            tail.prev = None
+        segment.address_space_bytes = new_end - segment.addr
+
     def check_invariants(self) -> None:
         """Walk every segment and pool; raise :class:`~kvlab.errors.InvariantError` naming the first
         broken rule and the values that broke it (a real check, also under ``python -O``)."""

@@ -35,7 +35,8 @@ CHECKS = ("segment_allocs_equal", "block_addresses_equal", "segment_frees_equal"
 _CHECK_OF = {"segment_alloc": "segment_allocs_equal", "block_address": "block_addresses_equal",
              "alloc": "block_addresses_equal", "segment_free": "segment_frees_equal", "oom": "ooms_equal",
              "reserved": "reserved_over_time_equal", "final_segments": "final_segments_equal",
-             "final_reserved": "final_reserved_equal", "final_allocated": "final_allocated_equal"}
+             "final_reserved": "final_reserved_equal", "final_allocated": "final_allocated_equal",
+             "stopped": "final_segments_equal"}
 KEPT_DIVERGENCES = 20
 
 

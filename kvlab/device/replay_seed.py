@@ -217,38 +217,43 @@ def _evidence(trace: list[Mapping], segments: list[SeedSegment], config: Allocat
 
 def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict], notes: list[str],
                          space: int) -> list[SeedSegment]:
-    """Group the mapped ranges at the start into one expandable segment per (pool, stream), based at the
-    lowest address it maps at the start or inside the trace (a ``segment_map`` belongs to the pool of the
-    allocation it precedes); its address space runs to the next group's base (or ``space`` bytes)."""
-    lowest: dict[tuple[str, int], int] = {}
-    maps: list[int] = []
+    """The mapped ranges at the start as expandable segments. Segments do not interleave, so consecutive
+    ranges of one (pool, stream) in address order are one segment. It is based at the lowest address it
+    maps at the start or inside the trace below that (a ``segment_map`` belongs to the pool of the
+    allocation it precedes); its address space runs to the next segment's base (or ``space`` bytes)."""
+    maps: list[tuple[int, tuple]] = []
+    pending: list[int] = []
     for e in trace:
         if e["action"] == "segment_map":
-            maps.append(e["addr"])
-        elif e["action"] == "alloc" and maps:
+            pending.append(e["addr"])
+        elif e["action"] == "alloc" and pending:
             key = ("small" if round_size(e["size"]) <= SMALL_SIZE_BYTES else "large", e.get("stream", 0))
-            lowest[key] = min(maps + [lowest.get(key, maps[0])])
-            maps = []
-    groups: dict[tuple[str, int], list[list]] = {}
+            maps += [(addr, key) for addr in pending]
+            pending = []
+    instances: list[list] = []  # [key, ranges]
     for start, stop, pool, stream in sorted(mapped):
         pool = pool or _pool_of_range(start, stop, stream, final, trace)
         if pool is None:
             pool = "large"
             notes.append(f"expandable range {start:#x}+{stop - start} at the start: pool unknown, taken as large")
-        ranges = groups.setdefault((pool, stream), [])
-        if ranges and ranges[-1][1] == start:
-            ranges[-1][1] = stop
+        if instances and instances[-1][0] == (pool, stream):
+            ranges = instances[-1][1]
+            if ranges[-1][1] == start:
+                ranges[-1][1] = stop
+            else:
+                ranges.append([start, stop])
         else:
-            ranges.append([start, stop])
-    base_of = {key: min(ranges[0][0], lowest.get(key, ranges[0][0])) for key, ranges in groups.items()}
-    bases = sorted(base_of.values())
+            instances.append([(pool, stream), [[start, stop]]])
+    bases = []
+    for k, (key, ranges) in enumerate(instances):
+        floor = instances[k - 1][1][-1][1] if k else 0
+        bases.append(min([a for a, owner in maps if owner == key and floor <= a < ranges[0][0]] + [ranges[0][0]]))
     out = []
-    for (pool, stream), ranges in groups.items():
-        base, page = base_of[pool, stream], SMALL_BUFFER_BYTES if pool == "small" else LARGE_BUFFER_BYTES
-        higher = [b for b in bases if b > base]
-        limit = min(higher) if higher else base + space
+    for k, (key, ranges) in enumerate(instances):
+        base, page = bases[k], SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES
+        limit = bases[k + 1] if k + 1 < len(bases) else base + space
         end = base + (limit - base) // page * page
-        out.append(SeedSegment(base, sum(b - a for a, b in ranges), pool, stream, True, end - base, ranges))
+        out.append(SeedSegment(base, sum(b - a for a, b in ranges), key[0], key[1], True, end - base, ranges))
     return out
 
 

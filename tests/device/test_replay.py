@@ -30,6 +30,13 @@ CASES = {
     "mid-run-expandable": dict(config=AllocatorConfig(expandable_segments=True), drop_first=1500, empty_cache_every=300),
     "mid-run-max-split": dict(config=AllocatorConfig(max_split_size_bytes=64 * MiB), drop_first=1501),
     "oom": dict(total_bytes=3 * GiB, live_bytes=6 * GiB, large_share=0.3),
+    # near the device's limit the allocator releases on its own before retrying a cudaMalloc: all cached
+    # segments, only oversize ones (max_split_size), or free pages including a partial mapping (expandable)
+    "oom-streams": dict(total_bytes=3 * GiB, live_bytes=6 * GiB, large_share=0.3, streams=(0, 3)),
+    "oom-max-split": dict(config=AllocatorConfig(max_split_size_bytes=64 * MiB), total_bytes=3 * GiB,
+                          live_bytes=6 * GiB, large_share=0.3),
+    "oom-expandable": dict(config=AllocatorConfig(expandable_segments=True), total_bytes=3 * GiB,
+                           live_bytes=6 * GiB, large_share=0.3, streams=(0, 3)),
     "max-split": dict(config=AllocatorConfig(max_split_size_bytes=64 * MiB), empty_cache_every=500),
     "roundup-power2": dict(config=AllocatorConfig(roundup_power2_divisions=4)),
 }
@@ -51,8 +58,11 @@ def test_generated_snapshots_replay_exactly(case, seed):
     if "deferred" in case:
         gaps = [e["action"] for e in result.trace]
         assert any(a == "free_requested" and b != "free_completed" for a, b in zip(gaps, gaps[1:]))
-    if case == "oom":
+    if case.startswith("oom"):
         assert counts["oom"] > 0 and result.recorded_ooms == result.modelled_ooms == counts["oom"]
+        own = [e["action"] for e in result.trace]  # a release followed by a new segment or an oom
+        assert any(a in ("segment_free", "segment_unmap") and b in ("segment_alloc", "segment_map", "oom")
+                   for a, b in zip(own, own[1:]))
     if "mid-run" in case:
         assert result.seed.segments and result.seed.blocks
     # reserved and allocated bytes after every alloc and free are the generating run's (the truth is kept
@@ -202,3 +212,28 @@ def test_a_segment_list_has_no_history():
     assert set(result.checks.values()) == {None}
     assert result.final["recorded_reserved_bytes"] == result.final["modelled_reserved_bytes"] > 0
     assert "no history" in result.text() and result.to_json()["fidelity"]["exact"] is None
+
+
+def test_a_model_that_breaks_stops_the_replay_with_a_report():
+    """When the model cannot take an event (its state drifted from the recording's), the replay stops there
+    and says so; what was replayed stays consistent and the report still renders."""
+    from kvlab.errors import InvariantError
+
+    class BreaksAt50(CachingAllocatorModel):
+        calls = 0
+
+        def malloc(self, size, stream=0):
+            BreaksAt50.calls += 1
+            if BreaksAt50.calls == 50:
+                raise InvariantError("a deliberately broken rule", call=50)
+            return super().malloc(size, stream)
+
+    made = generate(600, seed=15)
+    result = replay_snapshot(made.snapshot, model_factory=BreaksAt50)
+    k = [i for i, e in enumerate(made.snapshot["device_traces"][0]) if e["action"] == "alloc"][49]
+    first = result.first_divergence
+    assert (first.index, first.kind) == (k, "stopped") and "a deliberately broken rule" in first.modelled
+    assert result.events_replayed == k and len(result.timeline()) == k and not result.exact
+    assert result.checks["final_segments_equal"] is False
+    assert any(f"the replay stopped at event {k} of" in note for note in result.notes)
+    assert "DIVERGES" in result.text() and result.to_json()["fidelity"]["first_divergence"]["kind"] == "stopped"
