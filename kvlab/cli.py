@@ -6,6 +6,7 @@
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
     kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--notebook-dir DIR]
     kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...] [--json]
+    kvlab replay SNAPSHOT [--device N] [--what-if KEY=VALUE ...] [--capacity SIZE] [--json]
 """
 
 from __future__ import annotations
@@ -131,6 +132,21 @@ def build_parser() -> argparse.ArgumentParser:
                      help="shut down a page's kernel once it has been idle N s with no page connected "
                           "(a closed tab, a sleeping laptop); 0 = never (default: %(default)s)")
     app.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: the repo's notebooks/)")
+
+    replay = commands.add_parser(
+        "replay", help="replay a torch memory snapshot through the allocator model: fidelity and what-ifs",
+        description="Replay a torch.cuda.memory._dump_snapshot pickle's trace through kvlab's model of the "
+                    "caching allocator, report how exactly it reproduces the recording, and what other "
+                    "PYTORCH_CUDA_ALLOC_CONF settings would have done with the same allocations.")
+    replay.add_argument("snapshot", help="a _dump_snapshot pickle (or a pickled torch.cuda.memory_snapshot() list)")
+    replay.add_argument("--device", type=_nonnegative_int, default=None,
+                        help="device index (default: the first device with a trace)")
+    replay.add_argument("--what-if", action="append", default=None, metavar="KEY=VALUE[,KEY=VALUE]",
+                        help="settings to try, one scenario per flag (repeatable): expandable_segments, "
+                             "max_split_size_mb, roundup_power2_divisions (default: expandable_segments=True)")
+    replay.add_argument("--capacity", default=None, metavar="SIZE",
+                        help="also say whether each scenario runs out of memory on a device of SIZE, e.g. 24GiB")
+    replay.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
 
@@ -167,6 +183,25 @@ def _app(args) -> int:
     except AppError as exc:
         print(f"kvlab: error: {exc}", file=sys.stderr)
         return 2
+
+
+def _replay(args) -> int:
+    import warnings
+
+    from kvlab.device.replay import replay_with_what_ifs
+    from kvlab.device.snapshot import SnapshotKeyWarning
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", SnapshotKeyWarning)
+            result, what_ifs = replay_with_what_ifs(args.snapshot, args.device, args.what_if, args.capacity)
+    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
+    for warning in caught:
+        print(f"kvlab: warning: {warning.message}", file=sys.stderr)
+    print(json.dumps(result.to_json(what_ifs), indent=2) if args.json else result.text(what_ifs))
+    return 0
 
 
 def _write_tiny_checkpoint(args) -> int:
@@ -405,6 +440,8 @@ def main(argv: list[str] | None = None) -> int:
         return _app(args)
     if args.command == "explain-log":
         return _explain_log(args)
+    if args.command == "replay":
+        return _replay(args)
     if args.command == "data" and args.kind == "tiny-checkpoint":
         return _write_tiny_checkpoint(args)
     parser.error("unknown command")  # pragma: no cover

@@ -20,7 +20,9 @@
 #
 # 1. a PyTorch memory snapshot, the pickle `torch.cuda.memory._dump_snapshot(path)` writes, drawn as an active-memory
 #    timeline and a segment map (what `torch/cuda/_memory_viz.py` shows, as plotly figures you can keep);
-# 2. a Mooncake-format request trace (`timestamp`, `input_length`, `output_length`, `hash_ids`), run through
+# 2. the same snapshot replayed through kvlab's model of the caching allocator (`kvlab replay` on the command line):
+#    how exactly the model reproduces your run, and what other allocator settings would have done with it;
+# 3. a Mooncake-format request trace (`timestamp`, `input_length`, `output_length`, `hash_ids`), run through
 #    kvlab's scheduler model at several KV pool sizes in both eviction modes: hit rate against pool size, the curve
 #    a capacity planner wants.
 #
@@ -35,11 +37,17 @@ POOL_PAGES = None  # KV pool sizes in pages, e.g. [80, 160, 320]; None: NUM_POIN
 NUM_POINTS = 6  # how many default pool sizes, from one request's worth to every distinct block cached
 PAGE_SIZE = 512  # tokens per KV page (Mooncake hash ids are 512-token blocks)
 RECORD_ON_GPU = True  # on a CUDA machine, also record a fresh snapshot from a real run
+WHAT_IFS = ["expandable_segments=True"]  # other PYTORCH_CUDA_ALLOC_CONF settings to replay the snapshot under
+CAPACITY = None  # e.g. "24GiB": would each setting have run out of memory on a device that size?
 
 # %%
+from IPython.display import Markdown
+
+from kvlab.device.replay import replay_with_what_ifs, state_at
 from kvlab.device.snapshot import EXAMPLE_SNAPSHOT, SnapshotError, read_snapshot
 from kvlab.experiments import pool_sweep
 from kvlab.units import fmt_bytes
+from kvlab.viz.replay_plots import recorded_vs_modelled, what_if_bars
 from kvlab.viz.snapshot_plots import active_memory_timeline, segment_map
 from kvlab.viz.sweep_plots import hit_rate_vs_pool
 from kvlab.workloads.mooncake import TraceFormatError, load_trace, read_records, trace_stats
@@ -147,7 +155,48 @@ for bad in ["no_such_snapshot.pickle", pool_sweep.EXAMPLE_TRACE]:
         print(f"{type(exc).__name__}: {exc}")
 
 # %% [markdown]
-# ## 2 · Hit rate against KV pool size, from a trace
+# ## 2 · Replay the snapshot: how faithful is the model, and what would other settings have done?
+# kvlab drives its allocator model with the snapshot's trace, event by event: every allocation with the recorded
+# request and stream, every free (deferred ones stay unusable until they complete), an `empty_cache` where the
+# recording released segments. Each new segment gets the address the recorded driver returned, so block addresses
+# compare one to one. The banner says whether the model reproduced the recording exactly (eight checks: segment
+# allocations, block addresses, releases, OOMs, reserved bytes after every event, the final segments, final
+# reserved and allocated bytes), or where it first differs.
+
+# %%
+replay, what_ifs = replay_with_what_ifs(snapshot, what_ifs=WHAT_IFS, capacity=CAPACITY)
+Markdown(replay.banner())
+
+# %%
+print(replay.text(what_ifs))
+
+# %% [markdown]
+# Reserved memory as recorded (the trace's segment events, seeded from `segments`) and as the model replays it, with
+# the model's allocated bytes: the recording says what the allocator reserved; only the model says how much of it
+# the tensors held after each event (the trace records requests, not block sizes).
+
+# %%
+recorded_vs_modelled(replay)
+
+# %% [markdown]
+# The same allocations under other settings (`WHAT_IFS`): the first bar group is the recording, the next the model
+# under the recorded settings (the baseline every what-if is computed like), then each what-if. Fragmentation is
+# reserved minus allocated at its worst moment.
+
+# %%
+what_if_bars(replay, what_ifs)
+
+# %% [markdown]
+# The segment map at the moment the replay reserved the most: which blocks pinned which segments at the peak.
+
+# %%
+peak = state_at(snapshot, replay.peak_event)
+print(f"{peak.source}: {len(peak.segments_frame())} segments, {fmt_bytes(peak.final_reserved_bytes)} reserved, "
+      f"{fmt_bytes(peak.final_allocated_bytes)} allocated")
+segment_map(peak)
+
+# %% [markdown]
+# ## 3 · Hit rate against KV pool size, from a trace
 # Each point is one full run of kvlab's scheduler model (radix cache, paged allocator, admission, decode,
 # retraction) on the same requests with a pool of that many pages; the two lines differ only in how much the
 # allocator evicts from the radix tree when it is short (notebook 02): the shortfall (SGLang ≥ 0.5.17) or the whole

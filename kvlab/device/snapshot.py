@@ -33,6 +33,8 @@ import pandas as pd
 
 from kvlab.device.caching_allocator import round_size
 from kvlab.device.events import ACTIONS
+from kvlab.device.snapshot_keys import SnapshotKeyWarning as SnapshotKeyWarning  # re-exported
+from kvlab.device.snapshot_keys import warn_unknown_keys
 from kvlab.errors import KvlabError
 from kvlab.units import KiB, MiB
 
@@ -151,6 +153,11 @@ class Snapshot:
 
     raw: Mapping[str, Any]
     source: str = "snapshot"
+    format: str = "dump_snapshot"  # or "segment_list": torch.cuda.memory_snapshot()'s list, no history
+
+    @property
+    def has_history(self) -> bool:
+        return any(self.raw.get("device_traces") or [])
 
     # ---- frames -----------------------------------------------------------------------------
     def segments_frame(self) -> pd.DataFrame:
@@ -221,13 +228,27 @@ class Snapshot:
             divisions = values.pop() if len(values) == 1 else None
         return round_size(size, divisions if isinstance(divisions, int) else None)
 
+    def _prehistory_block_sizes(self, device: int, trace: list) -> dict[int, int]:
+        """Exact sizes of the blocks live at the trace's first event (kvlab.device.replay_seed)."""
+        from kvlab.device.replay_seed import infer_seed
+        from kvlab.device.replay_whatif import recorded_settings
+
+        if not trace:
+            return {}
+        config, _ = recorded_settings(self.raw.get("allocator_settings"), self.source)
+        segments = [s for s in self.raw["segments"] if s.get("device", 0) == device]
+        return infer_seed(segments, trace, config).block_sizes
+
     def replay(self) -> TimelineResult:
         """Undo the trace from the final state in ``segments`` (one device at a time).
 
         Seed: allocated = sum of live block sizes, requested = their requested sizes,
         reserved = sum of segment sizes, per device. Walking back over event i, the totals
         before it are the totals after it minus what it did; a live block's exact size comes from
-        ``segments``, a block freed inside the trace gets ``round_size`` of its request."""
+        ``segments``; a block that predates the history and is freed inside it gets the size
+        :func:`~kvlab.device.replay_seed.infer_seed` rebuilds (its unsplit tail included); a block
+        allocated and freed inside the trace gets ``round_size`` of its request
+        (:func:`kvlab.device.replay.replay_snapshot` sizes those exactly, with the allocator model)."""
         segments = self.segments_frame()
         blocks = self.blocks_frame()
         live = blocks[blocks["state"] != "inactive"]
@@ -239,6 +260,11 @@ class Snapshot:
             requested = int(on_dev["requested_size"].sum())
             reserved = int(segments.loc[segments["device"] == device, "total_size"].sum())
             block_bytes = dict(zip(on_dev["address"].tolist(), on_dev["size"].tolist()))
+            prehistory = self._prehistory_block_sizes(device, trace)
+            first_alloc: dict[int, int] = {}
+            for k, entry in enumerate(trace):
+                if entry["action"] == "alloc":
+                    first_alloc.setdefault(entry["addr"], k)
             backwards = []
             for step in range(len(trace) - 1, -1, -1):
                 entry = trace[step]
@@ -255,7 +281,8 @@ class Snapshot:
                     allocated -= block_bytes.pop(addr, None) or self._block_round_size(size)
                     requested -= size
                 elif action == "free_completed":  # before it, the block was alive
-                    block_bytes[addr] = self._block_round_size(size)
+                    before_history = first_alloc.get(addr, step + 1) > step
+                    block_bytes[addr] = (before_history and prehistory.get(addr)) or self._block_round_size(size)
                     allocated += block_bytes[addr]
                     requested += size
                 reserved -= _RESERVED_SIGN.get(action, 0) * size
@@ -324,6 +351,17 @@ class Snapshot:
 # ---- reading ------------------------------------------------------------------------------------
 
 
+def _as_snapshot_dict(raw: Any, source: str) -> tuple[Any, str]:
+    """``torch.cuda.memory_snapshot()`` returns the segment list alone: read it as a snapshot without history."""
+    if not isinstance(raw, list):
+        return raw, "dump_snapshot"
+    for i, seg in enumerate(raw):
+        if not isinstance(seg, Mapping):
+            raise _fail(source, f"[{i}]", f"expected a segment dict, got {type(seg).__name__} (a top-level list is "
+                        "read as torch.cuda.memory_snapshot()'s segment list)")
+    return {"segments": raw, "device_traces": []}, "segment_list"
+
+
 def _validate(raw: Any, source: str) -> None:
     if not isinstance(raw, Mapping):
         raise _fail(source, "", f"expected a dict at the top level, got {type(raw).__name__}")
@@ -333,41 +371,73 @@ def _validate(raw: Any, source: str) -> None:
         raise _fail(source, "segments", f"expected a list, got {type(raw['segments']).__name__}")
     for i, seg in enumerate(raw["segments"]):
         _require(seg, SEGMENT_FIELDS, source, f"segments[{i}]")
+        for key in ("address", "total_size", "allocated_size"):
+            _require_int(seg[key], source, f"segments[{i}].{key}")
+        if not isinstance(seg["blocks"], list):
+            raise _fail(source, f"segments[{i}].blocks", f"expected a list, got {type(seg['blocks']).__name__}")
         for j, block in enumerate(seg["blocks"]):
             where = f"segments[{i}].blocks[{j}]"
             _require(block, BLOCK_FIELDS, source, where)
+            _require_int(block["size"], source, f"{where}.size")
             normalise_state(block["state"], source, f"{where}.state")
     traces = raw.get("device_traces", [])
     if not isinstance(traces, list):
         raise _fail(source, "device_traces", f"expected a list, got {type(traces).__name__}")
     for d, trace in enumerate(traces):
+        if not isinstance(trace, list):
+            raise _fail(source, f"device_traces[{d}]", f"expected a list, got {type(trace).__name__}")
         for k, entry in enumerate(trace):
-            where = f"device_traces[{d}][{k}]"
-            _require(entry, TRACE_FIELDS, source, where)
-            if entry["action"] not in ACTIONS:
-                raise _fail(source, f"{where}.action", f"unknown action {entry['action']!r}; expected one of {ACTIONS}")
-            if "addr" not in entry and not (entry["action"] == "oom" and "device_free" in entry):
-                raise _fail(source, where, "missing required field 'addr'")
+            # fast path for a well-formed entry (a million take ~0.5 s); anything else gets the precise error
+            if type(entry) is dict and entry.get("action") in _ACTION_SET:
+                size, stream = entry.get("size"), entry.get("stream", 0)
+                addr = entry.get("addr", entry.get("device_free"))
+                if type(size) is int and type(addr) is int and type(stream) is int and min(size, addr, stream) >= 0:
+                    continue
+            _check_entry(entry, source, f"device_traces[{d}][{k}]")
 
 
-def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any]) -> Snapshot:
-    """Load and validate a ``_dump_snapshot`` pickle (or an already-loaded dict).
+_ACTION_SET = frozenset(ACTIONS)
+
+
+def _require_int(value: Any, source: str, where: str) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _fail(source, where, f"expected a non-negative int, got {value!r}")
+
+
+def _check_entry(entry: Any, source: str, where: str) -> None:
+    _require(entry, TRACE_FIELDS, source, where)
+    if entry["action"] not in ACTIONS:
+        raise _fail(source, f"{where}.action", f"unknown action {entry['action']!r}; expected one of {ACTIONS}")
+    if "addr" not in entry and not (entry["action"] == "oom" and "device_free" in entry):
+        raise _fail(source, where, "missing required field 'addr'")
+    for key in ("size", "addr", "device_free", "stream"):
+        if key in entry:
+            _require_int(entry[key], source, f"{where}.{key}")
+
+
+def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any] | list) -> Snapshot:
+    """Load and validate a ``_dump_snapshot`` pickle (or an already-loaded dict). A top-level list is
+    ``torch.cuda.memory_snapshot()``'s segment list: read as a snapshot without history
+    (``format == "segment_list"``). Keys kvlab does not know warn (:class:`SnapshotKeyWarning`) and are
+    ignored.
 
     The file is read with :func:`load_snapshot_pickle`, which admits plain data only, so a crafted
     pickle cannot run code here. Raises ``FileNotFoundError`` for a missing file and
     :class:`SnapshotError` (a ``ValueError`` and a ``KvlabError``) naming the file and the field for
     anything that does not follow torch's schema, or the refused ``module.name`` for a pickle that
     names a global."""
-    if isinstance(path_or_dict, Mapping):
-        raw, source = path_or_dict, "snapshot dict"
+    if isinstance(path_or_dict, (Mapping, list)):
+        raw, source = path_or_dict, "snapshot dict" if isinstance(path_or_dict, Mapping) else "segment list"
     else:
         path = Path(path_or_dict)
         source = str(path)
         if not path.is_file():
             raise FileNotFoundError(f"{source}: snapshot file not found")
         raw = load_snapshot_pickle(path)
+    raw, kind = _as_snapshot_dict(raw, source)
     _validate(raw, source)
-    return Snapshot(raw, source)
+    warn_unknown_keys(raw, source)
+    return Snapshot(raw, source, kind)
 
 
 # ---- recording ----------------------------------------------------------------------------------

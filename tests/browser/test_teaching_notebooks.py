@@ -48,6 +48,12 @@ def test_runs_top_to_bottom_in_jupyterlab(stem: str, lab_page: Page, lab_server:
         f"() => [...document.querySelectorAll('{PLOTS}')]"
         ".filter(gd => Array.isArray(gd.data) && gd.data.length > 0).length")
     assert drawn >= 2, f"only {drawn} plotly figures drew traces"
+    if stem.startswith("04"):  # the snapshot's two, the replay's three (side by side, what-ifs, peak map), the sweep
+        assert drawn >= 6, f"only {drawn} plotly figures drew traces"
+        titles = lab_page.locator(".js-plotly-plot .gtitle").all_text_contents()
+        for title in ("Reserved memory: the recording and kvlab's replay",
+                      "What-ifs: the same allocations, other settings"):
+            assert title in titles, titles
     if stem.startswith("00"):
         checks = lab_page.locator(".kvlab-check")
         assert checks.count() >= 6, f"{checks.count()} lab-step checks shown (one per step expected)"

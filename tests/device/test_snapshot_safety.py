@@ -25,11 +25,11 @@ from kvlab.device.snapshot import EXAMPLE_SNAPSHOT, SnapshotError, read_snapshot
 from kvlab.errors import KvlabError
 
 from tests.conftest import REPO_ROOT
-from tests.shared_data import shared_dir
+from tests.shared_data import real_snapshots, shared_dir
 
 
-SHARED = shared_dir("real-data/snapshots")
-REAL_SNAPSHOTS = sorted((SHARED / "real-data" / "snapshots").glob("*.pickle")) if SHARED else []
+SHARED = shared_dir()
+REAL_SNAPSHOTS = real_snapshots()
 
 
 # ---- malicious pickles ------------------------------------------------------------------------------------

@@ -52,3 +52,15 @@ def test_notebook_04_reads_the_users_files(tmp_path: Path):
     assert f"{trace}: {n_requests} requests" in line and "pool sizes [7, 12, 30] pages" in line
     cut = find_output(nb, "trace events") if expected_events < 2 else find_output(nb, "history cut to events")
     assert re.search(r"\d", cut)
+    # the replay of the user's snapshot: the verdict, the table, the segment map at the peak. The first block was
+    # made pending above, but its trace never requested its free: the replay says so, naming the bytes.
+    pending = raw["segments"][0]["blocks"][0]["size"]
+    banner = find_output(nb, "**Diverges** from ")
+    found = re.search(r"at event (\d+): final_allocated: recorded ([\d,]+), modelled ([\d,]+); 1 of 8 checks fail",
+                      banner)
+    assert found and int(found[1]) == expected_events, banner
+    assert int(found[3].replace(",", "")) - int(found[2].replace(",", "")) == pending
+    table = find_output(nb, "what-if ")
+    assert "as recorded (modelled)" in table and "expandable_segments=True" in table
+    peak = find_output(nb, "my_snapshot.pickle after event")
+    assert re.search(r"after event \d+: \d+ segments, [\d.]+ MiB reserved", peak)

@@ -1,0 +1,312 @@
+"""The allocator's state at the first event of a recorded history, rebuilt exactly from ``segments``.
+
+A snapshot's trace is a ring buffer: it may begin after segments were made and blocks handed out.
+Undoing the trace backwards from the final ``segments`` gives, at the first event, every segment that
+existed and the address of every live block. The size of a live block is in ``segments`` when it is
+still live at the end; a block freed inside the history left only its *request* in the trace.
+
+Its size follows from torch's split rule (SEMANTICS.md §1): the allocator carves ``round_size(request)``
+off the front of a cached block and keeps the rest as a free block, except in the large pool when the
+rest would be 1 MiB or less (``should_split``), where it hands out the whole block. So in a
+non-expandable large segment every block, free or live, is larger than 1 MiB, and a live block whose
+rounded request ends 1 MiB or less before the next boundary (the next live block, or the segment's end)
+holds that tail too: no free block could sit there. Summing ``round_size`` alone undercounts those
+tails (the old ``Snapshot.replay`` did). A block in a segment of ``max_split_size`` or more is never
+split: it is the whole segment. Small-pool and expandable blocks split at 512 B, so their size is
+always the rounded request. When more than 1 MiB of free space follows (the neighbour after an unsplit block was
+freed later), the trace may still tell: allocations are carved from the front of a free block, so an
+allocation at ``Y`` while the block is live, with ``Y`` at most 1 MiB past its rounded end, means the
+block ends at ``Y`` (no large-pool block fits in between). Without such evidence the block is taken as
+split and counted in :attr:`Seed.ambiguous_blocks`.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlab.device.caching_allocator import (
+    LARGE_BUFFER_BYTES,
+    SMALL_BUFFER_BYTES,
+    SMALL_SIZE_BYTES,
+    AllocatorConfig,
+    round_size,
+)
+
+PENDING_STATES = frozenset({"active_pending_free", "active_awaiting_free"})
+
+
+def segment_blocks(seg: Mapping[str, Any]) -> Iterator[tuple[int, int, int, str]]:
+    """``(address, size, requested_size, state)`` of a segment's blocks in address order. Old snapshots
+    without block addresses get them by summing sizes from the segment start, and those without
+    ``requested_size`` take it from ``history[0].real_size`` (torch 2.0), as memory_viz does."""
+    addr = seg["address"]
+    for block in seg["blocks"]:
+        addr = block.get("address", addr)
+        requested = block.get("requested_size")
+        if requested is None:
+            history = block.get("history") or [{}]
+            requested = history[0].get("real_size", block["size"]) if isinstance(history[0], Mapping) else 0
+        yield addr, block["size"], requested, block["state"]
+        addr += block["size"]
+
+
+@dataclass
+class SeedBlock:
+    addr: int
+    size: int
+    requested: int
+    stream: int
+    pending: bool  # its free was requested before the history began and completes inside it
+    inferred: bool = False  # freed inside the history: size inferred from its request and neighbours
+    tail_bytes: int = 0  # bytes it holds beyond round_size(request): an unsplit tail
+
+
+@dataclass
+class SeedSegment:
+    addr: int
+    size: int  # bytes mapped (reserved) at the start
+    pool: str
+    stream: int
+    is_expandable: bool
+    space_bytes: int = 0  # address space: ``size`` for a cudaMalloc segment
+    ranges: list[list[int]] = field(default_factory=list)  # mapped [start, end) ranges at the start
+    blocks: list[SeedBlock] = field(default_factory=list)
+    layout: list[tuple[int, int, str]] = field(default_factory=list)  # (size, requested, state) tiles
+
+
+@dataclass
+class Seed:
+    segments: list[SeedSegment]
+    orphans: list[SeedBlock]  # live at the start but inside no known segment
+    ambiguous_blocks: int
+    notes: list[str]
+
+    @property
+    def blocks(self) -> list[SeedBlock]:
+        return [b for s in self.segments for b in s.blocks]
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(s.size for s in self.segments)
+
+    @property
+    def allocated_bytes(self) -> int:
+        """torch's ``memory_allocated()`` at the start: live blocks, pending frees excluded."""
+        return sum(b.size for b in self.blocks if not b.pending)
+
+    @property
+    def block_sizes(self) -> dict[int, int]:
+        return {b.addr: b.size for b in self.blocks}
+
+
+def _subtract(ranges: list[list], addr: int, size: int) -> None:
+    """Remove ``[addr, addr + size)`` from a list of ``[start, end, pool, stream]`` ranges."""
+    end, out = addr + size, []
+    for start, stop, pool, stream in ranges:
+        if stop <= addr or start >= end:
+            out.append([start, stop, pool, stream])
+            continue
+        if start < addr:
+            out.append([start, addr, pool, stream])
+        if stop > end:
+            out.append([end, stop, pool, stream])
+    ranges[:] = out
+
+
+def _pool_of_range(start: int, stop: int, stream: int, known: list[list], trace: list[dict]) -> str | None:
+    """The pool of an expandable range the trace unmapped: an allocation inside it says, else the
+    nearest range of known pool on the same stream below it (one segment's pages lie above its base)."""
+    for e in trace:
+        if e["action"] == "alloc" and start <= e["addr"] < stop:
+            return "small" if round_size(e["size"]) <= SMALL_SIZE_BYTES else "large"
+    below = [(k_start, pool) for k_start, _, pool, k_stream in known if k_stream == stream and k_start <= start]
+    above = [(k_start, pool) for k_start, _, pool, k_stream in known if k_stream == stream and k_start > start]
+    return max(below)[1] if below else (min(above)[1] if above else None)
+
+
+def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorConfig, *,
+               expandable_space_bytes: int = 1 << 46, tails: Mapping[int, int] | None = None) -> Seed:
+    """The state before ``trace[0]`` given the final ``segments`` of the same device (default pool).
+    ``tails`` gives the least tail of an otherwise ambiguous block (learned by kvlab.device.replay)."""
+    notes: list[str] = []
+    live: dict[int, list] = {}  # addr -> [size | None, requested, stream, pending]
+    whole: dict[int, tuple[int, str, int]] = {}  # non-expandable segments: addr -> (size, pool, stream)
+    mapped: list[list] = []  # expandable: [start, end, pool, stream]
+    for seg in segments:
+        if seg.get("is_expandable"):
+            mapped.append([seg["address"], seg["address"] + seg["total_size"], seg["segment_type"], seg["stream"]])
+        else:
+            whole[seg["address"]] = (seg["total_size"], seg["segment_type"], seg["stream"])
+        for addr, size, requested, state in segment_blocks(seg):
+            if state != "inactive":
+                live[addr] = [size, requested, seg["stream"], state in PENDING_STATES]
+    final_mapped = [list(r) for r in mapped]
+    unmatched = 0
+    for e in reversed(trace):
+        action = e["action"]
+        if action == "alloc":
+            unmatched += live.pop(e["addr"], None) is None
+        elif action == "free_completed":
+            live[e["addr"]] = [None, e["size"], e.get("stream", 0), True]
+        elif action == "free_requested":
+            entry = live.get(e["addr"])
+            if entry is not None:
+                entry[3] = False
+        elif action == "segment_alloc":
+            whole.pop(e["addr"], None)
+        elif action == "segment_free":
+            size = e["size"]
+            whole[e["addr"]] = (size, "small" if size == SMALL_BUFFER_BYTES else "large", e.get("stream", 0))
+        elif action == "segment_map":
+            _subtract(mapped, e["addr"], e["size"])
+        elif action == "segment_unmap":
+            mapped.append([e["addr"], e["addr"] + e["size"], None, e.get("stream", 0)])
+    if unmatched:
+        notes.append(f"{unmatched} alloc events name an address the final state does not explain")
+
+    seed_segments = [SeedSegment(a, s, p, st, False, s, [[a, a + s]]) for a, (s, p, st) in whole.items()]
+    seed_segments += _expandable_segments(mapped, final_mapped, trace, notes, expandable_space_bytes)
+    seed_segments.sort(key=lambda s: s.addr)
+    starts = [s.addr for s in seed_segments]
+    orphans = []
+    for addr in sorted(live):
+        size, requested, stream, pending = live[addr]
+        block = SeedBlock(addr, size if size is not None else 0, requested, stream, pending, inferred=size is None)
+        i = bisect_right(starts, addr) - 1
+        seg = seed_segments[i] if i >= 0 else None
+        if seg is not None and addr < seg.addr + seg.space_bytes:
+            seg.blocks.append(block)
+        else:
+            orphans.append(block)
+    if orphans:
+        notes.append(f"{len(orphans)} blocks live at the start lie in no segment kvlab could rebuild; their frees "
+                     "are skipped")
+    ends = _evidence(trace, seed_segments, config)
+    ambiguous = sum(_lay_out(seg, config, notes, ends, tails or {}) for seg in seed_segments)
+    return Seed(seed_segments, orphans, ambiguous, notes)
+
+
+def _evidence(trace: list[Mapping], segments: list[SeedSegment], config: AllocatorConfig) -> dict[int, int]:
+    """``{block address: end}`` for inferred large-pool blocks whose end an allocation inside the trace
+    pins down: an ``alloc`` at ``Y``, made while the block is still live, with
+    ``rounded end < Y <= rounded end + 1 MiB``."""
+    windows = sorted((b.addr + round_size(b.requested, config.roundup_power2_divisions), b.addr)
+                     for s in segments if s.pool == "large" and not s.is_expandable for b in s.blocks if b.inferred)
+    if not windows:
+        return {}
+    starts = [w[0] for w in windows]
+    alive = {addr for _, addr in windows}
+    ends: dict[int, int] = {}
+    for e in trace:
+        action = e["action"]
+        if action == "free_completed" and e["addr"] in alive:
+            alive.discard(e["addr"])  # freed: later allocations there say nothing about it
+        elif action == "alloc":
+            i = bisect_right(starts, e["addr"] - 1) - 1
+            if i >= 0:
+                rounded_end, addr = windows[i]
+                if addr in alive and rounded_end < e["addr"] <= rounded_end + SMALL_SIZE_BYTES:
+                    ends.setdefault(addr, e["addr"])
+        if not alive:
+            break
+    return ends
+
+
+def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict], notes: list[str],
+                         space: int) -> list[SeedSegment]:
+    """The mapped ranges at the start as expandable segments. Segments do not interleave, so consecutive
+    ranges of one (pool, stream) in address order are one segment. It is based at the lowest address it
+    maps at the start or inside the trace below that (a ``segment_map`` belongs to the pool of the
+    allocation it precedes); its address space runs to the next segment's base (or ``space`` bytes)."""
+    maps: list[tuple[int, tuple]] = []
+    pending: list[int] = []
+    for e in trace:
+        if e["action"] == "segment_map":
+            pending.append(e["addr"])
+        elif e["action"] == "alloc" and pending:
+            key = ("small" if round_size(e["size"]) <= SMALL_SIZE_BYTES else "large", e.get("stream", 0))
+            maps += [(addr, key) for addr in pending]
+            pending = []
+    instances: list[list] = []  # [key, ranges]
+    for start, stop, pool, stream in sorted(mapped):
+        pool = pool or _pool_of_range(start, stop, stream, final, trace)
+        if pool is None:
+            pool = "large"
+            notes.append(f"expandable range {start:#x}+{stop - start} at the start: pool unknown, taken as large")
+        if instances and instances[-1][0] == (pool, stream):
+            ranges = instances[-1][1]
+            if ranges[-1][1] == start:
+                ranges[-1][1] = stop
+            else:
+                ranges.append([start, stop])
+        else:
+            instances.append([(pool, stream), [[start, stop]]])
+    bases = []
+    for k, (key, ranges) in enumerate(instances):
+        floor = instances[k - 1][1][-1][1] if k else 0
+        bases.append(min([a for a, owner in maps if owner == key and floor <= a < ranges[0][0]] + [ranges[0][0]]))
+    out = []
+    for k, (key, ranges) in enumerate(instances):
+        base, page = bases[k], SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES
+        limit = bases[k + 1] if k + 1 < len(bases) else base + space
+        end = base + (limit - base) // page * page
+        out.append(SeedSegment(base, sum(b - a for a, b in ranges), key[0], key[1], True, end - base, ranges))
+    return out
+
+
+def _lay_out(seg: SeedSegment, config: AllocatorConfig, notes: list[str], ends: dict[int, int],
+            tails: Mapping[int, int]) -> int:
+    """Size the inferred blocks of ``seg`` and tile it into (size, requested, state) pieces; returns how
+    many inferred blocks stay ambiguous (a possible tail followed by more than 1 MiB free)."""
+    divisions = config.roundup_power2_divisions
+    max_split = config.effective_max_split_size_bytes
+    ranges, seg_end = seg.ranges, seg.addr + seg.space_bytes
+    blocks, ambiguous = seg.blocks, 0
+    for i, b in enumerate(blocks):
+        boundary = next((stop for start, stop in ranges if start <= b.addr < stop), seg_end)
+        if i + 1 < len(blocks):
+            boundary = min(boundary, blocks[i + 1].addr)
+        if not b.inferred:
+            if b.addr + b.size > boundary:
+                notes.append(f"live block {b.addr:#x}+{b.size} overlaps the next boundary {boundary:#x}")
+            continue
+        rounded = round_size(b.requested, divisions)
+        gap = boundary - (b.addr + rounded)
+        if seg.pool == "large" and not seg.is_expandable:
+            if seg.size >= max_split or 0 < gap <= SMALL_SIZE_BYTES:
+                rounded, gap = boundary - b.addr, 0
+            elif b.addr in ends and ends[b.addr] <= boundary:
+                rounded, gap = ends[b.addr] - b.addr, 0
+            elif gap > SMALL_SIZE_BYTES:
+                ambiguous += 1
+                if b.addr in tails and gap - tails[b.addr] > SMALL_SIZE_BYTES:
+                    rounded, gap = rounded + tails[b.addr], gap - tails[b.addr]
+        if gap < 0:
+            notes.append(f"block {b.addr:#x} (request {b.requested} B) does not fit before {boundary:#x}; clamped")
+            rounded = boundary - b.addr
+        b.tail_bytes = rounded - round_size(b.requested, divisions)
+        b.size = rounded
+    # tile: live blocks, free gaps inside mapped ranges, unmapped gaps between them
+    tiles: list[tuple[int, int, str]] = []
+    cursor = seg.addr
+    marks = [(b.addr, b) for b in blocks]
+    for start, stop in ranges:
+        if start > cursor:
+            tiles.append((start - cursor, 0, "unmapped"))
+            cursor = start
+        for addr, b in marks:
+            if start <= addr < stop:
+                if addr > cursor:
+                    tiles.append((addr - cursor, 0, "free"))
+                tiles.append((b.size, b.requested, "allocated"))
+                cursor = addr + b.size
+        if stop > cursor:
+            tiles.append((stop - cursor, 0, "free"))
+            cursor = stop
+    if seg_end > cursor:
+        tiles.append((seg_end - cursor, 0, "unmapped"))
+    seg.layout = tiles
+    return ambiguous

@@ -1,0 +1,198 @@
+"""What-ifs: the recorded alloc/free stream replayed under other allocator settings.
+
+The stream is what the fidelity replay compiled (``ReplayResult.ops``): every ``malloc`` with its request
+and stream, every free (deferred ones stay unusable until their ``free_completed``), and an
+``empty_cache`` wherever the recording released segments. Under other settings the program would have
+asked for the same tensors in the same order, so replaying that stream through a model with the new
+settings answers: peak and final reserved bytes, fragmentation (reserved − allocated) over time, how
+many cudaMalloc calls (torch's ``num_device_alloc``: segment allocations and, with expandable segments,
+page mappings), and whether it would have run out on a device of ``capacity`` bytes (the driver's
+total; the CUDA context and other processes are not subtracted). When the history starts mid-run, the
+blocks live at its first event are allocated first, in address order: their real order is not recorded.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from kvlab.device.caching_allocator import AllocatorConfig, CachingAllocatorModel, OutOfMemoryError
+from kvlab.device.replay_report import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
+from kvlab.units import GB, GiB, KiB, MiB
+
+UNLIMITED_BYTES = 1 << 50
+_UNITS = {"": 1, "b": 1, "k": KiB, "kib": KiB, "kb": 1000, "m": MiB, "mib": MiB, "mb": 10**6, "g": GiB,
+          "gib": GiB, "gb": GB, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+WHAT_IF_KEYS = ("expandable_segments", "max_split_size_mb", "roundup_power2_divisions")
+
+
+def parse_size(text: str) -> int:
+    """``24GiB``, ``24 GB`` (10^9), ``512MiB``, ``25769803776``: bytes as an int."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    unit = match.group(2).lower() if match else None
+    if match is None or unit not in _UNITS:
+        raise ValueError(f"size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, "
+                         "GB, TB), e.g. 24GiB")
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value <= 0:
+        raise ValueError(f"size {text!r}: must be positive")
+    return value
+
+
+def recorded_settings(settings: Any, source: str = "snapshot") -> tuple[AllocatorConfig, list[str]]:
+    """The model's config from a snapshot's ``allocator_settings`` (torch ≥ 2.5 writes them); torch's
+    defaults, with a note saying so, when there are none. Settings the model cannot honour are noted."""
+    if not isinstance(settings, Mapping) or not settings:
+        return AllocatorConfig(), ["the snapshot records no allocator_settings (written by torch 2.5 and later): "
+                                   "replayed with torch's defaults (no expandable segments, unlimited "
+                                   "max_split_size, plain 512 B rounding)"]
+    notes = []
+    expandable = settings.get("expandable_segments", False)
+    split = settings.get("max_split_size", -1)
+    split = None if split is None or split < 0 or split >= 1 << 63 else int(split)
+    divisions = settings.get("roundup_power2_divisions", 0)
+    if isinstance(divisions, Mapping):
+        values = sorted(set(divisions.values()))
+        if len(values) > 1:
+            notes.append(f"per-interval roundup_power2_divisions {dict(divisions)} are not modelled: the model uses "
+                         f"{values[-1]} for every size, so rounding may differ")
+        divisions = values[-1] if values else 0
+    elif isinstance(divisions, (list, tuple)):
+        divisions = max(divisions, default=0)
+    gc = settings.get("garbage_collection_threshold", 0.0) or 0.0
+    if gc > 0:
+        notes.append(f"garbage_collection_threshold={gc} is not modelled: segments it freed are replayed as an "
+                     "empty_cache at the same point, which may free more")
+    try:
+        config = AllocatorConfig(max_split_size_bytes=split, expandable_segments=bool(expandable),
+                                 roundup_power2_divisions=int(divisions) or None)
+    except (ValueError, TypeError) as exc:
+        from kvlab.device.snapshot import SnapshotError
+
+        raise SnapshotError(f"{source}: allocator_settings: {exc}") from None
+    return config, notes
+
+
+def settings_json(config: AllocatorConfig) -> dict:
+    return {
+        "expandable_segments": config.expandable_segments,
+        "max_split_size_mb": None if config.max_split_size_bytes is None else config.max_split_size_bytes // MiB,
+        "roundup_power2_divisions": config.roundup_power2_divisions,
+        "PYTORCH_CUDA_ALLOC_CONF": config.to_env(),
+    }
+
+
+def parse_what_if(text: str, base: AllocatorConfig) -> AllocatorConfig:
+    """``KEY=VALUE[,KEY=VALUE...]`` (``:`` works too, as in PYTORCH_CUDA_ALLOC_CONF) over ``base``."""
+    kwargs: dict[str, Any] = {"max_split_size_bytes": base.max_split_size_bytes,
+                              "expandable_segments": base.expandable_segments,
+                              "roundup_power2_divisions": base.roundup_power2_divisions}
+    for item in filter(None, (part.strip() for part in str(text).split(","))):
+        key, sep, value = (p.strip() for p in (re.split(r"([=:])", item, maxsplit=1) + ["", ""])[:3])
+        low = value.lower()
+        if not sep or not value:
+            raise ValueError(f"--what-if {item!r}: expected KEY=VALUE with KEY one of {', '.join(WHAT_IF_KEYS)}")
+        if key == "expandable_segments" and low in _TRUE | _FALSE:
+            kwargs["expandable_segments"] = low in _TRUE
+        elif key == "max_split_size_mb" and (low.isdigit() or low in ("-1", "unlimited", "none")):
+            kwargs["max_split_size_bytes"] = int(low) * MiB if low.isdigit() else None
+        elif key == "roundup_power2_divisions" and low.isdigit():
+            kwargs["roundup_power2_divisions"] = int(low) or None
+        elif key in WHAT_IF_KEYS:
+            raise ValueError(f"--what-if {item!r}: bad value for {key}")
+        else:
+            raise ValueError(f"--what-if {item!r}: unknown or unmodelled key {key!r}; expected one of "
+                             f"{', '.join(WHAT_IF_KEYS)}")
+    try:
+        return AllocatorConfig(**kwargs)
+    except ValueError as exc:
+        raise ValueError(f"--what-if {text!r}: {exc}") from None
+
+
+@dataclass
+class WhatIf:
+    label: str
+    config: AllocatorConfig
+    peak_reserved_bytes: int = 0
+    final_reserved_bytes: int = 0
+    final_allocated_bytes: int = 0
+    cuda_malloc_calls: int = 0
+    peak_fragmentation_bytes: int = 0
+    capacity_bytes: int | None = None
+    oom_at_capacity: bool | None = None
+    oom_event: int | None = None  # trace index of the first allocation that would not fit (-1: before the trace)
+    oom_message: str | None = None
+    steps: list[int] = field(default_factory=list, repr=False)  # trace index of each point (-1: the seed)
+    reserved: list[int] = field(default_factory=list, repr=False)
+    allocated: list[int] = field(default_factory=list, repr=False)
+
+    def to_json(self) -> dict:
+        return {"label": self.label, "settings": settings_json(self.config),
+                "peak_reserved_bytes": self.peak_reserved_bytes, "final_reserved_bytes": self.final_reserved_bytes,
+                "final_allocated_bytes": self.final_allocated_bytes, "cuda_malloc_calls": self.cuda_malloc_calls,
+                "peak_fragmentation_bytes": self.peak_fragmentation_bytes, "capacity_bytes": self.capacity_bytes,
+                "oom_at_capacity": self.oom_at_capacity, "oom_event": self.oom_event}
+
+    def frame(self):
+        import pandas as pd
+
+        return pd.DataFrame({"step": self.steps, "reserved_bytes": self.reserved, "allocated_bytes": self.allocated,
+                             "fragmentation_bytes": [r - a for r, a in zip(self.reserved, self.allocated)]})
+
+
+def _drive(ops: list[tuple], model: CachingAllocatorModel, what: WhatIf | None) -> None:
+    """Run the stream; fill ``what``'s series when given. Raises OutOfMemoryError with ``.op_index``."""
+    blocks: dict[int, Any] = {}
+    pending: dict[int, int] = {}
+    pending_bytes = 0
+    malloc, free, reserved, allocated = model.malloc, model.free, model.memory_reserved, model.memory_allocated
+    steps, res, alloc = (what.steps, what.reserved, what.allocated) if what else ([], [], [])
+    for k, op in enumerate(ops):
+        code = op[0]
+        try:
+            if code == OP_ALLOC:
+                blocks[op[1]] = malloc(op[2], op[3])
+            elif code == OP_FREE:
+                pending_bytes -= pending.pop(op[1], 0)
+                free(blocks.pop(op[1]))
+            elif code == OP_FREE_REQUESTED:
+                size = pending[op[1]] = blocks[op[1]].size
+                pending_bytes += size
+            else:
+                model.empty_cache()
+        except OutOfMemoryError as exc:
+            exc.op_index = k  # type: ignore[attr-defined]
+            raise
+        if what is not None:
+            steps.append(op[-1])
+            res.append(reserved())
+            alloc.append(allocated() - pending_bytes)
+
+
+def run_what_if(ops: list[tuple], config: AllocatorConfig, *, label: str, capacity: int | None = None) -> WhatIf:
+    """Replay ``ops`` under ``config``: peak/final reserved, fragmentation, cudaMalloc calls; with
+    ``capacity``, also whether (and where) a device of that many bytes would have run out."""
+    what = WhatIf(label, config, capacity_bytes=capacity)
+    model = CachingAllocatorModel(UNLIMITED_BYTES, config=config)
+    seeded = next((k for k, op in enumerate(ops) if op[-1] >= 0), len(ops))  # the blocks live at the start
+    _drive(ops[:seeded], model, what)
+    before = model.memory_stats()["num_device_alloc"]
+    _drive(ops[seeded:], model, what)
+    what.peak_reserved_bytes = model.max_memory_reserved()
+    what.final_reserved_bytes = model.memory_reserved()
+    what.final_allocated_bytes = what.allocated[-1] if what.allocated else 0
+    what.cuda_malloc_calls = model.memory_stats()["num_device_alloc"] - before  # inside the history only
+    what.peak_fragmentation_bytes = max((r - a for r, a in zip(what.reserved, what.allocated)), default=0)
+    if capacity is not None:
+        # No cudaMalloc failed without a limit: if the peak fits, the capacity run is the same run.
+        what.oom_at_capacity = False
+        if what.peak_reserved_bytes > capacity:
+            try:
+                _drive(ops, CachingAllocatorModel(capacity, config=config), None)
+            except OutOfMemoryError as exc:
+                what.oom_at_capacity, what.oom_event = True, ops[exc.op_index][-1]  # type: ignore[attr-defined]
+                what.oom_message = str(exc)
+    return what

@@ -1,0 +1,59 @@
+"""Pure plots of a snapshot replay (``kvlab.device.replay``): the recording and the model side by side, and the
+what-ifs as bars."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+GIB = float(1 << 30)
+MAX_POINTS = 20_000  # longer traces are drawn every k-th event (the peak always kept)
+
+
+def _every(n: int, keep: int) -> list[int]:
+    step = max(1, -(-n // MAX_POINTS))
+    return sorted(set(range(0, n, step)) | ({keep} if 0 <= keep < n else set()) | ({n - 1} if n else set()))
+
+
+def recorded_vs_modelled(result) -> go.Figure:
+    """Reserved GiB after each event as recorded (left) and as kvlab's model replays it (right, with the
+    model's allocated GiB); the first divergence, if any, is a dashed line on both."""
+    at = _every(len(result.modelled_reserved), result.peak_event)
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
+                        subplot_titles=("recorded", "modelled by kvlab"))
+    line = dict(shape="hv")
+    fig.add_trace(go.Scatter(x=at, y=[result.recorded_reserved[i] / GIB for i in at], name="reserved (recorded)",
+                             mode="lines", line=dict(color="#ff7f0e", **line)), row=1, col=1)
+    fig.add_trace(go.Scatter(x=at, y=[result.modelled_reserved[i] / GIB for i in at], name="reserved (modelled)",
+                             mode="lines", line=dict(color="#d62728", **line)), row=1, col=2)
+    fig.add_trace(go.Scatter(x=at, y=[result.modelled_allocated[i] / GIB for i in at], name="allocated (modelled)",
+                             mode="lines", line=dict(color="#1f77b4", **line)), row=1, col=2)
+    first = result.first_divergence
+    if first is not None:
+        for col in (1, 2):
+            fig.add_vline(x=first.index, line_dash="dash", line_color="#7f7f7f", row=1, col=col)
+    fig.update_xaxes(title_text="trace event")
+    fig.update_yaxes(title_text="GiB", row=1, col=1)
+    fig.update_layout(title="Reserved memory: the recording and kvlab's replay", hovermode="x unified")
+    return fig
+
+
+def what_if_bars(result, what_ifs) -> go.Figure:
+    """Peak reserved, final reserved and peak fragmentation (reserved − allocated) GiB per scenario, the
+    recording first; a dotted line at the capacity when one was given."""
+    names = ["recorded", *(w.label for w in what_ifs)]
+    series = {
+        "peak reserved": [result.recorded_peak_reserved_bytes, *(w.peak_reserved_bytes for w in what_ifs)],
+        "final reserved": [result.final.get("recorded_reserved_bytes", 0), *(w.final_reserved_bytes for w in what_ifs)],
+        "peak fragmentation": [None, *(w.peak_fragmentation_bytes for w in what_ifs)],
+    }
+    fig = go.Figure()
+    for (label, values), colour in zip(series.items(), ("#ff7f0e", "#ffbb78", "#9467bd")):
+        fig.add_trace(go.Bar(name=label, x=names, marker_color=colour,
+                             y=[None if v is None else round(v / GIB, 3) for v in values],
+                             hovertemplate=f"{label}: %{{y:.2f}} GiB<extra>%{{x}}</extra>"))
+    capacity = next((w.capacity_bytes for w in what_ifs if w.capacity_bytes), None)
+    if capacity:
+        fig.add_hline(y=capacity / GIB, line_dash="dot", annotation_text=f"capacity {capacity / GIB:.0f} GiB")
+    fig.update_layout(barmode="group", yaxis_title="GiB", title="What-ifs: the same allocations, other settings")
+    return fig

@@ -1,0 +1,49 @@
+"""The replay figures draw the replay's own numbers: recorded vs modelled reserved side by side, what-if bars."""
+
+from __future__ import annotations
+
+import copy
+
+from kvlab.device.replay import replay_snapshot, replay_with_what_ifs, state_at
+from kvlab.device.replay_gen import generate
+from kvlab.viz import replay_plots
+from kvlab.viz.replay_plots import GIB, recorded_vs_modelled, what_if_bars
+from kvlab.viz.snapshot_plots import segment_map
+
+
+def test_side_by_side_draws_every_event_and_marks_a_divergence():
+    made = generate(800, seed=12, empty_cache_every=200)
+    result = replay_snapshot(made.snapshot)
+    fig = recorded_vs_modelled(result)
+    recorded, modelled, allocated = fig.data
+    assert list(recorded.x) == list(range(len(result.trace)))
+    assert [round(y * GIB) for y in recorded.y] == result.recorded_reserved
+    assert [round(y * GIB) for y in modelled.y] == result.modelled_reserved
+    assert [round(y * GIB) for y in allocated.y] == result.modelled_allocated
+    assert not fig.layout.shapes  # exact: no divergence line
+    raw = copy.deepcopy(made.snapshot)
+    k = next(i for i, e in enumerate(raw["device_traces"][0]) if i > 300 and e["action"] == "alloc")
+    raw["device_traces"][0][k]["addr"] += 512
+    shapes = recorded_vs_modelled(replay_snapshot(raw)).layout.shapes
+    assert len(shapes) == 2 and {s.x0 for s in shapes} == {k}
+
+
+def test_long_traces_are_thinned_but_keep_the_peak(monkeypatch):
+    monkeypatch.setattr(replay_plots, "MAX_POINTS", 50)
+    result = replay_snapshot(generate(1000, seed=13).snapshot)
+    xs = list(recorded_vs_modelled(result).data[1].x)
+    assert len(xs) <= 52 and result.peak_event in xs and xs[-1] == len(result.trace) - 1
+
+
+def test_what_if_bars_and_the_segment_map_at_the_peak():
+    made = generate(800, seed=14)
+    result, what_ifs = replay_with_what_ifs(made.snapshot, what_ifs=["expandable_segments=True"], capacity="8GiB")
+    fig = what_if_bars(result, what_ifs)
+    peak, final, frag = fig.data
+    assert list(peak.x) == ["recorded", "as recorded (modelled)", "expandable_segments=True"]
+    assert [round(v * GIB, -6) for v in peak.y] == [round(v, -6) for v in (
+        result.recorded_peak_reserved_bytes, *(w.peak_reserved_bytes for w in what_ifs))]
+    assert frag.y[0] is None and fig.layout.shapes[0].y0 == 8.0
+    state = state_at(made.snapshot, result.peak_event)
+    assert state.final_reserved_bytes == result.modelled_reserved[result.peak_event] == max(result.modelled_reserved)
+    assert len(segment_map(state).data) == 3
