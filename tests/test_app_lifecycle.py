@@ -38,6 +38,15 @@ pytestmark = [
 ]
 
 
+def _run_in_own_thread(call: Callable[[], object]) -> object:
+    """``call()`` in a thread of its own: a browser test earlier in the session (Playwright's sync API) leaves
+    an event loop on the main thread, where ``asyncio.run`` refuses to start another."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(call).result()
+
+
 @dataclass(frozen=True)
 class Proc:
     pid: int
@@ -110,7 +119,8 @@ class App:
         config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S)
         assert config, page[-2000:]
         kernel_id = json.loads(config.group(1))["kernelId"]
-        outputs = asyncio.run(_run_cells(f"ws://127.0.0.1:{self.port}/voila/execution/{kernel_id}", kernel_id))
+        outputs = _run_in_own_thread(
+            lambda: asyncio.run(_run_cells(f"ws://127.0.0.1:{self.port}/voila/execution/{kernel_id}", kernel_id)))
         assert f"kvlab-smoke-ready scale=1 device={DEVICE}" in json.dumps(outputs[-1]), outputs[-1]
 
     def page_dir(self) -> Path:

@@ -316,7 +316,7 @@ def test_headlines_word_the_direction_of_each_difference():
 def test_describe_device_names_simulated_presets_and_refuses_unknown_ones():
     from kvlab.report import describe_device
 
-    assert describe_device("sim:h100-80g") == "simulated NVIDIA H100 80 GB HBM3 (sim:h100-80g)"
+    assert describe_device("sim:h100-80g") == "simulated NVIDIA H100 80 GB HBM3 (SXM) (sim:h100-80g)"
     with pytest.raises(ValueError, match="unknown device preset 'b300'"):
         describe_device("sim:b300")
 

@@ -132,6 +132,8 @@ _INSPECT = """
       return {
         index: t.index, type: t.type, name: typeof t.name === 'string' ? t.name : '', mode: t.mode || '',
         shown: user.visible !== false && user.visible !== 'legendonly', points, value,
+        // a legend key: a trace of nulls that only names a colour other traces (an icicle, say) draw
+        legend_key: list(t.x).length > 0 && list(t.x).concat(list(t.y)).every(v => v === null || v === undefined),
         lines: inGroups('path.js-line').filter(realPath).length,
         markers: inGroups('path.point').filter(realPath).length,
         boxes: inGroups('g.point path').filter(realPath).length,
@@ -191,9 +193,9 @@ def figure_problems(page_name: str, figures: list[dict]) -> list[tuple[str, int,
         if not fig["drawn"]:
             problems.append((page_name, fig["figure"], "-", "plotly never drew it" + where))
             continue
-        shown = [t for t in fig["traces"] if t["shown"]]
+        shown = [t for t in fig["traces"] if t["shown"] and not t.get("legend_key")]
         if not shown:
-            problems.append((page_name, fig["figure"], "-", "no trace shown" + where))
+            problems.append((page_name, fig["figure"], "-", "no trace shown (legend keys aside)" + where))
         for trace in shown:
             reason = _trace_problem(trace, fig)
             if reason:
@@ -263,13 +265,15 @@ def test_the_rules_catch_an_empty_figure():
            fig(trace("scatter", mode="lines", points=50, lines=0)), fig(trace("waterfall", points=2, boxes=2)),
            fig(trace("indicator", value=0, points=1, number="0")), fig(trace("bar")),
            fig(trace("icicle", points=1, slices=1)), fig(trace("heatmap")), fig(trace("heatmap", points=4)),
+           fig(trace("scatter", mode="markers", legend_key=True)),  # legend keys alone draw nothing
            {"figure": 0, "drawn": False, "title": "", "where": "", "traces": []}]
     assert [len(figure_problems("p", [f])) for f in bad] == [1] * len(bad)
     good = [fig(trace("scatter", mode="lines", points=2, lines=1)), fig(trace("waterfall", points=5, boxes=5)),
             fig(trace("indicator", value=41.6, points=1, number="41.6 %")),
             fig(trace("bar", points=3, boxes=3), trace("bar")),  # an empty category beside drawn bars
             fig(trace("icicle", points=9, slices=9)), fig(trace("heatmap", points=4), images=1),
-            fig(trace("scatter", mode="lines", shown=False), trace("bar", points=1, boxes=1))]
+            fig(trace("scatter", mode="lines", shown=False), trace("bar", points=1, boxes=1)),
+            fig(trace("icicle", points=9, slices=9), trace("scatter", mode="markers", legend_key=True))]
     assert [figure_problems("p", [f]) for f in good] == [[]] * len(good)
 
 
