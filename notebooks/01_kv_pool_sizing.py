@@ -95,6 +95,7 @@ import gc
 
 from kvlab.device import get_device
 from kvlab.model import get_model_config, load_weights
+from kvlab.units import fmt_bytes
 
 gc.disable()  # keep the interpreter's automatic collector out of the experiment
 device = get_device("sim:h100-80g")
@@ -105,7 +106,7 @@ after_del = device.memory_allocated()
 gc.collect()
 after_gc = device.memory_allocated()
 gc.enable()
-steps = pd.DataFrame({"allocated GiB": [after_load / 2**30, after_del / 2**30, after_gc / 2**30]},
+steps = pd.DataFrame({"allocated": [fmt_bytes(after_load), fmt_bytes(after_del), fmt_bytes(after_gc)]},
                      index=["after load", "after del: the cycle still holds it all", "after gc.collect()"])
 steps
 
