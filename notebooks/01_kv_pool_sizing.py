@@ -94,18 +94,18 @@ panel.widget
 import gc
 
 from kvlab.device import get_device
+from kvlab.device.measure import automatic_gc_paused
 from kvlab.model import get_model_config, load_weights
 from kvlab.units import fmt_bytes
 
-gc.disable()  # keep the interpreter's automatic collector out of the experiment
-device = get_device("sim:h100-80g")
-loaded = load_weights(device, get_model_config("llama-3.1-8b"))
-after_load = device.memory_allocated()
-del loaded  # the caller lets go of everything it was given ...
-after_del = device.memory_allocated()
-gc.collect()
-after_gc = device.memory_allocated()
-gc.enable()
+with automatic_gc_paused():  # keep the interpreter's automatic collector out of the experiment
+    device = get_device("sim:h100-80g")
+    loaded = load_weights(device, get_model_config("llama-3.1-8b"))
+    after_load = device.memory_allocated()
+    del loaded  # the caller lets go of everything it was given ...
+    after_del = device.memory_allocated()
+    gc.collect()  # an explicit collection still runs
+    after_gc = device.memory_allocated()
 steps = pd.DataFrame({"allocated": [fmt_bytes(after_load), fmt_bytes(after_del), fmt_bytes(after_gc)]},
                      index=["after load", "after del: the cycle still holds it all", "after gc.collect()"])
 steps
