@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvlab.mem_cache.tree_view import EVICTED, with_evicted
+from kvlab.viz.plots import icicle_geometry
 from kvlab.viz.theme import TEMPLATE
 
 MODE_STYLE = {  # mode -> (legend name, colour, line dash)
@@ -141,10 +142,7 @@ def icicle_trace(frame: pd.DataFrame) -> go.Icicle:
     _need(frame, {"id", "parent_id", "path_tokens", "label", "status", "tokens"}, "icicle_trace")
     style = [TREE_STATUS.get(s, ("root", ROOT_COLOUR, "")) for s in frame["status"]]
     return go.Icicle(
-        ids=frame["id"].astype(str).tolist(),
-        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
-        values=[int(v) for v in frame["path_tokens"]], branchvalues="total", sort=False,
-        labels=frame["label"].astype(str).tolist(),
+        **icicle_geometry(frame), branchvalues="total", sort=False,
         marker=dict(colors=[c for _, c, _ in style], pattern=dict(shape=[h for _, _, h in style], fgcolor="#7f7f7f")),
         customdata=[[int(t), n] for t, (n, _, _) in zip(frame["tokens"], style)],
         hovertemplate="%{label}<br>%{customdata[0]:,} tokens on this node<br>%{customdata[1]}<extra></extra>",

@@ -160,50 +160,7 @@ def waterfall_trace(terms: list[tuple[str, int]]) -> go.Waterfall:
                         connector=dict(line=dict(color="#999")))
 
 
-# ---- finding 2: simulator timelines -----------------------------------------------------------
-SIM_SERIES = (  # column, label, colour, y axis
-    ("hit_rate", "cumulative hit rate", "#1f77b4", "y"),
-    ("evicted_cum", "evicted tokens (cum.)", "#d62728", "y2"),
-    ("over_evicted_cum", "over-evicted tokens (cum.)", "#ff7f0e", "y2"),
-)
-
-
-def sim_series(frame: pd.DataFrame) -> dict[str, list]:
-    """x (simulated seconds) and the cumulative series a simulator timeline plots."""
-    return {
-        "x": frame["time_s"].round(4).tolist(),
-        "hit_rate": frame["hit_rate"].round(5).tolist(),
-        "evicted_cum": frame["evicted_tokens"].cumsum().tolist(),
-        "over_evicted_cum": frame["over_evicted_tokens"].cumsum().tolist(),
-    }
-
-
-def sim_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, titles: tuple[str, str]) -> go.Figure:
-    """Hit rate and evicted / over-evicted tokens over simulated time, one panel per mode, on SHARED scales:
-    the same time, hit-rate and token ranges in both panels (hit rate read on the left axis, tokens on the
-    right), so the gap between the modes is what the eye compares."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=titles, horizontal_spacing=0.06,
-                        specs=[[{"secondary_y": True}, {"secondary_y": True}]])
-    series = [sim_series(frame) for frame in (left, right)]
-    for col, data in ((1, series[0]), (2, series[1])):
-        for column, label, colour, axis in SIM_SERIES:
-            fig.add_trace(go.Scatter(x=data["x"], y=data[column], name=label, mode="lines",
-                                     line=dict(color=colour, width=2), legendgroup=label, showlegend=col == 1),
-                          row=1, col=col, secondary_y=axis == "y2")
-    t_max = max([max(d["x"], default=0) for d in series] + [1e-9])
-    hit_max = max([max(d["hit_rate"], default=0) for d in series] + [0.01])
-    tok_max = max([max(d["evicted_cum"], default=0) for d in series] + [1])
-    fig.update_layout(template=TEMPLATE, height=400, legend=dict(orientation="h", y=-0.2),
-                      margin=dict(t=60, l=60, r=70, b=60))
-    fig.update_xaxes(title_text="simulated time (s)", range=[0, t_max * 1.02])
-    for col in (1, 2):  # one scale per quantity across both panels; each quantity's ticks shown once
-        fig.update_yaxes(range=[0, min(1.0, hit_max * 1.1)], tickformat=".0%", secondary_y=False, row=1, col=col,
-                         title_text="cumulative hit rate" if col == 1 else None, showticklabels=col == 1)
-        fig.update_yaxes(range=[0, tok_max * 1.05], secondary_y=True, row=1, col=col, showgrid=False,
-                         title_text="tokens (cumulative)" if col == 2 else None, showticklabels=col == 2)
-    return fig
-
-
+# ---- finding 2: totals and the big number ------------------------------------------------------
 TOTALS_WORDS = {"prefill_tokens_computed": "prefill tokens<br>computed", "evicted_tokens": "tokens<br>evicted",
                 "over_evicted_tokens": "evicted beyond<br>the shortfall"}
 
@@ -249,6 +206,17 @@ def _state_text(row) -> str:
     return f"<br>{state}{slot_text}"
 
 
+def icicle_geometry(frame: pd.DataFrame) -> dict[str, list]:
+    """``ids``, ``parents``, ``values`` (a node's ``path_tokens``, so children fill their parent) and ``labels``
+    of a ``tree_frame`` table: the tree's shape, whatever colours a drawing then gives it."""
+    return dict(
+        ids=frame["id"].astype(str).tolist(),
+        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
+        values=[int(v) for v in frame["path_tokens"]],
+        labels=frame["label"].astype(str).tolist(),
+    )
+
+
 def icicle_arrays(frame: pd.DataFrame) -> dict[str, list]:
     """The icicle's per-node arrays from a ``tree_frame`` table (the key preview from ``key_preview``, else
     ``preview``, else the label). On a hybrid tree (a non-empty ``state`` column) nodes holding a state get
@@ -259,10 +227,7 @@ def icicle_arrays(frame: pd.DataFrame) -> dict[str, list]:
     records = frame.to_dict("records")
     states = [r.get("state", "") or "" for r in records]
     out = dict(
-        ids=frame["id"].astype(str).tolist(),
-        parents=["" if p is None or pd.isna(p) else str(int(p)) for p in frame["parent_id"]],
-        values=[int(v) for v in frame["path_tokens"]],
-        labels=frame["label"].astype(str).tolist(),
+        **icicle_geometry(frame),
         colors=[TREE_COLOURS.get(s, "#bbbbbb") for s in frame["status"]],
         customdata=[[int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6]), _state_text(rec)]
                     for r, rec in zip(custom.itertuples(index=False), records)],
