@@ -228,9 +228,9 @@ class ShortfallPanel:
     highlighted column); the workload, pool size, page size and policy re-run both modes (cached per setting).
     """
 
-    # dropdown -> make_workload overrides, small enough to re-run in seconds on a laptop
+    # dropdown -> make_workload overrides, small enough to re-run in seconds on a laptop (PANEL_DEFAULTS'
+    # workload, generated-shared-prefix, comes first with its own sizes)
     WORKLOAD_SIZES = {
-        "generated-shared-prefix": None,  # PANEL_DEFAULTS' own sizes
         "multi-turn-chat": (("num_sessions", 16), ("turns", 4)),
         "few-shot": (("num_requests", 96),),
     }
@@ -241,11 +241,9 @@ class ShortfallPanel:
         from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
 
         self._experiment = shortfall_eviction
-        settings = settings or shortfall_eviction.PANEL_DEFAULTS
-        self._sizes = {**self.WORKLOAD_SIZES}
-        self._sizes[settings.workload] = settings.overrides
-        if self._sizes["generated-shared-prefix"] is None:
-            self._sizes["generated-shared-prefix"] = shortfall_eviction.PANEL_DEFAULTS.overrides
+        defaults = shortfall_eviction.PANEL_DEFAULTS
+        settings = settings or defaults
+        self._sizes = {defaults.workload: defaults.overrides, **self.WORKLOAD_SIZES, settings.workload: settings.overrides}
         self.seed = settings.seed
         self._cache: dict[object, object] = {}
         labels = shortfall_eviction.MODE_LABELS
