@@ -14,7 +14,6 @@ import plotly.graph_objects as go
 import plotly.io as pio
 
 from kvlab.errors import KvlabError
-from kvlab.viz import plots
 
 SYSTEM_CHROMIUM = "/usr/bin/chromium"
 
@@ -37,22 +36,14 @@ def key_figures(pool_arms, comparison) -> dict[str, go.Figure]:
     """The findings' headline figures by file stem (captions in ``FIGURE_CAPTIONS``): finding 1's timelines
     and both budgets, finding 2's timelines and totals. ``pool_arms`` is ``kv_pool_sizing.compare(...)``'s
     (without gc, with gc)."""
-    no_gc, with_gc = pool_arms
-    figures = {
-        "finding1_memory_timelines": plots.memory_timelines_side_by_side(
-            no_gc.timeline, with_gc.timeline, ("without gc.collect()", "with gc.collect()"),
-            weights_bytes=(no_gc.weights_bytes, with_gc.weights_bytes)),
-    }
-    for name, result in (("no_gc", no_gc), ("gc", with_gc)):
-        arm = "with" if result.gc_before_measure else "without"
-        figures[f"finding1_budget_{name}"] = plots.budget_waterfall(result.budget_terms(),
-                                                                    title=f"KV budget {arm} gc.collect()")
-    from kvlab.experiments.shortfall_eviction import MODE_LABELS
-    from kvlab.viz import eviction_plots
+    from kvlab.viz import widgets  # the panels' own figure builders: the report shows what the panels draw
 
-    figures["finding2_timelines"] = eviction_plots.cumulative_eviction(comparison.cumulative_frame())
-    figures["finding2_totals"] = plots.totals_bars({MODE_LABELS[mode]: result.totals()
-                                                   for mode, result in comparison.arms()})
+    no_gc, with_gc = pool_arms
+    figures = {"finding1_memory_timelines": widgets.timelines_figure(no_gc, with_gc),
+               "finding1_budget_no_gc": widgets.budget_figure(no_gc),
+               "finding1_budget_gc": widgets.budget_figure(with_gc),
+               "finding2_timelines": widgets.sim_timelines_figure(comparison),
+               "finding2_totals": widgets.totals_figure(comparison)}
     return figures
 
 
