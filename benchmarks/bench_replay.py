@@ -13,6 +13,7 @@ model, the checks), and the what-ifs ``kvlab replay`` runs by default (the recor
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import pickle
 import tempfile
@@ -25,6 +26,11 @@ from kvlab.device.replay_whatif import parse_what_if, run_what_if
 from kvlab.device.snapshot import read_snapshot
 
 TARGETS_S = {100_000: 2.0, 1_000_000: 15.0}
+
+
+def _both_what_ifs(result, expandable):
+    return [run_what_if(result.ops, result.settings, label="recorded"),
+            run_what_if(result.ops, expandable, label="exp")]
 
 
 def _timed(fn):
@@ -44,12 +50,10 @@ def bench(n_events: int, seed: int, tmp: Path, repeat: int) -> dict:
     del made
     best: dict = {}
     for _ in range(repeat):
-        snap, read_s, read_cpu = _timed(lambda: read_snapshot(path))
-        result, replay_s, replay_cpu = _timed(lambda: replay_snapshot(snap))
+        snap, read_s, read_cpu = _timed(functools.partial(read_snapshot, path))
+        result, replay_s, replay_cpu = _timed(functools.partial(replay_snapshot, snap))
         expandable = parse_what_if("expandable_segments=True", result.settings)
-        what_ifs, what_if_s, what_if_cpu = _timed(lambda: [
-            run_what_if(result.ops, result.settings, label="recorded"),
-            run_what_if(result.ops, expandable, label="exp")])
+        what_ifs, what_if_s, what_if_cpu = _timed(functools.partial(_both_what_ifs, result, expandable))
         run = {"read_s": read_s, "replay_s": replay_s, "what_if_s": what_if_s, "read_cpu": read_cpu,
                "replay_cpu": replay_cpu, "what_if_cpu": what_if_cpu}
         best = {k: min(v, best.get(k, v)) for k, v in run.items()}

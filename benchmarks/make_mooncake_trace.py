@@ -55,7 +55,7 @@ def _benchmark(path: Path) -> None:
           f"({1e6 * materialise_s / len(requests):.0f} us a request)")
 
 
-def main(argv: "list[str] | None" = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     kwargs = {name: getattr(args, name) for name, param in inspect.signature(generate_trace).parameters.items()
               if param.kind is inspect.Parameter.KEYWORD_ONLY}

@@ -41,9 +41,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from kvlab.errors import KvlabError
 from kvlab.report import DEFAULT_NOTEBOOK_DIR, ReportError, select_notebooks

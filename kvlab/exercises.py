@@ -18,8 +18,9 @@ Both return a :class:`kvlab.labs.CheckResult` (never raise for a wrong answer); 
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Sequence
+from typing import Any
 
 from kvlab.labs import CheckLine, CheckResult, Solution, compare
 
@@ -41,11 +42,11 @@ def my_measure(devices):
 class MeasuredStartup:
     """The start-up's outcome with one measurement function (rank-0 view, as ``KVPoolResult``)."""
 
-    free_bytes: Optional[int]  # what the measurement returned (None: it raised or returned no int)
+    free_bytes: int | None  # what the measurement returned (None: it raised or returned no int)
     max_total_num_tokens: int
     accepted: bool
-    error: Optional[str]  # SGLang's refusal, or what went wrong with the learner's function
-    function_error: Optional[str] = None
+    error: str | None  # SGLang's refusal, or what went wrong with the learner's function
+    function_error: str | None = None
 
 
 class _LearnerError(Exception):

@@ -14,10 +14,10 @@ from __future__ import annotations
 import html
 import os
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 _SOLUTIONS_ENV = "KVLAB_SOLUTIONS"
-_solutions_override: Optional[bool] = None
+_solutions_override: bool | None = None
 
 
 class ExerciseError(AssertionError):
@@ -84,7 +84,7 @@ class CheckResult:
                 f"style='border-left:4px solid {colour};padding:4px 10px'>"
                 f"<b style='color:{colour}'>{status}</b> · {html.escape(self.title)}<ul>{rows}</ul>{note}</div>")
 
-    def raise_if_wrong(self) -> "CheckResult":
+    def raise_if_wrong(self) -> CheckResult:
         if not self.ok:
             raise ExerciseError(self.text())
         return self
@@ -102,7 +102,7 @@ def solutions_enabled() -> bool:
     return os.environ.get(_SOLUTIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def set_solutions(enabled: Optional[bool]) -> None:
+def set_solutions(enabled: bool | None) -> None:
     """Force solutions on/off for this kernel; ``None`` goes back to the environment variable."""
     global _solutions_override
     _solutions_override = enabled

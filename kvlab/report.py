@@ -25,9 +25,9 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 MARKER = ".kvlab-report"
 REPO_ROOT = Path(__file__).resolve().parents[1]

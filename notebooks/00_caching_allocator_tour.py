@@ -43,7 +43,6 @@ import time
 
 from kvlab.device import resolve_device_name
 from kvlab.experiments import allocator_tour as tour
-from kvlab.units import KiB, MiB
 from kvlab.viz.allocator_map import state_history
 
 _started = time.perf_counter()

@@ -67,7 +67,7 @@ print(f"without gc, SGLang refuses the prompt:\n  {no_gc.error}")
 assert not no_gc.accepted and with_gc.accepted and ratio >= 100
 
 # %%
-from IPython.display import Markdown
+from IPython.display import Markdown, display
 
 Markdown(kv_pool_sizing.pr_numbers_note(no_gc.max_total_num_tokens, with_gc.max_total_num_tokens))
 

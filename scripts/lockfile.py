@@ -74,8 +74,8 @@ def main() -> None:
     lock, env = map(Path, args.finish)
     text = drop_block(lock.read_text(), "torch")
     lock.write_text(text)
-    torch_pin = next(l.strip() for l in (lock.parent / "torch-cpu.txt").read_text().splitlines()
-                     if PIN.match(l.strip()))
+    torch_pin = next(line.strip() for line in (lock.parent / "torch-cpu.txt").read_text().splitlines()
+                     if PIN.match(line.strip()))
     env.write_text(environment_yml(pins(text), torch_pin))
 
 

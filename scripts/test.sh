@@ -24,6 +24,8 @@ fi
 export KVLAB_REF_DIR="${KVLAB_REF_DIR:-$HOME/.cache/kvlab/ref}"
 bash .ci/setup_reference.sh
 export KVLAB_REQUIRE_BROWSER="${KVLAB_REQUIRE_BROWSER:-1}"
+# Lint first (rules in pyproject.toml's [tool.ruff]): a lint error fails the run before the long tests start.
+python3 -m ruff check
 set +e
 python3 -m pytest "${pytest_args[@]}"
 rc=$?

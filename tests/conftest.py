@@ -22,10 +22,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import fuzz
 import pytest
 from hypothesis import settings
-
-import fuzz
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,8 +9,19 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab.app import (DASHBOARD_TAG, MOVED_NOTE, SHARE_DIR, TEMPLATE, AppError, app_env, dashboard_folder,
-                       dashboard_notebook, find_notebook, voila_command, write_dashboard)
+from kvlab.app import (
+    DASHBOARD_TAG,
+    MOVED_NOTE,
+    SHARE_DIR,
+    TEMPLATE,
+    AppError,
+    app_env,
+    dashboard_folder,
+    dashboard_notebook,
+    find_notebook,
+    voila_command,
+    write_dashboard,
+)
 from kvlab.report import DEFAULT_NOTEBOOK_DIR, select_notebooks
 
 v4 = nbformat.v4

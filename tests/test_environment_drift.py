@@ -6,8 +6,8 @@ requirements/torch-cpu.txt; these tests fail when someone edits one without refr
 
 import pathlib
 import re
-import tomllib
 
+import tomllib
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name

@@ -56,7 +56,10 @@ def _size(rng: random.Random, large_share: float) -> int:
     return rng.randint(10 * MiB, 300 * MiB)
 
 
-def generate(n_events: int, *, seed: int = 0, config: AllocatorConfig = AllocatorConfig(), streams=(0,),
+_DEFAULT_CONFIG = AllocatorConfig()  # frozen: safe to share as a default
+
+
+def generate(n_events: int, *, seed: int = 0, config: AllocatorConfig = _DEFAULT_CONFIG, streams=(0,),
              deferred_fraction: float = 0.0, empty_cache_every: int = 0, total_bytes: int = 80 * GiB,
              live_bytes: int = 8 * GiB, large_share: float = 0.1, drop_first: int = 0, with_time: bool = True,
              with_settings: bool = True, pending_spelling: str = "active_pending_free",

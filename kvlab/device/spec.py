@@ -65,7 +65,7 @@ class DeviceSpec:
     def non_pytorch_bytes(self) -> int:
         return self.context_bytes + self.other_process_bytes
 
-    def replace(self, **changes) -> "DeviceSpec":
+    def replace(self, **changes) -> DeviceSpec:
         return dataclasses.replace(self, **changes)
 
 

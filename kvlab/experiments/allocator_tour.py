@@ -29,7 +29,7 @@ import contextlib
 import gc
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache
 from typing import Any
 
 import pandas as pd
@@ -433,7 +433,7 @@ class TourStep:
         return Solution(self.title, self.solution_code)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _model_facts(key: str) -> tuple[tuple[str, int], ...]:
     return tuple(STEPS[key].run(MODEL_DEVICE).facts.items())
 

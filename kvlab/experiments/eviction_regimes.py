@@ -13,9 +13,10 @@ it headless in CI.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any
 
 from kvlab.experiments import shortfall_eviction
 from kvlab.units import align_up
@@ -33,9 +34,9 @@ class Regime:
     settings it runs with. ``overrides``: ``make_workload`` keyword arguments as (name, value) pairs."""
 
     name: str
-    workload: Optional[str] = None
+    workload: str | None = None
     overrides: tuple[tuple[str, Any], ...] = ()
-    trace: Optional[str] = None
+    trace: str | None = None
     page_size: int = 1
     policy: str = "lru"
     max_running: int = 256

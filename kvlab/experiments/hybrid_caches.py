@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -135,7 +134,7 @@ def run_workload(kind: str, mode: str, seqs: list[list[int]], pool_tokens: int =
         ev = evict_from_tree_cache(cache, need, mode)
         evicted += ev.evicted_tokens
         lost += getattr(ev, "mamba_num_evicted", 0)
-        slot: Optional[torch.Tensor] = None
+        slot: torch.Tensor | None = None
         if kind == "mamba":
             ev2 = ensure_mamba_capacity(cache, 1)
             evicted += ev2.evicted_tokens

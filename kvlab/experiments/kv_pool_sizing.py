@@ -14,9 +14,9 @@ from __future__ import annotations
 import contextlib
 import gc
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 import torch
 
@@ -26,7 +26,7 @@ from kvlab.device.budget import KVBudget, NoKVMemoryError, _check_fraction, kv_b
 from kvlab.device.measure import MemoryReading, automatic_gc_paused, get_available_gpu_memory
 from kvlab.model.config import ModelConfig, get_model_config
 from kvlab.model.loader import LoadedWeights, load_weights
-from kvlab.units import GB, GiB, MiB
+from kvlab.units import GiB, MiB
 
 DATA_DIR = Path(__file__).resolve().parents[2] / "data"
 

@@ -17,9 +17,10 @@ import argparse
 import json
 import numbers
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.experiments.shortfall_eviction import MODES, run

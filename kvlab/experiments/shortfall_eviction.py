@@ -22,9 +22,10 @@ Words, as the notebook and the tables use them:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from kvlab.sched import SchedulerConfig, SimResult, simulate
 from kvlab.units import align_up

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -86,7 +85,7 @@ class TreeDemo:
         self.cache = RadixCache(None, self.allocator, page_size=1, eviction_policy=self.policy)
         self.history: list[DemoStep] = []
         self._next = 0
-        self._running: Optional[TreeNode] = None
+        self._running: TreeNode | None = None
 
     @property
     def done(self) -> bool:

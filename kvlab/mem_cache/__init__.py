@@ -18,11 +18,11 @@ from kvlab.mem_cache.allocator import (
 )
 from kvlab.mem_cache.common import (
     EVICTION_MODES,
-    ensure_mamba_capacity,
     AllocResult,
     alloc_paged_token_slots_decode,
     alloc_paged_token_slots_extend,
     alloc_token_slots,
+    ensure_mamba_capacity,
     evict_from_tree_cache,
     release_kv_cache,
 )
@@ -34,6 +34,7 @@ from kvlab.mem_cache.evict_policy import (
     get_eviction_strategy,
     register_policy,
 )
+from kvlab.mem_cache.mamba_radix_cache import MambaEvictParams, MambaInsertResult, MambaPool, MambaRadixCache
 from kvlab.mem_cache.memory_pool import DoubleFreeError, InvariantError, MHATokenToKVPool, ReqToTokenPool
 from kvlab.mem_cache.radix_cache import (
     LockRefError,
@@ -46,7 +47,6 @@ from kvlab.mem_cache.radix_cache import (
     TreeNode,
 )
 from kvlab.mem_cache.swa_radix_cache import HybridEvictResult, HybridTreeNode, SWARadixCache, SWATreeLock
-from kvlab.mem_cache.mamba_radix_cache import MambaEvictParams, MambaInsertResult, MambaPool, MambaRadixCache
 
 __all__ = [
     "HybridEvictResult",

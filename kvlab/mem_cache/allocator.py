@@ -20,7 +20,8 @@ silently rounding down, and ``check_invariants()`` proves free + used == capacit
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ def _as_ints(x: Any) -> list[int]:
     return [int(v) for v in x]
 
 
-class BaseTokenToKVPoolAllocator(abc.ABC):
+class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; upstream is an ABC too)
     """State and free-path shared by the page-1 and the paged allocator (``allocator/base.py``).
 
     ``size`` is in tokens; with ``page_size > 1`` it must be a whole number of pages (SGLang's
@@ -78,7 +79,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         dev = self._index_device
         self.free_pages = torch.arange(1, self.num_pages + 1, dtype=_I64, device=dev)
         self.release_pages = torch.empty((0,), dtype=_I64, device=dev)
-        self.free_group: Optional[list[torch.Tensor]] = None  # None: frees take effect at once
+        self.free_group: list[torch.Tensor] | None = None  # None: frees take effect at once
         self.free_page_ids_group: list[torch.Tensor] = []
         # Page-granular bookkeeping kvlab adds: index 0 (padding) is neither free nor allocated.
         self._page_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=dev)
@@ -120,7 +121,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
             self.free_pages, _ = torch.sort(torch.cat((self.free_pages, self.release_pages)))
             self.release_pages = self.release_pages[:0]
 
-    def _take_pages(self, num_pages: int) -> Optional[torch.Tensor]:
+    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
         if num_pages > self.free_pages.shape[0]:
             self.merge_and_sort_free()
         if num_pages > self.free_pages.shape[0]:
@@ -136,7 +137,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
             return pages
         return (pages[:, None] * ps + torch.arange(ps, dtype=_I64, device=pages.device)).reshape(-1)
 
-    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+    def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slot indices (whole pages), or None if fewer are free. Takes from the head."""
         if need_size < 0 or need_size % self.page_size:
             raise ValueError(f"alloc({need_size}): need a non-negative multiple of page_size {self.page_size}")
@@ -169,7 +170,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):
         if len(pages) > 1 and len(torch.unique(pages)) != len(pages):
             raise DoubleFreeError(f"{what}: the same {'slot' if self.page_size == 1 else 'page'} appears twice in one free")
 
-    def _release(self, pages: torch.Tensor, pile: Optional[list], what: str) -> None:
+    def _release(self, pages: torch.Tensor, pile: list | None, what: str) -> None:
         """Return allocated ``pages`` to the free list, or queue them on ``pile`` in a free group."""
         self._check_releasable(pages, what)
         if self.free_group is not None:
@@ -309,7 +310,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return sum(s % self.page_size == 1 for s in seq_lens)
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
-                     extend_num_tokens: int, num_new_pages: Optional[int] = None) -> Optional[torch.Tensor]:
+                     extend_num_tokens: int, num_new_pages: int | None = None) -> torch.Tensor | None:
         """Slots for tokens ``[prefix_len, seq_len)`` of each request, concatenated in batch order.
 
         ``last_loc[i]`` is the slot of request i's last prefix token (-1 if none). None if the free
@@ -319,9 +320,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pre, seq, last = _as_ints(prefix_lens_cpu), _as_ints(seq_lens_cpu), _as_ints(last_loc)
         if sum(s - p for p, s in zip(pre, seq)) != extend_num_tokens:
             raise ValueError(f"extend_num_tokens {extend_num_tokens} != sum(seq_lens - prefix_lens)")
-        for p, l in zip(pre, last):
-            if (l + 1) % ps != p % ps:
-                raise ValueError(f"last_loc {l} is not where a prefix of {p} tokens ends (page_size {ps})")
+        for p, loc in zip(pre, last):
+            if (loc + 1) % ps != p % ps:
+                raise ValueError(f"last_loc {loc} is not where a prefix of {p} tokens ends (page_size {ps})")
         if num_new_pages is None:
             num_new_pages = self.num_new_pages(pre, seq)
         if extend_num_tokens // ps + len(pre) + 1 > len(self.free_pages):
@@ -333,10 +334,10 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         slots = self._pages_to_tokens(pages)  # every new page's slots, in take order
         out: list[torch.Tensor] = []
         k = 0  # new slots used so far, in batch order (whole pages)
-        for p, s, l in zip(pre, seq, last):
+        for p, s, loc in zip(pre, seq, last):
             cont = min(s, div_ceil(p, ps) * ps)  # phase 1: finish the page the prefix ends in
             if cont > p:
-                out.append(torch.arange(l + 1, l + 1 + cont - p, dtype=_I64, device=dev))
+                out.append(torch.arange(loc + 1, loc + 1 + cont - p, dtype=_I64, device=dev))
             n = s - cont  # phases 2 + 3: whole new pages, then a partial one (cont is page-aligned)
             if n > 0:
                 out.append(slots[k : k + n])
@@ -345,7 +346,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return torch.empty(0, dtype=_I64, device=dev)
         return out[0] if len(out) == 1 else torch.cat(out)
 
-    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> Optional[torch.Tensor]:
+    def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
         """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths).
 
         A request whose new token opens a page (``seq_len % page_size == 1``) gets the next free
@@ -359,7 +360,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if pages is None:
             return None
         it = iter(pages.tolist())
-        out = [next(it) * ps if n else l + 1 for n, l in zip(need, last)]
+        out = [next(it) * ps if n else loc + 1 for n, loc in zip(need, last)]
         return torch.tensor(out, dtype=_I64, device=self._index_device)
 
 
@@ -411,7 +412,7 @@ class SWATokenToKVPoolAllocator:
         self.full_attn_allocator.clear()
         self.swa_attn_allocator.clear()
         self.full_to_swa_index_mapping[:-1] = 0
-        self.free_group: Optional[list] = None
+        self.free_group: list | None = None
 
     def get_kvcache(self) -> Any:
         return self._kvcache
@@ -434,14 +435,14 @@ class SWATokenToKVPoolAllocator:
     def translate_loc_from_full_to_swa(self, kv_indices: Any) -> torch.Tensor:
         return self.full_to_swa_index_mapping[_as_index(kv_indices, self._index_device)]
 
-    def _pair(self, full: Optional[torch.Tensor], swa: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    def _pair(self, full: torch.Tensor | None, swa: torch.Tensor | None) -> torch.Tensor | None:
         if full is None or swa is None:
             raise InvariantError("SWA allocator: both sides allocate once both were checked to have room",
                                  full_allocated=full is not None, swa_allocated=swa is not None)
         self.full_to_swa_index_mapping[full] = swa
         return full
 
-    def alloc(self, need_size: int) -> Optional[torch.Tensor]:
+    def alloc(self, need_size: int) -> torch.Tensor | None:
         if need_size > self.full_available_size() or need_size > self.swa_available_size():
             return None
         return self._pair(self.full_attn_allocator.alloc(need_size), self.swa_attn_allocator.alloc(need_size))

@@ -14,7 +14,8 @@ always evicted per-pool shortfalls, in both versions, and does so here in both m
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any, NamedTuple
 
 import torch
 
@@ -78,7 +79,7 @@ class AllocResult(NamedTuple):
     """Slots handed out (``None`` when the pool stayed short even after eviction) and the eviction
     that preceded the allocation."""
 
-    out_cache_loc: Optional[torch.Tensor]
+    out_cache_loc: torch.Tensor | None
     evict: EvictResult
 
 
@@ -128,7 +129,7 @@ def alloc_paged_token_slots_decode(tree_cache: Any, seq_lens: Sequence[int], las
 
 
 def release_kv_cache(req: Any, tree_cache: Any, is_insert: bool = True,
-                     kv_len_to_handle: Optional[int] = None) -> None:
+                     kv_len_to_handle: int | None = None) -> None:
     """0.5.16 ``common.py::release_kv_cache``: ``cache_finished_req`` then free the request's row."""
     tree_cache.cache_finished_req(req, is_insert=is_insert, kv_len_to_handle=kv_len_to_handle)
     tree_cache.req_to_token_pool.free(req)

@@ -20,10 +20,11 @@ cache's logical clock (``radix_cache.LogicalClock``), never from wall time.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
-EVICTION_POLICIES: dict[str, type["EvictionStrategy"]] = {}
+EVICTION_POLICIES: dict[str, type[EvictionStrategy]] = {}
 
 _S = TypeVar("_S", bound=type)
 
@@ -144,7 +145,7 @@ class EvictResult:
 
     @classmethod
     def of(cls, shortfall: int, requested: int, evicted: int, swa_shortfall: int = 0,
-           swa_requested: int = 0) -> "EvictResult":
+           swa_requested: int = 0) -> EvictResult:
         return cls(
             shortfall_tokens=shortfall,
             requested_tokens=requested,

@@ -22,12 +22,12 @@ chunk-aligned ``mamba_branching_seqlen`` (states are inserted where the caller s
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
-from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
 from kvlab.errors import InvariantError, require
+from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
 from kvlab.mem_cache.memory_pool import DoubleFreeError
 from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, _as_tokens
 from kvlab.mem_cache.swa_radix_cache import HybridEvictResult, HybridTreeNode, _HybridTreeBase
@@ -57,7 +57,7 @@ class MambaPool:
     def used_size(self) -> int:
         return self.size - len(self.free_slots)
 
-    def alloc(self, need_size: int = 1) -> Optional[torch.Tensor]:
+    def alloc(self, need_size: int = 1) -> torch.Tensor | None:
         if need_size > len(self.free_slots):
             return None
         out, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]

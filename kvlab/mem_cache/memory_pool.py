@@ -14,7 +14,8 @@ the storage. Also here: the two errors every pool, allocator and cache raises.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -88,7 +89,7 @@ class ReqToTokenPool:
     def write(self, indices, values) -> None:
         self.req_to_token[indices] = values
 
-    def alloc_rows(self, need_size: int) -> Optional[list[int]]:
+    def alloc_rows(self, need_size: int) -> list[int] | None:
         if need_size > len(self.free_slots):
             return None
         if need_size == 0:
@@ -100,7 +101,7 @@ class ReqToTokenPool:
             self.req_generation[r] += 1
         return rows
 
-    def alloc(self, reqs: Sequence[Any]) -> Optional[list[int]]:
+    def alloc(self, reqs: Sequence[Any]) -> list[int] | None:
         """Give each request without a row a row; requests that hold one keep it (chunked prefill)."""
         new = [r for r in reqs if r.req_pool_idx is None]
         rows = self.alloc_rows(len(new))
@@ -171,9 +172,9 @@ class MHATokenToKVPool:
         layer_num: int,
         device: Any = "cpu",
         enable_memory_saver: bool = False,
-        v_head_dim: Optional[int] = None,
-        start_layer: Optional[int] = None,
-        end_layer: Optional[int] = None,
+        v_head_dim: int | None = None,
+        start_layer: int | None = None,
+        end_layer: int | None = None,
     ):
         if min(size, page_size, head_num, head_dim, layer_num) < 1:
             raise ValueError("MHATokenToKVPool: size, page_size, head_num, head_dim, layer_num must be >= 1")
@@ -190,12 +191,12 @@ class MHATokenToKVPool:
         self.device = device
         rows = size + page_size
         self.k_buffer = [
-            allocate_tensor(device, (rows, head_num, head_dim), self.store_dtype, f"k_buffer[{l}]")
-            for l in range(layer_num)
+            allocate_tensor(device, (rows, head_num, head_dim), self.store_dtype, f"k_buffer[{layer}]")
+            for layer in range(layer_num)
         ]
         self.v_buffer = [
-            allocate_tensor(device, (rows, head_num, self.v_head_dim), self.store_dtype, f"v_buffer[{l}]")
-            for l in range(layer_num)
+            allocate_tensor(device, (rows, head_num, self.v_head_dim), self.store_dtype, f"v_buffer[{layer}]")
+            for layer in range(layer_num)
         ]
 
     @property
@@ -230,10 +231,10 @@ class MHATokenToKVPool:
         for name, bufs, dim in (("k", self.k_buffer, self.head_dim), ("v", self.v_buffer, self.v_head_dim)):
             require(len(bufs) == self.layer_num, "MHATokenToKVPool: one K and one V buffer per layer", kind=name,
                     buffers=len(bufs), layers=self.layer_num)
-            for l, t in enumerate(bufs):
+            for layer, t in enumerate(bufs):
                 require(tuple(t.shape) == (rows, self.head_num, dim) and t.dtype == self.store_dtype,
                         "MHATokenToKVPool: every buffer is rows x heads x head_dim of the store dtype",
-                        buffer=f"{name}_buffer[{l}]", shape=tuple(t.shape), dtype=t.dtype,
+                        buffer=f"{name}_buffer[{layer}]", shape=tuple(t.shape), dtype=t.dtype,
                         expected_shape=(rows, self.head_num, dim), expected_dtype=self.store_dtype)
         k, v = self.get_kv_size_bytes()
         require(k + v == self.cell_size_bytes * rows, "MHATokenToKVPool: buffer bytes == cell bytes x rows",

@@ -34,14 +34,15 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple, Optional, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
+from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult, get_eviction_strategy
-from kvlab.errors import InvariantError, require
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -72,7 +73,7 @@ class TreeNode:
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
                  "hit_count", "priority", "id", "_evictable", "_hver")
 
-    def __init__(self, key: array, value: Optional[torch.Tensor], parent: Optional["TreeNode"],
+    def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
         self.children: dict[Any, TreeNode] = {}
         self.parent = parent
@@ -91,7 +92,7 @@ class TreeNode:
     def evicted(self) -> bool:
         return self.value is None
 
-    def __lt__(self, other: "TreeNode") -> bool:
+    def __lt__(self, other: TreeNode) -> bool:
         return self.last_access_time < other.last_access_time
 
     def __repr__(self) -> str:
@@ -139,9 +140,9 @@ class Req(Protocol):
     origin_input_ids: list[int]
     output_ids: list[int]
     fill_ids: list[int]
-    req_pool_idx: Optional[int]
+    req_pool_idx: int | None
     prefix_indices: torch.Tensor
-    last_node: Optional[TreeNode]
+    last_node: TreeNode | None
     cache_protected_len: int
 
 
@@ -153,9 +154,9 @@ class SimpleReq:
     origin_input_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     fill_ids: list[int] = field(default_factory=list)
-    req_pool_idx: Optional[int] = None
+    req_pool_idx: int | None = None
     prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=_I64))
-    last_node: Optional[TreeNode] = None
+    last_node: TreeNode | None = None
     cache_protected_len: int = 0
     priority: int = 0
 
@@ -194,7 +195,7 @@ class RadixCache:
 
     def __init__(self, req_to_token_pool: Any = None, token_to_kv_pool_allocator: Any = None,
                  page_size: int = 1, eviction_policy: str = "lru",
-                 eviction_policy_config: Optional[dict] = None, disable: bool = False):
+                 eviction_policy_config: dict | None = None, disable: bool = False):
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         alloc_ps = getattr(token_to_kv_pool_allocator, "page_size", page_size)
@@ -246,7 +247,7 @@ class RadixCache:
             self._heap = [(self._prio(n), n.last_access_time, n.id, n._hver, n) for n in self.evictable_leaves]
             heapq.heapify(self._heap)
 
-    def _pop_victim(self) -> Optional[TreeNode]:
+    def _pop_victim(self) -> TreeNode | None:
         heap = self._heap
         while heap:
             entry = heapq.heappop(heap)
@@ -399,7 +400,7 @@ class RadixCache:
         return prefix_len
 
     # -- request flows (0.5.16 classic API) ------------------------------------------------------
-    def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: Optional[int] = None) -> None:
+    def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
         """A finished request hands its KV to the tree (``RadixCache.cache_finished_req``).
 
         Tokens = ``(origin_input_ids + output_ids)[:kv_len_to_handle]``; the default is all but the

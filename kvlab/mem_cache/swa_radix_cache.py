@@ -25,15 +25,22 @@ from __future__ import annotations
 import itertools
 from array import array
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Optional
+from typing import Any, NamedTuple
 
 import torch
 
+from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
-from kvlab.errors import InvariantError, require
-from kvlab.mem_cache.radix_cache import (LockRefError, LogicalClock, MatchResult, RadixCache, _as_tokens,
-                                         _common_len, check_tree)
+from kvlab.mem_cache.radix_cache import (
+    LockRefError,
+    LogicalClock,
+    MatchResult,
+    RadixCache,
+    _as_tokens,
+    _common_len,
+    check_tree,
+)
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -61,7 +68,7 @@ class HybridTreeNode:
                  "hit_count", "priority", "id", "swa_tombstone", "swa_lock_ref", "swa_uuid",
                  "mamba_value", "mamba_lock_ref", "mamba_last_access_time", "swa_last_access_time")
 
-    def __init__(self, key: array, value: Optional[torch.Tensor], parent, now: int, node_id: int):
+    def __init__(self, key: array, value: torch.Tensor | None, parent, now: int, node_id: int):
         self.children: dict[Any, HybridTreeNode] = {}
         self.parent = parent
         self.key = key
@@ -74,8 +81,8 @@ class HybridTreeNode:
         self.id = node_id
         self.swa_tombstone = False
         self.swa_lock_ref = 0
-        self.swa_uuid: Optional[int] = None
-        self.mamba_value: Optional[int] = None
+        self.swa_uuid: int | None = None
+        self.mamba_value: int | None = None
         self.mamba_lock_ref = 0
         self.mamba_last_access_time = now
         self.swa_last_access_time = now
@@ -91,7 +98,7 @@ class HybridTreeNode:
 
 class SWATreeLock(NamedTuple):
     node: HybridTreeNode
-    swa_uuid: Optional[int]
+    swa_uuid: int | None
 
 
 class _HybridTreeBase:
@@ -393,7 +400,7 @@ class SWARadixCache(_HybridTreeBase):
         self.swa_evictable_size_ += len(x.key)
 
     # -- locks ----------------------------------------------------------------------------------
-    def inc_lock_ref(self, node: HybridTreeNode) -> Optional[int]:
+    def inc_lock_ref(self, node: HybridTreeNode) -> int | None:
         """Full lock to the root, SWA lock over the last window. Returns the ``swa_uuid`` to pass
         to :meth:`dec_lock_ref` (None: the SWA lock reached the root)."""
         if node is self.root_node:
@@ -417,7 +424,7 @@ class SWARadixCache(_HybridTreeBase):
             x = x.parent
         return uuid
 
-    def dec_lock_ref(self, node: HybridTreeNode, swa_uuid: Optional[int] = None) -> None:
+    def dec_lock_ref(self, node: HybridTreeNode, swa_uuid: int | None = None) -> None:
         if node is self.root_node:
             return
         self._check_member(node, "dec_lock_ref")

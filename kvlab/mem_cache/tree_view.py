@@ -8,7 +8,8 @@ can keep the scale and mark what was destroyed instead of dropping it.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from collections.abc import Callable
+from typing import Any
 
 SPANS = "spans"  # tree_frame(names=SPANS): label each node by where it lies in the sequence
 EVICTED = "evicted"  # with_evicted(): the status of a node the eviction destroyed
@@ -19,7 +20,7 @@ STATE_MAMBA_TOMBSTONE = "no state (Mamba tombstone)"  # KV cached, state gone: a
 STATE_SWA_TOMBSTONE = "SWA tombstone"  # full KV cached, sliding-window KV freed
 _STATE_SUFFIX = {STATE_MAMBA: "state", STATE_MAMBA_TOMBSTONE: "no state", STATE_SWA_TOMBSTONE: "SWA tombstone"}
 
-Names = Union[dict, str, Callable[[Any], Any], None]
+Names = dict | str | Callable[[Any], Any] | None
 
 
 def _node_state(cache_kind: str, node: Any) -> str:

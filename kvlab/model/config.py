@@ -90,7 +90,7 @@ class ModelConfig:
             if getattr(self, dtype_field) not in DTYPES:
                 raise ValueError(f"ModelConfig {self.name!r}: {dtype_field} must be one of {sorted(DTYPES)}")
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
     @property
@@ -199,7 +199,7 @@ class ModelConfig:
     def weight_bytes_per_rank(self, tp_size: int = 1) -> int:
         return sum(spec.shard_bytes for spec in self.weight_specs(tp_size))
 
-    def eagle_draft(self, num_layers: int = 1) -> "ModelConfig":
+    def eagle_draft(self, num_layers: int = 1) -> ModelConfig:
         """An EAGLE draft head for this model: ``num_layers`` decoder layers + fc, shared embeddings."""
         return self.replace(name=f"{self.name}-eagle", num_layers=num_layers, is_eagle_draft=True,
                             num_experts=0, first_k_dense_layers=0,

@@ -20,8 +20,9 @@ import itertools
 import random
 from array import array
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -570,7 +571,7 @@ class Scheduler:
         while self.pending and self.pending[0].arrival_time_s <= self.now_s:
             self.waiting.append(self.pending.popleft())
 
-    def run(self, progress: bool | None = None) -> "SimResult":
+    def run(self, progress: bool | None = None) -> SimResult:
         # Every tensor here is a few thousand indices: waking a second intra-op thread for each op costs
         # more than the op (a 12k-request trace ran ~6x slower with torch's default 2 threads here).
         threads = torch.get_num_threads()
@@ -580,7 +581,7 @@ class Scheduler:
         finally:
             torch.set_num_threads(threads)
 
-    def _run(self, progress: bool | None) -> "SimResult":
+    def _run(self, progress: bool | None) -> SimResult:
         from kvlab.progress import progress_bar
 
         bar = progress_bar(total=self.totals["requests"], desc=f"simulate ({self.config.eviction})",

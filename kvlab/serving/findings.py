@@ -27,7 +27,7 @@ def _f(fid: str, severity: str, message: str, **values) -> dict:
 
 def sglang_findings(exp, log: SGLangStartup) -> list[dict]:
     out: list[dict] = []
-    pool, cell = exp.pool, exp.cell_size_bytes
+    pool, _cell = exp.pool, exp.cell_size_bytes
     version = exp.version or exp.rules_version
     if exp.version is None:
         out.append(_f("version_assumed", "info", f"SGLang version {exp.version_source}: the rules of sglang "

@@ -43,7 +43,7 @@ class Pool:
         """SGLang's "minimum viable = 1 - available/pre"."""
         return 1 - self.after_gib / self.before_gib
 
-    def replace(self, **changes) -> "Pool":
+    def replace(self, **changes) -> Pool:
         import dataclasses
 
         return dataclasses.replace(self, **changes)

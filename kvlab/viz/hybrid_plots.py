@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.graph_objects as go
+
 from kvlab.viz.theme import BUG_COLOUR, TEMPLATE
 
 TREE_NAMES = {"radix": "plain radix tree", "mamba": "Mamba radix tree"}

@@ -21,7 +21,8 @@ from __future__ import annotations
 
 import json
 from collections import OrderedDict
-from typing import Any, Callable, Hashable
+from collections.abc import Callable, Hashable
+from typing import Any
 
 import anywidget
 import ipywidgets as widgets

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
+
 from kvlab.viz.theme import TEMPLATE
 
 GIB = float(1 << 30)

@@ -12,7 +12,7 @@ also one that attaches later, shows the tree as it is now.
 from __future__ import annotations
 
 import html
-from typing import Any, Optional
+from typing import Any
 
 import ipywidgets as widgets
 import pandas as pd
@@ -32,8 +32,8 @@ class RadixTreeWidget:
     ``names``: first token -> label, as ``tree_frame`` takes it (e.g. ``TreeDemo.names``).
     """
 
-    def __init__(self, cache: Any, *, max_nodes: int = 200, title: Optional[str] = None,
-                 names: Optional[dict[int, str]] = None, height: int = 420) -> None:
+    def __init__(self, cache: Any, *, max_nodes: int = 200, title: str | None = None,
+                 names: dict[int, str] | None = None, height: int = 420) -> None:
         if not isinstance(max_nodes, int) or max_nodes < 2:
             raise ValueError(f"RadixTreeWidget: max_nodes must be an int >= 2 (the root and a node), got {max_nodes!r}")
         if not hasattr(cache, "root_node"):

@@ -22,7 +22,8 @@ import inspect
 import math
 import random
 from collections import Counter
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from kvlab.workloads.request import Request, TokenSequence
 
@@ -41,7 +42,7 @@ def register_workload(name: str) -> Callable[[Workload], Workload]:
     return deco
 
 
-def make_workload(name: str, seed: int = 0, **overrides: Any) -> "list[Request]":
+def make_workload(name: str, seed: int = 0, **overrides: Any) -> list[Request]:
     """Build the workload registered as ``name`` with its defaults, ``seed`` and ``overrides``.
 
     An unknown name or an override the generator does not take raises ``ValueError`` listing what exists, and
@@ -90,7 +91,7 @@ def _stream(seed: int, name: str) -> random.Random:
     return random.Random(f"kvlab:{name}:{seed}")
 
 
-def _arrival_times(seed: int, n: int, request_rate: float, stream: str = "arrivals") -> "list[float]":
+def _arrival_times(seed: int, n: int, request_rate: float, stream: str = "arrivals") -> list[float]:
     """Poisson arrivals mirroring ``serving.py::get_request``: first at 0, then Exp(request_rate) gaps."""
     if request_rate == INF:
         return [0.0] * n
@@ -102,7 +103,7 @@ def _arrival_times(seed: int, n: int, request_rate: float, stream: str = "arriva
     return out
 
 
-def _random_lens(rng: random.Random, full_len: int, range_ratio: float, num: int) -> "list[int]":
+def _random_lens(rng: random.Random, full_len: int, range_ratio: float, num: int) -> list[int]:
     """``datasets/common.py::compute_random_lens``: uniform in [max(int(full*ratio), 1), full]; 0 stays 0."""
     if full_len <= 0:
         return [0] * num
@@ -110,7 +111,7 @@ def _random_lens(rng: random.Random, full_len: int, range_ratio: float, num: int
     return [rng.randint(lo, full_len) for _ in range(num)]
 
 
-def _sample(rng: random.Random, n: int, vocab_size: int, siblings: Optional[set] = None) -> TokenSequence:
+def _sample(rng: random.Random, n: int, vocab_size: int, siblings: set | None = None) -> TokenSequence:
     """``n`` uniform tokens (``gen_prompt_ids``); with ``siblings``, a first token none of them has."""
     toks = rng.choices(range(vocab_size), k=n)
     if siblings is not None and toks:
@@ -134,7 +135,7 @@ def generated_shared_prefix(num_groups: int = 64, prompts_per_group: int = 16, s
                             question_len: int = 128, output_len: int = 256, seed: int = 0,
                             request_rate: float = INF, vocab_size: int = 32000, range_ratio: float = 1.0,
                             ordered: bool = False, group_distribution: str = "uniform",
-                            zipf_alpha: Optional[float] = None) -> "list[Request]":
+                            zipf_alpha: float | None = None) -> list[Request]:
     """SGLang bench_serving's ``generated-shared-prefix`` dataset, as token ids.
 
     Mirrors ``sglang/benchmark/datasets/generated_shared_prefix.py::sample_generated_shared_prefix_requests``
@@ -190,7 +191,7 @@ def generated_shared_prefix(num_groups: int = 64, prompts_per_group: int = 16, s
 
 
 def _group_assignment(seed: int, num_groups: int, prompts_per_group: int, distribution: str,
-                      zipf_alpha: Optional[float]) -> "list[int]":
+                      zipf_alpha: float | None) -> list[int]:
     """Group of each slot: ``[0]*P + [1]*P + ...`` (uniform) or Zipf by rank (``_zipf_group_probs``)."""
     if distribution == "uniform":
         if zipf_alpha is not None:
@@ -208,7 +209,7 @@ def _group_assignment(seed: int, num_groups: int, prompts_per_group: int, distri
 @register_workload("multi-turn-chat")
 def multi_turn_chat(num_sessions: int = 64, turns: int = 4, system_prompt_len: int = 256, user_len: int = 128,
                     output_len: int = 256, think_time_s: float = 10.0, seed: int = 0,
-                    request_rate: float = INF, vocab_size: int = 32000) -> "list[Request]":
+                    request_rate: float = INF, vocab_size: int = 32000) -> list[Request]:
     """Conversations whose every turn re-sends the whole history.
 
     Turn ``k`` of a session has prompt = system prompt (shared by all sessions) + ``u_0 + o_0 + ... +
@@ -254,7 +255,7 @@ def multi_turn_chat(num_sessions: int = 64, turns: int = 4, system_prompt_len: i
 @register_workload("few-shot")
 def few_shot(num_requests: int = 256, num_examples: int = 5, example_len: int = 256, question_len: int = 64,
              output_len: int = 32, seed: int = 0, request_rate: float = INF,
-             vocab_size: int = 32000) -> "list[Request]":
+             vocab_size: int = 32000) -> list[Request]:
     """Few-shot prompting (an MMLU/GSM8K-style benchmark): one shared prefix of ``num_examples`` examples of
     ``example_len`` tokens each, then a distinct ``question_len``-token question per request.
 

@@ -32,9 +32,10 @@ import json
 import math
 import os
 import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvlab.errors import KvlabError
 from kvlab.units import div_ceil
@@ -46,7 +47,7 @@ if TYPE_CHECKING:
 MOONCAKE_BLOCK_SIZE = 512  # tokens per hash id in the published traces
 _FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 _TOKEN_LIMIT = 2**63
-PathLike = Union[str, Path]
+PathLike = str | Path
 
 
 class TraceFormatError(KvlabError, ValueError):
@@ -54,7 +55,7 @@ class TraceFormatError(KvlabError, ValueError):
     the message starts ``<where>: `` (``trace.jsonl:7`` for a file line, ``trace.jsonl`` for the whole file,
     ``records[3]`` for an in-memory record)."""
 
-    def __init__(self, where: str, message: str, field: Optional[str] = None):
+    def __init__(self, where: str, message: str, field: str | None = None):
         super().__init__(f"{where}: {message}")
         self.where = where
         self.field = field
@@ -171,12 +172,12 @@ def iter_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> It
                                           "JSON object per line")
 
 
-def read_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> "list[MooncakeRecord]":
+def read_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> list[MooncakeRecord]:
     """All records of a trace file, in file order (see :func:`iter_records`)."""
     return list(iter_records(path, block_size=block_size))
 
 
-def load_trace(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> "list[Request]":
+def load_trace(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> list[Request]:
     """A Mooncake trace as requests sorted by arrival (ties keep file order).
 
     ``arrival_time_s = timestamp / 1000`` (the trace's own origin: published traces start at 0). ``rid`` is
@@ -185,8 +186,8 @@ def load_trace(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> "lis
     return _to_requests(read_records(path, block_size=block_size), block_size, Path(path).stem)
 
 
-def records_to_requests(records: Iterable[Union[MooncakeRecord, Mapping]], *,
-                        block_size: int = MOONCAKE_BLOCK_SIZE, rid_prefix: str = "trace") -> "list[Request]":
+def records_to_requests(records: Iterable[MooncakeRecord | Mapping], *,
+                        block_size: int = MOONCAKE_BLOCK_SIZE, rid_prefix: str = "trace") -> list[Request]:
     """Like :func:`load_trace` for in-memory records (``MooncakeRecord`` or mappings with the JSON keys)."""
     _check_block_size(block_size)
     checked = [_coerce(r, f"records[{i}]", block_size) for i, r in enumerate(records)]
@@ -205,7 +206,7 @@ class _SharedBlocks(dict):
         return blk
 
 
-def _to_requests(records: Sequence[MooncakeRecord], block_size: int, rid_prefix: str) -> "list[Request]":
+def _to_requests(records: Sequence[MooncakeRecord], block_size: int, rid_prefix: str) -> list[Request]:
     blocks = _SharedBlocks(block_size)
     out = []
     for i, rec in enumerate(records):
@@ -226,7 +227,7 @@ def block_tokens(hash_id: int, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> rang
     return range(hash_id * block_size, (hash_id + 1) * block_size)
 
 
-def write_trace(path: PathLike, records: Iterable[Union[MooncakeRecord, Mapping]], *, overwrite: bool = False,
+def write_trace(path: PathLike, records: Iterable[MooncakeRecord | Mapping], *, overwrite: bool = False,
                 block_size: int = MOONCAKE_BLOCK_SIZE) -> Path:
     """Write records as Mooncake JSONL (``\\n`` line ends, UTF-8). Every record is checked before the file is
     opened; an existing file is refused (``FileExistsError``) unless ``overwrite=True``."""
@@ -269,7 +270,7 @@ def trace_stats(records: Sequence[MooncakeRecord], *, block_size: int = MOONCAKE
     hit = total = 0
     for r in recs:
         node, matching = -1, True
-        for j, h in enumerate(r.hash_ids[: r.input_length // block_size]):
+        for _j, h in enumerate(r.hash_ids[: r.input_length // block_size]):
             child = trie.get((node, h))
             if child is None:
                 matching = False
@@ -303,7 +304,7 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
                    turn_continue_prob: float = 0.4, mean_think_time_s: float = 90.0,
                    followup_median_len: int = 300, mean_output_len: int = 350, max_output_len: int = 2048,
                    max_message_len: int = 32768, request_rate: float = 3.34,
-                   block_size: int = MOONCAKE_BLOCK_SIZE) -> "list[MooncakeRecord]":
+                   block_size: int = MOONCAKE_BLOCK_SIZE) -> list[MooncakeRecord]:
     """A synthetic trace shaped like Mooncake's conversation trace (12,031 requests over one hour, ~12k-token
     prompts that share prefixes); write it with :func:`write_trace`.
 
@@ -413,14 +414,14 @@ def _accumulate_weights(n: int, alpha: float) -> Iterator[float]:
         yield total
 
 
-def _first_lens(scale: float, raw: "np.ndarray", hi: int) -> "np.ndarray":
+def _first_lens(scale: float, raw: np.ndarray, hi: int) -> np.ndarray:
     """First-message lengths: round(scale * raw) (half to even, as Python's round), clipped to [1, hi]."""
     import numpy as np
 
     return np.clip(np.rint(scale * raw), 1, hi).astype(np.int64)
 
 
-def _solve_scale(base_total: int, raw: "np.ndarray", target_total: int, hi: int) -> float:
+def _solve_scale(base_total: int, raw: np.ndarray, target_total: int, hi: int) -> float:
     """The scale s with base_total + sum(_first_lens(s, raw)) closest to target_total (monotone in s)."""
 
     def total(s: float) -> int:
@@ -440,7 +441,7 @@ def _solve_scale(base_total: int, raw: "np.ndarray", target_total: int, hi: int)
     return up if abs(total(up) - target_total) <= abs(total(lo) - target_total) else lo
 
 
-def _block_contents(pieces: "list[tuple]", block_size: int, start: int = 0) -> Iterator[tuple]:
+def _block_contents(pieces: list[tuple], block_size: int, start: int = 0) -> Iterator[tuple]:
     """Cut a prompt given as (piece, length) runs into blocks, from token ``start`` (a multiple of
     ``block_size``) on; each block is a tuple of (piece, first, end) runs."""
     block, room, pos = [], block_size, 0

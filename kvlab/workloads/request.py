@@ -19,9 +19,10 @@ from __future__ import annotations
 import math
 from array import array
 from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, chain
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kvlab.units import div_ceil
 
@@ -65,7 +66,7 @@ class TokenSequence(Sequence[int]):
             segments = (_check_token_ids(tokens, field),)
         self._set(segments)
 
-    def _set(self, segments: tuple, ends: Optional[tuple] = None) -> None:
+    def _set(self, segments: tuple, ends: tuple | None = None) -> None:
         if ends is None:
             lens = tuple(map(len, segments))
             if 0 in lens:
@@ -74,10 +75,10 @@ class TokenSequence(Sequence[int]):
             ends = tuple(accumulate(lens))
         self._segments = segments
         self._ends = ends
-        self._hash: Optional[int] = None
+        self._hash: int | None = None
 
     @classmethod
-    def _from_segments(cls, segments: Iterable[Sequence[int]], ends: Optional[tuple] = None) -> "TokenSequence":
+    def _from_segments(cls, segments: Iterable[Sequence[int]], ends: tuple | None = None) -> TokenSequence:
         """Trusted constructor: segments are ranges or tuples of valid token ids, already checked; ``ends``
         (cumulative lengths of non-empty segments) may be given when the caller knows them."""
         obj = cls.__new__(cls)
@@ -113,7 +114,7 @@ class TokenSequence(Sequence[int]):
         k = bisect_right(self._ends, i)
         return self._segments[k][i - (self._ends[k - 1] if k else 0)]
 
-    def _slice(self, start: int, stop: int) -> "TokenSequence":
+    def _slice(self, start: int, stop: int) -> TokenSequence:
         if start >= stop:
             return TokenSequence._from_segments(())
         first = bisect_right(self._ends, start)
@@ -126,7 +127,7 @@ class TokenSequence(Sequence[int]):
             out.append(seg if (lo, hi) == (0, len(seg)) else seg[lo:hi])
         return TokenSequence._from_segments(out)
 
-    def __add__(self, other: "TokenSequence") -> "TokenSequence":
+    def __add__(self, other: TokenSequence) -> TokenSequence:
         if not isinstance(other, TokenSequence):
             return NotImplemented
         return TokenSequence._from_segments(self._segments + other._segments)
@@ -167,7 +168,7 @@ class TokenSequence(Sequence[int]):
                 out.fromlist(list(seg))
         return out
 
-    def to_numpy(self) -> "np.ndarray":
+    def to_numpy(self) -> np.ndarray:
         """A new int64 numpy array of the tokens (``torch.from_numpy`` turns it into a tensor)."""
         import numpy as np
 
@@ -205,12 +206,12 @@ class Request:
     arrival_time_s: float
     prompt_token_ids: TokenSequence
     output_len: int
-    group_id: Optional[str] = None
-    session_id: Optional[str] = None
-    turn: Optional[int] = None
-    output_token_ids: Optional[TokenSequence] = None
-    block_hashes: Optional[tuple] = None
-    block_size: Optional[int] = None
+    group_id: str | None = None
+    session_id: str | None = None
+    turn: int | None = None
+    output_token_ids: TokenSequence | None = None
+    block_hashes: tuple | None = None
+    block_size: int | None = None
 
     def __post_init__(self) -> None:
         where = f"Request {self.rid!r}"
@@ -259,7 +260,7 @@ class Request:
         return len(self.prompt_token_ids)
 
 
-def requests_to_frame(requests: Sequence[Request]) -> "pd.DataFrame":
+def requests_to_frame(requests: Sequence[Request]) -> pd.DataFrame:
     """One row per request: ``rid, arrival_time_s, prompt_len, output_len, group_id, session_id, turn``."""
     import pandas as pd
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page
-
 from notebooks.nbrun import execute_notebook, find_output
+from playwright.sync_api import Page
 
 from . import lab
 from .lab import LabServer

@@ -10,11 +10,11 @@ it is split, or that a fresh segment is needed.
 
 from __future__ import annotations
 
+from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from fuzz import fuzz_settings, record
 from kvlab.device.caching_allocator import (
     LARGE_BUFFER_BYTES,
     MIN_BLOCK_BYTES,

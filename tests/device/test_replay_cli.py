@@ -15,7 +15,6 @@ from kvlab.device.replay import replay_snapshot
 from kvlab.device.replay_gen import generate
 from kvlab.device.replay_whatif import parse_size, parse_what_if, run_what_if
 from kvlab.units import GB, GiB, MiB
-
 from tests.shared_data import SKIP_REASON, real_snapshots
 
 REAL = real_snapshots()

@@ -10,7 +10,6 @@ from kvlab.device.caching_allocator import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, Ca
 from kvlab.device.replay import replay_snapshot, replay_with_what_ifs
 from kvlab.device.replay_report import CHECKS
 from kvlab.device.snapshot import read_snapshot
-
 from tests.shared_data import SKIP_REASON, real_snapshots
 
 REAL = real_snapshots()

@@ -15,7 +15,6 @@ from kvlab.device.snapshot import (
     write_snapshot,
 )
 from kvlab.units import align_up
-
 from tests.conftest import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "data" / "snapshots" / "example.pickle"

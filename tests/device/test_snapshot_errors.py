@@ -14,7 +14,6 @@ import re
 import pytest
 
 from kvlab.device.snapshot import SnapshotError, read_snapshot
-
 from tests.conftest import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "data" / "snapshots" / "example.pickle"

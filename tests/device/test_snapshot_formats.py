@@ -11,7 +11,6 @@ import pytest
 
 from kvlab.device.snapshot import SnapshotError, SnapshotKeyWarning, read_snapshot
 from kvlab.device.snapshot_keys import unknown_keys
-
 from tests.conftest import REPO_ROOT
 
 EXAMPLE = REPO_ROOT / "data" / "snapshots" / "example.pickle"

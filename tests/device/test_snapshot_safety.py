@@ -23,10 +23,8 @@ import pytest
 
 from kvlab.device.snapshot import EXAMPLE_SNAPSHOT, SnapshotError, read_snapshot
 from kvlab.errors import KvlabError
-
 from tests.conftest import REPO_ROOT
 from tests.shared_data import real_snapshots, shared_dir
-
 
 SHARED = shared_dir()
 REAL_SNAPSHOTS = real_snapshots()

@@ -1,6 +1,5 @@
 """Finding 1 end to end: the PR scenario, and regression tests that keep gc.collect() on the measurement path."""
 
-import gc
 import json
 from pathlib import Path
 

@@ -19,7 +19,6 @@ from kvlab.experiments.pool_sweep import (
 from kvlab.experiments.shortfall_eviction import run
 from kvlab.units import div_ceil
 from kvlab.workloads.mooncake import TraceFormatError, load_trace, read_records, trace_stats
-
 from tests.conftest import REPO_ROOT
 
 SMALL = REPO_ROOT / "data" / "traces" / "mooncake_small.jsonl"

@@ -2,12 +2,19 @@
 serve / lock / unlock / evict / hold keeps every check_invariants() true and the pools conserved."""
 
 import torch
+from fuzz import fuzz_settings, record
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from fuzz import fuzz_settings, record
-from kvlab.mem_cache import (MambaPool, MambaRadixCache, SWARadixCache, SWATokenToKVPoolAllocator,
-                             TokenToKVPoolAllocator, ensure_mamba_capacity, evict_from_tree_cache)
+from kvlab.mem_cache import (
+    MambaPool,
+    MambaRadixCache,
+    SWARadixCache,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+    ensure_mamba_capacity,
+    evict_from_tree_cache,
+)
 from kvlab.mem_cache.evict_policy import EvictParams
 
 tokens = st.lists(st.integers(0, 5), min_size=1, max_size=12)

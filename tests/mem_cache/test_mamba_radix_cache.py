@@ -3,7 +3,13 @@
 import pytest
 import torch
 
-from kvlab.mem_cache import MambaPool, MambaRadixCache, TokenToKVPoolAllocator, ensure_mamba_capacity, evict_from_tree_cache
+from kvlab.mem_cache import (
+    MambaPool,
+    MambaRadixCache,
+    TokenToKVPoolAllocator,
+    ensure_mamba_capacity,
+    evict_from_tree_cache,
+)
 from kvlab.mem_cache.memory_pool import DoubleFreeError
 
 

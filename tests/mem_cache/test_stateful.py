@@ -10,15 +10,16 @@ the slots of its last page, longest prefix found by scanning.
 
 from __future__ import annotations
 
+from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from fuzz import fuzz_settings, record
 from kvlab.mem_cache import EvictResult, evict_from_tree_cache
 from kvlab.units import align_down
 
 from .op_script import POLICIES, KvlabRunner
+
 
 def _digits(length_and_code):
     """Token list from two draws (length, base-3 code): drawing 20 separate integers per list made

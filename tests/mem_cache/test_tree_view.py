@@ -34,7 +34,8 @@ def test_rows_match_the_tree():
 
 def test_pressure_event_trees_show_the_extra_victim():
     fix, bug = pressure_event("shortfall"), pressure_event("full")
-    leaves = lambda f: set(f.loc[f["status"] == "evictable", "label"])
+    def leaves(f):
+        return set(f.loc[f["status"] == "evictable", "label"])
     assert leaves(fix.frame_before) - leaves(fix.frame_after) == {"conv 1: 200", "conv 2: 250"}
     assert leaves(fix.frame_after) - leaves(bug.frame_after) == {"conv 3: 300"}
     fig = plots.radix_icicles_side_by_side([fix.frame_before, fix.frame_after, bug.frame_after], ["a", "b", "c"])

@@ -8,9 +8,9 @@ import torch
 from safetensors import safe_open
 
 from kvlab.device import get_device
+from kvlab.experiments.kv_pool_sizing import DATA_DIR
 from kvlab.model import CheckpointError, get_model_config, load_weights, write_checkpoint
 from kvlab.model.loader import FastPathUnsupported, WeightLoader
-from kvlab.experiments.kv_pool_sizing import DATA_DIR
 
 TINY_DIR = DATA_DIR / "tiny-llama"
 

@@ -6,9 +6,9 @@ kernel and compares the two, so the whole suite executes each notebook twice, no
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import nbformat
 import pytest

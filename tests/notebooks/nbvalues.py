@@ -28,8 +28,9 @@ from __future__ import annotations
 import base64
 import math
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import nbformat
 

@@ -29,8 +29,9 @@ def _widgets(ids: list[str], *, trace_y: list[float], bar_value: float, percent:
     """A VBox holding a FigureWidget (anywidget) and a tqdm.notebook bar (HBox of HTML, FloatProgress, HTML)."""
     vbox, fig, bar, left, progress, right = ids
     ref = "IPY_MODEL_{}".format
-    model = lambda name, **state: {"model_module": "m", "model_module_version": "1", "model_name": name,
-                                   "state": {"_model_name": name, **state}}
+    def model(name, **state):
+        return {"model_module": "m", "model_module_version": "1", "model_name": name,
+                                       "state": {"_model_name": name, **state}}
     state = {
         vbox: model("VBoxModel", children=[ref(fig), ref(bar)]),
         fig: model("AnyModel", _esm="export default {}", _widget_data=[

@@ -115,9 +115,8 @@ def _stub_image_processor_registry() -> None:
 warnings.filterwarnings("ignore")
 _stub_torchvision()
 
-import torch  # noqa: E402
-
 import sglang  # noqa: E402
+import torch  # noqa: E402
 
 _stub_image_processor_registry()
 from sglang.srt.mem_cache import radix_cache as _radix_module  # noqa: E402

@@ -7,10 +7,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
+from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from fuzz import fuzz_settings, record
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import SchedulerConfig, simulate
 from kvlab.workloads.mooncake import load_trace

@@ -4,10 +4,10 @@ import random
 from dataclasses import dataclass
 
 import pytest
+from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
-from fuzz import fuzz_settings, record
 from kvlab.sched import SchedulerConfig, simulate
 
 

@@ -82,7 +82,7 @@ def test_ranks_disagree_and_sglang_takes_the_minimum(tmp_path, capsys):
 
 def test_a_rank_that_never_finished_loading(tmp_path, capsys):
     text = "\n".join(line for line in _log(before=[70.0, 70.0], after=[54.8, 54.8], tp=2).splitlines()
-                     if not ("TP1] Load weight end" in line))
+                     if "TP1] Load weight end" not in line)
     j = run_json(capsys, write_log(tmp_path, text), "--model-config", "llama-3-8b")
     [f] = _findings(j, "incomplete_ranks")
     assert f["ranks"] == ["TP1"] and "1 rank(s) with both readings" in f["message"]

@@ -1,15 +1,15 @@
 """Property: a log rendered from random readings in a random version's format parses back to the same numbers,
 and the recomputed pool is the one the readings give (and inside the print-rounding range)."""
 
+import fuzz
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-import fuzz
 from kvlab.model.config import get_model_config
 from kvlab.serving import explain_sglang, parse_sglang_log
 from kvlab.serving.pool import sglang_tokens
-from kvlab.serving.sglang_log import LogError
 from kvlab.serving.sglang_formats import FORMATS, default_server_args, render_sglang_log
+from kvlab.serving.sglang_log import LogError
 from kvlab.serving.sglang_versions import parse_version
 
 VERSIONS = [v for v in FORMATS if v != "0.1.14"]

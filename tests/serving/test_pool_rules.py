@@ -7,7 +7,11 @@ from kvlab.serving.explain import config_cell
 from kvlab.serving.pool import cell_from_logged_sizes, sglang_tokens, sglang_tokens_range
 from kvlab.serving.sglang_log import LogError
 from kvlab.serving.sglang_versions import (
-    READ_VERSIONS, cell_rule, default_mem_fraction, nearest_read, parse_version,
+    READ_VERSIONS,
+    cell_rule,
+    default_mem_fraction,
+    nearest_read,
+    parse_version,
 )
 
 

@@ -14,7 +14,7 @@ from nbclient import NotebookClient
 
 from kvlab.experiments import kv_pool_sizing
 from kvlab.viz import plots
-from kvlab.viz.live import LiveFigure, PlotlyJS, figure_state, library
+from kvlab.viz.live import LiveFigure, PlotlyJS, library
 
 GIB = float(1 << 30)
 

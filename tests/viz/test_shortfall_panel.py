@@ -3,9 +3,7 @@
 import pytest
 
 from kvlab.experiments import shortfall_eviction
-from kvlab.viz import plots
 from kvlab.viz.widgets import ShortfallPanel
-
 
 SMALL = shortfall_eviction.PanelSettings(  # quicker than PANEL_DEFAULTS; the panel opens on whatever it is given
     workload="generated-shared-prefix",
@@ -35,7 +33,7 @@ def test_mode_toggle_moves_the_gauge_and_verdict(panel):
     fix, bug = comparison.shortfall.totals(), comparison.full.totals()
     panel.mode.value = "shortfall"
     assert panel.gauge.data[0].value == pytest.approx(100 * fix["hit_rate"], abs=1e-3)
-    assert f"data-over-evicted='0'" in panel.verdict.value
+    assert "data-over-evicted='0'" in panel.verdict.value
     panel.mode.value = "full"
     assert panel.gauge.data[0].value == pytest.approx(100 * bug["hit_rate"], abs=1e-3)
     assert panel.gauge.data[0].delta.reference == pytest.approx(100 * fix["hit_rate"], abs=1e-3)

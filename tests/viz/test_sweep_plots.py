@@ -8,7 +8,6 @@ import plotly.graph_objects as go
 from kvlab.experiments.pool_sweep import sweep
 from kvlab.viz.sweep_plots import hit_rate_vs_pool
 from kvlab.workloads.mooncake import load_trace
-
 from tests.conftest import REPO_ROOT
 
 TINY = REPO_ROOT / "data" / "traces" / "mooncake_tiny.jsonl"

@@ -17,7 +17,6 @@ from kvlab.errors import KvlabError
 from kvlab.experiments import pool_sweep, shortfall_eviction
 from kvlab.workloads import WORKLOADS, iter_records, load_trace, make_workload, read_records, register_workload
 from kvlab.workloads.mooncake import TraceFormatError
-
 from tests.conftest import REPO_ROOT
 
 EMPTY_FILES = {
