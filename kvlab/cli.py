@@ -33,7 +33,9 @@ def _fraction(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     from kvlab.app import DEFAULT_CULL_IDLE_SECONDS
     from kvlab.experiments.kv_pool_sizing import SCENARIO_PRESETS
+    from kvlab.mem_cache.common import EVICTION_MODES
     from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
+    from kvlab.workloads.generators import WORKLOADS
 
     parser = argparse.ArgumentParser(prog="kvlab", description="Reproduce LLM-serving KV-memory findings.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -62,12 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Simulate SGLang's scheduler and radix cache on a workload or a Mooncake-format trace.")
     source = sim.add_mutually_exclusive_group(required=True)
     source.add_argument("--trace", help="Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids)")
-    source.add_argument("--workload", choices=["generated-shared-prefix", "multi-turn-chat", "few-shot"],
+    source.add_argument("--workload", choices=list(WORKLOADS),
                         help="seeded synthetic workload")
     sim.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
     sim.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload parameter, e.g. num_groups=16 (repeatable)")
-    sim.add_argument("--eviction", choices=["shortfall", "full"], default=None,
+    sim.add_argument("--eviction", choices=list(EVICTION_MODES), default=None,
                      help="evict the shortfall (the fix, default) or the full request (the bug)")
     sim.add_argument("--compare", action="store_true",
                      help="run both eviction modes on the same requests and print them side by side")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvlab.mem_cache.common import EVICTION_MODES
 from kvlab.sched import SchedulerConfig, SimResult, simulate
 from kvlab.units import align_up
 
@@ -55,7 +56,7 @@ def default_kv_tokens(requests: Sequence[Any], page_size: int) -> int:
     return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
 
 
-MODES = ("shortfall", "full")
+MODES = EVICTION_MODES  # ("shortfall", "full"): evict_from_tree_cache's modes
 MODE_LABELS = {"shortfall": "shortfall (the fix)", "full": "full (the bug)"}
 NEGLIGIBLE_GAP_POINTS = 0.5  # a hit-rate difference below this many points is called negligible
 

@@ -108,7 +108,9 @@ class TreeDemoPanel:
 
     def __init__(self, demo: Any = None, *, start_requests: int = 0, max_nodes: int = 200,
                  **demo_options: Any) -> None:
+        from kvlab.experiments.shortfall_eviction import MODE_LABELS
         from kvlab.experiments.tree_demo import TreeDemo
+        from kvlab.mem_cache.common import EVICTION_MODES
 
         self.demo = demo if demo is not None else TreeDemo(**demo_options)
         for _ in range(start_requests):  # so the first drawing already has a tree to look at
@@ -118,7 +120,7 @@ class TreeDemoPanel:
         self.next_button = widgets.Button(description="next request", button_style="primary")
         self.pressure_button = widgets.Button(description="pressure event", button_style="warning")
         self.reset_button = widgets.Button(description="reset")
-        self.mode = widgets.Dropdown(options=[("shortfall (the fix)", "shortfall"), ("full (the bug)", "full")],
+        self.mode = widgets.Dropdown(options=[(MODE_LABELS[m], m) for m in EVICTION_MODES],
                                      value=self.demo.mode, description="eviction")
         self.log = widgets.HTML()
         self.errors = widgets.Output()

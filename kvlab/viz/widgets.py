@@ -229,7 +229,7 @@ class ShortfallPanel:
     """
 
     # dropdown -> make_workload overrides, small enough to re-run in seconds on a laptop (PANEL_DEFAULTS'
-    # workload, generated-shared-prefix, comes first with its own sizes)
+    # workload, generated-shared-prefix, has its own sizes)
     WORKLOAD_SIZES = {
         "multi-turn-chat": (("num_sessions", 16), ("turns", 4)),
         "few-shot": (("num_requests", 96),),
@@ -239,11 +239,14 @@ class ShortfallPanel:
     def __init__(self, settings=None) -> None:
         from kvlab.experiments import shortfall_eviction
         from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
+        from kvlab.workloads.generators import WORKLOADS
 
         self._experiment = shortfall_eviction
         defaults = shortfall_eviction.PANEL_DEFAULTS
         settings = settings or defaults
-        self._sizes = {defaults.workload: defaults.overrides, **self.WORKLOAD_SIZES, settings.workload: settings.overrides}
+        # every registered workload, in registry order; one without a size here runs at its own defaults
+        self._sizes = {name: self.WORKLOAD_SIZES.get(name, ()) for name in WORKLOADS}
+        self._sizes.update({defaults.workload: defaults.overrides, settings.workload: settings.overrides})
         self.seed = settings.seed
         self._cache: dict[object, object] = {}
         labels = shortfall_eviction.MODE_LABELS
@@ -309,11 +312,15 @@ class ShortfallPanel:
         self.verdict.value = sim_verdict_html(comparison, mode)
 
 
-ARMS = (("shortfall", "shortfall (the fix)"), ("full", "full (the bug)"))
+def _label(mode: str) -> str:
+    """A mode's words (``shortfall (the fix)``), from the experiment's ``MODE_LABELS``."""
+    from kvlab.experiments.shortfall_eviction import MODE_LABELS  # lazy: the experiment imports torch
+
+    return MODE_LABELS[mode]
 
 
 def _arm(comparison, mode: str):
-    return comparison.shortfall if mode == "shortfall" else comparison.full
+    return dict(comparison.arms())[mode]
 
 
 def sim_timelines_figure(comparison):
@@ -325,7 +332,7 @@ def sim_timelines_figure(comparison):
 
 def totals_figure(comparison):
     """Both modes' prefill / evicted / over-evicted tokens as grouped bars."""
-    return plots.totals_bars({label: _arm(comparison, mode).totals() for mode, label in ARMS}).update_layout(width=560)
+    return plots.totals_bars({_label(mode): result.totals() for mode, result in comparison.arms()}).update_layout(width=560)
 
 
 def gauge_figure(comparison, mode: str):
@@ -333,13 +340,13 @@ def gauge_figure(comparison, mode: str):
     other = "full" if mode == "shortfall" else "shortfall"
     return plots.hit_rate_indicator(_arm(comparison, mode).totals()["hit_rate"],
                                     _arm(comparison, other).totals()["hit_rate"],
-                                    title=f"hit rate · {dict(ARMS)[mode]}")
+                                    title=f"hit rate · {_label(mode)}")
 
 
 def sim_verdict_html(comparison, mode: str) -> str:
     """The selected mode's numbers, then the comparison's plain verdict (negligible where it is)."""
     t = _arm(comparison, mode).totals()
-    label = dict(ARMS)[mode]
+    label = _label(mode)
     return (f"<div class='kvlab-sim-verdict-box' data-mode='{mode}' data-hit-rate='{t['hit_rate']}' "
             f"data-over-evicted='{t['over_evicted_tokens']}' style='padding:6px 10px;border-radius:4px;"
             f"background:{'#d4edda' if mode == 'shortfall' else '#f8d7da'}'>"
@@ -359,7 +366,7 @@ def sim_table_html(comparison, selected: str) -> str:
     hl = "background:#fff3cd"
     cell = "padding:3px 8px;white-space:nowrap;"
     header = "".join(f"<th style='{cell}width:11em;text-align:right;{hl if m == selected else ''}'>"
-                     f"{dict(ARMS)[m]}</th>" for m, _ in cols)
+                     f"{_label(m)}</th>" for m, _ in cols)
     body = "".join(
         f"<tr><td>{label}</td>" + "".join(
             f"<td data-field='{key}' data-mode='{m}' data-value='{t[key]}' style='{cell}text-align:right;"
