@@ -24,6 +24,7 @@ from kvlab.device.replay import replay_snapshot
 from kvlab.device.replay_gen import generate
 from kvlab.device.replay_whatif import parse_what_if, run_what_if
 from kvlab.device.snapshot import read_snapshot
+from kvlab.units import GiB
 
 TARGETS_S = {100_000: 2.0, 1_000_000: 15.0}
 
@@ -82,8 +83,8 @@ def main() -> None:
                   f"{r['replay_cpu']:6.2f} s CPU{ratio}")
             print(f"    read     {r['read_s']:6.2f} s wall, {r['read_cpu']:6.2f} s CPU")
             print(f"    what-ifs {r['what_if_s']:6.2f} s wall, {r['what_if_cpu']:6.2f} s CPU (recorded settings and "
-                  f"expandable_segments=True: peak reserved {r['peak_reserved'] / 2**30:.2f} → "
-                  f"{r['expandable_peak'] / 2**30:.2f} GiB)")
+                  f"expandable_segments=True: peak reserved {r['peak_reserved'] / GiB:.2f} → "
+                  f"{r['expandable_peak'] / GiB:.2f} GiB)")
             total = r["read_s"] + r["replay_s"] + r["what_if_s"]
             print(f"    all of `kvlab replay` {total:6.2f} s wall, "
                   f"{r['read_cpu'] + r['replay_cpu'] + r['what_if_cpu']:6.2f} s CPU")

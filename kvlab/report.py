@@ -29,6 +29,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.units import fmt_gib
+
 MARKER = ".kvlab-report"
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -267,7 +269,7 @@ def _signed_points(points: float) -> str:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:,.2f} GiB".replace("-", "−")
+    return fmt_gib(n).replace("-", "−")
 
 
 def _signed_gib(n: int) -> str:

@@ -9,7 +9,11 @@ from __future__ import annotations
 KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
+TiB = 1024 * GiB
+KB = 10**3
+MB = 10**6
 GB = 10**9
+TB = 10**12
 
 
 def div_ceil(a: int, b: int) -> int:
@@ -47,3 +51,9 @@ def fmt_bytes(n: float) -> str:
         if n <= size * 1024:
             return f"{sign}{n / size:.2f} {unit}"
     return f"{sign}{n / GiB:.2f} GiB"
+
+
+def fmt_gib(n: float) -> str:
+    """Bytes in GiB with two decimals and thousands separators, whatever the size (``21.52 GiB``): the unit
+    of the finding-1 tables, where rows are compared with each other."""
+    return f"{n / GiB:,.2f} GiB"

@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from kvlab.device.events import EventRecorder
+from kvlab.units import GiB
 
 
 def nbytes_of(shape: Sequence[int], dtype: torch.dtype) -> int:
@@ -109,4 +110,4 @@ class Device(ABC):
 
     def __repr__(self) -> str:
         free, total = self.mem_get_info()
-        return f"<{type(self).__name__} {self.name}: {free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB>"
+        return f"<{type(self).__name__} {self.name}: {free / GiB:.2f} GiB free of {total / GiB:.2f} GiB>"

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-GIB = 1 << 30
+from kvlab.units import GiB
 
 
 class NoKVMemoryError(ValueError):
@@ -97,8 +97,8 @@ def kv_budget(
     ):
         if not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
-    pre_gb = pre_model_load_bytes / GIB
-    available_gb = available_bytes / GIB
+    pre_gb = pre_model_load_bytes / GiB
+    available_gb = available_bytes / GiB
     slack_gb = pre_gb * (1 - mem_fraction_static)
     rest_gb = available_gb - slack_gb
     if rest_gb <= 0:
@@ -110,7 +110,7 @@ def kv_budget(
             f"{suggested:.3f} (minimum viable = 1 - available/pre = {minimum:.4f}). If using speculative "
             f"decoding, draft weights are now counted."
         )
-    rest_bytes = int(rest_gb * GIB)
+    rest_bytes = int(rest_gb * GiB)
     tokens = rest_bytes // cell_size_bytes // page_size * page_size
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens) // page_size * page_size
@@ -120,7 +120,7 @@ def kv_budget(
         pre_model_load_bytes=pre_model_load_bytes,
         available_bytes=available_bytes,
         mem_fraction_static=mem_fraction_static,
-        slack_bytes=int(slack_gb * GIB),
+        slack_bytes=int(slack_gb * GiB),
         rest_bytes=rest_bytes,
         cell_size_bytes=cell_size_bytes,
         page_size=page_size,

@@ -34,11 +34,6 @@ class MemoryReading:
     empty_cache: bool
     gc_objects_collected: int = 0
 
-    @property
-    def free_gib(self) -> float:
-        """What SGLang works in: free bytes / 2**30 as a float."""
-        return self.free_bytes / (1 << 30)
-
 
 def get_available_gpu_memory(
     devices: Device | Sequence[Device],

@@ -20,6 +20,7 @@ from kvlab.device.caching_allocator import (
 )
 from kvlab.device.replay_report import OP_ALLOC, OP_EMPTY, OP_FREE, OP_FREE_REQUESTED, Divergence, ReplayResult
 from kvlab.errors import KvlabError
+from kvlab.units import GiB, TiB
 
 MODEL_TOTAL_BYTES = 1 << 50  # the model's driver never refuses, except where a recorded oom says it did
 _RELEASES = frozenset({"segment_free", "segment_unmap"})
@@ -48,7 +49,7 @@ class _Addresses:
 
     def __init__(self, highest: int, model: CachingAllocatorModel) -> None:
         self.queue: list[int] = []
-        self.fresh = highest + (1 << 40)
+        self.fresh = highest + TiB
         self.model = model
         self.made_segment = False
 
@@ -62,7 +63,7 @@ class _Addresses:
                 if s.is_expandable and s.addr < addr < s.addr + s.address_space_bytes:
                     self.model.limit_address_space(s, addr)
             return addr
-        addr, self.fresh = self.fresh, self.fresh + space_bytes + (1 << 30)
+        addr, self.fresh = self.fresh, self.fresh + space_bytes + GiB
         return addr
 
 

@@ -20,11 +20,11 @@ from typing import Any
 
 from kvlab.device.caching_allocator import AllocatorConfig, CachingAllocatorModel, OutOfMemoryError
 from kvlab.device.replay_report import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
-from kvlab.units import GB, GiB, KiB, MiB
+from kvlab.units import GB, KB, MB, TB, GiB, KiB, MiB, TiB
 
 UNLIMITED_BYTES = 1 << 50
-_UNITS = {"": 1, "b": 1, "k": KiB, "kib": KiB, "kb": 1000, "m": MiB, "mib": MiB, "mb": 10**6, "g": GiB,
-          "gib": GiB, "gb": GB, "t": 1 << 40, "tib": 1 << 40, "tb": 10**12}
+_UNITS = {"": 1, "b": 1, "k": KiB, "kib": KiB, "kb": KB, "m": MiB, "mib": MiB, "mb": MB, "g": GiB,
+          "gib": GiB, "gb": GB, "t": TiB, "tib": TiB, "tb": TB}
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
 WHAT_IF_KEYS = ("expandable_segments", "max_split_size_mb", "roundup_power2_divisions")
 

@@ -19,7 +19,7 @@ import dataclasses
 import re
 from dataclasses import dataclass
 
-from kvlab.units import GB, MiB
+from kvlab.units import GB, GiB, MiB
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class DeviceSpec:
 
 def _card(name: str, smi_mib: int, description: str, names: tuple[str, ...], source: str, **extra) -> DeviceSpec:
     """A preset whose capacity is its nvidia-smi / rocm-smi total."""
-    small = smi_mib < 30 * 1024
+    small = smi_mib * MiB < 30 * GiB
     extra.setdefault("context_bytes", 384 * MiB if small else 512 * MiB)
     return DeviceSpec(name, smi_mib * MiB, description=description, smi_total_mib=smi_mib, names=names,
                       source=source, **extra)

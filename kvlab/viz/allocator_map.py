@@ -19,11 +19,10 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvlab.device.snapshot import read_snapshot
-from kvlab.units import KiB, MiB, fmt_bytes
-from kvlab.viz.snapshot_plots import MIB, STATE_STYLE
+from kvlab.units import GiB, KiB, MiB, fmt_bytes
+from kvlab.viz.snapshot_plots import STATE_STYLE
 from kvlab.viz.theme import TEMPLATE
 
-GIB = float(1 << 30)
 TIMELINE_SERIES = (  # column, label, colour
     ("allocated_bytes", "allocated", STATE_STYLE["active_allocated"][1]),
     ("reserved_bytes", "reserved", "#ff7f0e"),
@@ -87,9 +86,9 @@ def timeline_traces(frame: pd.DataFrame) -> list[go.Scatter]:
     (one x per event); the event, the state it leads to and the driver's free memory on hover."""
     frame = frame.assign(cached_free_bytes=frame["reserved_bytes"] - frame["allocated_bytes"])
     events = list(range(len(frame)))
-    custom = list(zip(frame["step"], frame["action"], (frame["free_bytes"] / GIB).round(3)))
+    custom = list(zip(frame["step"], frame["action"], (frame["free_bytes"] / GiB).round(3)))
     return [
-        go.Scatter(x=events, y=(frame[column] / MIB).round(4).tolist(), name=label, mode="lines",
+        go.Scatter(x=events, y=(frame[column] / MiB).round(4).tolist(), name=label, mode="lines",
                    line=dict(color=colour, width=2, shape="hv", dash="dot" if column == "cached_free_bytes" else None),
                    customdata=custom, legendgroup=label,
                    hovertemplate=f"{label}: %{{y:.3f}} MiB<br>%{{customdata[1]}}, leading to: %{{customdata[0]}}"

@@ -6,9 +6,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from kvlab.units import GiB
 from kvlab.viz.theme import TEMPLATE
 
-GIB = float(1 << 30)
 SERIES = (  # column, label, colour
     ("allocated_bytes", "allocated", "#1f77b4"),
     ("reserved_bytes", "reserved", "#ff7f0e"),
@@ -51,7 +51,7 @@ def weights_line(n_steps: int, weights_bytes: int | None) -> tuple[list, list]:
     """x, y of the dashed reference at the parameters' size: allocated above it is temporaries."""
     if weights_bytes is None or n_steps == 0:
         return [], []
-    return [0, n_steps - 1], [round(weights_bytes / GIB, 4)] * 2
+    return [0, n_steps - 1], [round(weights_bytes / GiB, 4)] * 2
 
 
 def timeline_traces(frame: pd.DataFrame, *, weights_bytes: int | None = None, showlegend: bool = True) -> list[go.Scatter]:
@@ -61,7 +61,7 @@ def timeline_traces(frame: pd.DataFrame, *, weights_bytes: int | None = None, sh
     for column, label, colour in SERIES:
         traces.append(
             go.Scatter(
-                x=steps, y=(frame[column] / GIB).round(4).tolist(), name=label, mode="lines",
+                x=steps, y=(frame[column] / GiB).round(4).tolist(), name=label, mode="lines",
                 line=dict(color=colour, width=2, shape="hv"), legendgroup=label, showlegend=showlegend,
                 customdata=frame["phase"].tolist(),
                 hovertemplate=f"{label}: %{{y:.2f}} GiB<br>phase: %{{customdata}}<extra></extra>",
@@ -89,7 +89,7 @@ def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[
         shapes.append(dict(type="rect", xref=xref, yref="paper", x0=start - 0.5, x1=stop + 0.5, y0=0, y1=1,
                            fillcolor=PHASE_COLOURS[phase], line_width=0, layer="below"))
         if phase == "gc.collect()":
-            freed = (allocated[max(start - 1, 0)] - allocated[stop]) / GIB
+            freed = (allocated[max(start - 1, 0)] - allocated[stop]) / GiB
             text = f"<b>gc.collect()</b><br>frees {freed:,.2f} GiB"
         elif measures and (phase, start, stop) == measures[-1]:
             text = "<b>measure</b><br>pool sized here"
@@ -153,7 +153,7 @@ def budget_waterfall(terms: list[tuple[str, int]], title: str = "KV budget") -> 
 
 def waterfall_trace(terms: list[tuple[str, int]]) -> go.Waterfall:
     labels = [name for name, _ in terms] + ["KV pool budget"]
-    values = [round(v / GIB, 4) for _, v in terms] + [0]
+    values = [round(v / GiB, 4) for _, v in terms] + [0]
     measure = ["absolute"] + ["relative"] * (len(terms) - 1) + ["total"]
     total = round(sum(values), 4)
     return go.Waterfall(x=labels, y=values, measure=measure, textposition="outside",

@@ -6,7 +6,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-GIB = float(1 << 30)
+from kvlab.units import GiB
+
 MAX_POINTS = 20_000  # longer traces are drawn every k-th event (the peak always kept)
 
 
@@ -22,11 +23,11 @@ def recorded_vs_modelled(result) -> go.Figure:
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.05,
                         subplot_titles=("recorded", "modelled by kvlab"))
     line = dict(shape="hv")
-    fig.add_trace(go.Scatter(x=at, y=[result.recorded_reserved[i] / GIB for i in at], name="reserved (recorded)",
+    fig.add_trace(go.Scatter(x=at, y=[result.recorded_reserved[i] / GiB for i in at], name="reserved (recorded)",
                              mode="lines", line=dict(color="#ff7f0e", **line)), row=1, col=1)
-    fig.add_trace(go.Scatter(x=at, y=[result.modelled_reserved[i] / GIB for i in at], name="reserved (modelled)",
+    fig.add_trace(go.Scatter(x=at, y=[result.modelled_reserved[i] / GiB for i in at], name="reserved (modelled)",
                              mode="lines", line=dict(color="#d62728", **line)), row=1, col=2)
-    fig.add_trace(go.Scatter(x=at, y=[result.modelled_allocated[i] / GIB for i in at], name="allocated (modelled)",
+    fig.add_trace(go.Scatter(x=at, y=[result.modelled_allocated[i] / GiB for i in at], name="allocated (modelled)",
                              mode="lines", line=dict(color="#1f77b4", **line)), row=1, col=2)
     first = result.first_divergence
     if first is not None:
@@ -50,10 +51,10 @@ def what_if_bars(result, what_ifs) -> go.Figure:
     fig = go.Figure()
     for (label, values), colour in zip(series.items(), ("#ff7f0e", "#ffbb78", "#9467bd")):
         fig.add_trace(go.Bar(name=label, x=names, marker_color=colour,
-                             y=[None if v is None else round(v / GIB, 3) for v in values],
+                             y=[None if v is None else round(v / GiB, 3) for v in values],
                              hovertemplate=f"{label}: %{{y:.2f}} GiB<extra>%{{x}}</extra>"))
     capacity = next((w.capacity_bytes for w in what_ifs if w.capacity_bytes), None)
     if capacity:
-        fig.add_hline(y=capacity / GIB, line_dash="dot", annotation_text=f"capacity {capacity / GIB:.0f} GiB")
+        fig.add_hline(y=capacity / GiB, line_dash="dot", annotation_text=f"capacity {capacity / GiB:.0f} GiB")
     fig.update_layout(barmode="group", yaxis_title="GiB", title="What-ifs: the same allocations, other settings")
     return fig

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from kvlab.units import MiB
 from kvlab.viz.theme import STATE_STYLE  # normalised block state -> (legend label, colour)
-
-MIB = float(1 << 20)
 
 
 def active_memory_timeline(snapshot) -> go.Figure:
@@ -17,7 +16,7 @@ def active_memory_timeline(snapshot) -> go.Figure:
     for column, label, colour in (("allocated_bytes", "allocated", "#1f77b4"), ("reserved_bytes", "reserved", "#ff7f0e")):
         fig.add_trace(
             go.Scatter(
-                x=frame["step"].tolist(), y=(frame[column] / MIB).round(3).tolist(), name=label, mode="lines",
+                x=frame["step"].tolist(), y=(frame[column] / MiB).round(3).tolist(), name=label, mode="lines",
                 line=dict(color=colour, shape="hv"), customdata=frame["action"].tolist(),
                 hovertemplate=f"{label}: %{{y:.2f}} MiB<br>%{{customdata}}<extra></extra>",
             )
@@ -37,8 +36,8 @@ def segment_map(snapshot) -> go.Figure:
             go.Bar(
                 orientation="h", name=label, marker_color=colour,
                 y=[f"seg {order[a]} ({a:#x})" for a in rows["segment_address"]],
-                x=(rows["size"] / MIB).tolist(),
-                base=((rows["address"] - rows["segment_address"]) / MIB).tolist(),
+                x=(rows["size"] / MiB).tolist(),
+                base=((rows["address"] - rows["segment_address"]) / MiB).tolist(),
                 customdata=rows[["address", "size", "requested_size"]].values.tolist(),
                 hovertemplate="block %{customdata[0]:#x}<br>%{customdata[1]} B (requested %{customdata[2]} B)"
                 f"<extra>{label}</extra>",

@@ -13,14 +13,13 @@ import traceback
 
 import ipywidgets as widgets
 
+from kvlab.units import fmt_gib
 from kvlab.viz import plots
 from kvlab.viz.live import LiveFigure
 
-GIB = float(1 << 30)
-
 
 def _fmt_gib(n: int | None) -> str:
-    return "—" if n is None else f"{n / GIB:,.2f} GiB"
+    return "—" if n is None else fmt_gib(n)
 
 
 def _fmt_int(n: int | None) -> str:

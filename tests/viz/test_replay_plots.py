@@ -6,8 +6,9 @@ import copy
 
 from kvlab.device.replay import replay_snapshot, replay_with_what_ifs, state_at
 from kvlab.device.replay_gen import generate
+from kvlab.units import GiB
 from kvlab.viz import replay_plots
-from kvlab.viz.replay_plots import GIB, recorded_vs_modelled, what_if_bars
+from kvlab.viz.replay_plots import recorded_vs_modelled, what_if_bars
 from kvlab.viz.snapshot_plots import segment_map
 
 
@@ -17,9 +18,9 @@ def test_side_by_side_draws_every_event_and_marks_a_divergence():
     fig = recorded_vs_modelled(result)
     recorded, modelled, allocated = fig.data
     assert list(recorded.x) == list(range(len(result.trace)))
-    assert [round(y * GIB) for y in recorded.y] == result.recorded_reserved
-    assert [round(y * GIB) for y in modelled.y] == result.modelled_reserved
-    assert [round(y * GIB) for y in allocated.y] == result.modelled_allocated
+    assert [round(y * GiB) for y in recorded.y] == result.recorded_reserved
+    assert [round(y * GiB) for y in modelled.y] == result.modelled_reserved
+    assert [round(y * GiB) for y in allocated.y] == result.modelled_allocated
     assert not fig.layout.shapes  # exact: no divergence line
     raw = copy.deepcopy(made.snapshot)
     k = next(i for i, e in enumerate(raw["device_traces"][0]) if i > 300 and e["action"] == "alloc")
@@ -41,7 +42,7 @@ def test_what_if_bars_and_the_segment_map_at_the_peak():
     fig = what_if_bars(result, what_ifs)
     peak, final, frag = fig.data
     assert list(peak.x) == ["recorded", "as recorded (modelled)", "expandable_segments=True"]
-    assert [round(v * GIB, -6) for v in peak.y] == [round(v, -6) for v in (
+    assert [round(v * GiB, -6) for v in peak.y] == [round(v, -6) for v in (
         result.recorded_peak_reserved_bytes, *(w.peak_reserved_bytes for w in what_ifs))]
     assert frag.y[0] is None and fig.layout.shapes[0].y0 == 8.0
     state = state_at(made.snapshot, result.peak_event)

@@ -1,0 +1,58 @@
+"""Byte units have one home, ``kvlab.units``: its constants and formatters, and no module defining its own."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+from kvlab.device.replay_whatif import parse_size
+from kvlab.units import GB, KB, MB, TB, GiB, KiB, MiB, TiB, fmt_bytes, fmt_gib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+# Files owned elsewhere in issue 15 that still define a local GIB; remove an entry once its file imports GiB.
+NOT_YET = {"kvlab/serving/pool.py", "kvlab/serving/sglang_formats.py"}
+POWERS = {10: "KiB", 20: "MiB", 30: "GiB", 40: "TiB"}
+
+
+def test_binary_and_decimal_units():
+    assert (KiB, MiB, GiB, TiB) == (2**10, 2**20, 2**30, 2**40)
+    assert (KB, MB, GB, TB) == (10**3, 10**6, 10**9, 10**12)
+
+
+def test_fmt_gib_keeps_gib_at_every_size():
+    assert fmt_gib(21.515 * GiB + 1) == "21.52 GiB"
+    assert fmt_gib(512 * MiB) == "0.50 GiB"  # fmt_bytes would say 512.00 MiB
+    assert fmt_gib(1500 * GiB) == "1,500.00 GiB"
+    assert fmt_gib(-2 * GiB) == "-2.00 GiB"
+    assert fmt_bytes(512 * MiB) == "512.00 MiB"
+
+
+@pytest.mark.parametrize(("text", "expected"), [("24GiB", 24 * GiB), ("24 GB", 24 * GB), ("1tib", TiB),
+                                                ("2TB", 2 * TB), ("512kb", 512 * KB), ("3MB", 3 * MB)])
+def test_parse_size_reads_the_units(text, expected):
+    assert parse_size(text) == expected
+
+
+def _unit_literals(tree: ast.AST):
+    """(line, text) of every ``1 << 10|20|30|40`` and ``2 ** 10|20|30|40`` and of every upper-case name bound
+    to such a value or to a ``float()`` of one (``GIB = float(1 << 30)``)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BinOp) and isinstance(node.right, ast.Constant) and isinstance(node.left, ast.Constant):
+            if (isinstance(node.op, ast.LShift) and node.left.value == 1 or
+                    isinstance(node.op, ast.Pow) and node.left.value == 2) and node.right.value in POWERS:
+                yield node.lineno, f"{ast.unparse(node)} (use {POWERS[node.right.value]})"
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id in ("KIB", "MIB", "GIB", "TIB")
+                                                for t in node.targets):
+            yield node.lineno, ast.unparse(node)
+
+
+def test_no_module_defines_its_own_byte_unit():
+    offenders = []
+    for path in sorted((ROOT / "kvlab").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel == "kvlab/units.py" or rel in NOT_YET:
+            continue
+        offenders += [f"{rel}:{line}: {text}" for line, text in _unit_literals(ast.parse(path.read_text()))]
+    assert not offenders, "byte units come from kvlab.units:\n" + "\n".join(offenders)
