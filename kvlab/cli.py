@@ -121,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--force", action="store_true",
                         help="write into an existing directory that is not a previous kvlab report")
     report.add_argument("--no-png", action="store_true", help="skip the PNG export (no browser needed)")
-    report.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: the repo's notebooks/)")
+    report.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: kvlab's, see kvlab.paths)")
 
     app = commands.add_parser(
         "app", help="serve one notebook as a Voila dashboard on 127.0.0.1 (code hidden, widgets live)",
@@ -133,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     app.add_argument("--cull-idle-seconds", type=_nonnegative_int, default=DEFAULT_CULL_IDLE_SECONDS, metavar="N",
                      help="shut down a page's kernel once it has been idle N s with no page connected "
                           "(a closed tab, a sleeping laptop); 0 = never (default: %(default)s)")
-    app.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: the repo's notebooks/)")
+    app.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: kvlab's, see kvlab.paths)")
 
     replay = commands.add_parser(
         "replay", help="replay a torch memory snapshot through the allocator model: fidelity and what-ifs",

@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from kvlab.paths import notebook_dir
 from kvlab.units import fmt_gib
 
 MARKER = ".kvlab-report"
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+DEFAULT_NOTEBOOK_DIR = notebook_dir()  # the checkout's notebooks/, a wheel's copy or KVLAB_NOTEBOOK_DIR
 # The headline numbers are those the notebooks show (tests/test_report.py reads the notebooks' own calls):
 # finding 1 is notebook 01 §1, the PR's setup on its simulated devices, plus §4 on a CUDA device when the
 # report runs on one; finding 2 is notebook 02 §2, shortfall_eviction.PANEL_DEFAULTS (the live panel's setting).

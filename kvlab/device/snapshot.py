@@ -36,6 +36,7 @@ from kvlab.device.events import ACTIONS
 from kvlab.device.snapshot_keys import SnapshotKeyWarning as SnapshotKeyWarning  # re-exported
 from kvlab.device.snapshot_keys import warn_unknown_keys
 from kvlab.errors import KvlabError
+from kvlab.paths import data_path
 from kvlab.units import KiB, MiB
 
 BLOCK_STATES = ("active_allocated", "active_pending_free", "inactive")
@@ -471,7 +472,7 @@ def write_snapshot(device, path: str | os.PathLike, *, overwrite: bool = False) 
 # ---- the shipped example --------------------------------------------------------------------------
 
 EXAMPLE_DEVICE = "sim:h100-80g"
-EXAMPLE_SNAPSHOT = Path(__file__).resolve().parents[2] / "data" / "snapshots" / "example.pickle"  # data/README.md
+EXAMPLE_SNAPSHOT = data_path("snapshots", "example.pickle")  # data/README.md
 
 
 def run_example_script():

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from kvlab.experiments import shortfall_eviction
+from kvlab.paths import data_path
 from kvlab.units import align_up
 
-TRACE_DIR = Path(__file__).resolve().parents[2] / "data" / "traces"
+TRACE_DIR = data_path("traces")
 # pool ÷ the workload's distinct prompt tokens; 2/3 is the live panel's pool (32,768 of 49,152)
 POOL_SHARES = (0.25, 0.5, 2 / 3, 1.0, 1.5)
 SCHEDULER = "scheduler model (kvlab.sched)"

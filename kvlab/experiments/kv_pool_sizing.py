@@ -16,7 +16,6 @@ import gc
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 
@@ -26,9 +25,10 @@ from kvlab.device.budget import KVBudget, NoKVMemoryError, _check_fraction, kv_b
 from kvlab.device.measure import MemoryReading, automatic_gc_paused, get_available_gpu_memory
 from kvlab.model.config import ModelConfig, get_model_config
 from kvlab.model.loader import LoadedWeights, load_weights
+from kvlab.paths import data_dir
 from kvlab.units import GiB, MiB
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = data_dir()  # kvlab.paths: the checkout's data/, a wheel's copy or KVLAB_DATA_DIR
 
 
 @dataclass(frozen=True)

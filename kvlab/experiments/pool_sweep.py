@@ -24,9 +24,10 @@ from typing import Any
 
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.experiments.shortfall_eviction import MODES, run
+from kvlab.paths import data_dir
 from kvlab.progress import progress_bar
 
-DATA_DIR = Path(__file__).resolve().parents[2] / "data"
+DATA_DIR = data_dir()  # kvlab.paths: the checkout's data/, a wheel's copy or KVLAB_DATA_DIR
 EXAMPLE_TRACE = DATA_DIR / "traces" / "mooncake_small.jsonl"  # the shipped trace (data/README.md)
 DEFAULT_NUM_POINTS = 6
 COLUMNS = ("mode", "kv_pages", "kv_tokens", "hit_rate", "evicted_tokens", "over_evicted_tokens",
