@@ -11,8 +11,8 @@
                                     from notebook outputs), the devices named
     DIR/.kvlab-report               marker: only a directory holding it may be written over again
 
-Notebooks run in their own folder as cwd (as in JupyterLab) with ``KVLAB_DEVICE`` set in an injected first
-cell (tag ``injected-env``, the convention of tests/notebooks/nbrun.py), so ``--device`` reaches
+Notebooks run through ``kvlab.notebook_exec`` (the test suite's executor too): in their own folder as cwd (as in
+JupyterLab) with ``KVLAB_DEVICE`` set in an injected first cell (tag ``injected-env``), so ``--device`` reaches
 ``kvlab.device.resolve_device_name`` inside the kernel. ``PLOTLY_RENDERER=plotly_mimetype+notebook`` makes
 ``fig.show()`` leave an HTML output (with plotly.js) that nbconvert can render; live FigureWidgets need a
 kernel and show in the page as their static fallback only.
@@ -119,16 +119,6 @@ def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False) -> Path
 
 
 # ---- executing and rendering --------------------------------------------------------------------
-def _env_cell(env: dict[str, str]):
-    import nbformat
-
-    lines = ["# Environment injected by kvlab report", "import os"]
-    lines += [f"os.environ[{k!r}] = {v!r}" for k, v in env.items()]
-    cell = nbformat.v4.new_code_cell("\n".join(lines))
-    cell.metadata["tags"] = ["injected-env"]
-    return cell
-
-
 def kernel_env(device: str) -> dict[str, str]:
     return {"KVLAB_DEVICE": device, "KVLAB_PROGRESS": "0", "PLOTLY_RENDERER": "plotly_mimetype+notebook"}
 
@@ -136,40 +126,22 @@ def kernel_env(device: str) -> dict[str, str]:
 def execute_one(source: Path, out_dir: Path, device: str, *, timeout: int = 900) -> NotebookRun:
     """Execute ``source`` into ``out_dir/notebooks`` and render it into ``out_dir/html``; never raises for a
     failing cell (the run records it, the partial notebook is still written and rendered)."""
-    import nbformat
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+    from kvlab.notebook_exec import NotebookExecutionError, execute_notebook
 
     run = NotebookRun(name=source.stem, source=source)
     start = time.perf_counter()
-    nb = nbformat.read(source, as_version=4)
-    nb.cells.insert(0, _env_cell(kernel_env(device)))
-    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", store_widget_state=True,
-                            resources={"metadata": {"path": str(source.parent)}})
-    try:
-        client.execute()
-        run.ok = True
-    except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:
-        index = next((i for i, c in enumerate(nb.cells) if c.cell_type == "code" and any(
-            o.get("output_type") == "error" for o in c.get("outputs", []))), None)
-        run.failed_cell = None if index is None else index - 1  # the injected cell is not the user's
-        where = f"cell {run.failed_cell}" if run.failed_cell is not None else "a cell"
-        first_line = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        run.error = f"{source.name}: {where} failed ({type(exc).__name__}): {_strip_ansi(first_line)}"
-    run.seconds = time.perf_counter() - start
     run.executed_path = out_dir / "notebooks" / source.name
-    run.executed_path.parent.mkdir(parents=True, exist_ok=True)
-    nbformat.write(nb, run.executed_path)
+    try:
+        nb = execute_notebook(source, timeout, env=kernel_env(device), output_path=run.executed_path)
+        run.ok = True
+    except NotebookExecutionError as exc:
+        nb, run.failed_cell = exc.notebook, exc.cell
+        run.error = f"{exc.headline}: {exc.last_line}"
+    run.seconds = time.perf_counter() - start
     run.html_path = out_dir / "html" / f"{source.stem}.html"
     run.html_path.parent.mkdir(parents=True, exist_ok=True)
     run.html_path.write_text(render_html(nb), encoding="utf-8")
     return run
-
-
-def _strip_ansi(text: str) -> str:
-    import re
-
-    return re.sub(r"\x1b\[[0-9;]*[A-Za-z]", "", text)
 
 
 def render_html(nb) -> str:

@@ -20,6 +20,8 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
+from kvlab.notebook_exec import ENV_TAG, PARAMETERS_TAG
+
 HERE = Path(__file__).resolve().parent
 KATEX_DIR = HERE / "assets" / "katex"
 TEMPLATE_DIR = HERE / "templates"
@@ -109,8 +111,8 @@ def exporter():
     from nbconvert import HTMLExporter
     from traitlets.config import Config
 
-    # The cell that `kvlab report` injects (tag injected-env: KVLAB_DEVICE etc.) is plumbing, not the notebook.
-    config = Config({"TagRemovePreprocessor": {"enabled": True, "remove_cell_tags": ["injected-env"]}})
+    # The cells kvlab.notebook_exec injects (KVLAB_DEVICE etc., parameters) are plumbing, not the notebook.
+    config = Config({"TagRemovePreprocessor": {"enabled": True, "remove_cell_tags": [ENV_TAG, PARAMETERS_TAG]}})
     return HTMLExporter(template_name=TEMPLATE_NAME, extra_template_basedirs=[str(TEMPLATE_DIR)], config=config)
 
 
