@@ -10,9 +10,9 @@ import json
 import nbformat
 import plotly.graph_objects as go
 import pytest
-from nbclient import NotebookClient
 
 from kvlab.experiments import kv_pool_sizing
+from kvlab.notebook_exec import execute_notebook
 from kvlab.viz import plots
 from kvlab.viz.live import LiveFigure, PlotlyJS, library
 
@@ -100,8 +100,8 @@ def test_headless_run_saves_the_panels_current_figures(tmp_path):
     nb.cells = [nbformat.v4.new_code_cell('from kvlab.viz.widgets import KVPoolPanel\n'
                                           'panel = KVPoolPanel("llama-8b-l4")\npanel.widget'),
                 nbformat.v4.new_code_cell("panel.gc_toggle.value = False")]
-    NotebookClient(nb, timeout=300, kernel_name="python3", store_widget_state=True,
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    nbformat.write(nb, tmp_path / "panel.ipynb")
+    nb = execute_notebook(tmp_path / "panel.ipynb", timeout=300)
     states = nb.metadata["widgets"]["application/vnd.jupyter.widget-state+json"]["state"]
     by_class = {c: m["state"] for m in states.values() for c in m["state"].get("_dom_classes", [])}
     no_gc = kv_pool_sizing.run("llama-8b-l4", gc_before_measure=False)
