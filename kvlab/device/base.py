@@ -43,13 +43,6 @@ class Device(ABC):
     def empty(self, shape: Sequence[int], dtype: torch.dtype = torch.bfloat16, *, label: str | None = None) -> torch.Tensor:
         """An uninitialised tensor whose bytes are counted by this device's allocator."""
 
-    def from_cpu(self, tensor: torch.Tensor, *, label: str | None = None) -> torch.Tensor:
-        """Copy a host tensor onto the device (data is copied when the device storage is real)."""
-        out = self.empty(tuple(tensor.shape), tensor.dtype, label=label)
-        if out.device.type != "meta":
-            out.copy_(tensor)
-        return out
-
     # ---- what serving code reads ------------------------------------------------------------
     @abstractmethod
     def empty_cache(self) -> None: ...

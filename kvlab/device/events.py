@@ -54,9 +54,6 @@ class EventRecorder:
         self.events: list[TraceEvent] = []
         self.current_phase = "start"
 
-    def set_phase(self, label: str) -> None:
-        self.current_phase = label
-
     @contextlib.contextmanager
     def phase(self, label: str) -> Iterator[None]:
         """Label every event inside the block; restores the previous label afterwards."""

@@ -163,8 +163,7 @@ def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, che
                             f"first event could not be rebuilt from segments ({exc})") from None
     sink = _Sink()  # set as the model's recorder only around malloc and empty_cache: frees need no events
     run = trace if stop_after is None else trace[:stop_after + 1]
-    result = ReplayResult(snap.source, dev, settings, seed, notes, run, has_history=bool(trace),
-                          segment_list=snap.format == "segment_list")
+    result = ReplayResult(snap.source, dev, settings, seed, notes, run, has_history=bool(trace))
     _run(model, run, blocks, pending, ops, sink, addresses, result, check_invariants)
     if stop_after is None:
         result.finish(model, segments, pending, ops)

@@ -67,7 +67,6 @@ class ReplayResult:
     notes: list[str]
     trace: list[dict] = field(repr=False)
     has_history: bool = True
-    segment_list: bool = False
     divergences: list[Divergence] = field(default_factory=list)
     divergence_counts: Counter = field(default_factory=Counter)
     recorded_reserved: list[int] = field(default_factory=list, repr=False)

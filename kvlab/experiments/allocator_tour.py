@@ -91,11 +91,6 @@ class StepRun:
     def facts_frame(self) -> pd.DataFrame:
         return pd.DataFrame({"value": self.facts})
 
-    def states_frame(self) -> pd.DataFrame:
-        return pd.DataFrame(
-            [(s.label, s.allocated_bytes, s.reserved_bytes) for s in self.states],
-            columns=["after", "allocated_bytes", "reserved_bytes"],
-        )
 
 
 # ---- devices ------------------------------------------------------------------------------------

@@ -74,12 +74,6 @@ class ShortfallComparison:
         """Hit-rate loss of full eviction, in percentage points (shortfall − full)."""
         return 100.0 * (self.shortfall.hit_rate - self.full.hit_rate)
 
-    def totals_frame(self):
-        """Both arms' raw ``totals()`` (the CLI's JSON keys), one column per mode."""
-        import pandas as pd
-
-        return pd.DataFrame({MODE_LABELS[m]: r.totals() for m, r in self.arms()})
-
     def summary_frame(self):
         """The comparison as a person reads it: rows in words, percentages with two decimals, tokens
         with thousands separators, and the difference full − shortfall."""
@@ -336,8 +330,6 @@ class PressureEvent:
     num_tokens: int  # what the allocation needs
     available_before: int
     evict: Any  # mem_cache EvictResult
-    tree_before: str
-    tree_after: str
     destroyed: tuple[str, ...]  # the cached prefixes (by name) whose leaf was evicted
     frame_before: Any = None  # tree_frame() tables, for the icicle plots
     frame_after: Any = None
@@ -380,7 +372,6 @@ def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) ->
     names = {k: long for k, (long, _) in labels.items() if k != 1}
     short = {k: label for k, (_, label) in labels.items()}
     filler = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
-    before = tree.pretty_print()
     frame_before = tree_frame(tree, names=short)
     leaves_before = {n.key[0] for n in tree._nodes() if not n.children and n is not tree.root_node}
     available = alloc.available_size()
@@ -389,8 +380,7 @@ def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) ->
     destroyed = tuple(names.get(k, str(k)) for k in sorted(leaves_before - leaves_after))
     tree.check_invariants()
     del filler
-    return PressureEvent(mode, num_tokens, available, result, before, tree.pretty_print(), destroyed,
-                         frame_before, tree_frame(tree, names=short))
+    return PressureEvent(mode, num_tokens, available, result, destroyed, frame_before, tree_frame(tree, names=short))
 
 
 def events_frame(events: dict[str, PressureEvent]):

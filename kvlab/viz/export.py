@@ -101,18 +101,6 @@ def write_pngs(figures: dict[str, go.Figure], out_dir: str | os.PathLike[str], *
     return paths
 
 
-def write_html_figures(figures: dict[str, go.Figure], out_dir: str | os.PathLike[str]) -> list[Path]:
-    """Write ``<stem>.html`` for each figure with plotly.js shared in ``plotly.min.js`` beside them (offline)."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for stem, fig in figures.items():
-        path = out / f"{stem}.html"
-        fig.write_html(path, include_plotlyjs="directory", full_html=True)
-        paths.append(path)
-    return paths
-
-
 # ---- static stand-ins for widget outputs (for nbconvert's HTML) -------------------------------------
 WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
