@@ -13,7 +13,7 @@ import json
 import pytest
 
 from kvlab.cli import build_parser, main
-from kvlab.experiments import shortfall_eviction
+from kvlab.experiments import pool_sweep, shortfall_eviction
 from kvlab.experiments.kv_pool_sizing import SCENARIO_PRESETS
 from kvlab.mem_cache.common import EVICTION_MODES
 from kvlab.mem_cache.evict_policy import EVICTION_POLICIES, EvictionStrategy
@@ -46,6 +46,8 @@ def test_cli_choices_are_the_registries():
     assert _choices("simulate", dest="workload") == list(WORKLOADS)
     assert _choices("simulate", dest="eviction") == list(EVICTION_MODES)
     assert _choices("repro", "kv-pool-sizing", dest="preset") == sorted(SCENARIO_PRESETS)
+    sweep = {a.dest: a.choices for a in pool_sweep.build_parser()._actions}  # python -m kvlab.experiments.pool_sweep
+    assert list(sweep["policy"]) == sorted(EVICTION_POLICIES) and list(sweep["modes"]) == list(EVICTION_MODES)
 
 
 @pytest.mark.slow

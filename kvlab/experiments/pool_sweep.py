@@ -158,6 +158,8 @@ def sweep(requests: Sequence[Any], pool_pages: Sequence[int] | None = None, mode
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
+
     parser = argparse.ArgumentParser(prog="python -m kvlab.experiments.pool_sweep",
                                      description="Hit rate against KV pool size for a Mooncake-format trace.")
     parser.add_argument("--trace", required=True, type=Path, help="Mooncake-format JSONL trace")
@@ -166,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--points", type=_positive_int, default=DEFAULT_NUM_POINTS,
                         help="number of default pool sizes")
     parser.add_argument("--page-size", type=_positive_int, default=512)
-    parser.add_argument("--policy", default="lru")
+    parser.add_argument("--policy", choices=sorted(EVICTION_POLICIES), default="lru")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     return parser
