@@ -34,6 +34,7 @@ def _solution_function(solution, name: str):
 
 # ---- notebook 01 ----------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_the_notebook_stub_is_sglangs_reading_before_the_fix():
     stub = _notebook_function("01_kv_pool_sizing.py", "my_measure")
     result = exercises.check_measure(stub)
@@ -46,6 +47,7 @@ def test_the_notebook_stub_is_sglangs_reading_before_the_fix():
     assert "NOT YET" in result._repr_html_() and "kvlab-check-fail" in result._repr_html_()
 
 
+@pytest.mark.slow
 def test_the_solution_passes_and_reads_what_kvlabs_fixed_reading_does():
     result = exercises.check_measure(_solution_function(exercises.MEASURE_SOLUTION, "my_measure"))
     with_gc = kv_pool_sizing.run("sglang-pr-4xh200", gc_before_measure=True)
@@ -66,6 +68,7 @@ def test_collecting_after_empty_cache_is_too_late():
     assert not result.ok and "when must it run" in result.lines[0].hint
 
 
+@pytest.mark.slow
 def test_a_memory_reading_is_accepted_and_only_the_collecting_one_passes():
     assert exercises.check_measure(lambda ds: get_available_gpu_memory(ds, gc_collect=True)).ok
     assert not exercises.check_measure(lambda ds: get_available_gpu_memory(ds, gc_collect=False)).ok

@@ -369,6 +369,7 @@ def test_a_failing_notebook_is_named_and_marked_and_the_others_still_written(tmp
     assert json.loads((out / "summary.json").read_text())["notebooks"]["02_bad"]["ok"] is False
 
 
+@pytest.mark.slow
 def test_refuses_a_directory_that_is_not_a_report(tmp_path: Path):
     user = tmp_path / "mine"
     user.mkdir()
@@ -378,6 +379,7 @@ def test_refuses_a_directory_that_is_not_a_report(tmp_path: Path):
     assert (user / "thesis.tex").read_text() == "precious" and sorted(p.name for p in user.iterdir()) == ["thesis.tex"]
 
 
+@pytest.mark.slow
 def test_refuses_a_file_and_an_unknown_notebook(tmp_path: Path):
     target = tmp_path / "a-file"
     target.write_text("x")

@@ -10,7 +10,7 @@ bytes, so ``kvlab.viz.allocator_map`` can draw memory_viz's "Allocator State His
 A check compares the learner's predictions with the *model*: the same step replayed on a simulated
 device. When the shown run came from a real GPU, the check also says whether the GPU agreed.
 
-The steps, and the allocator rule each one isolates (SEMANTICS.md §1):
+The steps, and the allocator rule each one isolates (docs/semantics.md#pytorch-cuda-caching-allocator):
 
 ====================  =====================================================================
 ``rounding``          every request rounds up to a multiple of 512 B (``round_size``)

@@ -1,11 +1,11 @@
 """The allocator tour's six steps (notebook 00) on kvlab's model, against numbers derived here.
 
-Every expected number comes from :class:`RuleAllocator`, a deliberately naive re-statement of the
-rules in SEMANTICS.md §1 (round to 512 B; small pool <= 1 MiB with 2 MiB segments; 20 MiB segments
-below 10 MiB, else the request rounded to 2 MiB; best fit; split rules; merge inside a segment;
-``empty_cache`` frees whole free segments), written without looking at the model's code, or from
-the page arithmetic of expandable segments. The scripts' *inputs* (request sizes) are read from
-the module; nothing the model computes is copied.
+Every expected number comes from :class:`RuleAllocator`, a deliberately naive re-statement of the rules
+in docs/semantics.md#pytorch-cuda-caching-allocator (round to 512 B; small pool <= 1 MiB with 2 MiB
+segments; 20 MiB segments below 10 MiB, else the request rounded to 2 MiB; best fit; split rules; merge
+inside a segment; ``empty_cache`` frees whole free segments), written without looking at the model's
+code, or from the page arithmetic of expandable segments. The scripts' *inputs* (request sizes) are read
+from the module; nothing the model computes is copied.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from kvlab.experiments import allocator_tour as tour
 from kvlab.units import KiB, MiB
 
-# ---- an independent oracle: the rules of SEMANTICS.md §1, non-expandable, one stream -------------
+# ---- an independent oracle: the rules of docs/semantics.md, non-expandable, one stream ------------
 
 
 def rule_round(n: int) -> int:
@@ -95,7 +95,7 @@ class RuleAllocator:
 
 
 def test_oracle_agrees_with_semantics_worked_cases():
-    """The oracle itself, on the rules as SEMANTICS.md states them."""
+    """The oracle itself, on the rules as docs/semantics.md states them."""
     assert [rule_round(n) for n in (1, 511, 512, 513)] == [512, 512, 512, 1024]
     assert rule_segment_bytes(1 * MiB) == 2 * MiB and rule_segment_bytes(1 * MiB + 512) == 20 * MiB
     assert rule_segment_bytes(10 * MiB) == 10 * MiB and rule_segment_bytes(11 * MiB) == 12 * MiB
