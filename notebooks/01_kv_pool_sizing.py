@@ -142,12 +142,12 @@ def my_measure(devices):
 
 
 # %%
-from kvlab import exercises
+from kvlab.labs import kv_pool_sizing as lab
 
-exercises.check_measure(my_measure)
+lab.measure.check(my_measure)
 
 # %% [markdown]
 # The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
 
 # %%
-exercises.MEASURE_SOLUTION
+lab.measure.solution

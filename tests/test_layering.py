@@ -58,3 +58,17 @@ def test_paired_scripts_match_their_notebooks():
         from_ipynb = [c.source for c in jupytext.read(nb_path).cells]
         from_py = [c.source for c in jupytext.read(nb_path.with_suffix(".py")).cells]
         assert from_ipynb == from_py, f"{nb_path.name} and its .py twin differ: run jupytext --sync"
+
+
+def test_the_teaching_layer_sits_on_top():
+    """kvlab.labs (lab steps and exercises) runs the experiments; no other kvlab module imports it (notebooks
+    and tests do)."""
+    offenders = []
+    for path in (ROOT / "kvlab").rglob("*.py"):
+        if path.relative_to(ROOT / "kvlab").parts[0] == "labs":
+            continue
+        for line, module in _imports(path):
+            if module == "kvlab.labs" or module.startswith("kvlab.labs."):
+                offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not offenders, offenders
+
