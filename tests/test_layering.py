@@ -72,3 +72,12 @@ def test_the_teaching_layer_sits_on_top():
                 offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
     assert not offenders, offenders
 
+
+def test_no_bare_gc_disable_in_labs_experiments_or_notebooks():
+    """Pausing the automatic collector goes through kvlab.device.measure.automatic_gc_paused(), which always
+    switches it back on."""
+    paths = [*(ROOT / "kvlab" / "labs").rglob("*.py"), *(ROOT / "kvlab" / "experiments").rglob("*.py"),
+             *(ROOT / "notebooks").glob("*.py")]
+    assert paths
+    offenders = [str(p.relative_to(ROOT)) for p in paths if "gc.disable(" in p.read_text()]
+    assert not offenders, offenders

@@ -33,6 +33,7 @@ import torch
 
 from kvlab.device import Device, get_device, resolve_device_name
 from kvlab.device.caching_allocator import AllocatorConfig
+from kvlab.device.measure import automatic_gc_paused
 from kvlab.device.snapshot import read_snapshot, record_snapshot
 from kvlab.units import KiB, MiB
 
@@ -316,9 +317,7 @@ def run_gc_cycle(device_name: str | None = None) -> StepRun:
     free the cycle (the same numbers on every run); it is switched back on afterwards."""
     rec = _Recorder("gc_cycle", device_name)
     with rec.arm() as device:
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with automatic_gc_paused():
             scratch = LoaderScratch(_u8(device, CYCLE_BYTES, "scratch"))
             rec.snap("scratch = LoaderScratch(40 MiB)")
             del scratch
@@ -332,9 +331,6 @@ def run_gc_cycle(device_name: str | None = None) -> StepRun:
             device.empty_cache()
             rec.snap("empty_cache()")
             rec.facts["reserved_after_gc_bytes"] = rec.reserved()
-        finally:
-            if was_enabled:
-                gc.enable()
     return rec.result()
 
 
