@@ -44,6 +44,7 @@ import time
 from kvlab.device import resolve_device_name
 from kvlab.experiments.allocator_tour import summary_frame
 from kvlab.labs import allocator_tour as tour
+from kvlab.units import MiB  # noqa: F401 (for your predictions, e.g. 2 * MiB)
 from kvlab.viz.allocator_map import state_history
 
 _started = time.perf_counter()

@@ -153,3 +153,24 @@ def test_the_notebooks_stub_is_not_yet_and_the_solution_passes(key):
     assert not result.ok and result.text().startswith("NOT YET"), result.text()
     solved = lab.check_solution()
     assert solved.ok, solved.text()
+
+
+@pytest.mark.parametrize("key", list(LABS))
+def test_the_solution_needs_no_name_its_notebook_does_not_define(key):
+    """Pasted into its notebook, the solution runs: every name it reads (``MiB`` in notebook 00) is a builtin,
+    defined by the solution itself, or imported or assigned in the notebook."""
+    import ast
+    import builtins
+
+    lab, stem = LABS[key], key.split(".")[0]
+    tree = ast.parse(lab.solution.code)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    defined |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    defined |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+    notebook = ast.parse((NOTEBOOKS / f"{stem}.py").read_text())
+    defined |= {(a.asname or a.name).split(".")[0] for n in ast.walk(notebook)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    defined |= {n.id for n in ast.walk(notebook) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    missing = sorted(read - defined - set(dir(builtins)))
+    assert not missing, f"{key}'s solution reads {missing}, which {stem} never defines"
