@@ -126,3 +126,26 @@ def test_imports_only_point_down_the_layer_diagram():
                 if rank[target] <= rank[unit]:
                     offenders.append(f"{path.relative_to(ROOT)}:{line} ({unit}) imports {module} ({target})")
     assert not offenders, "imports against docs/architecture.md's layer diagram:\n" + "\n".join(offenders)
+
+
+def test_the_teaching_layer_sits_on_top():
+    """kvlab.labs (lab steps and exercises) runs the experiments; no other kvlab module imports it (notebooks
+    and tests do)."""
+    offenders = []
+    for path in (ROOT / "kvlab").rglob("*.py"):
+        if path.relative_to(ROOT / "kvlab").parts[0] == "labs":
+            continue
+        for line, module in _imports(path):
+            if module == "kvlab.labs" or module.startswith("kvlab.labs."):
+                offenders.append(f"{path.relative_to(ROOT)}:{line} imports {module}")
+    assert not offenders, offenders
+
+
+def test_no_bare_gc_disable_in_labs_experiments_or_notebooks():
+    """Pausing the automatic collector goes through kvlab.device.measure.automatic_gc_paused(), which always
+    switches it back on."""
+    paths = [*(ROOT / "kvlab" / "labs").rglob("*.py"), *(ROOT / "kvlab" / "experiments").rglob("*.py"),
+             *(ROOT / "notebooks").glob("*.py")]
+    assert paths
+    offenders = [str(p.relative_to(ROOT)) for p in paths if "gc.disable(" in p.read_text()]
+    assert not offenders, offenders

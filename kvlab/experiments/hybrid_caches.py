@@ -207,18 +207,7 @@ def comparison_table(df):
     })
 
 
-# -- exercise: where may a Mamba hit resume? ---------------------------------------------------
-RESUME_SOLUTION = """def resume_point(path):
-    # path: [(tokens_on_edge, has_state), ...] from the root down the matched edges.
-    best = matched = 0
-    for tokens, has_state in path:
-        matched += tokens
-        if has_state:          # a snapshot exists exactly here
-            best = matched
-    return best                # KV matched past the last snapshot cannot be used
-"""
-
-
+# -- the tree of notebook 03's exercise (kvlab.labs.hybrid_caches.resume) --------------------------
 def matched_path(cache: MambaRadixCache, key) -> list[tuple[int, bool]]:
     """The edges ``key`` walks in ``cache`` (root down, no tree change): (tokens, has_state)."""
     node, off, out = cache.root_node, 0, []
@@ -256,28 +245,6 @@ def resume_scenario(seed: int = 0) -> tuple[MambaRadixCache, list[list[int]]]:
     cache.evict(0, mamba_num=1)  # the oldest state goes: an internal node becomes a tombstone
     queries = [seqs[3] + [1, 2], seqs[1][:11], seqs[0][:10], seqs[2] + [5], stem[:5], [999]]
     return cache, queries
-
-
-def check_resume_point(fn, seed: int = 0):
-    """Run the learner's ``fn(path) -> tokens`` on :func:`resume_scenario`'s queries and compare
-    with ``MambaRadixCache.match_prefix``. Returns a :class:`kvlab.labs.CheckResult`."""
-    from kvlab.labs import CheckLine, CheckResult, compare
-
-    cache, queries = resume_scenario(seed)
-    lines = []
-    for q in queries:
-        path = matched_path(cache, q)
-        expected = cache.match_prefix(q).device_prefix_len
-        try:
-            given = fn(path)
-        except Exception as e:  # the learner's code: report, do not raise
-            lines.append(CheckLine(f"path {path}", False, f"{type(e).__name__}: {e}", expected))
-            continue
-        kv_len = sum(t for t, _ in path)
-        hint = ("that is every matched KV token; the state exists only where has_state is True"
-                if given == kv_len != expected else "")
-        lines.append(compare(f"path {path}", given, expected, hint))
-    return CheckResult("resume_point: tokens a Mamba hit may resume from", tuple(lines))
 
 
 def state_frame(cache: MambaRadixCache):
