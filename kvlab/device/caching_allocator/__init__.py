@@ -1,0 +1,51 @@
+"""A CPU model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``).
+
+The model lives in :mod:`~kvlab.device.caching_allocator.allocator`; import its public names from
+this package (``from kvlab.device.caching_allocator import CachingAllocatorModel``).
+"""
+
+from kvlab.device.caching_allocator.allocator import (
+    BASE_ADDR,
+    LARGE_BUFFER_BYTES,
+    MAX_NON_SPLIT_ROUNDING_BYTES,
+    MIN_BLOCK_BYTES,
+    MIN_LARGE_ALLOC_BYTES,
+    POOLS,
+    ROUND_LARGE_BYTES,
+    SEGMENT_ALIGN_BYTES,
+    SMALL_BUFFER_BYTES,
+    SMALL_SIZE_BYTES,
+    UNLIMITED_SPLIT_SIZE,
+    AllocatorConfig,
+    Block,
+    CachingAllocatorModel,
+    OutOfMemoryError,
+    Segment,
+    get_allocation_size,
+    pool_for,
+    round_size,
+    roundup_power2_next_division,
+)
+
+__all__ = [
+    "BASE_ADDR",
+    "LARGE_BUFFER_BYTES",
+    "MAX_NON_SPLIT_ROUNDING_BYTES",
+    "MIN_BLOCK_BYTES",
+    "MIN_LARGE_ALLOC_BYTES",
+    "POOLS",
+    "ROUND_LARGE_BYTES",
+    "SEGMENT_ALIGN_BYTES",
+    "SMALL_BUFFER_BYTES",
+    "SMALL_SIZE_BYTES",
+    "UNLIMITED_SPLIT_SIZE",
+    "AllocatorConfig",
+    "Block",
+    "CachingAllocatorModel",
+    "OutOfMemoryError",
+    "Segment",
+    "get_allocation_size",
+    "pool_for",
+    "round_size",
+    "roundup_power2_next_division",
+]
