@@ -1,10 +1,14 @@
 """A CPU model of PyTorch's CUDA caching allocator (``c10/cuda/CUDACachingAllocator.cpp``).
 
-The model lives in :mod:`~kvlab.device.caching_allocator.allocator`; import its public names from
-this package (``from kvlab.device.caching_allocator import CachingAllocatorModel``).
+Its sizes and sizing rules are in :mod:`~kvlab.device.caching_allocator.sizes`, the
+``PYTORCH_CUDA_ALLOC_CONF`` parsing (``c10/core/AllocatorConfig.cpp``) in
+:mod:`~kvlab.device.caching_allocator.config`, the model in
+:mod:`~kvlab.device.caching_allocator.allocator`; import the public names from this package (``from kvlab.device.caching_allocator import CachingAllocatorModel``).
 """
 
-from kvlab.device.caching_allocator.allocator import (
+from kvlab.device.caching_allocator.allocator import Block, CachingAllocatorModel, OutOfMemoryError, Segment
+from kvlab.device.caching_allocator.config import AllocatorConfig
+from kvlab.device.caching_allocator.sizes import (
     BASE_ADDR,
     LARGE_BUFFER_BYTES,
     MAX_NON_SPLIT_ROUNDING_BYTES,
@@ -16,11 +20,6 @@ from kvlab.device.caching_allocator.allocator import (
     SMALL_BUFFER_BYTES,
     SMALL_SIZE_BYTES,
     UNLIMITED_SPLIT_SIZE,
-    AllocatorConfig,
-    Block,
-    CachingAllocatorModel,
-    OutOfMemoryError,
-    Segment,
     get_allocation_size,
     pool_for,
     round_size,

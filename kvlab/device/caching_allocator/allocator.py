@@ -38,28 +38,26 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvlab.device.caching_allocator.config import AllocatorConfig
+from kvlab.device.caching_allocator.sizes import (
+    BASE_ADDR,
+    LARGE_BUFFER_BYTES,
+    MAX_NON_SPLIT_ROUNDING_BYTES,
+    MIN_BLOCK_BYTES,
+    POOLS,
+    SEGMENT_ALIGN_BYTES,
+    SMALL_BUFFER_BYTES,
+    SMALL_SIZE_BYTES,
+    get_allocation_size,
+    pool_for,
+    round_size,
+)
 from kvlab.errors import InvariantError, require
-from kvlab.units import MiB, align_down, align_up, div_ceil, fmt_bytes
+from kvlab.units import align_down, align_up, div_ceil, fmt_bytes
 
 if TYPE_CHECKING:
     from kvlab.device.events import EventRecorder
 
-# c10/cuda/CUDACachingAllocator.cpp constants (kMinBlockSize, kSmallSize, ...).
-MIN_BLOCK_BYTES = 512  # every size is rounded to a multiple of this
-SMALL_SIZE_BYTES = 1 * MiB  # largest "small" request
-SMALL_BUFFER_BYTES = 2 * MiB  # small requests are packed into 2 MiB segments (and pages)
-LARGE_BUFFER_BYTES = 20 * MiB  # requests of 1-10 MiB share 20 MiB segments (and pages)
-MIN_LARGE_ALLOC_BYTES = 10 * MiB  # from here on, a segment is the request rounded to 2 MiB
-ROUND_LARGE_BYTES = 2 * MiB
-# AcceleratorAllocatorConfig::max_non_split_rounding_size default: an oversize request may take a
-# cached block at most this much bigger than itself.
-MAX_NON_SPLIT_ROUNDING_BYTES = LARGE_BUFFER_BYTES
-
-UNLIMITED_SPLIT_SIZE = 2**64 - 1  # torch's SIZE_MAX: "max_split_size unset"
-BASE_ADDR = 0x7F00_0000_0000  # where the model's first segment starts (a typical CUDA VA)
-SEGMENT_ALIGN_BYTES = 2 * MiB
-
-POOLS = ("small", "large")
 _STAT_ARRAYS = (
     "allocation",
     "segment",
@@ -73,189 +71,13 @@ _STAT_ARRAYS = (
 )
 _STAT_TYPES = ("all", "small_pool", "large_pool")
 
-# PYTORCH_CUDA_ALLOC_CONF keys that do not change what this model computes.
-_IGNORED_CONF_KEYS = frozenset(
-    {
-        "release_lock_on_cudamalloc",
-        "pinned_use_cuda_host_register",
-        "pinned_num_register_threads",
-        "pinned_use_background_threads",
-    }
-)
-# Keys torch understands but the model does not implement: refuse them rather than mislead.
-_UNMODELLED_CONF_KEYS = frozenset(
-    {"garbage_collection_threshold", "max_non_split_rounding_mb", "per_process_memory_fraction"}
-)
 _OOM_ADVICE = (
     "If reserved but unallocated memory is large try setting "
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
     "See documentation for Memory Management  "
     "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
 )
-
-
-# ---- pure sizing rules ----------------------------------------------------------------------
-
-
-def _is_power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def roundup_power2_next_division(size: int, divisions: int) -> int:
-    """Round ``size`` up to the next of ``divisions`` equal steps between two powers of two.
-
-    Mirrors ``DeviceCachingAllocator::roundup_power2_next_division``: 1.1 MiB with 4 divisions
-    lies in [1 MiB, 2 MiB), whose steps are 1, 1.25, 1.5, 1.75 MiB, so it becomes 1.25 MiB.
-    """
-    if _is_power_of_two(size):
-        return size
-    power2_floor = 1 << (size.bit_length() - 1)
-    step = power2_floor >> (divisions.bit_length() - 1)
-    if step == 0:
-        return power2_floor << 1
-    floor = size & ~(step - 1)
-    return size if floor == size else floor + step
-
-
-def round_size(size: int, roundup_power2_divisions: int | None = None) -> int:
-    """``DeviceCachingAllocator::round_size``: at least 512 B, a multiple of 512 B, or (with
-    divisions > 1 and size > 512 * divisions) the next power-of-two division."""
-    if size < MIN_BLOCK_BYTES:
-        return MIN_BLOCK_BYTES
-    divisions = roundup_power2_divisions or 0
-    if divisions > 1 and size > MIN_BLOCK_BYTES * divisions:
-        return roundup_power2_next_division(size, divisions)
-    return align_up(size, MIN_BLOCK_BYTES)
-
-
-def get_allocation_size(size: int) -> int:
-    """``DeviceCachingAllocator::get_allocation_size``: the cudaMalloc size for a rounded request."""
-    if size <= SMALL_SIZE_BYTES:
-        return SMALL_BUFFER_BYTES
-    if size < MIN_LARGE_ALLOC_BYTES:
-        return LARGE_BUFFER_BYTES
-    return align_up(size, ROUND_LARGE_BYTES)
-
-
-def pool_for(size: int) -> str:
-    """``get_pool``: rounded sizes up to 1 MiB live in the small pool."""
-    return "small" if size <= SMALL_SIZE_BYTES else "large"
-
-
-# ---- config -----------------------------------------------------------------------------------
-
-
-def _split_conf(conf: str) -> list[str]:
-    """Split on commas that are not inside ``[...]`` (torch's list syntax)."""
-    items, depth, current = [], 0, []
-    for ch in conf:
-        if ch == "[":
-            depth += 1
-        elif ch == "]":
-            depth -= 1
-        if ch == "," and depth == 0:
-            items.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    items.append("".join(current))
-    return [item.strip() for item in items if item.strip()]
-
-
-def _conf_int(key: str, value: str) -> int:
-    try:
-        return int(value)
-    except ValueError:
-        raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: expected an integer") from None
-
-
-def _conf_bool(key: str, value: str) -> bool:
-    if value in ("True", "true"):
-        return True
-    if value in ("False", "false"):
-        return False
-    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: expected True or False")
-
-
-@dataclass(frozen=True)
-class AllocatorConfig:
-    """The ``PYTORCH_CUDA_ALLOC_CONF`` options the model implements (torch defaults)."""
-
-    max_split_size_bytes: int | None = None  # None = unlimited: any cached block may be split
-    expandable_segments: bool = False
-    roundup_power2_divisions: int | None = None  # None (or 0, 1) = plain 512 B rounding
-
-    def __post_init__(self) -> None:
-        msplit = self.max_split_size_bytes
-        if msplit is not None:
-            # torch takes max_split_size_mb >= 20 (kLargeBuffer) in whole MiB; the model relies on
-            # that (an oversize cached block is then always a whole segment).
-            if not isinstance(msplit, int) or msplit < LARGE_BUFFER_BYTES or msplit % MiB:
-                raise ValueError(
-                    f"max_split_size_bytes={msplit!r}: must be a whole number of MiB >= 20 MiB "
-                    "(torch's max_split_size_mb >= 20), or None for unlimited"
-                )
-        divisions = self.roundup_power2_divisions
-        if divisions is not None and (
-            not isinstance(divisions, int) or not (divisions == 0 or _is_power_of_two(divisions))
-        ):
-            raise ValueError(f"roundup_power2_divisions={divisions!r}: must be a power of 2 (or 0 / None)")
-        if not isinstance(self.expandable_segments, bool):
-            raise ValueError(f"expandable_segments={self.expandable_segments!r}: must be a bool")
-
-    @property
-    def effective_max_split_size_bytes(self) -> int:
-        return UNLIMITED_SPLIT_SIZE if self.max_split_size_bytes is None else self.max_split_size_bytes
-
-    @classmethod
-    def from_env(cls, conf: str) -> AllocatorConfig:
-        """Parse a ``PYTORCH_CUDA_ALLOC_CONF`` string, e.g.
-        ``"expandable_segments:True,max_split_size_mb:128"``. Mirrors
-        ``c10/core/AllocatorConfig.cpp::parseArgs`` for the keys the model implements; an unknown
-        key, an unmodelled key or a bad value raises ``ValueError`` naming both."""
-        kwargs: dict[str, object] = {}
-        for item in _split_conf(conf or ""):
-            key, sep, value = (part.strip() for part in item.partition(":"))
-            if not sep or not value:
-                raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF item {item!r}: expected key:value")
-            if key == "max_split_size_mb":
-                mb = _conf_int(key, value)
-                if mb < LARGE_BUFFER_BYTES // MiB:
-                    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: too small, must be >= 20")
-                kwargs["max_split_size_bytes"] = mb * MiB
-            elif key == "expandable_segments":
-                kwargs["expandable_segments"] = _conf_bool(key, value)
-            elif key == "roundup_power2_divisions":
-                if value.startswith("["):
-                    raise ValueError(
-                        f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: per-interval divisions are not modelled; "
-                        "give one power of 2"
-                    )
-                divisions = _conf_int(key, value)
-                if not _is_power_of_two(divisions):
-                    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: divisions must be a power of 2")
-                kwargs["roundup_power2_divisions"] = divisions
-            elif key == "backend":
-                if value != "native":
-                    raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: only the native allocator is modelled")
-            elif key in _IGNORED_CONF_KEYS:
-                continue
-            elif key in _UNMODELLED_CONF_KEYS:
-                raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: torch option not modelled by kvlab")
-            else:
-                raise ValueError(f"PYTORCH_CUDA_ALLOC_CONF {key}:{value}: unknown key")
-        return cls(**kwargs)  # type: ignore[arg-type]
-
-    def to_env(self) -> str:
-        """The ``PYTORCH_CUDA_ALLOC_CONF`` string that :meth:`from_env` turns back into this config."""
-        parts = []
-        if self.max_split_size_bytes is not None:
-            parts.append(f"max_split_size_mb:{self.max_split_size_bytes // MiB}")
-        if self.expandable_segments:
-            parts.append("expandable_segments:True")
-        if self.roundup_power2_divisions:
-            parts.append(f"roundup_power2_divisions:{self.roundup_power2_divisions}")
-        return ",".join(parts)
+_DEFAULT_CONFIG = AllocatorConfig()  # torch's defaults (frozen, so one shared instance is safe)
 
 
 # ---- errors and data ----------------------------------------------------------------------------
@@ -453,7 +275,7 @@ class CachingAllocatorModel:
         total_bytes: int,
         *,
         non_pytorch_bytes: int = 0,
-        config: AllocatorConfig = AllocatorConfig(),
+        config: AllocatorConfig = _DEFAULT_CONFIG,
         recorder: EventRecorder | None = None,
         device_index: int = 0,
     ) -> None:
