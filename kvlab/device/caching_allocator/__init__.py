@@ -2,11 +2,15 @@
 
 Its sizes and sizing rules are in :mod:`~kvlab.device.caching_allocator.sizes`, the
 ``PYTORCH_CUDA_ALLOC_CONF`` parsing (``c10/core/AllocatorConfig.cpp``) in
-:mod:`~kvlab.device.caching_allocator.config`, the model in
-:mod:`~kvlab.device.caching_allocator.allocator`; import the public names from this package (``from kvlab.device.caching_allocator import CachingAllocatorModel``).
+:mod:`~kvlab.device.caching_allocator.config`, blocks, segments and pools in
+:mod:`~kvlab.device.caching_allocator.blocks`, the stats in
+:mod:`~kvlab.device.caching_allocator.stats`, and the model in
+:mod:`~kvlab.device.caching_allocator.allocator`. Import the public names from this package
+(``from kvlab.device.caching_allocator import CachingAllocatorModel``).
 """
 
-from kvlab.device.caching_allocator.allocator import Block, CachingAllocatorModel, OutOfMemoryError, Segment
+from kvlab.device.caching_allocator.allocator import CachingAllocatorModel, OutOfMemoryError
+from kvlab.device.caching_allocator.blocks import Block, Segment
 from kvlab.device.caching_allocator.config import AllocatorConfig
 from kvlab.device.caching_allocator.sizes import (
     BASE_ADDR,

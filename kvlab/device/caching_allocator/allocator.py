@@ -31,13 +31,13 @@ Where kvlab differs on purpose (everything else follows torch):
 from __future__ import annotations
 
 import operator
-from bisect import bisect_left, insort
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from bisect import bisect_left
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from kvlab.device.caching_allocator.blocks import Block, BlockPool, Segment, link_after, link_before
 from kvlab.device.caching_allocator.config import AllocatorConfig
 from kvlab.device.caching_allocator.sizes import (
     BASE_ADDR,
@@ -52,24 +52,12 @@ from kvlab.device.caching_allocator.sizes import (
     pool_for,
     round_size,
 )
-from kvlab.errors import InvariantError, require
+from kvlab.device.caching_allocator.stats import STAT_ARRAYS, AllocatorStats
+from kvlab.errors import require
 from kvlab.units import align_down, align_up, div_ceil, fmt_bytes
 
 if TYPE_CHECKING:
     from kvlab.device.events import EventRecorder
-
-_STAT_ARRAYS = (
-    "allocation",
-    "segment",
-    "active",
-    "inactive_split",
-    "allocated_bytes",
-    "reserved_bytes",
-    "active_bytes",
-    "inactive_split_bytes",
-    "requested_bytes",
-)
-_STAT_TYPES = ("all", "small_pool", "large_pool")
 
 _OOM_ADVICE = (
     "If reserved but unallocated memory is large try setting "
@@ -80,7 +68,7 @@ _OOM_ADVICE = (
 _DEFAULT_CONFIG = AllocatorConfig()  # torch's defaults (frozen, so one shared instance is safe)
 
 
-# ---- errors and data ----------------------------------------------------------------------------
+# ---- errors -----------------------------------------------------------------------------------------
 
 
 class OutOfMemoryError(torch.OutOfMemoryError):
@@ -111,163 +99,10 @@ class OutOfMemoryError(torch.OutOfMemoryError):
         self.device_index = device_index
 
 
-@dataclass(eq=False, repr=False, slots=True)
-class Block:
-    """A contiguous address range inside a segment (torch's ``Block``)."""
-
-    addr: int
-    size: int  # bytes, a multiple of 512
-    requested_size: int  # what the caller asked for (0 while free)
-    stream: int
-    pool: str  # "small" | "large"
-    allocated: bool
-    segment: Segment
-    mapped: bool = True  # False only for unmapped address space of an expandable segment
-    prev: Block | None = None
-    next: Block | None = None
-
-    @property
-    def end_addr(self) -> int:
-        return self.addr + self.size
-
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-    def __repr__(self) -> str:
-        state = "allocated" if self.allocated else ("free" if self.mapped else "unmapped")
-        return (
-            f"Block(addr={self.addr:#x}, size={self.size}, requested_size={self.requested_size}, "
-            f"stream={self.stream}, pool={self.pool!r}, {state})"
-        )
-
-
-@dataclass(eq=False, repr=False, slots=True)
-class Segment:
-    """One ``cudaMalloc`` (or one expandable segment's address range) and its blocks.
-
-    ``size`` is the bytes backed by device memory: the cudaMalloc size, or the mapped pages of an
-    expandable segment; ``memory_reserved() == sum(seg.size for seg in segments)``."""
-
-    addr: int
-    size: int
-    pool: str
-    stream: int
-    is_expandable: bool = False
-    address_space_bytes: int = 0  # virtual extent (== size unless expandable)
-    page_bytes: int = 0  # expandable only: 2 MiB (small) / 20 MiB (large)
-    head: Block | None = None
-
-    @property
-    def mapped_bytes(self) -> int:
-        return self.size
-
-    def iter_all_blocks(self) -> Iterator[Block]:
-        """Every block in address order, unmapped address space included."""
-        block = self.head
-        while block is not None:
-            yield block
-            block = block.next
-
-    @property
-    def blocks(self) -> list[Block]:
-        """Mapped blocks (allocated and free) in address order."""
-        return [b for b in self.iter_all_blocks() if b.mapped]
-
-    def __repr__(self) -> str:
-        kind = "expandable" if self.is_expandable else "cudaMalloc"
-        return f"Segment(addr={self.addr:#x}, size={self.size}, pool={self.pool!r}, stream={self.stream}, {kind})"
-
-
-class _BlockPool:
-    """Free blocks of one pool (torch's ``BlockPool``): best-fit order per stream is a sorted
-    ``(size, addr)`` list, unmapped expandable space a sorted address list."""
-
-    __slots__ = ("name", "is_small", "blocks", "_keys", "unmapped", "_unmapped_addrs")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.is_small = name == "small"
-        self.blocks: dict[int, Block] = {}  # addr -> free mapped block
-        self._keys: dict[int, list[tuple[int, int]]] = {}  # stream -> sorted (size, addr)
-        self.unmapped: dict[int, Block] = {}
-        self._unmapped_addrs: dict[int, list[int]] = {}
-
-    def insert(self, block: Block) -> None:
-        insort(self._keys.setdefault(block.stream, []), (block.size, block.addr))
-        self.blocks[block.addr] = block
-
-    def erase(self, block: Block) -> None:
-        keys = self._keys[block.stream]
-        i = bisect_left(keys, (block.size, block.addr))
-        if i >= len(keys) or keys[i] != (block.size, block.addr):
-            raise InvariantError("a block taken from a pool must be in that pool's best-fit index", block=block,
-                                 pool=self.name)
-        del keys[i]
-        del self.blocks[block.addr]
-
-    def keys(self, stream: int) -> list[tuple[int, int]]:
-        return self._keys.get(stream, [])
-
-    def streams(self) -> list[int]:
-        return sorted(self._keys)
-
-    def insert_unmapped(self, block: Block) -> None:
-        insort(self._unmapped_addrs.setdefault(block.stream, []), block.addr)
-        self.unmapped[block.addr] = block
-
-    def erase_unmapped(self, block: Block) -> None:
-        addrs = self._unmapped_addrs[block.stream]
-        i = bisect_left(addrs, block.addr)
-        if i >= len(addrs) or addrs[i] != block.addr:
-            raise InvariantError("a block taken from a pool's unmapped ranges must be listed there", block=block,
-                                 pool=self.name)
-        del addrs[i]
-        del self.unmapped[block.addr]
-
-    def unmapped_addrs(self, stream: int) -> list[int]:
-        return self._unmapped_addrs.get(stream, [])
-
-
-class _Stat:
-    """torch's ``Stat``: current, peak, and the running totals ``allocated`` / ``freed``."""
-
-    __slots__ = ("current", "peak", "allocated", "freed")
-
-    def __init__(self) -> None:
-        self.current = self.peak = self.allocated = self.freed = 0
-
-    def increase(self, amount: int) -> None:
-        self.current += amount
-        self.peak = max(self.peak, self.current)
-        self.allocated += amount
-
-    def decrease(self, amount: int) -> None:
-        self.current -= amount
-        if self.current < 0:
-            raise InvariantError("a tracked stat never goes negative", current=self.current, decrease=amount)
-        self.freed += amount
-
-
-def _link_before(new: Block, node: Block) -> None:
-    new.prev, new.next = node.prev, node
-    if node.prev is not None:
-        node.prev.next = new
-    else:
-        node.segment.head = new
-    node.prev = new
-
-
-def _link_after(new: Block, node: Block) -> None:
-    new.prev, new.next = node, node.next
-    if node.next is not None:
-        node.next.prev = new
-    node.next = new
-
-
 # ---- the allocator ---------------------------------------------------------------------------
 
 
-class CachingAllocatorModel:
+class CachingAllocatorModel(AllocatorStats):
     """``DeviceCachingAllocator`` for one device, on the CPU. See the module docstring."""
 
     def __init__(
@@ -288,24 +123,14 @@ class CachingAllocatorModel:
         self.recorder = recorder
         self.device_index = device_index
         self._max_split = config.effective_max_split_size_bytes
-        self._pools = {name: _BlockPool(name) for name in POOLS}
+        self._pools = {name: BlockPool(name) for name in POOLS}
         self._segments: dict[int, Segment] = {}  # addr -> segment
         self._active: dict[int, Block] = {}  # addr -> allocated block
         self._next_addr = BASE_ADDR
         # Hook: ``f(address_space_bytes) -> addr`` chooses each new segment's address instead of the bump
         # pointer (kvlab.device.replay gives the address the recorded driver returned).
         self.segment_address_source: Callable[[int], int] | None = None
-        self._stats = {name: {t: _Stat() for t in _STAT_TYPES} for name in _STAT_ARRAYS}
-        self._stat_pairs = {
-            (name, p): (self._stats[name]["all"], self._stats[name][f"{p}_pool"])
-            for name in _STAT_ARRAYS
-            for p in POOLS
-        }
-        self._oversize_allocations = _Stat()
-        self._oversize_segments = _Stat()
-        self._counters = dict.fromkeys(
-            ("num_alloc_retries", "num_ooms", "num_sync_all_streams", "num_device_alloc", "num_device_free"), 0
-        )
+        self._init_stats()
         self._non_pytorch_bytes = 0
         self.non_pytorch_bytes = non_pytorch_bytes
 
@@ -351,26 +176,6 @@ class CachingAllocatorModel:
                 reserved_bytes=self.memory_reserved(),
                 device=self.device_index,
             )
-
-    def _stat(self, pool: str, *updates: tuple[str, int]) -> None:
-        """Apply ``(stat_name, amount)`` updates (amount may be negative) to the aggregate and the
-        ``pool`` entry of each stat array: torch's increase_stat / decrease_stat, inlined."""
-        pairs = self._stat_pairs
-        for name, amount in updates:
-            if amount >= 0:
-                for stat in pairs[name, pool]:
-                    current = stat.current + amount
-                    stat.current = current
-                    if current > stat.peak:
-                        stat.peak = current
-                    stat.allocated += amount
-            else:
-                for stat in pairs[name, pool]:
-                    stat.current += amount
-                    if stat.current < 0:
-                        raise InvariantError("a tracked stat never goes negative", stat=name, pool=pool,
-                                             current=stat.current, decrease=-amount)
-                    stat.freed -= amount
 
     # ---- public entry points -----------------------------------------------------------------
     def malloc(self, size: int, stream: int = 0) -> Block:
@@ -429,7 +234,7 @@ class CachingAllocatorModel:
     def round_size(self, size: int) -> int:
         return round_size(size, self.config.roundup_power2_divisions)
 
-    def get_free_block(self, pool: _BlockPool, stream: int, size: int) -> Block | None:
+    def get_free_block(self, pool: BlockPool, stream: int, size: int) -> Block | None:
         """Best fit: the smallest cached block >= size on this stream (ties: lowest address),
         subject to the max_split_size rules; removed from the pool when found."""
         keys = pool.keys(stream)
@@ -464,7 +269,7 @@ class CachingAllocatorModel:
         return size < self._max_split and remaining > SMALL_SIZE_BYTES
 
     def alloc_block(
-        self, pool: _BlockPool, stream: int, size: int, alloc_size: int, *, is_retry: bool
+        self, pool: BlockPool, stream: int, size: int, alloc_size: int, *, is_retry: bool
     ) -> Block | None:
         """cudaMalloc a new ``alloc_size`` segment (or, expandable, map pages for ``size``).
         Returns its one free block, not in the pool, or None when the driver is out of memory."""
@@ -485,13 +290,13 @@ class CachingAllocatorModel:
         self._record("segment_alloc", segment.addr, alloc_size, stream)
         return block
 
-    def _alloc_found_block(self, block: Block, pool: _BlockPool, size: int, orig_size: int, split: bool) -> Block:
+    def _alloc_found_block(self, block: Block, pool: BlockPool, size: int, orig_size: int, split: bool) -> Block:
         """``alloc_found_block``: carve ``size`` bytes off the front of ``block`` (or hand it out
         whole) and count it allocated."""
         already_split = block.is_split()
         expandable = block.segment.is_expandable
         new = Block(block.addr, size if split else block.size, orig_size, block.stream, pool.name, True, block.segment)
-        _link_before(new, block)
+        link_before(new, block)
         if split:
             # The old block object stays behind as the free remainder.
             block.addr += size
@@ -545,7 +350,7 @@ class CachingAllocatorModel:
                 self._stat(block.pool, ("inactive_split", net_blocks), ("inactive_split_bytes", net_bytes))
         self._stat(block.pool, ("active", -1), ("active_bytes", -original_size), ("requested_bytes", -requested_size))
 
-    def _try_merge_blocks(self, dst: Block, src: Block | None, pool: _BlockPool) -> int:
+    def _try_merge_blocks(self, dst: Block, src: Block | None, pool: BlockPool) -> int:
         """Absorb neighbour ``src`` into ``dst`` when it is free and equally (un)mapped.
         ``dst`` must not be in the pool (its key changes). Returns the bytes absorbed."""
         if src is None or src.allocated or src.mapped != dst.mapped:
@@ -569,7 +374,7 @@ class CachingAllocatorModel:
         src.prev = src.next = None
         return src.size
 
-    def release_available_cached_blocks(self, pool: _BlockPool, stream: int, size: int) -> bool:
+    def release_available_cached_blocks(self, pool: BlockPool, stream: int, size: int) -> bool:
         """With max_split_size set: cudaFree one cached oversize block big enough for the request,
         or several, largest first, until enough is freed. Expandable blocks are skipped (as in
         current torch), so with expandable segments this never frees anything."""
@@ -596,7 +401,7 @@ class CachingAllocatorModel:
             self._release_blocks(self._pools[name])
         return True
 
-    def _release_blocks(self, pool: _BlockPool) -> None:
+    def _release_blocks(self, pool: BlockPool) -> None:
         to_unmap = []
         for stream in pool.streams():
             for _, addr in list(pool.keys(stream)):
@@ -626,7 +431,7 @@ class CachingAllocatorModel:
         self._record("segment_free", block.addr, block.size, block.stream)
 
     # ---- expandable segments ---------------------------------------------------------------------
-    def _find_expandable_block(self, pool: _BlockPool, stream: int, size: int) -> Block:
+    def _find_expandable_block(self, pool: BlockPool, stream: int, size: int) -> Block:
         """The lowest-address run of free + unmapped space with room for ``size``; a new segment
         (address space for 1 1/8 of the device) when none has room."""
         for addr in pool.unmapped_addrs(stream):
@@ -650,7 +455,7 @@ class CachingAllocatorModel:
         pool.insert_unmapped(block)
         return block
 
-    def _try_allocate_expandable_block(self, pool: _BlockPool, stream: int, size: int) -> Block | None:
+    def _try_allocate_expandable_block(self, pool: BlockPool, stream: int, size: int) -> Block | None:
         candidate = self._find_expandable_block(pool, stream, size)
         if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
             return None
@@ -684,7 +489,7 @@ class CachingAllocatorModel:
                 to_map.addr + mapped_bytes, to_map.size - mapped_bytes, 0, to_map.stream, pool.name, False, segment,
                 mapped=False,
             )
-            _link_after(rest, to_map)
+            link_after(rest, to_map)
             pool.insert_unmapped(rest)
             to_map.size = mapped_bytes
         self._try_merge_blocks(to_map, to_map.prev, pool)
@@ -708,11 +513,11 @@ class CachingAllocatorModel:
         pool.erase(block)
         if begin > block.addr:
             before = Block(block.addr, begin - block.addr, 0, block.stream, pool.name, False, segment)
-            _link_before(before, block)
+            link_before(before, block)
             pool.insert(before)
         if end < block.end_addr:
             after = Block(end, block.end_addr - end, 0, block.stream, pool.name, False, segment)
-            _link_after(after, block)
+            link_after(after, block)
             pool.insert(after)
         block.addr, block.size, block.mapped = begin, end - begin, False
         self._try_merge_blocks(block, block.prev, pool)
@@ -757,54 +562,6 @@ class CachingAllocatorModel:
             reserved_bytes=reserved,
             device_index=self.device_index,
         )
-
-    # ---- stats -------------------------------------------------------------------------------
-    def memory_allocated(self) -> int:
-        return self._stats["allocated_bytes"]["all"].current
-
-    def memory_reserved(self) -> int:
-        return self._stats["reserved_bytes"]["all"].current
-
-    def max_memory_allocated(self) -> int:
-        return self._stats["allocated_bytes"]["all"].peak
-
-    def max_memory_reserved(self) -> int:
-        return self._stats["reserved_bytes"]["all"].peak
-
-    def reset_peak_memory_stats(self) -> None:
-        for stat in self._all_stats():
-            stat.peak = stat.current
-
-    def reset_accumulated_memory_stats(self) -> None:
-        for stat in self._all_stats():
-            stat.allocated = stat.freed = 0
-        for key in self._counters:
-            self._counters[key] = 0
-
-    def _all_stats(self) -> Iterator[_Stat]:
-        for stats in self._stats.values():
-            yield from stats.values()
-        yield self._oversize_allocations
-        yield self._oversize_segments
-
-    def memory_stats(self) -> dict[str, int]:
-        """``torch.cuda.memory_stats()``: flat ``"allocated_bytes.all.current"``-style keys, sorted.
-        As in torch, ``max_split_size`` is -1 when unlimited (SIZE_MAX cast to int64), ``segment``
-        counts cudaMalloc segments only (mapping pages is not a segment) and ``inactive_split``
-        leaves expandable segments out."""
-        result: dict[str, int] = dict(self._counters)
-        result["max_split_size"] = self.config.max_split_size_bytes or -1
-        for name, stats in self._stats.items():
-            for stat_type, stat in stats.items():
-                for field in _Stat.__slots__:
-                    result[f"{name}.{stat_type}.{field}"] = getattr(stat, field)
-        for name, stat in (
-            ("oversize_allocations", self._oversize_allocations),
-            ("oversize_segments", self._oversize_segments),
-        ):
-            for field in _Stat.__slots__:
-                result[f"{name}.{field}"] = getattr(stat, field)
-        return dict(sorted(result.items()))
 
     # ---- inspection ----------------------------------------------------------------------------
     @property
@@ -1058,7 +815,7 @@ class CachingAllocatorModel:
                 current = self._stats[name][f"{p}_pool"].current
                 require(current == expected, "each pool stat's current value matches the blocks",
                         stat=f"{name}.{p}_pool.current", current=current, blocks_say=expected)
-        for name in _STAT_ARRAYS:
+        for name in STAT_ARRAYS:
             s = self._stats[name]
             require(s["all"].current == s["small_pool"].current + s["large_pool"].current,
                     "a stat's 'all' entry is small + large", stat=name, all=s["all"].current,
