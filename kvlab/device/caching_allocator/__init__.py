@@ -4,7 +4,8 @@ Its sizes and sizing rules are in :mod:`~kvlab.device.caching_allocator.sizes`, 
 ``PYTORCH_CUDA_ALLOC_CONF`` parsing (``c10/core/AllocatorConfig.cpp``) in
 :mod:`~kvlab.device.caching_allocator.config`, blocks, segments and pools in
 :mod:`~kvlab.device.caching_allocator.blocks`, the stats in
-:mod:`~kvlab.device.caching_allocator.stats`, and the model in
+:mod:`~kvlab.device.caching_allocator.stats`, expandable segments in
+:mod:`~kvlab.device.caching_allocator.expandable`, and the model in
 :mod:`~kvlab.device.caching_allocator.allocator`. Import the public names from this package
 (``from kvlab.device.caching_allocator import CachingAllocatorModel``).
 """

@@ -11,11 +11,8 @@ Memory layout, non-expandable (one ``cudaMalloc`` per segment, blocks split and 
     segment 0x7f0000000000 (20 MiB, large pool)
     |-- 5 MiB allocated --|-- 3 MiB allocated --|------ 12 MiB free (cached) ------|
 
-Expandable segments (``expandable_segments:True``): one segment per (pool, stream) reserves
-virtual address space for 1 1/8 of the device and maps 2 MiB (small) / 20 MiB (large) pages on
-demand; unmapped address space is held by ``mapped=False`` blocks::
-
-    |-- alloc --|-- free --|======= unmapped =======|-- alloc --|====== unmapped ======...|
+Expandable segments (``expandable_segments:True``) are in
+:mod:`~kvlab.device.caching_allocator.expandable`.
 
 Where kvlab differs on purpose (everything else follows torch):
 - one device and no CUDA events: ``free`` completes at once (``free_requested`` then
@@ -37,8 +34,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kvlab.device.caching_allocator.blocks import Block, BlockPool, Segment, link_after, link_before
+from kvlab.device.caching_allocator.blocks import Block, BlockPool, Segment, link_before
 from kvlab.device.caching_allocator.config import AllocatorConfig
+from kvlab.device.caching_allocator.expandable import ExpandableSegments
 from kvlab.device.caching_allocator.sizes import (
     BASE_ADDR,
     LARGE_BUFFER_BYTES,
@@ -54,7 +52,7 @@ from kvlab.device.caching_allocator.sizes import (
 )
 from kvlab.device.caching_allocator.stats import STAT_ARRAYS, AllocatorStats
 from kvlab.errors import require
-from kvlab.units import align_down, align_up, div_ceil, fmt_bytes
+from kvlab.units import align_down, align_up, fmt_bytes
 
 if TYPE_CHECKING:
     from kvlab.device.events import EventRecorder
@@ -102,7 +100,7 @@ class OutOfMemoryError(torch.OutOfMemoryError):
 # ---- the allocator ---------------------------------------------------------------------------
 
 
-class CachingAllocatorModel(AllocatorStats):
+class CachingAllocatorModel(ExpandableSegments, AllocatorStats):
     """``DeviceCachingAllocator`` for one device, on the CPU. See the module docstring."""
 
     def __init__(
@@ -429,113 +427,6 @@ class CachingAllocatorModel(AllocatorStats):
             self._oversize_segments.decrease(1)
         self._counters["num_device_free"] += 1
         self._record("segment_free", block.addr, block.size, block.stream)
-
-    # ---- expandable segments ---------------------------------------------------------------------
-    def _find_expandable_block(self, pool: BlockPool, stream: int, size: int) -> Block:
-        """The lowest-address run of free + unmapped space with room for ``size``; a new segment
-        (address space for 1 1/8 of the device) when none has room."""
-        for addr in pool.unmapped_addrs(stream):
-            candidate = pool.unmapped[addr]
-            if candidate.prev is not None and not candidate.prev.allocated:
-                candidate = candidate.prev  # the free block just before may grow into it
-            room, b = 0, candidate
-            while room < size and b is not None and not b.allocated:
-                room += b.size
-                b = b.next
-            if room >= size:
-                return candidate
-        page = SMALL_BUFFER_BYTES if pool.is_small else LARGE_BUFFER_BYTES
-        address_space = div_ceil(self.total_bytes + self.total_bytes // 8, page) * page
-        segment = Segment(
-            self._bump(address_space), 0, pool.name, stream, True, address_space_bytes=address_space, page_bytes=page
-        )
-        block = Block(segment.addr, address_space, 0, stream, pool.name, False, segment, mapped=False)
-        segment.head = block
-        self._segments[segment.addr] = segment
-        pool.insert_unmapped(block)
-        return block
-
-    def _try_allocate_expandable_block(self, pool: BlockPool, stream: int, size: int) -> Block | None:
-        candidate = self._find_expandable_block(pool, stream, size)
-        if not candidate.mapped and not self._map_block(candidate, min(candidate.size, size)):
-            return None
-        while candidate.size < size:  # free -> unmapped: map the rest and merge
-            following = candidate.next
-            require(following is not None and not following.mapped,
-                    "a free expandable block too small for the request is followed by unmapped space",
-                    block=candidate, following=following, size=size)
-            if not self._map_block(following, min(size - candidate.size, following.size)):
-                return None
-            candidate = following
-        pool.erase(candidate)
-        return candidate
-
-    def _map_block(self, to_map: Block, size: int) -> bool:
-        """Map whole pages covering ``size`` bytes at the start of an unmapped block (all or
-        nothing, like torch's cuMemCreate loop), then merge with free neighbours."""
-        segment, pool = to_map.segment, self._pools[to_map.pool]
-        require(not to_map.mapped and 0 < size <= to_map.size,
-                "_map_block maps part of an unmapped block (0 < size <= block size)", block=to_map, size=size)
-        require((to_map.addr - segment.addr) % segment.page_bytes == 0, "an unmapped block starts on a page",
-                block=to_map, page_bytes=segment.page_bytes)
-        mapped_bytes = align_up(size, segment.page_bytes)
-        if mapped_bytes > self._driver_free_bytes():
-            return False
-        mapped_addr = to_map.addr
-        pool.erase_unmapped(to_map)
-        to_map.mapped = True
-        if mapped_bytes < to_map.size:
-            rest = Block(
-                to_map.addr + mapped_bytes, to_map.size - mapped_bytes, 0, to_map.stream, pool.name, False, segment,
-                mapped=False,
-            )
-            link_after(rest, to_map)
-            pool.insert_unmapped(rest)
-            to_map.size = mapped_bytes
-        self._try_merge_blocks(to_map, to_map.prev, pool)
-        self._try_merge_blocks(to_map, to_map.next, pool)
-        pool.insert(to_map)
-        segment.size += mapped_bytes
-        self._stat(pool.name, ("reserved_bytes", mapped_bytes))
-        self._counters["num_device_alloc"] += 1
-        self._record("segment_map", mapped_addr, mapped_bytes, to_map.stream)
-        return True
-
-    def _unmap_block(self, block: Block) -> None:
-        """Unmap the whole pages inside a free expandable block; the partial pages at either end
-        stay mapped as free blocks."""
-        segment, pool = block.segment, self._pools[block.pool]
-        page = segment.page_bytes
-        begin = segment.addr + align_up(block.addr - segment.addr, page)
-        end = segment.addr + align_down(block.end_addr - segment.addr, page)
-        if begin >= end:
-            return
-        pool.erase(block)
-        if begin > block.addr:
-            before = Block(block.addr, begin - block.addr, 0, block.stream, pool.name, False, segment)
-            link_before(before, block)
-            pool.insert(before)
-        if end < block.end_addr:
-            after = Block(end, block.end_addr - end, 0, block.stream, pool.name, False, segment)
-            link_after(after, block)
-            pool.insert(after)
-        block.addr, block.size, block.mapped = begin, end - begin, False
-        self._try_merge_blocks(block, block.prev, pool)
-        self._try_merge_blocks(block, block.next, pool)
-        pool.insert_unmapped(block)
-        segment.size -= end - begin
-        self._stat(pool.name, ("reserved_bytes", -(end - begin)))
-        self._counters["num_device_free"] += 1
-        self._record("segment_unmap", begin, end - begin, block.stream)
-
-    def _release_expandable_segment(self, block: Block) -> None:
-        """Drop an expandable segment whose address space is entirely unmapped."""
-        segment = block.segment
-        require(not block.mapped and block.size == segment.address_space_bytes and segment.size == 0,
-                "an expandable segment is released only when its whole address space is unmapped", block=block,
-                segment=segment)
-        self._pools[block.pool].erase_unmapped(block)
-        del self._segments[segment.addr]
 
     # ---- OOM ------------------------------------------------------------------------------------
     def _raise_oom(self, size: int, rounded: int, alloc_size: int, stream: int) -> None:
