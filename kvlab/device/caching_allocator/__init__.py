@@ -5,7 +5,8 @@ Its sizes and sizing rules are in :mod:`~kvlab.device.caching_allocator.sizes`, 
 :mod:`~kvlab.device.caching_allocator.config`, blocks, segments and pools in
 :mod:`~kvlab.device.caching_allocator.blocks`, the stats in
 :mod:`~kvlab.device.caching_allocator.stats`, expandable segments in
-:mod:`~kvlab.device.caching_allocator.expandable`, and the model in
+:mod:`~kvlab.device.caching_allocator.expandable`, the ``torch.cuda.memory._snapshot()`` export in
+:mod:`~kvlab.device.caching_allocator.snapshot_export`, and the model in
 :mod:`~kvlab.device.caching_allocator.allocator`. Import the public names from this package
 (``from kvlab.device.caching_allocator import CachingAllocatorModel``).
 """

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from kvlab.device.caching_allocator import snapshot_export
 from kvlab.device.caching_allocator.blocks import Block, BlockPool, Segment, link_before
 from kvlab.device.caching_allocator.config import AllocatorConfig
 from kvlab.device.caching_allocator.expandable import ExpandableSegments
@@ -466,73 +467,8 @@ class CachingAllocatorModel(ExpandableSegments, AllocatorStats):
         """Allocated blocks in address order."""
         return [self._active[a] for a in sorted(self._active)]
 
-    def snapshot(self) -> dict:
-        """``torch.cuda.memory._snapshot()``: segments (one per contiguous mapped range, as torch
-        reports expandable segments), this device's trace from the recorder, and the settings."""
-        segments = []
-        for segment in self.segments:
-            run: list[Block] = []
-            for block in segment.iter_all_blocks():
-                if block.mapped:
-                    run.append(block)
-                elif run:
-                    segments.append(self._segment_info(segment, run))
-                    run = []
-            if run:
-                segments.append(self._segment_info(segment, run))
-        trace = []
-        if self.recorder is not None:
-            for event in self.recorder.events:
-                if event.device != self.device_index:
-                    continue
-                entry = {"action": event.action}
-                entry["device_free" if event.action == "oom" else "addr"] = event.addr
-                entry.update(size=event.size, stream=event.stream, time_us=event.time_us, frames=[])
-                trace.append(entry)
-        return {
-            "segments": segments,
-            "device_traces": [trace],
-            "allocator_settings": {
-                "PYTORCH_CUDA_ALLOC_CONF": self.config.to_env(),
-                "max_split_size": self.config.max_split_size_bytes or -1,
-                "garbage_collection_threshold": 0.0,
-                "expandable_segments": self.config.expandable_segments,
-                "pinned_num_register_threads": 1,
-                "release_lock_on_cudamalloc": False,
-                "pinned_use_cuda_host_register": False,
-                "roundup_power2_divisions": {
-                    str(1 << i): self.config.roundup_power2_divisions or 0 for i in range(16)
-                },
-            },
-            "external_annotations": [],
-        }
-
-    def _segment_info(self, segment: Segment, run: list[Block]) -> dict:
-        blocks = [
-            {
-                "address": b.addr,
-                "size": b.size,
-                "requested_size": b.requested_size,
-                "state": "active_allocated" if b.allocated else "inactive",
-                "frames": [],
-            }
-            for b in run
-        ]
-        allocated = sum(b.size for b in run if b.allocated)
-        return {
-            "device": self.device_index,
-            "address": run[0].addr,
-            "total_size": sum(b.size for b in run),
-            "allocated_size": allocated,
-            "active_size": allocated,  # no pending frees without CUDA events
-            "requested_size": sum(b.requested_size for b in run if b.allocated),
-            "stream": segment.stream,
-            "segment_type": segment.pool,
-            "segment_pool_id": (0, 0),
-            "is_expandable": segment.is_expandable,
-            "frames": [],
-            "blocks": blocks,
-        }
+    # torch.cuda.memory._snapshot(): a function of the allocator, in snapshot_export.py
+    snapshot = snapshot_export.memory_snapshot
 
     # ---- adopting state that predates the model (a replay seeded mid-run) ------------------------
     def adopt_segment(
