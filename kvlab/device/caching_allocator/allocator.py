@@ -1,104 +1,56 @@
-"""A CPU model of PyTorch's CUDA caching allocator: one device, streams as plain ints.
+"""The allocator model's core: ``DeviceCachingAllocator`` for one device, streams as plain ints.
 
-It mirrors ``c10/cuda/CUDACachingAllocator.cpp::DeviceCachingAllocator`` step by step, under
-torch's own names (``round_size``, ``get_free_block``, ``should_split``, ``alloc_block``,
-``free_block``, ``release_cached_blocks``, ``get_allocation_size``), so a learner can read the two
-side by side. The "driver" is a single number: it can hand out
-``total_bytes - non_pytorch_bytes - reserved`` more bytes, in any shape.
+Mirrors ``c10/cuda/CUDACachingAllocator.cpp::DeviceCachingAllocator`` step by step, under torch's
+own names: ``malloc`` (``get_free_block``, ``alloc_block``, ``release_available_cached_blocks``,
+``release_cached_blocks``, then OOM), ``alloc_found_block`` with ``should_split``, ``free`` /
+``free_block`` with ``try_merge_blocks``, and ``release_block``. The halves that torch keeps in the
+same class live beside this file: expandable segments in
+:mod:`~kvlab.device.caching_allocator.expandable`, the stats in
+:mod:`~kvlab.device.caching_allocator.stats` (both mixed in), the OOM message in
+:mod:`~kvlab.device.caching_allocator.oom`, and the snapshot export, the replay
+seeding and the integrity check in :mod:`~kvlab.device.caching_allocator.snapshot_export`,
+:mod:`~kvlab.device.caching_allocator.adopt` and :mod:`~kvlab.device.caching_allocator.invariants`
+(functions, bound here as methods). The package docstring lists where kvlab differs on purpose.
 
-Memory layout, non-expandable (one ``cudaMalloc`` per segment, blocks split and merged inside)::
+The "driver" is a single number: it can hand out ``total_bytes - non_pytorch_bytes - reserved``
+more bytes, in any shape. Memory layout, non-expandable (one ``cudaMalloc`` per segment, blocks
+split and merged inside)::
 
     segment 0x7f0000000000 (20 MiB, large pool)
     |-- 5 MiB allocated --|-- 3 MiB allocated --|------ 12 MiB free (cached) ------|
-
-Expandable segments (``expandable_segments:True``) are in
-:mod:`~kvlab.device.caching_allocator.expandable`.
-
-Where kvlab differs on purpose (everything else follows torch):
-- one device and no CUDA events: ``free`` completes at once (``free_requested`` then
-  ``free_completed``), so ``active`` always equals ``allocated``;
-- no CUDA graphs / private pools, no ``garbage_collection_threshold``, no per-interval
-  ``roundup_power2_divisions`` list, no IPC; the config is fixed for the allocator's lifetime;
-- a freed block's ``requested_size`` reads 0 (torch leaves the stale value behind);
-- addresses come from a bump pointer and are never reused;
-- every allocation gets a fresh :class:`Block` object, so a stale handle can never free
-  somebody else's allocation (torch reuses the ``Block*`` when it does not split).
 """
 
 from __future__ import annotations
 
 import operator
 from bisect import bisect_left
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-import torch
-
-from kvlab.device.caching_allocator import snapshot_export
+from kvlab.device.caching_allocator import adopt, invariants, snapshot_export
 from kvlab.device.caching_allocator.blocks import Block, BlockPool, Segment, link_before
 from kvlab.device.caching_allocator.config import AllocatorConfig
 from kvlab.device.caching_allocator.expandable import ExpandableSegments
+from kvlab.device.caching_allocator.oom import OutOfMemoryError, oom_message
 from kvlab.device.caching_allocator.sizes import (
     BASE_ADDR,
-    LARGE_BUFFER_BYTES,
     MAX_NON_SPLIT_ROUNDING_BYTES,
     MIN_BLOCK_BYTES,
     POOLS,
     SEGMENT_ALIGN_BYTES,
-    SMALL_BUFFER_BYTES,
     SMALL_SIZE_BYTES,
     get_allocation_size,
     pool_for,
     round_size,
 )
-from kvlab.device.caching_allocator.stats import STAT_ARRAYS, AllocatorStats
+from kvlab.device.caching_allocator.stats import AllocatorStats
 from kvlab.errors import require
-from kvlab.units import align_down, align_up, fmt_bytes
+from kvlab.units import align_up
 
 if TYPE_CHECKING:
     from kvlab.device.events import EventRecorder
 
-_OOM_ADVICE = (
-    "If reserved but unallocated memory is large try setting "
-    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  "
-    "See documentation for Memory Management  "
-    "(https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)"
-)
 _DEFAULT_CONFIG = AllocatorConfig()  # torch's defaults (frozen, so one shared instance is safe)
-
-
-# ---- errors -----------------------------------------------------------------------------------------
-
-
-class OutOfMemoryError(torch.OutOfMemoryError):
-    """Raised by :meth:`CachingAllocatorModel.malloc`; ``except torch.OutOfMemoryError`` catches it.
-
-    ``requested_bytes`` is what the caller asked for; ``allocation_bytes`` is the segment size the
-    message names ("Tried to allocate"), as torch prints ``get_allocation_size`` there."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        requested_bytes: int,
-        allocation_bytes: int,
-        total_bytes: int,
-        free_bytes: int,
-        allocated_bytes: int,
-        reserved_bytes: int,
-        device_index: int,
-    ) -> None:
-        super().__init__(message)
-        self.requested_bytes = requested_bytes
-        self.allocation_bytes = allocation_bytes
-        self.total_bytes = total_bytes
-        self.free_bytes = free_bytes
-        self.allocated_bytes = allocated_bytes
-        self.reserved_bytes = reserved_bytes
-        self.device_index = device_index
-
-
-# ---- the allocator ---------------------------------------------------------------------------
 
 
 class CachingAllocatorModel(ExpandableSegments, AllocatorStats):
@@ -436,16 +388,8 @@ class CachingAllocatorModel(ExpandableSegments, AllocatorStats):
         # torch records the free device memory in the addr slot and the rounded size.
         self._record("oom", free_bytes, rounded, stream)
         allocated, reserved = self.memory_allocated(), self.memory_reserved()
-        message = (
-            f"CUDA out of memory. Tried to allocate {fmt_bytes(alloc_size)}. "
-            f"GPU {self.device_index} has a total capacity of {fmt_bytes(total_bytes)} "
-            f"of which {fmt_bytes(free_bytes)} is free. "
-            f"Including non-PyTorch memory, this process has {fmt_bytes(total_bytes - free_bytes)} memory in use. "
-            f"Of the allocated memory {fmt_bytes(allocated)} is allocated by PyTorch, "
-            f"and {fmt_bytes(reserved - allocated)} is reserved by PyTorch but unallocated. {_OOM_ADVICE}"
-        )
         raise OutOfMemoryError(
-            message,
+            oom_message(self.device_index, alloc_size, total_bytes, free_bytes, allocated, reserved),
             requested_bytes=size,
             allocation_bytes=alloc_size,
             total_bytes=total_bytes,
@@ -467,191 +411,8 @@ class CachingAllocatorModel(ExpandableSegments, AllocatorStats):
         """Allocated blocks in address order."""
         return [self._active[a] for a in sorted(self._active)]
 
-    # torch.cuda.memory._snapshot(): a function of the allocator, in snapshot_export.py
+    # ---- kvlab's own, each in its own module (functions of the allocator, bound as methods) -------
     snapshot = snapshot_export.memory_snapshot
-
-    # ---- adopting state that predates the model (a replay seeded mid-run) ------------------------
-    def adopt_segment(
-        self, addr: int, pool: str, stream: int, blocks: Sequence[tuple[int, int, str]], *, is_expandable: bool = False
-    ) -> list[Block]:
-        """Take over a segment that existed before this model started (kvlab.device.replay seeds a
-        history that starts mid-run this way). ``blocks`` tile the segment from ``addr`` in address
-        order as ``(size, requested_size, state)``, state ``"allocated"``, ``"free"`` or, in an
-        expandable segment, ``"unmapped"``; adjacent free blocks must already be merged. Stats count it
-        as if this allocator had built it (no trace event, no cudaMalloc counted). Returns the allocated
-        blocks in address order; :meth:`check_invariants` checks the result."""
-        if pool not in POOLS:
-            raise ValueError(f"adopt_segment: pool must be one of {POOLS}, got {pool!r}")
-        end = addr + sum(size for size, _, _ in blocks)
-        for other in self._segments.values():
-            if addr < other.addr + other.address_space_bytes and other.addr < end:
-                raise ValueError(f"adopt_segment: [{addr:#x}, {end:#x}) overlaps {other!r}")
-        page = (SMALL_BUFFER_BYTES if pool == "small" else LARGE_BUFFER_BYTES) if is_expandable else 0
-        segment = Segment(addr, 0, pool, stream, is_expandable, address_space_bytes=end - addr, page_bytes=page)
-        prev, cursor, allocated = None, addr, []
-        for size, requested, state in blocks:
-            if state not in ("allocated", "free", "unmapped") or (state == "unmapped" and not is_expandable):
-                raise ValueError(f"adopt_segment: block state {state!r} at {cursor:#x} not allowed here")
-            block = Block(cursor, size, requested if state == "allocated" else 0, stream, pool, state == "allocated",
-                          segment, mapped=state != "unmapped", prev=prev)
-            if prev is None:
-                segment.head = block
-            else:
-                prev.next = block
-            segment.size += size if block.mapped else 0
-            cursor, prev = cursor + size, block
-        self._segments[addr] = segment
-        for b in segment.iter_all_blocks():
-            if b.allocated:
-                self._active[b.addr] = b
-                allocated.append(b)
-                self._stat(pool, ("allocation", 1), ("allocated_bytes", b.size), ("active", 1),
-                           ("active_bytes", b.size), ("requested_bytes", b.requested_size))
-                if b.size >= self._max_split:
-                    self._oversize_allocations.increase(1)
-            elif b.mapped:
-                self._pools[pool].insert(b)
-                if not is_expandable and b.is_split():
-                    self._stat(pool, ("inactive_split", 1), ("inactive_split_bytes", b.size))
-            else:
-                self._pools[pool].insert_unmapped(b)
-        self._stat(pool, ("reserved_bytes", segment.size))
-        if not is_expandable:
-            self._stat(pool, ("segment", 1))
-            if segment.size >= self._max_split:
-                self._oversize_segments.increase(1)
-        self._next_addr = max(self._next_addr, align_up(end, SEGMENT_ALIGN_BYTES))
-        return allocated
-
-    def limit_address_space(self, segment: Segment, end: int) -> None:
-        """Give up an expandable segment's unmapped address space from ``end`` (rounded down to a page) on:
-        a replay learns where the recording's next segment starts and fences this one below it."""
-        require(segment.is_expandable, "only an expandable segment has address space to give up", segment=segment)
-        new_end = segment.addr + align_down(end - segment.addr, segment.page_bytes)
-        if new_end >= segment.addr + segment.address_space_bytes:
-            return
-        tail = segment.head
-        while tail.next is not None:
-            tail = tail.next
-        require(not tail.mapped and segment.addr < tail.addr <= new_end,
-                "only unmapped space after the last mapped page can be given up", segment=segment, tail=tail,
-                end=new_end)
-        pool = self._pools[segment.pool]
-        pool.erase_unmapped(tail)
-        if tail.addr < new_end:
-            tail.size = new_end - tail.addr
-            pool.insert_unmapped(tail)
-        else:
-            tail.prev.next = None
-            tail.prev = None
-        segment.address_space_bytes = new_end - segment.addr
-
-    def check_invariants(self) -> None:
-        """Walk every segment and pool; raise :class:`~kvlab.errors.InvariantError` naming the first
-        broken rule and the values that broke it (a real check, also under ``python -O``)."""
-        allocated = {p: 0 for p in POOLS}
-        requested = {p: 0 for p in POOLS}
-        reserved = {p: 0 for p in POOLS}
-        inactive_split = {p: [0, 0] for p in POOLS}
-        n_free = {p: 0 for p in POOLS}
-        n_unmapped = {p: 0 for p in POOLS}
-        n_allocated = n_cuda_segments = 0
-        for addr, seg in self._segments.items():
-            require(seg.addr == addr, "a segment is filed under its own address", segment=seg, key=addr)
-            require(seg.head is not None and seg.head.prev is None, "a segment's head block has no predecessor",
-                    segment=seg, head=seg.head)
-            pool = self._pools[seg.pool]
-            cursor, mapped_bytes, prev = seg.addr, 0, None
-            for b in seg.iter_all_blocks():
-                require(b.segment is seg and b.prev is prev, "block links: each block points at its segment and "
-                        "at the block before it", segment=seg, block=b, prev=prev)
-                require(b.addr == cursor, "a segment's blocks tile it with no gap or overlap", segment=seg, block=b,
-                        expected_addr=cursor)
-                require(b.size > 0 and b.size % MIN_BLOCK_BYTES == 0, "a block's size is a positive multiple of 512",
-                        segment=seg, block=b, size=b.size)
-                require(b.pool == seg.pool and b.stream == seg.stream, "a block has its segment's pool and stream",
-                        segment=seg, block=b)
-                if prev is not None and not b.allocated and not prev.allocated:
-                    require(b.mapped != prev.mapped, "two adjacent free blocks are merged", segment=seg, block=b,
-                            prev=prev)
-                if b.allocated:
-                    require(b.mapped and self._active.get(b.addr) is b, "an allocated block is mapped and active",
-                            segment=seg, block=b)
-                    allocated[seg.pool] += b.size
-                    requested[seg.pool] += b.requested_size
-                    n_allocated += 1
-                elif b.mapped:
-                    require(pool.blocks.get(b.addr) is b, "a free mapped block is in its pool", segment=seg, block=b,
-                            pool=seg.pool)
-                    n_free[seg.pool] += 1
-                    if not seg.is_expandable and b.is_split():
-                        inactive_split[seg.pool][0] += 1
-                        inactive_split[seg.pool][1] += b.size
-                else:
-                    require(seg.is_expandable, "only expandable segments hold unmapped blocks", segment=seg, block=b)
-                    require((b.addr - seg.addr) % seg.page_bytes == 0 and b.size % seg.page_bytes == 0,
-                            "an unmapped range is page aligned", segment=seg, block=b, page_bytes=seg.page_bytes)
-                    require(pool.unmapped.get(b.addr) is b, "an unmapped block is in its pool's unmapped ranges",
-                            segment=seg, block=b, pool=seg.pool)
-                    n_unmapped[seg.pool] += 1
-                if b.mapped:
-                    mapped_bytes += b.size
-                cursor, prev = b.end_addr, b
-            require(cursor - seg.addr == seg.address_space_bytes, "a segment's blocks cover its address space",
-                    segment=seg, covered_bytes=cursor - seg.addr, address_space_bytes=seg.address_space_bytes)
-            require(mapped_bytes == seg.size, "a segment's size is the sum of its mapped blocks", segment=seg,
-                    size=seg.size, mapped_bytes=mapped_bytes)
-            if not seg.is_expandable:
-                n_cuda_segments += 1
-                require(seg.size == seg.address_space_bytes, "a cudaMalloc segment is mapped whole", segment=seg,
-                        size=seg.size, address_space_bytes=seg.address_space_bytes)
-                if seg.pool == "small":
-                    require(seg.size == SMALL_BUFFER_BYTES, "small-pool cudaMalloc segments are 2 MiB", segment=seg,
-                            size=seg.size)
-            reserved[seg.pool] += seg.size
-        require(n_allocated == len(self._active), "every active block is in a segment",
-                active=len(self._active), in_segments=n_allocated)
-        for p in POOLS:
-            pool = self._pools[p]
-            require(n_free[p] == len(pool.blocks), "every free block in a pool is in a segment", pool=p,
-                    in_pool=len(pool.blocks), in_segments=n_free[p])
-            require(n_unmapped[p] == len(pool.unmapped), "every unmapped block in a pool is in a segment", pool=p,
-                    in_pool=len(pool.unmapped), in_segments=n_unmapped[p])
-            n_keys = 0
-            for stream in pool.streams():
-                keys = pool.keys(stream)
-                require(keys == sorted(keys), "a pool's best-fit index is sorted by (size, addr)", pool=p,
-                        stream=stream)
-                for size, addr in keys:
-                    b = pool.blocks.get(addr)
-                    require(b is not None and (b.size, b.stream) == (size, stream),
-                            "every best-fit key names a free block of that size and stream", pool=p, stream=stream,
-                            key=(size, addr), block=b)
-                n_keys += len(keys)
-            require(n_keys == len(pool.blocks), "a pool's best-fit index and its blocks agree", pool=p, keys=n_keys,
-                    blocks=len(pool.blocks))
-            checks = (
-                ("allocated_bytes", allocated[p]),
-                ("active_bytes", allocated[p]),
-                ("requested_bytes", requested[p]),
-                ("reserved_bytes", reserved[p]),
-                ("inactive_split", inactive_split[p][0]),
-                ("inactive_split_bytes", inactive_split[p][1]),
-            )
-            for name, expected in checks:
-                current = self._stats[name][f"{p}_pool"].current
-                require(current == expected, "each pool stat's current value matches the blocks",
-                        stat=f"{name}.{p}_pool.current", current=current, blocks_say=expected)
-        for name in STAT_ARRAYS:
-            s = self._stats[name]
-            require(s["all"].current == s["small_pool"].current + s["large_pool"].current,
-                    "a stat's 'all' entry is small + large", stat=name, all=s["all"].current,
-                    small=s["small_pool"].current, large=s["large_pool"].current)
-        require(self._stats["allocation"]["all"].current == len(self._active), "allocation count == live blocks",
-                allocation=self._stats["allocation"]["all"].current, live_blocks=len(self._active))
-        require(self._stats["segment"]["all"].current == n_cuda_segments, "segment count == cudaMalloc segments",
-                segment=self._stats["segment"]["all"].current, cuda_segments=n_cuda_segments)
-        free_bytes, total = self.mem_get_info()
-        require(free_bytes >= 0 and free_bytes + self.memory_reserved() + self._non_pytorch_bytes == total,
-                "driver books balance: free + reserved + non-PyTorch == total", free=free_bytes,
-                reserved=self.memory_reserved(), non_pytorch=self._non_pytorch_bytes, total=total)
+    adopt_segment = adopt.adopt_segment
+    limit_address_space = adopt.limit_address_space
+    check_invariants = invariants.check_invariants
