@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
-from kvlab.errors import InvariantError, require
-from kvlab.mem_cache.memory_pool import DoubleFreeError, index_device
+from kvlab.errors import DoubleFreeError, InvariantError, require
+from kvlab.mem_cache.memory_pool import index_device
 from kvlab.units import div_ceil, tokens_to_pages
 
 _I64 = torch.int64

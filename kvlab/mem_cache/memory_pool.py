@@ -9,7 +9,8 @@ Mirrors ``sglang/srt/mem_cache/memory_pool.py`` (0.5.16 / 0.5.23)::
     v_buffer[l]   [size+page_size, head_num, v_head_dim]    page 0 (slots 0..page_size-1) = padding
 
 The allocator (``allocator.py``) hands out slot indices into these buffers; this module only owns
-the storage. Also here: the two errors every pool, allocator and cache raises.
+the storage. The errors every pool, allocator and cache raises live in ``kvlab.errors``
+(re-exported here under their old import path).
 """
 
 from __future__ import annotations
@@ -19,13 +20,9 @@ from typing import Any
 
 import torch
 
-from kvlab.errors import InvariantError, require
+from kvlab.errors import DoubleFreeError, InvariantError, require
 
 __all__ = ["InvariantError", "DoubleFreeError", "ReqToTokenPool", "MHATokenToKVPool", "allocate_tensor", "index_device"]
-
-
-class DoubleFreeError(ValueError):
-    """An index (slot, page or request row) was freed that is not currently allocated."""
 
 
 def allocate_tensor(device: Any, shape: Sequence[int], dtype: torch.dtype, label: str) -> torch.Tensor:
