@@ -15,18 +15,20 @@ always evicted per-pool shortfalls, in both versions, and does so here in both m
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
-from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
+from kvlab.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, EvictResult, HybridEvictResult
+from kvlab.mem_cache.mamba_radix_cache import MambaRadixCache
+from kvlab.mem_cache.radix_cache import RadixCache, Req
 
 EVICTION_MODES = ("shortfall", "full")
 _NOTHING = EvictResult()  # frozen: the one result of every call that finds enough free slots
 
 
-def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> EvictResult:
+def evict_from_tree_cache(tree_cache: BasePrefixCache | None, num_tokens: int, mode: str = "shortfall") -> EvictResult:
     """Make room for ``num_tokens`` new KV slots by evicting from ``tree_cache``.
 
     Standard allocator: ``shortfall = max(0, num_tokens - available_size())``; nothing happens when
@@ -67,8 +69,6 @@ def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfa
 def _with_hybrid(base: EvictResult, res: EvictResult) -> EvictResult:
     """Hybrid trees (SWARadixCache, MambaRadixCache) also report what the second pool lost: keep
     those fields; a plain RadixCache result stays a plain :class:`EvictResult`."""
-    from kvlab.mem_cache.swa_radix_cache import HybridEvictResult
-
     if not isinstance(res, HybridEvictResult):
         return base
     return HybridEvictResult(**base.__dict__, swa_evicted_tokens=res.swa_evicted_tokens,
@@ -83,7 +83,7 @@ class AllocResult(NamedTuple):
     evict: EvictResult
 
 
-def ensure_mamba_capacity(tree_cache: Any, num_states: int) -> EvictResult:
+def ensure_mamba_capacity(tree_cache: MambaRadixCache, num_states: int) -> EvictResult:
     """MambaRadixCache: free recurrent-state slots until ``num_states`` are available
     (``ensure_mamba_capacity``: ``EvictParams(num_tokens=0, mamba_num=needed - available)``; always
     the shortfall, in SGLang and here). Returns the tree's :class:`HybridEvictResult`."""
@@ -96,14 +96,14 @@ def ensure_mamba_capacity(tree_cache: Any, num_states: int) -> EvictResult:
     return tree_cache.evict(0, mamba_num=short)
 
 
-def alloc_token_slots(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> AllocResult:
+def alloc_token_slots(tree_cache: BasePrefixCache, num_tokens: int, mode: str = "shortfall") -> AllocResult:
     """``allocation.py::alloc_token_slots``: evict for ``num_tokens``, then ``alloc(num_tokens)``.
     SGLang raises "Out of memory" where this returns ``out_cache_loc=None``."""
     ev = evict_from_tree_cache(tree_cache, num_tokens, mode)
     return AllocResult(tree_cache.token_to_kv_pool_allocator.alloc(num_tokens), ev)
 
 
-def alloc_paged_token_slots_extend(tree_cache: Any, prefix_lens: Sequence[int], seq_lens: Sequence[int],
+def alloc_paged_token_slots_extend(tree_cache: BasePrefixCache, prefix_lens: Sequence[int], seq_lens: Sequence[int],
                                    last_loc: Sequence[int], mode: str = "shortfall") -> AllocResult:
     """``allocation.py::alloc_paged_token_slots_extend`` (CPU lengths): evict for
     ``extend_num_tokens + batch_size * page_size`` (SGLang's over-estimate: every request may open
@@ -117,7 +117,7 @@ def alloc_paged_token_slots_extend(tree_cache: Any, prefix_lens: Sequence[int], 
     return AllocResult(allocator.alloc_extend(pre, pre, seq, seq, last, extend), ev)
 
 
-def alloc_paged_token_slots_decode(tree_cache: Any, seq_lens: Sequence[int], last_loc: Sequence[int],
+def alloc_paged_token_slots_decode(tree_cache: BasePrefixCache, seq_lens: Sequence[int], last_loc: Sequence[int],
                                    mode: str = "shortfall") -> AllocResult:
     """``allocation.py::alloc_paged_token_slots_decode``: evict for ``batch_size * page_size``,
     then ``alloc_decode`` (``seq_lens`` are the lengths *after* this step's token)."""
@@ -128,7 +128,7 @@ def alloc_paged_token_slots_decode(tree_cache: Any, seq_lens: Sequence[int], las
     return AllocResult(allocator.alloc_decode(seq, seq, last), ev)
 
 
-def release_kv_cache(req: Any, tree_cache: Any, is_insert: bool = True,
+def release_kv_cache(req: Req, tree_cache: RadixCache, is_insert: bool = True,
                      kv_len_to_handle: int | None = None) -> None:
     """0.5.16 ``common.py::release_kv_cache``: ``cache_finished_req`` then free the request's row."""
     tree_cache.cache_finished_req(req, is_insert=is_insert, kv_len_to_handle=kv_len_to_handle)
