@@ -34,11 +34,13 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.common import (
     EVICTION_MODES,
     AllocResult,
+    MatchAllocInsertResult,
     alloc_paged_token_slots_decode,
     alloc_paged_token_slots_extend,
     alloc_token_slots,
     ensure_mamba_capacity,
     evict_from_tree_cache,
+    match_alloc_insert,
     release_kv_cache,
 )
 from kvlab.mem_cache.evict_policy import EVICTION_POLICIES, EvictionStrategy, get_eviction_strategy, register_policy
@@ -87,6 +89,8 @@ __all__ = [
     "alloc_paged_token_slots_extend",
     "alloc_token_slots",
     "evict_from_tree_cache",
+    "match_alloc_insert",
+    "MatchAllocInsertResult",
     "get_eviction_strategy",
     "register_policy",
     "release_kv_cache",

@@ -437,13 +437,6 @@ class RadixCache(BaseRadixTree):
             node = node.parent
         return delta
 
-    def lock(self, node: TreeNode) -> TreeLock:
-        self.inc_lock_ref(node)
-        return TreeLock(node)
-
-    def unlock(self, lock: TreeLock) -> None:
-        self.dec_lock_ref(lock.node)
-
     # -- eviction -------------------------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> EvictResult:
         """Free whole unlocked leaves, in the strategy's order, until ``num_tokens`` are freed or no

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
-from kvlab.mem_cache.base_prefix_cache import ChildKey, KVAllocator, PrefixNode, TokenKey
+from kvlab.mem_cache.base_prefix_cache import ChildKey, KVAllocator, PrefixNode, TokenKey, TreeLock
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 
 
@@ -59,7 +59,8 @@ def common_prefix_len(a: array, b: array, off: int, n: int) -> int:
 
 class BaseRadixTree:
     """Shared tree code. A subclass sets ``root_node`` and ``_empty`` (an empty int64 tensor) in its
-    ``reset()``, which its ``__init__`` calls after this one, and has ``total_size()``."""
+    ``reset()``, which its ``__init__`` calls after this one, and has ``total_size()``,
+    ``inc_lock_ref`` and ``dec_lock_ref``."""
 
     root_node: PrefixNode
     _empty: torch.Tensor
@@ -100,6 +101,15 @@ class BaseRadixTree:
             x = x.parent
         if x is not self.root_node:
             raise LockRefError(f"{what}: {node!r} belongs to another tree")
+
+    def lock(self, node: PrefixNode) -> TreeLock:
+        """0.5.23's ``BasePrefixCache.lock``: ``inc_lock_ref(node)`` as a receipt for :meth:`unlock`
+        (``SWARadixCache`` overrides both: its receipt carries the SWA lock's boundary)."""
+        self.inc_lock_ref(node)
+        return TreeLock(node)
+
+    def unlock(self, lock: TreeLock) -> None:
+        self.dec_lock_ref(lock.node)
 
     def all_values_flatten(self) -> torch.Tensor:
         values = [n.value for n in self._nodes() if n is not self.root_node]
