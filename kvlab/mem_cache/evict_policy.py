@@ -4,7 +4,7 @@ Mirrors ``sglang/srt/mem_cache/evict_policy.py``: each strategy maps a tree node
 the *smallest* priority is evicted first. SGLang breaks ties by comparing the nodes themselves
 (``TreeNode.__lt__``: older ``last_access_time`` first); kvlab appends ``last_access_time`` and
 then the node id to every key, so victim order is total and reproducible. Times come from the
-cache's logical clock (``radix_cache.LogicalClock``), never from wall time.
+cache's logical clock (``radix_tree.LogicalClock``), never from wall time.
 
 | policy     | priority (smaller = evicted first)                  |
 | ---------- | --------------------------------------------------- |
