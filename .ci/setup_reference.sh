@@ -10,8 +10,8 @@
 #
 # Each is its own venv: CPU torch 2.13.0 (pinned by a constraints file so nothing upgrades it),
 # sglang installed --no-deps, and only the import-time dependencies that sglang.srt.mem_cache
-# pulls in (see shared/TESTING.md). torchvision is NOT installed: PyPI's builds fail against the
-# CPU torch, so the driver installs a stub module before importing sglang.
+# pulls in (see docs/testing.md#differential-tests-against-sglang). torchvision is NOT installed:
+# PyPI's builds fail against the CPU torch, so the driver installs a stub module before importing sglang.
 #
 # Idempotent: a venv whose driver self-check passes is kept (~40 s per venv to check). About
 # 2.5 GB per venv; both from a cold pip cache took ~10 min on a 2-core machine (triton is ~1 GB),

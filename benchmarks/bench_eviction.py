@@ -1,7 +1,7 @@
 """Cost of ``evict(1)`` with 5,000 evictable leaves: kvlab's incremental heap vs SGLang's rebuild.
 
 SGLang's ``RadixCache.evict`` snapshots every evictable leaf and heapifies them on each call, so
-``evict(1)`` costs O(leaves) (about 6.8 ms at 5,000 leaves in shared/SGLANG_MEMCACHE.md). kvlab keeps
+``evict(1)`` costs O(leaves) (about 6.8 ms at 5,000 leaves: docs/semantics.md#cost-of-the-upstream-tree). kvlab keeps
 the heap across calls (lazy invalidation), so a call costs O(log leaves) per victim.
 
 Tree: 50 shared 32-token prefixes x 100 distinct 8-token tails = 5,000 leaves; a random tenth of

@@ -1,6 +1,6 @@
 """match_prefix + insert throughput: kvlab's RadixCache vs SGLang's Python RadixCache (and Rust core).
 
-Workload (shared/SGLANG_MEMCACHE.md section 6, "Performance anchor"): N ops, each a match_prefix
+Workload (as in docs/semantics.md#cost-of-the-upstream-tree): N ops, each a match_prefix
 then an insert of one sequence = one of 64 random 512-token prefixes cut at a random point in
 [256, 512], plus 128 random tokens; page size 1; tree only (values are precomputed slices of one
 index tensor, no allocator). SGLang runs in its reference venv (``.ci/setup_reference.sh``) through

@@ -2,7 +2,9 @@
 
 ``KvlabError`` is the base of errors a user can act on (a bad file, a bad value); ``InvariantError``
 is what every ``check_invariants()`` raises when the bookkeeping is inconsistent (a kvlab bug, not a
-user error). Invariant checks never use ``assert``: ``python -O`` strips asserts, and a check that
+user error). ``DoubleFreeError`` and ``LockRefError`` are misuse of the KV memory API (pools,
+allocators, prefix caches): they keep their builtin bases, so ``except ValueError`` /
+``except RuntimeError`` still catch them. Invariant checks never use ``assert``: ``python -O`` strips asserts, and a check that
 vanishes under ``-O`` is no check. ``require`` is the one way they test a rule.
 """
 
@@ -33,3 +35,13 @@ def require(condition: object, invariant: str, **values: Any) -> None:
     """Raise ``InvariantError(invariant, **values)`` unless ``condition`` holds (survives ``python -O``)."""
     if not condition:
         raise InvariantError(invariant, **values)
+
+
+class DoubleFreeError(ValueError):
+    """An index (KV slot, page, request row or recurrent-state slot) was freed that is not currently
+    allocated. SGLang frees silently and would later hand the index out twice."""
+
+
+class LockRefError(RuntimeError):
+    """``inc_lock_ref`` / ``dec_lock_ref`` misuse: unlocking an unlocked node, or a node that was
+    evicted or belongs to another tree (SGLang lets ``lock_ref`` go negative)."""

@@ -42,7 +42,9 @@ DEVICE = "auto"  # "auto": the real GPU when there is one, else "sim:h200" (kvla
 import time
 
 from kvlab.device import resolve_device_name
-from kvlab.experiments import allocator_tour as tour
+from kvlab.experiments.allocator_tour import summary_frame
+from kvlab.labs import allocator_tour as tour
+from kvlab.units import MiB  # noqa: F401 (for your predictions, e.g. 2 * MiB)
 from kvlab.viz.allocator_map import state_history
 
 _started = time.perf_counter()
@@ -227,7 +229,7 @@ tour.fragmentation.run(DEVICE, expandable_segments=True).facts_frame()
 
 # %%
 runs = [rounding_run, pools_run, splitting_run, fragmentation_run, gc_run, expandable_run]
-tour.summary_frame(runs)
+summary_frame(runs)
 
 # %%
 print(f"notebook 00 ran in {time.perf_counter() - _started:.1f} s on {resolve_device_name(DEVICE)}")

@@ -32,18 +32,24 @@
 # a pool of under 2k tokens that refuses a 3,034-token prompt, against a pool >100× larger with the fix (the
 # PR's exact numbers and kvlab's, and why they differ, are printed under the table below).
 # On a laptop it runs on kvlab's model of PyTorch's caching allocator; on a GPU box the last section runs the
-# same loader on the real `torch.cuda` allocator.
+# same loader on the real `torch.cuda` allocator. The settings the cells below use are in the first code cell
+# (tagged `parameters`, papermill's convention).
+
+# %% tags=["parameters"]
+PRESET = "sglang-pr-4xh200"  # the PR's scenario (sections 1, 2 and the exercise): 4×H200 at 80 GB, TP4
+GPU_PRESET = "llama-8b-l4"  # section 4, on this machine's GPU when it has one
+LOADER_DEVICE = "sim:h100-80g"  # section 3: the loader's reference cycle, on one simulated device
+LOADER_MODEL = "llama-3.1-8b"
+DEVICE = None  # None: $KVLAB_DEVICE when set (`kvlab report --device`), else "auto" ("cuda" on a GPU box)
 
 # %%
-import os
-
 import pandas as pd
 
 import kvlab
 from kvlab.device import resolve_device_name
 from kvlab.experiments import kv_pool_sizing
 
-DEVICE = resolve_device_name(os.environ.get("KVLAB_DEVICE"))  # "cuda" on a GPU box, else "sim:h200"
+DEVICE = resolve_device_name(DEVICE)  # "cuda" on a GPU box, else "sim:h200"
 print(f"kvlab {kvlab.__version__} · this machine's device: {DEVICE}")
 
 # %% [markdown]
@@ -52,7 +58,7 @@ print(f"kvlab {kvlab.__version__} · this machine's device: {DEVICE}")
 # results. Everything in them comes from real tensors whose allocator blocks are freed when their storage dies.
 
 # %%
-no_gc, with_gc = kv_pool_sizing.compare("sglang-pr-4xh200")
+no_gc, with_gc = kv_pool_sizing.compare(PRESET)
 kv_pool_sizing.summary_frame(no_gc, with_gc)
 
 # %% [markdown]
@@ -81,7 +87,7 @@ Markdown(kv_pool_sizing.pr_numbers_note(no_gc.max_total_num_tokens, with_gc.max_
 # %% tags=["dashboard"]
 from kvlab.viz.widgets import KVPoolPanel
 
-panel = KVPoolPanel("sglang-pr-4xh200")
+panel = KVPoolPanel(PRESET)
 panel.widget
 
 # %% [markdown]
@@ -99,8 +105,8 @@ from kvlab.model import get_model_config, load_weights
 from kvlab.units import fmt_bytes
 
 with automatic_gc_paused():  # keep the interpreter's automatic collector out of the experiment
-    device = get_device("sim:h100-80g")
-    loaded = load_weights(device, get_model_config("llama-3.1-8b"))
+    device = get_device(LOADER_DEVICE)
+    loaded = load_weights(device, get_model_config(LOADER_MODEL))
     after_load = device.memory_allocated()
     del loaded  # the caller lets go of everything it was given ...
     after_del = device.memory_allocated()
@@ -117,7 +123,7 @@ steps
 
 # %%
 if DEVICE.startswith("cuda"):
-    gpu_no_gc, gpu_gc = kv_pool_sizing.compare("llama-8b-l4", device="cuda")
+    gpu_no_gc, gpu_gc = kv_pool_sizing.compare(GPU_PRESET, device="cuda")
     display(pd.DataFrame({"without gc": gpu_no_gc.to_json(), "with gc": gpu_gc.to_json()}))
 else:
     print("no CUDA device here: the sections above ran on kvlab's model of the caching allocator")
@@ -127,9 +133,9 @@ else:
 # `my_measure(devices)` is the reading SGLang sizes its pool from. It gets the tensor-parallel ranks (each has
 # `empty_cache()` and `mem_get_info()`, which returns `(free, total)` bytes) and returns the free bytes SGLang may
 # use: the minimum over the ranks. As given it is SGLang's reading **before** the fix. Change it so the pool comes
-# out right, then run the check below: it starts the `sglang-pr-4xh200` server with your function in place of
-# kvlab's reading. The weights, the loader's reference cycle and Python's garbage collector are all real; only
-# your function decides what is collected and emptied before the reading.
+# out right, then run the check below: it starts section 1's server (`PRESET`, the PR's `sglang-pr-4xh200`) with
+# your function in place of kvlab's reading. The weights, the loader's reference cycle and Python's garbage
+# collector are all real; only your function decides what is collected and emptied before the reading.
 
 # %%
 import gc
@@ -142,12 +148,12 @@ def my_measure(devices):
 
 
 # %%
-from kvlab import exercises
+from kvlab.labs import kv_pool_sizing as lab
 
-exercises.check_measure(my_measure)
+lab.measure.check(my_measure, scenario=PRESET)
 
 # %% [markdown]
 # The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
 
 # %%
-exercises.MEASURE_SOLUTION
+lab.measure.solution

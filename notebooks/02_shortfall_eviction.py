@@ -205,12 +205,12 @@ def my_shortfall(num_tokens, available):
 
 
 # %%
-from kvlab import exercises
+from kvlab.labs import shortfall_eviction as lab
 
-exercises.check_shortfall(my_shortfall)
+lab.shortfall.check(my_shortfall)
 
 # %% [markdown]
 # The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
 
 # %%
-exercises.SHORTFALL_SOLUTION
+lab.shortfall.solution

@@ -30,7 +30,7 @@
 
 # %%
 from kvlab.experiments import hybrid_caches
-from kvlab.labs import Solution
+from kvlab.labs import hybrid_caches as lab
 from kvlab.mem_cache.tree_view import SPANS
 from kvlab.viz import hybrid_plots
 from kvlab.viz.tree_widget import RadixTreeWidget
@@ -102,10 +102,10 @@ def resume_point(path):
 
 
 # %%
-hybrid_caches.check_resume_point(resume_point)
+lab.resume.check(resume_point)
 
 # %%
-Solution("resume_point", hybrid_caches.RESUME_SOLUTION)
+lab.resume.solution
 
 # %% [markdown]
 # ## 4 · The Mamba tree, live

@@ -29,6 +29,8 @@ EXAMPLES: dict[str, dict[str, int]] = {
     # tests/mem_cache/test_hybrid_stateful.py
     "swa_radix": {"ci": 300, "long": 1500, "dev": 20},
     "mamba_radix": {"ci": 300, "long": 1500, "dev": 20},
+    # tests/mem_cache/test_base_prefix_cache.py: match_alloc_insert vs a longest-common-prefix oracle
+    "match_alloc_insert": {"ci": 150, "long": 800, "dev": 10},
     # tests/sched/test_scheduler.py, tests/sched/test_fast_decode.py: one random workload per example
     "scheduler": {"ci": 150, "long": 700, "dev": 10},
     "fast_decode": {"ci": 150, "long": 700, "dev": 10},

@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_replay.py"
 
 
+@pytest.mark.slow
 def test_small_run_prints_every_figure():
     proc = subprocess.run([sys.executable, str(SCRIPT), "--sizes", "3000"], capture_output=True, text=True,
                           timeout=300, cwd=SCRIPT.parents[1])

@@ -261,11 +261,13 @@ def optimized_report() -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_child_really_runs_optimized(optimized_report):
     assert optimized_report["optimize"] == 1
     assert optimized_report["asserts_stripped"] is True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
 def test_corruption_raises_invariant_error_under_O(optimized_report, name):
     outcome = optimized_report["cases"][name]

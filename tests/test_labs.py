@@ -1,9 +1,16 @@
-"""kvlab.labs: what a check() cell shows, and the switch that shows or hides solutions."""
+"""kvlab.labs: what a check() cell shows, the switch that shows or hides solutions, and the one shape
+(run, check, solution) every lab step and exercise of the notebooks has."""
 
+from pathlib import Path
+
+import jupytext
 import pytest
 
 from kvlab import labs
 from kvlab.labs import CheckLine, CheckResult, ExerciseError, Solution, compare, set_solutions, solutions_enabled
+from kvlab.labs.check import _fmt
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
 
 @pytest.fixture(autouse=True)
@@ -93,8 +100,77 @@ def test_solution_is_hidden_by_default_and_shown_when_enabled():
 
 
 def test_fmt_numbers_for_learners():
-    assert labs._fmt(43_373_240_320) == "43,373,240,320"
-    assert labs._fmt(True) == "True"
-    assert labs._fmt(1234.5678) == "1,235"
-    assert labs._fmt(None) == "None"
+    assert _fmt(43_373_240_320) == "43,373,240,320"
+    assert _fmt(True) == "True"
+    assert _fmt(1234.5678) == "1,235"
+    assert _fmt(None) == "None"
     assert CheckLine("n", True, given=3).text() == "✔ n: 3"
+
+
+# ---- one shape for every lab step and exercise ----------------------------------------------------
+
+LABS = labs.all_labs()
+
+
+def _stub_namespace(stem: str, names) -> dict:
+    """What the notebook's own cells give the learner to start from: the cells that define ``names``, run."""
+    namespace: dict = {}
+    for cell in jupytext.read(NOTEBOOKS / f"{stem}.py").cells:
+        if cell.cell_type == "code" and any(f"{name} =" in cell.source or f"def {name}(" in cell.source
+                                            for name in names):
+            exec(cell.source, namespace)
+    return {name: namespace[name] for name in names if name in namespace}
+
+
+def test_every_notebook_with_a_check_cell_has_its_labs_registered():
+    """A notebook that calls ``.check(`` is in NOTEBOOK_LABS (and nothing else is), and it imports its module."""
+    with_checks = {p.stem for p in NOTEBOOKS.glob("*.py") if ".check(" in p.read_text()}
+    assert with_checks == set(labs.NOTEBOOK_LABS)
+    for stem, module in labs.NOTEBOOK_LABS.items():
+        source = (NOTEBOOKS / f"{stem}.py").read_text()
+        package, name = module.rsplit(".", 1)
+        assert f"from {package} import {name} as " in source, stem
+
+
+@pytest.mark.parametrize("key", list(LABS))
+def test_each_lab_has_run_check_and_a_hidden_solution(key):
+    lab = LABS[key]
+    assert isinstance(lab, labs.Lab) and key.endswith(f".{lab.key}") and lab.title
+    assert callable(lab.run) and callable(lab.check)
+    assert isinstance(lab.solution, Solution) and "hidden" in repr(lab.solution)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(LABS))
+def test_the_notebooks_stub_is_not_yet_and_the_solution_passes(key):
+    """The names the solution defines are the names the notebook's cell asks the learner for; what the notebook
+    starts from does not pass the check, the solution does."""
+    lab, stem = LABS[key], key.split(".")[0]
+    answer = lab.answer()
+    stub = _stub_namespace(stem, answer)
+    assert set(stub) == set(answer), f"{stem} defines {sorted(stub)}, the solution {sorted(answer)}"
+    result = lab.check(stub[lab.function]) if isinstance(lab, labs.Exercise) else lab.check(**stub)
+    assert not result.ok and result.text().startswith("NOT YET"), result.text()
+    solved = lab.check_solution()
+    assert solved.ok, solved.text()
+
+
+@pytest.mark.parametrize("key", list(LABS))
+def test_the_solution_needs_no_name_its_notebook_does_not_define(key):
+    """Pasted into its notebook, the solution runs: every name it reads (``MiB`` in notebook 00) is a builtin,
+    defined by the solution itself, or imported or assigned in the notebook."""
+    import ast
+    import builtins
+
+    lab, stem = LABS[key], key.split(".")[0]
+    tree = ast.parse(lab.solution.code)
+    read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    defined = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    defined |= {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    defined |= {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg)}
+    notebook = ast.parse((NOTEBOOKS / f"{stem}.py").read_text())
+    defined |= {(a.asname or a.name).split(".")[0] for n in ast.walk(notebook)
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    defined |= {n.id for n in ast.walk(notebook) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    missing = sorted(read - defined - set(dir(builtins)))
+    assert not missing, f"{key}'s solution reads {missing}, which {stem} never defines"

@@ -230,15 +230,32 @@ def test_summary_equals_the_experiments_with_the_notebooks_settings(report_dir: 
     assert summary["notebooks"]["01_kv_pool_sizing"]["ok"] is True
 
 
-def _calls(path: Path, name: str) -> list[tuple[list, dict]]:
-    """(positional, keyword) literal arguments of every ``<anything>.name(...)`` call in a notebook's py twin
-    (``dict(k=v)`` read as a dict, other non-literal arguments as their source text)."""
+def _parameters(path: Path) -> dict:
+    """The literal settings of a notebook's cell tagged ``parameters`` (papermill's convention), by name."""
     import ast
 
+    import jupytext
+
+    cells = [c for c in jupytext.read(path).cells if "parameters" in c.metadata.get("tags", [])]
+    assert len(cells) == 1, f"{path.name}: {len(cells)} cells tagged parameters"
+    return {target.id: ast.literal_eval(node.value)
+            for node in ast.parse(cells[0].source).body if isinstance(node, ast.Assign)
+            for target in node.targets if isinstance(target, ast.Name)}
+
+
+def _calls(path: Path, name: str, names: dict | None = None) -> list[tuple[list, dict]]:
+    """(positional, keyword) literal arguments of every ``<anything>.name(...)`` call in a notebook's py twin
+    (a bare name found in ``names`` read as its value, e.g. a parameter; ``dict(k=v)`` read as a dict; other
+    non-literal arguments as their source text)."""
+    import ast
+
+    names = names or {}
     found = []
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == name:
             def value(n):
+                if isinstance(n, ast.Name) and n.id in names:
+                    return names[n.id]
                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "dict" and not n.args:
                     return {k.arg: value(k.value) for k in n.keywords}  # dict(a=1) as {"a": 1}
                 try:
@@ -254,12 +271,28 @@ def test_summary_settings_are_the_notebooks_own(repo_root: Path):
     from kvlab import report
 
     nb01, nb02 = repo_root / "notebooks" / "01_kv_pool_sizing.py", repo_root / "notebooks" / "02_shortfall_eviction.py"
-    compares = _calls(nb01, "compare")
+    compares = _calls(nb01, "compare", names=_parameters(nb01))  # the presets are parameters: read their values
     assert ([report.SUMMARY_PRESET], {}) in compares  # section 1
     assert ([report.SUMMARY_GPU_PRESET], {"device": "cuda"}) in compares  # section 4, on a GPU
     source = nb02.read_text()
     assert "settings = shortfall_eviction.PANEL_DEFAULTS" in source  # section 2's setting is the panel's
     assert (["settings"], {}) in _calls(nb02, "panel_comparison")
+
+
+def test_the_report_device_reaches_notebook_01_through_its_parameters_cell(repo_root: Path, monkeypatch):
+    """The report's env cell goes first; notebook 01's parameters cell is its first code cell and leaves the
+    device to ``KVLAB_DEVICE``, so ``--device`` still decides (papermill-style injected parameters would follow
+    the parameters cell and win over both)."""
+    import jupytext
+
+    from kvlab.device import resolve_device_name
+
+    code = [c for c in jupytext.read(repo_root / "notebooks" / "01_kv_pool_sizing.py").cells if c.cell_type == "code"]
+    assert "parameters" in code[0].metadata.get("tags", [])
+    monkeypatch.setenv("KVLAB_DEVICE", "sim:l4")
+    namespace: dict = {}
+    exec(code[0].source, namespace)
+    assert resolve_device_name(namespace["DEVICE"]) == "sim:l4"
 
 
 @pytest.mark.slow
@@ -369,6 +402,7 @@ def test_a_failing_notebook_is_named_and_marked_and_the_others_still_written(tmp
     assert json.loads((out / "summary.json").read_text())["notebooks"]["02_bad"]["ok"] is False
 
 
+@pytest.mark.slow
 def test_refuses_a_directory_that_is_not_a_report(tmp_path: Path):
     user = tmp_path / "mine"
     user.mkdir()
@@ -378,6 +412,7 @@ def test_refuses_a_directory_that_is_not_a_report(tmp_path: Path):
     assert (user / "thesis.tex").read_text() == "precious" and sorted(p.name for p in user.iterdir()) == ["thesis.tex"]
 
 
+@pytest.mark.slow
 def test_refuses_a_file_and_an_unknown_notebook(tmp_path: Path):
     target = tmp_path / "a-file"
     target.write_text("x")

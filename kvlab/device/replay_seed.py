@@ -5,19 +5,19 @@ Undoing the trace backwards from the final ``segments`` gives, at the first even
 existed and the address of every live block. The size of a live block is in ``segments`` when it is
 still live at the end; a block freed inside the history left only its *request* in the trace.
 
-Its size follows from torch's split rule (SEMANTICS.md §1): the allocator carves ``round_size(request)``
-off the front of a cached block and keeps the rest as a free block, except in the large pool when the
-rest would be 1 MiB or less (``should_split``), where it hands out the whole block. So in a
-non-expandable large segment every block, free or live, is larger than 1 MiB, and a live block whose
+Its size follows from torch's split rule (docs/semantics.md#picking-and-splitting-a-block): the allocator
+carves ``round_size(request)`` off the front of a cached block and keeps the rest as a free block, except in
+the large pool when the rest would be 1 MiB or less (``should_split``), where it hands out the whole block.
+So in a non-expandable large segment every block, free or live, is larger than 1 MiB, and a live block whose
 rounded request ends 1 MiB or less before the next boundary (the next live block, or the segment's end)
-holds that tail too: no free block could sit there. Summing ``round_size`` alone undercounts those
-tails (the old ``Snapshot.replay`` did). A block in a segment of ``max_split_size`` or more is never
-split: it is the whole segment. Small-pool and expandable blocks split at 512 B, so their size is
-always the rounded request. When more than 1 MiB of free space follows (the neighbour after an unsplit block was
-freed later), the trace may still tell: allocations are carved from the front of a free block, so an
-allocation at ``Y`` while the block is live, with ``Y`` at most 1 MiB past its rounded end, means the
-block ends at ``Y`` (no large-pool block fits in between). Without such evidence the block is taken as
-split and counted in :attr:`Seed.ambiguous_blocks`.
+holds that tail too: no free block could sit there. Summing ``round_size`` alone undercounts those tails
+(the old ``Snapshot.replay`` did). A block in a segment of ``max_split_size`` or more is never split: it is
+the whole segment. Small-pool and expandable blocks split at 512 B, so their size is always the rounded
+request. When more than 1 MiB of free space follows (the neighbour after an unsplit block was freed later),
+the trace may still tell: allocations are carved from the front of a free block, so an allocation at ``Y``
+while the block is live, with ``Y`` at most 1 MiB past its rounded end, means the block ends at ``Y`` (no
+large-pool block fits in between). Without such evidence the block is taken as split and counted in
+:attr:`Seed.ambiguous_blocks`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Read, record and replay allocator snapshots in torch's ``_dump_snapshot`` schema.
 
-A snapshot is the pickle ``torch.cuda.memory._dump_snapshot(path)`` writes (SEMANTICS.md §1)::
+A snapshot is the pickle ``torch.cuda.memory._dump_snapshot(path)`` writes (docs/semantics.md#memory-snapshots)::
 
     {"segments": [{address, total_size, allocated_size, active_size, stream, segment_type,
                    is_expandable, blocks: [{address, size, requested_size, state}, ...]}, ...],

@@ -206,11 +206,11 @@ def distinct_tokens(seqs: Sequence[Sequence[int]]) -> int:
     all): the sequences sorted, each one's length less what it shares with the one before."""
     from array import array
 
-    from kvlab.mem_cache.radix_cache import _common_len
+    from kvlab.mem_cache.radix_tree import common_prefix_len
 
     arrays = sorted((s.to_array() if hasattr(s, "to_array") else array("q", s) for s in seqs), key=lambda a: a.tolist())
     total, previous = 0, array("q")
     for a in arrays:
-        total += len(a) - _common_len(previous, a, 0, len(a))
+        total += len(a) - common_prefix_len(previous, a, 0, len(a))
         previous = a
     return total

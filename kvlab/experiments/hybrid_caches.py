@@ -1,16 +1,14 @@
 """Hybrid radix caches (notebook 03): the SWA tree's per-pool shortfall, and why over-eviction
 (``evict_from_tree_cache(mode="full")``, SGLang <= 0.5.16) costs a Mamba tree more than a plain one.
 
-Requests are driven straight against the caches (match -> lock -> evict + alloc the extend ->
-insert -> free duplicates -> unlock): the scheduler adds nothing to this comparison.
+Requests are driven straight against the caches (``match_alloc_insert``: match -> lock -> evict +
+alloc the extend -> insert -> free duplicates -> unlock): the scheduler adds nothing to this comparison.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-
-import torch
 
 from kvlab.mem_cache import (
     EVICTION_MODES,
@@ -20,8 +18,8 @@ from kvlab.mem_cache import (
     SWARadixCache,
     SWATokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
-    ensure_mamba_capacity,
     evict_from_tree_cache,
+    match_alloc_insert,
 )
 
 
@@ -54,9 +52,7 @@ def swa_walkthrough(full_size: int = 64, swa_size: int = 40, window: int = 4, ne
     prefix = [rng.randrange(100) for _ in range(12)]
     seqs = [prefix + [100 + 10 * i + j for j in range(6)] for i in range(3)]
     for seq in seqs:
-        m = cache.match_prefix(seq)
-        kv = alloc.alloc(len(seq) - m.device_prefix_len)
-        cache.insert(seq, torch.cat([m.device_indices, kv]), prev_prefix_len=m.device_prefix_len)
+        match_alloc_insert(cache, seq)
     # (locking after the first insert would SWA-lock the whole 18-token node, and its split copies it)
     locks = [cache.lock(cache.match_prefix(seq).last_device_node) for seq in seqs]
     held = alloc.alloc(alloc.swa_available_size() - 2)  # other requests' decode KV
@@ -113,8 +109,8 @@ class WorkloadRun:
 def run_workload(kind: str, mode: str, seqs: list[list[int]], pool_tokens: int = 400,
                  mamba_states: int = 64, check: bool = False) -> WorkloadRun:
     """Serve ``seqs`` one at a time on a ``"radix"`` or ``"mamba"`` tree, eviction ``mode``
-    (``evict_from_tree_cache``): match ``seq[:-1]`` -> lock -> evict for the extend (+ one state
-    slot on Mamba, ``ensure_mamba_capacity``) -> alloc -> insert -> unlock. ``check``: run every
+    (``evict_from_tree_cache``), with ``match_alloc_insert``: match ``seq[:-1]`` -> lock -> evict for
+    the extend (+ one state slot on Mamba, ``ensure_mamba_capacity``) -> alloc -> insert -> unlock. ``check``: run every
     ``check_invariants()`` after each request."""
     if mode not in EVICTION_MODES:
         raise ValueError(f"run_workload: mode must be one of {EVICTION_MODES}, got {mode!r}")
@@ -128,37 +124,14 @@ def run_workload(kind: str, mode: str, seqs: list[list[int]], pool_tokens: int =
     prompt = hit = prefill = evicted = lost = failed = 0
     for seq in seqs:
         prompt += len(seq)
-        m = cache.match_prefix(seq[:-1])
-        cache.inc_lock_ref(m.last_device_node)
-        need = len(seq) - m.device_prefix_len
-        ev = evict_from_tree_cache(cache, need, mode)
-        evicted += ev.evicted_tokens
-        lost += getattr(ev, "mamba_num_evicted", 0)
-        slot: torch.Tensor | None = None
-        if kind == "mamba":
-            ev2 = ensure_mamba_capacity(cache, 1)
-            evicted += ev2.evicted_tokens
-            lost += getattr(ev2, "mamba_num_evicted", 0)
-        kv = alloc.alloc(need)
-        if kv is not None and kind == "mamba":
-            slot = cache.mamba_pool.alloc(1)
-        if kv is None or (kind == "mamba" and slot is None):
+        r = match_alloc_insert(cache, seq, max_prefix_len=len(seq) - 1, mode=mode)
+        evicted += r.evict.evicted_tokens + r.mamba_evict.evicted_tokens
+        lost += getattr(r.evict, "mamba_num_evicted", 0) + getattr(r.mamba_evict, "mamba_num_evicted", 0)
+        if r.out_cache_loc is None:
             failed += 1
-            if kv is not None:
-                alloc.free(kv)
-            cache.dec_lock_ref(m.last_device_node)
             continue
-        hit += m.device_prefix_len
-        prefill += need
-        value = torch.cat([m.device_indices, kv])
-        if kind == "mamba":
-            r = cache.insert(seq, value, int(slot[0]), prev_prefix_len=m.device_prefix_len)
-            if r.mamba_exist:
-                cache.mamba_pool.free(slot)
-        else:
-            done = cache.insert(seq, value)
-            alloc.free(value[m.device_prefix_len:done])  # RadixCache leaves duplicates to the caller
-        cache.dec_lock_ref(m.last_device_node)
+        hit += r.prefix_len
+        prefill += len(seq) - r.prefix_len
         if check:
             cache.check_invariants()
             alloc.check_invariants()
@@ -207,18 +180,7 @@ def comparison_table(df):
     })
 
 
-# -- exercise: where may a Mamba hit resume? ---------------------------------------------------
-RESUME_SOLUTION = """def resume_point(path):
-    # path: [(tokens_on_edge, has_state), ...] from the root down the matched edges.
-    best = matched = 0
-    for tokens, has_state in path:
-        matched += tokens
-        if has_state:          # a snapshot exists exactly here
-            best = matched
-    return best                # KV matched past the last snapshot cannot be used
-"""
-
-
+# -- the tree of notebook 03's exercise (kvlab.labs.hybrid_caches.resume) --------------------------
 def matched_path(cache: MambaRadixCache, key) -> list[tuple[int, bool]]:
     """The edges ``key`` walks in ``cache`` (root down, no tree change): (tokens, has_state)."""
     node, off, out = cache.root_node, 0, []
@@ -247,37 +209,10 @@ def resume_scenario(seed: int = 0) -> tuple[MambaRadixCache, list[list[int]]]:
     seqs = [stem + [rng.randrange(100) for _ in range(k)] for k in (4, 6, 9)]
     seqs.append(seqs[1] + [7, 7, 7])
     for seq in seqs:
-        m = cache.match_prefix(seq)
-        kv = alloc.alloc(len(seq) - m.device_prefix_len)
-        slot = cache.mamba_pool.alloc(1)
-        r = cache.insert(seq, torch.cat([m.device_indices, kv]), int(slot[0]), prev_prefix_len=m.device_prefix_len)
-        if r.mamba_exist:
-            cache.mamba_pool.free(slot)
+        match_alloc_insert(cache, seq)
     cache.evict(0, mamba_num=1)  # the oldest state goes: an internal node becomes a tombstone
     queries = [seqs[3] + [1, 2], seqs[1][:11], seqs[0][:10], seqs[2] + [5], stem[:5], [999]]
     return cache, queries
-
-
-def check_resume_point(fn, seed: int = 0):
-    """Run the learner's ``fn(path) -> tokens`` on :func:`resume_scenario`'s queries and compare
-    with ``MambaRadixCache.match_prefix``. Returns a :class:`kvlab.labs.CheckResult`."""
-    from kvlab.labs import CheckLine, CheckResult, compare
-
-    cache, queries = resume_scenario(seed)
-    lines = []
-    for q in queries:
-        path = matched_path(cache, q)
-        expected = cache.match_prefix(q).device_prefix_len
-        try:
-            given = fn(path)
-        except Exception as e:  # the learner's code: report, do not raise
-            lines.append(CheckLine(f"path {path}", False, f"{type(e).__name__}: {e}", expected))
-            continue
-        kv_len = sum(t for t, _ in path)
-        hint = ("that is every matched KV token; the state exists only where has_state is True"
-                if given == kv_len != expected else "")
-        lines.append(compare(f"path {path}", given, expected, hint))
-    return CheckResult("resume_point: tokens a Mamba hit may resume from", tuple(lines))
 
 
 def state_frame(cache: MambaRadixCache):

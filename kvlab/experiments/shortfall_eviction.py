@@ -25,11 +25,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.common import EVICTION_MODES
 from kvlab.sched import SchedulerConfig, SimResult, simulate
 from kvlab.units import align_up
+from kvlab.workloads.request import Request
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 DEFAULT_KV_TOKENS = 32_768
 
@@ -48,7 +53,7 @@ def load_requests(*, workload: str | None = None, trace: str | Path | None = Non
     return make_workload(workload, seed=seed, **(overrides or {}))
 
 
-def default_kv_tokens(requests: Sequence[Any], page_size: int) -> int:
+def default_kv_tokens(requests: Sequence[Request], page_size: int) -> int:
     """A pool under pressure but able to run every request: 32k tokens, or 4 of the longest request."""
     if not requests:
         raise ValueError("no requests to size a KV pool for")
@@ -214,7 +219,7 @@ def _signed_rate(v: float) -> str:
     return f"{v:+,.0f}"
 
 
-def run(requests: Sequence[Any], *, eviction: str = "shortfall", page_size: int = 1, kv_tokens: int | None = None,
+def run(requests: Sequence[Request], *, eviction: str = "shortfall", page_size: int = 1, kv_tokens: int | None = None,
         max_running: int = 256, policy: str = "lru", progress: bool | None = None, **config: Any) -> SimResult:
     kv = kv_tokens if kv_tokens is not None else default_kv_tokens(requests, page_size)
     cfg = SchedulerConfig(kv_tokens=kv, page_size=page_size, eviction=eviction, max_running=max_running,
@@ -222,7 +227,7 @@ def run(requests: Sequence[Any], *, eviction: str = "shortfall", page_size: int 
     return simulate(requests, cfg, progress=progress)
 
 
-def compare(requests: Sequence[Any], **options: Any) -> ShortfallComparison:
+def compare(requests: Sequence[Request], **options: Any) -> ShortfallComparison:
     options.pop("eviction", None)
     return ShortfallComparison(run(requests, eviction="shortfall", **options), run(requests, eviction="full", **options))
 
@@ -281,7 +286,7 @@ def panel_comparison(settings: PanelSettings = PANEL_DEFAULTS, *, progress: bool
     return _COMPARISONS[settings]
 
 
-def _timed_totals(requests: Sequence[Any], mode: str, options: dict) -> dict:
+def _timed_totals(requests: Sequence[Request], mode: str, options: dict) -> dict:
     import time
 
     wall, cpu = time.perf_counter(), time.process_time()
@@ -289,7 +294,7 @@ def _timed_totals(requests: Sequence[Any], mode: str, options: dict) -> dict:
     return {**totals, "wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
 
 
-def compare_totals(requests: Sequence[Any], *, processes: int = 2, progress: bool | None = None,
+def compare_totals(requests: Sequence[Request], *, processes: int = 2, progress: bool | None = None,
                    **options: Any) -> dict[str, dict]:
     """Both arms' ``totals()`` (plus each arm's ``wall_s`` / ``cpu_s``), the arms in parallel.
 
@@ -329,10 +334,10 @@ class PressureEvent:
     mode: str
     num_tokens: int  # what the allocation needs
     available_before: int
-    evict: Any  # mem_cache EvictResult
+    evict: EvictResult
     destroyed: tuple[str, ...]  # the cached prefixes (by name) whose leaf was evicted
-    frame_before: Any = None  # tree_frame() tables, for the icicle plots
-    frame_after: Any = None
+    frame_before: pd.DataFrame | None = None  # tree_frame() tables, for the icicle plots
+    frame_after: pd.DataFrame | None = None
 
 
 SYSTEM_TOKENS = 1024  # the system prompt every conversation of the hand-sized tree shares
@@ -344,9 +349,8 @@ def conversation_tree(capacity: int = 4096):
     behind a 1,024-token system prompt, inserted oldest first (LRU order), on a page-1 allocator of
     ``capacity`` slots. Returns (cache, allocator, names): ``names`` maps a conversation's first
     token after the system prompt to (long name, icicle label); ``1`` is the system prompt."""
-    import torch
-
     from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
+    from kvlab.mem_cache.common import match_alloc_insert
     from kvlab.mem_cache.radix_cache import RadixCache
 
     alloc = TokenToKVPoolAllocator(capacity)
@@ -355,9 +359,7 @@ def conversation_tree(capacity: int = 4096):
     names = {1: ("system prompt", f"system prompt: {SYSTEM_TOKENS:,}")}
     for i, tail_len in enumerate(CONVERSATION_TAILS):
         first = 10_000 * (i + 1)
-        key = system + [first + t for t in range(tail_len)]
-        m = tree.match_prefix(key)
-        tree.insert(key, torch.cat([m.device_indices, alloc.alloc(len(key) - m.device_prefix_len)]))
+        match_alloc_insert(tree, system + [first + t for t in range(tail_len)])
         names[first] = (f"conversation {i + 1} ({tail_len} tokens after the system prompt)", f"conv {i + 1}: {tail_len}")
     return tree, alloc, names
 

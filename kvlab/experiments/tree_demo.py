@@ -20,10 +20,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-import torch
-
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
-from kvlab.mem_cache.common import EVICTION_MODES, alloc_token_slots, evict_from_tree_cache
+from kvlab.mem_cache.common import EVICTION_MODES, evict_from_tree_cache, match_alloc_insert
 from kvlab.mem_cache.evict_policy import EvictResult
 from kvlab.mem_cache.radix_cache import RadixCache, TreeNode
 
@@ -108,24 +106,15 @@ class TreeDemo:
         label, key = self.requests[self._next]
         self._next += 1
         self._finish_running()
-        cache, alloc = self.cache, self.allocator
-        available = alloc.available_size()
-        m = cache.match_prefix(key)
-        cache.inc_lock_ref(m.last_device_node)  # the matched prefix must survive our own eviction
-        need = len(key) - m.device_prefix_len
-        res = alloc_token_slots(cache, need, self.mode)
+        cache = self.cache
+        available = self.allocator.available_size()
+        res = match_alloc_insert(cache, key, mode=self.mode)  # the match is locked while it evicts
         if res.out_cache_loc is None:
-            cache.dec_lock_ref(m.last_device_node)
-            return self._record("rejected", label, len(key), m.device_prefix_len, available, res.evict)
-        value = torch.cat([m.device_indices, res.out_cache_loc])
-        already = cache.insert(key, value)
-        if already > m.device_prefix_len:  # never here (we matched just before), but SGLang frees them
-            alloc.free(value[m.device_prefix_len:already])
+            return self._record("rejected", label, len(key), res.prefix_len, available, res.evict)
         leaf = cache.match_prefix(key).last_device_node
         cache.inc_lock_ref(leaf)
-        cache.dec_lock_ref(m.last_device_node)
         self._running = leaf
-        return self._record("request", label, len(key), m.device_prefix_len, available, res.evict)
+        return self._record("request", label, len(key), res.prefix_len, available, res.evict)
 
     def pressure_event(self, shortfall_tokens: int = 256) -> DemoStep:
         """A batch of other requests needs ``free + shortfall_tokens`` slots now; evict in this demo's

@@ -3,52 +3,57 @@
 - ``memory_pool``: ``ReqToTokenPool`` (request rows), ``MHATokenToKVPool`` (per-layer K/V buffers).
 - ``allocator``: which KV slots are free (``TokenToKVPoolAllocator``, ``PagedTokenToKVPoolAllocator``,
   ``SWATokenToKVPoolAllocator``).
+- ``base_prefix_cache``: the contract every prefix cache keeps (``BasePrefixCache``) and its
+  request/result types (``MatchResult``, ``EvictParams``, ``EvictResult``).
+- ``radix_tree``: the tree mechanics the three trees share (``BaseRadixTree``).
 - ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction.
-- ``common``: evict-then-allocate, with the shortfall / full eviction toggle.
 - ``swa_radix_cache`` / ``mamba_radix_cache``: hybrid trees (SWA tombstones; recurrent-state slots).
+- ``common``: evict-then-allocate, with the shortfall / full eviction toggle, and
+  ``match_alloc_insert`` (match -> lock -> evict + allocate -> insert -> free duplicates -> unlock).
 
-Imports point one way: memory_pool <- allocator <- radix_cache (+ evict_policy) <- common.
+Imports point one way: memory_pool <- allocator <- base_prefix_cache <- evict_policy, radix_tree
+<- radix_cache, swa_radix_cache <- mamba_radix_cache <- common. Errors: ``kvlab.errors``.
 """
 
+from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
 from kvlab.mem_cache.allocator import (
     BaseTokenToKVPoolAllocator,
     PagedTokenToKVPoolAllocator,
     SWATokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
 )
+from kvlab.mem_cache.base_prefix_cache import (
+    BasePrefixCache,
+    EvictParams,
+    EvictResult,
+    HybridEvictResult,
+    MatchResult,
+    PrefixNode,
+    TreeLock,
+)
 from kvlab.mem_cache.common import (
     EVICTION_MODES,
     AllocResult,
+    MatchAllocInsertResult,
     alloc_paged_token_slots_decode,
     alloc_paged_token_slots_extend,
     alloc_token_slots,
     ensure_mamba_capacity,
     evict_from_tree_cache,
+    match_alloc_insert,
     release_kv_cache,
 )
-from kvlab.mem_cache.evict_policy import (
-    EVICTION_POLICIES,
-    EvictionStrategy,
-    EvictParams,
-    EvictResult,
-    get_eviction_strategy,
-    register_policy,
-)
+from kvlab.mem_cache.evict_policy import EVICTION_POLICIES, EvictionStrategy, get_eviction_strategy, register_policy
 from kvlab.mem_cache.mamba_radix_cache import MambaEvictParams, MambaInsertResult, MambaPool, MambaRadixCache
-from kvlab.mem_cache.memory_pool import DoubleFreeError, InvariantError, MHATokenToKVPool, ReqToTokenPool
-from kvlab.mem_cache.radix_cache import (
-    LockRefError,
-    LogicalClock,
-    MatchResult,
-    RadixCache,
-    Req,
-    SimpleReq,
-    TreeLock,
-    TreeNode,
-)
-from kvlab.mem_cache.swa_radix_cache import HybridEvictResult, HybridTreeNode, SWARadixCache, SWATreeLock
+from kvlab.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from kvlab.mem_cache.radix_cache import RadixCache, Req, SimpleReq, TreeNode
+from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock
+from kvlab.mem_cache.swa_radix_cache import HybridTreeNode, SWARadixCache, SWATreeLock
 
 __all__ = [
+    "BasePrefixCache",
+    "BaseRadixTree",
+    "PrefixNode",
     "HybridEvictResult",
     "HybridTreeNode",
     "MambaEvictParams",
@@ -84,6 +89,8 @@ __all__ = [
     "alloc_paged_token_slots_extend",
     "alloc_token_slots",
     "evict_from_tree_cache",
+    "match_alloc_insert",
+    "MatchAllocInsertResult",
     "get_eviction_strategy",
     "register_policy",
     "release_kv_cache",

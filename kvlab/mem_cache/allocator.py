@@ -21,18 +21,17 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
-from typing import Any
 
 import torch
 
-from kvlab.errors import InvariantError, require
-from kvlab.mem_cache.memory_pool import DoubleFreeError, index_device
+from kvlab.errors import DoubleFreeError, InvariantError, require
+from kvlab.mem_cache.memory_pool import DeviceLike, IndexLike, MHATokenToKVPool, index_device
 from kvlab.units import div_ceil, tokens_to_pages
 
 _I64 = torch.int64
 
 
-def _as_index(x: Any, device: torch.device) -> torch.Tensor:
+def _as_index(x: IndexLike, device: torch.device) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         if x.dtype is _I64 and x.device == device:
             return x if x.dim() == 1 else x.reshape(-1)
@@ -40,7 +39,7 @@ def _as_index(x: Any, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(list(x), dtype=_I64, device=device).reshape(-1)
 
 
-def _as_ints(x: Any) -> list[int]:
+def _as_ints(x: IndexLike) -> list[int]:
     """A host-side list of ints from a tensor or a sequence (the ``*_cpu`` arguments)."""
     if isinstance(x, torch.Tensor):
         return x.reshape(-1).tolist()
@@ -56,7 +55,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
     ``device`` places the index tensors (see ``memory_pool.index_device``).
     """
 
-    def __init__(self, size: int, page_size: int, dtype: torch.dtype, device: Any, kvcache: Any, need_sort: bool):
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype, device: DeviceLike,
+                 kvcache: MHATokenToKVPool | None, need_sort: bool):
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
         if size < page_size or size % page_size:
@@ -94,10 +94,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         """Tokens handed out and not yet freed (pending frees of an open group count as used)."""
         return self.size - self.available_size()
 
-    def get_kvcache(self) -> Any:
+    def get_kvcache(self) -> MHATokenToKVPool | None:
         return self._kvcache
 
-    def is_allocated(self, indices: Any) -> torch.Tensor:
+    def is_allocated(self, indices: IndexLike) -> torch.Tensor:
         """Per slot index: is its page currently handed out? (Padding and out-of-range: False.)"""
         idx = _as_index(indices, self._index_device)
         pages = idx // self.page_size
@@ -185,7 +185,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         else:
             self.free_pages = torch.cat((pages, self.free_pages))  # head: LIFO reuse
 
-    def free(self, free_index: Any) -> None:
+    def free(self, free_index: IndexLike) -> None:
         """Free slot indices; with ``page_size > 1`` any index inside a page frees the whole page."""
         idx = _as_index(free_index, self._index_device)
         if idx.numel() == 0:
@@ -193,7 +193,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         pages = idx if self.page_size == 1 else torch.unique(idx // self.page_size)
         self._release(pages, self.free_group, "free")
 
-    def free_segment(self, free_index: Any, *, start_pos: int) -> None:
+    def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         """Free ``kv_row[start_pos : start_pos + n]``: page-aligned start, contiguous pages.
 
         0.5.23's form of free for tree values and request rows: ``free_index[::page_size]`` names
@@ -208,7 +208,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         else:
             self.free_page_ids(idx[:: self.page_size] // self.page_size)
 
-    def free_page_ids(self, page_ids: Any) -> None:
+    def free_page_ids(self, page_ids: IndexLike) -> None:
         """Free exactly these pages (no dedup)."""
         pages = _as_index(page_ids, self._index_device)
         if pages.numel() == 0:
@@ -280,11 +280,11 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
 class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     """page_size 1 (``allocator/token.py``): slots 1..size are allocatable, slot 0 is padding."""
 
-    def __init__(self, size: int, dtype: torch.dtype = torch.bfloat16, device: Any = "cpu",
-                 kvcache: Any = None, need_sort: bool = False):
+    def __init__(self, size: int, dtype: torch.dtype = torch.bfloat16, device: DeviceLike = "cpu",
+                 kvcache: MHATokenToKVPool | None = None, need_sort: bool = False):
         super().__init__(size, 1, dtype, device, kvcache, need_sort)
 
-    def free_page_ids(self, page_ids: Any) -> None:
+    def free_page_ids(self, page_ids: IndexLike) -> None:
         self.free(page_ids)  # page ids are slot ids
 
 
@@ -296,8 +296,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
     here with plain torch ops in place of the Triton kernel / ``alloc_extend_naive``.
     """
 
-    def __init__(self, size: int, page_size: int, dtype: torch.dtype = torch.bfloat16, device: Any = "cpu",
-                 kvcache: Any = None, need_sort: bool = False):
+    def __init__(self, size: int, page_size: int, dtype: torch.dtype = torch.bfloat16, device: DeviceLike = "cpu",
+                 kvcache: MHATokenToKVPool | None = None, need_sort: bool = False):
         super().__init__(size, page_size, dtype, device, kvcache, need_sort)
 
     def num_new_pages(self, prefix_lens: Sequence[int], seq_lens: Sequence[int]) -> int:
@@ -376,7 +376,7 @@ class SWATokenToKVPoolAllocator:
     """
 
     def __init__(self, size: int, size_swa: int, page_size: int, dtype: torch.dtype = torch.bfloat16,
-                 device: Any = "cpu", kvcache: Any = None, need_sort: bool = False):
+                 device: DeviceLike = "cpu", kvcache: MHATokenToKVPool | None = None, need_sort: bool = False):
         inner = TokenToKVPoolAllocator if page_size == 1 else PagedTokenToKVPoolAllocator
         args = () if page_size == 1 else (page_size,)
         self.full_attn_allocator = inner(size, *args, dtype=dtype, device=device, need_sort=need_sort)
@@ -414,7 +414,7 @@ class SWATokenToKVPoolAllocator:
         self.full_to_swa_index_mapping[:-1] = 0
         self.free_group: list | None = None
 
-    def get_kvcache(self) -> Any:
+    def get_kvcache(self) -> MHATokenToKVPool | None:
         return self._kvcache
 
     def full_available_size(self) -> int:
@@ -426,13 +426,13 @@ class SWATokenToKVPoolAllocator:
     def available_size(self) -> int:
         return min(self.full_available_size(), self.swa_available_size())
 
-    def is_allocated(self, indices: Any) -> torch.Tensor:
+    def is_allocated(self, indices: IndexLike) -> torch.Tensor:
         return self.full_attn_allocator.is_allocated(indices)
 
     def all_allocated(self, indices: torch.Tensor) -> bool:
         return self.full_attn_allocator.all_allocated(indices)
 
-    def translate_loc_from_full_to_swa(self, kv_indices: Any) -> torch.Tensor:
+    def translate_loc_from_full_to_swa(self, kv_indices: IndexLike) -> torch.Tensor:
         return self.full_to_swa_index_mapping[_as_index(kv_indices, self._index_device)]
 
     def _pair(self, full: torch.Tensor | None, swa: torch.Tensor | None) -> torch.Tensor | None:
@@ -487,7 +487,7 @@ class SWATokenToKVPoolAllocator:
         pages = torch.unique(idx // ps)
         return (pages[:, None] * ps + torch.arange(ps, dtype=_I64, device=idx.device)).reshape(-1)
 
-    def free_swa(self, free_index: Any) -> None:
+    def free_swa(self, free_index: IndexLike) -> None:
         """Release the SWA peers of these full slots (whole pages when paged); keep the full KV."""
         idx = _as_index(free_index, self._index_device)
         if idx.numel() == 0:
@@ -499,7 +499,7 @@ class SWATokenToKVPoolAllocator:
         self.full_to_swa_index_mapping[full_slots] = 0
         self.swa_attn_allocator.free(swa[swa > 0])
 
-    def free_full(self, free_index: Any) -> None:
+    def free_full(self, free_index: IndexLike) -> None:
         """Free full slots whose SWA peers are already released."""
         idx = _as_index(free_index, self._index_device)
         if idx.numel() == 0:
@@ -508,11 +508,11 @@ class SWATokenToKVPoolAllocator:
             raise ValueError("free_full: a slot still has an SWA peer; use free() to release both")
         self.full_attn_allocator.free(idx)
 
-    def free(self, free_index: Any) -> None:
+    def free(self, free_index: IndexLike) -> None:
         self.free_swa(free_index)  # first: it reads the mapping
         self.free_full(free_index)
 
-    def free_segment(self, free_index: Any, *, start_pos: int) -> None:
+    def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         if start_pos % self.page_size:
             raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {self.page_size})")
         self.free(free_index)

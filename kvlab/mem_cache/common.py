@@ -10,23 +10,30 @@ exactly there:
 
 Whether the allocation then fits is the same in both modes; only cache hits are lost. The SWA arm
 always evicted per-pool shortfalls, in both versions, and does so here in both modes.
+
+``match_alloc_insert`` is the whole sequence a request goes through when it is served straight
+against a tree (no scheduler): match, lock the match, evict + allocate the rest, insert, free the
+duplicates, unlock.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
-from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
+from kvlab.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, EvictResult, HybridEvictResult
+from kvlab.mem_cache.mamba_radix_cache import MambaRadixCache
+from kvlab.mem_cache.radix_cache import RadixCache, Req
+from kvlab.mem_cache.swa_radix_cache import SWARadixCache
 
 EVICTION_MODES = ("shortfall", "full")
 _NOTHING = EvictResult()  # frozen: the one result of every call that finds enough free slots
 
 
-def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> EvictResult:
+def evict_from_tree_cache(tree_cache: BasePrefixCache | None, num_tokens: int, mode: str = "shortfall") -> EvictResult:
     """Make room for ``num_tokens`` new KV slots by evicting from ``tree_cache``.
 
     Standard allocator: ``shortfall = max(0, num_tokens - available_size())``; nothing happens when
@@ -67,8 +74,6 @@ def evict_from_tree_cache(tree_cache: Any, num_tokens: int, mode: str = "shortfa
 def _with_hybrid(base: EvictResult, res: EvictResult) -> EvictResult:
     """Hybrid trees (SWARadixCache, MambaRadixCache) also report what the second pool lost: keep
     those fields; a plain RadixCache result stays a plain :class:`EvictResult`."""
-    from kvlab.mem_cache.swa_radix_cache import HybridEvictResult
-
     if not isinstance(res, HybridEvictResult):
         return base
     return HybridEvictResult(**base.__dict__, swa_evicted_tokens=res.swa_evicted_tokens,
@@ -83,7 +88,7 @@ class AllocResult(NamedTuple):
     evict: EvictResult
 
 
-def ensure_mamba_capacity(tree_cache: Any, num_states: int) -> EvictResult:
+def ensure_mamba_capacity(tree_cache: MambaRadixCache, num_states: int) -> EvictResult:
     """MambaRadixCache: free recurrent-state slots until ``num_states`` are available
     (``ensure_mamba_capacity``: ``EvictParams(num_tokens=0, mamba_num=needed - available)``; always
     the shortfall, in SGLang and here). Returns the tree's :class:`HybridEvictResult`."""
@@ -96,14 +101,14 @@ def ensure_mamba_capacity(tree_cache: Any, num_states: int) -> EvictResult:
     return tree_cache.evict(0, mamba_num=short)
 
 
-def alloc_token_slots(tree_cache: Any, num_tokens: int, mode: str = "shortfall") -> AllocResult:
+def alloc_token_slots(tree_cache: BasePrefixCache, num_tokens: int, mode: str = "shortfall") -> AllocResult:
     """``allocation.py::alloc_token_slots``: evict for ``num_tokens``, then ``alloc(num_tokens)``.
     SGLang raises "Out of memory" where this returns ``out_cache_loc=None``."""
     ev = evict_from_tree_cache(tree_cache, num_tokens, mode)
     return AllocResult(tree_cache.token_to_kv_pool_allocator.alloc(num_tokens), ev)
 
 
-def alloc_paged_token_slots_extend(tree_cache: Any, prefix_lens: Sequence[int], seq_lens: Sequence[int],
+def alloc_paged_token_slots_extend(tree_cache: BasePrefixCache, prefix_lens: Sequence[int], seq_lens: Sequence[int],
                                    last_loc: Sequence[int], mode: str = "shortfall") -> AllocResult:
     """``allocation.py::alloc_paged_token_slots_extend`` (CPU lengths): evict for
     ``extend_num_tokens + batch_size * page_size`` (SGLang's over-estimate: every request may open
@@ -117,7 +122,7 @@ def alloc_paged_token_slots_extend(tree_cache: Any, prefix_lens: Sequence[int], 
     return AllocResult(allocator.alloc_extend(pre, pre, seq, seq, last, extend), ev)
 
 
-def alloc_paged_token_slots_decode(tree_cache: Any, seq_lens: Sequence[int], last_loc: Sequence[int],
+def alloc_paged_token_slots_decode(tree_cache: BasePrefixCache, seq_lens: Sequence[int], last_loc: Sequence[int],
                                    mode: str = "shortfall") -> AllocResult:
     """``allocation.py::alloc_paged_token_slots_decode``: evict for ``batch_size * page_size``,
     then ``alloc_decode`` (``seq_lens`` are the lengths *after* this step's token)."""
@@ -128,8 +133,83 @@ def alloc_paged_token_slots_decode(tree_cache: Any, seq_lens: Sequence[int], las
     return AllocResult(allocator.alloc_decode(seq, seq, last), ev)
 
 
-def release_kv_cache(req: Any, tree_cache: Any, is_insert: bool = True,
+def release_kv_cache(req: Req, tree_cache: RadixCache, is_insert: bool = True,
                      kv_len_to_handle: int | None = None) -> None:
     """0.5.16 ``common.py::release_kv_cache``: ``cache_finished_req`` then free the request's row."""
     tree_cache.cache_finished_req(req, is_insert=is_insert, kv_len_to_handle=kv_len_to_handle)
     tree_cache.req_to_token_pool.free(req)
+
+
+class MatchAllocInsertResult(NamedTuple):
+    """What :func:`match_alloc_insert` did.
+
+    - ``prefix_len``: tokens the match found (the cache hit, reused without computing).
+    - ``out_cache_loc``: the KV slots allocated for the rest; None when the pool (or the Mamba state
+      pool) stayed short even after eviction: then nothing was inserted.
+    - ``cached_len``: tokens ``insert`` found already cached (``>= prefix_len``; 0 when nothing was
+      inserted). Past ``prefix_len`` those are duplicates, already freed.
+    - ``evict``: the token eviction before the allocation; ``mamba_evict``: the state eviction
+      (``ensure_mamba_capacity``; an empty :class:`EvictResult` on other trees).
+    - ``mamba_exist``: Mamba only, the final node already had a state (the new one was freed).
+    """
+
+    prefix_len: int
+    out_cache_loc: torch.Tensor | None
+    cached_len: int
+    evict: EvictResult
+    mamba_evict: EvictResult
+    mamba_exist: bool = False
+
+
+def match_alloc_insert(tree_cache: BasePrefixCache, key: Sequence[int], *, max_prefix_len: int | None = None,
+                       mode: str = "shortfall") -> MatchAllocInsertResult:
+    """Serve ``key`` straight against ``tree_cache``: the request flow of SGLang's scheduler without
+    the scheduler (``match_prefix`` in ``init_next_round_input``, ``inc_lock_ref`` at admission,
+    ``alloc_token_slots`` for the extend, ``cache_finished_req``'s insert and duplicate free, then
+    ``dec_lock_ref``).
+
+    1. ``match_prefix(key[:max_prefix_len])`` (SGLang matches at most ``len - 1`` tokens so the last
+       one is computed; default: the whole key);
+    2. lock the match, so this request's own eviction cannot take its prefix;
+    3. evict for ``len(key) - prefix_len`` tokens (``evict_from_tree_cache``, ``mode``) and, on a
+       Mamba tree, for one state slot (``ensure_mamba_capacity``); allocate both;
+    4. insert ``key`` with the matched slots + the new ones, and free the duplicates: RadixCache
+       leaves ``value[prefix_len:cached_len]`` to the caller, the SWA and Mamba trees free theirs
+       (and a Mamba tree that already holds a state at the final node hands the new slot back);
+    5. unlock.
+
+    ``key`` must be whole pages. Nothing stays locked; if the allocation fails, nothing is inserted
+    and no slot is kept.
+    """
+    if len(key) % tree_cache.page_size:
+        raise ValueError(f"match_alloc_insert: {len(key)} tokens is not a whole number of pages "
+                         f"(page_size {tree_cache.page_size})")
+    m = tree_cache.match_prefix(key if max_prefix_len is None else key[:max_prefix_len])
+    prefix_len = m.device_prefix_len
+    lock = tree_cache.lock(m.last_device_node)
+    need = len(key) - prefix_len
+    ev = evict_from_tree_cache(tree_cache, need, mode)
+    mamba = isinstance(tree_cache, MambaRadixCache)
+    mamba_ev = ensure_mamba_capacity(tree_cache, 1) if mamba else EvictResult()
+    allocator = tree_cache.token_to_kv_pool_allocator
+    kv = allocator.alloc(need)
+    slot = tree_cache.mamba_pool.alloc(1) if mamba and kv is not None else None
+    if kv is None or (mamba and slot is None):
+        if kv is not None:
+            allocator.free(kv)
+        tree_cache.unlock(lock)
+        return MatchAllocInsertResult(prefix_len, None, 0, ev, mamba_ev)
+    value = torch.cat([m.device_indices, kv])
+    exist = False
+    if mamba:
+        res = tree_cache.insert(key, value, int(slot[0]), prev_prefix_len=prefix_len)
+        cached, exist = res.prefix_len, res.mamba_exist
+        if exist:
+            tree_cache.mamba_pool.free(slot)
+    elif isinstance(tree_cache, SWARadixCache):
+        cached = tree_cache.insert(key, value, prev_prefix_len=prefix_len)
+    else:
+        cached = tree_cache.insert(key, value)
+        allocator.free(value[prefix_len:cached])  # RadixCache leaves the duplicates to the caller
+    tree_cache.unlock(lock)
+    return MatchAllocInsertResult(prefix_len, kv, cached, ev, mamba_ev, exist)

@@ -21,16 +21,25 @@ chunk-aligned ``mamba_branching_seqlen`` (states are inserted where the caller s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from kvlab.errors import InvariantError, require
-from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
-from kvlab.mem_cache.memory_pool import DoubleFreeError
-from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, _as_tokens
-from kvlab.mem_cache.swa_radix_cache import HybridEvictResult, HybridTreeNode, _HybridTreeBase
+from kvlab.errors import DoubleFreeError, InvariantError, LockRefError, require
+from kvlab.mem_cache.base_prefix_cache import (
+    EvictParams,
+    EvictResult,
+    HybridEvictResult,
+    KVAllocator,
+    MatchResult,
+    SlotIndices,
+    TokenKey,
+)
+from kvlab.mem_cache.memory_pool import ReqToTokenPool
+from kvlab.mem_cache.radix_tree import as_tokens
+from kvlab.mem_cache.swa_radix_cache import HybridTreeNode, _HybridTreeBase
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -67,7 +76,7 @@ class MambaPool:
         self.ssm_state[idx] = 0
         return idx
 
-    def free(self, idx: Any) -> None:
+    def free(self, idx: int | Sequence[int] | torch.Tensor) -> None:
         idx = torch.as_tensor(idx, dtype=_I64).reshape(-1)
         if idx.numel() == 0:
             return
@@ -78,7 +87,7 @@ class MambaPool:
         self._is_free[idx] = True
         self.free_slots.extend(idx.tolist())
 
-    def copy_from(self, src: Any, dst: Any) -> None:
+    def copy_from(self, src: int | torch.Tensor, dst: int | torch.Tensor) -> None:
         """Copy states (copy-on-write of a matched state into a request's own slot)."""
         self.conv_state[dst] = self.conv_state[src]
         self.ssm_state[dst] = self.ssm_state[src]
@@ -121,8 +130,8 @@ class MambaRadixCache(_HybridTreeBase):
     Sizes: ``full_*`` in KV tokens by full lock; ``mamba_*`` in states by mamba lock.
     """
 
-    def __init__(self, token_to_kv_pool_allocator: Any, mamba_pool: MambaPool, page_size: int = 1,
-                 req_to_token_pool: Any = None):
+    def __init__(self, token_to_kv_pool_allocator: KVAllocator, mamba_pool: MambaPool, page_size: int = 1,
+                 req_to_token_pool: ReqToTokenPool | None = None):
         if not isinstance(mamba_pool, MambaPool):
             raise TypeError(f"MambaRadixCache needs a MambaPool, got {type(mamba_pool).__name__}")
         self.mamba_pool = mamba_pool
@@ -133,21 +142,21 @@ class MambaRadixCache(_HybridTreeBase):
         self.mamba_evictable_size_ = 0
         self.mamba_protected_size_ = 0
 
-    def _split_extra(self, upper, child) -> None:
+    def _split_extra(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
         upper.mamba_value = None  # no snapshot exists at the split point
         upper.mamba_lock_ref = 0  # the mamba lock stays on the node that has the state
 
-    def _node_note(self, node) -> str:
+    def _node_note(self, node: HybridTreeNode) -> str:
         if node is self.root_node:
             return ""
         return f" mamba={node.mamba_value} mr={node.mamba_lock_ref}"
 
     # -- match / insert -------------------------------------------------------------------------
-    def match_prefix(self, key: Any) -> MatchResult:
+    def match_prefix(self, key: TokenKey) -> MatchResult:
         """Deepest matched node with a recurrent state (``_match_prefix_helper``; the root counts:
         the empty prefix). The walk splits like RadixCache; the full LRU is refreshed along the
         path to that node, the mamba LRU only for that node's state (``_match_post_processor``)."""
-        key = _as_tokens(key)
+        key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
@@ -162,7 +171,7 @@ class MambaRadixCache(_HybridTreeBase):
             best.mamba_last_access_time = self.clock.tick()
         return MatchResult(self.path_device_indices(best), best, best_len)
 
-    def insert(self, key: Any, value: Any, mamba_value: int, prev_prefix_len: int = 0) -> MambaInsertResult:
+    def insert(self, key: TokenKey, value: SlotIndices, mamba_value: int, prev_prefix_len: int = 0) -> MambaInsertResult:
         """Cache ``key`` with KV ``value`` and the state slot ``mamba_value`` (the state after the
         key's last token); ``_insert_helper``. As in SGLang, the tree frees the caller's
         duplicate KV itself (matched tokens past ``prev_prefix_len``). The tree takes the state

@@ -9,26 +9,40 @@ Mirrors ``sglang/srt/mem_cache/memory_pool.py`` (0.5.16 / 0.5.23)::
     v_buffer[l]   [size+page_size, head_num, v_head_dim]    page 0 (slots 0..page_size-1) = padding
 
 The allocator (``allocator.py``) hands out slot indices into these buffers; this module only owns
-the storage. Also here: the two errors every pool, allocator and cache raises.
+the storage. The errors every pool, allocator and cache raises live in ``kvlab.errors``
+(re-exported here under their old import path).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Protocol
 
 import torch
 
-from kvlab.errors import InvariantError, require
+from kvlab.errors import DoubleFreeError, InvariantError, require
 
-__all__ = ["InvariantError", "DoubleFreeError", "ReqToTokenPool", "MHATokenToKVPool", "allocate_tensor", "index_device"]
-
-
-class DoubleFreeError(ValueError):
-    """An index (slot, page or request row) was freed that is not currently allocated."""
+__all__ = ["InvariantError", "DoubleFreeError", "ReqToTokenPool", "MHATokenToKVPool", "allocate_tensor", "index_device",
+           "DeviceLike", "IndexLike", "RowHolder", "TensorFactory"]
 
 
-def allocate_tensor(device: Any, shape: Sequence[int], dtype: torch.dtype, label: str) -> torch.Tensor:
+class TensorFactory(Protocol):
+    """A simulated GPU (``kvlab.device``): it accounts the bytes of the tensors it hands out."""
+
+    def empty(self, shape: tuple[int, ...], *, dtype: torch.dtype, label: str) -> torch.Tensor: ...
+
+
+class RowHolder(Protocol):
+    """Anything that holds a request row (``radix_cache.Req``, the scheduler's requests)."""
+
+    req_pool_idx: int | None
+
+
+DeviceLike = str | torch.device | TensorFactory  # where pools put their tensors
+IndexLike = int | Sequence[int] | torch.Tensor  # slot / page / row indices, as callers pass them
+
+
+def allocate_tensor(device: DeviceLike, shape: Sequence[int], dtype: torch.dtype, label: str) -> torch.Tensor:
     """``torch.empty`` on ``device``, or ``device.empty(shape, dtype=, label=)`` for a device object.
 
     kvlab's simulated GPUs pass themselves as ``device``: they account the bytes and return a real
@@ -40,7 +54,7 @@ def allocate_tensor(device: Any, shape: Sequence[int], dtype: torch.dtype, label
     return torch.empty(tuple(shape), dtype=dtype, device=device)
 
 
-def index_device(device: Any) -> torch.device:
+def index_device(device: DeviceLike) -> torch.device:
     """The device for index bookkeeping (free lists, request rows' slot ids).
 
     Same rule as SGLang's ``RadixCache.__init__``: a str / torch.device is used as is, anything
@@ -66,7 +80,7 @@ class ReqToTokenPool:
     """
 
     def __init__(
-        self, size: int, max_context_len: int, device: Any = "cpu", enable_memory_saver: bool = False
+        self, size: int, max_context_len: int, device: DeviceLike = "cpu", enable_memory_saver: bool = False
     ):
         if size < 1 or max_context_len < 1:
             raise ValueError(f"ReqToTokenPool needs size >= 1 and max_context_len >= 1, got {size}, {max_context_len}")
@@ -101,7 +115,7 @@ class ReqToTokenPool:
             self.req_generation[r] += 1
         return rows
 
-    def alloc(self, reqs: Sequence[Any]) -> list[int] | None:
+    def alloc(self, reqs: Sequence[RowHolder]) -> list[int] | None:
         """Give each request without a row a row; requests that hold one keep it (chunked prefill)."""
         new = [r for r in reqs if r.req_pool_idx is None]
         rows = self.alloc_rows(len(new))
@@ -118,7 +132,7 @@ class ReqToTokenPool:
             self._allocated[r] = False
         self.free_slots.extend(rows)
 
-    def free(self, req: Any) -> None:
+    def free(self, req: RowHolder) -> None:
         if req.req_pool_idx is None:
             raise DoubleFreeError(f"request {getattr(req, 'rid', req)!r} holds no row")
         self.free_rows([req.req_pool_idx])
@@ -170,7 +184,7 @@ class MHATokenToKVPool:
         head_num: int,
         head_dim: int,
         layer_num: int,
-        device: Any = "cpu",
+        device: DeviceLike = "cpu",
         enable_memory_saver: bool = False,
         v_head_dim: int | None = None,
         start_layer: int | None = None,

@@ -34,36 +34,32 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Protocol
+from typing import Protocol
 
 import torch
 
-from kvlab.errors import InvariantError, require
+from kvlab.errors import InvariantError, LockRefError, require
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
-from kvlab.mem_cache.evict_policy import EvictParams, EvictResult, get_eviction_strategy
+from kvlab.mem_cache.base_prefix_cache import (
+    ChildKey,
+    EvictParams,
+    EvictResult,
+    KVAllocator,
+    MatchResult,
+    SlotIndices,
+    TokenKey,
+    TreeLock,
+)
+from kvlab.mem_cache.evict_policy import get_eviction_strategy
+from kvlab.mem_cache.memory_pool import ReqToTokenPool
+from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.units import align_down
 
+# Old import paths (``from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, ...``).
+__all__ = ["LockRefError", "LogicalClock", "MatchResult", "RadixCache", "Req", "SimpleReq", "TreeLock", "TreeNode"]
+
 _I64 = torch.int64
-
-
-class LockRefError(RuntimeError):
-    """``inc_lock_ref`` / ``dec_lock_ref`` misuse: unlocking an unlocked node, or a node that was
-    evicted or belongs to another tree."""
-
-
-class LogicalClock:
-    """Deterministic stand-in for ``time.monotonic()``: ``tick()`` returns 1, 2, 3, ..."""
-
-    __slots__ = ("now",)
-
-    def __init__(self, start: int = 0):
-        self.now = start
-
-    def tick(self) -> int:
-        self.now += 1
-        return self.now
 
 
 class TreeNode:
@@ -75,7 +71,7 @@ class TreeNode:
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
-        self.children: dict[Any, TreeNode] = {}
+        self.children: dict[ChildKey, TreeNode] = {}
         self.parent = parent
         self.key = key
         self.value = value
@@ -101,26 +97,6 @@ class TreeNode:
         return f"TreeNode(id={self.id}, key={head}{more} ({len(self.key)}), lock_ref={self.lock_ref})"
 
 
-class MatchResult(NamedTuple):
-    """``match_prefix``'s answer. ``device_indices``: KV slots of the matched prefix (int64);
-    ``last_device_node``: the node the prefix ends at (lock it to pin the prefix);
-    ``device_prefix_len``: matched tokens (a multiple of page_size)."""
-
-    device_indices: torch.Tensor
-    last_device_node: TreeNode
-    device_prefix_len: int
-
-    @property
-    def prefix_len(self) -> int:
-        return self.device_prefix_len
-
-
-class TreeLock(NamedTuple):
-    """0.5.23's ``lock(node)`` receipt; ``unlock(lock)`` replays it."""
-
-    node: TreeNode
-
-
 class Req(Protocol):
     """What ``cache_finished_req`` / ``cache_unfinished_req`` read and write on a request
     (SGLang 0.5.16's ``schedule_batch.Req`` fields of the same names).
@@ -136,7 +112,7 @@ class Req(Protocol):
     - ``priority`` (optional, default 0): passed to ``insert`` for the ``priority`` policy.
     """
 
-    rid: Any
+    rid: str | int
     origin_input_ids: list[int]
     output_ids: list[int]
     fill_ids: list[int]
@@ -150,7 +126,7 @@ class Req(Protocol):
 class SimpleReq:
     """A minimal concrete :class:`Req` (tests, notebooks, the simulator's starting point)."""
 
-    rid: Any
+    rid: str | int
     origin_input_ids: list[int]
     output_ids: list[int] = field(default_factory=list)
     fill_ids: list[int] = field(default_factory=list)
@@ -161,30 +137,7 @@ class SimpleReq:
     priority: int = 0
 
 
-def _as_tokens(key: Any) -> array:
-    if isinstance(key, array) and key.typecode == "q":
-        return key
-    if isinstance(key, torch.Tensor):
-        key = key.tolist()
-    return array("q", key)
-
-
-def _common_len(a: array, b: array, off: int, n: int) -> int:
-    """Length of the common prefix of ``a`` and ``b[off:n]`` (C-level slice compares, log steps)."""
-    lim = min(len(a), n - off)
-    if a[:lim] == b[off : off + lim]:
-        return lim
-    lo, hi = 0, lim  # a[:lo] matches, a[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[off + lo : off + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
-
-
-class RadixCache:
+class RadixCache(BaseRadixTree):
     """SGLang's ``RadixCache`` with the classic (0.5.16) request API and 0.5.23's insert semantics.
 
     ``token_to_kv_pool_allocator`` receives the slots of evicted leaves (``free_segment``) and the
@@ -193,17 +146,10 @@ class RadixCache:
     ``eviction_policy``: a name from ``evict_policy.EVICTION_POLICIES``.
     """
 
-    def __init__(self, req_to_token_pool: Any = None, token_to_kv_pool_allocator: Any = None,
-                 page_size: int = 1, eviction_policy: str = "lru",
-                 eviction_policy_config: dict | None = None, disable: bool = False):
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        alloc_ps = getattr(token_to_kv_pool_allocator, "page_size", page_size)
-        if alloc_ps != page_size:
-            raise ValueError(f"RadixCache page_size {page_size} does not fit the allocator's page_size {alloc_ps}")
-        self.req_to_token_pool = req_to_token_pool
-        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.page_size = page_size
+    def __init__(self, req_to_token_pool: ReqToTokenPool | None = None,
+                 token_to_kv_pool_allocator: KVAllocator | None = None, page_size: int = 1,
+                 eviction_policy: str = "lru", eviction_policy_config: dict | None = None, disable: bool = False):
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, "RadixCache")
         self.disable = disable
         self.eviction_policy = eviction_policy.lower()
         self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
@@ -225,7 +171,7 @@ class RadixCache:
         self._heap: list = []
         self._empty = torch.empty(0, dtype=_I64)
 
-    def _new_node(self, key, value, parent, priority=0) -> TreeNode:
+    def _new_node(self, key: array, value: torch.Tensor, parent: TreeNode | None, priority: int = 0) -> TreeNode:
         # Two ticks, as SGLang's TreeNode.__init__ reads time.monotonic() twice.
         clock = self.clock
         last = clock.tick()
@@ -233,11 +179,6 @@ class RadixCache:
         self._next_id += 1
         self.structure_version += 1
         return node
-
-    def _child_key(self, key: array, off: int = 0):
-        """A child's key in ``children``: its first token (page 1) or its first page. SGLang keys a page
-        by the tuple of its tokens; kvlab by the page's bytes (same equality, no int objects built)."""
-        return key[off] if self.page_size == 1 else key[off : off + self.page_size].tobytes()
 
     # -- the evictable-leaf index ---------------------------------------------------------------
     def _push(self, node: TreeNode) -> None:
@@ -267,19 +208,19 @@ class RadixCache:
             self._push(node)
 
     # -- match / insert -------------------------------------------------------------------------
-    def match_prefix(self, key: Any) -> MatchResult:
+    def match_prefix(self, key: TokenKey) -> MatchResult:
         """Longest cached prefix of ``key`` (truncated to whole pages). Mutates the tree: splits the
         node the match ends inside, and stamps the access time of every node on the path."""
-        key = _as_tokens(key)
+        key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
         values, node, matched = self._match_walk(key, n)
         return MatchResult(torch.cat(values) if values else self._empty, node, matched)
 
-    def touch_prefix(self, key: Any) -> None:
+    def touch_prefix(self, key: TokenKey) -> None:
         """0.5.23: the match walk (access times, splits) without building the result."""
-        key = _as_tokens(key)
+        key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if not self.disable and n:
             self._match_walk(key, n)
@@ -295,7 +236,7 @@ class RadixCache:
                 self._push(node)
             node = node.parent
 
-    def _match_walk(self, key: array, n: int):
+    def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], TreeNode, int]:
         now = self.clock.tick()
         node = self.root_node
         node.last_access_time = now
@@ -316,7 +257,7 @@ class RadixCache:
                 node = child
                 off = end
                 continue
-            m = align_down(_common_len(ckey, key, off, n), ps)
+            m = align_down(common_prefix_len(ckey, key, off, n), ps)
             node = self._split_node(child, m)
             values.append(node.value)
             off += m
@@ -337,7 +278,7 @@ class RadixCache:
         parent.children[ck] = upper
         return upper
 
-    def insert(self, key: Any, value: Any = None, priority: int = 0, inserted_len: int = 0) -> int:
+    def insert(self, key: TokenKey, value: SlotIndices | None = None, priority: int = 0, inserted_len: int = 0) -> int:
         """Cache ``key`` (truncated to whole pages) with KV slots ``value[:len(key)]``.
 
         Returns the number of leading tokens that were *already* cached: the tree keeps its own
@@ -348,7 +289,7 @@ class RadixCache:
         """
         if self.disable:
             return 0
-        key = _as_tokens(key)
+        key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if value is None:
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
@@ -374,7 +315,7 @@ class RadixCache:
             end = off + len(ckey)
             split = not (end <= n and ckey == key[off:end])
             if split:
-                m = align_down(_common_len(ckey, key, off, n), ps)
+                m = align_down(common_prefix_len(ckey, key, off, n), ps)
                 node = self._split_node(child, m)
             else:
                 m = len(ckey)
@@ -408,7 +349,7 @@ class RadixCache:
         duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
         the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
         """
-        tokens = _as_tokens(req.origin_input_ids) + _as_tokens(req.output_ids)
+        tokens = as_tokens(req.origin_input_ids) + as_tokens(req.output_ids)
         kv_len = max(0, len(tokens) - 1) if kv_len_to_handle is None else kv_len_to_handle
         tokens = tokens[:kv_len]
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
@@ -433,7 +374,7 @@ class RadixCache:
         (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16)."""
         if self.disable:
             return
-        tokens = _as_tokens(req.fill_ids)
+        tokens = as_tokens(req.fill_ids)
         kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
         key_len = align_down(len(tokens), self.page_size)
         done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0,
@@ -454,15 +395,6 @@ class RadixCache:
         req.last_node = m.last_device_node
 
     # -- locks ----------------------------------------------------------------------------------
-    def _check_member(self, node: TreeNode, what: str) -> None:
-        if node.value is None:
-            raise LockRefError(f"{what}: {node!r} was evicted")
-        x = node
-        while x.parent is not None:
-            x = x.parent
-        if x is not self.root_node:
-            raise LockRefError(f"{what}: {node!r} belongs to another tree")
-
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock ``node`` and its ancestors (not the root). Returns the evictable-size delta (<= 0)."""
         if self.disable or node is self.root_node:
@@ -504,13 +436,6 @@ class RadixCache:
                 node.lock_ref -= 1
             node = node.parent
         return delta
-
-    def lock(self, node: TreeNode) -> TreeLock:
-        self.inc_lock_ref(node)
-        return TreeLock(node)
-
-    def unlock(self, lock: TreeLock) -> None:
-        self.dec_lock_ref(lock.node)
 
     # -- eviction -------------------------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> EvictResult:
@@ -560,45 +485,6 @@ class RadixCache:
     def total_size(self) -> int:
         return self.evictable_size_ + self.protected_size_
 
-    def _nodes(self) -> Iterable[TreeNode]:
-        stack = [self.root_node]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
-    def all_values_flatten(self) -> torch.Tensor:
-        values = [n.value for n in self._nodes() if n is not self.root_node]
-        return torch.cat(values) if values else self._empty
-
-    def path_device_indices(self, node: TreeNode) -> torch.Tensor:
-        """KV slots from the root down to ``node`` (0.5.23's way to read a match)."""
-        values = []
-        while node is not self.root_node:
-            values.append(node.value)
-            node = node.parent
-        return torch.cat(values[::-1]) if values else self._empty
-
-    def _sort_key(self, node: TreeNode):
-        """Children in token order: by first token, or by the first page's tokens."""
-        return node.key[0] if self.page_size == 1 else tuple(node.key[: self.page_size])
-
-    def pretty_print(self) -> str:
-        """The tree as text, one node a line: ``len [first tokens] r=lock_ref`` (children in key
-        order), then ``#tokens: N``. Returned, not printed."""
-        lines = []
-
-        def walk(node: TreeNode, depth: int) -> None:
-            head = list(node.key[:10])
-            more = " ..." if len(node.key) > 10 else ""
-            lines.append(f"{'  ' * depth}{len(node.key)} {head}{more} r={node.lock_ref}")
-            for child in sorted(node.children.values(), key=self._sort_key):
-                walk(child, depth + 1)
-
-        walk(self.root_node, 0)
-        lines.append(f"#tokens: {self.total_size()}")
-        return "\n".join(lines)
-
     # -- invariants -----------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise :class:`InvariantError` unless the tree's bookkeeping is consistent.
@@ -608,7 +494,7 @@ class RadixCache:
         first token/page; keys whole pages; no slot in two nodes, and every cached slot allocated;
         the evictable-leaf set and heap equal a brute-force recomputation.
         """
-        nodes = check_tree(self, self.evictable_size_, self.protected_size_, "RadixCache")
+        nodes = self._check_tree(self.evictable_size_, self.protected_size_, "RadixCache")
         leaves = {n for n in nodes if not n.lock_ref and not n.children}
         if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
             raise InvariantError("RadixCache: the evictable-leaf index holds exactly the unlocked leaves",
@@ -625,60 +511,3 @@ class RadixCache:
                 raise InvariantError("RadixCache: every evictable leaf has a live heap entry with its current priority",
                                      node=node, heap_entry=live.get(node),
                                      expected=(self._prio(node), node.last_access_time, node.id))
-
-
-def check_tree(cache: Any, evictable_size: int, protected_size: int, name: str) -> list:
-    """The invariants every radix tree shares (plain, SWA and Mamba); returns the non-root nodes.
-
-    The root has lock_ref 1, an empty key and no parent; each child points back at its parent and is
-    filed under its own first token/page; every node holds one value per token of a key of whole
-    pages; lock_ref >= 0 and >= the sum of its children's (a lock covers the path to the root); the
-    tokens of locked / unlocked nodes equal ``protected_size`` / ``evictable_size``; no KV slot is in
-    two nodes, and every cached slot is allocated.
-    """
-    root, ps = cache.root_node, cache.page_size
-    if root.lock_ref != 1 or len(root.key) or root.parent is not None:
-        raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent", lock_ref=root.lock_ref,
-                             key_len=len(root.key), parent=root.parent)
-    evictable = protected = 0
-    nodes = []
-    for node in cache._nodes():
-        child_locks = 0
-        for ck, child in node.children.items():
-            if child.parent is not node:
-                raise InvariantError(f"{name}: each child points back at its parent", child=child, parent=child.parent,
-                                     filed_under=node)
-            if ck != cache._child_key(child.key):
-                raise InvariantError(f"{name}: each child is filed under its own first token/page", child=child,
-                                     filed_under=ck, own_key=cache._child_key(child.key))
-            child_locks += child.lock_ref
-        if node is root:
-            continue
-        nodes.append(node)
-        if node.value is None or len(node.value) != len(node.key) or not len(node.key):
-            raise InvariantError(f"{name}: every node holds one value per token of a non-empty key", node=node,
-                                 key_len=len(node.key), values=None if node.value is None else len(node.value))
-        if len(node.key) % ps:
-            raise InvariantError(f"{name}: every key is a whole number of pages", node=node, key_len=len(node.key),
-                                 page_size=ps)
-        if node.lock_ref < 0 or node.lock_ref < child_locks:
-            raise InvariantError(f"{name}: lock_ref >= 0 and >= the sum of the children's", node=node,
-                                 lock_ref=node.lock_ref, children_lock_ref=child_locks)
-        if node.lock_ref:
-            protected += len(node.key)
-        else:
-            evictable += len(node.key)
-    require((evictable, protected) == (evictable_size, protected_size),
-            f"{name}: counters evictable/protected match the tokens of unlocked/locked nodes",
-            evictable=evictable_size, protected=protected_size, tree_evictable=evictable, tree_protected=protected)
-    if nodes:
-        flat = torch.cat([n.value for n in nodes])
-        distinct = len(torch.unique(flat))
-        require(distinct == len(flat), f"{name}: no KV slot is cached in two nodes", cached_slots=len(flat),
-                distinct=distinct)
-        alloc = cache.token_to_kv_pool_allocator
-        if alloc is not None and hasattr(alloc, "all_allocated") and not alloc.all_allocated(flat):
-            free = flat[~alloc.is_allocated(flat)] if hasattr(alloc, "is_allocated") else flat
-            raise InvariantError(f"{name}: every cached KV slot is allocated in the allocator",
-                                 n_free=len(free), first_free=free.tolist()[:16])
-    return nodes

@@ -24,38 +24,30 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import torch
 
-from kvlab.errors import InvariantError, require
+from kvlab.errors import InvariantError, LockRefError, require
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
-from kvlab.mem_cache.evict_policy import EvictParams, EvictResult
-from kvlab.mem_cache.radix_cache import (
-    LockRefError,
-    LogicalClock,
+from kvlab.mem_cache.base_prefix_cache import (
+    ChildKey,
+    EvictParams,
+    EvictResult,
+    HybridEvictResult,
+    KVAllocator,
     MatchResult,
-    RadixCache,
-    _as_tokens,
-    _common_len,
-    check_tree,
+    SlotIndices,
+    TokenKey,
 )
+from kvlab.mem_cache.memory_pool import ReqToTokenPool
+from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.units import align_down
 
+# HybridEvictResult lives in base_prefix_cache; kept importable from here.
+__all__ = ["HybridEvictResult", "HybridTreeNode", "SWARadixCache", "SWATreeLock"]
+
 _I64 = torch.int64
-
-
-@dataclass(frozen=True)
-class HybridEvictResult(EvictResult):
-    """:class:`EvictResult` plus what the second pool gave back.
-
-    ``swa_evicted_tokens``: SWA slots freed (tombstones and deleted nodes); ``mamba_*``: recurrent
-    states asked for / freed (Mamba cache)."""
-
-    swa_evicted_tokens: int = 0
-    mamba_shortfall: int = 0
-    mamba_num_evicted: int = 0
 
 
 class HybridTreeNode:
@@ -68,8 +60,9 @@ class HybridTreeNode:
                  "hit_count", "priority", "id", "swa_tombstone", "swa_lock_ref", "swa_uuid",
                  "mamba_value", "mamba_lock_ref", "mamba_last_access_time", "swa_last_access_time")
 
-    def __init__(self, key: array, value: torch.Tensor | None, parent, now: int, node_id: int):
-        self.children: dict[Any, HybridTreeNode] = {}
+    def __init__(self, key: array, value: torch.Tensor | None, parent: HybridTreeNode | None, now: int,
+                 node_id: int):
+        self.children: dict[ChildKey, HybridTreeNode] = {}
         self.parent = parent
         self.key = key
         self.value = value
@@ -101,19 +94,15 @@ class SWATreeLock(NamedTuple):
     swa_uuid: int | None
 
 
-class _HybridTreeBase:
-    """Shared tree mechanics (walk, split, insert skeleton, full locks, sizes, printing)."""
+class _HybridTreeBase(BaseRadixTree):
+    """What the SWA and Mamba trees share beyond :class:`BaseRadixTree`: LRU recency by clock ticks,
+    the walk with splits, the insert value check, full-attention locks and ``full_*`` sizes."""
 
-    def __init__(self, token_to_kv_pool_allocator: Any, page_size: int, req_to_token_pool: Any = None):
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        alloc_ps = getattr(token_to_kv_pool_allocator, "page_size", page_size)
-        if alloc_ps != page_size:
-            raise ValueError(f"{type(self).__name__} page_size {page_size} does not fit the allocator's page_size {alloc_ps}")
-        self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
-        self.req_to_token_pool = req_to_token_pool
-        self.page_size = page_size
-        self.disable = False
+    root_node: HybridTreeNode
+
+    def __init__(self, token_to_kv_pool_allocator: KVAllocator, page_size: int,
+                 req_to_token_pool: ReqToTokenPool | None = None):
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, type(self).__name__)
         self.reset()
 
     def reset(self) -> None:
@@ -125,15 +114,8 @@ class _HybridTreeBase:
         self.full_protected_size_ = 0
         self._empty = torch.empty(0, dtype=_I64)
 
-    def _new_node(self, key, value, parent) -> HybridTreeNode:
+    def _new_node(self, key: array, value: torch.Tensor, parent: HybridTreeNode | None) -> HybridTreeNode:
         return HybridTreeNode(key, value, parent, self.clock.tick(), next(self._ids))
-
-    # RadixCache's own: they read only ``page_size``, ``root_node`` and the nodes' keys/children/values.
-    _child_key = RadixCache._child_key
-    _sort_key = RadixCache._sort_key
-    _nodes = RadixCache._nodes
-    _check_member = RadixCache._check_member
-    path_device_indices = RadixCache.path_device_indices
 
     # -- walk / split ---------------------------------------------------------------------------
     # Recency: SGLang keeps doubly-linked LRU lists; "move to MRU" is one logical-clock tick here,
@@ -170,7 +152,7 @@ class _HybridTreeBase:
                 node = child
                 off = end
                 continue
-            m = align_down(_common_len(child.key, key, off, n), ps)
+            m = align_down(common_prefix_len(child.key, key, off, n), ps)
             if m:
                 path.append(self._split_node(child, m))
             break
@@ -200,8 +182,8 @@ class _HybridTreeBase:
     def _split_extra(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
         pass
 
-    def _prep_value(self, key: array, value: Any) -> tuple[array, torch.Tensor, int]:
-        key = _as_tokens(key)
+    def _prep_value(self, key: TokenKey, value: SlotIndices) -> tuple[array, torch.Tensor, int]:
+        key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value, dtype=_I64)
@@ -257,27 +239,9 @@ class _HybridTreeBase:
     def _leaf_candidates(self) -> list[HybridTreeNode]:
         return [n for n in self._nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
 
-    def _node_note(self, node: HybridTreeNode) -> str:
-        return ""
-
-    def pretty_print(self) -> str:
-        """One node a line: ``len [first tokens] r=lock_ref`` plus the component's marks; returned."""
-        lines = []
-
-        def walk(node, depth):
-            head = list(node.key[:10])
-            lines.append(f"{'  ' * depth}{len(node.key)} {head}{' ...' if len(node.key) > 10 else ''} "
-                         f"r={node.lock_ref}{self._node_note(node)}")
-            for child in sorted(node.children.values(), key=self._sort_key):
-                walk(child, depth + 1)
-
-        walk(self.root_node, 0)
-        lines.append(f"#tokens: {self.total_size()}")
-        return "\n".join(lines)
-
     def _check_tree_shape(self) -> list[HybridTreeNode]:
-        """``radix_cache.check_tree`` on the full-attention side; returns the non-root nodes."""
-        return check_tree(self, self.full_evictable_size_, self.full_protected_size_, type(self).__name__)
+        """``BaseRadixTree._check_tree`` on the full-attention side; returns the non-root nodes."""
+        return self._check_tree(self.full_evictable_size_, self.full_protected_size_, type(self).__name__)
 
 
 class SWARadixCache(_HybridTreeBase):
@@ -287,7 +251,7 @@ class SWARadixCache(_HybridTreeBase):
     """
 
     def __init__(self, token_to_kv_pool_allocator: SWATokenToKVPoolAllocator, sliding_window_size: int,
-                 page_size: int = 1, req_to_token_pool: Any = None):
+                 page_size: int = 1, req_to_token_pool: ReqToTokenPool | None = None):
         if not isinstance(token_to_kv_pool_allocator, SWATokenToKVPoolAllocator):
             raise TypeError(f"SWARadixCache needs an SWATokenToKVPoolAllocator, got {type(token_to_kv_pool_allocator).__name__}")
         if sliding_window_size < 1:
@@ -301,23 +265,23 @@ class SWARadixCache(_HybridTreeBase):
         self.swa_protected_size_ = 0
         self._uuids = itertools.count(1)
 
-    def _split_extra(self, upper, child) -> None:
+    def _split_extra(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
         upper.swa_tombstone = child.swa_tombstone
         upper.swa_lock_ref = child.swa_lock_ref
         upper.swa_uuid, child.swa_uuid = child.swa_uuid, None  # the lock boundary is the topmost piece
 
-    def _node_note(self, node) -> str:
+    def _node_note(self, node: HybridTreeNode) -> str:
         if node is self.root_node:
             return ""
         return f" swa_r={node.swa_lock_ref}" + (" tombstone" if node.swa_tombstone else "")
 
     # -- recency (the SWA list holds only un-tombstoned nodes) -----------------------------------
-    def _touch(self, node) -> None:
+    def _touch(self, node: HybridTreeNode) -> None:
         node.last_access_time = self.clock.tick()
         if not node.swa_tombstone:
             node.swa_last_access_time = node.last_access_time
 
-    def _touch_path(self, node) -> None:
+    def _touch_path(self, node: HybridTreeNode) -> None:
         path = []
         while node is not self.root_node:
             path.append(node)
@@ -325,18 +289,18 @@ class SWARadixCache(_HybridTreeBase):
         for x in reversed(path):
             self._touch(x)
 
-    def _split_times(self, upper, child) -> None:
+    def _split_times(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
         self._touch(upper)
         self._touch(child)
 
     # -- match / insert -------------------------------------------------------------------------
-    def match_prefix(self, key: Any) -> MatchResult:
+    def match_prefix(self, key: TokenKey) -> MatchResult:
         """Longest cached prefix usable by the SWA layers (``_match_prefix_helper``): the deepest
         matched node that is either reached without crossing a tombstone, or has at least
         ``sliding_window_size`` un-tombstoned tokens since the last tombstone. The whole walk
         splits like RadixCache; only the path to that node is refreshed
         (``_match_post_processor``)."""
-        key = _as_tokens(key)
+        key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
@@ -351,7 +315,7 @@ class SWARadixCache(_HybridTreeBase):
         self._touch_path(best)
         return MatchResult(self.path_device_indices(best), best, best_len)
 
-    def insert(self, key: Any, value: Any, prev_prefix_len: int = 0) -> int:
+    def insert(self, key: TokenKey, value: SlotIndices, prev_prefix_len: int = 0) -> int:
         """Cache ``key`` with full slots ``value`` (each already paired with an SWA slot); returns
         the length that was already cached (``_insert_helper``).
 

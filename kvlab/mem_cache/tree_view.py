@@ -9,7 +9,8 @@ can keep the scale and mark what was destroyed instead of dropping it.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+
+from kvlab.mem_cache.base_prefix_cache import BasePrefixCache, PrefixNode
 
 SPANS = "spans"  # tree_frame(names=SPANS): label each node by where it lies in the sequence
 EVICTED = "evicted"  # with_evicted(): the status of a node the eviction destroyed
@@ -20,10 +21,10 @@ STATE_MAMBA_TOMBSTONE = "no state (Mamba tombstone)"  # KV cached, state gone: a
 STATE_SWA_TOMBSTONE = "SWA tombstone"  # full KV cached, sliding-window KV freed
 _STATE_SUFFIX = {STATE_MAMBA: "state", STATE_MAMBA_TOMBSTONE: "no state", STATE_SWA_TOMBSTONE: "SWA tombstone"}
 
-Names = dict | str | Callable[[Any], Any] | None
+Names = dict | str | Callable[[PrefixNode], str | None] | None
 
 
-def _node_state(cache_kind: str, node: Any) -> str:
+def _node_state(cache_kind: str, node: PrefixNode) -> str:
     if cache_kind == "mamba":
         return STATE_MAMBA if node.mamba_value is not None else STATE_MAMBA_TOMBSTONE
     if cache_kind == "swa" and node.swa_tombstone:
@@ -31,7 +32,7 @@ def _node_state(cache_kind: str, node: Any) -> str:
     return ""
 
 
-def _cache_kind(cache: Any) -> str:
+def _cache_kind(cache: BasePrefixCache) -> str:
     if hasattr(cache, "mamba_pool"):
         return "mamba"
     if hasattr(cache, "sliding_window_size"):
@@ -39,7 +40,7 @@ def _cache_kind(cache: Any) -> str:
     return "radix"
 
 
-def tree_frame(cache: Any, *, names: Names = None, preview_tokens: int = 6):
+def tree_frame(cache: BasePrefixCache, *, names: Names = None, preview_tokens: int = 6):
     """Rows: ``id``, ``parent_id`` (None for the root), ``tokens`` (this node's key length),
     ``subtree_tokens`` (this node and everything below), ``prefix_tokens`` (root to the node's end),
     ``path_tokens`` (a leaf's whole cached sequence; an inner node's, the sum over its leaves — the

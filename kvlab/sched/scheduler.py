@@ -657,7 +657,7 @@ class SimResult:
         return frame
 
     def totals(self) -> dict:
-        """DESIGN.md's JSON totals for ``kvlab simulate``, plus throughput figures."""
+        """The JSON totals of ``kvlab simulate`` (docs/architecture.md#public-contracts), plus throughput figures."""
         c = self.counts
         return {
             "requests": c["requests"],

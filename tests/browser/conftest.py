@@ -1,4 +1,4 @@
-"""Fixtures for tests that drive a real JupyterLab in headless Chromium (shared/TESTING.md).
+"""Fixtures for tests that drive a real JupyterLab in headless Chromium (docs/testing.md#browser-tests).
 
 - ``lab_server`` (session): one ``jupyter lab`` on a free loopback port, root = the repo.
 - ``lab_page``: a fresh page whose context aborts every non-loopback request; after the test the
@@ -46,7 +46,7 @@ def _find_chromium() -> str | None:
 
 @pytest.fixture(scope="session")
 def browser_type_launch_args(browser_type_launch_args: dict, require_browser: bool) -> dict:
-    """pytest-playwright's launch args plus Debian's chromium and the flags from TESTING.md.
+    """pytest-playwright's launch args plus Debian's chromium and the flags from docs/testing.md#browser-tests.
 
     Playwright's ``launch()`` always gives the browser a fresh temporary user-data dir (and deletes it
     on close); it refuses ``--user-data-dir`` in ``args``, so that is what "fresh profile" means here.

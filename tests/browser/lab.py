@@ -1,6 +1,6 @@
 """Drive a real JupyterLab from Playwright: start the server, open and run a notebook, read widgets and plots.
 
-Recipes and pitfalls: shared/TESTING.md. Widgets are located by the CSS classes the notebook gives them
+Recipes and pitfalls: docs/testing.md#browser-tests. Widgets are located by the CSS classes the notebook gives them
 (``widget.add_class("kvlab-...")``), never by cell position or by ``get_by_text`` (which also matches
 cell source). Locators are strict: a class that matches two elements (e.g. a panel displayed twice, or
 widgets replayed from an old kernel) is an error, not a silent pick of the first.
@@ -112,7 +112,7 @@ def _write_lab_settings(settings_dir: Path) -> None:
 def start_lab(root_dir: Path, work_dir: Path, startup_timeout: float = 120.0) -> LabServer:
     """Start ``jupyter lab`` on a free loopback port with its config/data/runtime dirs under ``work_dir``.
 
-    Returns once /api/status answers. The flags are the ones in shared/TESTING.md; the isolated dirs keep
+    Returns once /api/status answers. The flags are the ones in docs/testing.md#browser-tests; the isolated dirs keep
     a user's own kernelspecs, settings and workspaces out of the test.
     """
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -206,7 +206,7 @@ def open_notebook(page: Page, server: LabServer, relpath: str, timeout: float = 
     """Open ``relpath`` (relative to the Lab root) in a reset workspace and wait for an idle kernel.
 
     Deletes the notebook's old sessions first: reconnecting to an old kernel replays every widget it ever
-    made (shared/TESTING.md).
+    made (docs/testing.md#browser-tests).
     """
     relpath = Path(relpath).as_posix()
     if not (server.root_dir / relpath).is_file():

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from kvlab import exercises
 from kvlab.experiments import kv_pool_sizing
+from kvlab.labs import kv_pool_sizing as pool_lab
 
 from . import lab
 from .lab import LabServer
@@ -36,7 +36,7 @@ def test_typing_the_fix_flips_the_check_from_not_yet_to_pass(lab_page: Page, lab
     editor = cell.locator(".cm-content")
     editor.click()
     lab_page.keyboard.press("ControlOrMeta+a")
-    lab_page.keyboard.insert_text(exercises.MEASURE_SOLUTION.code)  # as pasted: no auto-indent
+    lab_page.keyboard.insert_text(pool_lab.measure.solution.code)  # as pasted: no auto-indent
     expect(editor).to_contain_text("gc.collect()")
     lab_page.keyboard.press("Shift+Enter")  # run the exercise cell; the check cell is selected next
     lab_page.keyboard.press("Shift+Enter")  # run the check

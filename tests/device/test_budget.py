@@ -8,7 +8,8 @@ GIB = 1 << 30
 
 
 def test_budget_terms_worked_example():
-    """SGLANG_MEMCACHE.md's Llama-3-8B example: pre 79.0 GiB, 64.0 GiB free after load, f = 0.88.
+    """The Llama-3-8B example of docs/semantics.md#worked-example-llama-3-8b:
+    pre 79.0 GiB, 64.0 GiB free after load, f = 0.88.
     slack = 79.0 × 0.12 = 9.48 GiB; rest = 64.0 − 9.48 = 54.52 GiB (int of the float bytes);
     cell = 8 kv heads × 256 × 32 layers × 2 B = 131,072 B -> 446,627 tokens (floor)."""
     b = kv_budget(pre_model_load_bytes=79 * GIB, available_bytes=64 * GIB, mem_fraction_static=0.88,

@@ -1,4 +1,4 @@
-"""Worked cases for the caching-allocator model, one rule per test (SEMANTICS.md §1).
+"""Worked cases for the caching-allocator model, one rule per test (docs/semantics.md#pytorch-cuda-caching-allocator).
 
 Every number is derived by hand in the docstring. Addresses count from ``BASE_ADDR``; segments
 come from a bump pointer, so the n-th segment starts where the previous one ended (2 MiB aligned).

@@ -1,11 +1,12 @@
-"""The allocator tour's six steps (notebook 00) on kvlab's model, against numbers derived here.
+"""The allocator tour's six steps (notebook 00: kvlab.experiments' scripts, kvlab.labs' checks) on kvlab's
+model, against numbers derived here.
 
-Every expected number comes from :class:`RuleAllocator`, a deliberately naive re-statement of the
-rules in SEMANTICS.md §1 (round to 512 B; small pool <= 1 MiB with 2 MiB segments; 20 MiB segments
-below 10 MiB, else the request rounded to 2 MiB; best fit; split rules; merge inside a segment;
-``empty_cache`` frees whole free segments), written without looking at the model's code, or from
-the page arithmetic of expandable segments. The scripts' *inputs* (request sizes) are read from
-the module; nothing the model computes is copied.
+Every expected number comes from :class:`RuleAllocator`, a deliberately naive re-statement of the rules
+in docs/semantics.md#pytorch-cuda-caching-allocator (round to 512 B; small pool <= 1 MiB with 2 MiB
+segments; 20 MiB segments below 10 MiB, else the request rounded to 2 MiB; best fit; split rules; merge
+inside a segment; ``empty_cache`` frees whole free segments), written without looking at the model's
+code, or from the page arithmetic of expandable segments. The scripts' *inputs* (request sizes) are read
+from the module; nothing the model computes is copied.
 """
 
 from __future__ import annotations
@@ -16,9 +17,10 @@ import gc
 import pytest
 
 from kvlab.experiments import allocator_tour as tour
+from kvlab.labs import allocator_tour as lab
 from kvlab.units import KiB, MiB
 
-# ---- an independent oracle: the rules of SEMANTICS.md §1, non-expandable, one stream -------------
+# ---- an independent oracle: the rules of docs/semantics.md, non-expandable, one stream ------------
 
 
 def rule_round(n: int) -> int:
@@ -95,7 +97,7 @@ class RuleAllocator:
 
 
 def test_oracle_agrees_with_semantics_worked_cases():
-    """The oracle itself, on the rules as SEMANTICS.md states them."""
+    """The oracle itself, on the rules as docs/semantics.md states them."""
     assert [rule_round(n) for n in (1, 511, 512, 513)] == [512, 512, 512, 1024]
     assert rule_segment_bytes(1 * MiB) == 2 * MiB and rule_segment_bytes(1 * MiB + 512) == 20 * MiB
     assert rule_segment_bytes(10 * MiB) == 10 * MiB and rule_segment_bytes(11 * MiB) == 12 * MiB
@@ -184,7 +186,7 @@ EXPECTED = {
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tour.StepRun]:
-    return {key: step.run("sim:h200") for key, step in tour.STEPS.items()}
+    return {key: step.run("sim:h200") for key, step in lab.STEPS.items()}
 
 
 @pytest.mark.parametrize("key", list(EXPECTED))
@@ -205,7 +207,7 @@ def test_worked_numbers_as_the_notebook_explains_them(runs):
 
 
 def test_expandable_segments_take_the_order_out_of_fragmentation():
-    facts = tour.fragmentation.run("sim:h200", expandable_segments=True).facts
+    facts = lab.fragmentation.run("sim:h200", expandable_segments=True).facts
     page = 20 * MiB
     total = sum(rule_round(n) for n in tour.FRAGMENTATION_ORDERS_BYTES["ascending"])
     assert facts["reserved_ascending_bytes"] == facts["reserved_descending_bytes"] == -(-total // page) * page
@@ -217,7 +219,7 @@ def test_expandable_segments_take_the_order_out_of_fragmentation():
 def test_gc_step_frees_only_through_the_real_collector(monkeypatch):
     """With gc.collect() made a no-op the cycle survives: the block stays allocated and pinned."""
     monkeypatch.setattr(tour.gc, "collect", lambda *args: 0)
-    run = tour.gc_cycle.run("sim:h200")
+    run = lab.gc_cycle.run("sim:h200")
     monkeypatch.undo()
     gc.collect()  # the leaked cycle from this run
     assert run.facts["allocated_after_gc_bytes"] == tour.CYCLE_BYTES
@@ -226,7 +228,7 @@ def test_gc_step_frees_only_through_the_real_collector(monkeypatch):
 
 def test_gc_step_restores_automatic_collection():
     assert gc.isenabled()
-    tour.gc_cycle.run("sim:h200")
+    lab.gc_cycle.run("sim:h200")
     assert gc.isenabled()
 
 
@@ -238,7 +240,7 @@ def test_loader_scratch_is_a_reference_cycle():
 # ---- states and timeline --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("key", list(tour.STEPS))
+@pytest.mark.parametrize("key", list(lab.STEPS))
 def test_states_match_the_timeline_rows(key, runs):
     run = runs[key]
     assert run.states, key
@@ -268,7 +270,7 @@ def test_arms_run_on_fresh_allocators(runs):
 
 
 def test_runs_are_deterministic(runs):
-    again = tour.splitting.run("sim:h200")
+    again = lab.splitting.run("sim:h200")
     assert again.facts == runs["splitting"].facts
     assert [s.snapshot["segments"] for s in again.states] == [s.snapshot["segments"] for s in runs["splitting"].states]
     assert again.timeline.equals(runs["splitting"].timeline)
@@ -286,30 +288,30 @@ def test_summary_frame_lists_every_fact(runs):
 
 def _right(key: str) -> dict[str, int]:
     facts = EXPECTED[key]()
-    return {f"predicted_{name}": facts[name] for name in tour.STEPS[key].predictions}
+    return {f"predicted_{name}": facts[name] for name in lab.STEPS[key].predictions}
 
 
-@pytest.mark.parametrize("key", list(tour.STEPS))
+@pytest.mark.parametrize("key", list(lab.STEPS))
 def test_check_passes_the_right_prediction(key, runs):
-    result = tour.STEPS[key].check(runs[key], **_right(key))
+    result = lab.STEPS[key].check(runs[key], **_right(key))
     assert result.ok, result.text()
     assert result.text().startswith("PASS")
 
 
-@pytest.mark.parametrize("key", list(tour.STEPS))
+@pytest.mark.parametrize("key", list(lab.STEPS))
 def test_check_says_not_yet_with_a_hint_for_a_wrong_prediction(key, runs):
-    step = tour.STEPS[key]
+    step = lab.STEPS[key]
     predictions = _right(key)
     first = step.variables[0]
     predictions[first] += 512
     result = step.check(runs[key], **predictions)
     assert not result.ok and result.text().startswith("NOT YET")
-    assert [line.label for line in result.wrong] == [tour._label(step.predictions[0])]
+    assert [line.label for line in result.wrong] == [lab._label(step.predictions[0])]
     assert result.wrong[0].hint == step.hints[step.predictions[0]] != ""
 
 
 def test_check_without_predictions_is_not_yet_and_reveals_nothing(runs):
-    result = tour.rounding.check(runs["rounding"], predicted_allocated_bytes=None)
+    result = lab.rounding.check(runs["rounding"], predicted_allocated_bytes=None)
     assert not result.ok
     assert "predicted_allocated_bytes" in result.note and "predicted_reserved_bytes" in result.note
     assert str(EXPECTED["rounding"]()["allocated_bytes"]) not in result.text().replace(",", "")
@@ -318,8 +320,8 @@ def test_check_without_predictions_is_not_yet_and_reveals_nothing(runs):
 
 def test_check_rejects_unknown_names_and_non_numbers(runs):
     with pytest.raises(TypeError, match="predicted_alocated_bytes"):
-        tour.rounding.check(predicted_alocated_bytes=1)
-    result = tour.rounding.check(predicted_allocated_bytes="7680", predicted_reserved_bytes=2 * MiB)
+        lab.rounding.check(predicted_alocated_bytes=1)
+    result = lab.rounding.check(predicted_allocated_bytes="7680", predicted_reserved_bytes=2 * MiB)
     assert not result.ok and "must be a number" in result.text()
 
 
@@ -327,15 +329,15 @@ def test_check_reports_when_a_gpu_run_disagrees_with_the_model(runs):
     """A run from another device (here: the model's run relabelled, one fact changed) gets one more
     line comparing what it showed with the model."""
     shown = dataclasses.replace(runs["pools"], device_kind="cuda", device_name="cuda:0 (test)")
-    assert tour.pools.check(shown, **_right("pools")).ok
+    assert lab.pools.check(shown, **_right("pools")).ok
     off = dataclasses.replace(shown, facts={**shown.facts, "reserved_bytes": shown.facts["reserved_bytes"] + 2 * MiB})
-    result = tour.pools.check(off, **_right("pools"))
+    result = lab.pools.check(off, **_right("pools"))
     assert not result.ok and result.wrong[0].label == "cuda:0 (test) agrees with the model"
 
 
 def test_solution_hidden_by_default_and_correct_when_run(monkeypatch):
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
-    for key, step in tour.STEPS.items():
+    for key, step in lab.STEPS.items():
         assert "hidden" in repr(step.solution)
         namespace = {"MiB": MiB, "KiB": KiB}
         exec(step.solution_code, namespace)  # the shown solution is itself a right answer
@@ -348,10 +350,10 @@ def test_solution_hidden_by_default_and_correct_when_run(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("key", list(tour.STEPS))
+@pytest.mark.parametrize("key", list(lab.STEPS))
 def test_cuda_run_agrees_with_the_model(key):
     """The same step on torch's own allocator gives the model's facts (check() says so too)."""
-    run = tour.STEPS[key].run("cuda")
+    run = lab.STEPS[key].run("cuda")
     assert run.device_kind == "cuda"
-    assert run.facts == tour.STEPS[key].model_facts()
-    assert tour.STEPS[key].check(run, **_right(key)).ok
+    assert run.facts == lab.STEPS[key].model_facts()
+    assert lab.STEPS[key].check(run, **_right(key)).ok

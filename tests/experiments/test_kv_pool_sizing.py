@@ -70,6 +70,7 @@ def test_scenario_default_is_the_fixed_behaviour():
     assert result.reading.allocated_bytes[0] == pytest.approx(sum(w.weight_bytes for w in result.weights), rel=0.01)
 
 
+@pytest.mark.slow
 def test_empty_cache_off_under_reads_even_with_gc():
     with_both = kv_pool_sizing.run("llama-8b-l4")
     gc_only = kv_pool_sizing.run("llama-8b-l4", empty_cache=False)
@@ -142,6 +143,7 @@ def test_cli_bad_device_is_a_clear_error(capsys):
     assert "unknown device preset 'h300'" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_compare_prints_both_arms_and_their_difference(capsys):
     from kvlab.units import fmt_bytes
 
@@ -169,6 +171,7 @@ def test_cli_compare_prints_both_arms_and_their_difference(capsys):
     assert "drop --gc-before-measure" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_the_prs_numbers_and_kvlabs_are_explained_in_one_text_everywhere(capsys):
     """README, the CLI and notebook 01 give the same sentence, computed from this run's pool sizes."""
     from kvlab.experiments.kv_pool_sizing import PR_TOKENS, compare, pr_numbers_note

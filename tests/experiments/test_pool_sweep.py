@@ -148,6 +148,7 @@ def test_malformed_trace_line_is_named(tmp_path, capsys):
     assert "smaller than one request" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_module_cli_json():
     out = subprocess.run([sys.executable, "-m", "kvlab.experiments.pool_sweep", "--trace", str(TINY), "--points", "3",
                           "--json"], capture_output=True, text=True, check=True, cwd=REPO_ROOT).stdout

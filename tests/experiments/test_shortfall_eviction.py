@@ -64,6 +64,7 @@ def test_cli_bad_input(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_compare_totals_in_two_processes_equals_the_arms_run_here():
     from kvlab.experiments import shortfall_eviction as se
     from kvlab.workloads.generators import make_workload

@@ -29,7 +29,7 @@ def _cached_leaves(pool_tokens: int, leaves: int, leaf_tokens: int, page_size: i
 
 
 def test_standard_arm_evicts_the_shortfall_and_full_mode_over_evicts_by_available():
-    """The worked example (SGLang's own numbers from shared/tools/sglang_probe.py).
+    """The worked example (SGLang's own numbers: docs/semantics.md#worked-example-one-pressure-event).
 
     Pool of 40 slots; four finished requests cached 8 tokens each, so the tree holds 32 evictable
     tokens in four 8-token leaves and 8 slots are free. A new request needs 12 slots:

@@ -1,7 +1,7 @@
 """Stateful property tests (hypothesis) for SWARadixCache and MambaRadixCache: any sequence of
-serve / lock / unlock / evict / hold keeps every check_invariants() true and the pools conserved."""
+serve (``match_alloc_insert``) / lock / unlock / evict / hold keeps every check_invariants() true and
+the pools conserved."""
 
-import torch
 from fuzz import fuzz_settings, record
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -12,8 +12,7 @@ from kvlab.mem_cache import (
     SWARadixCache,
     SWATokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
-    ensure_mamba_capacity,
-    evict_from_tree_cache,
+    match_alloc_insert,
 )
 from kvlab.mem_cache.evict_policy import EvictParams
 
@@ -67,14 +66,7 @@ class SWAMachine(_Machine):
 
     @rule(seq=tokens)
     def serve(self, seq):
-        m = self.cache.match_prefix(seq[:-1])
-        uuid = self.cache.inc_lock_ref(m.last_device_node)
-        need = len(seq) - m.device_prefix_len
-        evict_from_tree_cache(self.cache, need)
-        kv = self.alloc.alloc(need)
-        if kv is not None:
-            self.cache.insert(seq, torch.cat([m.device_indices, kv]), prev_prefix_len=m.device_prefix_len)
-        self.cache.dec_lock_ref(m.last_device_node, uuid)
+        match_alloc_insert(self.cache, seq, max_prefix_len=len(seq) - 1)
 
     @rule(full=st.integers(0, 10), swa=st.integers(0, 10))
     def evict(self, full, swa):
@@ -105,21 +97,7 @@ class MambaMachine(_Machine):
 
     @rule(seq=tokens, mode=st.sampled_from(["shortfall", "full"]))
     def serve(self, seq, mode):
-        m = self.cache.match_prefix(seq[:-1])
-        self.cache.inc_lock_ref(m.last_device_node)
-        need = len(seq) - m.device_prefix_len
-        evict_from_tree_cache(self.cache, need, mode)
-        ensure_mamba_capacity(self.cache, 1)
-        kv = self.alloc.alloc(need)
-        slot = self.cache.mamba_pool.alloc(1) if kv is not None else None
-        if kv is not None and slot is None:
-            self.alloc.free(kv)
-        elif kv is not None:
-            r = self.cache.insert(seq, torch.cat([m.device_indices, kv]), int(slot[0]),
-                                  prev_prefix_len=m.device_prefix_len)
-            if r.mamba_exist:
-                self.cache.mamba_pool.free(slot)
-        self.cache.dec_lock_ref(m.last_device_node)
+        match_alloc_insert(self.cache, seq, max_prefix_len=len(seq) - 1, mode=mode)
 
     @rule(full=st.integers(0, 10), states=st.integers(0, 3))
     def evict(self, full, states):

@@ -1,7 +1,6 @@
 """MambaRadixCache: worked cases (resume only where a state exists, tombstones, eviction passes)."""
 
 import pytest
-import torch
 
 from kvlab.mem_cache import (
     MambaPool,
@@ -9,6 +8,7 @@ from kvlab.mem_cache import (
     TokenToKVPoolAllocator,
     ensure_mamba_capacity,
     evict_from_tree_cache,
+    match_alloc_insert,
 )
 from kvlab.mem_cache.memory_pool import DoubleFreeError
 
@@ -19,13 +19,7 @@ def make(size=64, states=8):
 
 
 def serve(cache, alloc, seq):
-    m = cache.match_prefix(seq)
-    kv = alloc.alloc(len(seq) - m.device_prefix_len)
-    slot = cache.mamba_pool.alloc(1)
-    r = cache.insert(seq, torch.cat([m.device_indices, kv]), int(slot[0]), prev_prefix_len=m.device_prefix_len)
-    if r.mamba_exist:
-        cache.mamba_pool.free(slot)
-    return r
+    return match_alloc_insert(cache, seq)
 
 
 def test_split_point_has_no_state_so_a_branch_cannot_resume_there():
@@ -42,7 +36,7 @@ def test_hit_resumes_from_deepest_state_and_insert_fills_tombstone():
     serve(cache, alloc, [1, 2, 3, 4, 5, 6])
     serve(cache, alloc, [1, 2, 3, 7, 8])
     r = serve(cache, alloc, [1, 2, 3])  # the state after token 3 is computed: the tombstone gets it
-    assert r.prefix_len == 3 and not r.mamba_exist
+    assert r.prefix_len == 0 and r.cached_len == 3 and not r.mamba_exist  # no state to resume: all recomputed
     assert cache.match_prefix([1, 2, 3, 9]).device_prefix_len == 3
     assert cache.mamba_evictable_size() == 3
     cache.check_invariants()

@@ -42,8 +42,8 @@ def test_kv_buffers_have_size_plus_a_padding_page_of_rows():
 
 
 def test_meta_device_pool_at_model_scale_costs_nothing():
-    """Llama-3-8B bf16 (32 layers, 8 KV heads, head_dim 128): 128 KiB per token; SGLANG_MEMCACHE
-    section 1a's 446,627-token pool is ~54.5 GiB of meta tensors, no memory."""
+    """Llama-3-8B bf16 (32 layers, 8 KV heads, head_dim 128): 128 KiB per token; the 446,627-token
+    pool of docs/semantics.md#worked-example-llama-3-8b is ~54.5 GiB of meta tensors, no memory."""
     tokens = 446_627
     pool = MHATokenToKVPool(size=tokens, page_size=1, dtype=torch.bfloat16, head_num=8, head_dim=128,
                             layer_num=32, device="meta")

@@ -1,9 +1,14 @@
 """SWARadixCache: worked cases (tombstones, window-limited matches, SWA locks, per-pool eviction)."""
 
 import pytest
-import torch
 
-from kvlab.mem_cache import SWARadixCache, SWATokenToKVPoolAllocator, TokenToKVPoolAllocator, evict_from_tree_cache
+from kvlab.mem_cache import (
+    SWARadixCache,
+    SWATokenToKVPoolAllocator,
+    TokenToKVPoolAllocator,
+    evict_from_tree_cache,
+    match_alloc_insert,
+)
 from kvlab.mem_cache.evict_policy import EvictParams
 from kvlab.mem_cache.radix_cache import LockRefError
 
@@ -14,9 +19,7 @@ def make(full=64, swa=32, window=4):
 
 
 def serve(cache, alloc, seq):
-    m = cache.match_prefix(seq)
-    kv = alloc.alloc(len(seq) - m.device_prefix_len)
-    return cache.insert(seq, torch.cat([m.device_indices, kv]), prev_prefix_len=m.device_prefix_len)
+    return match_alloc_insert(cache, seq).cached_len
 
 
 def test_insert_frees_duplicates_itself_and_counts_both_pools():

@@ -1,9 +1,9 @@
 """tree_frame(): a radix tree as rows, checked against the tree's own accounting."""
 
-import torch
 
 from kvlab.experiments.shortfall_eviction import pressure_event
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
+from kvlab.mem_cache.common import match_alloc_insert
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.viz import plots
@@ -13,8 +13,7 @@ def _tree():
     alloc = TokenToKVPoolAllocator(256)
     tree = RadixCache(None, alloc)
     for key in ([1, 2, 3, 4, 5], [1, 2, 3, 9], [7, 8]):
-        m = tree.match_prefix(key)
-        tree.insert(key, torch.cat([m.device_indices, alloc.alloc(len(key) - m.device_prefix_len)]))
+        match_alloc_insert(tree, key)
     return tree
 
 

@@ -258,6 +258,26 @@ def _widget_values(nb: nbformat.NotebookNode, models: dict[str, dict], rename: d
 # ---------------------------------------------------------------------------------------------- API
 
 
+def coalesce_streams(outputs: list[dict]) -> list[dict]:
+    """Consecutive stream outputs of one name merged into one, as JupyterLab shows them.
+
+    The kernel flushes stdout on a timer, so one ``print`` can reach the notebook as two messages ("text" and
+    "\\n") on a loaded machine and as one on an idle one; the numbers printed are the same either way.
+    """
+    merged: list[dict] = []
+    for out in outputs:
+        prev = merged[-1] if merged else None
+        if (out.get("output_type") == "stream" and prev is not None and prev.get("output_type") == "stream"
+                and prev.get("name") == out.get("name")):
+            text = out.get("text", "")
+            prev_text = prev.get("text", "")
+            merged[-1] = {**prev, "text": ("".join(prev_text) if isinstance(prev_text, list) else prev_text)
+                          + ("".join(text) if isinstance(text, list) else text)}
+        else:
+            merged.append(out)
+    return merged
+
+
 def notebook_values(nb: nbformat.NotebookNode) -> list[Value]:
     """Every output value of ``nb`` (cells in order) followed by its widget state, normalised."""
     models = _widget_state(nb)
@@ -265,7 +285,7 @@ def notebook_values(nb: nbformat.NotebookNode) -> list[Value]:
     values: list[Value] = []
     for index, cell in enumerate(nb.cells):
         if cell.cell_type == "code":
-            for number, out in enumerate(cell.get("outputs", [])):
+            for number, out in enumerate(coalesce_streams(cell.get("outputs", []))):
                 values.extend(_output_values(index, number, out, rename))
     values.extend(_widget_values(nb, models, rename, home))
     return values

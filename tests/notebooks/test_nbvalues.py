@@ -114,3 +114,17 @@ def test_a_number_drawn_only_in_a_widget_figure_counts():
 def test_an_extra_output_is_reported():
     message = _diff(_notebook(), _notebook(extra=True))
     assert message is not None and message.startswith("cell 4") and "run 1: nothing there" in message, message
+
+
+def test_a_print_split_into_two_stream_messages_equals_one():
+    """A loaded kernel may flush "text" and "\\n" of one print as two stream outputs: the same printed numbers."""
+    one, two = _notebook(), _notebook()
+    cell = next(c for c in two.cells if c.cell_type == "code" and c.outputs)
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="pool 1,890 tokens"),
+                    nbformat.v4.new_output("stream", name="stdout", text="\n")]
+    cell1 = next(c for c in one.cells if c.cell_type == "code" and c.outputs)
+    cell1.outputs = [nbformat.v4.new_output("stream", name="stdout", text="pool 1,890 tokens\n")]
+    assert _diff(one, two) is None
+    cell.outputs[1] = nbformat.v4.new_output("stream", name="stdout", text=" 2\n")
+    message = _diff(one, two)
+    assert message is not None and "1,890 tokens 2" in message, message

@@ -14,7 +14,7 @@ Modes (JSON on stdin, JSON on stdout):
     fields are documented in ``tests/mem_cache/op_script.py``.
 ``--bench-radix``
     ``{"seqs": [[tok, ...]], "page_size": int}``: time match_prefix + insert over the sequences
-    (tree only, precomputed values, as shared/tools/sglang_probe.py does). Optional
+    (tree only, precomputed values: the workload of docs/semantics.md#cost-of-the-upstream-tree). Optional
     ``"impl": "unified"`` runs the same workload on ``UnifiedRadixCache`` (0.5.19+, SGLang's
     default tree) with ``"tree_core": "rust"`` (default; the wheel's compiled
     ``rust_tree_core/mem_cache`` extension) or ``"python"``; see ``bench_radix_unified``. If
@@ -50,7 +50,7 @@ def _stub_torchvision() -> None:
     """sglang.srt.configs imports torchvision for vision configs; CPU torch has none that loads.
 
     transformers caches ``is_torchvision_available()``: compute the real answer (False) first so
-    the stub does not send it down image paths. Same recipe as shared/tools/sglang_probe.py.
+    the stub does not send it down image paths. Why: docs/testing.md#differential-tests-against-sglang.
     """
     try:
         import torchvision  # noqa: F401

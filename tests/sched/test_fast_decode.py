@@ -42,6 +42,7 @@ def assert_same(plain, fast):
     fast.tree.check_invariants()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["shortfall", "full"])
 @pytest.mark.parametrize("pages,max_running", [(64, 64), (200, 256)])
 def test_mooncake_trace_at_block_granularity(mode, pages, max_running):

@@ -13,7 +13,7 @@ from kvlab.viz.snapshot_plots import STATE_STYLE
 
 @pytest.fixture(scope="module")
 def runs() -> dict[str, tour.StepRun]:
-    return {key: tour.STEPS[key].run("sim:h200") for key in ("pools", "splitting", "fragmentation", "expandable")}
+    return {key: getattr(tour, f"run_{key}")("sim:h200") for key in ("pools", "splitting", "fragmentation", "expandable")}
 
 
 def _groups(traces) -> dict[str, list]:

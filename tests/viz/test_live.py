@@ -75,6 +75,7 @@ def test_draw_refuses_what_is_not_a_figure():
         w.draw(lambda: [], key="k")
 
 
+@pytest.mark.slow
 def test_kv_pool_panel_state_follows_the_toggle():
     from kvlab.viz.widgets import KVPoolPanel
 

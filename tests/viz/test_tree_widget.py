@@ -1,10 +1,10 @@
 """The radix tree widget headless: change the cache (or click a button), refresh, assert on the icicle's arrays."""
 
 import pytest
-import torch
 
 from kvlab.experiments.tree_demo import TreeDemo
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
+from kvlab.mem_cache.common import match_alloc_insert
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.viz.plots import TREE_COLOURS
@@ -15,8 +15,7 @@ def _cache():
     alloc = TokenToKVPoolAllocator(1024)
     cache = RadixCache(None, alloc, page_size=1)
     for key in ([1, 2, 3, 4, 5, 6, 7, 8], [1, 2, 3, 4, 9, 9], [20, 21, 22]):
-        m = cache.match_prefix(key)
-        cache.insert(key, torch.cat([m.device_indices, alloc.alloc(len(key) - m.device_prefix_len)]))
+        match_alloc_insert(cache, key)
     return cache
 
 
@@ -51,9 +50,7 @@ def test_refresh_redraws_the_synced_figure_after_lock_insert_and_evict():
     assert synced["marker"]["colors"][synced["ids"].index(str(leaf.id))] == TREE_COLOURS["locked"]
     assert _colour_of(w, leaf.id) == TREE_COLOURS["locked"]
     assert "data-protected='3'" in w.summary.value
-    key = [1, 2, 3, 4, 5, 6, 40, 41, 42]
-    m = cache.match_prefix(key)
-    cache.insert(key, torch.cat([m.device_indices, cache.token_to_kv_pool_allocator.alloc(3)]))
+    assert match_alloc_insert(cache, [1, 2, 3, 4, 5, 6, 40, 41, 42]).prefix_len == 6
     w.refresh()
     assert w.node_count == 7  # [5..8] split into [5, 6] + [7, 8], and the new [40..42]
     assert w.figure.data[0].values[0] == 17 + 9
@@ -81,7 +78,7 @@ def test_max_nodes_draws_a_tree_and_says_what_it_left_out():
     alloc = TokenToKVPoolAllocator(1024)
     cache = RadixCache(None, alloc, page_size=1)
     for i in range(10):
-        cache.insert([1, 2, 100 + i], alloc.alloc(3) if i == 0 else torch.cat([torch.tensor([0, 1]), alloc.alloc(1)]))
+        match_alloc_insert(cache, [1, 2, 100 + i])
     w = RadixTreeWidget(cache, max_nodes=5)
     trace = w.figure.data[0]
     assert len(trace.ids) == 5 and set(p for p in trace.parents if p) <= set(trace.ids)

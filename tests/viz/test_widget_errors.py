@@ -20,6 +20,7 @@ def test_panels_have_an_errors_output_with_the_css_class():
     assert _error_text(panel) == ""
 
 
+@pytest.mark.slow
 def test_a_kv_pool_callback_error_is_shown_then_cleared():
     panel = KVPoolPanel("llama-8b-l4")
     verdict_before = panel.verdict.value

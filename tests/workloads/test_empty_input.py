@@ -58,6 +58,7 @@ def _run(*args: str) -> subprocess.CompletedProcess:
                           cwd=REPO_ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("command", "prefix"),
     [
