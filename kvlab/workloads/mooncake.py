@@ -303,8 +303,8 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
                    num_roots: int = 300, root_zipf_alpha: float = 1.0, root_median_len: int = 2000,
                    turn_continue_prob: float = 0.4, mean_think_time_s: float = 90.0,
                    followup_median_len: int = 300, mean_output_len: int = 350, max_output_len: int = 2048,
-                   max_message_len: int = 32768, request_rate: float = 3.34,
-                   block_size: int = MOONCAKE_BLOCK_SIZE) -> list[MooncakeRecord]:
+                   max_message_len: int = 32768, request_rate: float = 3.34, message_sigma: float = 1.0,
+                   output_sigma: float = 0.8, block_size: int = MOONCAKE_BLOCK_SIZE) -> list[MooncakeRecord]:
     """A synthetic trace shaped like Mooncake's conversation trace (12,031 requests over one hour, ~12k-token
     prompts that share prefixes); write it with :func:`write_trace`.
 
@@ -318,8 +318,9 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
     - after each turn the conversation continues with probability ``turn_continue_prob``, after an exponential
       think time of mean ``mean_think_time_s``: the next prompt is the previous prompt + its output + a
       follow-up message (log-normal, median ``followup_median_len``);
-    - output lengths are log-normal with mean ``mean_output_len``, clipped to ``[1, max_output_len]``;
-    - first messages are log-normal and scaled (bisection on the scale) so the mean prompt is
+    - output lengths are log-normal (``output_sigma``) with mean ``mean_output_len``, clipped to
+      ``[1, max_output_len]``;
+    - first messages are log-normal (``message_sigma``) and scaled (bisection on the scale) so the mean prompt is
       ``mean_input_len`` tokens (to about a token); messages are clipped to ``max_message_len``.
 
     Hash ids are assigned as Mooncake's are: chained over each block's content and its predecessor, numbered
@@ -339,14 +340,16 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
     for name, value, ok in (("root_zipf_alpha", root_zipf_alpha, lambda v: v >= 0),
                             ("turn_continue_prob", turn_continue_prob, lambda v: 0 <= v < 1),
                             ("mean_think_time_s", mean_think_time_s, lambda v: v > 0),
-                            ("request_rate", request_rate, lambda v: v > 0)):
+                            ("request_rate", request_rate, lambda v: v > 0),
+                            ("message_sigma", message_sigma, lambda v: v >= 0),
+                            ("output_sigma", output_sigma, lambda v: v >= 0)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
             raise ValueError(f"{name} out of range: {value!r}")
 
     rng = random.Random(f"kvlab:mooncake-trace:{seed}")
     root_lens = [_lognormal_len(rng, root_median_len, 0.75, 16384) for _ in range(num_roots)]
     root_cum = list(_accumulate_weights(num_roots, root_zipf_alpha))
-    out_median = mean_output_len / math.exp(0.8**2 / 2)
+    out_median = mean_output_len / math.exp(output_sigma**2 / 2)
     session_rate = request_rate * (1 - turn_continue_prob)
 
     # 1. The plan: sessions and their turns, in arrival order. No draw depends on mean_input_len.
@@ -357,12 +360,12 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
     while len(plan) < num_requests:
         sid, t = len(sessions), t_next
         root = rng.choices(range(num_roots), cum_weights=root_cum)[0]
-        first_raw = rng.lognormvariate(0.0, 1.0)
+        first_raw = rng.lognormvariate(0.0, message_sigma)
         outputs, followups = [], [0]
         while True:
             heapq.heappush(heap, (t, seq, sid, len(outputs)))
             seq += 1
-            outputs.append(_lognormal_len(rng, out_median, 0.8, max_output_len))
+            outputs.append(_lognormal_len(rng, out_median, output_sigma, max_output_len))
             if rng.random() >= turn_continue_prob:
                 break
             t += rng.expovariate(1.0 / mean_think_time_s)
