@@ -23,6 +23,7 @@ from pathlib import Path
 
 from kvlab.units import fmt_bytes
 from kvlab.workloads import generate_trace, load_trace, read_records, trace_stats, write_trace
+from kvlab.workloads.mooncake import CONVERSATION_TRACE_SHAPE
 
 # Mooncake's conversation trace (kvcache-ai/Mooncake FAST25-release/traces/conversation_trace.jsonl): 12,031
 # requests over 59 minutes; 288,500 blocks of 512 tokens of which 182,790 distinct (an infinite cache hits 36.6 %).
@@ -33,11 +34,7 @@ PRESET_TARGETS = {
 }
 # generate_trace keywords found by a small search on those statistics (seed 0). Log-normal outputs cannot have
 # the published median above the mean: the output median and p90 come out about 12 % low.
-PRESETS = {
-    "conversation": dict(num_requests=12_031, mean_input_len=12_035, num_roots=2000, root_median_len=1200,
-                         turn_continue_prob=0.27, message_sigma=1.45, max_message_len=118_000,
-                         mean_output_len=343, output_sigma=0.45, max_output_len=2000, request_rate=3.4),
-}
+PRESETS = {"conversation": dict(num_requests=12_031, **CONVERSATION_TRACE_SHAPE)}
 
 
 def _parser() -> argparse.ArgumentParser:

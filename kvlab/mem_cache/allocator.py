@@ -356,8 +356,10 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if batch_size < 0 or num_pages < 0 or num_pages > batch_size:
             raise ValueError(f"alloc_decode_pages(batch_size={batch_size}, num_pages={num_pages}): "
                              "need 0 <= num_pages <= batch_size")
-        if batch_size > len(self.free_pages):
+        if batch_size > self.free_pages.shape[0]:
             self.merge_and_sort_free()
+        if num_pages == 0:  # most decode rounds: every request writes inside the page it holds
+            return self.free_pages[:0]
         return self._take_pages(num_pages)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:

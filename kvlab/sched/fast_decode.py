@@ -141,7 +141,8 @@ class FastDecode:
         rest advance with the round counter. When memory is short, the reference round runs instead
         (retraction needs every request's real outputs and row). Returns the number retracted."""
         sched, ps, d = self.sched, self.page_size, self.round + 1
-        openers = list(_pop_due(self.opens, d))  # in running order
+        opens = self.opens
+        openers = list(_pop_due(opens, d)) if opens and opens[0][0] <= d else []  # in running order
         if not sched._reserve_decode(ps * len(openers)):  # check_decode_mem
             self.unregister_all()
             retracted = sched._retract()
@@ -157,22 +158,25 @@ class FastDecode:
         if pages is None:
             raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
                                f"{sched.allocator.available_size()} slots available")
-        for state, page in zip(openers, pages.tolist()):
-            position = state.req.prompt_len + state.outputs_at_start + d - state.start_round - 2
-            state.opened_pages.append((position, page * ps))
-            heapq.heappush(self.opens, (d + ps, state.order, state))
+        if openers:
+            for state, page in zip(openers, pages.tolist()):
+                position = state.req.prompt_len + state.outputs_at_start + d - state.start_round - 2
+                state.opened_pages.append((position, page * ps))
+                heapq.heappush(opens, (d + ps, state.order, state))
         sched.decode_rounds = d
         sched.totals.output_tokens += len(running)
-        done = list(_pop_due(self.finishes, d))
-        if done:
+        finishes = self.finishes
+        if finishes and finishes[0][0] <= d:
+            done = list(_pop_due(finishes, d))
             for state in done:
                 req = state.req
                 self._leave(req)
                 self.unclipped -= 1
                 self.finish_round_sum -= state.finish_round
                 sched._finish(req)
-            finished = {id(state.req) for state in done}
-            sched.running = [r for r in running if id(r) not in finished]
+            if done:
+                finished = {id(state.req) for state in done}
+                sched.running = [r for r in running if id(r) not in finished]
         return 0
 
 

@@ -124,8 +124,10 @@ class _RandomOutput:
 
     def __getitem__(self, i):
         if self._tokens is None:  # 30-bit tokens >= 1, from C-level random bytes
-            raw = array("I", random.Random(self.seed).randbytes(4 * self.n))
-            self._tokens = [(x >> 2) | 1 for x in raw]
+            import numpy as np
+
+            raw = np.frombuffer(random.Random(self.seed).randbytes(4 * self.n), dtype=np.uint32)
+            self._tokens = ((raw >> 2) | 1).tolist()
         return self._tokens[i]
 
 
@@ -208,7 +210,8 @@ class Scheduler:
         if not req.origin_input_ids:  # token arrays: the tree matches them without a conversion
             to_array = getattr(req.prompt, "to_array", None)
             req.origin_input_ids = to_array() if to_array else array("q", req.prompt)
-        req.fill_ids = req.origin_input_ids + array("q", req.output_ids)
+        # a first admission matches the prompt itself (nothing mutates fill_ids in place)
+        req.fill_ids = req.origin_input_ids + array("q", req.output_ids) if req.output_ids else req.origin_input_ids
         cap = align_down(len(req.fill_ids) - 1, self.config.page_size)
         m = self.tree.match_prefix(req.fill_ids[:cap])
         req.prefix_indices = m.device_indices
@@ -219,6 +222,8 @@ class Scheduler:
 
     def _schedule_prefill(self) -> list[SimReq]:
         cfg, ps = self.config, self.config.page_size
+        if self.chunked is None and (not self.waiting or len(self.running) >= cfg.max_running):
+            return []  # nothing can join a batch (the budget below has no side effect to skip)
         offset = self.new_token_ratio * self._future_tokens()
         rem_input, rem_chunk = cfg.max_prefill_tokens, cfg.chunked_prefill_size
         batch: list[SimReq] = []
@@ -497,18 +502,19 @@ class Scheduler:
             if self.config.debug:
                 self.check_invariants()
             ev = self._step_evict
-            self.rows.append(dict(
-                step=self.totals.steps, time_s=self.now_s, kind=kind, hit_tokens=self._step_hits,
-                prefill_tokens=computed, pressure_events=self._step_pressure,
-                shortfall_tokens=ev.shortfall_tokens, evicted_tokens=ev.evicted_tokens,
-                over_evicted_tokens=ev.over_evicted_tokens, overshoot_tokens=ev.overshoot_tokens,
-                available_tokens=self.allocator.available_size(), evictable_tokens=self.tree.evictable_size(),
-                protected_tokens=self.tree.protected_size(), running=len(self.running),
-                waiting=len(self.waiting), retracted=retracted, finished=self._finished,
-                cached_prompt_tokens=self.totals.cached_prompt_tokens,
-            ))
-            done += self._finished
-            bar.update(self._finished)
+            self.rows.append({
+                "step": self.totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
+                "prefill_tokens": computed, "pressure_events": self._step_pressure,
+                "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
+                "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
+                "available_tokens": self.allocator.available_size(), "evictable_tokens": self.tree.evictable_size(),
+                "protected_tokens": self.tree.protected_size(), "running": len(self.running),
+                "waiting": len(self.waiting), "retracted": retracted, "finished": self._finished,
+                "cached_prompt_tokens": self.totals.cached_prompt_tokens,
+            })
+            if self._finished:
+                done += self._finished
+                bar.update(self._finished)
         bar.close()
         return SimResult(self.config, replace(self.totals), self.now_s, self.rows, self.tree)
 

@@ -295,6 +295,15 @@ def trace_stats(records: Sequence[MooncakeRecord], *, block_size: int = MOONCAKE
 # generating
 
 
+# generate_trace keywords that give the shape of Mooncake's public conversation trace (12,031 requests over 59
+# minutes, prompts mean/median/p90/max 12,035/6,909/27,367/126,195 tokens, 182,790 distinct of 288,500 blocks):
+# ``generate_trace(12_031, **CONVERSATION_TRACE_SHAPE)``; ``benchmarks/make_mooncake_trace.py --preset
+# conversation`` prints how close it comes.
+CONVERSATION_TRACE_SHAPE = dict(mean_input_len=12_035, num_roots=2000, root_median_len=1200, turn_continue_prob=0.27,
+                                message_sigma=1.45, max_message_len=118_000, mean_output_len=343, output_sigma=0.45,
+                                max_output_len=2000, request_rate=3.4)
+
+
 def _lognormal_len(rng: random.Random, median: float, sigma: float, hi: int) -> int:
     return min(hi, max(1, round(median * rng.lognormvariate(0.0, sigma))))
 
