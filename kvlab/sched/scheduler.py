@@ -11,6 +11,12 @@ The eviction mode is the only switch between the two arms of finding 2; every ca
 Per-step metrics come back as a DataFrame. kvlab differs on purpose: time comes from
 :class:`~kvlab.sched.cost.CostModel`, and output tokens are the request's own (a trace or workload
 may fix them so multi-turn prompts can hit earlier answers) or derived from its id.
+
+This module is the reference loop, one step at a time with SGLang's names. At page size > 1 the decode
+rounds run event-driven by default (:mod:`kvlab.sched.fast_decode`, ``SchedulerConfig.fast_decode``); that
+path calls this loop's own methods for everything but the round bookkeeping, and the tests check both give
+the same rows, totals and tree. Results (:class:`~kvlab.sched.result.SimResult`, the typed
+:class:`~kvlab.sched.result.Totals`) are in :mod:`kvlab.sched.result`.
 """
 
 from __future__ import annotations
@@ -468,7 +474,6 @@ class Scheduler:
 
         bar = progress_bar(total=self.totals.requests, desc=f"simulate ({self.config.eviction})",
                            enabled=progress, unit="req")
-        done = 0
         while self.pending or self.waiting or self.running or self.chunked:
             if self.totals.steps >= self.config.max_steps:
                 raise RuntimeError(f"simulation did not finish in {self.config.max_steps} steps")
@@ -513,7 +518,6 @@ class Scheduler:
                 "cached_prompt_tokens": self.totals.cached_prompt_tokens,
             })
             if self._finished:
-                done += self._finished
                 bar.update(self._finished)
         bar.close()
         return SimResult(self.config, replace(self.totals), self.now_s, self.rows, self.tree)

@@ -123,3 +123,23 @@ def test_pool_smaller_than_one_request():
     reqs = [Req("big", 0.0, tuple(range(1, 200)), 10)]
     with pytest.raises(ValueError, match="smaller than one request: 'big' needs 209 tokens"):
         simulate(reqs, SchedulerConfig(kv_tokens=128), progress=False)
+
+
+def test_totals_are_typed_and_the_json_keeps_its_keys(both_modes):
+    """SimResult.counts is a Totals (attributes, not string keys); totals() is DESIGN.md's JSON, in the CLI's
+    key order, built from it."""
+    from dataclasses import fields
+
+    from kvlab.sched import Totals
+
+    res = both_modes["full"]
+    assert isinstance(res.counts, Totals)
+    assert res.counts.as_dict() == {f.name: getattr(res.counts, f.name) for f in fields(Totals)}
+    t = res.totals()
+    assert list(t) == ["requests", "prompt_tokens", "cached_prompt_tokens", "hit_rate", "hit_pages", "prompt_pages",
+                       "evicted_tokens", "over_evicted_tokens", "overshoot_tokens", "prefill_tokens_computed",
+                       "retractions", "aborted", "pressure_events", "steps", "output_tokens", "simulated_s",
+                       "output_tokens_per_s", "eviction", "page_size", "kv_tokens", "policy"]
+    counted = {k: v for k, v in res.counts.as_dict().items() if k in t}
+    assert counted == {k: t[k] for k in counted} and len(counted) == len(res.counts.as_dict())
+    assert t["hit_rate"] == round(res.counts.cached_prompt_tokens / res.counts.prompt_tokens, 6)
