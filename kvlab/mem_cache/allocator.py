@@ -346,6 +346,22 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
             return torch.empty(0, dtype=_I64, device=dev)
         return out[0] if len(out) == 1 else torch.cat(out)
 
+    def alloc_decode_pages(self, batch_size: int, num_pages: int) -> torch.Tensor | None:
+        """The page take of :meth:`alloc_decode`, by count: ``num_pages`` page ids from the head of the free
+        list (the requests whose new token opens a page, in batch order), or None if fewer are free.
+
+        Staged frees are merged first when ``batch_size`` outnumbers the free pages (0.5.23's bound, which
+        counts every request of the batch as a possible opener). A decode round that already knows how many
+        of its requests open a page calls this directly; :meth:`alloc_decode` turns the pages into slots."""
+        if batch_size < 0 or num_pages < 0 or num_pages > batch_size:
+            raise ValueError(f"alloc_decode_pages(batch_size={batch_size}, num_pages={num_pages}): "
+                             "need 0 <= num_pages <= batch_size")
+        if batch_size > self.free_pages.shape[0]:
+            self.merge_and_sort_free()
+        if num_pages == 0:  # most decode rounds: every request writes inside the page it holds
+            return self.free_pages[:0]
+        return self._take_pages(num_pages)
+
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
         """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths).
 
@@ -354,9 +370,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         ps = self.page_size
         seq, last = _as_ints(seq_lens_cpu), _as_ints(last_loc)
         need = [s % ps == 1 for s in seq]
-        if len(seq) > len(self.free_pages):
-            self.merge_and_sort_free()
-        pages = self._take_pages(self.num_decode_pages(seq))
+        pages = self.alloc_decode_pages(len(seq), self.num_decode_pages(seq))
         if pages is None:
             return None
         it = iter(pages.tolist())

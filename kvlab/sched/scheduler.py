@@ -11,17 +11,21 @@ The eviction mode is the only switch between the two arms of finding 2; every ca
 Per-step metrics come back as a DataFrame. kvlab differs on purpose: time comes from
 :class:`~kvlab.sched.cost.CostModel`, and output tokens are the request's own (a trace or workload
 may fix them so multi-turn prompts can hit earlier answers) or derived from its id.
+
+This module is the reference loop, one step at a time with SGLang's names. At page size > 1 the decode
+rounds run event-driven by default (:mod:`kvlab.sched.fast_decode`, ``SchedulerConfig.fast_decode``); that
+path calls this loop's own methods for everything but the round bookkeeping, and the tests check both give
+the same rows, totals and tree. Results (:class:`~kvlab.sched.result.SimResult`, the typed
+:class:`~kvlab.sched.result.Totals`) are in :mod:`kvlab.sched.result`.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import random
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -40,6 +44,8 @@ from kvlab.mem_cache.evict_policy import EvictResult
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_cache import RadixCache, SimpleReq
 from kvlab.sched.cost import CostModel
+from kvlab.sched.fast_decode import DecodeState, FastDecode
+from kvlab.sched.result import SimResult, Totals
 from kvlab.units import align_down, align_up
 
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py: future tokens counted per request, at most
@@ -60,9 +66,9 @@ class SchedulerConfig:
     new_token_ratio_decay_steps: int = 600
     cost: CostModel = field(default_factory=CostModel)
     debug: bool = False  # check every invariant after every step
-    # Event-driven decode rounds (page_size > 1) and replayed head-of-queue matches: the same steps,
-    # rows and totals as the plain loop (fast_decode=False, the reference the tests compare against),
-    # at a cost per round that grows with what happens in it rather than with the running batch.
+    # Event-driven decode rounds (page_size > 1, kvlab.sched.fast_decode): the same steps, rows and
+    # totals as the plain loop (fast_decode=False, the reference the tests compare against), at a cost
+    # per round that grows with what happens in it rather than with the running batch.
     fast_decode: bool = True
     max_steps: int = 10_000_000
 
@@ -94,17 +100,7 @@ class SimReq(SimpleReq):
     extend_len: int = 0  # tokens this prefill chunk computes
     admitted: bool = False
     retractions: int = 0
-    # fast path (Scheduler._register): outputs = _o0 + (decode rounds since _d0); row positions from
-    # _w on are pending as (position, slot) segment starts after _base_slot (the slot at _w - 1).
-    _fast_gen: int = 0
-    _o0: int = 0
-    _d0: int = 0
-    _order: int = 0
-    _w: int = 0
-    _base_slot: int = 0
-    _segs: list = field(default_factory=list)
-    _clipped: bool = False
-    _match_version: int = -1  # tree.structure_version after this request's last match while waiting
+    decode_state: DecodeState | None = None  # while the fast path runs it (outputs, row not written out)
 
     @property
     def prompt_len(self) -> int:
@@ -134,8 +130,10 @@ class _RandomOutput:
 
     def __getitem__(self, i):
         if self._tokens is None:  # 30-bit tokens >= 1, from C-level random bytes
-            raw = array("I", random.Random(self.seed).randbytes(4 * self.n))
-            self._tokens = [(x >> 2) | 1 for x in raw]
+            import numpy as np
+
+            raw = np.frombuffer(random.Random(self.seed).randbytes(4 * self.n), dtype=np.uint32)
+            self._tokens = ((raw >> 2) | 1).tolist()
         return self._tokens[i]
 
 
@@ -184,34 +182,26 @@ class Scheduler:
         self.ratio_decay = (self.init_ratio - self.min_ratio) / config.new_token_ratio_decay_steps
         self.new_token_ratio = self.init_ratio
         self.rows: list[dict] = []
-        self.totals = dict(requests=len(requests), prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
-                           cached_prompt_tokens=0, prompt_pages=0, hit_pages=0, evicted_tokens=0,
-                           over_evicted_tokens=0, overshoot_tokens=0, prefill_tokens_computed=0,
-                           output_tokens=0, retractions=0, aborted=0, steps=0, pressure_events=0)
-        self.totals["prompt_pages"] = sum(-(-len(r.prompt_token_ids) // ps) for r in requests)
+        self.totals = Totals(requests=len(requests), prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
+                             prompt_pages=sum(-(-len(r.prompt_token_ids) // ps) for r in requests))
         self._step_evict = EvictResult()
         self._step_pressure = 0  # pressure events (evict_from_tree_cache calls that were short) this step
-        self.fast = config.fast_decode and ps > 1
-        self._dstep = 0  # decode rounds run so far
-        self._orders = itertools.count()
-        self._open_heap: list = []  # (round, order, gen, req): the round whose token opens a page
-        self._finish_heap: list = []  # (round, order, gen, req): the round that emits the last token
-        self._unclip_heap: list = []  # (round, order, gen, req): from then on, fewer than CLIP tokens remain
-        self._key_sum = 0  # sum of (max_new - _o0 + _d0) over unclipped fast requests
-        self._unclipped = 0
-        self._clipped = 0
+        self.decode_rounds = 0
+        # the event-driven decode rounds, or None for the reference loop (page size 1 has nothing to skip)
+        self.fast = FastDecode(self, CLIP_MAX_NEW_TOKENS) if config.fast_decode and ps > 1 else None
 
     # ---- eviction bookkeeping ---------------------------------------------------------------
     def _note(self, result) -> None:
         ev = result.evict if hasattr(result, "evict") else result
         if not (ev.requested_tokens or ev.shortfall_tokens or ev.evicted_tokens):
             return  # no pressure (most calls): nothing to add
+        t = self.totals
         if ev.requested_tokens:
-            self.totals["pressure_events"] += 1
+            t.pressure_events += 1
             self._step_pressure += 1
-        self.totals["evicted_tokens"] += ev.evicted_tokens
-        self.totals["over_evicted_tokens"] += ev.over_evicted_tokens
-        self.totals["overshoot_tokens"] += ev.overshoot_tokens
+        t.evicted_tokens += ev.evicted_tokens
+        t.over_evicted_tokens += ev.over_evicted_tokens
+        t.overshoot_tokens += ev.overshoot_tokens
         s = self._step_evict
         self._step_evict = EvictResult(
             shortfall_tokens=s.shortfall_tokens + ev.shortfall_tokens,
@@ -226,16 +216,10 @@ class Scheduler:
         if not req.origin_input_ids:  # token arrays: the tree matches them without a conversion
             to_array = getattr(req.prompt, "to_array", None)
             req.origin_input_ids = to_array() if to_array else array("q", req.prompt)
-        if self.fast and req._match_version == self.tree.structure_version:
-            # still waiting and the tree's nodes are the ones the last walk saw: same result, and
-            # the walk's side effects (a tick, access times) replayed
-            if align_down(len(req.fill_ids) - 1, self.config.page_size):
-                self.tree.restamp_path(req.last_node)
-            return
-        req.fill_ids = req.origin_input_ids + array("q", req.output_ids)
+        # a first admission matches the prompt itself (nothing mutates fill_ids in place)
+        req.fill_ids = req.origin_input_ids + array("q", req.output_ids) if req.output_ids else req.origin_input_ids
         cap = align_down(len(req.fill_ids) - 1, self.config.page_size)
         m = self.tree.match_prefix(req.fill_ids[:cap])
-        req._match_version = self.tree.structure_version
         req.prefix_indices = m.device_indices
         req.prefix_len = m.device_prefix_len
         req.last_node = m.last_device_node
@@ -244,6 +228,8 @@ class Scheduler:
 
     def _schedule_prefill(self) -> list[SimReq]:
         cfg, ps = self.config, self.config.page_size
+        if self.chunked is None and (not self.waiting or len(self.running) >= cfg.max_running):
+            return []  # nothing can join a batch (the budget below has no side effect to skip)
         offset = self.new_token_ratio * self._future_tokens()
         rem_input, rem_chunk = cfg.max_prefill_tokens, cfg.chunked_prefill_size
         batch: list[SimReq] = []
@@ -282,7 +268,6 @@ class Scheduler:
             elif batch and align_up(extend, ps) >= rem_input:
                 break
             self.waiting.popleft()
-            req._match_version = -1
             self.tree.inc_lock_ref(req.last_node)
             req.extend_len = extend
             offset += align_up(extend, ps) + ps + max_new
@@ -290,8 +275,8 @@ class Scheduler:
             rem_chunk -= align_up(extend, ps)
             if not req.admitted:
                 req.admitted = True
-                self.totals["cached_prompt_tokens"] += min(req.prefix_len, req.prompt_len)
-                self.totals["hit_pages"] += min(req.prefix_len, req.prompt_len) // ps
+                self.totals.cached_prompt_tokens += min(req.prefix_len, req.prompt_len)
+                self.totals.hit_pages += min(req.prefix_len, req.prompt_len) // ps
                 self._step_hits += min(req.prefix_len, req.prompt_len)
             batch.append(req)
             if chunked:
@@ -327,7 +312,7 @@ class Scheduler:
     def _finish_prefill(self, batch: list[SimReq]) -> None:
         for req in batch:
             req.kv_len += req.extend_len
-            self.totals["prefill_tokens_computed"] += req.extend_len
+            self.totals.prefill_tokens_computed += req.extend_len
             if req is self.chunked:
                 saved = req.fill_ids
                 req.fill_ids = saved[: req.kv_len]
@@ -341,7 +326,7 @@ class Scheduler:
                 self.tree.cache_unfinished_req(req)
                 self.running.append(req)
                 if self.fast:
-                    self._register(req)
+                    self.fast.register(req)
 
     # ---- decode -----------------------------------------------------------------------------
     def _decode_need(self, reqs: Sequence[SimReq]) -> int:
@@ -353,9 +338,16 @@ class Scheduler:
         return ps * sum(1 for r in reqs if (r.seq_len - 1) % ps == 0)
 
     def _check_decode_mem(self, reqs: Sequence[SimReq]) -> bool:
-        need = self._decode_need(reqs)
+        return self._reserve_decode(self._decode_need(reqs))
+
+    def _reserve_decode(self, need: int) -> bool:
+        """``check_decode_mem`` once the need is known: evict for it; does the pool now hold it?"""
         self._note(evict_from_tree_cache(self.tree, need, self.config.eviction))
         return self.allocator.available_size() >= need
+
+    def _decay_new_token_ratio(self) -> None:
+        """A decode round that needed no retraction lowers the ratio by one decay step, to its floor."""
+        self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
 
     def _retract(self) -> int:
         """``retract_decode``: fewest decoded tokens first (longest prompt among ties)."""
@@ -376,30 +368,30 @@ class Scheduler:
         if not self._check_decode_mem(order):  # the last one cannot run even alone
             req = order.pop()
             release_kv_cache(req, self.tree, is_insert=False)
-            self.totals["aborted"] += 1
+            self.totals.aborted += 1
         self.running = [r for r in self.running if r in order]
         self.waiting.extend(retracted)
         decoded = sum(len(r.output_ids) for r in order)
         planned = sum(r.max_new_tokens for r in order)
         self.new_token_ratio = min(1.0, (decoded + RETRACT_DECODE_STEPS * len(order)) / (planned + 1))
-        self.totals["retractions"] += len(retracted)
+        self.totals.retractions += len(retracted)
         return len(retracted)
 
     def _decode(self) -> int:
         if self.fast:
-            return self._fast_decode()
+            return self.fast.decode()
         retracted = 0
         if not self._check_decode_mem(self.running):
             retracted = self._retract()
         else:
-            self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
+            self._decay_new_token_ratio()
         self._decode_alloc_emit()
         return retracted
 
     def _decode_alloc_emit(self) -> None:
         if not self.running:
             return
-        self._dstep += 1
+        self.decode_rounds += 1
         rows = self.req_to_token_pool.req_to_token
         if self.config.page_size == 1:
             result = alloc_token_slots(self.tree, len(self.running), self.config.eviction)
@@ -422,121 +414,17 @@ class Scheduler:
                 still_running.append(req)
         self.running = still_running
 
-    # ---- the fast path: decode rounds as events -----------------------------------------------
     def _future_tokens(self) -> int:
         """PrefillAdder's offset before the new-token ratio: tokens the running requests may still
         decode, each clipped at CLIP_MAX_NEW_TOKENS."""
-        if not self.fast:
-            return sum(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) for r in self.running)
-        d, heap = self._dstep, self._unclip_heap
-        while heap and heap[0][0] <= d:
-            _, _, gen, req = heapq.heappop(heap)
-            if gen == req._fast_gen and req._clipped:
-                req._clipped = False
-                self._clipped -= 1
-                self._unclipped += 1
-                self._key_sum += req.max_new_tokens - req._o0 + req._d0
-        return self._key_sum - self._unclipped * d + CLIP_MAX_NEW_TOKENS * self._clipped
-
-    def _register(self, req: SimReq) -> None:
-        """Hand a running request (outputs and row materialized) to the event-driven rounds."""
-        ps, d = self.config.page_size, self._dstep
-        o = len(req.output_ids)
-        req._fast_gen += 1
-        gen, order = req._fast_gen, next(self._orders)
-        req._o0, req._d0, req._order = o, d, order
-        req._w = req.kv_len
-        req._base_slot = int(self.req_to_token_pool.req_to_token[req.req_pool_idx, req.kv_len - 1])
-        req._segs = []
-        # round d + j writes position seq_len - 2 + j; a page opens where that is page aligned
-        heapq.heappush(self._open_heap, (d + 1 + (-(req.seq_len - 1)) % ps, order, gen, req))
-        heapq.heappush(self._finish_heap, (d + req.max_new_tokens - o, order, gen, req))
-        key = req.max_new_tokens - o + d
-        req._clipped = key - d > CLIP_MAX_NEW_TOKENS
-        if req._clipped:
-            self._clipped += 1
-            heapq.heappush(self._unclip_heap, (key - CLIP_MAX_NEW_TOKENS, order, gen, req))
-        else:
-            self._unclipped += 1
-            self._key_sum += key
-
-    def _sync(self, req: SimReq) -> None:
-        """Materialize a fast request's outputs, ``kv_len`` and row (it stays registered)."""
-        n = req._o0 + self._dstep - req._d0
-        out = req.output_ids
-        if len(out) < n:
-            out.extend(req.planned_output[len(out) : n])
-        end = req.prompt_len + n - 1
-        req.kv_len = end
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        pos, slot = req._w, req._base_slot + 1
-        for p, s in req._segs + [(end, None)]:
-            if p > pos:
-                row[pos:p] = torch.arange(slot, slot + p - pos, dtype=torch.int32)
-            last = slot + p - pos - 1
-            pos, slot = p, s
-        req._w, req._base_slot, req._segs = end, last, []
-
-    def _unregister_all(self) -> None:
-        for req in self.running:
-            self._sync(req)
-            req._fast_gen += 1
-        self._open_heap, self._finish_heap, self._unclip_heap = [], [], []
-        self._key_sum = self._unclipped = self._clipped = 0
-
-    def _fast_decode(self) -> int:
-        """One decode round touching only the requests whose token opens a page or is their last;
-        the rest advance by the round counter. Retraction falls back to the plain code."""
-        ps, d, tree, mode = self.config.page_size, self._dstep + 1, self.tree, self.config.eviction
-        heap, openers = self._open_heap, []
-        while heap and heap[0][0] <= d:  # popped in running order (orders grow with admission)
-            _, _, gen, req = heapq.heappop(heap)
-            if gen == req._fast_gen:
-                openers.append(req)
-        need = ps * len(openers)
-        self._note(evict_from_tree_cache(tree, need, mode))
-        if self.allocator.available_size() < need:
-            self._unregister_all()
-            retracted = self._retract()
-            self._decode_alloc_emit()
-            for req in self.running:
-                self._register(req)
-            return retracted
-        self.new_token_ratio = max(self.new_token_ratio - self.ratio_decay, self.min_ratio)
-        # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
-        self._note(evict_from_tree_cache(tree, len(self.running) * ps, mode))
-        if len(self.running) > self.allocator.free_pages.shape[0]:
-            self.allocator.merge_and_sort_free()
-        if openers:  # most rounds open no page: every running request writes inside its last one
-            pages = self.allocator._take_pages(len(openers))
-            if pages is None:
-                raise RuntimeError(f"Decode out of memory: {len(self.running)} requests, "
-                                   f"{self.allocator.available_size()} slots available")
-            for req, page in zip(openers, pages.tolist()):
-                req._segs.append((req.prompt_len + req._o0 + d - req._d0 - 2, page * ps))
-                heapq.heappush(heap, (d + ps, req._order, req._fast_gen, req))
-        self._dstep = d
-        self.totals["output_tokens"] += len(self.running)
-        heap, done = self._finish_heap, []
-        while heap and heap[0][0] <= d:
-            _, _, gen, req = heapq.heappop(heap)
-            if gen == req._fast_gen:
-                done.append(req)
-        if done:
-            for req in done:
-                self._sync(req)
-                req._fast_gen += 1
-                self._unclipped -= 1
-                self._key_sum -= req.max_new_tokens - req._o0 + req._d0
-                self._finish(req)
-            finished = {id(r) for r in done}
-            self.running = [r for r in self.running if id(r) not in finished]
-        return 0
+        if self.fast:
+            return self.fast.future_tokens()
+        return sum(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) for r in self.running)
 
     # ---- shared -----------------------------------------------------------------------------
     def _emit_token(self, req: SimReq) -> None:
         req.output_ids.append(req.planned_output[len(req.output_ids)])
-        self.totals["output_tokens"] += 1
+        self.totals.output_tokens += 1
 
     def _finish(self, req: SimReq) -> None:
         req.fill_ids = req.origin_input_ids + array("q", req.output_ids)
@@ -548,7 +436,7 @@ class Scheduler:
         """Pools and tree consistent, and every slot accounted for exactly once."""
         if self.fast:
             for req in self.running:
-                self._sync(req)
+                self.fast.sync(req)
         self.allocator.check_invariants()
         self.req_to_token_pool.check_invariants()
         self.tree.check_invariants()
@@ -584,11 +472,10 @@ class Scheduler:
     def _run(self, progress: bool | None) -> SimResult:
         from kvlab.progress import progress_bar
 
-        bar = progress_bar(total=self.totals["requests"], desc=f"simulate ({self.config.eviction})",
+        bar = progress_bar(total=self.totals.requests, desc=f"simulate ({self.config.eviction})",
                            enabled=progress, unit="req")
-        done = 0
         while self.pending or self.waiting or self.running or self.chunked:
-            if self.totals["steps"] >= self.config.max_steps:
+            if self.totals.steps >= self.config.max_steps:
                 raise RuntimeError(f"simulation did not finish in {self.config.max_steps} steps")
             self._admit_arrivals()
             if not (self.waiting or self.running or self.chunked):
@@ -616,72 +503,24 @@ class Scheduler:
                     f"{self.config.kv_tokens} tokens ({self.allocator.available_size()} free, "
                     f"{self.tree.evictable_size()} evictable)")
             self.now_s += dt
-            self.totals["steps"] += 1
+            self.totals.steps += 1
             if self.config.debug:
                 self.check_invariants()
             ev = self._step_evict
-            self.rows.append(dict(
-                step=self.totals["steps"], time_s=self.now_s, kind=kind, hit_tokens=self._step_hits,
-                prefill_tokens=computed, pressure_events=self._step_pressure,
-                shortfall_tokens=ev.shortfall_tokens, evicted_tokens=ev.evicted_tokens,
-                over_evicted_tokens=ev.over_evicted_tokens, overshoot_tokens=ev.overshoot_tokens,
-                available_tokens=self.allocator.available_size(), evictable_tokens=self.tree.evictable_size(),
-                protected_tokens=self.tree.protected_size(), running=len(self.running),
-                waiting=len(self.waiting), retracted=retracted, finished=self._finished,
-                cached_prompt_tokens=self.totals["cached_prompt_tokens"],
-            ))
-            done += self._finished
-            bar.update(self._finished)
+            self.rows.append({
+                "step": self.totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
+                "prefill_tokens": computed, "pressure_events": self._step_pressure,
+                "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
+                "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
+                "available_tokens": self.allocator.available_size(), "evictable_tokens": self.tree.evictable_size(),
+                "protected_tokens": self.tree.protected_size(), "running": len(self.running),
+                "waiting": len(self.waiting), "retracted": retracted, "finished": self._finished,
+                "cached_prompt_tokens": self.totals.cached_prompt_tokens,
+            })
+            if self._finished:
+                bar.update(self._finished)
         bar.close()
-        return SimResult(self.config, dict(self.totals), self.now_s, self.rows, self.tree)
-
-
-@dataclass
-class SimResult:
-    config: SchedulerConfig
-    counts: dict
-    simulated_s: float  # time on the modelled server's clock (the cost model), not wall-clock time
-    rows: list[dict] = field(repr=False)
-    tree: RadixCache = field(repr=False)
-
-    @property
-    def hit_rate(self) -> float:
-        return self.counts["cached_prompt_tokens"] / max(1, self.counts["prompt_tokens"])
-
-    def steps_frame(self):
-        import pandas as pd
-
-        frame = pd.DataFrame(self.rows)
-        if len(frame):
-            frame["hit_rate"] = frame["cached_prompt_tokens"] / max(1, self.counts["prompt_tokens"])
-        return frame
-
-    def totals(self) -> dict:
-        """The JSON totals of ``kvlab simulate`` (docs/architecture.md#public-contracts), plus throughput figures."""
-        c = self.counts
-        return {
-            "requests": c["requests"],
-            "prompt_tokens": c["prompt_tokens"],
-            "cached_prompt_tokens": c["cached_prompt_tokens"],
-            "hit_rate": round(self.hit_rate, 6),
-            "hit_pages": c["hit_pages"],
-            "prompt_pages": c["prompt_pages"],
-            "evicted_tokens": c["evicted_tokens"],
-            "over_evicted_tokens": c["over_evicted_tokens"],
-            "overshoot_tokens": c["overshoot_tokens"],
-            "prefill_tokens_computed": c["prefill_tokens_computed"],
-            "retractions": c["retractions"],
-            "aborted": c["aborted"],
-            "pressure_events": c["pressure_events"],
-            "steps": c["steps"],
-            "output_tokens": c["output_tokens"],
-            "simulated_s": round(self.simulated_s, 6),
-            "output_tokens_per_s": round(c["output_tokens"] / self.simulated_s, 3) if self.simulated_s else 0.0,
-            "eviction": self.config.eviction,
-            "page_size": self.config.page_size,
-            "kv_tokens": self.config.kv_tokens,
-            "policy": self.config.policy,
-        }
+        return SimResult(self.config, replace(self.totals), self.now_s, self.rows, self.tree)
 
 
 def simulate(requests: Sequence[Any], config: SchedulerConfig, *, progress: bool | None = None) -> SimResult:

@@ -295,6 +295,15 @@ def trace_stats(records: Sequence[MooncakeRecord], *, block_size: int = MOONCAKE
 # generating
 
 
+# generate_trace keywords that give the shape of Mooncake's public conversation trace (12,031 requests over 59
+# minutes, prompts mean/median/p90/max 12,035/6,909/27,367/126,195 tokens, 182,790 distinct of 288,500 blocks):
+# ``generate_trace(12_031, **CONVERSATION_TRACE_SHAPE)``; ``benchmarks/make_mooncake_trace.py --preset
+# conversation`` prints how close it comes.
+CONVERSATION_TRACE_SHAPE = dict(mean_input_len=12_035, num_roots=2000, root_median_len=1200, turn_continue_prob=0.27,
+                                message_sigma=1.45, max_message_len=118_000, mean_output_len=343, output_sigma=0.45,
+                                max_output_len=2000, request_rate=3.4)
+
+
 def _lognormal_len(rng: random.Random, median: float, sigma: float, hi: int) -> int:
     return min(hi, max(1, round(median * rng.lognormvariate(0.0, sigma))))
 
@@ -303,8 +312,8 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
                    num_roots: int = 300, root_zipf_alpha: float = 1.0, root_median_len: int = 2000,
                    turn_continue_prob: float = 0.4, mean_think_time_s: float = 90.0,
                    followup_median_len: int = 300, mean_output_len: int = 350, max_output_len: int = 2048,
-                   max_message_len: int = 32768, request_rate: float = 3.34,
-                   block_size: int = MOONCAKE_BLOCK_SIZE) -> list[MooncakeRecord]:
+                   max_message_len: int = 32768, request_rate: float = 3.34, message_sigma: float = 1.0,
+                   output_sigma: float = 0.8, block_size: int = MOONCAKE_BLOCK_SIZE) -> list[MooncakeRecord]:
     """A synthetic trace shaped like Mooncake's conversation trace (12,031 requests over one hour, ~12k-token
     prompts that share prefixes); write it with :func:`write_trace`.
 
@@ -318,8 +327,9 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
     - after each turn the conversation continues with probability ``turn_continue_prob``, after an exponential
       think time of mean ``mean_think_time_s``: the next prompt is the previous prompt + its output + a
       follow-up message (log-normal, median ``followup_median_len``);
-    - output lengths are log-normal with mean ``mean_output_len``, clipped to ``[1, max_output_len]``;
-    - first messages are log-normal and scaled (bisection on the scale) so the mean prompt is
+    - output lengths are log-normal (``output_sigma``) with mean ``mean_output_len``, clipped to
+      ``[1, max_output_len]``;
+    - first messages are log-normal (``message_sigma``) and scaled (bisection on the scale) so the mean prompt is
       ``mean_input_len`` tokens (to about a token); messages are clipped to ``max_message_len``.
 
     Hash ids are assigned as Mooncake's are: chained over each block's content and its predecessor, numbered
@@ -339,14 +349,16 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
     for name, value, ok in (("root_zipf_alpha", root_zipf_alpha, lambda v: v >= 0),
                             ("turn_continue_prob", turn_continue_prob, lambda v: 0 <= v < 1),
                             ("mean_think_time_s", mean_think_time_s, lambda v: v > 0),
-                            ("request_rate", request_rate, lambda v: v > 0)):
+                            ("request_rate", request_rate, lambda v: v > 0),
+                            ("message_sigma", message_sigma, lambda v: v >= 0),
+                            ("output_sigma", output_sigma, lambda v: v >= 0)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
             raise ValueError(f"{name} out of range: {value!r}")
 
     rng = random.Random(f"kvlab:mooncake-trace:{seed}")
     root_lens = [_lognormal_len(rng, root_median_len, 0.75, 16384) for _ in range(num_roots)]
     root_cum = list(_accumulate_weights(num_roots, root_zipf_alpha))
-    out_median = mean_output_len / math.exp(0.8**2 / 2)
+    out_median = mean_output_len / math.exp(output_sigma**2 / 2)
     session_rate = request_rate * (1 - turn_continue_prob)
 
     # 1. The plan: sessions and their turns, in arrival order. No draw depends on mean_input_len.
@@ -357,12 +369,12 @@ def generate_trace(num_requests: int, *, seed: int = 0, mean_input_len: int = 12
     while len(plan) < num_requests:
         sid, t = len(sessions), t_next
         root = rng.choices(range(num_roots), cum_weights=root_cum)[0]
-        first_raw = rng.lognormvariate(0.0, 1.0)
+        first_raw = rng.lognormvariate(0.0, message_sigma)
         outputs, followups = [], [0]
         while True:
             heapq.heappush(heap, (t, seq, sid, len(outputs)))
             seq += 1
-            outputs.append(_lognormal_len(rng, out_median, 0.8, max_output_len))
+            outputs.append(_lognormal_len(rng, out_median, output_sigma, max_output_len))
             if rng.random() >= turn_continue_prob:
                 break
             t += rng.expovariate(1.0 / mean_think_time_s)

@@ -214,6 +214,32 @@ def test_alloc_decode_opens_a_page_only_on_a_page_boundary():
     a.check_invariants()
 
 
+@given(st.lists(st.integers(1, 12), min_size=1, max_size=6), st.integers(0, 6), st.booleans())
+@settings(max_examples=60, deadline=None)
+def test_alloc_decode_pages_is_alloc_decodes_page_take(seq_lens, n_freed, need_sort):
+    """Two allocators in the same state (staged frees included, with need_sort): alloc_decode and the page
+    take by count hand out the same pages and leave the same free list."""
+    ps = 4
+    pair = [PagedTokenToKVPoolAllocator(64, ps, need_sort=need_sort) for _ in range(2)]
+    for a in pair:
+        held = a.alloc(40)
+        a.free(held[: ps * n_freed])  # staged in release_pages when need_sort
+    a, b = pair
+    last = [s - 2 if s % ps != 1 else 0 for s in seq_lens]  # only the non-openers' last_loc is read
+    slots = a.alloc_decode(t(*seq_lens), t(*seq_lens), t(*last))
+    pages = b.alloc_decode_pages(len(seq_lens), a.num_decode_pages(seq_lens))
+    assert (slots is None) == (pages is None)
+    if pages is not None:
+        opened = [int(x) // ps for x, s in zip(slots, seq_lens) if s % ps == 1]
+        assert pages.tolist() == opened
+    assert a.free_pages.tolist() == b.free_pages.tolist()
+    assert a.release_pages.tolist() == b.release_pages.tolist()
+    a.check_invariants()
+    b.check_invariants()
+    with pytest.raises(ValueError, match="num_pages"):
+        b.alloc_decode_pages(1, 2)
+
+
 def test_swa_allocator_pairs_full_and_swa_slots():
     a = SWATokenToKVPoolAllocator(size=16, size_swa=8, page_size=1)
     assert (a.size, a.size_full, a.size_swa, a.available_size()) == (8, 16, 8, 8)

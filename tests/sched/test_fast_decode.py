@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
 
 from kvlab.mem_cache.tree_view import tree_frame
-from kvlab.sched import SchedulerConfig, simulate
-from kvlab.workloads.mooncake import load_trace
+from kvlab.sched import SchedulerConfig, min_kv_tokens, simulate
+from kvlab.workloads.mooncake import CONVERSATION_TRACE_SHAPE, generate_trace, load_trace, records_to_requests
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,9 +52,29 @@ def test_mooncake_trace_at_block_granularity(mode, pages, max_running):
     cfg = SchedulerConfig(kv_tokens=pages * 512, page_size=512, eviction=mode, max_running=max_running)
     plain, fast = run_both(reqs, cfg)
     assert_same(plain, fast)
-    assert plain.counts["pressure_events"] > 0
+    assert plain.counts.pressure_events > 0
     if max_running == 64:  # the tight pool retracts, so the fallback to the plain round is exercised too
-        assert plain.counts["retractions"] > 0
+        assert plain.counts.retractions > 0
+
+
+@pytest.fixture(scope="module")
+def conversation_requests():
+    """The first 160 requests of a trace shaped like Mooncake's conversation trace (benchmarks/bench_fast_decode.py
+    runs all 12,031): prompts up to ~100k tokens, 512-token blocks shared by roots and earlier turns."""
+    return records_to_requests(generate_trace(160, **CONVERSATION_TRACE_SHAPE))
+
+
+@pytest.mark.parametrize("mode", ["shortfall", "full"])
+def test_conversation_shaped_trace_same_totals_as_the_reference_loop(conversation_requests, mode):
+    """Issue 16's settings (page 512, 16 running) with the pool cut to 1.1 times what the longest request needs
+    alone, so the run evicts, over-evicts in the full mode, and retracts: every row and total identical."""
+    reqs = conversation_requests
+    need = max(min_kv_tokens(r.prompt_len, r.output_len, 512) for r in reqs)
+    cfg = SchedulerConfig(kv_tokens=-(-int(1.1 * need) // 512) * 512, page_size=512, eviction=mode, max_running=16)
+    plain, fast = run_both(reqs, cfg)
+    assert_same(plain, fast)
+    assert plain.counts.pressure_events > 0 and plain.counts.retractions > 0
+    assert (plain.counts.over_evicted_tokens > 0) == (mode == "full")
 
 
 @fuzz_settings("fast_decode", suppress_health_check=[HealthCheck.too_slow])
@@ -99,3 +119,28 @@ def test_clipped_outputs_count_the_clip_until_they_fall_under_it(monkeypatch):
     cfg = SchedulerConfig(kv_tokens=160, page_size=4, max_running=6)
     plain, fast = run_both(reqs, cfg)
     assert_same(plain, fast)
+
+
+def test_both_paths_walk_the_same_prefix_matches(monkeypatch):
+    """The fast path skips no match walk and replays none: every ``match_prefix`` the reference loop makes
+    (keys and order), the fast path makes too, so a side effect added to the walk reaches both."""
+    from kvlab.mem_cache.radix_cache import RadixCache
+
+    calls: list = []
+    real = RadixCache.match_prefix
+
+    def recording(self, key):
+        calls.append(bytes(key))  # the token array the walk reads
+        return real(self, key)
+
+    monkeypatch.setattr(RadixCache, "match_prefix", recording)
+    reqs = load_trace(ROOT / "data/traces/mooncake_small.jsonl")
+    longest = max(r.prompt_len + r.output_len for r in reqs)
+    cfg = SchedulerConfig(kv_tokens=max(64, -(-2 * longest // 512)) * 512, page_size=512, max_running=64)
+    walks = {}
+    for fast in (False, True):
+        calls.clear()
+        simulate(reqs, replace(cfg, fast_decode=fast), progress=False)
+        walks[fast] = list(calls)
+    assert walks[True] == walks[False]
+    assert len(walks[False]) > len(reqs)  # waiting heads are matched again while they wait

@@ -48,9 +48,9 @@ def test_full_eviction_over_evicts_and_loses_hits(both_modes):
 def test_step_frame_adds_up(both_modes):
     res = both_modes["full"]
     frame = res.steps_frame()
-    assert frame["over_evicted_tokens"].sum() == res.counts["over_evicted_tokens"]
-    assert frame["evicted_tokens"].sum() == res.counts["evicted_tokens"]
-    assert frame["hit_tokens"].sum() == res.counts["cached_prompt_tokens"]
+    assert frame["over_evicted_tokens"].sum() == res.counts.over_evicted_tokens
+    assert frame["evicted_tokens"].sum() == res.counts.evicted_tokens
+    assert frame["hit_tokens"].sum() == res.counts.cached_prompt_tokens
     assert frame["finished"].sum() == 128
     assert (frame["available_tokens"] + frame["evictable_tokens"] + frame["protected_tokens"] <= 20_000).all()
 
@@ -60,7 +60,7 @@ def test_max_running_one_replays_one_at_a_time():
     res = simulate(reqs, SchedulerConfig(kv_tokens=4096, max_running=1), progress=False)
     assert res.steps_frame()["running"].max() <= 1
     # one group's later requests hit its system prompt: at least (3 groups × 2 repeats) × 64 tokens
-    assert res.counts["cached_prompt_tokens"] >= 6 * 64
+    assert res.counts.cached_prompt_tokens >= 6 * 64
 
 
 @fuzz_settings("scheduler", suppress_health_check=[HealthCheck.too_slow])
@@ -88,8 +88,8 @@ def test_random_workloads_keep_every_invariant(seed, page_size, mode, policy, gr
     cfg = SchedulerConfig(kv_tokens=kv, page_size=page_size, eviction=mode, policy=policy, max_running=max_running,
                           chunked_prefill_size=max(chunk, page_size), debug=True)
     res = simulate(reqs, cfg, progress=False)
-    if res.counts["aborted"] == 0:
-        assert res.counts["output_tokens"] == sum(r.output_len for r in reqs)
+    if res.counts.aborted == 0:
+        assert res.counts.output_tokens == sum(r.output_len for r in reqs)
     tree, alloc = res.tree, res.tree.token_to_kv_pool_allocator
     # all requests done: every slot is either free or cached in the tree, and nothing is locked
     assert alloc.available_size() + tree.total_size() == kv
@@ -116,10 +116,30 @@ def test_a_pool_one_token_short_of_admission_is_refused_up_front():
     with pytest.raises(ValueError, match="smaller than one request: 'edge' needs 63 tokens"):
         simulate(reqs, SchedulerConfig(kv_tokens=64), progress=False)
     res = simulate(reqs, SchedulerConfig(kv_tokens=65), progress=False)  # one more token: it runs
-    assert res.counts["output_tokens"] == 6
+    assert res.counts.output_tokens == 6
 
 
 def test_pool_smaller_than_one_request():
     reqs = [Req("big", 0.0, tuple(range(1, 200)), 10)]
     with pytest.raises(ValueError, match="smaller than one request: 'big' needs 209 tokens"):
         simulate(reqs, SchedulerConfig(kv_tokens=128), progress=False)
+
+
+def test_totals_are_typed_and_the_json_keeps_its_keys(both_modes):
+    """SimResult.counts is a Totals (attributes, not string keys); totals() is the JSON of docs/architecture.md#public-contracts, in the CLI's
+    key order, built from it."""
+    from dataclasses import fields
+
+    from kvlab.sched import Totals
+
+    res = both_modes["full"]
+    assert isinstance(res.counts, Totals)
+    assert res.counts.as_dict() == {f.name: getattr(res.counts, f.name) for f in fields(Totals)}
+    t = res.totals()
+    assert list(t) == ["requests", "prompt_tokens", "cached_prompt_tokens", "hit_rate", "hit_pages", "prompt_pages",
+                       "evicted_tokens", "over_evicted_tokens", "overshoot_tokens", "prefill_tokens_computed",
+                       "retractions", "aborted", "pressure_events", "steps", "output_tokens", "simulated_s",
+                       "output_tokens_per_s", "eviction", "page_size", "kv_tokens", "policy"]
+    counted = {k: v for k, v in res.counts.as_dict().items() if k in t}
+    assert counted == {k: t[k] for k in counted} and len(counted) == len(res.counts.as_dict())
+    assert t["hit_rate"] == round(res.counts.cached_prompt_tokens / res.counts.prompt_tokens, 6)

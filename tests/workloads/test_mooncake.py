@@ -278,3 +278,16 @@ def test_a_missing_file_or_a_folder_is_named(tmp_path):
         load_trace(tmp_path / "nope.jsonl")
     with pytest.raises(IsADirectoryError, match="is a directory, not a Mooncake-format JSONL trace file"):
         load_trace(tmp_path)
+
+
+def test_generate_trace_spreads_follow_the_sigmas():
+    """output_sigma=0 makes every output the mean; a wider message_sigma spreads prompts (lower median at the
+    same mean); a negative sigma is refused by name."""
+    flat = generate_trace(300, output_sigma=0.0, mean_output_len=123)
+    assert {r.output_length for r in flat} == {123}
+    narrow, wide = (generate_trace(600, message_sigma=s) for s in (0.5, 1.5))
+    med = [sorted(r.input_length for r in t)[300] for t in (narrow, wide)]
+    means = [sum(r.input_length for r in t) / 600 for t in (narrow, wide)]
+    assert abs(means[0] - means[1]) < 2 and med[1] < med[0]
+    with pytest.raises(ValueError, match="message_sigma"):
+        generate_trace(10, message_sigma=-1.0)

@@ -1,0 +1,149 @@
+"""Benchmark: one simulation per eviction mode, the fast decode path against the reference loop, in one run.
+
+For each mode it runs ``simulate`` with ``fast_decode=True`` and with ``fast_decode=False`` (the plain
+step-by-step loop the equivalence tests compare against) on the same requests, checks that the totals are
+identical, and prints each one's wall and CPU seconds and the ratio reference / fast. ``--baseline DIR`` also
+runs the fast path of another checkout of kvlab (e.g. ``git archive <commit> | tar -x -C DIR``) in a
+subprocess on the same trace, alternating with this one, and prints this tree's speed-up over it; its totals
+must be identical too.
+
+The default trace has the shape of Mooncake's public conversation trace
+(``make_mooncake_trace.py --preset conversation``) and the settings of issue 16:
+
+    python benchmarks/bench_fast_decode.py                       # 12,031 requests, both modes
+    python benchmarks/bench_fast_decode.py --requests 3000 --modes full --skip-reference
+    python benchmarks/bench_fast_decode.py --baseline /tmp/kvlab-73fc498 --skip-reference
+    python benchmarks/bench_fast_decode.py --trace my.jsonl --kv-pages 4000 --max-running 16
+
+Timings on a shared machine are noisy: read the ratios (measured in the same run), and the CPU seconds.
+``--split`` adds the CPU seconds spent inside the tree and allocator flows the scheduler calls once per request or
+prefill (``release_kv_cache``, ``alloc_paged_token_slots_extend``, ``cache_unfinished_req``, ``match_prefix``,
+``evict``): on the conversation-shaped trace they are ~59 % of the fast path's time, a floor that only faster
+mem_cache code can lower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+
+_CHILD = """
+import functools, json, sys, time
+from kvlab.workloads.mooncake import load_trace
+from kvlab.sched import SchedulerConfig, simulate
+trace, mode, n, page_size, kv_pages, max_running, fast, split = sys.argv[1:9]
+flows = {}
+if split == "1":  # CPU seconds inside the tree/allocator flows the scheduler calls once per request or prefill
+    import kvlab.sched.scheduler as S
+    from kvlab.mem_cache.radix_cache import RadixCache
+    depth = [0]
+    def timed(owner, name):
+        f = getattr(owner, name)
+        @functools.wraps(f)
+        def g(*a, **k):
+            if depth[0]:
+                return f(*a, **k)
+            depth[0] += 1
+            t = time.process_time()
+            try:
+                return f(*a, **k)
+            finally:
+                depth[0] -= 1
+                flows[name] = flows.get(name, 0.0) + time.process_time() - t
+        setattr(owner, name, g)
+    for name in ("release_kv_cache", "alloc_paged_token_slots_extend"):
+        timed(S, name)
+    for name in ("cache_unfinished_req", "match_prefix", "evict"):
+        timed(RadixCache, name)
+reqs = load_trace(trace)[: int(n)]
+cfg = SchedulerConfig(kv_tokens=int(kv_pages) * int(page_size), page_size=int(page_size),
+                      max_running=int(max_running), eviction=mode, fast_decode=fast == "1")
+wall, cpu = time.perf_counter(), time.process_time()
+totals = simulate(reqs, cfg, progress=False).totals()
+print(json.dumps(dict(totals=totals, wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu,
+                      flows=flows)))
+"""
+
+
+def run_one(root: Path, trace: Path, mode: str, args, fast: bool, split: bool = False) -> dict:
+    """One simulation in a fresh process whose kvlab is the one under ``root``."""
+    env = dict(os.environ, PYTHONPATH=str(root), KVLAB_PROGRESS="0")
+    argv = [str(trace), mode, str(args.requests), str(args.page_size), str(args.kv_pages), str(args.max_running),
+            "1" if fast else "0", "1" if split else "0"]
+    out = subprocess.run([sys.executable, "-c", _CHILD, *argv], env=env, cwd=root, check=True,
+                         capture_output=True, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _preset_trace(path: Path) -> None:
+    sys.path.insert(0, str(HERE))
+    import make_mooncake_trace
+
+    make_mooncake_trace.main(["--out", str(path), "--preset", "conversation", "--force"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--trace", type=Path, help="Mooncake-format JSONL (default: the conversation preset, generated)")
+    p.add_argument("--requests", type=int, default=1_000_000, help="use the first N requests (default all)")
+    p.add_argument("--page-size", type=int, default=512)
+    p.add_argument("--kv-pages", type=int, default=4000)
+    p.add_argument("--max-running", type=int, default=16)
+    p.add_argument("--modes", nargs="+", default=["shortfall", "full"], choices=["shortfall", "full"])
+    p.add_argument("--skip-reference", action="store_true", help="time the fast path only (no ratio)")
+    p.add_argument("--baseline", type=Path, help="another kvlab checkout whose fast path to time alongside")
+    p.add_argument("--split", action="store_true",
+                   help="also time, in a third fast run, the CPU seconds spent inside the per-request tree and "
+                        "allocator flows (what no scheduler change can remove)")
+    args = p.parse_args(argv)
+
+    root = HERE.parent
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = args.trace
+        if trace is None:
+            trace = Path(tmp) / "conversation.jsonl"
+            _preset_trace(trace)
+        print(f"settings: --page-size {args.page_size} --kv-pages {args.kv_pages} --max-running {args.max_running}"
+              f"{'' if args.requests >= 1_000_000 else f' (first {args.requests} requests)'}")
+        ok = True
+        for mode in args.modes:
+            fast = run_one(root, trace, mode, args, fast=True)
+            line = (f"{mode:>9}: fast path {fast['wall_s']:6.1f} s wall {fast['cpu_s']:6.1f} s CPU · "
+                    f"{fast['totals']['steps']:,} steps · hit rate {fast['totals']['hit_rate']:.2%}")
+            if args.baseline:
+                base = run_one(args.baseline.resolve(), trace, mode, args, fast=True)
+                same = base["totals"] == fast["totals"]
+                ok &= same
+                line += (f"\n{'':>11}baseline  {base['wall_s']:6.1f} s wall {base['cpu_s']:6.1f} s CPU · speed-up "
+                         f"{base['wall_s'] / fast['wall_s']:.2f}x wall, {base['cpu_s'] / fast['cpu_s']:.2f}x CPU · "
+                         f"totals {'identical' if same else 'DIFFER'}")
+            if not args.skip_reference:
+                ref = run_one(root, trace, mode, args, fast=False)
+                same = ref["totals"] == fast["totals"]
+                ok &= same
+                line += (f"\n{'':>11}reference {ref['wall_s']:6.1f} s wall {ref['cpu_s']:6.1f} s CPU · ratio "
+                         f"{ref['wall_s'] / fast['wall_s']:.2f}x wall, {ref['cpu_s'] / fast['cpu_s']:.2f}x CPU · "
+                         f"totals {'identical' if same else 'DIFFER'}")
+            if args.split:
+                split = run_one(root, trace, mode, args, fast=True, split=True)
+                inside = sum(split["flows"].values())
+                parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(split["flows"].items(), key=lambda kv: -kv[1]))
+                line += (f"\n{'':>11}split     {inside:6.1f} s of {split['cpu_s']:.1f} s CPU "
+                         f"({inside / split['cpu_s']:.0%}) inside mem_cache flows: {parts}")
+            print(line, flush=True)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    code = main()
+    print(f"benchmark: {time.perf_counter() - t0:.0f} s")
+    sys.exit(code)
