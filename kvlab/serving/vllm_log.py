@@ -152,9 +152,11 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
     return exp
 
 
-def render_vllm_log(version: str, *, weights_gib: float, available_gib: float, tokens: int, max_model_len: int,
+def render_vllm_log(version: str, *, weights_gib: float, available_gib, tokens: int, max_model_len: int,
                     tp_size: int = 1, gpu_memory_utilization: float = 0.9) -> str:
-    """A vLLM start-up excerpt in the format of 0.10.1.1 (V1, separate lines) or 0.34.0 (one line)."""
+    """A vLLM start-up excerpt in the format of 0.10.1.1 (V1, separate lines) or 0.34.0 (one line).
+    ``available_gib`` is one value or one per worker."""
+    per_worker = list(available_gib) if isinstance(available_gib, (list, tuple)) else [available_gib] * tp_size
     stamp = "INFO 01-02 03:04:05"
     lines = [f"{stamp} [api_server.py:1805] vLLM API server version {version}",
              f"{stamp} [utils.py:326] non-default args: {{'tensor_parallel_size': {tp_size}, "
@@ -165,11 +167,11 @@ def render_vllm_log(version: str, *, weights_gib: float, available_gib: float, t
         if version.startswith("0.10"):
             lines.append(f"{who}{stamp} [gpu_model_runner.py:2007] Model loading took {weights_gib:.4f} GiB and "
                          f"3.141593 seconds")
-            lines.append(f"{who}{stamp} [gpu_worker.py:276] Available KV cache memory: {available_gib:.2f} GiB")
+            lines.append(f"{who}{stamp} [gpu_worker.py:276] Available KV cache memory: {per_worker[rank]:.2f} GiB")
         else:
             lines.append(f"{who}{stamp} [model_runner.py:442] Model loading took {round(weights_gib, 2)} GiB memory "
                          f"and 3.141593 seconds")
-            lines.append(f"{who}{stamp} [gpu_worker.py:796] Available KV cache memory: {round(available_gib, 2)} GiB")
+            lines.append(f"{who}{stamp} [gpu_worker.py:796] Available KV cache memory: {round(per_worker[rank], 2)} GiB")
     if version.startswith("0.10"):
         lines += [f"{stamp} [kv_cache_utils.py:849] GPU KV cache size: {tokens:,} tokens",
                   f"{stamp} [kv_cache_utils.py:853] Maximum concurrency for {max_model_len:,} tokens per request: "
