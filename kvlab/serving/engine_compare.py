@@ -52,6 +52,11 @@ class MemoryInputs:
     activation: Amount  # vLLM's profile-run peak (SGLang keeps its own activations in the 1 − f slack)
     non_torch: Amount  # non-torch growth during vLLM's profile (NCCL buffers, cuBLAS workspace)
     cuda_graph: Amount  # the CUDA graph pool
+    sglang_loaded: Amount | None = None  # what SGLang's own log says loading took, where it differs from weights
+
+    @property
+    def loaded(self) -> Amount:
+        return self.sglang_loaded or self.weights
 
 
 def torch_total(device: DeviceSpec) -> Amount:
@@ -93,7 +98,7 @@ def sglang_budget(mem: MemoryInputs, *, mem_fraction_static: float, cell_size_by
     if not 0 < mem_fraction_static < 1:
         raise BudgetError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static!r}")
     before = mem.total.gib - mem.startup.gib
-    after = before - mem.weights.gib
+    after = before - mem.loaded.gib
     if before <= 0:
         raise BudgetError(f"{mem.startup.source}: {mem.startup.gib:.2f} GiB in use at start leaves nothing of "
                           f"the {mem.total.gib:.2f} GiB card")
@@ -102,7 +107,7 @@ def sglang_budget(mem: MemoryInputs, *, mem_fraction_static: float, cell_size_by
              Term("in use before loading", -mem.startup.gib, mem.startup.source),
              Term("kept out: free before load × (1 − f)", -slack,
                   f"mem_fraction_static {mem_fraction_static}; activations and CUDA graphs live here"),
-             Term("weights (what loading took)", -mem.weights.gib, mem.weights.source, kind="weights"),
+             Term("weights (what loading took)", -mem.loaded.gib, mem.loaded.source, kind="weights"),
              Term("KV budget (rest)", after - slack, rule, "total", "budget"))
     tokens = sglang_tokens(before, after, mem_fraction_static, cell_size_bytes, page_size)
     notes = (f"activations ({mem.activation.gib:.2f} GiB for vLLM's profile) and CUDA graphs are not subtracted: "
@@ -137,7 +142,17 @@ class EngineComparison:
                            for k in ("total", "startup", "weights", "activation", "non_torch", "cuda_graph")}}
 
 
-def _gap(s: EngineBudget, v: EngineBudget, heads: int, tp: int, dtypes: tuple[int, int]) -> list[dict]:
+def cell_words(config: ModelConfig, tp: int, dtypes: tuple[int, int]) -> str:
+    """The cell size's terms in words: KV heads per rank (replicated or not) and the two engines' KV dtypes."""
+    dtype = f"{dtypes[0]}-byte vs {dtypes[1]}-byte KV"
+    if config.attention == "mla":
+        return f"cell size: one MLA latent per token and layer, not split by TP; {dtype}"
+    kv, heads = config.num_kv_heads, max(1, config.num_kv_heads // tp)
+    replicated = f" (replicated {tp // kv}×: {kv} KV heads < {tp} ranks)" if kv < tp else ""
+    return f"cell size: {kv} KV heads / TP {tp} = {heads} per rank{replicated}; {dtype}"
+
+
+def _gap(s: EngineBudget, v: EngineBudget, cell_what: str) -> list[dict]:
     def by_kind(b: EngineBudget, kind: str) -> float:
         return sum(t.gib for t in b.terms if t.kind == kind and t.measure != "total")
 
@@ -148,9 +163,7 @@ def _gap(s: EngineBudget, v: EngineBudget, heads: int, tp: int, dtypes: tuple[in
                      "tokens": round(gib * GIB / s.cell_size_bytes)})
     cell_tokens = round(v.budget_gib * GIB / s.cell_size_bytes - v.budget_gib * GIB / v.cell_size_bytes) \
         if v.budget_gib > 0 else 0
-    rows.append({"kind": "cell", "what": f"cell size: {heads} KV head(s) per rank at TP {tp}"
-                 + (" (replicated: fewer KV heads than ranks)" if heads * tp > 0 and tp > 1 and heads == 1 else "")
-                 + f", {dtypes[0]}-byte vs {dtypes[1]}-byte KV", "gib": 0.0, "tokens": cell_tokens})
+    rows.append({"kind": "cell", "what": cell_what, "gib": 0.0, "tokens": cell_tokens})
     explained = sum(r["tokens"] for r in rows)
     rows.append({"kind": "rounding", "what": f"page ({s.granularity_tokens}) / block ({v.granularity_tokens}) "
                  f"rounding", "gib": 0.0, "tokens": s.tokens - v.tokens - explained})
@@ -177,8 +190,8 @@ def compare_engines(config: ModelConfig, device: DeviceSpec, tp_size: int, *, me
     v = vllm_budget(total=mem.total, startup=mem.startup, weights=mem.weights, activation=mem.activation,
                     non_torch=mem.non_torch, cuda_graph=mem.cuda_graph, cell_size_bytes=v_cell, rule=rule,
                     gpu_memory_utilization=gpu_memory_utilization, block_size=block_size)
-    kv_heads = 1 if config.attention == "mla" else config.num_kv_heads
-    return EngineComparison(s, v, mem, tp_size, kv_heads, heads, dtypes, _gap(s, v, heads, tp_size, dtypes))
+    kv_heads = tp_size if config.attention == "mla" else config.num_kv_heads  # MLA: one latent, never split
+    return EngineComparison(s, v, mem, tp_size, kv_heads, heads, dtypes, _gap(s, v, cell_words(config, tp_size, dtypes)))
 
 
 def compare_explanation(exp, *, vllm_log=None, gpu_memory_utilization: float | None = None,
@@ -201,8 +214,9 @@ def compare_explanation(exp, *, vllm_log=None, gpu_memory_utilization: float | N
         where = f"{exp.log_path}: 'Load weight begin/end' readings"
         mem = _replace(mem, startup=Amount(max(mem.total.gib - exp.avail_before_load_gib, 0.0),
                                            f"total − free before load {exp.avail_before_load_gib:.2f} GiB ({where})"),
-                       weights=Amount(exp.avail_before_load_gib - exp.avail_after_load_gib,
-                                      f"free before − after load ({where})"))
+                       sglang_loaded=Amount(exp.avail_before_load_gib - exp.avail_after_load_gib,
+                                            f"free before − after load ({where})"))
+        mem = _replace(mem, weights=mem.sglang_loaded)
         fraction = exp.mem_fraction_static
         sglang_rule = f"sglang {exp.version or exp.rules_version or 'today'}: model_runner.py::profile_max_num_token"
         logged["sglang"] = exp.max_total_num_tokens_logged
