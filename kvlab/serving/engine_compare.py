@@ -252,7 +252,9 @@ def _from_vllm(mem: MemoryInputs, exp, log, util, version) -> tuple[MemoryInputs
     from kvlab.serving.vllm_log import parse_vllm_log
 
     if log is None:
-        log = parse_vllm_log(open(exp.log_path, encoding="utf-8", errors="replace").read(), exp.log_path)
+        from pathlib import Path
+
+        log = parse_vllm_log(Path(exp.log_path).read_text(encoding="utf-8", errors="replace"), exp.log_path)
     if not log.available_gib:
         raise BudgetError(f"{log.path}: no 'Available KV cache memory' line: nothing to compare with")
     avail = min(log.available_gib.values())

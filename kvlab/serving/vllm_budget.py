@@ -47,12 +47,14 @@ class VllmRule:
     cuda_graphs: str  # "headroom": captured after sizing, out of total × (1 − util); "estimated": subtracted; "measured"
     measured_after_warmup: bool = False  # 0.34.0's extensible KV cache
     read_from_wheel: bool = True
+    since: str = ""  # the first version the rule is taken to apply to (default: ``read``)
 
 
 VLLM_RULES = (
-    VllmRule("0.6.3", "V0 engine", "worker/worker.py::Worker.determine_num_available_blocks", 0.9, "headroom"),
+    VllmRule("0.6.3", "V0 engine", "worker/worker.py::Worker.determine_num_available_blocks", 0.9, "headroom",
+             since="0.0.0"),
     VllmRule("0.10.1.1", "V1 engine, profiled budget", "v1/worker/gpu_worker.py::Worker.determine_available_memory",
-             0.9, "headroom"),
+             0.9, "headroom", since="0.8.0"),  # V1 became the default engine in 0.8.0
     VllmRule("0.21.0", "V1, CUDA graph memory estimated before sizing",
              "v1/worker/gpu_worker.py::Worker.determine_available_memory (profile_cudagraph_memory)", 0.9,
              "estimated", read_from_wheel=False),
@@ -72,10 +74,11 @@ def _key(version: str) -> tuple[int, ...]:
 
 
 def vllm_rule(version: str | None, *, extensible: bool | None = None) -> VllmRule:
-    """The rule of the nearest read release at or below ``version`` (None: today's, 0.34.0).
+    """The rule for ``version`` (None: today's, 0.34.0): V0's before 0.8.0, V1's from 0.8.0, the CUDA graph
+    estimate from 0.21.0, the extensible KV cache from 0.34.0 (the release read; it may have come earlier).
     ``extensible=False`` on 0.34.0 gives its estimate path (the 0.21.0 rule, util default 0.92)."""
     key = _key(version) if version else _key(VLLM_RULES[-1].read)
-    below = [r for r in VLLM_RULES if _key(r.read) <= key] or [VLLM_RULES[0]]
+    below = [r for r in VLLM_RULES if _key(r.since or r.read) <= key] or [VLLM_RULES[0]]
     rule = below[-1]
     if rule.measured_after_warmup and extensible is False:
         return VllmRule("0.34.0", "estimate path (extensible KV cache off)",
