@@ -120,9 +120,10 @@ def build_parser() -> argparse.ArgumentParser:
                                                               "applies (default: the vLLM log's, else 0.34.0)")
     explain.add_argument("--gpu-memory-utilization", type=_fraction_le1, default=None,
                          help="with --compare-engines: vLLM's utilization (default: the version's)")
-    explain.add_argument("--max-num-batched-tokens", type=_positive_int, default=8192,
+    explain.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
                          help="with --compare-engines: vLLM's profile-run tokens for the activation estimate "
-                              "(default: %(default)s)")
+                              "(default: vllm serve's for the card: 8192 on 70 GiB+ cards other than A100s, else "
+                              "2048)")
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
     data = commands.add_parser("data", help="regenerate the files kvlab ships in data/")

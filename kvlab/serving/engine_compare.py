@@ -66,10 +66,19 @@ def torch_total(device: DeviceSpec) -> Amount:
     return Amount(device.total_bytes / GIB, f"{device.name} preset capacity ({device.source or 'kvlab preset'})")
 
 
-def estimate_inputs(config: ModelConfig, device: DeviceSpec, tp_size: int, *, max_num_batched_tokens: int = 8192,
-                    max_num_seqs: int = 1024) -> MemoryInputs:
-    """Every term from the config and the GPU preset (assumptions marked as such)."""
-    act = estimate_activation_peak(config, tp_size, max_num_batched_tokens, max_num_seqs)
+def vllm_default_batch(device: DeviceSpec) -> tuple[int, int]:
+    """``vllm serve``'s defaults (max_num_batched_tokens, max_num_seqs): 8,192 / 1,024 on cards of 70 GiB or
+    more other than A100s, else 2,048 / 256 (0.10.1.1 ``engine/arg_utils.py::_set_default_args_v1``)."""
+    big = device.total_bytes >= 70 * GIB and "a100" not in device.name.lower()
+    return (8192, 1024) if big else (2048, 256)
+
+
+def estimate_inputs(config: ModelConfig, device: DeviceSpec, tp_size: int, *, max_num_batched_tokens: int | None = None,
+                    max_num_seqs: int | None = None) -> MemoryInputs:
+    """Every term from the config and the GPU preset (assumptions marked as such); vLLM's batch defaults for the
+    card where not given."""
+    tokens, seqs = vllm_default_batch(device)
+    act = estimate_activation_peak(config, tp_size, max_num_batched_tokens or tokens, max_num_seqs or seqs)
     nccl = 0.5 if tp_size > 1 else 0.0
     return MemoryInputs(
         total=torch_total(device),
@@ -174,7 +183,7 @@ def compare_engines(config: ModelConfig, device: DeviceSpec, tp_size: int, *, me
                     gpu_memory_utilization: float | None = None, vllm_version: str | None = None,
                     extensible: bool | None = None, inputs: MemoryInputs | None = None,
                     kv_dtype_bytes: tuple[int, int] | None = None, page_size: int = 1, block_size: int = 16,
-                    max_num_batched_tokens: int = 8192, max_num_seqs: int = 1024,
+                    max_num_batched_tokens: int | None = None, max_num_seqs: int | None = None,
                     sglang_rule: str | None = None) -> EngineComparison:
     """Both engines' KV pools for one model, GPU and TP size; ``inputs`` defaults to :func:`estimate_inputs`."""
     if not isinstance(tp_size, int) or isinstance(tp_size, bool) or tp_size < 1:
@@ -195,8 +204,8 @@ def compare_engines(config: ModelConfig, device: DeviceSpec, tp_size: int, *, me
 
 
 def compare_explanation(exp, *, vllm_log=None, gpu_memory_utilization: float | None = None,
-                        vllm_version: str | None = None, max_num_batched_tokens: int = 8192,
-                        max_num_seqs: int = 1024) -> EngineComparison:
+                        vllm_version: str | None = None, max_num_batched_tokens: int | None = None,
+                        max_num_seqs: int | None = None) -> EngineComparison:
     """The comparison for an explained SGLang log (its readings and fraction), or for an explained vLLM log (its
     utilization, weights and available memory; SGLang at ``mem_fraction_static`` 0.9 unless given). Takes
     what a ``vllm_log`` (a parsed :class:`~kvlab.serving.vllm_log.VLLMStartup`) printed, too."""

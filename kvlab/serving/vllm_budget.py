@@ -226,6 +226,9 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
             notes.append(f"CUDA graphs are captured after sizing (vllm {rule.read}): their "
                          f"{cuda_graph.gib:.2f} GiB come out of the {total.gib - requested:.2f} GiB left outside")
     budget = sum(t.gib for t in terms)
+    if budget <= 0:
+        notes.append("vLLM refuses to start: 'No available memory for the cache blocks' (raise "
+                     "gpu_memory_utilization, lower max_num_seqs / max_num_batched_tokens, or add GPUs)")
     terms.append(Term("KV budget (Available KV cache memory)", budget, where, "total", "budget"))
     tokens = tokens_in(budget, cell_size_bytes, block_size)
     return EngineBudget("vllm", where, tuple(terms), cell_size_bytes, block_size, tokens, tuple(notes))
