@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import html
 import json
-import tempfile
-from pathlib import Path
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -44,6 +42,19 @@ def show_errors(errors: widgets.Output, callback):
             return None
 
     return _show_tracebacks(errors, wrapped)
+
+
+def explain_text(text: str, name: str, **kwargs):
+    """``explain_log`` on a log's text (pasted or uploaded), named ``name`` in every message."""
+    from kvlab.serving.explain import explain_sglang
+    from kvlab.serving.sglang_log import parse_sglang_log
+    from kvlab.serving.vllm_log import explain_vllm, looks_like_vllm, parse_vllm_log
+
+    log = parse_sglang_log(text, name)
+    if not log.ranks and looks_like_vllm(text):
+        return explain_vllm(parse_vllm_log(text, name), model_config=kwargs.get("model_config"),
+                            gpu=kwargs.get("gpu"))
+    return explain_sglang(log, **kwargs)
 
 
 # ---- pure figures ----------------------------------------------------------------------------------
@@ -267,8 +278,6 @@ class ServerPanel:
 
     def explain(self):
         """(explanation, comparison or None) for what the controls hold now."""
-        from kvlab.errors import KvlabError
-        from kvlab.serving import explain_log
         from kvlab.serving.engine_compare import compare_explanation
         from kvlab.serving.sglang_log import LogError
         from kvlab.serving.vllm_log import parse_vllm_log
@@ -279,28 +288,21 @@ class ServerPanel:
             raise LogError("no log: paste a start-up log, upload one, or pick an example")
         config = self.model_config()
         gpu = None if self.gpu.value == FROM_LOG else self.gpu.value
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "server.log"
-            path.write_text(text, encoding="utf-8")
-            try:
-                exp = explain_log(path, model_config=config, gpu=gpu)
-            except KvlabError as exc:
-                raise type(exc)(str(exc).replace(str(path), name)) from None
-            items = self.what_if_items(exp)
-            if items:
-                from kvlab.serving.whatif import apply_what_ifs
+        exp = explain_text(text, name, model_config=config, gpu=gpu)
+        items = self.what_if_items(exp)
+        if items:
+            from kvlab.serving.whatif import apply_what_ifs
 
-                exp.what_if = apply_what_ifs(exp, items)
-            comparison = None
-            if config is not None and exp.device is not None:
-                if exp.engine == "vllm":
-                    vllm_log = parse_vllm_log(text, name)
-                elif self.vllm_text.value.strip():
-                    vllm_log = parse_vllm_log(self.vllm_text.value, "the vLLM log")
-                else:
-                    vllm_log = None
-                comparison = compare_explanation(exp, vllm_log=vllm_log)
-        exp.log_path = name
+            exp.what_if = apply_what_ifs(exp, items)
+        comparison = None
+        if config is not None and exp.device is not None:
+            if exp.engine == "vllm":
+                vllm_log = parse_vllm_log(text, name)
+            elif self.vllm_text.value.strip():
+                vllm_log = parse_vllm_log(self.vllm_text.value, "the vLLM log")
+            else:
+                vllm_log = None
+            comparison = compare_explanation(exp, vllm_log=vllm_log)
         return exp, comparison
 
     def _refresh(self, reset_fraction: bool = False) -> None:
