@@ -50,7 +50,7 @@ from kvlab.serving.text import format_explanation
 from kvlab.serving.vllm_log import parse_vllm_log
 from kvlab.serving.whatif import apply_what_ifs
 from kvlab.viz.engine_plots import engine_waterfalls, gap_bars
-from kvlab.viz.server_panel import ServerPanel, explanation_waterfall, what_if_figure
+from kvlab.viz.server_panel import explanation_waterfall, what_if_figure
 
 default_log = LOG_PATH is None
 log_path = LOG_DIR / "qwen3-235b-fp8-4xh100-sglang-0.4.9.log" if default_log else Path(LOG_PATH)
@@ -128,6 +128,8 @@ what_if_figure(exp)
 # it. The what-if controls recompute the pool with one setting changed.
 
 # %% tags=["dashboard"]
+from kvlab.viz.server_panel import ServerPanel  # imported here too: `kvlab app 05` runs this cell first
+
 panel = ServerPanel()
 panel.widget
 

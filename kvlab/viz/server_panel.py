@@ -97,8 +97,11 @@ def what_if_figure(exp) -> go.Figure:
                            text=[f"{r[1]:,}" for r in rows], textposition="outside", cliponaxis=False,
                            customdata=[r[2] for r in rows],
                            hovertemplate="%{x}: %{y:,} tokens<br>%{customdata}<extra></extra>"))
-    fig.update_layout(template=TEMPLATE, title="What if: the pool with one setting changed", yaxis_title="tokens",
-                      height=340, showlegend=False, margin=dict(t=50, l=70, r=20, b=60))
+    title = ("What if: the pool with one setting changed" if exp.what_if else
+             "What if: move a what-if control (fraction, KV dtype, TP, GPU) to compare")
+    fig.update_traces(width=0.5 if exp.what_if else 0.3)
+    fig.update_layout(template=TEMPLATE, title=title, yaxis_title="tokens", height=340, showlegend=False,
+                      margin=dict(t=50, l=70, r=20, b=60))
     return fig
 
 
@@ -142,21 +145,24 @@ class ServerPanel:
 
         self._examples = {e.name: e for e in EXAMPLES}
         self.example = widgets.Dropdown(options=[PASTED, *self._examples], value=example or PASTED,
-                                        description="example log", style={"description_width": "initial"})
+                                        description="example log", style={"description_width": "initial"},
+                                        layout=widgets.Layout(width="460px"))
         self.log_text = widgets.Textarea(placeholder="paste an SGLang or vLLM start-up log here",
                                          layout=widgets.Layout(width="100%", height="140px"))
         self.log_upload = widgets.FileUpload(accept=".log,.txt", multiple=False, description="upload log")
         self.vllm_text = widgets.Textarea(placeholder="optional: the vLLM log of the same model, for the comparison",
                                           layout=widgets.Layout(width="100%", height="70px"))
         self.model = widgets.Dropdown(options=[QWEN_FP8, *preset_names(), PASTED], value=QWEN_FP8,
-                                      description="model config", style={"description_width": "initial"})
+                                      description="model config", style={"description_width": "initial"},
+                                      layout=widgets.Layout(width="460px"))
         self.config_text = widgets.Textarea(placeholder="or paste a config.json (then pick '(pasted or uploaded)')",
                                             layout=widgets.Layout(width="100%", height="70px"))
         self.config_upload = widgets.FileUpload(accept=".json", multiple=False, description="upload config.json")
         self.gpu = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG, description="GPU")
         style = {"description_width": "initial"}
         self.fraction = widgets.FloatSlider(value=0.88, min=0.5, max=0.97, step=0.01, description="what if: "
-                                            "mem_fraction_static", continuous_update=False, style=style)
+                                            "mem_fraction_static", continuous_update=False, style=style,
+                                            layout=widgets.Layout(width="420px"))
         self.kv_dtype = widgets.Dropdown(options=KV_DTYPES, value="auto", description="what if: KV dtype", style=style)
         self.tp = widgets.Dropdown(options=TP_SIZES, value=1, description="what if: TP", style=style)
         self.gpu_whatif = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG,
