@@ -104,3 +104,16 @@ def test_comparison_needs_a_config(capsys):
 def test_json_without_the_flag_has_no_comparison(capsys):
     data = run_json(capsys, SGLANG_LOG, "--model-config", CONFIG, "--gpu", "h100-80g")
     assert "engine_comparison" not in data and json.dumps(data)
+
+
+def test_readme_quotes_the_cli(capsys):
+    """README's vllm#21348 table is what the CLI computes now (paste the CLI's figures when the rules change)."""
+    readme = (DATA_DIR.parent / "README.md").read_text(encoding="utf-8")
+    comp = run_json(capsys, SGLANG_LOG, "--model-config", CONFIG, "--gpu", "h100-80g", "--compare-engines",
+                    "--vllm-log", VLLM_LOG)["engine_comparison"]
+    assert f"kvlab gets {comp['sglang']['tokens']:,}\nand {comp['vllm']['tokens']:,}" in readme
+    assert f"gap of {comp['sglang']['tokens'] - comp['vllm']['tokens']:,} tokens" in readme
+    table = readme.split("| term | GiB | tokens |")[1].split("\n\n")[0].replace("−", "-")  # README: U+2212
+    for row in comp["gap"]:
+        tokens = f"{row['tokens']:+,}" if row["tokens"] else "0"
+        assert f"| {tokens} |" in table, (row, table)
