@@ -26,6 +26,8 @@ from kvlab.device.spec import DeviceSpec
 from kvlab.model.config import ModelConfig
 from kvlab.serving.pool import GIB, sglang_tokens
 from kvlab.serving.vllm_budget import (
+    MARGIN_FLOOR_GIB,
+    MARGIN_FRACTION,
     Amount,
     BudgetError,
     EngineBudget,
@@ -255,9 +257,10 @@ def _replace(mem: MemoryInputs, **changes) -> MemoryInputs:
 
 
 def _from_vllm(mem: MemoryInputs, exp, log, util, version) -> tuple[MemoryInputs, int | None]:
-    """Weights and the activation peak a vLLM log implies: ``peak = util × total − weights − non-torch − available``
-    (the profile's peak and non-torch growth cannot be told apart from the printed lines; kvlab keeps its
-    non-torch assumption and gives the rest to the activation)."""
+    """Weights and the activation peak a vLLM log implies: the peak that makes the version's rule give the printed
+    "Available KV cache memory" (``util × total − weights − non-torch [− CUDA graphs] − available`` before 0.34.0;
+    0.34.0's ``min(...)`` with its margin solved for the peak). The profile's peak and non-torch growth cannot be
+    told apart from the printed lines: kvlab keeps its non-torch assumption and gives the rest to the peak."""
     from kvlab.serving.vllm_log import parse_vllm_log
 
     if log is None:
@@ -271,10 +274,16 @@ def _from_vllm(mem: MemoryInputs, exp, log, util, version) -> tuple[MemoryInputs
     util = util or log.gpu_memory_utilization or rule.default_utilization
     if log.weights_gib:
         mem = _replace(mem, weights=Amount(min(log.weights_gib.values()), f"{log.path}: 'Model loading took'"))
-    implied = util * mem.total.gib - mem.weights.gib - mem.non_torch.gib - avail
-    if rule.cuda_graphs == "estimated":
-        implied -= mem.cuda_graph.gib
-    mem = _replace(mem, activation=Amount(max(implied, 0.0), f"implied by {log.path}: util × total − weights − "
-                                          f"non-torch − available {avail:.2f} GiB"))
+    used = mem.weights.gib + mem.non_torch.gib
+    if rule.cuda_graphs in ("estimated", "measured"):
+        used += mem.cuda_graph.gib
+    implied = util * mem.total.gib - used - avail
+    if rule.measured_after_warmup:  # available = min(util × total − used, free − used − margin) − peak
+        room = mem.total.gib - mem.startup.gib - used - avail  # = margin + peak, margin = max(1, 0.75 × peak)
+        by_device = room - MARGIN_FLOOR_GIB if room - MARGIN_FLOOR_GIB <= MARGIN_FLOOR_GIB / MARGIN_FRACTION \
+            else room / (1 + MARGIN_FRACTION)
+        implied = min(implied, by_device)
+    mem = _replace(mem, activation=Amount(max(implied, 0.0), f"implied by {log.path}: what vllm {rule.read}'s rule "
+                                          f"leaves for it, given the available {avail:.2f} GiB"))
     logged = log.tokens if log.tokens is not None else (log.blocks * (log.block_size or 16) if log.blocks else None)
     return mem, logged

@@ -56,7 +56,7 @@ def test_the_report_both_logs(capsys):
     assert gap["cell"]["tokens"] == 0
     assert gap["activation"]["tokens"] > 0.85 * total
     assert abs(gap["base"]["tokens"]) < 0.1 * total  # 0.93 of free memory ≈ 0.9 of the total
-    # the activation vLLM reserved is what its log implies: 0.9 × 79.19 − 55.15 − 0.5 − 8.02
+    # the activation vLLM reserved is what its log implies: 0.9 × 79.19 − 55.15 − 0.5 − 8.02 (0.10's rule)
     assert gap["activation"]["gib"] == pytest.approx(0.9 * 81_090 / 1024 - 55.15 - 0.5 - 8.02, abs=1e-3)
 
 
@@ -77,6 +77,18 @@ def test_estimates_alone_also_favour_sglang(capsys):
                       "--vllm-version", "0.10.1.1", "--max-num-batched-tokens", "65536")["engine_comparison"]
     assert bigger["vllm"]["tokens"] < comp["vllm"]["tokens"]
     assert bigger["sglang"]["tokens"] == comp["sglang"]["tokens"]  # SGLang never subtracts activations
+
+
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if e.engine == "vllm"], ids=lambda e: e.name)
+def test_vllm_side_gives_back_what_the_log_printed(capsys, example):
+    """From a vLLM log, the implied activation peak makes vLLM's rule give the printed available memory back."""
+    from kvlab.serving.vllm_log import parse_vllm_log
+
+    log = parse_vllm_log((LOG_DIR / example.filename).read_text(), example.filename)
+    comp = run_json(capsys, LOG_DIR / example.filename, "--model-config", example.model_source, "--gpu", example.gpu,
+                    "--compare-engines")["engine_comparison"]
+    assert comp["vllm"]["budget_gib"] == pytest.approx(min(log.available_gib.values()), abs=1e-3)
+    assert comp["inputs"]["activation"]["gib"] > 0
 
 
 def test_from_the_vllm_side(capsys):
