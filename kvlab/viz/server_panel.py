@@ -213,11 +213,15 @@ class ServerPanel:
                           model=ex.model, gpu=ex.gpu, tp=ex.tp_size, gpu_whatif=FROM_LOG, kv_dtype="auto")
         self._refresh(reset_fraction=True)
 
-    def _set_quietly(self, **values) -> None:
+    def _set_quietly(self, target=None, **values) -> None:
+        """Set widget values (``name=value``) — or ``target``'s traits — without recomputing on each."""
         self._quiet = True
         try:
             for name, value in values.items():
-                getattr(self, name).value = value
+                if target is not None:
+                    setattr(target, name, value)
+                else:
+                    getattr(self, name).value = value
         finally:
             self._quiet = False
 
@@ -315,6 +319,8 @@ class ServerPanel:
         with self.status.busy("the explanation"):
             exp, comparison = self.explain()
         if reset_fraction and exp.mem_fraction_static is not None:
+            if exp.tp_size not in self.tp.options:  # a TP size the menu lacks (e.g. 3): offer it
+                self._set_quietly(options=tuple(sorted({*TP_SIZES, exp.tp_size})), target=self.tp)
             self._set_quietly(fraction=round(exp.mem_fraction_static, 2), tp=exp.tp_size)
             if exp.what_if:
                 exp, comparison = self.explain()

@@ -91,3 +91,19 @@ def test_bad_input_shows_one_line(panel, field, value, match):
     panel.model.value = EXAMPLES[0].model
     panel.example.value = EXAMPLES[2].name
     assert not _errors(panel)
+
+
+def test_a_tp_size_the_menu_lacks_is_offered(panel):
+    from kvlab.serving.pool import sglang_tokens
+    from kvlab.serving.sglang_formats import default_server_args, render_sglang_log
+
+    cell = 32 * 2 * 256 * 2  # Llama 3.1 8B at TP 3: 8 // 3 = 2 KV heads per rank
+    tokens = sglang_tokens(70.0, 50.0, 0.85, cell)
+    panel.example.value = PASTED
+    panel.model.value = "llama-3.1-8b"
+    panel.log_text.value = render_sglang_log(
+        "0.4.5", before_gib=70.0, after_gib=50.0, pool_end_gib=5.0, tokens=tokens, context_len=8192,
+        cell_size_bytes=cell, tp_size=3, server_args=default_server_args("0.4.5", tp_size=3, mem_fraction_static=0.85))
+    assert not _errors(panel)
+    assert panel.tp.value == 3 and 3 in panel.tp.options and list(panel.what_ifs.data[0].x) == ["as explained"]
+    assert panel.explanation.max_total_num_tokens_computed == tokens
