@@ -114,12 +114,12 @@ def sglang_budget(mem: MemoryInputs, *, mem_fraction_static: float, cell_size_by
         raise BudgetError(f"{mem.startup.source}: {mem.startup.gib:.2f} GiB in use at start leaves nothing of "
                           f"the {mem.total.gib:.2f} GiB card")
     slack = before * (1 - mem_fraction_static)
-    terms = (Term("GPU memory (torch total)", mem.total.gib, mem.total.source, "absolute"),
+    terms = (Term("GPU memory", mem.total.gib, f"torch total: {mem.total.source}", "absolute"),
              Term("in use before loading", -mem.startup.gib, mem.startup.source),
-             Term("kept out: free before load × (1 − f)", -slack,
-                  f"mem_fraction_static {mem_fraction_static}; activations and CUDA graphs live here"),
-             Term("weights (what loading took)", -mem.loaded.gib, mem.loaded.source, kind="weights"),
-             Term("KV budget (rest)", after - slack, rule, "total", "budget"))
+             Term("kept out", -slack, f"free before load × (1 − f), mem_fraction_static {mem_fraction_static}: "
+                                      f"activations and CUDA graphs live here"),
+             Term("weights", -mem.loaded.gib, f"what loading took: {mem.loaded.source}", kind="weights"),
+             Term("KV budget", after - slack, f"rest = after − before × (1 − f): {rule}", "total", "budget"))
     tokens = sglang_tokens(before, after, mem_fraction_static, cell_size_bytes, page_size)
     notes = (f"activations ({mem.activation.gib:.2f} GiB for vLLM's profile) and CUDA graphs are not subtracted: "
              f"they must fit in the {slack:.2f} GiB kept out",)

@@ -195,32 +195,34 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
                                              f"its wheel"]
     free_at_start = total.gib - startup.gib
     requested = total.gib * util
-    terms = [Term("GPU memory (torch total)", total.gib, total.source, "absolute")]
+    terms = [Term("GPU memory", total.gib, f"torch total: {total.source}", "absolute")]
     used = weights.gib + non_torch.gib
     common = [Term("weights", -weights.gib, weights.source, kind="weights"),
-              Term("non-torch growth (NCCL, cuBLAS)", -non_torch.gib, non_torch.source, kind="non_torch")]
+              Term("non-torch growth", -non_torch.gib, f"NCCL, cuBLAS: {non_torch.source}", kind="non_torch")]
     if rule.measured_after_warmup:
         used += cuda_graph.gib
         margin = max(MARGIN_FLOOR_GIB, MARGIN_FRACTION * activation.gib)
         by_util, by_device = requested - used, free_at_start - used - margin
         if by_util <= by_device:
-            terms.append(Term("left outside: total × (1 − util)", requested - total.gib, util_how))
+            terms.append(Term("left outside", requested - total.gib, f"total × (1 − util), {util_how}"))
         else:
-            terms += [Term("in use at start (CUDA context, other processes)", -startup.gib, startup.source),
-                      Term("sizing margin max(1 GiB, 0.75 × peak)", -margin, "extensible_kv_cache.py margin")]
-        terms += common + [Term("CUDA graphs (measured after capture)", -cuda_graph.gib, cuda_graph.source,
+            terms += [Term("in use at start", -startup.gib, f"CUDA context, other processes: {startup.source}"),
+                      Term("sizing margin", -margin, "max(1 GiB, 0.75 × peak activation): extensible_kv_cache.py "
+                                                     "KV_CACHE_MARGIN_FLOOR_BYTES / KV_CACHE_MARGIN_FRACTION")]
+        terms += common + [Term("CUDA graphs", -cuda_graph.gib, f"measured after capture: {cuda_graph.source}",
                                 kind="cuda_graph"),
-                           Term("peak activation kept free", -activation.gib, activation.source, kind="activation")]
+                           Term("peak activation", -activation.gib, f"kept free: {activation.source}",
+                                kind="activation")]
     else:
         if free_at_start < requested:
             notes.append(f"vLLM refuses to start: free memory at start {free_at_start:.2f} GiB is less than "
                          f"total × util = {requested:.2f} GiB ('Free memory on device ... is less than desired GPU "
                          f"memory utilization')")
-        terms.append(Term("left outside: total × (1 − util)", requested - total.gib, util_how))
-        terms += common + [Term("peak activation (profile run)", -activation.gib, activation.source,
+        terms.append(Term("left outside", requested - total.gib, f"total × (1 − util), {util_how}"))
+        terms += common + [Term("peak activation", -activation.gib, f"profile run: {activation.source}",
                                 kind="activation")]
         if rule.cuda_graphs == "estimated":
-            terms.append(Term("CUDA graphs (estimated before sizing)", -cuda_graph.gib, cuda_graph.source,
+            terms.append(Term("CUDA graphs", -cuda_graph.gib, f"estimated before sizing: {cuda_graph.source}",
                               kind="cuda_graph"))
         else:
             notes.append(f"CUDA graphs are captured after sizing (vllm {rule.read}): their "
@@ -229,6 +231,6 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
     if budget <= 0:
         notes.append("vLLM refuses to start: 'No available memory for the cache blocks' (raise "
                      "gpu_memory_utilization, lower max_num_seqs / max_num_batched_tokens, or add GPUs)")
-    terms.append(Term("KV budget (Available KV cache memory)", budget, where, "total", "budget"))
+    terms.append(Term("KV budget", budget, f"'Available KV cache memory': {where}", "total", "budget"))
     tokens = tokens_in(budget, cell_size_bytes, block_size)
     return EngineBudget("vllm", where, tuple(terms), cell_size_bytes, block_size, tokens, tuple(notes))

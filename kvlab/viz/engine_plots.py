@@ -34,7 +34,7 @@ def _title(budget, logged) -> str:
     return f"<b>{name}</b>: {budget.tokens:,} tokens{seen}"
 
 
-def engine_waterfalls(comparison, height: int = 470) -> go.Figure:
+def engine_waterfalls(comparison, height: int = 440) -> go.Figure:
     """Both budgets as waterfalls in two panels sharing the GiB axis."""
     budgets = (comparison.sglang, comparison.vllm)
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
@@ -54,7 +54,7 @@ def engine_waterfalls(comparison, height: int = 470) -> go.Figure:
     top = max(max(t.gib for t in b.terms) for b in budgets)
     fig.update_yaxes(title_text="GiB per GPU", range=[0, top * 1.12], row=1, col=1)
     fig.update_xaxes(tickangle=0, tickfont=dict(size=11))
-    fig.update_layout(template=TEMPLATE, height=height, showlegend=False, margin=dict(t=70, l=60, r=20, b=120),
+    fig.update_layout(template=TEMPLATE, height=height, showlegend=False, margin=dict(t=70, l=60, r=20, b=80),
                       title=dict(text=f"Same model, GPU and TP {comparison.tp_size}: KV budget per GPU", y=0.98))
     return fig
 
@@ -63,10 +63,13 @@ def gap_bars(comparison, height: int = 380) -> go.Figure:
     """The token gap (SGLang − vLLM) split by kind of term; bars sum to the gap."""
     rows = comparison.gap
     colours = [BUG_COLOUR if r["tokens"] > 0 else FIX_COLOUR for r in rows]
+    widest = max(abs(r["tokens"]) for r in rows) or 1
     fig = go.Figure(go.Bar(
         x=[r["tokens"] for r in rows], y=[_wrap(r["what"], 34) for r in rows], orientation="h",
-        marker=dict(color=colours), text=[f"{r['tokens']:+,}" for r in rows], textposition="outside",
-        cliponaxis=False, textangle=0,
+        marker=dict(color=colours), text=[f"{r['tokens']:+,}" for r in rows],
+        # labels of long bars inside (a negative one outside would run into the axis labels)
+        textposition=["inside" if abs(r["tokens"]) > 0.3 * widest else "outside" for r in rows],
+        insidetextanchor="middle", cliponaxis=False, textangle=0,
         customdata=[[r["what"], r["gib"]] for r in rows],
         hovertemplate="%{customdata[0]}: %{x:+,} tokens (%{customdata[1]:+.2f} GiB)<extra></extra>"))
     gap = comparison.sglang.tokens - comparison.vllm.tokens
