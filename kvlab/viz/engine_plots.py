@@ -53,7 +53,8 @@ def engine_waterfalls(comparison, height: int = 440) -> go.Figure:
         ), row=1, col=col)
     top = max(max(t.gib for t in b.terms) for b in budgets)
     fig.update_yaxes(title_text="GiB per GPU", range=[0, top * 1.12], row=1, col=1)
-    fig.update_xaxes(tickangle=0, tickfont=dict(size=11))
+    for col, budget in enumerate(budgets, start=1):  # eight bars in half a figure: slant their labels
+        fig.update_xaxes(tickangle=-30 if len(budget.terms) > 6 else 0, tickfont=dict(size=11), row=1, col=col)
     fig.update_layout(template=TEMPLATE, height=height, showlegend=False, margin=dict(t=70, l=60, r=20, b=80),
                       title=dict(text=f"Same model, GPU and TP {comparison.tp_size}: KV budget per GPU", y=0.98))
     return fig
