@@ -193,6 +193,9 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
     where = f"vllm {rule.read} ({rule.label}): {rule.function}"
     notes = [] if rule.read_from_wheel else [f"rule of vllm {rule.read} from 0.34.0's log message, not read from "
                                              f"its wheel"]
+    if rule.read == "0.6.3":
+        notes.append("V0 takes the peak as the free memory lost since the worker started, read after the profile run "
+                     "without emptying torch's cache: the activation term is the profile's reserved (cached) peak")
     free_at_start = total.gib - startup.gib
     requested = total.gib * util
     terms = [Term("GPU memory", total.gib, f"torch total: {total.source}", "absolute")]

@@ -45,6 +45,7 @@ def test_profiled_budget_by_hand(version):
     assert b.budget_gib == pytest.approx(18.0)
     assert b.tokens == 9_216 * 16 == 147_456
     assert any("captured after sizing" in n for n in b.notes)
+    assert any("reserved (cached) peak" in n for n in b.notes) == (version == "0.6.3")
     assert sum(t.gib for t in b.terms[:-1]) == pytest.approx(b.terms[-1].gib)
 
 
