@@ -5,7 +5,8 @@
     kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare] [...]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
     kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--notebook-dir DIR]
-    kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...] [--json]
+    kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...]
+                      [--compare-engines [--vllm-log LOG] [--vllm-version V]] [--json]
     kvlab replay SNAPSHOT [--device N] [--what-if KEY=VALUE ...] [--capacity SIZE] [--json]
 """
 
@@ -27,6 +28,16 @@ def _fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
     if not 0 < value < 1:
         raise argparse.ArgumentTypeError(f"--mem-fraction-static must be in (0, 1), got {value}")
+    return value
+
+
+def _fraction_le1(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in (0, 1], got {text!r}") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"--gpu-memory-utilization must be in (0, 1], got {value}")
     return value
 
 
@@ -101,6 +112,20 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("--sglang-version", default=None, help="the SGLang version, where the log does not print it")
     explain.add_argument("--what-if", action="extend", nargs="+", default=[], metavar="KEY=VALUE",
                          help="recompute with mem_fraction_static=F, kv_cache_dtype=D, tp=N or gpu=NAME")
+    explain.add_argument("--compare-engines", action="store_true",
+                         help="also size the pool with the other engine's rule from the same inputs (SGLang vs "
+                              "vLLM, term by term; needs --model-config and the GPU)")
+    explain.add_argument("--vllm-log", default=None, metavar="LOG",
+                         help="with --compare-engines: a vLLM start-up log of the same model (its weights and "
+                              "available memory give vLLM's side)")
+    explain.add_argument("--vllm-version", default=None, help="with --compare-engines: the vLLM version whose rule "
+                                                              "applies (default: the vLLM log's, else 0.34.0)")
+    explain.add_argument("--gpu-memory-utilization", type=_fraction_le1, default=None,
+                         help="with --compare-engines: vLLM's utilization (default: the version's)")
+    explain.add_argument("--max-num-batched-tokens", type=_positive_int, default=None,
+                         help="with --compare-engines: vLLM's profile-run tokens for the activation estimate "
+                              "(default: vllm serve's for the card: 8192 on 70 GiB+ cards other than A100s, else "
+                              "2048)")
     explain.add_argument("--json", action="store_true", help="print the explanation as JSON")
 
     data = commands.add_parser("data", help="regenerate the files kvlab ships in data/")
@@ -406,11 +431,36 @@ def _explain_log(args) -> int:
         exp = explain_log(args.log, model_config=config, mem_fraction_static=args.mem_fraction_static, gpu=args.gpu,
                           sglang_version=args.sglang_version, kv_cache_dtype=args.kv_cache_dtype,
                           what_if=args.what_if)
+        comparison = _engine_comparison(args, exp) if args.compare_engines else None
     except (KvlabError, ValueError) as exc:
         print(f"kvlab: error: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(exp.to_json(), indent=2) if args.json else format_explanation(exp))
+    if args.json:
+        data = exp.to_json()
+        if comparison is not None:
+            data["engine_comparison"] = comparison.to_json()
+        print(json.dumps(data, indent=2))
+    else:
+        from kvlab.serving.text import format_comparison
+
+        print(format_explanation(exp) + ("\n" + format_comparison(comparison) if comparison is not None else ""))
     return 0
+
+
+def _engine_comparison(args, exp):
+    from kvlab.serving.engine_compare import compare_explanation
+    from kvlab.serving.sglang_log import LogError
+    from kvlab.serving.vllm_log import parse_vllm_log
+
+    vllm_log = None
+    if args.vllm_log:
+        try:
+            with open(args.vllm_log, encoding="utf-8", errors="replace") as f:
+                vllm_log = parse_vllm_log(f.read(), args.vllm_log)
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            raise LogError(f"--vllm-log {args.vllm_log}: cannot read the log ({exc.strerror or exc})") from None
+    return compare_explanation(exp, vllm_log=vllm_log, gpu_memory_utilization=args.gpu_memory_utilization,
+                               vllm_version=args.vllm_version, max_num_batched_tokens=args.max_num_batched_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:

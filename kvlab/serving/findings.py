@@ -14,9 +14,10 @@
 from __future__ import annotations
 
 from kvlab.device.budget import KVBudget
-from kvlab.serving.pool import GIB, cell_from_logged_sizes
+from kvlab.serving.pool import cell_from_logged_sizes
 from kvlab.serving.sglang_log import SGLangStartup
 from kvlab.serving.sglang_versions import at_least, parse_version
+from kvlab.units import GiB
 
 CONTEXT_GIB = 0.5  # a CUDA context and library workspaces, before anything is loaded (order of magnitude)
 
@@ -70,10 +71,10 @@ def _weights(exp, out: list) -> None:
     config = exp.model_config
     if config is None or exp.weights_gib is None:
         return
-    expected = config.weight_bytes_per_rank(exp.tp_size) / GIB
+    expected = config.weight_bytes_per_rank(exp.tp_size) / GiB
     extra = exp.weights_gib - expected
     if extra > max(0.5, 0.05 * expected):
-        lost = int(extra * GIB) // exp.cell_size_bytes
+        lost = int(extra * GiB) // exp.cell_size_bytes
         fix = ("0.5.23 calls gc.collect() before this reading" if not at_least(exp.version, "0.5.23")
                else "this version already collects garbage first: look for other allocations")
         out.append(_f("resident_after_load", "warning",
@@ -93,8 +94,8 @@ def _context(exp, out: list) -> None:
     if not exp.context_len or not pool or pool >= exp.context_len:
         return
     p = exp.pool
-    budget = KVBudget(int(p.before_gib * GIB), int(p.after_gib * GIB), p.mem_fraction_static, int(p.slack_gib * GIB),
-                      int(max(p.rest_gib, 0) * GIB), p.cell_size_bytes, p.page_size, exp.context_len, pool)
+    budget = KVBudget(int(p.before_gib * GiB), int(p.after_gib * GiB), p.mem_fraction_static, int(p.slack_gib * GiB),
+                      int(max(p.rest_gib, 0) * GiB), p.cell_size_bytes, p.page_size, exp.context_len, pool)
     limit = budget.max_req_input_len
     out.append(_f("pool_below_context", "warning",
                   f"the pool holds {pool:,} tokens, fewer than the context length {exp.context_len:,}: prompts of "
@@ -129,7 +130,7 @@ def _interval(exp, out: list) -> None:
     if logged is None or lo <= logged <= hi:
         return
     near = lo if logged < lo else hi
-    gap_gib = (near - logged) * exp.cell_size_bytes / GIB
+    gap_gib = (near - logged) * exp.cell_size_bytes / GiB
     causes = ["free memory changed between the readings SGLang printed and the ones it used (another process on "
               "the card, or an allocation between the two)"]
     if exp.fraction_from_default:

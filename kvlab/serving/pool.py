@@ -12,7 +12,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-GIB = 1 << 30
+from kvlab.units import GiB
+
 HALF_STEP = 0.005  # half the last printed digit of "%.2f GB"
 
 
@@ -57,7 +58,7 @@ def sglang_tokens(before_gib: float, after_gib: float, fraction: float, cell_siz
     rest = after_gib - before_gib * (1 - fraction)
     if rest <= 0:
         return 0
-    tokens = int(rest * GIB) // cell_size_bytes
+    tokens = int(rest * GiB) // cell_size_bytes
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens)
     return tokens // page_size * page_size
@@ -80,6 +81,6 @@ def cell_from_logged_sizes(total_gib: float, slots: int, n_rounded: int) -> tupl
     if slots <= 0 or total_gib <= 0:
         raise ValueError(f"cannot derive a cell size from {total_gib} GiB over {slots} slots")
     err = n_rounded * HALF_STEP
-    lo = max(1, math.ceil((total_gib - err) * GIB / slots))
-    hi = math.floor((total_gib + err) * GIB / slots)
-    return round(total_gib * GIB / slots), lo, max(lo, hi)
+    lo = max(1, math.ceil((total_gib - err) * GiB / slots))
+    hi = math.floor((total_gib + err) * GiB / slots)
+    return round(total_gib * GiB / slots), lo, max(lo, hi)

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 
 from kvlab.device.spec import DeviceSpec
 from kvlab.model.config import ModelConfig
-from kvlab.serving.pool import GIB, Pool
+from kvlab.serving.pool import Pool
+from kvlab.units import GiB
 
 
 @dataclass
@@ -55,7 +56,7 @@ class Explanation:
         if self.pool is None:
             return self.extra.get("terms", [])
         p = self.pool
-        pool_gib = self.max_total_num_tokens_computed * p.cell_size_bytes / GIB
+        pool_gib = self.max_total_num_tokens_computed * p.cell_size_bytes / GiB
         rows = [
             ("free before load", p.before_gib, "avail mem at 'Load weight begin' (min over ranks)"),
             ("weights and other memory loaded", p.after_gib - p.before_gib, "'Load weight end' − 'Load weight begin'"),

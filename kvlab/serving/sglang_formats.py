@@ -16,8 +16,7 @@ import datetime
 from dataclasses import dataclass
 
 from kvlab.serving.sglang_versions import nearest_read, parse_version
-
-GIB = 1 << 30
+from kvlab.units import GiB
 
 
 @dataclass(frozen=True)
@@ -131,7 +130,7 @@ def render_sglang_log(version: str, *, before_gib, after_gib, pool_end_gib, toke
     kv_bytes = (tokens + page_size) * cell_size_bytes  # the pool keeps page_size padding slots
     values = dict(arch=arch, dtype=dtype, kv_dtype=dtype, tokens=tokens, context=context_len,
                   max_prefill=max_prefill_tokens, max_running=max_running_requests, chunked=chunked_prefill_size,
-                  k=kv_bytes / 2 / GIB, v=kv_bytes / 2 / GIB, kv=kv_bytes / GIB, elapsed=1.5, init=0.12)
+                  k=kv_bytes / 2 / GiB, v=kv_bytes / 2 / GiB, kv=kv_bytes / GiB, elapsed=1.5, init=0.12)
     clock = iter(start + datetime.timedelta(seconds=s) for s in range(10_000))
     lines = []
 

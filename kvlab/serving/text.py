@@ -40,3 +40,21 @@ def format_explanation(exp) -> str:
             out.append(f"    {w['what_if']:<28} → {w['max_total_num_tokens']:>12,} tokens ({w['change']:+,})"
                        + (f"  {w['note']}" if w['note'] else ""))
     return "\n".join(out)
+
+
+def format_comparison(comp) -> str:
+    """``kvlab explain-log --compare-engines``: both budgets term by term, then the gap by kind."""
+    out = [f"  SGLang vs vLLM, same model, GPU and TP {comp.tp_size} "
+           f"(cell {comp.sglang.cell_size_bytes:,} / {comp.vllm.cell_size_bytes:,} B/token):"]
+    for budget in (comp.sglang, comp.vllm):
+        logged = comp.logged.get(budget.engine)
+        out.append(f"    {'SGLang' if budget.engine == 'sglang' else 'vLLM'} — {budget.rule}")
+        for term in budget.terms:
+            out.append(f"      {term.name:<44} {term.gib:+9.2f} GiB   {term.how}")
+        out.append(f"      → {budget.tokens:,} tokens" + (f" (log: {logged:,})" if logged is not None else ""))
+        out += [f"      note: {n}" for n in budget.notes]
+    ratio = f"{comp.ratio:.2f}×" if comp.ratio else "—"
+    out.append(f"    gap {comp.sglang.tokens - comp.vllm.tokens:+,} tokens (SGLang / vLLM = {ratio}), by term:")
+    for row in comp.gap:
+        out.append(f"      {row['what']:<76} {row['gib']:+7.2f} GiB {row['tokens']:+10,} tokens")
+    return "\n".join(out)

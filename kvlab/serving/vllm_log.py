@@ -21,8 +21,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kvlab.serving.pool import GIB, HALF_STEP
+from kvlab.serving.pool import HALF_STEP
 from kvlab.serving.sglang_log import LogError
+from kvlab.units import GiB
 
 _MARKERS = ("Model loading took", "Loading model weights took", "Available KV cache memory", "GPU KV cache size",
             "# GPU blocks:", "vLLM API server version", "Initializing a V1 LLM engine")
@@ -117,21 +118,21 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         cell_lo = cell_hi = cell
         source = f"config {model_config.source or model_config.name} at TP {tp}, {model_config.kv_dtype} KV"
     elif logged:
-        cell = round(avail * GIB / logged)
-        cell_lo, cell_hi = int((avail - HALF_STEP) * GIB // (logged + block)), int((avail + HALF_STEP) * GIB // logged)
+        cell = round(avail * GiB / logged)
+        cell_lo, cell_hi = int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
         source = "from the log's available KV memory over its token count (no config given: only a consistency check)"
     else:
         raise LogError(f"{log.path}: no pool size in the log and no config: pass --model-config CONFIG")
-    tokens = int(avail * GIB // (block * cell)) * block
-    lo = int((avail - HALF_STEP) * GIB // (64 * cell_hi)) * 64 if log.block_size is None else \
-        int((avail - HALF_STEP) * GIB // (block * cell_hi)) * block
-    hi = int((avail + HALF_STEP) * GIB // cell_lo) if log.block_size is None else \
-        int((avail + HALF_STEP) * GIB // (block * cell_lo)) * block
+    tokens = int(avail * GiB // (block * cell)) * block
+    lo = int((avail - HALF_STEP) * GiB // (64 * cell_hi)) * 64 if log.block_size is None else \
+        int((avail - HALF_STEP) * GiB // (block * cell_hi)) * block
+    hi = int((avail + HALF_STEP) * GiB // cell_lo) if log.block_size is None else \
+        int((avail + HALF_STEP) * GiB // (block * cell_lo)) * block
     device, gpu_source = resolve_gpu(gpu, None)
     weights = min(log.weights_gib.values()) if log.weights_gib else None
     terms = [{"name": "model weights (per worker)", "gib": weights, "how": "'Model loading took'"},
              {"name": "available KV cache memory", "gib": avail, "how": "requested − non-KV memory (vLLM's profile)"},
-             {"name": "KV pool", "gib": round(tokens * cell / GIB, 4), "how": f"{tokens:,} tokens × {cell:,} B"}]
+             {"name": "KV pool", "gib": round(tokens * cell / GiB, 4), "how": f"{tokens:,} tokens × {cell:,} B"}]
     exp = Explanation(
         log_path=log.path, engine="vllm", version=log.version, version_source="log" if log.version else "not printed",
         rules_version=None, tp_size=tp, tp_size_source="log config" if log.tp_size else "workers printed",
@@ -152,9 +153,11 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
     return exp
 
 
-def render_vllm_log(version: str, *, weights_gib: float, available_gib: float, tokens: int, max_model_len: int,
+def render_vllm_log(version: str, *, weights_gib: float, available_gib, tokens: int, max_model_len: int,
                     tp_size: int = 1, gpu_memory_utilization: float = 0.9) -> str:
-    """A vLLM start-up excerpt in the format of 0.10.1.1 (V1, separate lines) or 0.34.0 (one line)."""
+    """A vLLM start-up excerpt in the format of 0.10.1.1 (V1, separate lines) or 0.34.0 (one line).
+    ``available_gib`` is one value or one per worker."""
+    per_worker = list(available_gib) if isinstance(available_gib, (list, tuple)) else [available_gib] * tp_size
     stamp = "INFO 01-02 03:04:05"
     lines = [f"{stamp} [api_server.py:1805] vLLM API server version {version}",
              f"{stamp} [utils.py:326] non-default args: {{'tensor_parallel_size': {tp_size}, "
@@ -165,11 +168,11 @@ def render_vllm_log(version: str, *, weights_gib: float, available_gib: float, t
         if version.startswith("0.10"):
             lines.append(f"{who}{stamp} [gpu_model_runner.py:2007] Model loading took {weights_gib:.4f} GiB and "
                          f"3.141593 seconds")
-            lines.append(f"{who}{stamp} [gpu_worker.py:276] Available KV cache memory: {available_gib:.2f} GiB")
+            lines.append(f"{who}{stamp} [gpu_worker.py:276] Available KV cache memory: {per_worker[rank]:.2f} GiB")
         else:
             lines.append(f"{who}{stamp} [model_runner.py:442] Model loading took {round(weights_gib, 2)} GiB memory "
                          f"and 3.141593 seconds")
-            lines.append(f"{who}{stamp} [gpu_worker.py:796] Available KV cache memory: {round(available_gib, 2)} GiB")
+            lines.append(f"{who}{stamp} [gpu_worker.py:796] Available KV cache memory: {round(per_worker[rank], 2)} GiB")
     if version.startswith("0.10"):
         lines += [f"{stamp} [kv_cache_utils.py:849] GPU KV cache size: {tokens:,} tokens",
                   f"{stamp} [kv_cache_utils.py:853] Maximum concurrency for {max_model_len:,} tokens per request: "

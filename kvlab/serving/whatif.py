@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from kvlab.errors import KvlabError
 from kvlab.model.hf_config import KV_DTYPE_NAMES
-from kvlab.serving.pool import GIB, Pool
+from kvlab.serving.pool import Pool
 from kvlab.serving.sglang_versions import cell_rule, default_mem_fraction
+from kvlab.units import GiB
 
 KEYS = {"mem_fraction_static": "mem_fraction_static", "mem-fraction-static": "mem_fraction_static",
         "f": "mem_fraction_static", "kv_cache_dtype": "kv_cache_dtype", "kv-cache-dtype": "kv_cache_dtype",
@@ -86,7 +87,7 @@ def _tp(exp, item: str, value: str) -> tuple[Pool, str]:
     if tp < 1:
         raise WhatIfError(f"--what-if {item!r}: tp must be a positive integer")
     pool = exp.pool
-    w_now, w_new = (config.weight_bytes_per_rank(t) / GIB for t in (exp.tp_size, tp))
+    w_now, w_new = (config.weight_bytes_per_rank(t) / GiB for t in (exp.tp_size, tp))
     loaded = (pool.before_gib - pool.after_gib) * w_new / w_now  # what loading took, scaled by the weights per rank
     after = pool.before_gib - loaded
     rule = cell_rule(exp.version or exp.rules_version)

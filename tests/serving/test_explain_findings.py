@@ -3,8 +3,9 @@
 import pytest
 
 from kvlab.model.config import get_model_config
-from kvlab.serving.pool import GIB, sglang_tokens
+from kvlab.serving.pool import sglang_tokens
 from kvlab.serving.sglang_formats import default_server_args, render_sglang_log
+from kvlab.units import GiB
 from tests.serving.logs import run_cli, run_json, write_log
 
 LLAMA8 = get_model_config("llama-3-8b")  # 14.96 GiB of bf16 weights, cell 131,072 B at TP1
@@ -44,9 +45,9 @@ def test_resident_after_load_is_the_finding_1_signature(tmp_path, capsys):
     """Loading took 70 − 50 = 20 GiB; the config's weights are 14.96 GiB: 5.04 GiB more stayed resident."""
     j = run_json(capsys, write_log(tmp_path, _log(after=50.0)), "--model-config", "llama-3-8b")
     [f] = _findings(j, "resident_after_load")
-    expected = LLAMA8.weight_bytes_per_rank(1) / GIB
+    expected = LLAMA8.weight_bytes_per_rank(1) / GiB
     assert f["extra_gib"] == pytest.approx(20.0 - expected, abs=1e-3)
-    assert f["tokens_lost"] == int((20.0 - expected) * GIB) // 131_072
+    assert f["tokens_lost"] == int((20.0 - expected) * GiB) // 131_072
     assert "finding-1 signature" in f["message"] and "notebooks/01_kv_pool_sizing.ipynb" in f["message"]
 
 

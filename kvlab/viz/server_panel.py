@@ -1,0 +1,342 @@
+"""Notebook 05's panel, "your server": paste or upload a start-up log and a config.json, see the pool explained.
+
+A thin controller over :func:`kvlab.serving.explain.explain_log` and
+:func:`kvlab.serving.engine_compare.compare_explanation`: the log (a Textarea, a FileUpload, or one of the
+example logs kvlab ships, :mod:`kvlab.serving.examples`), the model's config (a preset, the shipped example
+config, or a pasted/uploaded config.json), the GPU, and what-if controls (mem_fraction_static, KV dtype, TP,
+GPU). Every figure is a :class:`~kvlab.viz.live.LiveFigure` drawn whole by the pure functions below, so every
+view — live JupyterLab, a reload, Voila, the static report — draws the same figures.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+
+import ipywidgets as widgets
+import plotly.graph_objects as go
+
+from kvlab.viz.engine_plots import ENGINE_COLOURS, engine_waterfalls, gap_bars
+from kvlab.viz.live import LiveFigure
+from kvlab.viz.theme import BUG_COLOUR, FIX_COLOUR, TEMPLATE
+from kvlab.viz.widgets import BusyStatus
+from kvlab.viz.widgets import show_errors as _show_tracebacks
+
+PASTED = "(pasted or uploaded)"
+FROM_LOG = "(from the log)"
+KV_DTYPES = ("auto", "bf16", "fp8_e4m3")
+TP_SIZES = (1, 2, 4, 8, 16)
+
+
+def show_errors(errors: widgets.Output, callback):
+    """Like :func:`kvlab.viz.widgets.show_errors`, but an input kvlab cannot use (a ``KvlabError``: a bad log,
+    a bad config) shows as its one-line message, as the CLI prints it; anything else as a traceback."""
+    from kvlab.errors import KvlabError
+
+    def wrapped(*args, **kwargs):
+        errors.outputs = ()
+        try:
+            return callback(*args, **kwargs)
+        except KvlabError as exc:
+            errors.append_stdout(f"kvlab: error: {exc}\n")
+            return None
+
+    return _show_tracebacks(errors, wrapped)
+
+
+def explain_text(text: str, name: str, **kwargs):
+    """``explain_log`` on a log's text (pasted or uploaded), named ``name`` in every message."""
+    from kvlab.serving.explain import explain_sglang
+    from kvlab.serving.sglang_log import parse_sglang_log
+    from kvlab.serving.vllm_log import explain_vllm, looks_like_vllm, parse_vllm_log
+
+    log = parse_sglang_log(text, name)
+    if not log.ranks and looks_like_vllm(text):
+        return explain_vllm(parse_vllm_log(text, name), model_config=kwargs.get("model_config"),
+                            gpu=kwargs.get("gpu"))
+    return explain_sglang(log, **kwargs)
+
+
+# ---- pure figures ----------------------------------------------------------------------------------
+def explanation_waterfall(exp) -> go.Figure:
+    """The explained engine's own arithmetic: SGLang's readings to the pool budget, or vLLM's printed terms."""
+    terms = exp.terms()
+    colour = ENGINE_COLOURS[exp.engine]
+    if exp.engine == "sglang":
+        shown = terms[:4]
+        measure = ["absolute", "relative", "relative", "total"]
+        fig = go.Figure(go.Waterfall(
+            x=[t["name"] for t in shown], y=[t["gib"] for t in shown], measure=measure,
+            text=[f"{t['gib']:+.2f}" if m == "relative" else f"{t['gib']:.2f}" for t, m in zip(shown, measure)],
+            textposition="outside", cliponaxis=False, customdata=[t["how"] for t in shown],
+            hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>",
+            connector=dict(line=dict(color="#999")), decreasing=dict(marker=dict(color="#bbbbbb")),
+            increasing=dict(marker=dict(color=colour)), totals=dict(marker=dict(color=colour))))
+    else:
+        shown = [t for t in terms if t["gib"] is not None]
+        fig = go.Figure(go.Bar(x=[t["name"] for t in shown], y=[t["gib"] for t in shown], marker_color=colour,
+                               text=[f"{t['gib']:.2f}" for t in shown], textposition="outside", cliponaxis=False,
+                               customdata=[t["how"] for t in shown],
+                               hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>"))
+    logged = exp.max_total_num_tokens_logged
+    title = (f"{'SGLang' if exp.engine == 'sglang' else 'vLLM'} {exp.version or ''}: "
+             f"{exp.max_total_num_tokens_computed:,} tokens computed"
+             + (f", {logged:,} logged" if logged is not None else ""))
+    fig.update_layout(template=TEMPLATE, title=title, yaxis_title="GiB per GPU", height=380, showlegend=False,
+                      margin=dict(t=50, l=60, r=20, b=60))
+    return fig
+
+
+def what_if_figure(exp) -> go.Figure:
+    """The pool as explained beside each what-if (one change at a time), in tokens."""
+    rows = [("as explained", exp.max_total_num_tokens_computed, "")] + [
+        (w["what_if"], w["max_total_num_tokens"], w["note"]) for w in exp.what_if]
+    base = exp.max_total_num_tokens_computed
+    colours = ["#7f7f7f"] + [FIX_COLOUR if t >= base else BUG_COLOUR for _, t, _ in rows[1:]]
+    fig = go.Figure(go.Bar(x=[r[0] for r in rows], y=[r[1] for r in rows], marker_color=colours,
+                           text=[f"{r[1]:,}" for r in rows], textposition="outside", cliponaxis=False,
+                           customdata=[r[2] for r in rows],
+                           hovertemplate="%{x}: %{y:,} tokens<br>%{customdata}<extra></extra>"))
+    title = ("What if: the pool with one setting changed" if exp.what_if else
+             "What if: move a what-if control (fraction, KV dtype, TP, GPU) to compare")
+    fig.update_traces(width=0.5 if exp.what_if else 0.3)
+    fig.update_layout(template=TEMPLATE, title=title, yaxis_title="tokens", height=340, showlegend=False,
+                      margin=dict(t=50, l=70, r=20, b=60))
+    return fig
+
+
+def findings_html(exp) -> str:
+    if not exp.findings:
+        return "<p>No findings: the pool is what the readings and the rules give.</p>"
+    colour = {"error": BUG_COLOUR, "warning": "#ff7f0e", "info": "#555"}
+    items = "".join(f"<li><b style='color:{colour.get(f['severity'], '#555')}'>{html.escape(f['severity'])}</b> "
+                    f"<code>{html.escape(f['id'])}</code>: {html.escape(f['message'])}</li>" for f in exp.findings)
+    return f"<ul class='kvlab-findings-list'>{items}</ul>"
+
+
+def summary_html(exp, comparison=None) -> str:
+    lo, hi = exp.computed_range
+    verdict = {True: "consistent with the log", False: "NOT consistent with the log",
+               None: "the log printed no pool size"}[exp.consistent]
+    logged = exp.max_total_num_tokens_logged
+    rows = [("engine", f"{'SGLang' if exp.engine == 'sglang' else 'vLLM'} {exp.version or '?'} "
+                       f"({exp.version_source})"),
+            ("model · GPU · TP", f"{exp.model or '?'} · {exp.gpu or '?'} · {exp.tp_size}"),
+            ("cell size", f"{exp.cell_size_bytes:,} B/token"),
+            ("pool logged", "—" if logged is None else f"{logged:,} tokens"),
+            ("pool computed", f"{exp.max_total_num_tokens_computed:,} tokens (print rounding allows {lo:,}–{hi:,}):"
+                              f" {verdict}")]
+    if comparison is not None:
+        rows.append(("SGLang vs vLLM", f"{comparison.sglang.tokens:,} vs {comparison.vllm.tokens:,} tokens "
+                                       f"({comparison.vllm.rule})"))
+    body = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
+                   f"<td class='kvlab-summary-{i}'>{html.escape(v)}</td></tr>" for i, (k, v) in enumerate(rows))
+    return f"<table class='kvlab-summary-table'>{body}</table>"
+
+
+# ---- the panel ---------------------------------------------------------------------------------------
+class ServerPanel:
+    """Paste or upload a log and a config, or pick an example; the pool explained, compared and what-iffed."""
+
+    def __init__(self, example: str | None = "qwen3-235b-fp8-4xh100-sglang-0.4.9") -> None:
+        from kvlab.device.spec import DEVICE_PRESETS
+        from kvlab.model.hf_config import preset_names
+        from kvlab.serving.examples import EXAMPLES, QWEN_FP8
+
+        self._examples = {e.name: e for e in EXAMPLES}
+        self.example = widgets.Dropdown(options=[PASTED, *self._examples], value=example or PASTED,
+                                        description="example log", style={"description_width": "initial"},
+                                        layout=widgets.Layout(width="460px"))
+        self.log_text = widgets.Textarea(placeholder="paste an SGLang or vLLM start-up log here",
+                                         layout=widgets.Layout(width="100%", height="140px"))
+        self.log_upload = widgets.FileUpload(accept=".log,.txt", multiple=False, description="upload log")
+        self.vllm_text = widgets.Textarea(placeholder="optional: the vLLM log of the same model, for the comparison",
+                                          layout=widgets.Layout(width="100%", height="70px"))
+        self.model = widgets.Dropdown(options=[QWEN_FP8, *preset_names(), PASTED], value=QWEN_FP8,
+                                      description="model config", style={"description_width": "initial"},
+                                      layout=widgets.Layout(width="460px"))
+        self.config_text = widgets.Textarea(placeholder="or paste a config.json (then pick '(pasted or uploaded)')",
+                                            layout=widgets.Layout(width="100%", height="70px"))
+        self.config_upload = widgets.FileUpload(accept=".json", multiple=False, description="upload config.json")
+        self.gpu = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG, description="GPU")
+        style = {"description_width": "initial"}
+        self.fraction = widgets.FloatSlider(value=0.88, min=0.5, max=0.97, step=0.01, description="what if: "
+                                            "mem_fraction_static", continuous_update=False, style=style,
+                                            layout=widgets.Layout(width="420px"))
+        self.kv_dtype = widgets.Dropdown(options=KV_DTYPES, value="auto", description="what if: KV dtype", style=style)
+        self.tp = widgets.Dropdown(options=TP_SIZES, value=1, description="what if: TP", style=style)
+        self.gpu_whatif = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG,
+                                           description="what if: GPU", style=style)
+        for w, css in ((self.example, "kvlab-example"), (self.log_text, "kvlab-log-text"),
+                       (self.log_upload, "kvlab-log-upload"), (self.vllm_text, "kvlab-vllm-text"),
+                       (self.model, "kvlab-model"), (self.config_text, "kvlab-config-text"),
+                       (self.config_upload, "kvlab-config-upload"), (self.gpu, "kvlab-gpu"),
+                       (self.fraction, "kvlab-whatif-fraction"), (self.kv_dtype, "kvlab-whatif-dtype"),
+                       (self.tp, "kvlab-whatif-tp"), (self.gpu_whatif, "kvlab-whatif-gpu")):
+            w.add_class(css)
+        self.summary, self.findings = widgets.HTML(), widgets.HTML()
+        self.waterfall, self.engines, self.gap, self.what_ifs = LiveFigure(), LiveFigure(), LiveFigure(), LiveFigure()
+        self.errors = widgets.Output()
+        self.status = BusyStatus()
+        for w, css in ((self.summary, "kvlab-summary"), (self.findings, "kvlab-findings"),
+                       (self.waterfall, "kvlab-waterfall"), (self.engines, "kvlab-engines"),
+                       (self.gap, "kvlab-gap"), (self.what_ifs, "kvlab-what-ifs"), (self.errors, "kvlab-errors")):
+            w.add_class(css)
+        inputs = widgets.VBox([widgets.HBox([self.example, self.log_upload]), self.log_text, self.vllm_text,
+                               widgets.HBox([self.model, self.config_upload, self.gpu]), self.config_text])
+        what_if = widgets.HBox([self.fraction, self.kv_dtype, self.tp, self.gpu_whatif],
+                               layout=widgets.Layout(flex_flow="row wrap"))
+        self.widget = widgets.VBox([inputs, what_if, self.status.widget, self.summary, self.waterfall,
+                                    self.findings, self.engines, self.gap, self.what_ifs, self.errors])
+        self.widget.add_class("kvlab-server-panel")
+        self.explanation = self.comparison = None
+        self._quiet = False
+        self._on_change = show_errors(self.errors, self._handle_change)
+        self.example.observe(show_errors(self.errors, self._load_example), names="value")
+        self.log_upload.observe(show_errors(self.errors, self._uploaded_log), names="value")
+        self.config_upload.observe(show_errors(self.errors, self._uploaded_config), names="value")
+        for w in (self.log_text, self.vllm_text, self.model, self.config_text, self.gpu, self.fraction, self.kv_dtype,
+                  self.tp, self.gpu_whatif):
+            w.observe(self._on_change, names="value")
+        show_errors(self.errors, self._load_example)()
+
+    # ---- inputs ------------------------------------------------------------------------------------
+    def _load_example(self, change=None) -> None:
+        ex = self._examples.get(self.example.value)
+        if ex is None:
+            return
+        from kvlab.serving.examples import LOG_DIR
+
+        pair = {"qwen3-235b-fp8-4xh100-sglang-0.4.9": "qwen3-235b-fp8-4xh100-vllm-0.10.1.1"}.get(ex.name)
+        self._set_quietly(log_text=(LOG_DIR / ex.filename).read_text(encoding="utf-8"),
+                          vllm_text=(LOG_DIR / f"{pair}.log").read_text(encoding="utf-8") if pair else "",
+                          model=ex.model, gpu=ex.gpu, tp=ex.tp_size, gpu_whatif=FROM_LOG, kv_dtype="auto")
+        self._refresh(reset_fraction=True)
+
+    def _set_quietly(self, target=None, **values) -> None:
+        """Set widget values (``name=value``) — or ``target``'s traits — without recomputing on each."""
+        self._quiet = True
+        try:
+            for name, value in values.items():
+                if target is not None:
+                    setattr(target, name, value)
+                else:
+                    getattr(self, name).value = value
+        finally:
+            self._quiet = False
+
+    @staticmethod
+    def _upload_text(value) -> str | None:
+        files = list(value.values()) if isinstance(value, dict) else list(value or ())
+        if not files:
+            return None
+        content = files[0]["content"]
+        return bytes(content).decode("utf-8", errors="replace")
+
+    def _uploaded_log(self, change) -> None:
+        text = self._upload_text(change["new"])
+        if text is not None:
+            self._set_quietly(example=PASTED, log_text=text)
+            self._refresh(reset_fraction=True)
+
+    def _uploaded_config(self, change) -> None:
+        text = self._upload_text(change["new"])
+        if text is not None:
+            self._set_quietly(config_text=text, model=PASTED)
+            self._refresh()
+
+    def _handle_change(self, change) -> None:
+        if self._quiet:
+            return
+        if change["owner"] is self.log_text and self.example.value != PASTED:
+            self._set_quietly(example=PASTED)
+        self._refresh(reset_fraction=change["owner"] in (self.log_text, self.model, self.gpu))
+
+    # ---- the controller ----------------------------------------------------------------------------
+    def model_config(self):
+        from kvlab.model.hf_config import ConfigError, config_from_dict, load_model_config
+        from kvlab.serving.examples import DATA_DIR
+
+        if self.model.value != PASTED:
+            path = DATA_DIR / self.model.value
+            return load_model_config(path if path.exists() else self.model.value)
+        text = self.config_text.value.strip()
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"pasted config.json:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+        if not isinstance(data, dict):
+            raise ConfigError("pasted config.json: expected a JSON object (a Hugging Face config.json)")
+        return config_from_dict(data, name=str(data.get("_name_or_path") or "pasted config"),
+                                origin="pasted config.json")
+
+    def what_if_items(self, exp) -> list[str]:
+        items = []
+        if exp.engine != "sglang":
+            return items
+        if round(self.fraction.value, 2) != round(exp.mem_fraction_static, 2):  # the slider holds 2 decimals
+            items.append(f"mem_fraction_static={self.fraction.value:g}")
+        if self.kv_dtype.value != "auto" and exp.kv_dtype_bytes is not None:
+            items.append(f"kv_cache_dtype={self.kv_dtype.value}")
+        if self.tp.value != exp.tp_size and exp.model_config is not None:
+            items.append(f"tp={self.tp.value}")
+        if self.gpu_whatif.value != FROM_LOG and exp.device is not None:
+            items.append(f"gpu={self.gpu_whatif.value}")
+        return items
+
+    def explain(self):
+        """(explanation, comparison or None) for what the controls hold now."""
+        from kvlab.serving.engine_compare import compare_explanation
+        from kvlab.serving.sglang_log import LogError
+        from kvlab.serving.vllm_log import parse_vllm_log
+
+        text = self.log_text.value
+        name = "the log" if self.example.value == PASTED else self.example.value
+        if not text.strip():
+            raise LogError("no log: paste a start-up log, upload one, or pick an example")
+        config = self.model_config()
+        gpu = None if self.gpu.value == FROM_LOG else self.gpu.value
+        exp = explain_text(text, name, model_config=config, gpu=gpu)
+        items = self.what_if_items(exp)
+        if items:
+            from kvlab.serving.whatif import apply_what_ifs
+
+            exp.what_if = apply_what_ifs(exp, items)
+        comparison = None
+        if config is not None and exp.device is not None:
+            if exp.engine == "vllm":
+                vllm_log = parse_vllm_log(text, name)
+            elif self.vllm_text.value.strip():
+                vllm_log = parse_vllm_log(self.vllm_text.value, "the vLLM log")
+            else:
+                vllm_log = None
+            comparison = compare_explanation(exp, vllm_log=vllm_log)
+        return exp, comparison
+
+    def _refresh(self, reset_fraction: bool = False) -> None:
+        with self.status.busy("the explanation"):
+            exp, comparison = self.explain()
+        if reset_fraction and exp.mem_fraction_static is not None:
+            if exp.tp_size not in self.tp.options:  # a TP size the menu lacks (e.g. 3): offer it
+                self._set_quietly(options=tuple(sorted({*TP_SIZES, exp.tp_size})), target=self.tp)
+            self._set_quietly(fraction=round(exp.mem_fraction_static, 2), tp=exp.tp_size)
+            if exp.what_if:
+                exp, comparison = self.explain()
+        self.explanation, self.comparison = exp, comparison
+        self.summary.value = summary_html(exp, comparison)
+        self.findings.value = "<h4>Findings</h4>" + findings_html(exp)
+        self.waterfall.draw(explanation_waterfall(exp))
+        if comparison is not None:
+            self.engines.draw(engine_waterfalls(comparison))
+            self.gap.draw(gap_bars(comparison))
+        else:
+            note = go.Figure().update_layout(template=TEMPLATE, height=120, title="SGLang vs vLLM: needs the "
+                                             "model config and the GPU", xaxis_visible=False, yaxis_visible=False)
+            self.engines.draw(note)
+            self.gap.draw(note)
+        self.what_ifs.draw(what_if_figure(exp))
+
+    def refresh(self) -> None:
+        show_errors(self.errors, self._refresh)()

@@ -1,0 +1,109 @@
+"""Notebook 05's panel headless: set a control, assert on the drawn figures and the summary (no browser)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from kvlab.serving.examples import EXAMPLES, LOG_DIR
+from kvlab.serving.whatif import apply_what_ifs
+from kvlab.viz.server_panel import PASTED, ServerPanel, explain_text
+
+
+@pytest.fixture(scope="module")
+def panel() -> ServerPanel:
+    return ServerPanel()
+
+
+def _errors(panel) -> str:
+    return "".join(o.get("text", "") for o in panel.errors.outputs)
+
+
+def test_default_is_the_report(panel):
+    assert not _errors(panel)
+    assert panel.explanation.max_total_num_tokens_logged == 367_404
+    assert panel.comparison.logged == {"sglang": 367_404, "vllm": 178_880}
+    # the engines' waterfalls end in the budgets; the gap bars add up to the token gap
+    assert [t.y[-1] for t in panel.engines.data] == pytest.approx(
+        [panel.comparison.sglang.budget_gib, panel.comparison.vllm.budget_gib], abs=1e-4)
+    assert sum(panel.gap.data[0].x) == panel.comparison.sglang.tokens - panel.comparison.vllm.tokens
+    assert panel.fraction.value == pytest.approx(0.93) and panel.tp.value == 4
+    assert "367,404 tokens" in panel.summary.value and "consistent with the log" in panel.summary.value
+
+
+def test_what_if_controls_match_the_what_if_module(panel):
+    panel.fraction.value = 0.9
+    panel.tp.value = 8
+    assert not _errors(panel)
+    expected = apply_what_ifs(panel.explanation, ["mem_fraction_static=0.9", "tp=8"])
+    assert list(panel.what_ifs.data[0].y) == [panel.explanation.max_total_num_tokens_computed] + [
+        w["max_total_num_tokens"] for w in expected]
+    assert list(panel.what_ifs.data[0].x) == ["as explained", "mem_fraction_static=0.9", "tp=8"]
+    panel.example.value = EXAMPLES[2].name  # another example: its own fraction and TP, no what-if
+    assert panel.fraction.value == pytest.approx(round(panel.explanation.mem_fraction_static, 2))
+    assert panel.tp.value == EXAMPLES[2].tp_size and list(panel.what_ifs.data[0].x) == ["as explained"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name)
+def test_every_example_draws(panel, example):
+    panel.example.value = example.name
+    assert not _errors(panel)
+    assert panel.explanation.consistent is True
+    assert panel.comparison is not None and len(panel.engines.data) == 2
+
+
+def test_pasted_log_and_config(panel):
+    text = (LOG_DIR / "llama-3.1-8b-h100-sglang-0.5.23.log").read_text()
+    config = (LOG_DIR.parents[1] / ".." / "kvlab" / "model" / "presets" / "llama-3.1-8b.json").resolve().read_text()
+    panel.example.value = PASTED
+    panel.config_text.value = config
+    panel.model.value = PASTED
+    panel.log_text.value = text
+    assert not _errors(panel)
+    assert panel.explanation.log_path == "the log"
+    assert panel.explanation.max_total_num_tokens_computed == explain_text(
+        text, "x", model_config=panel.model_config(), gpu="h100-80g").max_total_num_tokens_computed
+    assert panel.explanation.model_config.name == json.loads(config).get("_name_or_path", "pasted config")
+
+
+def test_uploaded_log(panel):
+    text = (LOG_DIR / "qwq-32b-4xl4-sglang-0.4.3.post3.log").read_bytes()
+    panel.model.value = "qwq-32b"
+    panel.gpu.value = "l4"
+    panel.log_upload.value = ({"name": "mine.log", "type": "text/plain", "size": len(text), "content": text,
+                               "last_modified": datetime.datetime(2025, 1, 2, tzinfo=datetime.timezone.utc)},)
+    assert not _errors(panel) and panel.example.value == PASTED
+    assert panel.explanation.max_total_num_tokens_logged == 42_377
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("log_text", "hello\n", "kvlab: error: the log: not an SGLang or vLLM start-up log"),
+    ("config_text", "{not json", "kvlab: error: pasted config.json:1:2: not valid JSON"),
+])
+def test_bad_input_shows_one_line(panel, field, value, match):
+    panel.example.value = EXAMPLES[0].name
+    if field == "config_text":
+        panel.model.value = PASTED
+    getattr(panel, field).value = value
+    assert _errors(panel).startswith(match) and "Traceback" not in _errors(panel)
+    panel.model.value = EXAMPLES[0].model
+    panel.example.value = EXAMPLES[2].name
+    assert not _errors(panel)
+
+
+def test_a_tp_size_the_menu_lacks_is_offered(panel):
+    from kvlab.serving.pool import sglang_tokens
+    from kvlab.serving.sglang_formats import default_server_args, render_sglang_log
+
+    cell = 32 * 2 * 256 * 2  # Llama 3.1 8B at TP 3: 8 // 3 = 2 KV heads per rank
+    tokens = sglang_tokens(70.0, 50.0, 0.85, cell)
+    panel.example.value = PASTED
+    panel.model.value = "llama-3.1-8b"
+    panel.log_text.value = render_sglang_log(
+        "0.4.5", before_gib=70.0, after_gib=50.0, pool_end_gib=5.0, tokens=tokens, context_len=8192,
+        cell_size_bytes=cell, tp_size=3, server_args=default_server_args("0.4.5", tp_size=3, mem_fraction_static=0.85))
+    assert not _errors(panel)
+    assert panel.tp.value == 3 and 3 in panel.tp.options and list(panel.what_ifs.data[0].x) == ["as explained"]
+    assert panel.explanation.max_total_num_tokens_computed == tokens
