@@ -53,6 +53,7 @@ DEFAULT_CULL_IDLE_SECONDS = 600  # a kernel with no page connected goes after 10
 STOP_TIMEOUT_S = 15.0  # Voila's own kernel shutdown usually takes a second or two
 _KERNEL_KILL_WAIT_S = 5.0
 DASHBOARD_TAG = "dashboard"  # cells shown first in `kvlab app` (the live panels)
+PARAMETERS_TAG = "parameters"  # a notebook's settings cell (papermill's convention): runs before the panels
 TEMPLATE = "kvlab-app"
 SHARE_DIR = Path(__file__).resolve().parent / "app_share"  # holds voila/templates/kvlab-app, put on JUPYTER_PATH
 MOVED_NOTE = "*(The live panel of this section is at the top of the page.)*"
@@ -86,7 +87,8 @@ def _tags(cell) -> list[str]:
 
 
 def dashboard_notebook(nb):
-    """A copy of ``nb`` in dashboard order: the title, the cells tagged ``dashboard``, then the rest in order.
+    """A copy of ``nb`` in dashboard order: the title, the ``parameters`` cell (the settings the panel reads), the
+    cells tagged ``dashboard``, then the rest in order.
 
     The title is the first cell's first line when that cell is markdown starting with a ``# `` heading (the rest
     of that cell stays where it was). Where a tagged cell was, a one-line note points to the top of the page.
@@ -108,8 +110,11 @@ def dashboard_notebook(nb):
             else:
                 cells = cells[1:]
     dashboard = [c for c in cells if DASHBOARD_TAG in _tags(c)]
-    rest = [nbformat.v4.new_markdown_cell(MOVED_NOTE) if DASHBOARD_TAG in _tags(c) else c for c in cells]
-    nb.cells = title_cells + dashboard + rest if dashboard else title_cells + cells
+    # The notebook's parameters cell (papermill's tag) goes first with the panel: the panel reads its settings.
+    parameters = [c for c in cells if PARAMETERS_TAG in _tags(c) and DASHBOARD_TAG not in _tags(c)] if dashboard else []
+    rest = [nbformat.v4.new_markdown_cell(MOVED_NOTE) if DASHBOARD_TAG in _tags(c) else c for c in cells
+            if not any(c is p for p in parameters)]
+    nb.cells = title_cells + parameters + dashboard + rest if dashboard else title_cells + cells
     nb.metadata["kvlab_app"] = {"title": title, "dashboard_cells": len(dashboard)}
     if title:
         nb.metadata["title"] = title
@@ -322,6 +327,6 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
                 process.wait()
 
 
-__all__ = ["AppError", "DASHBOARD_TAG", "DEFAULT_CULL_IDLE_SECONDS", "HOST", "STOP_TIMEOUT_S", "app_env",
+__all__ = ["AppError", "DASHBOARD_TAG", "PARAMETERS_TAG", "DEFAULT_CULL_IDLE_SECONDS", "HOST", "STOP_TIMEOUT_S", "app_env",
            "cull_interval", "dashboard_folder", "dashboard_notebook", "descendants", "find_notebook", "serve",
            "voila_command", "write_dashboard"]

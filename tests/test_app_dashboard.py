@@ -12,6 +12,7 @@ import pytest
 from kvlab.app import (
     DASHBOARD_TAG,
     MOVED_NOTE,
+    PARAMETERS_TAG,
     SHARE_DIR,
     TEMPLATE,
     AppError,
@@ -65,13 +66,20 @@ def test_without_tagged_cells_the_order_is_the_notebooks_own():
     assert [c.source for c in only_title.cells] == ["# Just a title", "panel", MOVED_NOTE]
 
 
-def _free_names(source: str) -> set[str]:
-    """Names a cell reads that it neither imports nor assigns (nor are builtins): what it needs from earlier."""
+def _bound_names(source: str) -> set[str]:
+    """Names a cell imports, assigns or defines."""
     tree = ast.parse(source)
     bound = {a.asname or a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
              for a in n.names}
     bound |= {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, (ast.Store, ast.Del))}
     bound |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    return bound
+
+
+def _free_names(source: str) -> set[str]:
+    """Names a cell reads that it neither imports nor assigns (nor are builtins): what it needs from earlier."""
+    tree = ast.parse(source)
+    bound = _bound_names(source)
     read = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     return read - bound - set(dir(builtins)) - {"display", "get_ipython"}  # IPython puts these in the namespace
 
@@ -85,10 +93,12 @@ def test_free_names_are_what_a_cell_takes_from_earlier_cells():
 def test_each_dashboard_cell_runs_on_its_own(path: Path):
     """A cell tagged ``dashboard`` runs before every other cell in ``kvlab app``: it must import what it uses."""
     nb = nbformat.read(path, as_version=4)
+    # kvlab app runs the parameters cell first too (dashboard_notebook): the names it binds are available.
+    given = set().union(*(_bound_names(c.source) for c in nb.cells if PARAMETERS_TAG in c.metadata.get("tags", [])))
     for index, cell in enumerate(nb.cells):
         if DASHBOARD_TAG in cell.metadata.get("tags", []):
             assert cell.cell_type == "code", f"{path.name} cell {index}: tagged {DASHBOARD_TAG} but {cell.cell_type}"
-            free = _free_names(cell.source)
+            free = _free_names(cell.source) - given
             assert not free, f"{path.name} cell {index} (tagged {DASHBOARD_TAG}) uses names of earlier cells: {free}"
 
 
@@ -96,7 +106,8 @@ def test_notebook_01_leads_with_its_panel():
     notebook = find_notebook("01")
     out = dashboard_notebook(nbformat.read(notebook, as_version=4))
     assert out.cells[0].source == "# 01 · Sizing the KV pool: measure after collecting"
-    assert "KVPoolPanel(" in out.cells[1].source and out.cells[1].cell_type == "code"
+    assert "parameters" in out.cells[1].metadata.get("tags", [])  # the settings the panel reads
+    assert "KVPoolPanel(" in out.cells[2].source and out.cells[2].cell_type == "code"
     assert out.metadata["kvlab_app"]["dashboard_cells"] == 1
 
 
@@ -130,3 +141,14 @@ def test_voila_finds_the_kvlab_template_through_app_env(monkeypatch: pytest.Monk
     paths = collect_template_paths(["voila", "nbconvert"], TEMPLATE, prune=True)
     assert paths[0] == str(SHARE_DIR / "voila" / "templates" / TEMPLATE)
     assert any(p.endswith("voila/templates/lab") for p in paths)  # it extends Voila's lab template
+
+
+def test_the_parameters_cell_runs_before_the_panel():
+    """Notebook 01's panel reads PRESET from its parameters cell: the app puts that cell first, once."""
+    nb = nbformat.read(DEFAULT_NOTEBOOK_DIR / "01_kv_pool_sizing.ipynb", as_version=4)
+    out = dashboard_notebook(nb)
+    tags = [c.metadata.get("tags", []) for c in out.cells]
+    first_params = next(i for i, t in enumerate(tags) if PARAMETERS_TAG in t)
+    first_panel = next(i for i, t in enumerate(tags) if DASHBOARD_TAG in t)
+    assert first_params < first_panel
+    assert sum(PARAMETERS_TAG in t for t in tags) == 1
