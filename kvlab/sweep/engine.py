@@ -180,6 +180,7 @@ class RayEngine:
             except ConnectionError as exc:
                 raise SweepError(f"--ray-address {self.address}: cannot join a Ray cluster there ({exc})") from None
         try:
+            self.workers = int(ray.cluster_resources().get("CPU", 0)) or self.workers  # what the tasks share
             box = [ray.put((list(requests), extra))]
             task = ray.remote(num_cpus=1, max_retries=self.max_retries)(_ray_task)
             key = uuid.uuid4().hex
