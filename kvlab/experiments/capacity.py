@@ -77,12 +77,24 @@ class CapacityResult:
                 f"settings: a pool large enough to keep what the trace comes back to makes the bug harmless.")
 
     def cli(self, out: str = "capacity.csv") -> str:
-        """The same sweep as a ``kvlab sweep`` command line (add ``--engine ray`` to run it on a cluster)."""
-        command = (f"kvlab sweep --trace {self.trace} --kv-pages {','.join(map(str, self.pool_pages))} "
+        """The same sweep as a ``kvlab sweep`` command line to run from the working directory (add ``--engine ray``
+        to run it on a cluster)."""
+        command = (f"kvlab sweep --trace {_shown_path(self.trace)} --kv-pages {','.join(map(str, self.pool_pages))} "
                    f"--max-running {','.join(map(str, self.max_running))} --page-size {self.page_size} "
                    f"--policy {self.policy} --out {out}")
         note = f"  # on the whole trace; this sweep ran its first {self.num_requests} requests"
         return command + ("" if self.whole_trace else note)
+
+
+def _shown_path(path: Path) -> str:
+    """``path`` relative to the working directory when that is shorter (a command to run from here)."""
+    import os
+
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return relative if len(relative) < len(str(path)) else str(path)
 
 
 class Trace(NamedTuple):

@@ -13,7 +13,7 @@ from typing import Any
 from kvlab.sweep.engine import Finished, make_engine
 from kvlab.sweep.grid import Grid, SweepError
 from kvlab.sweep.point import TIMING_COLUMNS, Point
-from kvlab.sweep.store import COLUMNS, PARAM_COLUMNS, open_row_file, row_key
+from kvlab.sweep.store import COLUMNS, open_row_file, row_key
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,7 @@ def run_sweep(requests: Sequence[Any], grid: Grid, *, source: str = "requests", 
     points = grid.points(requests)  # every value checked before anything runs or any file is touched
     runner = make_engine(engine, workers=workers, ray_address=ray_address)
     store = open_row_file(out) if out is not None else None
-    wanted = {tuple(_params(source, seed, p).values()): i for i, p in enumerate(points)}
+    wanted = {row_key(_params(source, seed, p)): i for i, p in enumerate(points)}
     rows: dict[int, dict] = {}
     others: list[dict] = []  # rows of the file that are not points of this grid: kept, after the grid's
     for row in store.rows if store else ():
@@ -130,5 +130,3 @@ def run_sweep(requests: Sequence[Any], grid: Grid, *, source: str = "requests", 
     return SweepRun(tuple(rows[i] for i in range(len(points))), len(todo), skipped, seconds, runner.name,
                     getattr(runner, "workers", None), Path(out) if out is not None else None)
 
-
-assert tuple(_params("", 0, Point("shortfall", "lru", 1, 1, 1))) == PARAM_COLUMNS  # row_key reads these, in order

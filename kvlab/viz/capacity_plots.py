@@ -19,6 +19,11 @@ LOSS_COLOURS = [[0.0, FIX_COLOUR], [0.5, "#f7f7f7"], [1.0, BUG_COLOUR]]
 MIN_COLOUR_RANGE_POINTS = 0.5  # a map of tiny differences is not painted as dark as a costly one
 
 
+def _points(v: float) -> str:
+    """A loss in points as the map and its table write it: signed, and a plain 0.00 where there is none."""
+    return "0.00" if v == 0 else f"{v:+.2f}"
+
+
 def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit-rate points lost to full eviction") -> go.Figure:
     """The regime map: ``loss`` (``CapacityResult.loss_points()``: a row per max running, a column per pool in
     pages, values in points) as a heatmap with each cell's value written in it. Pools and max running are
@@ -28,14 +33,15 @@ def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit-rate points lost to fu
     x = [f"{int(p):,}" for p in loss.columns]
     y = [str(int(r)) for r in loss.index]
     fig = go.Figure(go.Heatmap(
-        z=z.tolist(), x=x, y=y, text=[[f"{v:+.2f}" for v in row] for row in z], texttemplate="%{text}",
+        z=z.tolist(), x=x, y=y, text=[[_points(v) for v in row] for row in z], texttemplate="%{text}",
         colorscale=LOSS_COLOURS, zmid=0, zmin=-bound, zmax=bound, xgap=2, ygap=2,
         colorbar=dict(title=dict(text="points lost"), thickness=14),
         hovertemplate=("pool %{x} pages · max running %{y}<br>full eviction: %{z:+.2f} points of hit rate"
                        "<extra></extra>")))
     fig.update_xaxes(title_text=loss.columns.name or "KV pool size (pages)", type="category")
-    fig.update_yaxes(title_text=loss.index.name or "max running", type="category")
-    fig.update_layout(title=f"{title} (shortfall − full)", height=120 + 60 * len(y))
+    # rows top to bottom in the table's order (plotly puts the first category at the bottom)
+    fig.update_yaxes(title_text=loss.index.name or "max running", type="category", autorange="reversed")
+    fig.update_layout(title=f"{title} (shortfall − full)", height=150 + 50 * len(y), margin=dict(t=50, b=50))
     return fig
 
 
@@ -56,8 +62,8 @@ def _hits_html(result, max_running: int) -> str:
             f"<td data-field='hit_rate' data-pages='{pages}' data-mode='{m}' data-value='{v}' "
             f"style='padding:2px 8px;text-align:right'>{v:.2%}</td>" for m, v in values.items())
         rows.append(f"<tr><th style='padding:2px 8px;text-align:right'>{pages:,}</th>{cells}</tr>")
-    return (f"<table class='kvlab-table'><caption style='text-align:left'>hit rate at max running {max_running}"
-            f"</caption><tr><th>pool (pages)</th>{head}</tr>{''.join(rows)}</table>")
+    return (f"<p style='margin:4px 0'>hit rate at max running {max_running}</p><table class='kvlab-table'>"
+            f"<tr><th>pool (pages)</th>{head}</tr>{''.join(rows)}</table>")
 
 
 def _loss_html(loss: pd.DataFrame) -> str:
@@ -66,10 +72,10 @@ def _loss_html(loss: pd.DataFrame) -> str:
     for running, values in loss.iterrows():
         cells = "".join(
             f"<td data-field='loss_points' data-running='{running}' data-pages='{pages}' data-value='{v}' "
-            f"style='padding:2px 8px;text-align:right'>{v:+.2f}</td>" for pages, v in values.items())
+            f"style='padding:2px 8px;text-align:right'>{_points(v)}</td>" for pages, v in values.items())
         rows.append(f"<tr><th style='padding:2px 8px;text-align:right'>{running}</th>{cells}</tr>")
-    return (f"<table class='kvlab-table'><caption style='text-align:left'>hit-rate points lost to full eviction "
-            f"(rows: max running; columns: pool in pages)</caption><tr><th></th>{head}</tr>{''.join(rows)}</table>")
+    return ("<p style='margin:4px 0'>hit-rate points lost to full eviction, shortfall − full (rows: max running; "
+            f"columns: KV pool in pages)</p><table class='kvlab-table'><tr><th></th>{head}</tr>{''.join(rows)}</table>")
 
 
 class CapacityPanel:
@@ -82,7 +88,8 @@ class CapacityPanel:
         self.result = result
         self.verdict = widgets.HTML(f"<p style='max-width:60em'><b>{html.escape(result.verdict())}</b></p>")
         self.running = widgets.Dropdown(options=[(str(r), r) for r in result.max_running],
-                                        value=max(result.max_running), description="max running")
+                                        value=max(result.max_running), description="max running",
+                                        style={"description_width": "initial"})
         self.curve = LiveFigure()
         self.hits = widgets.HTML()
         self.map = LiveFigure(loss_heatmap(result.loss_points()))

@@ -56,8 +56,10 @@ def test_the_printed_command_gives_the_same_rows(result, capsys, tmp_path):
     assert command[:2] == ["kvlab", "sweep"]
     assert main(command[1:] + ["--workers", "1", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    strip = [{k: v for k, v in r.items() if k not in TIMING_COLUMNS} for r in rows]
-    assert sorted(strip, key=str) == sorted(result.sweep.comparable().to_dict(orient="records"), key=str)
+    assert {r["source"] for r in rows} == {command[command.index("--trace") + 1]}  # the path as the command gives it
+    strip = [{k: v for k, v in r.items() if k not in TIMING_COLUMNS + ("source",)} for r in rows]
+    ours = result.sweep.comparable().drop(columns=["source"]).to_dict(orient="records")
+    assert sorted(strip, key=str) == sorted(ours, key=str)
 
 
 def test_first_requests_only_says_so():
