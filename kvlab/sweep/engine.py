@@ -174,6 +174,7 @@ class RayEngine:
             options = dict(include_dashboard=False, logging_level=logging.WARNING)
             try:
                 if self.address:
+                    check_reachable(self.address)  # Ray itself retries an address nobody answers at for minutes
                     ray.init(address=self.address, **options)
                 else:
                     ray.init(num_cpus=self.workers, **options)
@@ -198,6 +199,18 @@ class RayEngine:
         finally:
             if started:
                 ray.shutdown()
+
+
+def check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """A ``host:port`` or ``ray://host:port`` address must accept a TCP connection; ``auto`` and other forms are
+    left to Ray. Raises :class:`SweepError` naming the address."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as exc:
+        raise SweepError(f"--ray-address {address}: no Ray cluster answers there ({exc})") from None
 
 
 def make_engine(engine: str | Any = "local", *, workers: int | None = None, ray_address: str | None = None):

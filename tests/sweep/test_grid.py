@@ -99,3 +99,22 @@ def test_rows_are_kvlab_simulate_totals_in_grid_order(capsys):
     small = {r["eviction"]: r for r in rows if r["kv_pages"] == 7 and r["max_running"] == 256}
     assert small["shortfall"]["hit_rate"] > small["full"]["hit_rate"]
     assert small["full"]["over_evicted_tokens"] > 0 == small["shortfall"]["over_evicted_tokens"]
+
+
+def test_a_ray_address_nobody_answers_at_is_named_at_once(tmp_path, capsys):
+    """Ray retries an unreachable address for minutes; kvlab says so in seconds, before starting anything."""
+    ray = pytest.importorskip("ray")
+    from kvlab.sweep.engine import check_reachable
+    from tests.browser.lab import free_port
+
+    port = free_port()  # bound and released: nothing listens there now
+    with pytest.raises(SweepError, match=rf"--ray-address ray://127\.0\.0\.1:{port}: no Ray cluster answers there"):
+        check_reachable(f"ray://127.0.0.1:{port}")
+    check_reachable("auto")  # Ray's own discovery: left to Ray
+    if ray.is_initialized():  # a cluster this process joined is used as it is, whatever the address
+        return
+    out = tmp_path / "rows.csv"
+    assert main(TRACE + ["--kv-pages", "12", "--engine", "ray", "--ray-address", f"127.0.0.1:{port}",
+                         "--out", str(out)]) == 2
+    assert f"--ray-address 127.0.0.1:{port}: no Ray cluster answers there" in capsys.readouterr().err
+    assert not out.exists()
