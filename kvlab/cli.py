@@ -3,6 +3,7 @@
     kvlab repro kv-pool-sizing [--preset P] [--gc-before-measure | --no-gc-before-measure | --compare]
                                [--prompt-tokens N] [--json]
     kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare] [...]
+    kvlab sweep (--trace FILE | --workload NAME) [--kv-pages LIST] [--max-running LIST] [...] [--engine local|ray]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
     kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--notebook-dir DIR]
     kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...]
@@ -93,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--policy", choices=sorted(EVICTION_POLICIES), default="lru",
                      help="radix-cache eviction policy (default: %(default)s)")
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")
+
+    from kvlab.sweep.command import add_parser as add_sweep_parser
+
+    add_sweep_parser(commands)
 
     explain = commands.add_parser(
         "explain-log", help="explain a server's KV pool from its SGLang or vLLM start-up log",
@@ -261,15 +266,15 @@ def _workload_params(items: list[str]) -> dict:
 
 def _simulate(args) -> int:
     from kvlab.experiments import shortfall_eviction
+    from kvlab.sweep.point import default_page_size, load_requests, pool_tokens
 
-    page_size = args.page_size or (512 if args.trace else 1)
+    page_size = args.page_size or default_page_size(trace=args.trace)
     try:
         overrides = _workload_params(args.workload_param)
         if overrides and args.trace:
             raise ValueError("--workload-param applies to --workload, not to --trace")
-        requests = shortfall_eviction.load_requests(workload=args.workload, trace=args.trace, seed=args.seed,
-                                                    overrides=overrides)
-        kv_tokens = args.kv_tokens if args.kv_pages is None else args.kv_pages * page_size
+        requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
+        kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
         options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy)
         if args.compare:
             if args.eviction is not None:
@@ -486,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "simulate":
         return _simulate(args)
+    if args.command == "sweep":
+        from kvlab.sweep.command import main as sweep_main
+
+        return sweep_main(args)
     if args.command == "report":
         return _report(args)
     if args.command == "app":

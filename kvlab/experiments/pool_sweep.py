@@ -1,7 +1,7 @@
 """Hit rate against KV pool size, in both eviction modes: the curve a capacity planner wants.
 
 Each point is one full run of the scheduler model (``kvlab.sched.simulate``, through
-:func:`kvlab.experiments.shortfall_eviction.run`) on the same requests with a pool of ``kv_pages``
+:func:`kvlab.sweep.run_sweep`, the code path of ``kvlab sweep``) on the same requests with a pool of ``kv_pages``
 pages; nothing else changes between points or modes. The pool sizes, when not given, run
 log-spaced from the smallest pool that can hold the longest request to one that could cache every
 distinct prompt block of the trace, past which a bigger pool cannot raise the hit rate.
@@ -23,9 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.argtypes import positive_int as _positive_int
-from kvlab.experiments.shortfall_eviction import MODES, run
+from kvlab.experiments.shortfall_eviction import MODES
 from kvlab.paths import data_dir
-from kvlab.progress import progress_bar
 
 DATA_DIR = data_dir()  # kvlab.paths: the checkout's data/, a wheel's copy or KVLAB_DATA_DIR
 EXAMPLE_TRACE = DATA_DIR / "traces" / "mooncake_small.jsonl"  # the shipped trace (data/README.md)
@@ -125,10 +124,14 @@ class SweepResult:
 
 
 def sweep(requests: Sequence[Any], pool_pages: Sequence[int] | None = None, modes: Sequence[str] = MODES,
-          page_size: int = 512, policy: str = "lru", *, progress: bool | None = None, **config: Any) -> SweepResult:
+          page_size: int = 512, policy: str = "lru", *, progress: bool | None = None, engine: str | Any = "local",
+          workers: int = 1, **config: Any) -> SweepResult:
     """Run every (mode, pool size) through the scheduler model; ``config`` goes to ``SchedulerConfig``
-    (``max_running``, ``chunked_prefill_size``, ...). ``pool_pages=None``: :func:`default_pool_pages`."""
-    import pandas as pd
+    (``max_running``, ``chunked_prefill_size``, ...). ``pool_pages=None``: :func:`default_pool_pages`.
+
+    A use of :func:`kvlab.sweep.run_sweep` (the grid: modes × pools), so ``engine``/``workers`` run the points
+    on more cores or a Ray cluster, and each row is what ``kvlab sweep`` writes for the same point."""
+    from kvlab.sweep import Grid, run_sweep
 
     requests = list(requests)
     if not requests:
@@ -138,19 +141,10 @@ def sweep(requests: Sequence[Any], pool_pages: Sequence[int] | None = None, mode
     bad = [m for m in modes if m not in MODES]
     if bad or not modes:
         raise ValueError(f"modes must be a non-empty subset of {MODES}, got {tuple(modes)!r}")
-    rows = []
-    bar = progress_bar(total=len(modes) * len(pools), desc="pool sweep", enabled=progress)
-    try:
-        for mode in modes:
-            for pages in pools:
-                bar.set_postfix_str(f"{mode} {pages} pages")
-                totals = run(requests, eviction=mode, page_size=page_size, kv_tokens=pages * page_size,
-                             policy=policy, progress=False, **config).totals()
-                rows.append({"mode": mode, "kv_pages": pages, **{c: totals[c] for c in COLUMNS[2:]}})
-                bar.update(1)
-    finally:
-        bar.close()
-    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    grid = Grid(evictions=tuple(modes), policies=(policy,), page_sizes=(page_size,),
+                max_running=(config.pop("max_running", 256),), kv_pages=tuple(pools))
+    run = run_sweep(requests, grid, engine=engine, workers=workers, progress=progress, extra=config)
+    frame = run.frame.rename(columns={"eviction": "mode"})[list(COLUMNS)]  # grid order: by mode, then size
     return SweepResult(frame, page_size, policy, len(requests))
 
 

@@ -24,42 +24,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.common import EVICTION_MODES
-from kvlab.sched import SchedulerConfig, SimResult, simulate
-from kvlab.units import align_up
+from kvlab.sched import SimResult, simulate
+from kvlab.sweep.point import (  # noqa: F401  (DEFAULT_KV_TOKENS, default_kv_tokens, load_requests: kept here too)
+    DEFAULT_KV_TOKENS,
+    default_kv_tokens,
+    load_requests,
+    pool_tokens,
+    scheduler_config,
+)
 from kvlab.workloads.request import Request
 
 if TYPE_CHECKING:
     import pandas as pd
-
-DEFAULT_KV_TOKENS = 32_768
-
-
-def load_requests(*, workload: str | None = None, trace: str | Path | None = None, seed: int = 0,
-                  overrides: dict | None = None) -> list:
-    """Requests from a named seeded workload or a Mooncake-format trace (exactly one of them)."""
-    if (workload is None) == (trace is None):
-        raise ValueError("give exactly one of workload= or trace=")
-    if trace is not None:
-        from kvlab.workloads.mooncake import load_trace
-
-        return load_trace(trace)
-    from kvlab.workloads.generators import make_workload
-
-    return make_workload(workload, seed=seed, **(overrides or {}))
-
-
-def default_kv_tokens(requests: Sequence[Request], page_size: int) -> int:
-    """A pool under pressure but able to run every request: 32k tokens, or 4 of the longest request."""
-    if not requests:
-        raise ValueError("no requests to size a KV pool for")
-    longest = max(len(r.prompt_token_ids) + r.output_len for r in requests)
-    return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
-
 
 MODES = EVICTION_MODES  # ("shortfall", "full"): evict_from_tree_cache's modes
 MODE_LABELS = {"shortfall": "shortfall (the fix)", "full": "full (the bug)"}
@@ -221,9 +201,10 @@ def _signed_rate(v: float) -> str:
 
 def run(requests: Sequence[Request], *, eviction: str = "shortfall", page_size: int = 1, kv_tokens: int | None = None,
         max_running: int = 256, policy: str = "lru", progress: bool | None = None, **config: Any) -> SimResult:
-    kv = kv_tokens if kv_tokens is not None else default_kv_tokens(requests, page_size)
-    cfg = SchedulerConfig(kv_tokens=kv, page_size=page_size, eviction=eviction, max_running=max_running,
-                          policy=policy, **config)
+    """One ``kvlab simulate`` run (the config built by :func:`kvlab.sweep.point.scheduler_config`, as every
+    sweep point's is); ``kv_tokens=None``: :func:`default_kv_tokens`."""
+    cfg = scheduler_config(kv_tokens=pool_tokens(requests, page_size, kv_tokens=kv_tokens), eviction=eviction,
+                           page_size=page_size, max_running=max_running, policy=policy, **config)
     return simulate(requests, cfg, progress=progress)
 
 

@@ -11,7 +11,8 @@ index of the cell that showed it and where in that cell it sits, so a difference
 
 What legitimately varies between two runs and is not a result is normalised, nothing else:
 
-* wall-clock durations in text (``ran in 3.0 s``) and tqdm's meters (``[00:01<00:02, 5.20it/s]``, its
+* wall-clock durations in text (``ran in 3.0 s``), throughputs measured by the clock (``135 points/minute``,
+  a sweep's cost) and tqdm's meters (``[00:01<00:02, 5.20it/s]``, its
   ``\\r``-separated redraws on stderr, and the counters a ``tqdm.notebook`` bar froze at when it closed, which
   depend on when its last redraw happened);
 * memory addresses in Python's default reprs (``<Foo object at 0x7f...>``; other hex numbers, such as kvlab's
@@ -51,6 +52,8 @@ _IPYKERNEL_FILE = re.compile(r"/tmp/ipykernel_\d+/\d+\.py")
 _DURATION = re.compile(
     r"\b(ran in|took|elapsed:?|in)\s+\d+(?:[.,]\d+)?\s*(?:ns|µs|us|ms|s|sec|secs|seconds?|min|minutes?|h)\b"
 )
+# a rate measured by the wall clock: "1,234 points/minute" (kvlab sweep's cost line)
+_CLOCK_RATE = re.compile(r"\b\d[\d,]*(?:\.\d+)?(?= points?/min(?:ute)?\b)")
 # tqdm's meter: "[00:01<00:02, 5.20it/s]", "[00:00<?, ?req/s]", or without a total "[00:01, 3.90it/s]"
 _TQDM_TIMES = re.compile(r"\[(?:\d+:)?\d+:\d+[<,][^\]]*\]")
 
@@ -69,6 +72,7 @@ def normalise_text(text: str) -> str:
     text = _ADDRESS.sub("<address>", text)
     text = _UUID.sub("<uuid>", text)
     text = _TQDM_TIMES.sub("[<tqdm times>]", text)
+    text = _CLOCK_RATE.sub("<rate>", text)
     return _DURATION.sub(lambda m: f"{m.group(1)} <duration>", text)
 
 

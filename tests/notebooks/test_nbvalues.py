@@ -85,6 +85,14 @@ def test_timings_ids_addresses_and_progress_are_not_results():
     assert _diff(run1, copy.deepcopy(run1)) is None
 
 
+def test_a_sweeps_clock_rate_is_not_a_result_but_its_point_count_is():
+    from .nbvalues import normalise_text
+
+    one = normalise_text("36 points: 36 computed on local × 2, took 43.2 s, 50 points/minute")
+    assert one == normalise_text("36 points: 36 computed on local × 2, took 12.0 s, 1,234 points/minute")
+    assert one != normalise_text("35 points: 35 computed on local × 2, took 43.2 s, 50 points/minute")
+
+
 @pytest.mark.parametrize("change, cell, values", [
     ({"hit_rate": 0.41637}, 1, ("0.41636", "0.41637")),
     ({"segment": "0x7f0000800000"}, 1, (SEGMENT, "0x7f0000800000")),

@@ -1,0 +1,144 @@
+"""``kvlab sweep``: the command line over :func:`kvlab.sweep.run_sweep` (kvlab/cli.py adds the subcommand here).
+
+    kvlab sweep (--trace FILE | --workload NAME) [--seed N] [--workload-param KEY=VALUE ...]
+                [--kv-pages LIST | --kv-tokens LIST] [--eviction shortfall,full] [--policy LIST]
+                [--page-size LIST] [--max-running LIST]
+                [--engine local|ray] [--workers N] [--ray-address ADDRESS] [--out FILE.csv|FILE.parquet] [--json]
+
+Every LIST is comma-separated; one value is a one-point axis.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from contextlib import contextmanager
+
+from kvlab.argtypes import positive_int
+from kvlab.errors import KvlabError
+from kvlab.sweep.engine import ENGINES
+from kvlab.sweep.grid import Grid, parse_list
+
+SHOWN = ("eviction", "policy", "page_size", "max_running", "kv_pages", "hit_rate", "evicted_tokens",
+         "over_evicted_tokens", "prefill_tokens_computed", "retractions")
+
+
+def add_parser(commands) -> argparse.ArgumentParser:
+    from kvlab.workloads.generators import WORKLOADS
+
+    sweep = commands.add_parser(
+        "sweep", help="run kvlab simulate over a grid of settings, on local cores or a Ray cluster",
+        description="Run `kvlab simulate` at every point of a grid (comma lists; one value is a one-point axis). "
+                    "Rows go to --out as points finish; running the same command again skips the points already "
+                    "there, so an interrupted sweep resumes.")
+    source = sweep.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids)")
+    source.add_argument("--workload", choices=sorted(WORKLOADS), help="seeded synthetic workload")
+    sweep.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    sweep.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a workload parameter, e.g. num_groups=16 (repeatable)")
+    pool = sweep.add_mutually_exclusive_group()
+    pool.add_argument("--kv-pages", metavar="LIST", help="KV pool sizes in pages, e.g. 80,160,320")
+    pool.add_argument("--kv-tokens", metavar="LIST", help="KV pool sizes in tokens (whole pages)")
+    sweep.add_argument("--eviction", metavar="LIST", default="shortfall,full",
+                       help="eviction modes: shortfall (the fix), full (the bug) (default: %(default)s)")
+    sweep.add_argument("--policy", metavar="LIST", default="lru", help="radix-cache eviction policies (default: lru)")
+    sweep.add_argument("--page-size", metavar="LIST", default=None,
+                       help="KV page sizes in tokens (default: 1; 512 for --trace, one page per hash block)")
+    sweep.add_argument("--max-running", metavar="LIST", default="256", help="max running requests (default: 256)")
+    sweep.add_argument("--engine", choices=ENGINES, default="local",
+                       help="local: a process pool on this machine; ray: a Ray cluster, needs kvlab[ray] "
+                            "(default: %(default)s)")
+    sweep.add_argument("--workers", type=positive_int, default=None,
+                       help="local processes, or the CPUs of a Ray cluster started here (default: all cores)")
+    sweep.add_argument("--ray-address", default=None, metavar="ADDRESS",
+                       help="join this Ray cluster (e.g. ray://head:10001 or auto) instead of starting one")
+    sweep.add_argument("--out", default=None, metavar="FILE",
+                       help="write rows to FILE (.csv or .parquet) as they finish; rerun to resume")
+    sweep.add_argument("--json", action="store_true", help="print the rows as JSON")
+    return sweep
+
+
+def grid_from_args(args: argparse.Namespace) -> Grid:
+    page_sizes = parse_list(args.page_size, "--page-size", int) if args.page_size else (512 if args.trace else 1,)
+    return Grid(evictions=parse_list(args.eviction, "--eviction"), policies=parse_list(args.policy, "--policy"),
+                page_sizes=page_sizes, max_running=parse_list(args.max_running, "--max-running", int),
+                kv_pages=parse_list(args.kv_pages, "--kv-pages", int) if args.kv_pages else None,
+                kv_tokens=parse_list(args.kv_tokens, "--kv-tokens", int) if args.kv_tokens else None).checked()
+
+
+@contextmanager
+def _sigterm_interrupts():
+    """SIGTERM stops the sweep as Ctrl-C does (rows kept, workers stopped) instead of killing this process."""
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread: leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _print_table(rows: list[dict]) -> None:
+    widths = {c: max(len(c), *(len(_shown(c, r[c])) for r in rows)) for c in SHOWN}
+    print("  ".join(f"{c:>{widths[c]}}" for c in SHOWN))
+    for row in rows:
+        print("  ".join(f"{_shown(c, row[c]):>{widths[c]}}" for c in SHOWN))
+
+
+def _shown(column: str, value) -> str:
+    if column == "hit_rate":
+        return f"{value:.2%}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def main(args: argparse.Namespace) -> int:
+    from kvlab.sweep.point import load_requests, source_label
+    from kvlab.sweep.run import run_sweep
+
+    def workload_params(items: list[str]) -> dict:
+        params = {}
+        for item in items:
+            key, sep, value = item.partition("=")
+            if not sep or not key:
+                raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
+            try:
+                params[key] = json.loads(value)
+            except json.JSONDecodeError:
+                params[key] = value
+        return params
+
+    new_rows = []
+    try:
+        overrides = workload_params(args.workload_param)
+        if overrides and args.trace:
+            raise ValueError("--workload-param applies to --workload, not to --trace")
+        grid = grid_from_args(args)  # a bad list fails before the requests are even loaded
+        requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
+        source = source_label(workload=args.workload, trace=args.trace, overrides=overrides)
+        with _sigterm_interrupts():
+            run = run_sweep(requests, grid, source=source, seed=args.seed, engine=args.engine, workers=args.workers,
+                            ray_address=args.ray_address, out=args.out,
+                            on_row=lambda row, done: new_rows.append(row))
+    except KeyboardInterrupt:
+        where = f"; they are in {args.out}: run the same command again to resume" if args.out else ""
+        print(f"kvlab: sweep interrupted after {len(new_rows)} new points{where}", file=sys.stderr)
+        return 130
+    except (KvlabError, ValueError, OSError, RuntimeError) as exc:
+        print(f"kvlab: error: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(list(run.rows), indent=2))
+        print(run.cost(), file=sys.stderr)
+        return 0
+    print(f"sweep · {source} · seed {args.seed} · {len(requests):,} requests")
+    _print_table(list(run.rows))
+    print(run.cost() + (f"; rows in {args.out}" if args.out else ""))
+    return 0

@@ -1,0 +1,130 @@
+"""The grid a sweep runs: one axis per ``kvlab simulate`` setting, checked whole before any point runs.
+
+Grid order (the order of :meth:`Grid.points`, and of the rows in a finished output file) is eviction, then
+policy, page size, max running and pool size, each axis in the order given: a two-mode pool sweep reads as
+one block of rows per mode, pools ascending within it.
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvlab.errors import KvlabError
+from kvlab.sweep.point import Point, default_kv_tokens
+
+MODES = ("shortfall", "full")
+
+
+class SweepError(KvlabError, ValueError):
+    """A sweep that cannot run as asked: a bad grid, an engine that is missing, an --out that is not a sweep's."""
+
+
+def parse_list(text: str, flag: str, kind: type = str) -> tuple:
+    """``"a,b,c"`` as a tuple (spaces and empty items dropped); ``kind=int`` parses positive integers."""
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise SweepError(f"{flag}: expected a comma-separated list, got {text!r}")
+    if kind is int:
+        out = []
+        for item in items:
+            try:
+                value = int(item)
+            except ValueError:
+                raise SweepError(f"{flag}: expected positive integers, got {item!r}") from None
+            out.append(value)
+        items = out
+    return tuple(items)
+
+
+def _distinct(values: Iterable) -> tuple:
+    return tuple(dict.fromkeys(values))
+
+
+def _positive_ints(values: Sequence[Any], flag: str) -> tuple[int, ...]:
+    out = []
+    for value in values:
+        # numbers.Integral so numpy's ints pass; bool is an int but not a size
+        if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < 1:
+            raise SweepError(f"{flag}: expected positive integers, got {value!r}")
+        out.append(int(value))
+    if not out:
+        raise SweepError(f"{flag}: no values given")
+    return _distinct(out)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The axes of a sweep (each a tuple; one value is a one-point axis). The pool is ``kv_pages`` or
+    ``kv_tokens`` (at most one); with neither, each page size gets ``kvlab simulate``'s default pool."""
+
+    evictions: tuple[str, ...] = MODES
+    policies: tuple[str, ...] = ("lru",)
+    page_sizes: tuple[int, ...] = (1,)
+    max_running: tuple[int, ...] = (256,)
+    kv_pages: tuple[int, ...] | None = None
+    kv_tokens: tuple[int, ...] | None = None
+
+    def checked(self) -> Grid:
+        """The grid with every value checked (and repeats dropped), or a :class:`SweepError` naming the value."""
+        from kvlab.mem_cache.common import EVICTION_MODES
+        from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
+
+        for mode in self.evictions:
+            if mode not in EVICTION_MODES:
+                raise SweepError(f"--eviction: unknown eviction mode {mode!r} (known: {', '.join(EVICTION_MODES)})")
+        for policy in self.policies:
+            if policy not in EVICTION_POLICIES:
+                raise SweepError(f"--policy: unknown eviction policy {policy!r} "
+                                 f"(known: {', '.join(sorted(EVICTION_POLICIES))})")
+        if not self.evictions or not self.policies:
+            raise SweepError(f"--eviction and --policy need at least one value each, got {self.evictions!r} "
+                             f"and {self.policies!r}")
+        if self.kv_pages is not None and self.kv_tokens is not None:
+            raise SweepError("give the pool sizes as --kv-pages or as --kv-tokens, not both")
+        return Grid(
+            evictions=_distinct(self.evictions), policies=_distinct(self.policies),
+            page_sizes=_positive_ints(self.page_sizes, "--page-size"),
+            max_running=_positive_ints(self.max_running, "--max-running"),
+            kv_pages=None if self.kv_pages is None else _positive_ints(self.kv_pages, "--kv-pages"),
+            kv_tokens=None if self.kv_tokens is None else _positive_ints(self.kv_tokens, "--kv-tokens"))
+
+    def pools(self, requests: Sequence[Any], page_size: int) -> tuple[int, ...]:
+        """The pool sizes in tokens at ``page_size``."""
+        if self.kv_pages is not None:
+            return tuple(pages * page_size for pages in self.kv_pages)
+        if self.kv_tokens is not None:
+            return self.kv_tokens
+        return (default_kv_tokens(requests, page_size),)
+
+    def points(self, requests: Sequence[Any]) -> list[Point]:
+        """Every point in grid order, after checking that each can run: a pool of whole pages that holds the
+        longest request alone. Raises :class:`SweepError` naming the first value that cannot."""
+        from kvlab.sched import min_kv_tokens
+
+        grid = self.checked()
+        if not requests:
+            raise SweepError("no requests to sweep")
+        points = []
+        for page_size in grid.page_sizes:
+            longest = max(requests, key=lambda r: min_kv_tokens(len(r.prompt_token_ids), r.output_len, page_size))
+            need = min_kv_tokens(len(longest.prompt_token_ids), longest.output_len, page_size)
+            for kv in grid.pools(requests, page_size):
+                if kv % page_size:
+                    raise SweepError(f"--kv-tokens {kv} is not a whole number of pages at --page-size {page_size}")
+                if kv < need:
+                    given = (f"--kv-pages {kv // page_size}" if grid.kv_pages is not None else f"--kv-tokens {kv}")
+                    raise SweepError(
+                        f"{given} at --page-size {page_size} ({kv:,} tokens) is smaller than one request: "
+                        f"{longest.rid!r} needs {need // page_size:,} pages ({need:,} tokens: prompt "
+                        f"{len(longest.prompt_token_ids):,} + output {longest.output_len:,}, page-aligned, plus "
+                        f"the padding page)")
+        for eviction in grid.evictions:
+            for policy in grid.policies:
+                for page_size in grid.page_sizes:
+                    for max_running in grid.max_running:
+                        for kv in grid.pools(requests, page_size):
+                            points.append(Point(eviction, policy, page_size, max_running, kv))
+        return points

@@ -1,0 +1,113 @@
+"""One grid point: one ``kvlab simulate`` run, and the one code path that builds it.
+
+``kvlab simulate`` (kvlab/cli.py), :func:`kvlab.experiments.shortfall_eviction.run` and every sweep point build
+their requests with :func:`load_requests`, their pool with :func:`pool_tokens` and their
+:class:`~kvlab.sched.SchedulerConfig` with :func:`scheduler_config`, so a sweep row is exactly what
+``kvlab simulate --json`` prints for the same settings.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from kvlab.sched import SchedulerConfig, simulate
+from kvlab.units import align_up
+
+DEFAULT_KV_TOKENS = 32_768
+TRACE_PAGE_SIZE = 512  # a Mooncake trace's hash ids are 512-token blocks: one page per block
+
+
+def load_requests(*, workload: str | None = None, trace: str | Path | None = None, seed: int = 0,
+                  overrides: dict | None = None) -> list:
+    """Requests from a named seeded workload or a Mooncake-format trace (exactly one of them)."""
+    if (workload is None) == (trace is None):
+        raise ValueError("give exactly one of workload= or trace=")
+    if trace is not None:
+        from kvlab.workloads.mooncake import load_trace
+
+        return load_trace(trace)
+    from kvlab.workloads.generators import make_workload
+
+    return make_workload(workload, seed=seed, **(overrides or {}))
+
+
+def default_page_size(*, trace: str | Path | None) -> int:
+    """``kvlab simulate``'s page size when none is given: 512 for a trace (one page per hash block), else 1."""
+    return TRACE_PAGE_SIZE if trace is not None else 1
+
+
+def default_kv_tokens(requests: Sequence[Any], page_size: int) -> int:
+    """A pool under pressure but able to run every request: 32k tokens, or 4 of the longest request."""
+    if not requests:
+        raise ValueError("no requests to size a KV pool for")
+    longest = max(len(r.prompt_token_ids) + r.output_len for r in requests)
+    return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
+
+
+def pool_tokens(requests: Sequence[Any], page_size: int, *, kv_tokens: int | None = None,
+                kv_pages: int | None = None) -> int:
+    """The pool in tokens from ``--kv-tokens`` or ``--kv-pages`` (at most one), else :func:`default_kv_tokens`."""
+    if kv_tokens is not None and kv_pages is not None:
+        raise ValueError(f"give the pool in tokens or in pages, not both (kv_tokens={kv_tokens}, kv_pages={kv_pages})")
+    if kv_pages is not None:
+        return kv_pages * page_size
+    return kv_tokens if kv_tokens is not None else default_kv_tokens(requests, page_size)
+
+
+def scheduler_config(*, kv_tokens: int, eviction: str = "shortfall", page_size: int = 1, max_running: int = 256,
+                     policy: str = "lru", **config: Any) -> SchedulerConfig:
+    """The scheduler's config for one run; ``config`` holds any other ``SchedulerConfig`` field."""
+    return SchedulerConfig(kv_tokens=kv_tokens, page_size=page_size, eviction=eviction, max_running=max_running,
+                           policy=policy, **config)
+
+
+def source_label(*, workload: str | None = None, trace: str | Path | None = None,
+                 overrides: dict | None = None) -> str:
+    """What a row says it ran on: the trace path as given, or the workload's name with its overrides."""
+    if trace is not None:
+        return str(trace)
+    if not overrides:
+        return str(workload)
+    return f"{workload} {json.dumps(overrides, sort_keys=True, separators=(',', ':'))}"
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """One run's settings: the grid's axes. ``kv_tokens`` is whole pages (``SchedulerConfig`` checks it)."""
+
+    eviction: str
+    policy: str
+    page_size: int
+    max_running: int
+    kv_tokens: int
+
+    @property
+    def kv_pages(self) -> int:
+        return self.kv_tokens // self.page_size
+
+    def config(self, **extra: Any) -> SchedulerConfig:
+        return scheduler_config(**asdict(self), **extra)
+
+
+# The totals ``kvlab simulate --json`` prints, minus the four the grid already names (eviction, page_size,
+# kv_tokens, policy). Wall-clock time is kept apart (TIMING_COLUMNS): it differs run to run and engine to engine.
+TOTAL_COLUMNS = ("requests", "prompt_tokens", "cached_prompt_tokens", "hit_rate", "hit_pages", "prompt_pages",
+                 "evicted_tokens", "over_evicted_tokens", "overshoot_tokens", "prefill_tokens_computed",
+                 "retractions", "aborted", "pressure_events", "steps", "output_tokens", "simulated_s",
+                 "output_tokens_per_s")
+TIMING_COLUMNS = ("wall_s",)
+
+
+def run_point(requests: Sequence[Any], point: Point, **extra: Any) -> dict:
+    """Simulate one point; returns its totals (:data:`TOTAL_COLUMNS`) and ``wall_s``."""
+    start = time.perf_counter()
+    totals = simulate(requests, point.config(**extra), progress=False).totals()
+    missing = [c for c in TOTAL_COLUMNS if c not in totals]
+    if missing:  # the simulator's totals are a contract (docs/architecture.md#public-contracts): fail loudly if it drifts
+        raise RuntimeError(f"simulate().totals() lacks {missing}")
+    return {**{c: totals[c] for c in TOTAL_COLUMNS}, "wall_s": round(time.perf_counter() - start, 6)}

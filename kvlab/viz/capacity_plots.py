@@ -1,0 +1,108 @@
+"""Notebook 06's figures and panel: hit rate against pool size, and the regime map of full eviction's cost
+(:class:`kvlab.experiments.capacity.CapacityResult`)."""
+
+from __future__ import annotations
+
+import html
+
+import ipywidgets as widgets
+import pandas as pd
+import plotly.graph_objects as go
+
+from kvlab.viz.live import LiveFigure
+from kvlab.viz.sweep_plots import hit_rate_vs_pool
+from kvlab.viz.theme import BUG_COLOUR, FIX_COLOUR
+
+# Diverging: white where full eviction costs nothing, the bug's red where it costs, the fix's blue where the bug
+# happened to do better. Symmetric around 0 (zmid), so the colour of a cell is its sign and size.
+LOSS_COLOURS = [[0.0, FIX_COLOUR], [0.5, "#f7f7f7"], [1.0, BUG_COLOUR]]
+MIN_COLOUR_RANGE_POINTS = 0.5  # a map of tiny differences is not painted as dark as a costly one
+
+
+def _points(v: float) -> str:
+    """A loss in points as the map and its table write it: signed, and a plain 0.00 where there is none."""
+    return "0.00" if v == 0 else f"{v:+.2f}"
+
+
+def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit-rate points lost to full eviction") -> go.Figure:
+    """The regime map: ``loss`` (``CapacityResult.loss_points()``: a row per max running, a column per pool in
+    pages, values in points) as a heatmap with each cell's value written in it. Pools and max running are
+    categories, so every cell is the same size whatever the spacing of the values."""
+    z = loss.to_numpy(dtype=float)
+    bound = max(MIN_COLOUR_RANGE_POINTS, float(abs(z).max()) if z.size else 0.0)
+    x = [f"{int(p):,}" for p in loss.columns]
+    y = [str(int(r)) for r in loss.index]
+    fig = go.Figure(go.Heatmap(
+        z=z.tolist(), x=x, y=y, text=[[_points(v) for v in row] for row in z], texttemplate="%{text}",
+        colorscale=LOSS_COLOURS, zmid=0, zmin=-bound, zmax=bound, xgap=2, ygap=2,
+        colorbar=dict(title=dict(text="points lost"), thickness=14),
+        hovertemplate=("pool %{x} pages · max running %{y}<br>full eviction: %{z:+.2f} points of hit rate"
+                       "<extra></extra>")))
+    fig.update_xaxes(title_text=loss.columns.name or "KV pool size (pages)", type="category")
+    # rows top to bottom in the table's order (plotly puts the first category at the bottom)
+    fig.update_yaxes(title_text=loss.index.name or "max running", type="category", autorange="reversed")
+    fig.update_layout(title=f"{title} (shortfall − full)", height=150 + 50 * len(y), margin=dict(t=50, b=50))
+    return fig
+
+
+def hit_rate_curve(result, max_running: int | None = None) -> go.Figure:
+    """Hit rate against pool size in both modes at one max running (default: the largest)."""
+    running = max(result.max_running) if max_running is None else max_running
+    fig = hit_rate_vs_pool(result.curve(running), ideal_hit_rate=result.ideal_hit_rate)
+    fig.update_layout(title=f"Hit rate against KV pool size (max running {running})")
+    return fig
+
+
+def _hits_html(result, max_running: int) -> str:
+    table = result.hit_rates(max_running)
+    head = "".join(f"<th style='padding:2px 8px'>{html.escape(m)}</th>" for m in table.columns)
+    rows = []
+    for pages, values in table.iterrows():
+        cells = "".join(
+            f"<td data-field='hit_rate' data-pages='{pages}' data-mode='{m}' data-value='{v}' "
+            f"style='padding:2px 8px;text-align:right'>{v:.2%}</td>" for m, v in values.items())
+        rows.append(f"<tr><th style='padding:2px 8px;text-align:right'>{pages:,}</th>{cells}</tr>")
+    return (f"<p style='margin:4px 0'>hit rate at max running {max_running}</p><table class='kvlab-table'>"
+            f"<tr><th>pool (pages)</th>{head}</tr>{''.join(rows)}</table>")
+
+
+def _loss_html(loss: pd.DataFrame) -> str:
+    head = "".join(f"<th style='padding:2px 8px'>{int(p):,}</th>" for p in loss.columns)
+    rows = []
+    for running, values in loss.iterrows():
+        cells = "".join(
+            f"<td data-field='loss_points' data-running='{running}' data-pages='{pages}' data-value='{v}' "
+            f"style='padding:2px 8px;text-align:right'>{_points(v)}</td>" for pages, v in values.items())
+        rows.append(f"<tr><th style='padding:2px 8px;text-align:right'>{running}</th>{cells}</tr>")
+    return ("<p style='margin:4px 0'>hit-rate points lost to full eviction, shortfall − full (rows: max running; "
+            f"columns: KV pool in pages)</p><table class='kvlab-table'><tr><th></th>{head}</tr>{''.join(rows)}</table>")
+
+
+class CapacityPanel:
+    """The curve (one max running at a time, chosen from a dropdown) and the regime map, each above its table.
+
+    Figures are :class:`~kvlab.viz.live.LiveFigure`s drawn whole, so JupyterLab, a reload, Voila and the
+    report's saved widget state all show the current figure; ``widget`` is what the notebook displays."""
+
+    def __init__(self, result) -> None:
+        self.result = result
+        self.verdict = widgets.HTML(f"<p style='max-width:60em'><b>{html.escape(result.verdict())}</b></p>")
+        self.running = widgets.Dropdown(options=[(str(r), r) for r in result.max_running],
+                                        value=max(result.max_running), description="max running",
+                                        style={"description_width": "initial"})
+        self.curve = LiveFigure()
+        self.hits = widgets.HTML()
+        self.map = LiveFigure(loss_heatmap(result.loss_points()))
+        self.loss = widgets.HTML(_loss_html(result.loss_points()))
+        for w, css in ((self.verdict, "kvlab-capacity-verdict"), (self.running, "kvlab-capacity-running"),
+                       (self.curve, "kvlab-capacity-curve"), (self.hits, "kvlab-capacity-hits"),
+                       (self.map, "kvlab-capacity-map"), (self.loss, "kvlab-capacity-loss")):
+            w.add_class(css)
+        self.running.observe(lambda change: self.show(change["new"]), names="value")
+        self.show(self.running.value)
+        self.widget = widgets.VBox([self.verdict, self.running, self.curve, self.hits, self.map, self.loss])
+        self.widget.add_class("kvlab-capacity-panel")
+
+    def show(self, max_running: int) -> None:
+        self.curve.draw(lambda: hit_rate_curve(self.result, max_running), key=max_running)
+        self.hits.value = _hits_html(self.result, max_running)
