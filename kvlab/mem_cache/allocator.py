@@ -193,6 +193,25 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         pages = idx if self.page_size == 1 else torch.unique(idx // self.page_size)
         self._release(pages, self.free_group, "free")
 
+    def free_row(self, row_slots: torch.Tensor) -> None:
+        """:meth:`free` of a request-row segment that starts at a page-aligned row position (the tree's request
+        flows free such slices): the same pages in the same order, read from one index per page.
+
+        In such a segment every run of ``page_size`` positions holds one page's slots in order (the paged
+        allocator lays rows out that way), so the pages are ``row_slots[::page_size] // page_size``. Each run's
+        first and last index are checked to lie at its page's start and end; a segment that is not laid out
+        so goes through :meth:`free`."""
+        ps, n = self.page_size, row_slots.numel()
+        if ps == 1 or n == 0:
+            return self.free(row_slots)
+        heads = row_slots[::ps].to(_I64)
+        tails = row_slots[ps - 1 :: ps]
+        last = int(row_slots[-1]) - int(heads[-1])
+        if (last != (n - 1) % ps or bool((heads % ps).any())
+                or not torch.equal(tails.to(_I64), heads[: len(tails)] + (ps - 1))):
+            return self.free(row_slots)
+        self._release(torch.unique(heads // ps), self.free_group, "free")
+
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         """Free ``kv_row[start_pos : start_pos + n]``: page-aligned start, contiguous pages.
 
@@ -525,6 +544,25 @@ class SWATokenToKVPoolAllocator:
     def free(self, free_index: IndexLike) -> None:
         self.free_swa(free_index)  # first: it reads the mapping
         self.free_full(free_index)
+
+    def free_row(self, row_slots: torch.Tensor) -> None:
+        """:meth:`free` of a request-row segment that starts at a page-aligned row position (the tree's request
+        flows free such slices): the same pages in the same order, read from one index per page.
+
+        In such a segment every run of ``page_size`` positions holds one page's slots in order (the paged
+        allocator lays rows out that way), so the pages are ``row_slots[::page_size] // page_size``. Each run's
+        first and last index are checked to lie at its page's start and end; a segment that is not laid out
+        so goes through :meth:`free`."""
+        ps, n = self.page_size, row_slots.numel()
+        if ps == 1 or n == 0:
+            return self.free(row_slots)
+        heads = row_slots[::ps].to(_I64)
+        tails = row_slots[ps - 1 :: ps]
+        last = int(row_slots[-1]) - int(heads[-1])
+        if (last != (n - 1) % ps or bool((heads % ps).any())
+                or not torch.equal(tails.to(_I64), heads[: len(tails)] + (ps - 1))):
+            return self.free(row_slots)
+        self._release(torch.unique(heads // ps), self.free_group, "free")
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         if start_pos % self.page_size:

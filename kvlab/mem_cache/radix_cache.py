@@ -295,8 +295,12 @@ class RadixCache(BaseRadixTree):
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
         elif not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value, dtype=_I64)
-        elif value.dtype != _I64:
-            value = value.to(_I64)
+        return self._insert(key, n, value, priority, inserted_len)
+
+    def _insert(self, key: array, n: int, value: torch.Tensor, priority: int, inserted_len: int) -> int:
+        """``insert`` of ``key[:n]`` (``n`` page-aligned): the request flows pass the whole token array and
+        the request row (int32) without slicing or converting them; only the new leaf's slots are copied
+        (as int64)."""
         if len(value) < n:
             raise ValueError(f"insert: {len(value)} values for a key of {n} (page-aligned) tokens")
         now = self.clock.tick()
@@ -331,7 +335,8 @@ class RadixCache(BaseRadixTree):
                 break  # the key diverges inside this edge; SGLang's loop finds no further child
         prefix_len = off
         if off < n:
-            leaf = self._new_node(key[off:n], value[off:n].clone(), node, priority)
+            new = value[off:n]
+            leaf = self._new_node(key[off:n], new.clone() if new.dtype == _I64 else new.to(_I64), node, priority)
             if n > inserted_len:
                 leaf.hit_count += 1
             node.children[self._child_key(leaf.key)] = leaf
@@ -348,22 +353,27 @@ class RadixCache(BaseRadixTree):
         last output token, whose KV was never computed. Inserts the page-aligned part, frees the
         duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
         the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
+        Row slices go to the allocator as they are (``free_row``: one index per page).
         """
-        tokens = as_tokens(req.origin_input_ids) + as_tokens(req.output_ids)
-        kv_len = max(0, len(tokens) - 1) if kv_len_to_handle is None else kv_len_to_handle
-        tokens = tokens[:kv_len]
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
-        free = self.token_to_kv_pool_allocator.free
+        origin = as_tokens(req.origin_input_ids)
+        n_out = len(req.output_ids)
+        total = len(origin) + n_out
+        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
+        alloc = self.token_to_kv_pool_allocator
+        free = getattr(alloc, "free_row", alloc.free)
+        protected = req.cache_protected_len
         if self.disable:
-            free(kv[req.cache_protected_len :])
+            free(row[protected:])
             return
-        key_len = align_down(len(tokens), self.page_size)
+        key_len = align_down(kv_len, self.page_size)
         if is_insert:
-            done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0)
-            free(kv[req.cache_protected_len : done])
+            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
+            done = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, 0)
+            free(row[protected:done])
         else:
-            free(kv[req.cache_protected_len : key_len])
-        free(kv[key_len:])
+            free(row[protected:key_len])
+        free(row[key_len:])
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
             req.last_node = None
@@ -371,28 +381,43 @@ class RadixCache(BaseRadixTree):
     def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
         """After a prefill chunk: insert ``fill_ids``' page-aligned KV, free duplicates, re-point the
         row at the tree's slots, and move the request's lock to the new last node
-        (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16)."""
+        (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16).
+
+        The re-match is the match walk itself (same clock tick and access times); the row is rewritten
+        from its values over ``[cache_protected_len, key_len)`` only, as SGLang's write does."""
         if self.disable:
             return
         tokens = as_tokens(req.fill_ids)
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
-        key_len = align_down(len(tokens), self.page_size)
-        done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0,
-                           inserted_len=key_len if chunked else 0)
-        self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : done])
-        m = self.match_prefix(tokens[:key_len])
-        require(m.device_prefix_len == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
-                found=m.device_prefix_len, inserted=key_len)
-        new = m.device_indices
+        n_tok = len(tokens)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        key_len = align_down(n_tok, self.page_size)
+        alloc = self.token_to_kv_pool_allocator
         protected = req.cache_protected_len
-        self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), new[protected:].to(torch.int32))
+        done = self._insert(tokens, key_len, row[:key_len], getattr(req, "priority", 0) or 0,
+                            key_len if chunked else 0)
+        getattr(alloc, "free_row", alloc.free)(row[protected:done])
+        if key_len:
+            values, last_node, found = self._match_walk(tokens, key_len)
+        else:
+            values, last_node, found = [], self.root_node, 0
+        require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
+                found=found, inserted=key_len)
+        pos = 0
+        for v in values:  # req_to_token[protected:key_len] = new_indices[protected:]
+            end = pos + len(v)
+            if end > protected:
+                lo = max(pos, protected)
+                self.req_to_token_pool.write((req.req_pool_idx, slice(lo, end)), v[lo - pos :])
+            pos = end
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(m.last_device_node)
+        self.inc_lock_ref(last_node)
         # With page_size > 1 the partial last page stays the request's (in the row, not the tree).
-        req.prefix_indices = torch.cat([new, kv[key_len:]]) if key_len < len(kv) else new
-        req.last_node = m.last_device_node
+        if key_len < n_tok:
+            values.append(row[key_len:n_tok].to(_I64))
+        req.prefix_indices = torch.cat(values) if values else self._empty
+        req.last_node = last_node
 
     # -- locks ----------------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> int:

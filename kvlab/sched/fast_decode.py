@@ -143,17 +143,18 @@ class FastDecode:
         sched, ps, d = self.sched, self.page_size, self.round + 1
         opens = self.opens
         openers = list(_pop_due(opens, d)) if opens and opens[0][0] <= d else []  # in running order
-        if not sched._reserve_decode(ps * len(openers)):  # check_decode_mem
-            self.unregister_all()
-            retracted = sched._retract()
-            sched._decode_alloc_emit()
-            for req in sched.running:
-                self.register(req)
-            return retracted
-        sched._decay_new_token_ratio()
-        # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
         running = sched.running
-        sched._note(evict_from_tree_cache(sched.tree, len(running) * ps, sched.config.eviction))
+        if sched.allocator.available_size() < len(running) * ps:  # else both evictions below find room
+            if not sched._reserve_decode(ps * len(openers)):  # check_decode_mem
+                self.unregister_all()
+                retracted = sched._retract()
+                sched._decode_alloc_emit()
+                for req in sched.running:
+                    self.register(req)
+                return retracted
+            # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
+            sched._note(evict_from_tree_cache(sched.tree, len(running) * ps, sched.config.eviction))
+        sched._decay_new_token_ratio()
         pages = sched.allocator.alloc_decode_pages(len(running), len(openers))
         if pages is None:
             raise RuntimeError(f"Decode out of memory: {len(running)} requests, "

@@ -50,6 +50,7 @@ from kvlab.units import align_down, align_up
 
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py: future tokens counted per request, at most
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+_NO_EVICTION = EvictResult()  # frozen: a step's eviction before anything was noted
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ class Scheduler:
         rows = self.req_to_token_pool.req_to_token
         for req in batch:  # the matched prefix's slots go into the row first
             if req.kv_len == req.prefix_len and req.prefix_len:
-                rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len].to(torch.int32)
+                rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len]  # copy_ casts
         if ps == 1:
             result = alloc_token_slots(self.tree, sum(r.extend_len for r in batch), self.config.eviction)
         else:
@@ -306,7 +307,7 @@ class Scheduler:
         start = 0
         for req in batch:
             loc = result.out_cache_loc[start : start + req.extend_len]
-            rows[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = loc.to(torch.int32)
+            rows[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = loc  # int64 -> int32 in the copy
             start += req.extend_len
 
     def _finish_prefill(self, batch: list[SimReq]) -> None:
@@ -427,8 +428,7 @@ class Scheduler:
         self.totals.output_tokens += 1
 
     def _finish(self, req: SimReq) -> None:
-        req.fill_ids = req.origin_input_ids + array("q", req.output_ids)
-        release_kv_cache(req, self.tree)
+        release_kv_cache(req, self.tree)  # reads origin_input_ids + output_ids (fill_ids is not needed)
         req.origin_input_ids, req.fill_ids, req.output_ids = [], [], []  # the tree holds what is worth keeping
         self._finished += 1
 
@@ -481,7 +481,7 @@ class Scheduler:
             if not (self.waiting or self.running or self.chunked):
                 self.now_s = self.pending[0].arrival_time_s
                 continue
-            self._step_evict = EvictResult()
+            self._step_evict = _NO_EVICTION
             self._step_hits = 0
             self._step_pressure = 0
             self._finished = 0
