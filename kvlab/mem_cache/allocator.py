@@ -194,20 +194,15 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self._release(pages, self.free_group, "free")
 
     def free_row(self, row_slots: torch.Tensor) -> None:
-        """:meth:`free` of a request-row segment that starts at a page-aligned row position (the tree's request
-        flows free such slices): the same pages in the same order, read from one index per page.
-
-        In such a segment every run of ``page_size`` positions holds one page's slots in order (the paged
-        allocator lays rows out that way), so the pages are ``row_slots[::page_size] // page_size``. Each run's
-        first and last index are checked to lie at its page's start and end; a segment that is not laid out
-        so goes through :meth:`free`."""
+        """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
+        run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
+        page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
         ps, n = self.page_size, row_slots.numel()
         if ps == 1 or n == 0:
             return self.free(row_slots)
         heads = row_slots[::ps].to(_I64)
         tails = row_slots[ps - 1 :: ps]
-        last = int(row_slots[-1]) - int(heads[-1])
-        if (last != (n - 1) % ps or bool((heads % ps).any())
+        if (int(row_slots[-1]) - int(heads[-1]) != (n - 1) % ps or bool((heads % ps).any())
                 or not torch.equal(tails.to(_I64), heads[: len(tails)] + (ps - 1))):
             return self.free(row_slots)
         self._release(torch.unique(heads // ps), self.free_group, "free")
@@ -369,9 +364,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """The page take of :meth:`alloc_decode`, by count: ``num_pages`` page ids from the head of the free
         list (the requests whose new token opens a page, in batch order), or None if fewer are free.
 
-        Staged frees are merged first when ``batch_size`` outnumbers the free pages (0.5.23's bound, which
-        counts every request of the batch as a possible opener). A decode round that already knows how many
-        of its requests open a page calls this directly; :meth:`alloc_decode` turns the pages into slots."""
+        Staged frees are merged first when ``batch_size`` outnumbers the free pages (0.5.23's bound: every request
+        may open a page). A decode round that knows its openers calls this; :meth:`alloc_decode` makes slots."""
         if batch_size < 0 or num_pages < 0 or num_pages > batch_size:
             raise ValueError(f"alloc_decode_pages(batch_size={batch_size}, num_pages={num_pages}): "
                              "need 0 <= num_pages <= batch_size")
@@ -546,20 +540,15 @@ class SWATokenToKVPoolAllocator:
         self.free_full(free_index)
 
     def free_row(self, row_slots: torch.Tensor) -> None:
-        """:meth:`free` of a request-row segment that starts at a page-aligned row position (the tree's request
-        flows free such slices): the same pages in the same order, read from one index per page.
-
-        In such a segment every run of ``page_size`` positions holds one page's slots in order (the paged
-        allocator lays rows out that way), so the pages are ``row_slots[::page_size] // page_size``. Each run's
-        first and last index are checked to lie at its page's start and end; a segment that is not laid out
-        so goes through :meth:`free`."""
+        """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
+        run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
+        page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
         ps, n = self.page_size, row_slots.numel()
         if ps == 1 or n == 0:
             return self.free(row_slots)
         heads = row_slots[::ps].to(_I64)
         tails = row_slots[ps - 1 :: ps]
-        last = int(row_slots[-1]) - int(heads[-1])
-        if (last != (n - 1) % ps or bool((heads % ps).any())
+        if (int(row_slots[-1]) - int(heads[-1]) != (n - 1) % ps or bool((heads % ps).any())
                 or not torch.equal(tails.to(_I64), heads[: len(tails)] + (ps - 1))):
             return self.free(row_slots)
         self._release(torch.unique(heads // ps), self.free_group, "free")
