@@ -6,15 +6,14 @@ Free lists are int64 index tensors, as in SGLang, and the first slot (page) is n
     pages   0 (pad)   | 1           | ... | num_pages
             ^ CUDA-graph padded tokens write here, so it is never free and never allocated
 
-``TokenToKVPoolAllocator`` (page_size 1) appends freed slots to the *tail* of ``free_pages`` and
-allocates from the head; ``PagedTokenToKVPoolAllocator`` *prepends* freed pages, so the most
-recently freed page is reused first. Both keep SGLang's order exactly: the differential test
-compares the slot indices they hand out with SGLang's.
+``TokenToKVPoolAllocator`` (page_size 1) appends freed slots to the *tail* of ``free_pages`` and allocates
+from the head; ``PagedTokenToKVPoolAllocator`` *prepends* freed pages, so the most recently freed page is
+reused first. Both keep SGLang's order exactly (the differential test compares the slots with SGLang's).
 
-Differs on purpose: every allocator also keeps a per-page "free" mask, so a free of an index that
-is not allocated (double free, padding slot, out of range) raises :class:`DoubleFreeError` at
-once instead of corrupting the free list, ``alloc`` of a non page-aligned count raises instead of
-silently rounding down, and ``check_invariants()`` proves free + used == capacity.
+Differs on purpose: every allocator also keeps a per-page "free" mask, so a free of an index that is not
+allocated (double free, padding slot, out of range) raises :class:`DoubleFreeError` at once instead of
+corrupting the free list, ``alloc`` of a non page-aligned count raises instead of silently rounding down,
+and ``check_invariants()`` proves free + used == capacity.
 """
 
 from __future__ import annotations
@@ -81,10 +80,12 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self.release_pages = torch.empty((0,), dtype=_I64, device=dev)
         self.free_group: list[torch.Tensor] | None = None  # None: frees take effect at once
         self.free_page_ids_group: list[torch.Tensor] = []
+        self._pending_open = False
         # Page-granular bookkeeping kvlab adds: index 0 (padding) is neither free nor allocated.
         self._page_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=dev)
         self._page_free[0] = False
         self._page_pending = torch.zeros(self.num_pages + 1, dtype=torch.bool, device=dev)
+        self._page_offsets = torch.arange(self.page_size, dtype=_I64, device=dev)
 
     def available_size(self) -> int:
         """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
@@ -135,7 +136,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         ps = self.page_size
         if ps == 1:
             return pages
-        return (pages[:, None] * ps + torch.arange(ps, dtype=_I64, device=pages.device)).reshape(-1)
+        return (pages[:, None] * ps + self._page_offsets).reshape(-1)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slot indices (whole pages), or None if fewer are free. Takes from the head."""
@@ -151,7 +152,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         raise NotImplementedError("alloc_decode is only for the paged allocator (page_size > 1); use alloc(n)")
 
     # -- free ----------------------------------------------------------------------------------
-    def _check_releasable(self, pages: torch.Tensor, what: str) -> None:
+    def _check_releasable(self, pages: torch.Tensor, what: str, distinct: bool = False) -> None:
         if pages.numel() == 0:
             return
         lo, hi = torch.aminmax(pages)
@@ -162,17 +163,19 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
                 f"{what}: page {p} is {'the padding page' if p == 0 else 'out of range'} "
                 f"(pages 1..{self.num_pages} are allocatable)"
             )
-        state = self._page_free[pages] | self._page_pending[pages]
+        state = self._page_free[pages]
+        if self._pending_open:  # pages are pending only from free_group_begin to the end of free_group_end
+            state |= self._page_pending[pages]
         if bool(state.any()):
             p = int(pages[state][0])
             why = "already free" if bool(self._page_free[p]) else "already queued in the open free group"
             raise DoubleFreeError(f"{what}: double free of {'slot' if self.page_size == 1 else 'page'} {p} ({why})")
-        if len(pages) > 1 and len(torch.unique(pages)) != len(pages):
+        if not distinct and len(pages) > 1 and len(torch.unique(pages)) != len(pages):
             raise DoubleFreeError(f"{what}: the same {'slot' if self.page_size == 1 else 'page'} appears twice in one free")
 
-    def _release(self, pages: torch.Tensor, pile: list | None, what: str) -> None:
-        """Return allocated ``pages`` to the free list, or queue them on ``pile`` in a free group."""
-        self._check_releasable(pages, what)
+    def _release(self, pages: torch.Tensor, pile: list | None, what: str, distinct: bool = False) -> None:
+        """Return allocated ``pages`` (``distinct``: known to be) to the free list, or queue them on ``pile``."""
+        self._check_releasable(pages, what, distinct)
         if self.free_group is not None:
             self._page_pending[pages] = True
             pile.append(pages.clone())
@@ -200,18 +203,17 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         ps, n = self.page_size, row_slots.numel()
         if ps == 1 or n == 0:
             return self.free(row_slots)
-        heads = row_slots[::ps].to(_I64)
-        tails = row_slots[ps - 1 :: ps]
-        if (int(row_slots[-1]) - int(heads[-1]) != (n - 1) % ps or bool((heads % ps).any())
-                or not torch.equal(tails.to(_I64), heads[: len(tails)] + (ps - 1))):
+        heads, tails = row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()  # a few hundred at most
+        if (int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+                or tails != [h + ps - 1 for h in heads[: len(tails)]]):
             return self.free(row_slots)
-        self._release(torch.unique(heads // ps), self.free_group, "free")
+        pages = sorted({h // ps for h in heads})
+        self._release(torch.tensor(pages, dtype=_I64, device=self._index_device), self.free_group, "free",
+                      distinct=True)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
-        """Free ``kv_row[start_pos : start_pos + n]``: page-aligned start, contiguous pages.
-
-        0.5.23's form of free for tree values and request rows: ``free_index[::page_size]`` names
-        each page once, in row order (no sort, unlike ``free``'s unique)."""
+        """Free ``kv_row[start_pos : start_pos + n]`` (page-aligned start, contiguous pages): 0.5.23's free for tree
+        values and rows; ``free_index[::page_size]`` names each page once, in row order (no sort, unlike free)."""
         if start_pos % self.page_size:
             raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {self.page_size})")
         idx = _as_index(free_index, self._index_device)
@@ -231,13 +233,12 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self._release(pages, pile, "free_page_ids")
 
     def free_group_begin(self) -> None:
-        """Defer frees until :meth:`free_group_end` (one batch's results are processed as a group).
-
-        Deferred frees do not show in ``available_size()`` until the group ends."""
+        """Defer frees until :meth:`free_group_end` (one batch's results as a group; not in available_size)."""
         if self.free_group is not None:
             raise RuntimeError("free groups cannot be nested")
         self.free_group = []
         self.free_page_ids_group = []
+        self._pending_open = True
 
     def free_group_end(self) -> None:
         if self.free_group is None:
@@ -252,6 +253,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
                 pages = torch.unique(pages)  # SGLang re-frees the group's tokens through free()
             self._page_pending[pages] = False
             self._release(pages, None, "free_group_end")
+        self._pending_open = False
 
     # -- invariants ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -325,11 +327,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
                      extend_num_tokens: int, num_new_pages: int | None = None) -> torch.Tensor | None:
-        """Slots for tokens ``[prefix_len, seq_len)`` of each request, concatenated in batch order.
-
-        ``last_loc[i]`` is the slot of request i's last prefix token (-1 if none). None if the free
-        pages do not cover ``num_new_pages``. Mirrors ``PagedTokenToKVPoolAllocator.alloc_extend``.
-        """
+        """Slots for tokens ``[prefix_len, seq_len)`` of each request, concatenated in batch order. ``last_loc[i]``
+        is the slot of request i's last prefix token (-1 if none). None if the free pages do not cover
+        ``num_new_pages``. Mirrors ``PagedTokenToKVPoolAllocator.alloc_extend``."""
         ps = self.page_size
         pre, seq, last = _as_ints(prefix_lens_cpu), _as_ints(seq_lens_cpu), _as_ints(last_loc)
         if sum(s - p for p, s in zip(pre, seq)) != extend_num_tokens:
@@ -376,10 +376,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return self._take_pages(num_pages)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
-        """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths).
-
-        A request whose new token opens a page (``seq_len % page_size == 1``) gets the next free
-        page's first slot; the others get ``last_loc + 1``. None if pages run short."""
+        """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths): a request
+        whose new token opens a page (``seq_len % page_size == 1``) gets the next free page's first slot, the
+        others ``last_loc + 1``. None if pages run short."""
         ps = self.page_size
         seq, last = _as_ints(seq_lens_cpu), _as_ints(last_loc)
         need = [s % ps == 1 for s in seq]
@@ -546,12 +545,13 @@ class SWATokenToKVPoolAllocator:
         ps, n = self.page_size, row_slots.numel()
         if ps == 1 or n == 0:
             return self.free(row_slots)
-        heads = row_slots[::ps].to(_I64)
-        tails = row_slots[ps - 1 :: ps]
-        if (int(row_slots[-1]) - int(heads[-1]) != (n - 1) % ps or bool((heads % ps).any())
-                or not torch.equal(tails.to(_I64), heads[: len(tails)] + (ps - 1))):
+        heads, tails = row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()  # a few hundred at most
+        if (int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+                or tails != [h + ps - 1 for h in heads[: len(tails)]]):
             return self.free(row_slots)
-        self._release(torch.unique(heads // ps), self.free_group, "free")
+        pages = sorted({h // ps for h in heads})
+        self._release(torch.tensor(pages, dtype=_I64, device=self._index_device), self.free_group, "free",
+                      distinct=True)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         if start_pos % self.page_size:

@@ -140,7 +140,7 @@ class FastDecode:
         """One decode round touching only the requests whose token opens a page or is their last; the
         rest advance with the round counter. When memory is short, the reference round runs instead
         (retraction needs every request's real outputs and row). Returns the number retracted."""
-        sched, ps, d = self.sched, self.page_size, self.round + 1
+        sched, ps, d = self.sched, self.page_size, self.sched.decode_rounds + 1
         opens = self.opens
         openers = list(_pop_due(opens, d)) if opens and opens[0][0] <= d else []  # in running order
         running = sched.running
@@ -155,10 +155,12 @@ class FastDecode:
             # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
             sched._note(evict_from_tree_cache(sched.tree, len(running) * ps, sched.config.eviction))
         sched._decay_new_token_ratio()
-        pages = sched.allocator.alloc_decode_pages(len(running), len(openers))
-        if pages is None:
-            raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
-                               f"{sched.allocator.available_size()} slots available")
+        allocator = sched.allocator
+        if openers or len(running) > allocator.free_pages.shape[0]:  # else the page take takes nothing
+            pages = allocator.alloc_decode_pages(len(running), len(openers))
+            if pages is None:
+                raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
+                                   f"{allocator.available_size()} slots available")
         if openers:
             for state, page in zip(openers, pages.tolist()):
                 position = state.req.prompt_len + state.outputs_at_start + d - state.start_round - 2
