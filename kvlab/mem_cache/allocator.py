@@ -48,11 +48,10 @@ def _as_ints(x: IndexLike) -> list[int]:
 class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; upstream is an ABC too)
     """State and free-path shared by the page-1 and the paged allocator (``allocator/base.py``).
 
-    ``size`` is in tokens; with ``page_size > 1`` it must be a whole number of pages (SGLang's
-    configurator always floors it to pages; here a misfit raises ``ValueError``). ``need_sort``
-    stages frees in ``release_pages`` and sorts them in when an alloc runs short (PD mode).
-    ``device`` places the index tensors (see ``memory_pool.index_device``).
-    """
+    ``size`` is in tokens; with ``page_size > 1`` it must be a whole number of pages (SGLang's configurator
+    always floors it to pages; here a misfit raises ``ValueError``). ``need_sort`` stages frees in
+    ``release_pages`` and sorts them in when an alloc runs short (PD mode). ``device`` places the index
+    tensors (see ``memory_pool.index_device``)."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, device: DeviceLike,
                  kvcache: MHATokenToKVPool | None, need_sort: bool):
@@ -86,6 +85,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self._page_free[0] = False
         self._page_pending = torch.zeros(self.num_pages + 1, dtype=torch.bool, device=dev)
         self._page_offsets = torch.arange(self.page_size, dtype=_I64, device=dev)
+        cpu = self._page_free.device.type == "cpu"  # numpy views share the masks' memory (host-side checks)
+        self._free_np, self._pending_np = (self._page_free.numpy(), self._page_pending.numpy()) if cpu else (None,) * 2
 
     def available_size(self) -> int:
         """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
@@ -153,8 +154,13 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
 
     # -- free ----------------------------------------------------------------------------------
     def _check_releasable(self, pages: torch.Tensor, what: str, distinct: bool = False) -> None:
-        if pages.numel() == 0:
+        if (n := pages.numel()) == 0:
             return
+        if n <= 256 and self._free_np is not None:  # the common case, on host lists (numpy views of the masks)
+            pl, free, pending = pages.tolist(), self._free_np, self._pending_np
+            if (min(pl) >= 1 and max(pl) <= self.num_pages and not any(free[p] for p in pl)
+                    and not (self._pending_open and any(pending[p] for p in pl)) and (distinct or len(set(pl)) == n)):
+                return  # else the tensor checks below name the offending page
         lo, hi = torch.aminmax(pages)
         if int(lo) < 1 or int(hi) > self.num_pages:
             bad = (pages < 1) | (pages > self.num_pages)
@@ -201,15 +207,12 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
         page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
         ps, n = self.page_size, row_slots.numel()
-        if ps == 1 or n == 0:
-            return self.free(row_slots)
-        heads, tails = row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()  # a few hundred at most
-        if (int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+        heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
+        if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
                 or tails != [h + ps - 1 for h in heads[: len(tails)]]):
-            return self.free(row_slots)
-        pages = sorted({h // ps for h in heads})
-        self._release(torch.tensor(pages, dtype=_I64, device=self._index_device), self.free_group, "free",
-                      distinct=True)
+            return self.free(row_slots)  # page 1, empty, or not laid out as a row
+        pages = torch.tensor(sorted({h // ps for h in heads}), dtype=_I64, device=self._index_device)
+        self._release(pages, self.free_group, "free", distinct=True)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         """Free ``kv_row[start_pos : start_pos + n]`` (page-aligned start, contiguous pages): 0.5.23's free for tree
@@ -305,12 +308,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
 
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
-    """Whole pages (``allocator/paged.py``): pages 1..size/page_size, page 0 is padding.
-
-    ``alloc_extend`` / ``alloc_decode`` follow SGLang's three-phase layout (continue the current
-    partial page at ``last_loc + 1``, then whole new pages, then one partial new page), computed
-    here with plain torch ops in place of the Triton kernel / ``alloc_extend_naive``.
-    """
+    """Whole pages (``allocator/paged.py``): pages 1..size/page_size, page 0 is padding. ``alloc_extend`` /
+    ``alloc_decode`` follow SGLang's three-phase layout (continue the current partial page at ``last_loc + 1``,
+    then whole new pages, then one partial new page), with plain torch ops in place of the Triton kernel."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype = torch.bfloat16, device: DeviceLike = "cpu",
                  kvcache: MHATokenToKVPool | None = None, need_sort: bool = False):
@@ -393,13 +393,12 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 class SWATokenToKVPoolAllocator:
     """Hybrid sliding-window models: a full-attention pool and an SWA pool (``allocator/swa.py``).
 
-    Requests and the tree hold *full* indices; ``full_to_swa_index_mapping[full] = swa`` pairs
-    each with its SWA slot (0 = unmapped; the trailing entry is -1 so a ``last_loc`` of -1
-    translates to -1). ``available_size()`` is the smaller side. ``free`` releases the SWA peer
-    first (it reads the mapping), then the full slot; ``free_swa`` alone drops only the SWA KV
-    (sliding-window tombstoning). Differs on purpose: no per-request SWA ring, no registration
-    with a KV pool unless ``kvcache`` has ``register_mapping``; ``alloc`` works at any page size.
-    """
+    Requests and the tree hold *full* indices; ``full_to_swa_index_mapping[full] = swa`` pairs each with its
+    SWA slot (0 = unmapped; the trailing entry is -1 so a ``last_loc`` of -1 translates to -1).
+    ``available_size()`` is the smaller side. ``free`` releases the SWA peer first (it reads the mapping), then
+    the full slot; ``free_swa`` alone drops only the SWA KV (sliding-window tombstoning). Differs on purpose:
+    no per-request SWA ring, no registration with a KV pool unless ``kvcache`` has ``register_mapping``;
+    ``alloc`` works at any page size."""
 
     def __init__(self, size: int, size_swa: int, page_size: int, dtype: torch.dtype = torch.bfloat16,
                  device: DeviceLike = "cpu", kvcache: MHATokenToKVPool | None = None, need_sort: bool = False):
@@ -543,15 +542,12 @@ class SWATokenToKVPoolAllocator:
         run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
         page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
         ps, n = self.page_size, row_slots.numel()
-        if ps == 1 or n == 0:
-            return self.free(row_slots)
-        heads, tails = row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()  # a few hundred at most
-        if (int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+        heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
+        if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
                 or tails != [h + ps - 1 for h in heads[: len(tails)]]):
-            return self.free(row_slots)
-        pages = sorted({h // ps for h in heads})
-        self._release(torch.tensor(pages, dtype=_I64, device=self._index_device), self.free_group, "free",
-                      distinct=True)
+            return self.free(row_slots)  # page 1, empty, or not laid out as a row
+        pages = torch.tensor(sorted({h // ps for h in heads}), dtype=_I64, device=self._index_device)
+        self._release(pages, self.free_group, "free", distinct=True)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         if start_pos % self.page_size:
