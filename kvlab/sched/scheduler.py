@@ -474,12 +474,15 @@ class Scheduler:
 
         bar = progress_bar(total=self.totals.requests, desc=f"simulate ({self.config.eviction})",
                            enabled=progress, unit="req")
-        while self.pending or self.waiting or self.running or self.chunked:
-            if self.totals.steps >= self.config.max_steps:
-                raise RuntimeError(f"simulation did not finish in {self.config.max_steps} steps")
-            self._admit_arrivals()
+        cfg, totals, rows, allocator, tree = self.config, self.totals, self.rows, self.allocator, self.tree
+        pending = self.pending
+        while pending or self.waiting or self.running or self.chunked:
+            if totals.steps >= cfg.max_steps:
+                raise RuntimeError(f"simulation did not finish in {cfg.max_steps} steps")
+            if pending and pending[0].arrival_time_s <= self.now_s:
+                self._admit_arrivals()
             if not (self.waiting or self.running or self.chunked):
-                self.now_s = self.pending[0].arrival_time_s
+                self.now_s = pending[0].arrival_time_s
                 continue
             self._step_evict = _NO_EVICTION
             self._step_hits = 0
@@ -491,31 +494,31 @@ class Scheduler:
                 self._allocate_extend(batch)
                 computed = sum(r.extend_len for r in batch)
                 self._finish_prefill(batch)
-                kind, dt = "prefill", self.config.cost.prefill_time_s(computed)
+                kind, dt = "prefill", cfg.cost.prefill_time_s(computed)
             elif self.running:
                 computed = 0
                 batch_size = len(self.running)
                 retracted = self._decode()
-                kind, dt = "decode", self.config.cost.decode_time_s(batch_size)
+                kind, dt = "decode", cfg.cost.decode_time_s(batch_size)
             else:
                 raise RuntimeError(
                     f"scheduler stuck: {len(self.waiting)} waiting request(s) cannot be admitted into a pool of "
-                    f"{self.config.kv_tokens} tokens ({self.allocator.available_size()} free, "
-                    f"{self.tree.evictable_size()} evictable)")
+                    f"{cfg.kv_tokens} tokens ({allocator.available_size()} free, "
+                    f"{tree.evictable_size()} evictable)")
             self.now_s += dt
-            self.totals.steps += 1
-            if self.config.debug:
+            totals.steps += 1
+            if cfg.debug:
                 self.check_invariants()
             ev = self._step_evict
-            self.rows.append({
-                "step": self.totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
+            rows.append({
+                "step": totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
                 "prefill_tokens": computed, "pressure_events": self._step_pressure,
                 "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
                 "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
-                "available_tokens": self.allocator.available_size(), "evictable_tokens": self.tree.evictable_size(),
-                "protected_tokens": self.tree.protected_size(), "running": len(self.running),
+                "available_tokens": allocator.available_size(), "evictable_tokens": tree.evictable_size_,
+                "protected_tokens": tree.protected_size_, "running": len(self.running),
                 "waiting": len(self.waiting), "retracted": retracted, "finished": self._finished,
-                "cached_prompt_tokens": self.totals.cached_prompt_tokens,
+                "cached_prompt_tokens": totals.cached_prompt_tokens,
             })
             if self._finished:
                 bar.update(self._finished)
