@@ -206,7 +206,9 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
         run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
         page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
-        ps, n = self.page_size, row_slots.numel()
+        if (n := row_slots.numel()) == 0:
+            return
+        ps = self.page_size
         heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
         if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
                 or tails != [h + ps - 1 for h in heads[: len(tails)]]):
@@ -541,7 +543,9 @@ class SWATokenToKVPoolAllocator:
         """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
         run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
         page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
-        ps, n = self.page_size, row_slots.numel()
+        if (n := row_slots.numel()) == 0:
+            return
+        ps = self.page_size
         heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
         if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
                 or tails != [h + ps - 1 for h in heads[: len(tails)]]):

@@ -343,6 +343,8 @@ class RadixCache(BaseRadixTree):
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
+            node = leaf
+        self._inserted_node = node  # the node that ends at n (cache_unfinished_req re-matches up to it)
         return prefix_len
 
     # -- request flows (0.5.16 classic API) ------------------------------------------------------
@@ -383,8 +385,9 @@ class RadixCache(BaseRadixTree):
         row at the tree's slots, and move the request's lock to the new last node
         (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16).
 
-        The re-match is the match walk itself (same clock tick and access times); the row is rewritten
-        from its values over ``[cache_protected_len, key_len)`` only, as SGLang's write does."""
+        The re-match replays the walk insert just made (``restamp_path`` from the node ending at the key: the
+        same clock tick and access times, and no split is possible); the row is rewritten from the path's values
+        over ``[cache_protected_len, key_len)`` only, as SGLang's write does."""
         if self.disable:
             return
         tokens = as_tokens(req.fill_ids)
@@ -396,10 +399,15 @@ class RadixCache(BaseRadixTree):
         done = self._insert(tokens, key_len, row[:key_len], getattr(req, "priority", 0) or 0,
                             key_len if chunked else 0)
         getattr(alloc, "free_row", alloc.free)(row[protected:done])
-        if key_len:
-            values, last_node, found = self._match_walk(tokens, key_len)
-        else:
-            values, last_node, found = [], self.root_node, 0
+        last_node, values = self._inserted_node, []
+        if key_len:  # the re-match walks exactly the path insert just made (no split): replay it upwards
+            self.restamp_path(last_node)
+            node = last_node
+            while node is not self.root_node:
+                values.append(node.value)
+                node = node.parent
+            values.reverse()
+        found = sum(len(v) for v in values)
         require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
                 found=found, inserted=key_len)
         pos = 0
