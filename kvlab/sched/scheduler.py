@@ -455,6 +455,20 @@ class Scheduler:
                 "evictable + protected == cached", evictable=self.tree.evictable_size(),
                 protected=self.tree.protected_size(), cached=self.tree.total_size())
 
+    def _step_row(self, kind: str, computed: int, retracted: int) -> dict:
+        """The per-step metrics row (one per step of the loop)."""
+        ev, totals = self._step_evict, self.totals
+        return {
+            "step": totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
+            "prefill_tokens": computed, "pressure_events": self._step_pressure,
+            "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
+            "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
+            "available_tokens": self.allocator.available_size(), "evictable_tokens": self.tree.evictable_size_,
+            "protected_tokens": self.tree.protected_size_, "running": len(self.running),
+            "waiting": len(self.waiting), "retracted": retracted, "finished": self._finished,
+            "cached_prompt_tokens": totals.cached_prompt_tokens,
+        }
+
     def _admit_arrivals(self) -> None:
         while self.pending and self.pending[0].arrival_time_s <= self.now_s:
             self.waiting.append(self.pending.popleft())
@@ -509,19 +523,11 @@ class Scheduler:
             totals.steps += 1
             if cfg.debug:
                 self.check_invariants()
-            ev = self._step_evict
-            rows.append({
-                "step": totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
-                "prefill_tokens": computed, "pressure_events": self._step_pressure,
-                "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
-                "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
-                "available_tokens": allocator.available_size(), "evictable_tokens": tree.evictable_size_,
-                "protected_tokens": tree.protected_size_, "running": len(self.running),
-                "waiting": len(self.waiting), "retracted": retracted, "finished": self._finished,
-                "cached_prompt_tokens": totals.cached_prompt_tokens,
-            })
+            rows.append(self._step_row(kind, computed, retracted))
             if self._finished:
                 bar.update(self._finished)
+            if self.fast and kind == "decode" and not cfg.debug:
+                self.fast.quiet_rounds()  # the rounds up to the next event, without the loop around them
         bar.close()
         return SimResult(self.config, replace(self.totals), self.now_s, self.rows, self.tree)
 
