@@ -119,7 +119,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
 
     # -- alloc ---------------------------------------------------------------------------------
     def merge_and_sort_free(self) -> None:
-        if len(self.release_pages):
+        if self.release_pages.shape[0]:
             self.free_pages, _ = torch.sort(torch.cat((self.free_pages, self.release_pages)))
             self.release_pages = self.release_pages[:0]
 
@@ -341,7 +341,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 raise ValueError(f"last_loc {loc} is not where a prefix of {p} tokens ends (page_size {ps})")
         if num_new_pages is None:
             num_new_pages = self.num_new_pages(pre, seq)
-        if extend_num_tokens // ps + len(pre) + 1 > len(self.free_pages):
+        if extend_num_tokens // ps + len(pre) + 1 > self.free_pages.shape[0]:
             self.merge_and_sort_free()  # 0.5.23 merges when its cheap bound cannot prove the fit
         pages = self._take_pages(num_new_pages)
         if pages is None:

@@ -297,12 +297,15 @@ class RadixCache(BaseRadixTree):
             value = torch.as_tensor(value, dtype=_I64)
         return self._insert(key, n, value, priority, inserted_len)
 
-    def _insert(self, key: array, n: int, value: torch.Tensor, priority: int, inserted_len: int) -> int:
+    def _insert(self, key: array, n: int, value: torch.Tensor, priority: int, inserted_len: int,
+                held: TreeNode | None = None, held_len: int = 0) -> int:
         """``insert`` of ``key[:n]`` (``n`` page-aligned): the request flows pass the whole token array and
         the request row (int32) without slicing or converting them; only the new leaf's slots are copied
-        (as int64)."""
-        if len(value) < n:
-            raise ValueError(f"insert: {len(value)} values for a key of {n} (page-aligned) tokens")
+        (as int64). ``held``: the node a request holds locked, whose path spells ``key[:held_len]`` (it was
+        matched or inserted from the request's own tokens); the walk over that path has the same effects
+        node by node without comparing its tokens again (a chunked prompt is not re-read once per chunk)."""
+        if value.shape[0] < n:
+            raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
         now = self.clock.tick()
         node = self.root_node
         node.last_access_time = now
@@ -310,6 +313,17 @@ class RadixCache(BaseRadixTree):
             node.priority = priority
         ps = self.page_size
         off = 0
+        path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        for child in path or ():  # what the loop below does to each node it matches whole
+            child.last_access_time = now
+            if priority > child.priority:
+                child.priority = priority
+            off += len(child.key)
+            if off > inserted_len:
+                child.hit_count += 1
+            if child._evictable:
+                self._push(child)
+            node = child
         while off < n:
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
@@ -347,6 +361,20 @@ class RadixCache(BaseRadixTree):
         self._inserted_node = node  # the node that ends at n (cache_unfinished_req re-matches up to it)
         return prefix_len
 
+    def _held_path(self, held: TreeNode | None, held_len: int) -> list[TreeNode] | None:
+        """Root-to-``held`` nodes (root excluded) if ``held`` is a live, locked node whose path holds ``held_len``
+        tokens; None otherwise (the caller then walks from the root)."""
+        if held is None or held.value is None or held.lock_ref <= 0 or held is self.root_node:
+            return None
+        path, length, root = [], 0, self.root_node
+        while held is not root:
+            if held is None:
+                return None
+            path.append(held)
+            length += len(held.key)
+            held = held.parent
+        return path[::-1] if length == held_len else None
+
     # -- request flows (0.5.16 classic API) ------------------------------------------------------
     def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
         """A finished request hands its KV to the tree (``RadixCache.cache_finished_req``).
@@ -371,7 +399,7 @@ class RadixCache(BaseRadixTree):
         key_len = align_down(kv_len, self.page_size)
         if is_insert:
             tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
-            done = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, 0)
+            done = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, 0, req.last_node, protected)
             free(row[protected:done])
         else:
             free(row[protected:key_len])
@@ -397,7 +425,7 @@ class RadixCache(BaseRadixTree):
         alloc = self.token_to_kv_pool_allocator
         protected = req.cache_protected_len
         done = self._insert(tokens, key_len, row[:key_len], getattr(req, "priority", 0) or 0,
-                            key_len if chunked else 0)
+                            key_len if chunked else 0, req.last_node, protected)
         getattr(alloc, "free_row", alloc.free)(row[protected:done])
         last_node, values = self._inserted_node, []
         if key_len:  # the re-match walks exactly the path insert just made (no split): replay it upwards
@@ -407,12 +435,12 @@ class RadixCache(BaseRadixTree):
                 values.append(node.value)
                 node = node.parent
             values.reverse()
-        found = sum(len(v) for v in values)
+        found = sum(v.shape[0] for v in values)
         require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
                 found=found, inserted=key_len)
         pos = 0
         for v in values:  # req_to_token[protected:key_len] = new_indices[protected:]
-            end = pos + len(v)
+            end = pos + v.shape[0]
             if end > protected:
                 lo = max(pos, protected)
                 self.req_to_token_pool.write((req.req_pool_idx, slice(lo, end)), v[lo - pos :])

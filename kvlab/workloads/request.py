@@ -161,27 +161,11 @@ class TokenSequence(Sequence[int]):
         import numpy as np
 
         out = array("q")
-        run: list[range] = []  # consecutive step-1 ranges (a trace's blocks), expanded in one numpy pass
-
-        def flush() -> None:
-            if run:
-                lens = np.fromiter((len(r) for r in run), dtype=np.int64, count=len(run))
-                starts = np.fromiter((r.start for r in run), dtype=np.int64, count=len(run))
-                ends = np.cumsum(lens)  # token i of range k is starts[k] + i - (ends[k] - lens[k])
-                base = np.repeat(starts - (ends - lens), lens)
-                out.frombytes((base + np.arange(int(ends[-1]), dtype=np.int64)).tobytes())
-                run.clear()
-
         for seg in self._segments:
-            if type(seg) is range and seg.step == 1:
-                run.append(seg)
-                continue
-            flush()
             if type(seg) is range:
-                out.frombytes(np.arange(seg.start, seg.stop, seg.step, dtype=np.int64).tobytes())
+                out.frombytes(memoryview(np.arange(seg.start, seg.stop, seg.step, dtype=np.int64)).cast("B"))
             else:
                 out.fromlist(list(seg))
-        flush()
         return out
 
     def to_numpy(self) -> np.ndarray:
