@@ -122,16 +122,16 @@ def main(argv: list[str] | None = None) -> int:
                 base = run_one(args.baseline.resolve(), trace, mode, args, fast=True)
                 same = base["totals"] == fast["totals"]
                 ok &= same
-                line += (f"\n{'':>11}baseline  {base['wall_s']:6.1f} s wall {base['cpu_s']:6.1f} s CPU · speed-up "
-                         f"{base['wall_s'] / fast['wall_s']:.2f}x wall, {base['cpu_s'] / fast['cpu_s']:.2f}x CPU · "
-                         f"totals {'identical' if same else 'DIFFER'}")
+                line += (f"\n{'':>11}baseline  {base['wall_s']:6.1f} s wall {base['cpu_s']:6.1f} s CPU · "
+                         f"before/after (baseline / this tree's fast path) {base['wall_s'] / fast['wall_s']:.2f}x wall, "
+                         f"{base['cpu_s'] / fast['cpu_s']:.2f}x CPU · totals {'identical' if same else 'DIFFER'}")
             if not args.skip_reference:
                 ref = run_one(root, trace, mode, args, fast=False)
                 same = ref["totals"] == fast["totals"]
                 ok &= same
-                line += (f"\n{'':>11}reference {ref['wall_s']:6.1f} s wall {ref['cpu_s']:6.1f} s CPU · ratio "
-                         f"{ref['wall_s'] / fast['wall_s']:.2f}x wall, {ref['cpu_s'] / fast['cpu_s']:.2f}x CPU · "
-                         f"totals {'identical' if same else 'DIFFER'}")
+                line += (f"\n{'':>11}reference {ref['wall_s']:6.1f} s wall {ref['cpu_s']:6.1f} s CPU · "
+                         f"reference loop / fast path {ref['wall_s'] / fast['wall_s']:.2f}x wall, "
+                         f"{ref['cpu_s'] / fast['cpu_s']:.2f}x CPU · totals {'identical' if same else 'DIFFER'}")
             if args.split:
                 split = run_one(root, trace, mode, args, fast=True, split=True)
                 inside = sum(split["flows"].values())
