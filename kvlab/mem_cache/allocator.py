@@ -226,8 +226,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
             return
         if self.page_size == 1:
             self._release(idx, self.free_group, "free_segment")
-        else:
-            self.free_page_ids(idx[:: self.page_size] // self.page_size)
+        else:  # free_page_ids of the segment's pages
+            self._release(idx[:: self.page_size] // self.page_size, self.free_page_ids_group, "free_page_ids")
 
     def free_page_ids(self, page_ids: IndexLike) -> None:
         """Free exactly these pages (no dedup)."""

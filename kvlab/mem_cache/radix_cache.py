@@ -439,7 +439,10 @@ class RadixCache(BaseRadixTree):
         require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
                 found=found, inserted=key_len)
         pos = 0
-        for v in values:  # req_to_token[protected:key_len] = new_indices[protected:]
+        # req_to_token[protected:key_len] = new_indices[protected:]; a leaf this insert made holds the row's own
+        # slots (copied from it), so rewriting its span changes nothing and is skipped
+        rewrite = values[:-1] if done < key_len else values
+        for v in rewrite:
             end = pos + v.shape[0]
             if end > protected:
                 lo = max(pos, protected)
