@@ -18,8 +18,10 @@ The default trace has the shape of Mooncake's public conversation trace
 Timings on a shared machine are noisy: read the ratios (measured in the same run), and the CPU seconds.
 ``--split`` adds the CPU seconds spent inside the tree and allocator flows the scheduler calls once per request or
 prefill (``release_kv_cache``, ``alloc_paged_token_slots_extend``, ``cache_unfinished_req``, ``match_prefix``,
-``evict``): on the conversation-shaped trace they are ~59 % of the fast path's time, a floor that only faster
-mem_cache code can lower.
+``evict``): on the conversation-shaped trace they are ~54 % of the fast path's time (4.1 of 7.5 CPU s in shortfall
+mode; ~59 % of 17.5 s before the page-granular flows of issue 16 item 4), a floor that only faster mem_cache code
+can lower. On that trace (12,031 requests, ~278,000 steps per mode) the fast path took ~7.5 CPU s per mode against
+~15 s at 1e80ab1 (``--baseline``: 2.01x shortfall, 2.04x full) and ~35 s for the reference loop (4.7-4.8x).
 """
 
 from __future__ import annotations
