@@ -6,15 +6,14 @@ Free lists are int64 index tensors, as in SGLang, and the first slot (page) is n
     pages   0 (pad)   | 1           | ... | num_pages
             ^ CUDA-graph padded tokens write here, so it is never free and never allocated
 
-``TokenToKVPoolAllocator`` (page_size 1) appends freed slots to the *tail* of ``free_pages`` and
-allocates from the head; ``PagedTokenToKVPoolAllocator`` *prepends* freed pages, so the most
-recently freed page is reused first. Both keep SGLang's order exactly: the differential test
-compares the slot indices they hand out with SGLang's.
+``TokenToKVPoolAllocator`` (page_size 1) appends freed slots to the *tail* of ``free_pages`` and allocates
+from the head; ``PagedTokenToKVPoolAllocator`` *prepends* freed pages, so the most recently freed page is
+reused first. Both keep SGLang's order exactly (the differential test compares the slots with SGLang's).
 
-Differs on purpose: every allocator also keeps a per-page "free" mask, so a free of an index that
-is not allocated (double free, padding slot, out of range) raises :class:`DoubleFreeError` at
-once instead of corrupting the free list, ``alloc`` of a non page-aligned count raises instead of
-silently rounding down, and ``check_invariants()`` proves free + used == capacity.
+Differs on purpose: every allocator also keeps a per-page "free" mask, so a free of an index that is not
+allocated (double free, padding slot, out of range) raises :class:`DoubleFreeError` at once instead of
+corrupting the free list, ``alloc`` of a non page-aligned count raises instead of silently rounding down,
+and ``check_invariants()`` proves free + used == capacity.
 """
 
 from __future__ import annotations
@@ -49,11 +48,10 @@ def _as_ints(x: IndexLike) -> list[int]:
 class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; upstream is an ABC too)
     """State and free-path shared by the page-1 and the paged allocator (``allocator/base.py``).
 
-    ``size`` is in tokens; with ``page_size > 1`` it must be a whole number of pages (SGLang's
-    configurator always floors it to pages; here a misfit raises ``ValueError``). ``need_sort``
-    stages frees in ``release_pages`` and sorts them in when an alloc runs short (PD mode).
-    ``device`` places the index tensors (see ``memory_pool.index_device``).
-    """
+    ``size`` is in tokens; with ``page_size > 1`` it must be a whole number of pages (SGLang's configurator
+    always floors it to pages; here a misfit raises ``ValueError``). ``need_sort`` stages frees in
+    ``release_pages`` and sorts them in when an alloc runs short (PD mode). ``device`` places the index
+    tensors (see ``memory_pool.index_device``)."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, device: DeviceLike,
                  kvcache: MHATokenToKVPool | None, need_sort: bool):
@@ -81,10 +79,14 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self.release_pages = torch.empty((0,), dtype=_I64, device=dev)
         self.free_group: list[torch.Tensor] | None = None  # None: frees take effect at once
         self.free_page_ids_group: list[torch.Tensor] = []
+        self._pending_open = False
         # Page-granular bookkeeping kvlab adds: index 0 (padding) is neither free nor allocated.
         self._page_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=dev)
         self._page_free[0] = False
         self._page_pending = torch.zeros(self.num_pages + 1, dtype=torch.bool, device=dev)
+        self._page_offsets = torch.arange(self.page_size, dtype=_I64, device=dev)
+        cpu = self._page_free.device.type == "cpu"  # numpy views share the masks' memory (host-side checks)
+        self._free_np, self._pending_np = (self._page_free.numpy(), self._page_pending.numpy()) if cpu else (None,) * 2
 
     def available_size(self) -> int:
         """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
@@ -117,7 +119,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
 
     # -- alloc ---------------------------------------------------------------------------------
     def merge_and_sort_free(self) -> None:
-        if len(self.release_pages):
+        if self.release_pages.shape[0]:
             self.free_pages, _ = torch.sort(torch.cat((self.free_pages, self.release_pages)))
             self.release_pages = self.release_pages[:0]
 
@@ -135,7 +137,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         ps = self.page_size
         if ps == 1:
             return pages
-        return (pages[:, None] * ps + torch.arange(ps, dtype=_I64, device=pages.device)).reshape(-1)
+        return (pages[:, None] * ps + self._page_offsets).reshape(-1)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slot indices (whole pages), or None if fewer are free. Takes from the head."""
@@ -151,9 +153,14 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         raise NotImplementedError("alloc_decode is only for the paged allocator (page_size > 1); use alloc(n)")
 
     # -- free ----------------------------------------------------------------------------------
-    def _check_releasable(self, pages: torch.Tensor, what: str) -> None:
-        if pages.numel() == 0:
+    def _check_releasable(self, pages: torch.Tensor, what: str, distinct: bool = False) -> None:
+        if (n := pages.numel()) == 0:
             return
+        if n <= 256 and self._free_np is not None:  # the common case, on host lists (numpy views of the masks)
+            pl, free, pending = pages.tolist(), self._free_np, self._pending_np
+            if (min(pl) >= 1 and max(pl) <= self.num_pages and not any(free[p] for p in pl)
+                    and not (self._pending_open and any(pending[p] for p in pl)) and (distinct or len(set(pl)) == n)):
+                return  # else the tensor checks below name the offending page
         lo, hi = torch.aminmax(pages)
         if int(lo) < 1 or int(hi) > self.num_pages:
             bad = (pages < 1) | (pages > self.num_pages)
@@ -162,17 +169,19 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
                 f"{what}: page {p} is {'the padding page' if p == 0 else 'out of range'} "
                 f"(pages 1..{self.num_pages} are allocatable)"
             )
-        state = self._page_free[pages] | self._page_pending[pages]
+        state = self._page_free[pages]
+        if self._pending_open:  # pages are pending only from free_group_begin to the end of free_group_end
+            state |= self._page_pending[pages]
         if bool(state.any()):
             p = int(pages[state][0])
             why = "already free" if bool(self._page_free[p]) else "already queued in the open free group"
             raise DoubleFreeError(f"{what}: double free of {'slot' if self.page_size == 1 else 'page'} {p} ({why})")
-        if len(pages) > 1 and len(torch.unique(pages)) != len(pages):
+        if not distinct and len(pages) > 1 and len(torch.unique(pages)) != len(pages):
             raise DoubleFreeError(f"{what}: the same {'slot' if self.page_size == 1 else 'page'} appears twice in one free")
 
-    def _release(self, pages: torch.Tensor, pile: list | None, what: str) -> None:
-        """Return allocated ``pages`` to the free list, or queue them on ``pile`` in a free group."""
-        self._check_releasable(pages, what)
+    def _release(self, pages: torch.Tensor, pile: list | None, what: str, distinct: bool = False) -> None:
+        """Return allocated ``pages`` (``distinct``: known to be) to the free list, or queue them on ``pile``."""
+        self._check_releasable(pages, what, distinct)
         if self.free_group is not None:
             self._page_pending[pages] = True
             pile.append(pages.clone())
@@ -193,11 +202,23 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         pages = idx if self.page_size == 1 else torch.unique(idx // self.page_size)
         self._release(pages, self.free_group, "free")
 
-    def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
-        """Free ``kv_row[start_pos : start_pos + n]``: page-aligned start, contiguous pages.
+    def free_row(self, row_slots: torch.Tensor) -> None:
+        """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
+        run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
+        page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
+        if (n := row_slots.numel()) == 0:
+            return
+        ps = self.page_size
+        heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
+        if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+                or tails != [h + ps - 1 for h in heads[: len(tails)]]):
+            return self.free(row_slots)  # page 1, empty, or not laid out as a row
+        pages = torch.tensor(sorted({h // ps for h in heads}), dtype=_I64, device=self._index_device)
+        self._release(pages, self.free_group, "free", distinct=True)
 
-        0.5.23's form of free for tree values and request rows: ``free_index[::page_size]`` names
-        each page once, in row order (no sort, unlike ``free``'s unique)."""
+    def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
+        """Free ``kv_row[start_pos : start_pos + n]`` (page-aligned start, contiguous pages): 0.5.23's free for tree
+        values and rows; ``free_index[::page_size]`` names each page once, in row order (no sort, unlike free)."""
         if start_pos % self.page_size:
             raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {self.page_size})")
         idx = _as_index(free_index, self._index_device)
@@ -205,8 +226,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
             return
         if self.page_size == 1:
             self._release(idx, self.free_group, "free_segment")
-        else:
-            self.free_page_ids(idx[:: self.page_size] // self.page_size)
+        else:  # free_page_ids of the segment's pages
+            self._release(idx[:: self.page_size] // self.page_size, self.free_page_ids_group, "free_page_ids")
 
     def free_page_ids(self, page_ids: IndexLike) -> None:
         """Free exactly these pages (no dedup)."""
@@ -217,13 +238,12 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self._release(pages, pile, "free_page_ids")
 
     def free_group_begin(self) -> None:
-        """Defer frees until :meth:`free_group_end` (one batch's results are processed as a group).
-
-        Deferred frees do not show in ``available_size()`` until the group ends."""
+        """Defer frees until :meth:`free_group_end` (one batch's results as a group; not in available_size)."""
         if self.free_group is not None:
             raise RuntimeError("free groups cannot be nested")
         self.free_group = []
         self.free_page_ids_group = []
+        self._pending_open = True
 
     def free_group_end(self) -> None:
         if self.free_group is None:
@@ -238,6 +258,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
                 pages = torch.unique(pages)  # SGLang re-frees the group's tokens through free()
             self._page_pending[pages] = False
             self._release(pages, None, "free_group_end")
+        self._pending_open = False
 
     # -- invariants ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -289,12 +310,9 @@ class TokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
 
 class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
-    """Whole pages (``allocator/paged.py``): pages 1..size/page_size, page 0 is padding.
-
-    ``alloc_extend`` / ``alloc_decode`` follow SGLang's three-phase layout (continue the current
-    partial page at ``last_loc + 1``, then whole new pages, then one partial new page), computed
-    here with plain torch ops in place of the Triton kernel / ``alloc_extend_naive``.
-    """
+    """Whole pages (``allocator/paged.py``): pages 1..size/page_size, page 0 is padding. ``alloc_extend`` /
+    ``alloc_decode`` follow SGLang's three-phase layout (continue the current partial page at ``last_loc + 1``,
+    then whole new pages, then one partial new page), with plain torch ops in place of the Triton kernel."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype = torch.bfloat16, device: DeviceLike = "cpu",
                  kvcache: MHATokenToKVPool | None = None, need_sort: bool = False):
@@ -311,11 +329,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 
     def alloc_extend(self, prefix_lens, prefix_lens_cpu, seq_lens, seq_lens_cpu, last_loc,
                      extend_num_tokens: int, num_new_pages: int | None = None) -> torch.Tensor | None:
-        """Slots for tokens ``[prefix_len, seq_len)`` of each request, concatenated in batch order.
-
-        ``last_loc[i]`` is the slot of request i's last prefix token (-1 if none). None if the free
-        pages do not cover ``num_new_pages``. Mirrors ``PagedTokenToKVPoolAllocator.alloc_extend``.
-        """
+        """Slots for tokens ``[prefix_len, seq_len)`` of each request, concatenated in batch order. ``last_loc[i]``
+        is the slot of request i's last prefix token (-1 if none). None if the free pages do not cover
+        ``num_new_pages``. Mirrors ``PagedTokenToKVPoolAllocator.alloc_extend``."""
         ps = self.page_size
         pre, seq, last = _as_ints(prefix_lens_cpu), _as_ints(seq_lens_cpu), _as_ints(last_loc)
         if sum(s - p for p, s in zip(pre, seq)) != extend_num_tokens:
@@ -325,7 +341,7 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 raise ValueError(f"last_loc {loc} is not where a prefix of {p} tokens ends (page_size {ps})")
         if num_new_pages is None:
             num_new_pages = self.num_new_pages(pre, seq)
-        if extend_num_tokens // ps + len(pre) + 1 > len(self.free_pages):
+        if extend_num_tokens // ps + len(pre) + 1 > self.free_pages.shape[0]:
             self.merge_and_sort_free()  # 0.5.23 merges when its cheap bound cannot prove the fit
         pages = self._take_pages(num_new_pages)
         if pages is None:
@@ -350,9 +366,8 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         """The page take of :meth:`alloc_decode`, by count: ``num_pages`` page ids from the head of the free
         list (the requests whose new token opens a page, in batch order), or None if fewer are free.
 
-        Staged frees are merged first when ``batch_size`` outnumbers the free pages (0.5.23's bound, which
-        counts every request of the batch as a possible opener). A decode round that already knows how many
-        of its requests open a page calls this directly; :meth:`alloc_decode` turns the pages into slots."""
+        Staged frees are merged first when ``batch_size`` outnumbers the free pages (0.5.23's bound: every request
+        may open a page). A decode round that knows its openers calls this; :meth:`alloc_decode` makes slots."""
         if batch_size < 0 or num_pages < 0 or num_pages > batch_size:
             raise ValueError(f"alloc_decode_pages(batch_size={batch_size}, num_pages={num_pages}): "
                              "need 0 <= num_pages <= batch_size")
@@ -363,10 +378,9 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         return self._take_pages(num_pages)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
-        """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths).
-
-        A request whose new token opens a page (``seq_len % page_size == 1``) gets the next free
-        page's first slot; the others get ``last_loc + 1``. None if pages run short."""
+        """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths): a request
+        whose new token opens a page (``seq_len % page_size == 1``) gets the next free page's first slot, the
+        others ``last_loc + 1``. None if pages run short."""
         ps = self.page_size
         seq, last = _as_ints(seq_lens_cpu), _as_ints(last_loc)
         need = [s % ps == 1 for s in seq]
@@ -381,13 +395,12 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
 class SWATokenToKVPoolAllocator:
     """Hybrid sliding-window models: a full-attention pool and an SWA pool (``allocator/swa.py``).
 
-    Requests and the tree hold *full* indices; ``full_to_swa_index_mapping[full] = swa`` pairs
-    each with its SWA slot (0 = unmapped; the trailing entry is -1 so a ``last_loc`` of -1
-    translates to -1). ``available_size()`` is the smaller side. ``free`` releases the SWA peer
-    first (it reads the mapping), then the full slot; ``free_swa`` alone drops only the SWA KV
-    (sliding-window tombstoning). Differs on purpose: no per-request SWA ring, no registration
-    with a KV pool unless ``kvcache`` has ``register_mapping``; ``alloc`` works at any page size.
-    """
+    Requests and the tree hold *full* indices; ``full_to_swa_index_mapping[full] = swa`` pairs each with its
+    SWA slot (0 = unmapped; the trailing entry is -1 so a ``last_loc`` of -1 translates to -1).
+    ``available_size()`` is the smaller side. ``free`` releases the SWA peer first (it reads the mapping), then
+    the full slot; ``free_swa`` alone drops only the SWA KV (sliding-window tombstoning). Differs on purpose:
+    no per-request SWA ring, no registration with a KV pool unless ``kvcache`` has ``register_mapping``;
+    ``alloc`` works at any page size."""
 
     def __init__(self, size: int, size_swa: int, page_size: int, dtype: torch.dtype = torch.bfloat16,
                  device: DeviceLike = "cpu", kvcache: MHATokenToKVPool | None = None, need_sort: bool = False):
@@ -525,6 +538,20 @@ class SWATokenToKVPoolAllocator:
     def free(self, free_index: IndexLike) -> None:
         self.free_swa(free_index)  # first: it reads the mapping
         self.free_full(free_index)
+
+    def free_row(self, row_slots: torch.Tensor) -> None:
+        """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
+        run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
+        page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
+        if (n := row_slots.numel()) == 0:
+            return
+        ps = self.page_size
+        heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
+        if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+                or tails != [h + ps - 1 for h in heads[: len(tails)]]):
+            return self.free(row_slots)  # page 1, empty, or not laid out as a row
+        pages = torch.tensor(sorted({h // ps for h in heads}), dtype=_I64, device=self._index_device)
+        self._release(pages, self.free_group, "free", distinct=True)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         if start_pos % self.page_size:

@@ -114,12 +114,14 @@ def alloc_paged_token_slots_extend(tree_cache: BasePrefixCache, prefix_lens: Seq
     ``extend_num_tokens + batch_size * page_size`` (SGLang's over-estimate: every request may open
     a page), then ``alloc_extend``."""
     allocator = tree_cache.token_to_kv_pool_allocator
-    pre = torch.as_tensor(list(prefix_lens), dtype=torch.int64)
-    seq = torch.as_tensor(list(seq_lens), dtype=torch.int64)
-    last = torch.as_tensor(list(last_loc), dtype=torch.int64)
-    extend = int((seq - pre).sum())
+    pre, seq, last = _ints(prefix_lens), _ints(seq_lens), _ints(last_loc)  # the allocator reads host lists
+    extend = sum(seq) - sum(pre)
     ev = evict_from_tree_cache(tree_cache, extend + len(seq) * allocator.page_size, mode)
     return AllocResult(allocator.alloc_extend(pre, pre, seq, seq, last, extend), ev)
+
+
+def _ints(values: Sequence[int] | torch.Tensor) -> list[int]:
+    return values.reshape(-1).tolist() if isinstance(values, torch.Tensor) else [int(v) for v in values]
 
 
 def alloc_paged_token_slots_decode(tree_cache: BasePrefixCache, seq_lens: Sequence[int], last_loc: Sequence[int],

@@ -295,10 +295,17 @@ class RadixCache(BaseRadixTree):
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
         elif not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value, dtype=_I64)
-        elif value.dtype != _I64:
-            value = value.to(_I64)
-        if len(value) < n:
-            raise ValueError(f"insert: {len(value)} values for a key of {n} (page-aligned) tokens")
+        return self._insert(key, n, value, priority, inserted_len)
+
+    def _insert(self, key: array, n: int, value: torch.Tensor, priority: int, inserted_len: int,
+                held: TreeNode | None = None, held_len: int = 0) -> int:
+        """``insert`` of ``key[:n]`` (``n`` page-aligned): the request flows pass the whole token array and
+        the request row (int32) without slicing or converting them; only the new leaf's slots are copied
+        (as int64). ``held``: the node a request holds locked, whose path spells ``key[:held_len]`` (it was
+        matched or inserted from the request's own tokens); the walk over that path has the same effects
+        node by node without comparing its tokens again (a chunked prompt is not re-read once per chunk)."""
+        if value.shape[0] < n:
+            raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
         now = self.clock.tick()
         node = self.root_node
         node.last_access_time = now
@@ -306,6 +313,17 @@ class RadixCache(BaseRadixTree):
             node.priority = priority
         ps = self.page_size
         off = 0
+        path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        for child in path or ():  # what the loop below does to each node it matches whole
+            child.last_access_time = now
+            if priority > child.priority:
+                child.priority = priority
+            off += len(child.key)
+            if off > inserted_len:
+                child.hit_count += 1
+            if child._evictable:
+                self._push(child)
+            node = child
         while off < n:
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
@@ -331,14 +349,31 @@ class RadixCache(BaseRadixTree):
                 break  # the key diverges inside this edge; SGLang's loop finds no further child
         prefix_len = off
         if off < n:
-            leaf = self._new_node(key[off:n], value[off:n].clone(), node, priority)
+            new = value[off:n]
+            leaf = self._new_node(key[off:n], new.clone() if new.dtype == _I64 else new.to(_I64), node, priority)
             if n > inserted_len:
                 leaf.hit_count += 1
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
+            node = leaf
+        self._inserted_node = node  # the node that ends at n (cache_unfinished_req re-matches up to it)
         return prefix_len
+
+    def _held_path(self, held: TreeNode | None, held_len: int) -> list[TreeNode] | None:
+        """Root-to-``held`` nodes (root excluded) if ``held`` is a live, locked node whose path holds ``held_len``
+        tokens; None otherwise (the caller then walks from the root)."""
+        if held is None or held.value is None or held.lock_ref <= 0 or held is self.root_node:
+            return None
+        path, length, root = [], 0, self.root_node
+        while held is not root:
+            if held is None:
+                return None
+            path.append(held)
+            length += len(held.key)
+            held = held.parent
+        return path[::-1] if length == held_len else None
 
     # -- request flows (0.5.16 classic API) ------------------------------------------------------
     def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
@@ -348,22 +383,27 @@ class RadixCache(BaseRadixTree):
         last output token, whose KV was never computed. Inserts the page-aligned part, frees the
         duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
         the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
+        Row slices go to the allocator as they are (``free_row``: one index per page).
         """
-        tokens = as_tokens(req.origin_input_ids) + as_tokens(req.output_ids)
-        kv_len = max(0, len(tokens) - 1) if kv_len_to_handle is None else kv_len_to_handle
-        tokens = tokens[:kv_len]
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
-        free = self.token_to_kv_pool_allocator.free
+        origin = as_tokens(req.origin_input_ids)
+        n_out = len(req.output_ids)
+        total = len(origin) + n_out
+        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
+        alloc = self.token_to_kv_pool_allocator
+        free = getattr(alloc, "free_row", alloc.free)
+        protected = req.cache_protected_len
         if self.disable:
-            free(kv[req.cache_protected_len :])
+            free(row[protected:])
             return
-        key_len = align_down(len(tokens), self.page_size)
+        key_len = align_down(kv_len, self.page_size)
         if is_insert:
-            done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0)
-            free(kv[req.cache_protected_len : done])
+            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
+            done = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, 0, req.last_node, protected)
+            free(row[protected:done])
         else:
-            free(kv[req.cache_protected_len : key_len])
-        free(kv[key_len:])
+            free(row[protected:key_len])
+        free(row[key_len:])
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
             req.last_node = None
@@ -371,28 +411,52 @@ class RadixCache(BaseRadixTree):
     def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
         """After a prefill chunk: insert ``fill_ids``' page-aligned KV, free duplicates, re-point the
         row at the tree's slots, and move the request's lock to the new last node
-        (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16)."""
+        (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16).
+
+        The re-match replays the walk insert just made (``restamp_path`` from the node ending at the key: the
+        same clock tick and access times, and no split is possible); the row is rewritten from the path's values
+        over ``[cache_protected_len, key_len)`` only, as SGLang's write does."""
         if self.disable:
             return
         tokens = as_tokens(req.fill_ids)
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(tokens)].to(_I64)
-        key_len = align_down(len(tokens), self.page_size)
-        done = self.insert(tokens[:key_len], kv[:key_len], priority=getattr(req, "priority", 0) or 0,
-                           inserted_len=key_len if chunked else 0)
-        self.token_to_kv_pool_allocator.free(kv[req.cache_protected_len : done])
-        m = self.match_prefix(tokens[:key_len])
-        require(m.device_prefix_len == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
-                found=m.device_prefix_len, inserted=key_len)
-        new = m.device_indices
+        n_tok = len(tokens)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        key_len = align_down(n_tok, self.page_size)
+        alloc = self.token_to_kv_pool_allocator
         protected = req.cache_protected_len
-        self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), new[protected:].to(torch.int32))
+        done = self._insert(tokens, key_len, row[:key_len], getattr(req, "priority", 0) or 0,
+                            key_len if chunked else 0, req.last_node, protected)
+        getattr(alloc, "free_row", alloc.free)(row[protected:done])
+        last_node, values = self._inserted_node, []
+        if key_len:  # the re-match walks exactly the path insert just made (no split): replay it upwards
+            self.restamp_path(last_node)
+            node = last_node
+            while node is not self.root_node:
+                values.append(node.value)
+                node = node.parent
+            values.reverse()
+        found = sum(v.shape[0] for v in values)
+        require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
+                found=found, inserted=key_len)
+        pos = 0
+        # req_to_token[protected:key_len] = new_indices[protected:]; a leaf this insert made holds the row's own
+        # slots (copied from it), so rewriting its span changes nothing and is skipped
+        rewrite = values[:-1] if done < key_len else values
+        for v in rewrite:
+            end = pos + v.shape[0]
+            if end > protected:
+                lo = max(pos, protected)
+                self.req_to_token_pool.write((req.req_pool_idx, slice(lo, end)), v[lo - pos :])
+            pos = end
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(m.last_device_node)
+        self.inc_lock_ref(last_node)
         # With page_size > 1 the partial last page stays the request's (in the row, not the tree).
-        req.prefix_indices = torch.cat([new, kv[key_len:]]) if key_len < len(kv) else new
-        req.last_node = m.last_device_node
+        if key_len < n_tok:
+            values.append(row[key_len:n_tok].to(_I64))
+        req.prefix_indices = torch.cat(values) if values else self._empty
+        req.last_node = last_node
 
     # -- locks ----------------------------------------------------------------------------------
     def inc_lock_ref(self, node: TreeNode) -> int:

@@ -29,9 +29,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from kvlab.mem_cache.common import evict_from_tree_cache
+from kvlab.mem_cache.evict_policy import EvictResult
 
 if TYPE_CHECKING:
     from kvlab.sched.scheduler import Scheduler, SimReq
+
+_QUIET = EvictResult()  # frozen: a quiet round evicts nothing
 
 
 @dataclass(slots=True, eq=False)
@@ -140,24 +143,27 @@ class FastDecode:
         """One decode round touching only the requests whose token opens a page or is their last; the
         rest advance with the round counter. When memory is short, the reference round runs instead
         (retraction needs every request's real outputs and row). Returns the number retracted."""
-        sched, ps, d = self.sched, self.page_size, self.round + 1
+        sched, ps, d = self.sched, self.page_size, self.sched.decode_rounds + 1
         opens = self.opens
         openers = list(_pop_due(opens, d)) if opens and opens[0][0] <= d else []  # in running order
-        if not sched._reserve_decode(ps * len(openers)):  # check_decode_mem
-            self.unregister_all()
-            retracted = sched._retract()
-            sched._decode_alloc_emit()
-            for req in sched.running:
-                self.register(req)
-            return retracted
-        sched._decay_new_token_ratio()
-        # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
         running = sched.running
-        sched._note(evict_from_tree_cache(sched.tree, len(running) * ps, sched.config.eviction))
-        pages = sched.allocator.alloc_decode_pages(len(running), len(openers))
-        if pages is None:
-            raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
-                               f"{sched.allocator.available_size()} slots available")
+        if sched.allocator.available_size() < len(running) * ps:  # else both evictions below find room
+            if not sched._reserve_decode(ps * len(openers)):  # check_decode_mem
+                self.unregister_all()
+                retracted = sched._retract()
+                sched._decode_alloc_emit()
+                for req in sched.running:
+                    self.register(req)
+                return retracted
+            # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
+            sched._note(evict_from_tree_cache(sched.tree, len(running) * ps, sched.config.eviction))
+        sched._decay_new_token_ratio()
+        allocator = sched.allocator
+        if openers or len(running) > allocator.free_pages.shape[0]:  # else the page take takes nothing
+            pages = allocator.alloc_decode_pages(len(running), len(openers))
+            if pages is None:
+                raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
+                                   f"{allocator.available_size()} slots available")
         if openers:
             for state, page in zip(openers, pages.tolist()):
                 position = state.req.prompt_len + state.outputs_at_start + d - state.start_round - 2
@@ -178,6 +184,38 @@ class FastDecode:
                 finished = {id(state.req) for state in done}
                 sched.running = [r for r in running if id(r) not in finished]
         return 0
+
+    def quiet_rounds(self) -> None:
+        """Run, after a decode step, the decode rounds in which nothing but the counters moves, as the loop would
+        (one step and one row each): no page opens, no request finishes, the pool holds a page per running
+        request (no eviction), no arrival is due and no prefill can be scheduled. Each such round of
+        :meth:`decode` only decays the new-token ratio and counts its tokens, so its row is the step's row with
+        the step number and time advanced. Stops at the first round that is not quiet (the loop runs it)."""
+        sched = self.sched
+        running, waiting, cfg, allocator = sched.running, sched.waiting, sched.config, sched.allocator
+        n = len(running)
+        if (not n or sched.chunked is not None or (waiting and n < cfg.max_running)
+                or allocator.available_size() < n * self.page_size or n > allocator.free_pages.shape[0]):
+            return
+        d = sched.decode_rounds
+        last = min(self.opens[0][0] if self.opens else d + 2**62,
+                   self.finishes[0][0] if self.finishes else d + 2**62) - 1  # stale heads only stop early
+        if d >= last:
+            return
+        pending, totals, rows = sched.pending, sched.totals, sched.rows
+        sched._step_evict, sched._step_hits, sched._step_pressure, sched._finished = _QUIET, 0, 0, 0
+        template = sched._step_row("decode", 0, 0)
+        dt = cfg.cost.decode_time_s(n)
+        while d < last and totals.steps < cfg.max_steps and not (pending and pending[0].arrival_time_s <= sched.now_s):
+            d += 1
+            sched._decay_new_token_ratio()
+            totals.output_tokens += n
+            sched.now_s += dt
+            totals.steps += 1
+            row = template.copy()
+            row["step"], row["time_s"] = totals.steps, sched.now_s
+            rows.append(row)
+        sched.decode_rounds = d
 
 
 def _pop_due(heap: list, d: int):

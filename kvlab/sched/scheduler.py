@@ -50,6 +50,7 @@ from kvlab.units import align_down, align_up
 
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py: future tokens counted per request, at most
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+_NO_EVICTION = EvictResult()  # frozen: a step's eviction before anything was noted
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,7 @@ class Scheduler:
         rows = self.req_to_token_pool.req_to_token
         for req in batch:  # the matched prefix's slots go into the row first
             if req.kv_len == req.prefix_len and req.prefix_len:
-                rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len].to(torch.int32)
+                rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len]  # copy_ casts
         if ps == 1:
             result = alloc_token_slots(self.tree, sum(r.extend_len for r in batch), self.config.eviction)
         else:
@@ -306,7 +307,7 @@ class Scheduler:
         start = 0
         for req in batch:
             loc = result.out_cache_loc[start : start + req.extend_len]
-            rows[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = loc.to(torch.int32)
+            rows[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = loc  # int64 -> int32 in the copy
             start += req.extend_len
 
     def _finish_prefill(self, batch: list[SimReq]) -> None:
@@ -427,8 +428,7 @@ class Scheduler:
         self.totals.output_tokens += 1
 
     def _finish(self, req: SimReq) -> None:
-        req.fill_ids = req.origin_input_ids + array("q", req.output_ids)
-        release_kv_cache(req, self.tree)
+        release_kv_cache(req, self.tree)  # reads origin_input_ids + output_ids (fill_ids is not needed)
         req.origin_input_ids, req.fill_ids, req.output_ids = [], [], []  # the tree holds what is worth keeping
         self._finished += 1
 
@@ -455,6 +455,20 @@ class Scheduler:
                 "evictable + protected == cached", evictable=self.tree.evictable_size(),
                 protected=self.tree.protected_size(), cached=self.tree.total_size())
 
+    def _step_row(self, kind: str, computed: int, retracted: int) -> dict:
+        """The per-step metrics row (one per step of the loop)."""
+        ev, totals = self._step_evict, self.totals
+        return {
+            "step": totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
+            "prefill_tokens": computed, "pressure_events": self._step_pressure,
+            "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
+            "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
+            "available_tokens": self.allocator.available_size(), "evictable_tokens": self.tree.evictable_size_,
+            "protected_tokens": self.tree.protected_size_, "running": len(self.running),
+            "waiting": len(self.waiting), "retracted": retracted, "finished": self._finished,
+            "cached_prompt_tokens": totals.cached_prompt_tokens,
+        }
+
     def _admit_arrivals(self) -> None:
         while self.pending and self.pending[0].arrival_time_s <= self.now_s:
             self.waiting.append(self.pending.popleft())
@@ -474,14 +488,17 @@ class Scheduler:
 
         bar = progress_bar(total=self.totals.requests, desc=f"simulate ({self.config.eviction})",
                            enabled=progress, unit="req")
-        while self.pending or self.waiting or self.running or self.chunked:
-            if self.totals.steps >= self.config.max_steps:
-                raise RuntimeError(f"simulation did not finish in {self.config.max_steps} steps")
-            self._admit_arrivals()
+        cfg, totals, rows, allocator, tree = self.config, self.totals, self.rows, self.allocator, self.tree
+        pending = self.pending
+        while pending or self.waiting or self.running or self.chunked:
+            if totals.steps >= cfg.max_steps:
+                raise RuntimeError(f"simulation did not finish in {cfg.max_steps} steps")
+            if pending and pending[0].arrival_time_s <= self.now_s:
+                self._admit_arrivals()
             if not (self.waiting or self.running or self.chunked):
-                self.now_s = self.pending[0].arrival_time_s
+                self.now_s = pending[0].arrival_time_s
                 continue
-            self._step_evict = EvictResult()
+            self._step_evict = _NO_EVICTION
             self._step_hits = 0
             self._step_pressure = 0
             self._finished = 0
@@ -491,34 +508,26 @@ class Scheduler:
                 self._allocate_extend(batch)
                 computed = sum(r.extend_len for r in batch)
                 self._finish_prefill(batch)
-                kind, dt = "prefill", self.config.cost.prefill_time_s(computed)
+                kind, dt = "prefill", cfg.cost.prefill_time_s(computed)
             elif self.running:
                 computed = 0
                 batch_size = len(self.running)
                 retracted = self._decode()
-                kind, dt = "decode", self.config.cost.decode_time_s(batch_size)
+                kind, dt = "decode", cfg.cost.decode_time_s(batch_size)
             else:
                 raise RuntimeError(
                     f"scheduler stuck: {len(self.waiting)} waiting request(s) cannot be admitted into a pool of "
-                    f"{self.config.kv_tokens} tokens ({self.allocator.available_size()} free, "
-                    f"{self.tree.evictable_size()} evictable)")
+                    f"{cfg.kv_tokens} tokens ({allocator.available_size()} free, "
+                    f"{tree.evictable_size()} evictable)")
             self.now_s += dt
-            self.totals.steps += 1
-            if self.config.debug:
+            totals.steps += 1
+            if cfg.debug:
                 self.check_invariants()
-            ev = self._step_evict
-            self.rows.append({
-                "step": self.totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self._step_hits,
-                "prefill_tokens": computed, "pressure_events": self._step_pressure,
-                "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
-                "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
-                "available_tokens": self.allocator.available_size(), "evictable_tokens": self.tree.evictable_size(),
-                "protected_tokens": self.tree.protected_size(), "running": len(self.running),
-                "waiting": len(self.waiting), "retracted": retracted, "finished": self._finished,
-                "cached_prompt_tokens": self.totals.cached_prompt_tokens,
-            })
+            rows.append(self._step_row(kind, computed, retracted))
             if self._finished:
                 bar.update(self._finished)
+            if self.fast and kind == "decode" and not cfg.debug:
+                self.fast.quiet_rounds()  # the rounds up to the next event, without the loop around them
         bar.close()
         return SimResult(self.config, replace(self.totals), self.now_s, self.rows, self.tree)
 

@@ -160,10 +160,20 @@ class TokenSequence(Sequence[int]):
         """A new flat ``array('q')`` of the tokens (``range`` segments expand through numpy)."""
         import numpy as np
 
+        segs = self._segments
+        if segs and all(type(seg) is range and seg.step == 1 for seg in segs):  # a trace's blocks: one numpy pass
+            lens = np.fromiter((len(seg) for seg in segs), dtype=np.int64, count=len(segs))
+            starts = np.fromiter((seg.start for seg in segs), dtype=np.int64, count=len(segs))
+            ends = np.cumsum(lens)  # token i of range k is starts[k] + i - (ends[k] - lens[k])
+            flat = np.repeat(starts - (ends - lens), lens)
+            flat += np.arange(int(ends[-1]), dtype=np.int64)
+            out = array("q")
+            out.frombytes(memoryview(flat).cast("B"))  # one allocation, one copy
+            return out
         out = array("q")
-        for seg in self._segments:
+        for seg in segs:
             if type(seg) is range:
-                out.frombytes(np.arange(seg.start, seg.stop, seg.step, dtype=np.int64).tobytes())
+                out.frombytes(memoryview(np.arange(seg.start, seg.stop, seg.step, dtype=np.int64)).cast("B"))
             else:
                 out.fromlist(list(seg))
         return out
