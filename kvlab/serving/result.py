@@ -57,9 +57,12 @@ class Explanation:
             return self.extra.get("terms", [])
         p = self.pool
         pool_gib = self.max_total_num_tokens_computed * p.cell_size_bytes / GiB
+        post = self.extra.get("post_load_terms") or []
+        printed_after = p.after_gib + sum(t["bytes"] for t in post) / GiB
         rows = [
             ("free before load", p.before_gib, "avail mem at 'Load weight begin' (min over ranks)"),
-            ("weights and other memory loaded", p.after_gib - p.before_gib, "'Load weight end' − 'Load weight begin'"),
+            ("weights and other memory loaded", printed_after - p.before_gib, "'Load weight end' − 'Load weight begin'"),
+            *((t["name"], -t["bytes"] / GiB, t["how"]) for t in post),
             ("kept for activations and CUDA graphs", -p.slack_gib, f"before × (1 − {p.mem_fraction_static})"),
             ("KV pool budget (rest)", p.rest_gib, "what is left for the pool"),
             ("KV pool", pool_gib, f"{self.max_total_num_tokens_computed:,} tokens × {p.cell_size_bytes:,} B"),

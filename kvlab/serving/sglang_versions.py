@@ -150,3 +150,91 @@ def cell_rule(version: str | None) -> CellRule:
     if v < parse_version("0.3.6"):  # 0.2.15/0.3.0: MLA cell only when --enable-mla
         return CellRule(read, "flag", "option", "max1", False)
     return CellRule(read, "default", "option", "max1", v >= parse_version("0.4.2.post3"))
+
+
+# ---- what the printed readings miss ---------------------------------------------------------------------
+#
+# The pool formula uses two readings SGLang does not print: ``total`` at the end of init_torch_distributed and
+# ``post`` inside profile_max_num_token. kvlab only has "Load weight begin/end". What runs between them was read
+# from each wheel; a step is a waterfall term only where its size follows from the version's source and the
+# inputs (log + config).
+
+@dataclass(frozen=True)
+class ReadingGaps:
+    read: str
+    total_reading: str  # where the "before" SGLang uses is taken
+    post_reading: str  # where the "after" SGLang uses is taken
+    before_steps: tuple[str, ...]  # between total_reading and "Load weight begin"
+    after_steps: tuple[str, ...]  # between "Load weight end" and post_reading
+
+
+def reading_gaps(version: str | None) -> ReadingGaps:
+    """The unprinted readings of ``version`` and the steps between them and the printed ones."""
+    read = nearest_read(version) if version else READ_VERSIONS[-1]
+    v = parse_version(read)
+    if v < parse_version("0.4.7.post1"):  # 0.4.5 / 0.4.6 read: init_torch_distributed() then load_model()
+        return ReadingGaps(read, "init_torch_distributed()'s min_per_gpu_memory (model_executor/model_runner.py)",
+                           "profile_max_num_token() (model_executor/model_runner.py)",
+                           ("the Sampler and load_model()'s first lines: no GPU allocation",), ())
+    if v < parse_version("0.5.4"):
+        return ReadingGaps(
+            read, "init_torch_distributed()'s min_per_gpu_memory (0.4.7.post1 model_executor/model_runner.py:483)",
+            "profile_max_num_token() (0.4.7.post1 model_executor/model_runner.py:801)",
+            ("deep_gemm_wrapper.update_deep_gemm_config (CPU only)",
+             "TorchMemorySaverAdapter.create (nothing without --enable-memory-saver)",
+             "compute_initial_expert_location_metadata (managers/expert_location.py: even a model without experts "
+             "gets a 1×1 map moved to the GPU, with pad/count_nonzero on it — in a TP1 run the first CUDA tensors "
+             "and kernels of the process: an allocator segment (2 MiB) and lazily loaded kernel modules, whose "
+             "size the source does not give)",
+             "Sampler() (no GPU memory)"),
+            ("dist.monitored_barrier on the CPU group, torchao (off by default), LoRA (off): no GPU allocation",))
+    rope = ("reserve_rope_cache_for_long_sequences (utils/common.py; 0.5.8+): the RoPE cos/sin cache grows to "
+            "align128(context_len + 256) rows — counted as a term; its allocator segment (a 1–10 MiB tensor takes a "
+            "20 MiB segment unless a free block fits) depends on the allocator's state and is not")
+    return ReadingGaps(
+        read, "init_torch_distributed()'s pre_model_load_memory (0.5.10.post1 model_executor/model_runner.py:999)",
+        "profile_max_num_token() (0.5.10.post1 model_executor/model_runner_kv_cache_mixin.py:144)",
+        ("a CUDA stream, the offloader, deep_gemm config, memory-saver adapter, create_sampler(): no GPU allocation",
+         "compute_initial_expert_location_metadata (eplb/expert_location.py): returns None for a model without "
+         "experts"),
+        ((rope,) if v >= parse_version("0.5.8") else ())
+        + ("dist.monitored_barrier on the CPU group, torchao, LoRA (off), configure_kv_cache_dtype: no GPU "
+           "allocation; the cuBLAS workspace comes later (init_cublas, after init_memory_pool)",))
+
+
+ROPE_SAFETY_MARGIN = 256  # environ.py SGLANG_ROPE_CACHE_SAFETY_MARGIN (0.5.8, 0.5.10.post1)
+ROPE_CACHE_ALIGN = 128  # environ.py SGLANG_ROPE_CACHE_ALIGN
+ROPE_SPEC_SAFETY_FACTOR = 2  # environ.py SGLANG_SPEC_EXPANSION_SAFETY_FACTOR
+
+
+def rope_reserve_bytes(version: str | None, cache_rows: int, context_len: int, rotary_dim: int,
+                       spec_steps: int = 0, spec_draft_tokens: int = 0) -> int:
+    """GPU bytes reserve_rope_cache_for_long_sequences adds after "Load weight end" (0 before 0.5.8).
+
+    sglang 0.5.10.post1 utils/common.py:3700: reserve = align(context_len + steps × draft × 2 + 256, 128);
+    layers/rotary_embedding/base.py:142 _ensure_cos_sin_cache_length(reserve − 1) grows a cache of
+    ``cache_rows`` (max_position_embeddings) rows to ((reserve − 1 + 128) // 128) × 128 rows of
+    ``rotary_dim`` FP32 values (base.py:71: kept in FP32 on CUDA). get_rope's _ROPE_DICT shares one cache
+    across layers, so it grows once. Read in 0.5.10.post1 and 0.5.23 (same margins, FP32 on CUDA); 0.5.8 calls
+    it after "Load weight end" too; 0.5.4 has no such step.
+    """
+    if not at_least(version, "0.5.8"):
+        return 0
+    reserve = context_len + spec_steps * spec_draft_tokens * ROPE_SPEC_SAFETY_FACTOR + ROPE_SAFETY_MARGIN
+    reserve = (reserve + ROPE_CACHE_ALIGN - 1) // ROPE_CACHE_ALIGN * ROPE_CACHE_ALIGN
+    needed = reserve - 1
+    if needed < cache_rows:
+        return 0
+    new_rows = (needed + ROPE_CACHE_ALIGN) // ROPE_CACHE_ALIGN * ROPE_CACHE_ALIGN
+    return (new_rows - cache_rows) * rotary_dim * 4
+
+
+def rope_reserve_for_config(version: str | None, config, context_len: int | None = None, spec_steps: int = 0,
+                            spec_draft_tokens: int = 0) -> int:
+    """``rope_reserve_bytes`` for a kvlab ModelConfig: an MHA model's cache starts at its
+    max_position_embeddings (``context_len``) rows of ``head_dim`` (full rotary; a partial rotary factor
+    or RoPE scaling is not in the config); MLA models' RoPE classes are not counted (0)."""
+    if config is None or config.attention != "mha":
+        return 0
+    return rope_reserve_bytes(version, config.context_len, context_len or config.context_len, config.head_dim,
+                              spec_steps, spec_draft_tokens)
