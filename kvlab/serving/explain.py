@@ -229,7 +229,7 @@ def _post_load_terms(log: SGLangStartup, config: ModelConfig | None, version: st
     return [{"name": "RoPE cache expansion before profiling", "bytes": size,
              "how": f"reserve_rope_cache_for_long_sequences (sglang utils/common.py): cos/sin cache grown from "
                     f"{config.context_len:,} rows to align128(context {context:,} + 256) rows × rotary dim "
-                    f"{config.head_dim} × 4 B (FP32); its allocator segment is not counted"}]
+                    f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}]
 
 
 def _require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:

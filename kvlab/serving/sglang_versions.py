@@ -169,42 +169,55 @@ class ReadingGaps:
 
 
 def reading_gaps(version: str | None) -> ReadingGaps:
-    """The unprinted readings of ``version`` and the steps between them and the printed ones."""
+    """The unprinted readings of ``version`` and the steps between them and the printed ones.
+
+    Read here: 0.4.5, 0.4.6, 0.4.7.post1, 0.4.9, 0.5.0rc0, 0.5.1, 0.5.4, 0.5.8, 0.5.10.post1, 0.5.23
+    (model_executor/model_runner.py, model_runner_kv_cache_mixin.py, eplb/ or managers/expert_location.py,
+    utils). Older versions are given 0.4.5's steps (init_torch_distributed, then load_model) unread."""
     read = nearest_read(version) if version else READ_VERSIONS[-1]
     v = parse_version(read)
-    if v < parse_version("0.4.7.post1"):  # 0.4.5 / 0.4.6 read: init_torch_distributed() then load_model()
-        return ReadingGaps(read, "init_torch_distributed()'s min_per_gpu_memory (model_executor/model_runner.py)",
-                           "profile_max_num_token() (model_executor/model_runner.py)",
-                           ("the Sampler and load_model()'s first lines: no GPU allocation",), ())
-    if v < parse_version("0.5.4"):
+    total = "init_torch_distributed()'s min_per_gpu_memory (model_executor/model_runner.py)"
+    post = "profile_max_num_token()'s available_gpu_memory (model_executor/model_runner.py)"
+    no_alloc_after = "dist.monitored_barrier on the CPU group, torchao (off by default), LoRA (off): no GPU allocation"
+    cublas = ("the cuBLAS handle and workspace come later (init_cublas runs after init_memory_pool)")
+    if v < parse_version("0.4.7.post1"):  # 0.4.5 / 0.4.6: memory-saver adapter, Sampler(), then load_model()
+        return ReadingGaps(read, total, post, ("TorchMemorySaverAdapter.create and Sampler(): no GPU allocation",),
+                           (no_alloc_after, cublas))
+    if v < parse_version("0.5.0rc0"):  # 0.4.7.post1, 0.4.9: ModelConfigForExpertLocation.init_dummy()
         return ReadingGaps(
             read, "init_torch_distributed()'s min_per_gpu_memory (0.4.7.post1 model_executor/model_runner.py:483)",
-            "profile_max_num_token() (0.4.7.post1 model_executor/model_runner.py:801)",
+            "profile_max_num_token()'s available_gpu_memory (0.4.7.post1 model_executor/model_runner.py:802)",
             ("deep_gemm_wrapper.update_deep_gemm_config (CPU only)",
              "TorchMemorySaverAdapter.create (nothing without --enable-memory-saver)",
-             "compute_initial_expert_location_metadata (managers/expert_location.py: even a model without experts "
-             "gets a 1×1 map moved to the GPU, with pad/count_nonzero on it — in a TP1 run the first CUDA tensors "
-             "and kernels of the process: an allocator segment (2 MiB) and lazily loaded kernel modules, whose "
-             "size the source does not give)",
+             "compute_initial_expert_location_metadata (0.4.7.post1 managers/expert_location.py:82-109, 186-220; "
+             "0.4.9 eplb/expert_location.py): a model without experts gets init_dummy()'s 1×1 map, moved to the "
+             "GPU with pad/count_nonzero on it — in a TP1 run the first CUDA tensors and kernels of the process: a "
+             "2 MiB allocator segment plus lazily loaded kernel modules, whose size the source does not give "
+             "(0.5.0rc0 and later return None here)",
              "Sampler() (no GPU memory)"),
-            ("dist.monitored_barrier on the CPU group, torchao (off by default), LoRA (off): no GPU allocation",))
-    rope = ("reserve_rope_cache_for_long_sequences (utils/common.py; 0.5.8+): the RoPE cos/sin cache grows to "
-            "align128(context_len + 256) rows — counted as a term; its allocator segment (a 1–10 MiB tensor takes a "
-            "20 MiB segment unless a free block fits) depends on the allocator's state and is not")
+            (no_alloc_after, cublas))
+    before = ("a CUDA stream (0.5.10), the offloader, deep_gemm config, memory-saver adapter, the sampler: no GPU "
+              "allocation", "compute_initial_expert_location_metadata (eplb/expert_location.py): None for a "
+              "model without experts")
+    if not at_least(version or read, "0.5.8"):  # the RoPE step is dated by the version itself, as in rope_reserve_bytes
+        return ReadingGaps(read, total, post, before, (no_alloc_after, cublas))
+    rope = ("reserve_rope_cache_for_long_sequences (0.5.10.post1 utils/common.py:3700, called at "
+            "model_runner.py:1269): the FP32 RoPE cos/sin cache grows to align128(context_len + 256) rows — "
+            "counted as a term; its einsum is an outer product (torch's sumproduct_pair → at::mul, no cuBLAS); "
+            "the new tensor's allocator segment (torch's caching allocator: a 1–10 MiB tensor takes a 20 MiB "
+            "segment, a larger one its size rounded up to 2 MiB, unless a cached free block fits) depends on the "
+            "allocator's state and is not counted")
     return ReadingGaps(
-        read, "init_torch_distributed()'s pre_model_load_memory (0.5.10.post1 model_executor/model_runner.py:999)",
-        "profile_max_num_token() (0.5.10.post1 model_executor/model_runner_kv_cache_mixin.py:144)",
-        ("a CUDA stream, the offloader, deep_gemm config, memory-saver adapter, create_sampler(): no GPU allocation",
-         "compute_initial_expert_location_metadata (eplb/expert_location.py): returns None for a model without "
-         "experts"),
-        ((rope,) if v >= parse_version("0.5.8") else ())
-        + ("dist.monitored_barrier on the CPU group, torchao, LoRA (off), configure_kv_cache_dtype: no GPU "
-           "allocation; the cuBLAS workspace comes later (init_cublas, after init_memory_pool)",))
+        read, "init_torch_distributed()'s reading (0.5.10.post1: pre_model_load_memory, "
+              "model_executor/model_runner.py:999; 0.5.8: min_per_gpu_memory)",
+        "profile_max_num_token()'s reading (model_executor/model_runner_kv_cache_mixin.py; 0.5.10.post1: "
+        "post_model_load_memory, line 144)",
+        before, (rope, no_alloc_after + ", configure_kv_cache_dtype", cublas))
 
 
-ROPE_SAFETY_MARGIN = 256  # environ.py SGLANG_ROPE_CACHE_SAFETY_MARGIN (0.5.8, 0.5.10.post1)
-ROPE_CACHE_ALIGN = 128  # environ.py SGLANG_ROPE_CACHE_ALIGN
-ROPE_SPEC_SAFETY_FACTOR = 2  # environ.py SGLANG_SPEC_EXPANSION_SAFETY_FACTOR
+ROPE_SAFETY_MARGIN = 256  # environ.py SGLANG_ROPE_CACHE_SAFETY_MARGIN (0.5.10.post1:438, 0.5.23)
+ROPE_CACHE_ALIGN = 128  # environ.py SGLANG_ROPE_CACHE_ALIGN (0.5.10.post1:439)
+ROPE_SPEC_SAFETY_FACTOR = 2  # environ.py SGLANG_SPEC_EXPANSION_SAFETY_FACTOR (0.5.10.post1:437)
 
 
 def rope_reserve_bytes(version: str | None, cache_rows: int, context_len: int, rotary_dim: int,
