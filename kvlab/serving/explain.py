@@ -19,6 +19,7 @@ from kvlab.serving.sglang_versions import (
     at_least,
     cell_rule,
     default_mem_fraction,
+    expert_map_segment_bytes,
     nearest_read,
     parse_version,
     rope_reserve_for_config,
@@ -187,8 +188,10 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                            f"config was given: pass --model-config CONFIG (a config.json, its folder, or a preset)")
         cell, cell_lo, cell_hi, cell_source = logged
     post_load = _post_load_terms(log, model_config, version or rules)
+    pre_load = _pre_load_terms(log, version or rules, tp)
+    used_before = before + sum(t["bytes"] for t in pre_load) / GiB
     used_after = after - sum(t["bytes"] for t in post_load) / GiB
-    pool = Pool(before, used_after, fraction, cell, page, cap)
+    pool = Pool(used_before, used_after, fraction, cell, page, cap)
     logged_tokens = [r.max_total_num_tokens if r.max_total_num_tokens is not None else r.kv_tokens
                      for r in log.ranks.values()]
     logged_tokens = [t for t in logged_tokens if t is not None]
@@ -199,19 +202,32 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
         avail_before_load_gib=before, avail_after_load_gib=after, cell_size_bytes=cell, cell_size_source=cell_source,
         cell_range=(cell_lo, cell_hi), max_total_num_tokens_logged=min(logged_tokens) if logged_tokens else None,
         max_total_num_tokens_computed=pool.tokens,
-        computed_range=sglang_tokens_range(before, used_after, fraction, cell_lo, cell_hi, page, cap), pool=pool,
+        computed_range=sglang_tokens_range(used_before, used_after, fraction, cell_lo, cell_hi, page, cap), pool=pool,
         ranks=[_rank_json(r) for r in log.ranks.values()], gpu=device.name if device else log.gpu_name,
         gpu_source=gpu_source, model=model_config.name if model_config else log.arch,
         context_len=int(context) if context and context.isdigit() else (model_config.context_len if model_config
                                                                        else None),
         page_size=page, model_config=model_config, device=device, fraction_from_default=from_default,
         kv_dtype_bytes=dtype_bytes, weights_gib=low_rank.before_gib - low_rank.after_gib,
-        extra={"post_load_terms": post_load, "dp_size": dp, "attention_tp_size": attn_tp, "max_total_tokens_cap": cap, "rocm": log.rocm,
+        extra={"pre_load_terms": pre_load, "post_load_terms": post_load, "dp_size": dp, "attention_tp_size": attn_tp, "max_total_tokens_cap": cap, "rocm": log.rocm,
                **flags},
     )
     exp.findings = sglang_findings(exp, log)
     exp.what_if = apply_what_ifs(exp, what_if)
     return exp
+
+
+def _pre_load_terms(log: SGLangStartup, version: str | None, tp: int) -> list[dict]:
+    """GPU memory the version allocates after its own "before" reading (end of init_torch_distributed) and before
+    the printed 'Load weight begin', where the source gives its size: that much more was free at SGLang's reading."""
+    pp = _setting_int(log, "pp_size", 1) or 1
+    size = expert_map_segment_bytes(version, tp * pp)
+    if not size:
+        return []
+    return [{"name": "expert-location map (after the reading)", "bytes": size,
+             "how": f"compute_initial_expert_location_metadata (sglang 0.4.7.post1/0.4.9 expert_location.py) puts "
+                    f"the process's first CUDA tensors on the GPU after init_torch_distributed's reading: one 2 MiB "
+                    f"allocator segment = {size:,} B (its lazily loaded kernels are not counted)"}]
 
 
 def _post_load_terms(log: SGLangStartup, config: ModelConfig | None, version: str | None) -> list[dict]:

@@ -132,7 +132,7 @@ def _interval(exp, out: list) -> None:
     near = lo if logged < lo else hi
     gap_gib = (near - logged) * exp.cell_size_bytes / GiB
     gaps = reading_gaps(exp.version or exp.rules_version)
-    counted = [t["name"] for t in exp.extra.get("post_load_terms") or []]
+    counted = [t["name"] for k in ("pre_load_terms", "post_load_terms") for t in exp.extra.get(k) or []]
     before_steps = "; ".join(gaps.before_steps) or "none"
     after_steps = "; ".join(gaps.after_steps) or "none"
     need_after = abs(gap_gib) * 1024
@@ -143,8 +143,8 @@ def _interval(exp, out: list) -> None:
               f"{after_steps}" + (f" (counted: {', '.join(counted)})" if counted else "") + ". "
               f"The logged pool needs about {need_after:.1f} MiB {'allocated' if logged < lo else 'freed'} between "
               f"'Load weight end' and the second unprinted reading, or {need_before:.0f} MiB between the first and "
-              f"'Load weight begin' (or a mix), beyond the print rounding; where the steps above do not account for "
-              f"that, another process on the card is the remaining cause"]
+              f"'Load weight begin' (or a mix), beyond the print rounding and the counted terms; where the steps above do "
+              f"not account for that, another process on the card is the remaining cause"]
     if exp.fraction_from_default:
         causes.append("the version default for mem_fraction_static may not be the one the server used")
     if exp.model_config is not None:

@@ -251,3 +251,25 @@ def rope_reserve_for_config(version: str | None, config, context_len: int | None
         return 0
     return rope_reserve_bytes(version, config.context_len, context_len or config.context_len, config.head_dim,
                               spec_steps, spec_draft_tokens)
+
+
+SMALL_SEGMENT = 2 * 1024 * 1024  # torch c10/cuda/CUDACachingAllocator.cpp kSmallBuffer: allocations ≤ 1 MiB share 2 MiB
+
+
+def expert_map_segment_bytes(version: str | None, world_size: int) -> int:
+    """GPU bytes allocated between SGLang's own "before" reading and the printed 'Load weight begin' that the
+    source determines: in 0.4.7.post1 and 0.4.9, compute_initial_expert_location_metadata gives every model (one
+    without experts gets ModelConfigForExpertLocation.init_dummy(): 1 layer, 1 expert) a physical-to-logical map
+    moved to the GPU plus three small derived tensors (0.4.7.post1 managers/expert_location.py:82-109 and
+    186-220), kept for the process's life by set_global_expert_location_metadata. With world size 1,
+    init_torch_distributed allocates nothing on the GPU (no pynccl or custom all-reduce buffers), so these are
+    the process's first CUDA tensors: one new small-pool segment of 2 MiB. The kernels launched with them are
+    loaded lazily and take memory the source does not give: not counted. 0.5.0rc0 and later return None for a
+    model without experts (eplb/expert_location.py), 0.4.6 and earlier have no such step; with world size > 1 the
+    small pool may already hold a segment with room, so nothing is counted."""
+    if version is None or world_size != 1:
+        return 0
+    read = nearest_read(version)
+    if parse_version("0.4.7.post1") <= parse_version(read) < parse_version("0.5.0rc0"):
+        return SMALL_SEGMENT
+    return 0

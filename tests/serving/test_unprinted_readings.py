@@ -6,7 +6,12 @@ import pytest
 
 from kvlab.model.config import get_model_config
 from kvlab.serving.pool import sglang_tokens, sglang_tokens_range
-from kvlab.serving.sglang_versions import reading_gaps, rope_reserve_bytes, rope_reserve_for_config
+from kvlab.serving.sglang_versions import (
+    expert_map_segment_bytes,
+    reading_gaps,
+    rope_reserve_bytes,
+    rope_reserve_for_config,
+)
 from kvlab.units import GiB
 
 
@@ -60,3 +65,17 @@ def test_reading_gaps_by_version(version, total, before_step, after_step):
     assert any("init_cublas" in s for s in gaps.after_steps)  # cuBLAS's workspace comes after the pool reading
     if not version.startswith("0.5.8") and version != "0.5.10.post1":
         assert not any("reserve_rope" in s for s in gaps.after_steps)
+
+
+def test_expert_map_segment():
+    """0.4.7.post1 and 0.4.9 give every model an expert-location map on the GPU after init_torch_distributed's
+    reading; at world size 1 these are the process's first CUDA tensors: one 2 MiB small-pool segment
+    (torch's kSmallBuffer). Not counted at TP > 1, before 0.4.7.post1, or from 0.5.0rc0 (None without experts)."""
+    assert expert_map_segment_bytes("0.4.7.post1", 1) == 2 * 2**20
+    assert expert_map_segment_bytes("0.4.9", 1) == 2 * 2**20
+    assert expert_map_segment_bytes("0.4.8", 1) == 2 * 2**20  # nearest read at or below: 0.4.7.post1
+    assert expert_map_segment_bytes("0.4.7.post1", 4) == 0
+    assert expert_map_segment_bytes("0.4.6", 1) == 0
+    assert expert_map_segment_bytes("0.5.0rc0", 1) == 0
+    assert expert_map_segment_bytes("0.5.10.post1", 1) == 0
+    assert expert_map_segment_bytes(None, 1) == 0
