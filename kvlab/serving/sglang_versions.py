@@ -10,6 +10,11 @@ The pool formula itself is the same in every version read (``profile_max_num_tok
 ``_profile_available_bytes``): ``rest = avail_after_load − avail_before_load × (1 − f)`` in GiB, both
 readings the minimum over ranks (``get_available_gpu_memory(distributed=True)``), then
 ``tokens = int(rest × 2^30) // cell``, capped by ``--max-total-tokens`` and floored to the page.
+
+Those two readings are not the printed "Load weight begin/end" ones: ``before`` is taken at the end of
+init_torch_distributed, ``after`` inside profile_max_num_token. ``reading_gaps`` names the steps each version runs
+in between; the ones whose size the source gives are terms of the waterfall: ``expert_map_segment_bytes``
+(0.4.7.post1, 0.4.9 at world size 1) and ``rope_reserve_bytes`` (0.5.8+).
 """
 
 from __future__ import annotations
