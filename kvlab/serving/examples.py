@@ -85,7 +85,7 @@ def get_example(name: str) -> ServerExample:
 def _sglang(ex: ServerExample, config) -> str:
     from kvlab.serving.engine_compare import estimate_inputs, kv_cell
     from kvlab.serving.sglang_formats import default_server_args, render_sglang_log
-    from kvlab.serving.sglang_versions import default_mem_fraction
+    from kvlab.serving.sglang_versions import default_mem_fraction, rope_reserve_for_config
 
     device = DEVICE_PRESETS[ex.gpu]
     cell, _ = kv_cell(config, ex.tp_size, config.kv_dtype_bytes)
@@ -97,7 +97,9 @@ def _sglang(ex: ServerExample, config) -> str:
         before = round(mem.total.gib - mem.startup.gib, 2)
         after = round(before - mem.weights.gib - 0.08, 2)  # + a little the loader keeps (buffers, rope caches)
         fraction = default_mem_fraction(ex.version, ex.tp_size, device.smi_mib).value
-        tokens = sglang_tokens(before, after, fraction, cell)
+        # 0.5.8+ grows the RoPE cache after 'Load weight end', before the reading SGLang sizes the pool with
+        rope = rope_reserve_for_config(ex.version, config) / GiB
+        tokens = sglang_tokens(before, after - rope, fraction, cell)
     pool_gib = (tokens + 1) * cell / GiB
     args = default_server_args(ex.version, tp_size=ex.tp_size, mem_fraction_static=fraction)
     archs = {"qwq-32b": "Qwen2ForCausalLM"}

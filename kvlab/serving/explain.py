@@ -15,7 +15,16 @@ from kvlab.model.config import ModelConfig
 from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import LogError, RankReadings, SGLangStartup, parse_sglang_log
-from kvlab.serving.sglang_versions import at_least, cell_rule, default_mem_fraction, nearest_read, parse_version
+from kvlab.serving.sglang_versions import (
+    at_least,
+    cell_rule,
+    default_mem_fraction,
+    expert_map_segment_bytes,
+    nearest_read,
+    parse_version,
+    rope_reserve_for_config,
+)
+from kvlab.units import GiB
 
 TORCH_DTYPE_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.half": 2, "torch.float32": 4,
                      "torch.float8_e4m3fn": 1, "torch.float8_e5m2": 1, "torch.float8_e4m3fnuz": 1,
@@ -178,7 +187,11 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
             raise LogError(f"{log.path}: no cell size: the log prints no 'KV Cache is allocated' sizes and no "
                            f"config was given: pass --model-config CONFIG (a config.json, its folder, or a preset)")
         cell, cell_lo, cell_hi, cell_source = logged
-    pool = Pool(before, after, fraction, cell, page, cap)
+    post_load = _post_load_terms(log, model_config, version or rules)
+    pre_load = _pre_load_terms(log, version or rules, tp)
+    used_before = before + sum(t["bytes"] for t in pre_load) / GiB
+    used_after = after - sum(t["bytes"] for t in post_load) / GiB
+    pool = Pool(used_before, used_after, fraction, cell, page, cap)
     logged_tokens = [r.max_total_num_tokens if r.max_total_num_tokens is not None else r.kv_tokens
                      for r in log.ranks.values()]
     logged_tokens = [t for t in logged_tokens if t is not None]
@@ -189,19 +202,50 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
         avail_before_load_gib=before, avail_after_load_gib=after, cell_size_bytes=cell, cell_size_source=cell_source,
         cell_range=(cell_lo, cell_hi), max_total_num_tokens_logged=min(logged_tokens) if logged_tokens else None,
         max_total_num_tokens_computed=pool.tokens,
-        computed_range=sglang_tokens_range(before, after, fraction, cell_lo, cell_hi, page, cap), pool=pool,
+        computed_range=sglang_tokens_range(used_before, used_after, fraction, cell_lo, cell_hi, page, cap), pool=pool,
         ranks=[_rank_json(r) for r in log.ranks.values()], gpu=device.name if device else log.gpu_name,
         gpu_source=gpu_source, model=model_config.name if model_config else log.arch,
         context_len=int(context) if context and context.isdigit() else (model_config.context_len if model_config
                                                                        else None),
         page_size=page, model_config=model_config, device=device, fraction_from_default=from_default,
         kv_dtype_bytes=dtype_bytes, weights_gib=low_rank.before_gib - low_rank.after_gib,
-        extra={"dp_size": dp, "attention_tp_size": attn_tp, "max_total_tokens_cap": cap, "rocm": log.rocm,
+        extra={"pre_load_terms": pre_load, "post_load_terms": post_load, "dp_size": dp, "attention_tp_size": attn_tp, "max_total_tokens_cap": cap, "rocm": log.rocm,
                **flags},
     )
     exp.findings = sglang_findings(exp, log)
     exp.what_if = apply_what_ifs(exp, what_if)
     return exp
+
+
+def _pre_load_terms(log: SGLangStartup, version: str | None, tp: int) -> list[dict]:
+    """GPU memory the version allocates after its own "before" reading (end of init_torch_distributed) and before
+    the printed 'Load weight begin', where the source gives its size: that much more was free at SGLang's reading."""
+    pp = _setting_int(log, "pp_size", 1) or 1
+    size = expert_map_segment_bytes(version, tp * pp)
+    if not size:
+        return []
+    return [{"name": "expert-location map (after the reading)", "bytes": size,
+             "how": f"compute_initial_expert_location_metadata (sglang 0.4.7.post1/0.4.9 expert_location.py) puts "
+                    f"the process's first CUDA tensors on the GPU after init_torch_distributed's reading: one 2 MiB "
+                    f"allocator segment = {size:,} B (its lazily loaded kernels are not counted)"}]
+
+
+def _post_load_terms(log: SGLangStartup, config: ModelConfig | None, version: str | None) -> list[dict]:
+    """GPU memory the version allocates after "Load weight end" and before the reading it sizes the pool with,
+    where the source gives its size (sglang_versions.reading_gaps lists the steps that have none)."""
+    if config is None:
+        return []
+    context = log.tokens_fields.get("context_len") or log.setting("context_length")[0]
+    context = int(context) if context and str(context).isdigit() else config.context_len
+    steps, draft = (log.setting(k)[0] for k in ("speculative_num_steps", "speculative_num_draft_tokens"))
+    steps, draft = (int(x) if x and x.isdigit() else 0 for x in (steps, draft))
+    size = rope_reserve_for_config(version, config, context, steps, draft)
+    if not size:
+        return []
+    return [{"name": "RoPE cache expansion before profiling", "bytes": size,
+             "how": f"reserve_rope_cache_for_long_sequences (sglang utils/common.py): cos/sin cache grown from "
+                    f"{config.context_len:,} rows to align128(context {context:,} + 256) rows × rotary dim "
+                    f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}]
 
 
 def _require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:

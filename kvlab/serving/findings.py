@@ -16,7 +16,7 @@ from __future__ import annotations
 from kvlab.device.budget import KVBudget
 from kvlab.serving.pool import cell_from_logged_sizes
 from kvlab.serving.sglang_log import SGLangStartup
-from kvlab.serving.sglang_versions import at_least, parse_version
+from kvlab.serving.sglang_versions import at_least, parse_version, reading_gaps
 from kvlab.units import GiB
 
 CONTEXT_GIB = 0.5  # a CUDA context and library workspaces, before anything is loaded (order of magnitude)
@@ -131,8 +131,20 @@ def _interval(exp, out: list) -> None:
         return
     near = lo if logged < lo else hi
     gap_gib = (near - logged) * exp.cell_size_bytes / GiB
-    causes = ["free memory changed between the readings SGLang printed and the ones it used (another process on "
-              "the card, or an allocation between the two)"]
+    gaps = reading_gaps(exp.version or exp.rules_version)
+    counted = [t["name"] for k in ("pre_load_terms", "post_load_terms") for t in exp.extra.get(k) or []]
+    before_steps = "; ".join(gaps.before_steps) or "none"
+    after_steps = "; ".join(gaps.after_steps) or "none"
+    need_after = abs(gap_gib) * 1024
+    need_before = need_after / max(1e-9, 1 - exp.mem_fraction_static)
+    causes = [f"free memory changed between the readings SGLang printed and the unprinted ones it used (sglang "
+              f"{gaps.read} source): the pool uses {gaps.total_reading}, taken before 'Load weight begin' — steps "
+              f"between: {before_steps} — and {gaps.post_reading}, taken after 'Load weight end' — steps between: "
+              f"{after_steps}" + (f" (counted: {', '.join(counted)})" if counted else "") + ". "
+              f"The logged pool needs about {need_after:.1f} MiB {'allocated' if logged < lo else 'freed'} between "
+              f"'Load weight end' and the second unprinted reading, or {need_before:.0f} MiB between the first and "
+              f"'Load weight begin' (or a mix), beyond the print rounding and the counted terms; where the steps above do "
+              f"not account for that, another process on the card is the remaining cause"]
     if exp.fraction_from_default:
         causes.append("the version default for mem_fraction_static may not be the one the server used")
     if exp.model_config is not None:

@@ -57,9 +57,17 @@ class Explanation:
             return self.extra.get("terms", [])
         p = self.pool
         pool_gib = self.max_total_num_tokens_computed * p.cell_size_bytes / GiB
+        pre = self.extra.get("pre_load_terms") or []
+        post = self.extra.get("post_load_terms") or []
+        printed_before = p.before_gib - sum(t["bytes"] for t in pre) / GiB
+        printed_after = p.after_gib + sum(t["bytes"] for t in post) / GiB
         rows = [
-            ("free before load", p.before_gib, "avail mem at 'Load weight begin' (min over ranks)"),
-            ("weights and other memory loaded", p.after_gib - p.before_gib, "'Load weight end' − 'Load weight begin'"),
+            ("free before load", p.before_gib, "avail mem at 'Load weight begin' (min over ranks)" if not pre else
+             "SGLang's own reading: 'Load weight begin' avail mem + what the next rows allocated after it"),
+            *((t["name"], -t["bytes"] / GiB, t["how"]) for t in pre),
+            ("weights and other memory loaded", printed_after - printed_before,
+             "'Load weight end' − 'Load weight begin'"),
+            *((t["name"], -t["bytes"] / GiB, t["how"]) for t in post),
             ("kept for activations and CUDA graphs", -p.slack_gib, f"before × (1 − {p.mem_fraction_static})"),
             ("KV pool budget (rest)", p.rest_gib, "what is left for the pool"),
             ("KV pool", pool_gib, f"{self.max_total_num_tokens_computed:,} tokens × {p.cell_size_bytes:,} B"),

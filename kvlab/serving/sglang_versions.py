@@ -10,6 +10,11 @@ The pool formula itself is the same in every version read (``profile_max_num_tok
 ``_profile_available_bytes``): ``rest = avail_after_load − avail_before_load × (1 − f)`` in GiB, both
 readings the minimum over ranks (``get_available_gpu_memory(distributed=True)``), then
 ``tokens = int(rest × 2^30) // cell``, capped by ``--max-total-tokens`` and floored to the page.
+
+Those two readings are not the printed "Load weight begin/end" ones: ``before`` is taken at the end of
+init_torch_distributed, ``after`` inside profile_max_num_token. ``reading_gaps`` names the steps each version runs
+in between; the ones whose size the source gives are terms of the waterfall: ``expert_map_segment_bytes``
+(0.4.7.post1, 0.4.9 at world size 1) and ``rope_reserve_bytes`` (0.5.8+).
 """
 
 from __future__ import annotations
@@ -150,3 +155,126 @@ def cell_rule(version: str | None) -> CellRule:
     if v < parse_version("0.3.6"):  # 0.2.15/0.3.0: MLA cell only when --enable-mla
         return CellRule(read, "flag", "option", "max1", False)
     return CellRule(read, "default", "option", "max1", v >= parse_version("0.4.2.post3"))
+
+
+# ---- what the printed readings miss ---------------------------------------------------------------------
+#
+# The pool formula uses two readings SGLang does not print: ``total`` at the end of init_torch_distributed and
+# ``post`` inside profile_max_num_token. kvlab only has "Load weight begin/end". What runs between them was read
+# from each wheel; a step is a waterfall term only where its size follows from the version's source and the
+# inputs (log + config).
+
+@dataclass(frozen=True)
+class ReadingGaps:
+    read: str
+    total_reading: str  # where the "before" SGLang uses is taken
+    post_reading: str  # where the "after" SGLang uses is taken
+    before_steps: tuple[str, ...]  # between total_reading and "Load weight begin"
+    after_steps: tuple[str, ...]  # between "Load weight end" and post_reading
+
+
+def reading_gaps(version: str | None) -> ReadingGaps:
+    """The unprinted readings of ``version`` and the steps between them and the printed ones.
+
+    Read here: 0.4.5, 0.4.6, 0.4.7.post1, 0.4.9, 0.5.0rc0, 0.5.1, 0.5.4, 0.5.8, 0.5.10.post1, 0.5.23
+    (model_executor/model_runner.py, model_runner_kv_cache_mixin.py, eplb/ or managers/expert_location.py,
+    utils). Older versions are given 0.4.5's steps (init_torch_distributed, then load_model) unread."""
+    read = nearest_read(version) if version else READ_VERSIONS[-1]
+    v = parse_version(read)
+    total = "init_torch_distributed()'s min_per_gpu_memory (model_executor/model_runner.py)"
+    post = "profile_max_num_token()'s available_gpu_memory (model_executor/model_runner.py)"
+    no_alloc_after = "dist.monitored_barrier on the CPU group, torchao (off by default), LoRA (off): no GPU allocation"
+    cublas = ("the cuBLAS handle and workspace come later (init_cublas runs after init_memory_pool)")
+    if v < parse_version("0.4.7.post1"):  # 0.4.5 / 0.4.6: memory-saver adapter, Sampler(), then load_model()
+        return ReadingGaps(read, total, post, ("TorchMemorySaverAdapter.create and Sampler(): no GPU allocation",),
+                           (no_alloc_after, cublas))
+    if v < parse_version("0.5.0rc0"):  # 0.4.7.post1, 0.4.9: ModelConfigForExpertLocation.init_dummy()
+        return ReadingGaps(
+            read, "init_torch_distributed()'s min_per_gpu_memory (0.4.7.post1 model_executor/model_runner.py:483)",
+            "profile_max_num_token()'s available_gpu_memory (0.4.7.post1 model_executor/model_runner.py:802)",
+            ("deep_gemm_wrapper.update_deep_gemm_config (CPU only)",
+             "TorchMemorySaverAdapter.create (nothing without --enable-memory-saver)",
+             "compute_initial_expert_location_metadata (0.4.7.post1 managers/expert_location.py:82-109, 186-220; "
+             "0.4.9 eplb/expert_location.py): a model without experts gets init_dummy()'s 1×1 map, moved to the "
+             "GPU with pad/count_nonzero on it — in a TP1 run the first CUDA tensors and kernels of the process: a "
+             "2 MiB allocator segment plus lazily loaded kernel modules, whose size the source does not give "
+             "(0.5.0rc0 and later return None here)",
+             "Sampler() (no GPU memory)"),
+            (no_alloc_after, cublas))
+    before = ("a CUDA stream (0.5.10), the offloader, deep_gemm config, memory-saver adapter, the sampler: no GPU "
+              "allocation", "compute_initial_expert_location_metadata (eplb/expert_location.py): None for a "
+              "model without experts")
+    if not at_least(version or read, "0.5.8"):  # the RoPE step is dated by the version itself, as in rope_reserve_bytes
+        return ReadingGaps(read, total, post, before, (no_alloc_after, cublas))
+    rope = ("reserve_rope_cache_for_long_sequences (0.5.10.post1 utils/common.py:3700, called at "
+            "model_runner.py:1269): the FP32 RoPE cos/sin cache grows to align128(context_len + 256) rows — "
+            "counted as a term; its einsum is an outer product (torch's sumproduct_pair → at::mul, no cuBLAS); "
+            "the new tensor's allocator segment (torch's caching allocator: a 1–10 MiB tensor takes a 20 MiB "
+            "segment, a larger one its size rounded up to 2 MiB, unless a cached free block fits) depends on the "
+            "allocator's state and is not counted")
+    return ReadingGaps(
+        read, "init_torch_distributed()'s reading (0.5.10.post1: pre_model_load_memory, "
+              "model_executor/model_runner.py:999; 0.5.8: min_per_gpu_memory)",
+        "profile_max_num_token()'s reading (model_executor/model_runner_kv_cache_mixin.py; 0.5.10.post1: "
+        "post_model_load_memory, line 144)",
+        before, (rope, no_alloc_after + ", configure_kv_cache_dtype", cublas))
+
+
+ROPE_SAFETY_MARGIN = 256  # environ.py SGLANG_ROPE_CACHE_SAFETY_MARGIN (0.5.10.post1:438, 0.5.23)
+ROPE_CACHE_ALIGN = 128  # environ.py SGLANG_ROPE_CACHE_ALIGN (0.5.10.post1:439)
+ROPE_SPEC_SAFETY_FACTOR = 2  # environ.py SGLANG_SPEC_EXPANSION_SAFETY_FACTOR (0.5.10.post1:437)
+
+
+def rope_reserve_bytes(version: str | None, cache_rows: int, context_len: int, rotary_dim: int,
+                       spec_steps: int = 0, spec_draft_tokens: int = 0) -> int:
+    """GPU bytes reserve_rope_cache_for_long_sequences adds after "Load weight end" (0 before 0.5.8).
+
+    sglang 0.5.10.post1 utils/common.py:3700: reserve = align(context_len + steps × draft × 2 + 256, 128);
+    layers/rotary_embedding/base.py:142 _ensure_cos_sin_cache_length(reserve − 1) grows a cache of
+    ``cache_rows`` (max_position_embeddings) rows to ((reserve − 1 + 128) // 128) × 128 rows of
+    ``rotary_dim`` FP32 values (base.py:71: kept in FP32 on CUDA). get_rope's _ROPE_DICT shares one cache
+    across layers, so it grows once. Read in 0.5.10.post1 and 0.5.23 (same margins, FP32 on CUDA); 0.5.8 calls
+    it after "Load weight end" too; 0.5.4 has no such step.
+    """
+    if not at_least(version, "0.5.8"):
+        return 0
+    reserve = context_len + spec_steps * spec_draft_tokens * ROPE_SPEC_SAFETY_FACTOR + ROPE_SAFETY_MARGIN
+    reserve = (reserve + ROPE_CACHE_ALIGN - 1) // ROPE_CACHE_ALIGN * ROPE_CACHE_ALIGN
+    needed = reserve - 1
+    if needed < cache_rows:
+        return 0
+    new_rows = (needed + ROPE_CACHE_ALIGN) // ROPE_CACHE_ALIGN * ROPE_CACHE_ALIGN
+    return (new_rows - cache_rows) * rotary_dim * 4
+
+
+def rope_reserve_for_config(version: str | None, config, context_len: int | None = None, spec_steps: int = 0,
+                            spec_draft_tokens: int = 0) -> int:
+    """``rope_reserve_bytes`` for a kvlab ModelConfig: an MHA model's cache starts at its
+    max_position_embeddings (``context_len``) rows of ``head_dim`` (full rotary; a partial rotary factor
+    or RoPE scaling is not in the config); MLA models' RoPE classes are not counted (0)."""
+    if config is None or config.attention != "mha":
+        return 0
+    return rope_reserve_bytes(version, config.context_len, context_len or config.context_len, config.head_dim,
+                              spec_steps, spec_draft_tokens)
+
+
+SMALL_SEGMENT = 2 * 1024 * 1024  # torch c10/cuda/CUDACachingAllocator.cpp kSmallBuffer: allocations ≤ 1 MiB share 2 MiB
+
+
+def expert_map_segment_bytes(version: str | None, world_size: int) -> int:
+    """GPU bytes allocated between SGLang's own "before" reading and the printed 'Load weight begin' that the
+    source determines: in 0.4.7.post1 and 0.4.9, compute_initial_expert_location_metadata gives every model (one
+    without experts gets ModelConfigForExpertLocation.init_dummy(): 1 layer, 1 expert) a physical-to-logical map
+    moved to the GPU plus three small derived tensors (0.4.7.post1 managers/expert_location.py:82-109 and
+    186-220), kept for the process's life by set_global_expert_location_metadata. With world size 1,
+    init_torch_distributed allocates nothing on the GPU (no pynccl or custom all-reduce buffers), so these are
+    the process's first CUDA tensors: one new small-pool segment of 2 MiB. The kernels launched with them are
+    loaded lazily and take memory the source does not give: not counted. 0.5.0rc0 and later return None for a
+    model without experts (eplb/expert_location.py), 0.4.6 and earlier have no such step; with world size > 1 the
+    small pool may already hold a segment with room, so nothing is counted."""
+    if version is None or world_size != 1:
+        return 0
+    read = nearest_read(version)
+    if parse_version("0.4.7.post1") <= parse_version(read) < parse_version("0.5.0rc0"):
+        return SMALL_SEGMENT
+    return 0

@@ -63,8 +63,9 @@ def explanation_waterfall(exp) -> go.Figure:
     terms = exp.terms()
     colour = ENGINE_COLOURS[exp.engine]
     if exp.engine == "sglang":
-        shown = terms[:4]
-        measure = ["absolute", "relative", "relative", "total"]
+        # readings to the pool budget: the version's counted terms (sglang_versions) sit between them
+        shown = terms[:next(i for i, t in enumerate(terms) if t["name"] == "KV pool budget (rest)") + 1]
+        measure = ["absolute"] + ["relative"] * (len(shown) - 2) + ["total"]
         fig = go.Figure(go.Waterfall(
             x=[t["name"] for t in shown], y=[t["gib"] for t in shown], measure=measure,
             text=[f"{t['gib']:+.2f}" if m == "relative" else f"{t['gib']:.2f}" for t, m in zip(shown, measure)],

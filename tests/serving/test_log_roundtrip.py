@@ -10,7 +10,8 @@ from kvlab.serving import explain_sglang, parse_sglang_log
 from kvlab.serving.pool import sglang_tokens
 from kvlab.serving.sglang_formats import FORMATS, default_server_args, render_sglang_log
 from kvlab.serving.sglang_log import LogError
-from kvlab.serving.sglang_versions import parse_version
+from kvlab.serving.sglang_versions import expert_map_segment_bytes, parse_version, rope_reserve_for_config
+from kvlab.units import GiB
 
 VERSIONS = [v for v in FORMATS if v != "0.1.14"]
 MODELS = [get_model_config(name) for name in ("llama-3-8b", "qwen2.5-0.5b", "qwq-32b", "qwen3-0.6b")]
@@ -36,7 +37,9 @@ def test_render_parse_recompute(case):
     fuzz.record("log_roundtrip")
     version, tp, model, before, after, fraction, page = case
     cell = model.cell_size_bytes(tp)
-    tokens = sglang_tokens(min(before), min(after), fraction, cell, page)
+    rope = rope_reserve_for_config(version, model) / GiB  # 0.5.8+: RoPE cache grown before SGLang's reading
+    used_before = min(before) + expert_map_segment_bytes(version, tp) / GiB  # 0.4.7.post1/0.4.9 at TP1
+    tokens = sglang_tokens(used_before, min(after) - rope, fraction, cell, page)
     assume(tokens > 0)  # SGLang refuses to start otherwise: no pool line to read back
     text = render_sglang_log(version, before_gib=before, after_gib=after, pool_end_gib=[max(a - 1, 0) for a in after],
                              tokens=tokens, context_len=model.context_len, cell_size_bytes=cell, tp_size=tp,

@@ -9,6 +9,8 @@ from kvlab.model.config import get_model_config
 from kvlab.serving import LogError, explain_sglang, parse_sglang_log
 from kvlab.serving.pool import sglang_tokens
 from kvlab.serving.sglang_formats import FORMATS, default_server_args, render_sglang_log
+from kvlab.serving.sglang_versions import expert_map_segment_bytes, rope_reserve_for_config
+from kvlab.units import GiB
 
 LLAMA8 = get_model_config("llama-3-8b")
 VERSIONS = [v for v in FORMATS if v != "0.1.14"]
@@ -18,7 +20,10 @@ def _log(version, tp=4, before=(70.11, 70.12, 70.10, 70.13), after=(54.61, 54.60
          version_line=True, **kw):
     before, after = list(before[:tp]), list(after[:tp])
     cell = LLAMA8.cell_size_bytes(tp)
-    tokens = sglang_tokens(min(before), min(after), f, cell)
+    # 0.5.8+ grows the RoPE cache between 'Load weight end' and its reading (sglang_versions.rope_reserve_bytes)
+    # 0.4.7.post1/0.4.9 at TP1: a 2 MiB expert-map segment after SGLang's own before reading
+    used_before = min(before) + expert_map_segment_bytes(version, tp) / GiB
+    tokens = sglang_tokens(used_before, min(after) - rope_reserve_for_config(version, LLAMA8, 8192) / GiB, f, cell)
     fields = default_server_args(version, tp_size=tp, mem_fraction_static=f)
     text = render_sglang_log(version, before_gib=before, after_gib=after, pool_end_gib=[a - 50 for a in after],
                              tokens=tokens, context_len=8192, cell_size_bytes=cell, tp_size=tp, server_args=fields,
