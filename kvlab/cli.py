@@ -251,26 +251,13 @@ def _write_tiny_checkpoint(args) -> int:
     return 0
 
 
-def _workload_params(items: list[str]) -> dict:
-    params = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
-    return params
-
-
 def _simulate(args) -> int:
     from kvlab.experiments import shortfall_eviction
-    from kvlab.sweep.point import default_page_size, load_requests, pool_tokens
+    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
 
     page_size = args.page_size or default_page_size(trace=args.trace)
     try:
-        overrides = _workload_params(args.workload_param)
+        overrides = parse_workload_params(args.workload_param)
         if overrides and args.trace:
             raise ValueError("--workload-param applies to --workload, not to --trace")
         requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)

@@ -540,18 +540,9 @@ class SWATokenToKVPoolAllocator:
         self.free_full(free_index)
 
     def free_row(self, row_slots: torch.Tensor) -> None:
-        """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
-        run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
-        page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
-        if (n := row_slots.numel()) == 0:
-            return
-        ps = self.page_size
-        heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
-        if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
-                or tails != [h + ps - 1 for h in heads[: len(tails)]]):
-            return self.free(row_slots)  # page 1, empty, or not laid out as a row
-        pages = torch.tensor(sorted({h // ps for h in heads}), dtype=_I64, device=self._index_device)
-        self._release(pages, self.free_group, "free", distinct=True)
+        """The tree's row free: both pools through :meth:`free` (the page-granular shortcut of the base class
+        does not apply: a SWA free also reads and clears the full-to-SWA mapping)."""
+        self.free(row_slots)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         if start_pos % self.page_size:

@@ -100,24 +100,12 @@ def _shown(column: str, value) -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from kvlab.sweep.point import load_requests, source_label
+    from kvlab.sweep.point import load_requests, parse_workload_params, source_label
     from kvlab.sweep.run import run_sweep
-
-    def workload_params(items: list[str]) -> dict:
-        params = {}
-        for item in items:
-            key, sep, value = item.partition("=")
-            if not sep or not key:
-                raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
-            try:
-                params[key] = json.loads(value)
-            except json.JSONDecodeError:
-                params[key] = value
-        return params
 
     new_rows = []
     try:
-        overrides = workload_params(args.workload_param)
+        overrides = parse_workload_params(args.workload_param)
         if overrides and args.trace:
             raise ValueError("--workload-param applies to --workload, not to --trace")
         grid = grid_from_args(args)  # a bad list fails before the requests are even loaded

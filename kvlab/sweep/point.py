@@ -111,3 +111,17 @@ def run_point(requests: Sequence[Any], point: Point, **extra: Any) -> dict:
     if missing:  # the simulator's totals are a contract (docs/architecture.md#public-contracts): fail loudly if it drifts
         raise RuntimeError(f"simulate().totals() lacks {missing}")
     return {**{c: totals[c] for c in TOTAL_COLUMNS}, "wall_s": round(time.perf_counter() - start, 6)}
+
+
+def parse_workload_params(items: list[str]) -> dict:
+    """``--workload-param KEY=VALUE`` items as a dict; each VALUE read as JSON where it parses, else a string."""
+    params = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
