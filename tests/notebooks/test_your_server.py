@@ -44,7 +44,8 @@ def test_notebook_05_default_is_the_report(first_run, capsys):
     figures = _figures(nb)
     waterfall, engines, gap, what_ifs = figures[:4]
     # section 1: SGLang's waterfall ends in the budget the CLI computes
-    assert waterfall.data[0].y[-1] == pytest.approx(data["terms"][3]["gib"])
+    budget = next(t for t in data["terms"] if t["name"] == "KV pool budget (rest)")  # after any version terms
+    assert waterfall.data[0].y[-1] == pytest.approx(budget["gib"])
     # section 2: each engine's waterfall ends in its budget; the titles carry the tokens, computed and logged
     assert [t.y[-1] for t in engines.data] == pytest.approx([comp["sglang"]["budget_gib"], comp["vllm"]["budget_gib"]],
                                                            abs=1e-4)
