@@ -5,7 +5,7 @@ the points are independent, and the pool's start-up, a fresh interpreter importi
 and checks that every engine gave the same rows. The machine's load average is printed before and after: on a
 shared machine the ratio says more about the neighbours than about kvlab.
 
-    python benchmarks/bench_sweep.py [--requests 3000] [--seed 0] [--no-ray]
+    python benchmarks/bench_sweep.py [--requests 6000] [--seed 0] [--no-ray]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def _load() -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--requests", type=int, default=3000,
-                        help="trace length (default: ~5 s a point on an idle core, so the pool's start-up is small)")
+    parser.add_argument("--requests", type=int, default=6000,
+                        help="trace length (default: ~7.5 s a point on an idle core, so the 2 s pool start-up is small)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-ray", action="store_true", help="skip the Ray engine")
     args = parser.parse_args()
