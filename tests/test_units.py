@@ -11,8 +11,6 @@ from kvlab.device.replay_whatif import parse_size
 from kvlab.units import GB, KB, MB, TB, GiB, KiB, MiB, TiB, fmt_bytes, fmt_gib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-# Files owned elsewhere in issue 15 that still define a local GIB; remove an entry once its file imports GiB.
-NOT_YET: set[str] = set()
 POWERS = {10: "KiB", 20: "MiB", 30: "GiB", 40: "TiB"}
 
 
@@ -52,7 +50,7 @@ def test_no_module_defines_its_own_byte_unit():
     offenders = []
     for path in sorted((ROOT / "kvlab").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel == "kvlab/units.py" or rel in NOT_YET:
+        if rel == "kvlab/units.py":
             continue
         offenders += [f"{rel}:{line}: {text}" for line, text in _unit_literals(ast.parse(path.read_text()))]
     assert not offenders, "byte units come from kvlab.units:\n" + "\n".join(offenders)

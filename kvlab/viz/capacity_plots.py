@@ -53,29 +53,33 @@ def hit_rate_curve(result, max_running: int | None = None) -> go.Figure:
     return fig
 
 
+_CELL = "padding:2px 8px"
+_NUMBER = "padding:2px 8px;text-align:right"
+
+
+def _table_html(caption: str, corner: str, head: list[str], rows: list[tuple[str, str]]) -> str:
+    """A kvlab table under a caption: a header row (``corner`` then ``head``), then one row per (label, cells)."""
+    head_cells = "".join(f"<th style='{_CELL}'>{label}</th>" for label in head)
+    body = "".join(f"<tr><th style='{_NUMBER}'>{label}</th>{cells}</tr>" for label, cells in rows)
+    return (f"<p style='margin:4px 0'>{caption}</p><table class='kvlab-table'>"
+            f"<tr><th>{corner}</th>{head_cells}</tr>{body}</table>")
+
+
 def _hits_html(result, max_running: int) -> str:
     table = result.hit_rates(max_running)
-    head = "".join(f"<th style='padding:2px 8px'>{html.escape(m)}</th>" for m in table.columns)
-    rows = []
-    for pages, values in table.iterrows():
-        cells = "".join(
-            f"<td data-field='hit_rate' data-pages='{pages}' data-mode='{m}' data-value='{v}' "
-            f"style='padding:2px 8px;text-align:right'>{v:.2%}</td>" for m, v in values.items())
-        rows.append(f"<tr><th style='padding:2px 8px;text-align:right'>{pages:,}</th>{cells}</tr>")
-    return (f"<p style='margin:4px 0'>hit rate at max running {max_running}</p><table class='kvlab-table'>"
-            f"<tr><th>pool (pages)</th>{head}</tr>{''.join(rows)}</table>")
+    rows = [(f"{pages:,}", "".join(
+        f"<td data-field='hit_rate' data-pages='{pages}' data-mode='{m}' data-value='{v}' "
+        f"style='{_NUMBER}'>{v:.2%}</td>" for m, v in values.items())) for pages, values in table.iterrows()]
+    return _table_html(f"hit rate at max running {max_running}", "pool (pages)",
+                       [html.escape(m) for m in table.columns], rows)
 
 
 def _loss_html(loss: pd.DataFrame) -> str:
-    head = "".join(f"<th style='padding:2px 8px'>{int(p):,}</th>" for p in loss.columns)
-    rows = []
-    for running, values in loss.iterrows():
-        cells = "".join(
-            f"<td data-field='loss_points' data-running='{running}' data-pages='{pages}' data-value='{v}' "
-            f"style='padding:2px 8px;text-align:right'>{_points(v)}</td>" for pages, v in values.items())
-        rows.append(f"<tr><th style='padding:2px 8px;text-align:right'>{running}</th>{cells}</tr>")
-    return ("<p style='margin:4px 0'>hit-rate points lost to full eviction, shortfall − full (rows: max running; "
-            f"columns: KV pool in pages)</p><table class='kvlab-table'><tr><th></th>{head}</tr>{''.join(rows)}</table>")
+    rows = [(f"{running}", "".join(
+        f"<td data-field='loss_points' data-running='{running}' data-pages='{pages}' data-value='{v}' "
+        f"style='{_NUMBER}'>{_points(v)}</td>" for pages, v in values.items())) for running, values in loss.iterrows()]
+    return _table_html("hit-rate points lost to full eviction, shortfall − full (rows: max running; columns: KV pool "
+                       "in pages)", "", [f"{int(p):,}" for p in loss.columns], rows)
 
 
 class CapacityPanel:

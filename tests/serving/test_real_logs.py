@@ -40,9 +40,17 @@ def _ids():
     return [r["id"] for r in RECORDS] or ["none"]
 
 
+def _record(record_id: str) -> dict:
+    """One record by id, or skip (the record is absent from this copy of ../shared)."""
+    record = next((r for r in RECORDS if r["id"] == record_id), None)
+    if record is None:
+        pytest.skip(f"record {record_id} absent")
+    return record
+
+
 @pytest.fixture(params=_ids())
 def record(request):
-    return next(r for r in RECORDS if r["id"] == request.param)
+    return _record(request.param)
 
 
 def test_all_five_are_here():
@@ -83,9 +91,7 @@ def test_explained_from_log_and_config(tmp_path, capsys, record):
 
 
 def test_shared_h100_is_named(tmp_path, capsys):
-    record = next((r for r in RECORDS if r["id"] == "sglang-issue-7495"), None)
-    if record is None:
-        pytest.skip("record sglang-issue-7495 absent")
+    record = _record("sglang-issue-7495")
     j = run_json(capsys, write_log(tmp_path, "\n".join(record["lines"])), "--model-config", "qwen3-0.6b")
     shared = next(f for f in j["findings"] if f["id"] == "shared_gpu")
     assert j["gpu"] == "h100-80g" and shared["held_gib"] == pytest.approx(79.65 - 75.02, abs=0.01)
@@ -117,9 +123,7 @@ def test_outside_interval_names_the_unprinted_readings(tmp_path, capsys):
 
 def test_willxxy_waterfall_has_the_rope_term(tmp_path, capsys):
     """0.5.10.post1 grows Qwen2.5-0.5B's RoPE cache by 256 rows × 64 × 4 B before its reading (5 tokens)."""
-    record = next((r for r in RECORDS if r["id"] == "repo-willxxy-sglang-play"), None)
-    if record is None:
-        pytest.skip("record repo-willxxy-sglang-play absent")
+    record = _record("repo-willxxy-sglang-play")
     j = run_json(capsys, write_log(tmp_path, "\n".join(record["lines"])), "--model-config", "qwen2.5-0.5b")
     term = next(t for t in j["terms"] if t["name"] == "RoPE cache expansion before profiling")
     assert term["gib"] == pytest.approx(-65_536 / 2**30, abs=1e-4)
@@ -132,9 +136,7 @@ def test_issue_7495_worked_by_hand(tmp_path, capsys):
     SGLang's before reading precedes the expert-location map's 2 MiB segment: 75.02 + 2/1024 = 75.0219531 GiB.
     rest = 74.28 − 75.0219531 × 0.126 = 64.8272339 GiB -> × 2^30 // 114,688 = 606,931 (606,933 without the term);
     range: 74.275 − 75.0269531 × 0.126 -> 606,878; 74.285 − 75.0169531 × 0.126 -> 606,983. Logged 606,832."""
-    record = next((r for r in RECORDS if r["id"] == "sglang-issue-7495"), None)
-    if record is None:
-        pytest.skip("record sglang-issue-7495 absent")
+    record = _record("sglang-issue-7495")
     j = run_json(capsys, write_log(tmp_path, "\n".join(record["lines"])), "--model-config", "qwen3-0.6b")
     assert j["pre_load_terms"][0]["bytes"] == 2 * 2**20
     assert j["max_total_num_tokens_computed"] == 606_931 and j["computed_range"] == [606_878, 606_983]
