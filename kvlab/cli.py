@@ -19,6 +19,7 @@ import sys
 
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
 from kvlab.argtypes import positive_int as _positive_int
+from kvlab.errors import fail
 from kvlab.units import fmt_bytes
 
 
@@ -191,17 +192,16 @@ def _report(args) -> int:
         report = build_report(args.out, device=args.device, notebooks=only, force=args.force, pngs=not args.no_png,
                               **extra)
     except (ReportError, ValueError, FileNotFoundError) as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     for run in report.runs:
         state = "ok" if run.ok else "FAILED"
         print(f"  {run.name:<32} {state:>6}  {run.seconds:6.1f} s")
     print(f"wrote {report.out_dir / 'index.html'} ({len(report.runs)} notebooks, {len(report.pngs)} figures, "
           f"{report.seconds:.0f} s)")
     for run in report.failures:
-        print(f"kvlab: error: {run.error}", file=sys.stderr)
+        fail(run.error)
     if report.figure_error:
-        print(f"kvlab: error: {report.figure_error}", file=sys.stderr)
+        fail(report.figure_error)
     return 0 if report.ok else 1
 
 
@@ -213,8 +213,7 @@ def _app(args) -> int:
         return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser,
                      cull_idle_seconds=args.cull_idle_seconds, **extra)
     except AppError as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
 
 
 def _replay(args) -> int:
@@ -228,8 +227,7 @@ def _replay(args) -> int:
             warnings.simplefilter("always", SnapshotKeyWarning)
             result, what_ifs = replay_with_what_ifs(args.snapshot, args.device, args.what_if, args.capacity)
     except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     for warning in caught:
         print(f"kvlab: warning: {warning.message}", file=sys.stderr)
     print(json.dumps(result.to_json(what_ifs), indent=2) if args.json else result.text(what_ifs))
@@ -244,8 +242,7 @@ def _write_tiny_checkpoint(args) -> int:
 
     target = Path(args.out) / SAFETENSORS_FILE
     if target.exists() and not args.force:
-        print(f"kvlab: error: {target} exists; pass --force to overwrite it", file=sys.stderr)
-        return 2
+        return fail(f"{target} exists; pass --force to overwrite it")
     path = write_checkpoint(args.out, get_model_config("tiny"), seed=args.seed)
     print(f"wrote {path} ({path.stat().st_size:,} bytes)")
     return 0
@@ -270,8 +267,7 @@ def _simulate(args) -> int:
         else:
             result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
     except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, IsADirectoryError) as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     source = args.trace or f"{args.workload} (seed {args.seed})"
     if args.compare:
         for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
@@ -358,15 +354,13 @@ def _pool_compare(args) -> int:
 
     if args.gc_before_measure is not None:
         flag = "--gc-before-measure" if args.gc_before_measure else "--no-gc-before-measure"
-        print(f"kvlab: error: --compare runs both arms: drop {flag}", file=sys.stderr)
-        return 2
+        return fail(f"--compare runs both arms: drop {flag}")
     try:
         no_gc, with_gc = kv_pool_sizing.compare(
             args.preset, empty_cache=args.empty_cache, mem_fraction_static=args.mem_fraction_static,
             prompt_tokens=args.prompt_tokens, device=args.device)
     except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     left, right = with_gc.to_json(), no_gc.to_json()
     shared = ("preset", "gc_before_measure", "empty_cache", "mem_fraction_static", "tp_size", "device", "model",
               "prompt_tokens")
@@ -425,8 +419,7 @@ def _explain_log(args) -> int:
                           what_if=args.what_if)
         comparison = _engine_comparison(args, exp) if args.compare_engines else None
     except (KvlabError, ValueError) as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     if args.json:
         data = exp.to_json()
         if comparison is not None:
@@ -455,46 +448,51 @@ def _engine_comparison(args, exp):
                                vllm_version=args.vllm_version, max_num_batched_tokens=args.max_num_batched_tokens)
 
 
+def _pool(args) -> int:
+    from kvlab.experiments import kv_pool_sizing
+
+    if args.compare:
+        return _pool_compare(args)
+    try:
+        result = kv_pool_sizing.run(
+            args.preset, gc_before_measure=args.gc_before_measure is not False, empty_cache=args.empty_cache,
+            mem_fraction_static=args.mem_fraction_static, prompt_tokens=args.prompt_tokens, device=args.device,
+        )
+    except (ValueError, RuntimeError, FileNotFoundError) as exc:
+        return fail(exc)
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        _print_pool(result)
+    return 0
+
+
+def _sweep(args) -> int:
+    from kvlab.sweep.command import main as sweep_main
+
+    return sweep_main(args)
+
+
+# subcommand (and, for `repro` and `data`, its first argument) -> the function that runs it
+_COMMANDS = {
+    ("repro", "kv-pool-sizing"): _pool,
+    ("simulate", None): _simulate,
+    ("sweep", None): _sweep,
+    ("report", None): _report,
+    ("app", None): _app,
+    ("explain-log", None): _explain_log,
+    ("replay", None): _replay,
+    ("data", "tiny-checkpoint"): _write_tiny_checkpoint,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "repro" and args.finding == "kv-pool-sizing":
-        from kvlab.experiments import kv_pool_sizing
-
-        if args.compare:
-            return _pool_compare(args)
-        try:
-            result = kv_pool_sizing.run(
-                args.preset, gc_before_measure=args.gc_before_measure is not False, empty_cache=args.empty_cache,
-                mem_fraction_static=args.mem_fraction_static, prompt_tokens=args.prompt_tokens, device=args.device,
-            )
-        except (ValueError, RuntimeError, FileNotFoundError) as exc:
-            print(f"kvlab: error: {exc}", file=sys.stderr)
-            return 2
-        if args.json:
-            print(json.dumps(result.to_json(), indent=2))
-        else:
-            _print_pool(result)
-        return 0
-    if args.command == "simulate":
-        return _simulate(args)
-    if args.command == "sweep":
-        from kvlab.sweep.command import main as sweep_main
-
-        return sweep_main(args)
-    if args.command == "report":
-        return _report(args)
-    if args.command == "app":
-        return _app(args)
-    if args.command == "explain-log":
-        return _explain_log(args)
-    if args.command == "replay":
-        return _replay(args)
-    if args.command == "data" and args.kind == "tiny-checkpoint":
-        return _write_tiny_checkpoint(args)
-    parser.error("unknown command")  # pragma: no cover
-    return 2
-
+    command = _COMMANDS.get((args.command, getattr(args, "finding", None) or getattr(args, "kind", None)))
+    if command is None:  # pragma: no cover - argparse refuses unknown commands first
+        parser.error("unknown command")
+    return command(args)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -10,11 +10,20 @@ vanishes under ``-O`` is no check. ``require`` is the one way they test a rule.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 
 class KvlabError(Exception):
     """Base of kvlab's own errors."""
+
+
+def fail(message: object) -> int:
+    """The one way a ``kvlab`` subcommand reports an error the user can act on: ``kvlab: error: …`` on stderr.
+
+    Returns 2, the exit status of a usage error, so a command can ``return fail(exc)``."""
+    print(f"kvlab: error: {message}", file=sys.stderr)
+    return 2
 
 
 class InvariantError(KvlabError, AssertionError):

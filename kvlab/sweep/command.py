@@ -17,7 +17,7 @@ import sys
 from contextlib import contextmanager
 
 from kvlab.argtypes import positive_int
-from kvlab.errors import KvlabError
+from kvlab.errors import KvlabError, fail
 from kvlab.sweep.engine import ENGINES
 from kvlab.sweep.grid import Grid, parse_list
 
@@ -120,8 +120,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"kvlab: sweep interrupted after {len(new_rows)} new points{where}", file=sys.stderr)
         return 130
     except (KvlabError, ValueError, OSError, RuntimeError) as exc:
-        print(f"kvlab: error: {exc}", file=sys.stderr)
-        return 2
+        return fail(exc)
     if args.json:
         print(json.dumps(list(run.rows), indent=2))
         print(run.cost(), file=sys.stderr)
