@@ -82,11 +82,21 @@ def _fraction(log, override, version, rules, tp, device, extra) -> tuple[float, 
         raise LogError(f"{log.path}: no mem_fraction_static in the log (no server_args line or --mem-fraction-static "
                        f"on a launch command) and no SGLang version to take its default from: pass "
                        f"--mem-fraction-static F or --sglang-version X")
-    chunked = log.tokens_fields.get("chunked_prefill_size")
     default = default_mem_fraction(version or rules, tp, device.smi_mib if device else None,
-                                   chunked_prefill_size=int(chunked) if chunked and chunked.isdigit() else None,
+                                   chunked_prefill_size=_tokens_field_int(log, "chunked_prefill_size"),
                                    speculative=extra["speculative"], dp_attention=extra["dp_attention"])
     return default.value, f"default: {default.rule}", True
+
+
+def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:
+    """An integer from the 'max_total_num_tokens=…, name=…' line, None where the line lacks it."""
+    value = log.tokens_fields.get(name)
+    if value in (None, "None"):
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise LogError(f"{log.where('tokens')}: {name}={value} is not an integer") from None
 
 
 def _setting_int(log: SGLangStartup, name: str, default: int | None) -> int | None:
@@ -195,7 +205,7 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
     logged_tokens = [r.max_total_num_tokens if r.max_total_num_tokens is not None else r.kv_tokens
                      for r in log.ranks.values()]
     logged_tokens = [t for t in logged_tokens if t is not None]
-    context = log.tokens_fields.get("context_len")
+    context = _tokens_field_int(log, "context_len")
     exp = Explanation(
         log_path=log.path, engine="sglang", version=version, version_source=version_source, rules_version=rules,
         tp_size=tp, tp_size_source=tp_source, mem_fraction_static=fraction, mem_fraction_static_source=fraction_source,
@@ -205,7 +215,7 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
         computed_range=sglang_tokens_range(used_before, used_after, fraction, cell_lo, cell_hi, page, cap), pool=pool,
         ranks=[_rank_json(r) for r in log.ranks.values()], gpu=device.name if device else log.gpu_name,
         gpu_source=gpu_source, model=model_config.name if model_config else log.arch,
-        context_len=int(context) if context and context.isdigit() else (model_config.context_len if model_config
+        context_len=context if context is not None else (model_config.context_len if model_config
                                                                        else None),
         page_size=page, model_config=model_config, device=device, fraction_from_default=from_default,
         kv_dtype_bytes=dtype_bytes, weights_gib=low_rank.before_gib - low_rank.after_gib,
@@ -235,10 +245,9 @@ def _post_load_terms(log: SGLangStartup, config: ModelConfig | None, version: st
     where the source gives its size (sglang_versions.reading_gaps lists the steps that have none)."""
     if config is None:
         return []
-    context = log.tokens_fields.get("context_len") or log.setting("context_length")[0]
-    context = int(context) if context and str(context).isdigit() else config.context_len
-    steps, draft = (log.setting(k)[0] for k in ("speculative_num_steps", "speculative_num_draft_tokens"))
-    steps, draft = (int(x) if x and x.isdigit() else 0 for x in (steps, draft))
+    context = _tokens_field_int(log, "context_len") or _setting_int(log, "context_length", None) or config.context_len
+    steps = _setting_int(log, "speculative_num_steps", 0)
+    draft = _setting_int(log, "speculative_num_draft_tokens", 0)
     size = rope_reserve_for_config(version, config, context, steps, draft)
     if not size:
         return []

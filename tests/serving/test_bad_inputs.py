@@ -2,6 +2,7 @@
 no traceback, nothing on stdout. Never a silent number."""
 
 import json
+import re
 
 import pytest
 
@@ -64,6 +65,25 @@ def test_unreadable_number_names_the_line(tmp_path, capsys):
     path = write_log(tmp_path, text)
     line = next(i for i, t in enumerate(text.splitlines(), 1) if "avail mem=??" in t)
     _fails(capsys, path, match=f"{path}:{line}: 'Load weight end.' line without a readable number")
+
+
+@pytest.mark.parametrize("field", ["context_len", "chunked_prefill_size"])
+def test_unreadable_setting_on_the_tokens_line_names_the_line(tmp_path, capsys, field):
+    # was: a value that is not an integer silently became the config's context length, or no chunked size
+    text = _good("0.5.10.post1", server_args=False, chunked_prefill_size=8192)
+    assert f"{field}=" in text
+    text = re.sub(rf"{field}=\d+", f"{field}=8k", text)
+    path = write_log(tmp_path, text)
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if "max_total_num_tokens=" in t)
+    _fails(capsys, path, "--model-config", "llama-3-8b", "--sglang-version", "0.5.10.post1",
+           match=f"{path}:{line}: {field}=8k is not an integer")
+
+
+def test_unreadable_speculative_setting_names_it(tmp_path, capsys):
+    text = _good("0.5.10.post1").replace("mem_fraction_static=0.85,", "mem_fraction_static=0.85, speculative_num_steps=3x,")
+    assert "speculative_num_steps=3x" in text
+    path = write_log(tmp_path, text)
+    _fails(capsys, path, "--model-config", "llama-3-8b", match="speculative_num_steps is not an integer")
 
 
 def test_missing_and_unreadable_files(tmp_path, capsys):
