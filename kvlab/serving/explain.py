@@ -88,25 +88,24 @@ def _fraction(log, override, version, rules, tp, device, extra) -> tuple[float, 
     return default.value, f"default: {default.rule}", True
 
 
-def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:
-    """An integer from the 'max_total_num_tokens=…, name=…' line, None where the line lacks it."""
-    value = log.tokens_fields.get(name)
-    if value in (None, "None"):
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise LogError(f"{log.where('tokens')}: {name}={value} is not an integer") from None
-
-
-def _setting_int(log: SGLangStartup, name: str, default: int | None) -> int | None:
-    value, where = log.setting(name)
+def _int_or(value: str | None, default: int | None, where: str, name: str) -> int | None:
     if value in (None, "None"):
         return default
     try:
         return int(value)
     except ValueError:
-        raise LogError(f"{log.path}: {where}: {name} is not an integer") from None
+        raise LogError(f"{where}: {name}={value} is not an integer") from None
+
+
+def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:
+    """An integer from the 'max_total_num_tokens=…, name=…' line, None where the line lacks it."""
+    return _int_or(log.tokens_fields.get(name), None, log.where("tokens"), name)
+
+
+def _setting_int(log: SGLangStartup, name: str, default: int | None) -> int | None:
+    """An integer from server_args or the launch command line, ``default`` where neither sets it."""
+    value, where = log.setting(name)
+    return _int_or(value, default, f"{log.path}: {where}", name)
 
 
 def _kv_bytes(log: SGLangStartup, config: ModelConfig | None, rule, override: str | None) -> tuple[int | None, str]:
