@@ -41,6 +41,7 @@ WHAT_IFS = ["mem_fraction_static=0.9", "kv_cache_dtype=fp8_e4m3", "tp=8", "gpu=h
 from pathlib import Path
 
 import pandas as pd
+from IPython.display import HTML
 
 from kvlab.model.hf_config import load_model_config
 from kvlab.serving import explain_log
@@ -50,7 +51,7 @@ from kvlab.serving.text import format_explanation
 from kvlab.serving.vllm_log import parse_vllm_log
 from kvlab.serving.whatif import apply_what_ifs
 from kvlab.viz.engine_plots import engine_waterfalls, gap_bars
-from kvlab.viz.server_panel import explanation_waterfall, what_if_figure
+from kvlab.viz.server_panel import explanation_waterfall, findings_html, what_if_figure
 
 default_log = LOG_PATH is None
 log_path = LOG_DIR / "qwen3-235b-fp8-4xh100-sglang-0.4.9.log" if default_log else Path(LOG_PATH)
@@ -78,7 +79,7 @@ explanation_waterfall(exp)
 # What kvlab noticed in the log, each with the numbers behind it:
 
 # %%
-pd.DataFrame(exp.findings, columns=["severity", "id", "message"])
+HTML(findings_html(exp))
 
 # %% [markdown]
 # ## 2 · SGLang vs vLLM from the same inputs

@@ -174,7 +174,11 @@ def _shared(exp, out: list) -> None:
     device = exp.device
     if device is None or exp.avail_before_load_gib is None:
         return
-    total = device.smi_mib / 1024
+    from kvlab.serving.engine_compare import torch_total
+
+    # the card's total as CUDA reports it (the free reading's own scale, and the comparison waterfall's), not
+    # nvidia-smi's larger figure, which would count 0.46 GiB on an H100 as "in use"
+    total = torch_total(device).gib
     held = total - exp.avail_before_load_gib
     if held < -0.5:
         out.append(_f("gpu_mismatch", "warning", f"{exp.avail_before_load_gib:.2f} GiB free before load is more than "

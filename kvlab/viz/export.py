@@ -143,6 +143,19 @@ def _widget_html(model_id: str, states: dict, depth: int = 0) -> str:
     if name == "OutputModel":
         texts = [o.get("text", "") for o in state.get("outputs", []) if o.get("output_type") == "stream"]
         return f"<pre class='{classes}'>{_html.escape(''.join(texts))}</pre>" if any(texts) else ""
+    if name == "TextareaModel":  # a pasted log or config: kept as text, in a short scrolling box
+        label = state.get("description") or ""
+        head = f"<div style='color:#555'>{_html.escape(label)}</div>" if label else ""
+        if not state.get("value"):
+            return (f"<div class='{classes}' style='padding:2px 6px;color:#888'>{head}"
+                    f"<i>{_html.escape(state.get('placeholder') or '(empty)')}</i></div>")
+        return (f"<div class='{classes}'>{head}<pre style='max-height:10em;overflow:auto;margin:2px 0;"
+                f"padding:4px 6px;border:1px solid #ddd;font-size:85%'>{_html.escape(state['value'])}</pre></div>")
+    if name == "FileUploadModel":
+        count = len(state.get("value") or ())
+        label = state.get("description") or "upload"
+        return (f"<div class='{classes}' style='padding:2px 6px;color:#555'>{_html.escape(label)}: "
+                f"<b>{count} file{'s' if count != 1 else ''}</b></div>")
     if state.get("description") is not None and ("value" in state or "index" in state):
         label = state.get("description") or name.removesuffix("Model")
         value = state.get("value")

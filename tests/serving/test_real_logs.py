@@ -10,6 +10,7 @@ import json
 import pytest
 
 from kvlab.model.config import get_model_config
+from tests.conftest import REPO_ROOT
 from tests.serving.logs import run_json, write_log
 from tests.shared_data import real_data
 
@@ -24,7 +25,7 @@ PRESET = {"sglang-issue-565": "llama-3-8b", "sglang-issue-3451": "deepseek-v2-li
 #   needs ~40 MiB more allocated between init_torch_distributed's reading and "Load weight begin", where only
 #   compute_initial_expert_location_metadata touches the GPU (a 1×1 map for a model without experts: the
 #   process's first CUDA tensors, and kernels loaded lazily, of no size the source gives), or ~5 MiB after "Load
-#   weight end", where 0.4.7.post1 allocates nothing — or another process on this card, which had 4.63 GiB of
+#   weight end", where 0.4.7.post1 allocates nothing — or another process on this card, which had 4.17 GiB of
 #   the H100 in use before loading;
 # - willxxy (0.5.10.post1): 2,477 tokens short after the RoPE cache term (65,536 B, 5 tokens); it needs ~29 MiB
 #   allocated after "Load weight end", where only the RoPE cache grows (at most a 20 MiB allocator segment
@@ -90,11 +91,29 @@ def test_explained_from_log_and_config(tmp_path, capsys, record):
         assert j["consistent"] is True and lo <= logged <= hi
 
 
+# the README's row for each record: found by the record's source, as the README's first column names it
+README_ROW = {"sglang-issue-565": "sgl-project/sglang#565", "sglang-issue-3451": "sgl-project/sglang#3451",
+              "sglang-issue-4127": "sgl-project/sglang#4127", "sglang-issue-7495": "sgl-project/sglang#7495",
+              "repo-willxxy-sglang-play": "willxxy/sglang-play"}
+
+
+def test_the_readme_table_is_what_the_cli_prints(tmp_path, capsys, record):
+    """README.md tables the five logs; its logged, computed and range columns must be today's CLI output."""
+    j = run_json(capsys, write_log(tmp_path, "\n".join(record["lines"])), "--model-config", PRESET[record["id"]])
+    [row] = [line for line in (REPO_ROOT / "README.md").read_text().splitlines()
+             if line.startswith(f"| {README_ROW[record['id']]} ")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    lo, hi = j["computed_range"]
+    assert cells[5:8] == [f"{j['max_total_num_tokens_logged']:,}", f"{j['max_total_num_tokens_computed']:,}",
+                          f"{lo:,}–{hi:,}"], row
+    assert cells[8].startswith("yes" if j["consistent"] else "no"), row
+
+
 def test_shared_h100_is_named(tmp_path, capsys):
     record = _record("sglang-issue-7495")
     j = run_json(capsys, write_log(tmp_path, "\n".join(record["lines"])), "--model-config", "qwen3-0.6b")
     shared = next(f for f in j["findings"] if f["id"] == "shared_gpu")
-    assert j["gpu"] == "h100-80g" and shared["held_gib"] == pytest.approx(79.65 - 75.02, abs=0.01)
+    assert j["gpu"] == "h100-80g" and shared["held_gib"] == pytest.approx(79.19 - 75.02, abs=0.01)
 
 
 def test_without_config_the_cell_comes_from_the_log(tmp_path, capsys):

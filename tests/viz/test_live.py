@@ -115,3 +115,22 @@ def test_headless_run_saves_the_panels_current_figures(tmp_path):
     html = "".join(o.get("data", {}).get("text/html", "") for c in static_widget_outputs(nb).cells
                    for o in c.get("outputs", []))
     assert html.count("plotly-graph-div") >= 2 and "KV budget without gc.collect()" in html
+
+
+def test_static_export_keeps_pasted_text_as_text():
+    """A panel's text areas in the static report: the pasted log as an escaped, scrolling <pre> with its line
+    breaks (not one bold run-on line), an empty one as its placeholder, an upload button as its file count."""
+    import ipywidgets as widgets
+
+    from kvlab.viz.export import _widget_html
+
+    log = widgets.Textarea(value="line one <b>\nline two", placeholder="paste a log")
+    empty = widgets.Textarea(placeholder="or paste a config.json")
+    upload = widgets.FileUpload(description="upload log")
+    box = widgets.VBox([log, empty, upload])
+    states = {w.model_id: {"model_name": w._model_name, "state": w.get_state()} for w in (log, empty, upload, box)}
+    html = _widget_html(box.model_id, states)
+    assert "<pre" in html and "line one &lt;b&gt;\nline two</pre>" in html
+    assert "<i>or paste a config.json</i>" in html
+    assert "upload log: <b>0 files</b>" in html
+    assert "Textarea:" not in html
