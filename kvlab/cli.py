@@ -494,5 +494,6 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("unknown command")
     return command(args)
 
+
 if __name__ == "__main__":
     sys.exit(main())

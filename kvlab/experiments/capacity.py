@@ -106,11 +106,12 @@ class Trace(NamedTuple):
 
 def load(trace: str | Path | None = None, num_requests: int | None = None) -> Trace:
     """A Mooncake-format trace (default: the shipped one), its first ``num_requests`` arrivals when given."""
-    from kvlab.workloads.mooncake import load_trace, read_records
+    from kvlab.workloads.mooncake import read_records, records_to_requests
 
     path = Path(trace) if trace is not None else EXAMPLE_TRACE
-    requests = load_trace(path)
-    records = sorted(read_records(path), key=lambda r: r.timestamp_ms)
+    records = read_records(path)  # the file read once: load_trace's requests are these records, converted
+    requests = records_to_requests(records, rid_prefix=path.stem)  # sorted by arrival, ties in file order
+    records = sorted(records, key=lambda r: r.timestamp_ms)  # the same (stable) order as the requests
     if num_requests is not None and (not isinstance(num_requests, int) or isinstance(num_requests, bool)
                                      or num_requests < 1):
         raise ValueError(f"num_requests must be a positive int, got {num_requests!r}")

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 from kvlab.device.budget import KVBudget
+from kvlab.serving.engine_compare import torch_total
 from kvlab.serving.pool import cell_from_logged_sizes
 from kvlab.serving.sglang_log import SGLangStartup
 from kvlab.serving.sglang_versions import at_least, parse_version, reading_gaps
@@ -174,8 +175,6 @@ def _shared(exp, out: list) -> None:
     device = exp.device
     if device is None or exp.avail_before_load_gib is None:
         return
-    from kvlab.serving.engine_compare import torch_total
-
     # the card's total as CUDA reports it (the free reading's own scale, and the comparison waterfall's), not
     # nvidia-smi's larger figure, which would count 0.46 GiB on an H100 as "in use"
     total = torch_total(device).gib

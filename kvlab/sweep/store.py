@@ -66,6 +66,14 @@ def _coerce(row: dict, where: str) -> dict:
     return out
 
 
+def _require_sweep_columns(path: Path, names: Sequence[str]) -> None:
+    """A file is only added to when its columns are exactly a sweep's (:data:`COLUMNS`)."""
+    if tuple(names) != COLUMNS:
+        shown = ", ".join(names[:6]) + (", ..." if len(names) > 6 else "")
+        raise SweepError(f"--out {path}: its columns ({shown or 'none'}) are not a kvlab sweep's; "
+                         f"choose another file (kvlab never writes over a file it did not make)")
+
+
 def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
     """``write(tmp)`` then rename over ``path``: readers (and a kill) see the old file or the new one, whole."""
     tmp = path.with_name(f".{path.name}.kvlab-tmp")
@@ -108,11 +116,7 @@ class CsvRowFile(RowFile):
         except UnicodeDecodeError:
             raise SweepError(f"--out {self.path}: not a kvlab sweep CSV (not UTF-8 text); choose another file") from None
         lines = list(csv.reader(io.StringIO(text, newline="")))
-        header = tuple(lines[0]) if lines else ()
-        if header != COLUMNS:
-            shown = ", ".join(header[:6]) + (", ..." if len(header) > 6 else "")
-            raise SweepError(f"--out {self.path}: its columns ({shown or 'none'}) are not a kvlab sweep's; "
-                             f"choose another file (kvlab never writes over a file it did not make)")
+        _require_sweep_columns(self.path, lines[0] if lines else ())
         rows = []
         for number, values in enumerate(lines[1:], start=2):
             if len(values) != len(COLUMNS):
@@ -163,10 +167,7 @@ class ParquetRowFile(RowFile):
             table = pa.parquet.read_table(self.path)
         except (pa.ArrowInvalid, OSError) as exc:
             raise SweepError(f"--out {self.path}: not a readable Parquet file ({exc}); choose another file") from None
-        if tuple(table.column_names) != COLUMNS:
-            shown = ", ".join(table.column_names[:6]) + (", ..." if table.num_columns > 6 else "")
-            raise SweepError(f"--out {self.path}: its columns ({shown or 'none'}) are not a kvlab sweep's; "
-                             f"choose another file (kvlab never writes over a file it did not make)")
+        _require_sweep_columns(self.path, table.column_names)
         return [_coerce(r, f"--out {self.path} row {i}") for i, r in enumerate(table.to_pylist())]
 
     @staticmethod

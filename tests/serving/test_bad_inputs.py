@@ -80,10 +80,12 @@ def test_unreadable_setting_on_the_tokens_line_names_the_line(tmp_path, capsys, 
 
 
 def test_unreadable_speculative_setting_names_it(tmp_path, capsys):
-    text = _good("0.5.10.post1").replace("mem_fraction_static=0.85,", "mem_fraction_static=0.85, speculative_num_steps=3x,")
+    text = _good("0.5.10.post1").replace("mem_fraction_static=0.85,",
+                                         "mem_fraction_static=0.85, speculative_num_steps=3x,")
     assert "speculative_num_steps=3x" in text
     path = write_log(tmp_path, text)
-    _fails(capsys, path, "--model-config", "llama-3-8b", match="server_args speculative_num_steps=3x (line 1): speculative_num_steps=3x is not an integer")
+    _fails(capsys, path, "--model-config", "llama-3-8b",
+           match="server_args speculative_num_steps=3x (line 1): speculative_num_steps=3x is not an integer")
 
 
 def test_missing_and_unreadable_files(tmp_path, capsys):

@@ -107,7 +107,8 @@ def test_cell_mismatch_between_config_and_logged_kv(tmp_path, capsys):
 
 def test_shared_gpu_and_gpu_what_if(tmp_path, capsys):
     """An H100 (CUDA's total 79.19 GiB; nvidia-smi's 81,559 MiB = 79.65 GiB is not the free reading's scale) with
-    60 GiB free before load: 19.19 GiB held by someone else. gpu=h200 (143,771 MiB): free memory moves by (143,771 − 81,559) / 1024 = 60.75 GiB."""
+    60 GiB free before load: 19.19 GiB held by someone else.
+    gpu=h200 (143,771 MiB): free memory moves by (143,771 − 81,559) / 1024 = 60.75 GiB."""
     text = _log(before=60.0, after=44.0, gpu_line="GPU 0: NVIDIA H100 80GB HBM3")
     j = run_json(capsys, write_log(tmp_path, text), "--model-config", "llama-3-8b", "--what-if", "gpu=h200")
     [shared] = _findings(j, "shared_gpu")
