@@ -399,3 +399,25 @@ def test_no_private_name_crosses_a_module_boundary():
     assert not new, "private names used outside their module:\n" + "\n".join(new)
     stale = sorted(f"{key} (branch {branch})" for key, branch in pending.items() if key not in reaches)
     assert not stale, "PENDING_PRIVATE lists reaches that are gone: delete them\n" + "\n".join(stale)
+
+
+def report() -> str:
+    """The figures issue 24 asks for: circles, private reaches (those still PENDING marked) and the ten longest
+    functions. ``python3 tests/test_layering.py`` prints them."""
+    graph, pending_cycles, pending_private = import_graph(), _pending(PENDING_CYCLES), _pending(PENDING_PRIVATE)
+    cycles, reaches = import_cycles(graph), private_reaches()
+    lines = [f"{len(cycles)} import circles in kvlab/ "
+             f"({sum(' -> '.join(c) in pending_cycles for c in cycles)} pending on other branches)"]
+    lines += [describe_cycle(graph, c) + (f"  [pending: {pending_cycles[k]}]" if (k := " -> ".join(c))
+                                          in pending_cycles else "") for c in cycles]
+    lines.append(f"{len(reaches)} private reaches across module boundaries "
+                 f"({sum(f'{m}: {w}' in pending_private for m, _, w in reaches)} pending on other branches)")
+    lines += [f"  {_where(m, line)} {w}" + (f"  [pending: {pending_private[k]}]" if (k := f"{m}: {w}")
+                                            in pending_private else "") for m, line, w in reaches]
+    lines.append("the 10 longest functions (lines):")
+    lines += [f"  {n:4d}  {where}" for n, where in longest_functions()]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(report())
