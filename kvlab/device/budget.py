@@ -26,7 +26,8 @@ class NoKVMemoryError(ValueError):
     """SGLang's "Loaded weights leave no GPU memory for the KV cache" error."""
 
 
-def _check_fraction(mem_fraction_static: float) -> None:
+def check_fraction(mem_fraction_static: float) -> None:
+    """Raise ``ValueError`` naming the value unless ``mem_fraction_static`` is a number in (0, 1)."""
     if not isinstance(mem_fraction_static, (int, float)) or not 0 < mem_fraction_static < 1:
         raise ValueError(f"mem_fraction_static must be in (0, 1), got {mem_fraction_static!r}")
 
@@ -87,7 +88,7 @@ def kv_budget(
     max_total_tokens: int | None = None,
 ) -> KVBudget:
     """Compute the KV budget from two readings. Raises :class:`NoKVMemoryError` like SGLang."""
-    _check_fraction(mem_fraction_static)
+    check_fraction(mem_fraction_static)
     for name, value, minimum in (
         ("pre_model_load_bytes", pre_model_load_bytes, 1),
         ("available_bytes", available_bytes, 0),

@@ -21,7 +21,7 @@ import torch
 
 from kvlab.device import get_devices
 from kvlab.device.base import Device
-from kvlab.device.budget import KVBudget, NoKVMemoryError, _check_fraction, kv_budget
+from kvlab.device.budget import KVBudget, NoKVMemoryError, check_fraction, kv_budget
 from kvlab.device.measure import MemoryReading, automatic_gc_paused, get_available_gpu_memory
 from kvlab.model.config import ModelConfig, get_model_config
 from kvlab.model.loader import LoadedWeights, load_weights
@@ -259,7 +259,7 @@ def run(
     if isinstance(scenario, str):
         scenario = get_scenario(scenario)
     fraction = scenario.mem_fraction_static if mem_fraction_static is None else mem_fraction_static
-    _check_fraction(fraction)
+    check_fraction(fraction)
     prompt = scenario.prompt_tokens if prompt_tokens is None else prompt_tokens
     if not isinstance(prompt, int) or isinstance(prompt, bool) or prompt <= 0:
         raise ValueError(f"prompt length must be a positive number of tokens, got {prompt!r}")

@@ -39,7 +39,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 )
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import as_tokens
-from kvlab.mem_cache.swa_radix_cache import HybridTreeNode, _HybridTreeBase
+from kvlab.mem_cache.swa_radix_cache import HybridTreeBase, HybridTreeNode
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -124,7 +124,7 @@ class MambaEvictParams(EvictParams):
     mamba_num: int = 0
 
 
-class MambaRadixCache(_HybridTreeBase):
+class MambaRadixCache(HybridTreeBase):
     """SGLang's ``MambaRadixCache`` over a standard KV allocator and a :class:`MambaPool`.
 
     Sizes: ``full_*`` in KV tokens by full lock; ``mamba_*`` in states by mamba lock.

@@ -3,7 +3,7 @@
 :class:`BaseRadixTree` holds what reads only ``page_size``, ``root_node`` and the nodes'
 keys / children / values: how a child is filed, walking the nodes, the path's KV, membership checks
 for locks, printing, and the tree-shape invariants. ``RadixCache`` and the hybrid trees' base
-(``swa_radix_cache._HybridTreeBase``) inherit it; matching, inserting, locking and evicting stay
+(``swa_radix_cache.HybridTreeBase``) inherit it; matching, inserting, locking and evicting stay
 with each tree, because that is where SGLang's trees differ. Also here: the logical clock and the
 token-key helpers the trees use.
 """

@@ -94,7 +94,7 @@ class SWATreeLock(NamedTuple):
     swa_uuid: int | None
 
 
-class _HybridTreeBase(BaseRadixTree):
+class HybridTreeBase(BaseRadixTree):
     """What the SWA and Mamba trees share beyond :class:`BaseRadixTree`: LRU recency by clock ticks,
     the walk with splits, the insert value check, full-attention locks and ``full_*`` sizes."""
 
@@ -244,7 +244,7 @@ class _HybridTreeBase(BaseRadixTree):
         return self._check_tree(self.full_evictable_size_, self.full_protected_size_, type(self).__name__)
 
 
-class SWARadixCache(_HybridTreeBase):
+class SWARadixCache(HybridTreeBase):
     """SGLang's ``SWARadixCache`` over an :class:`SWATokenToKVPoolAllocator` (see module doc).
 
     Sizes: ``full_*`` count tokens by full lock; ``swa_*`` count un-tombstoned tokens by SWA lock.

@@ -118,7 +118,7 @@ def _sample(rng: random.Random, n: int, vocab_size: int, siblings: set | None = 
         while toks[0] in siblings:
             toks[0] = rng.randrange(vocab_size)
         siblings.add(toks[0])
-    return TokenSequence._from_segments((tuple(toks),))
+    return TokenSequence.from_segments((tuple(toks),))
 
 
 def _need_vocab(vocab_size: int, siblings: int, what: str) -> None:

@@ -216,7 +216,7 @@ def _to_requests(records: Sequence[MooncakeRecord], block_size: int, rid_prefix:
             segs[-1] = segs[-1][: rec.input_length - (n - 1) * block_size]
         ends = tuple(range(block_size, n * block_size, block_size)) + (rec.input_length,)
         out.append(Request(rid=f"{rid_prefix}-{i}", arrival_time_s=rec.timestamp_ms / 1000,
-                           prompt_token_ids=TokenSequence._from_segments(segs, ends), output_len=rec.output_length,
+                           prompt_token_ids=TokenSequence.from_segments(segs, ends), output_len=rec.output_length,
                            block_hashes=rec.hash_ids, block_size=block_size))
     order = sorted(range(len(out)), key=lambda i: records[i].timestamp_ms)
     return [out[i] for i in order]

@@ -78,9 +78,11 @@ class TokenSequence(Sequence[int]):
         self._hash: int | None = None
 
     @classmethod
-    def _from_segments(cls, segments: Iterable[Sequence[int]], ends: tuple | None = None) -> TokenSequence:
-        """Trusted constructor: segments are ranges or tuples of valid token ids, already checked; ``ends``
-        (cumulative lengths of non-empty segments) may be given when the caller knows them."""
+    def from_segments(cls, segments: Iterable[Sequence[int]], ends: tuple | None = None) -> TokenSequence:
+        """Trusted constructor, with no checks: segments are ranges or tuples of valid token ids the caller
+        built or checked itself (the workload generators and trace readers); ``ends`` (cumulative lengths of
+        non-empty segments) may be given when the caller knows them. Token ids from a user go through
+        ``TokenSequence(tokens)``, which checks them."""
         obj = cls.__new__(cls)
         obj._set(tuple(segments), ends)
         return obj
@@ -103,7 +105,7 @@ class TokenSequence(Sequence[int]):
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
             if step != 1:
-                return TokenSequence._from_segments((tuple(self)[index],))
+                return TokenSequence.from_segments((tuple(self)[index],))
             return self._slice(start, stop)
         n = len(self)
         i = index.__index__()
@@ -116,7 +118,7 @@ class TokenSequence(Sequence[int]):
 
     def _slice(self, start: int, stop: int) -> TokenSequence:
         if start >= stop:
-            return TokenSequence._from_segments(())
+            return TokenSequence.from_segments(())
         first = bisect_right(self._ends, start)
         last = bisect_left(self._ends, stop)  # segment holding token stop-1
         out = []
@@ -125,12 +127,12 @@ class TokenSequence(Sequence[int]):
             seg = self._segments[k]
             lo, hi = max(start - base, 0), min(stop - base, len(seg))
             out.append(seg if (lo, hi) == (0, len(seg)) else seg[lo:hi])
-        return TokenSequence._from_segments(out)
+        return TokenSequence.from_segments(out)
 
     def __add__(self, other: TokenSequence) -> TokenSequence:
         if not isinstance(other, TokenSequence):
             return NotImplemented
-        return TokenSequence._from_segments(self._segments + other._segments)
+        return TokenSequence.from_segments(self._segments + other._segments)
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, TokenSequence):
@@ -154,7 +156,7 @@ class TokenSequence(Sequence[int]):
         return f"TokenSequence({str(head)[:-1]}{more}], len={len(self)}, segments={len(self._segments)})"
 
     def __reduce__(self):
-        return (TokenSequence._from_segments, (self._segments,))
+        return (TokenSequence.from_segments, (self._segments,))
 
     def to_array(self) -> array:
         """A new flat ``array('q')`` of the tokens (``range`` segments expand through numpy)."""

@@ -78,7 +78,7 @@ segment = st.one_of(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(segment, max_size=6), st.data())
 def test_token_sequence_behaves_like_its_tuple(segments, data):
-    ts = TokenSequence._from_segments(segments)
+    ts = TokenSequence.from_segments(segments)
     oracle = tuple(t for s in segments for t in s)
     n = len(oracle)
     assert len(ts) == n and tuple(ts) == oracle and ts.tolist() == list(oracle)

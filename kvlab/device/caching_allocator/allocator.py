@@ -10,7 +10,7 @@ same class live beside this file: expandable segments in
 :mod:`~kvlab.device.caching_allocator.oom`, and the snapshot export, the replay
 seeding and the integrity check in :mod:`~kvlab.device.caching_allocator.snapshot_export`,
 :mod:`~kvlab.device.caching_allocator.adopt` and :mod:`~kvlab.device.caching_allocator.invariants`
-(functions, bound here as methods). The package docstring lists where kvlab differs on purpose.
+(mixed in the same way). The package docstring lists where kvlab differs on purpose.
 
 The "driver" is a single number: it can hand out ``total_bytes - non_pytorch_bytes - reserved``
 more bytes, in any shape. Memory layout, non-expandable (one ``cudaMalloc`` per segment, blocks
@@ -27,10 +27,11 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from kvlab.device.caching_allocator import adopt, invariants, snapshot_export
+from kvlab.device.caching_allocator.adopt import SegmentAdoption
 from kvlab.device.caching_allocator.blocks import Block, BlockPool, Segment, link_before
 from kvlab.device.caching_allocator.config import AllocatorConfig
 from kvlab.device.caching_allocator.expandable import ExpandableSegments
+from kvlab.device.caching_allocator.invariants import InvariantCheck
 from kvlab.device.caching_allocator.oom import OutOfMemoryError, oom_message
 from kvlab.device.caching_allocator.sizes import (
     BASE_ADDR,
@@ -43,6 +44,7 @@ from kvlab.device.caching_allocator.sizes import (
     pool_for,
     round_size,
 )
+from kvlab.device.caching_allocator.snapshot_export import SnapshotExport
 from kvlab.device.caching_allocator.stats import AllocatorStats
 from kvlab.errors import require
 from kvlab.units import align_up
@@ -53,7 +55,7 @@ if TYPE_CHECKING:
 _DEFAULT_CONFIG = AllocatorConfig()  # torch's defaults (frozen, so one shared instance is safe)
 
 
-class CachingAllocatorModel(ExpandableSegments, AllocatorStats):
+class CachingAllocatorModel(ExpandableSegments, AllocatorStats, SnapshotExport, SegmentAdoption, InvariantCheck):
     """``DeviceCachingAllocator`` for one device, on the CPU. See the module docstring."""
 
     def __init__(
@@ -410,9 +412,3 @@ class CachingAllocatorModel(ExpandableSegments, AllocatorStats):
     def active_blocks(self) -> list[Block]:
         """Allocated blocks in address order."""
         return [self._active[a] for a in sorted(self._active)]
-
-    # ---- kvlab's own, each in its own module (functions of the allocator, bound as methods) -------
-    snapshot = snapshot_export.memory_snapshot
-    adopt_segment = adopt.adopt_segment
-    limit_address_space = adopt.limit_address_space
-    check_invariants = invariants.check_invariants

@@ -2,7 +2,7 @@
 
 Two upstream steps, kept apart here as there: ``DeviceCachingAllocator::snapshot`` in
 ``c10/cuda/CUDACachingAllocator.cpp`` lists the segments, one per contiguous mapped range of an
-expandable segment (:func:`memory_snapshot`'s loop), and ``torch/csrc/cuda/memory_snapshot.cpp::
+expandable segment (:meth:`SnapshotExport.snapshot`'s loop), and ``torch/csrc/cuda/memory_snapshot.cpp::
 _memory_snapshot_pickled`` turns them into dicts (its ``segmentInfoToDict`` is :func:`_segment_info`,
 ``traceEntryToDict`` is :func:`_trace`, and the ``allocator_settings`` entry is
 :func:`_allocator_settings`). :mod:`kvlab.device.snapshot` reads the result back like a real
@@ -18,32 +18,40 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kvlab.device.caching_allocator.allocator import CachingAllocatorModel
     from kvlab.device.caching_allocator.blocks import Block, Segment
     from kvlab.device.caching_allocator.config import AllocatorConfig
     from kvlab.device.events import EventRecorder
 
 
-def memory_snapshot(allocator: CachingAllocatorModel) -> dict:
-    """``torch.cuda.memory._snapshot()``: segments (one per contiguous mapped range, as torch
-    reports expandable segments), this device's trace from the recorder, and the settings."""
-    segments = []
-    for segment in allocator.segments:
-        run: list[Block] = []
-        for block in segment.iter_all_blocks():
-            if block.mapped:
-                run.append(block)
-            elif run:
-                segments.append(_segment_info(allocator.device_index, segment, run))
-                run = []
-        if run:
-            segments.append(_segment_info(allocator.device_index, segment, run))
-    return {
-        "segments": segments,
-        "device_traces": [_trace(allocator.recorder, allocator.device_index)],
-        "allocator_settings": _allocator_settings(allocator.config),
-        "external_annotations": [],
-    }
+class SnapshotExport:
+    """The ``snapshot`` method of :class:`~kvlab.device.caching_allocator.CachingAllocatorModel` (a mixin); it
+    reads only the allocator's public ``segments``, ``device_index``, ``recorder`` and ``config``."""
+
+    segments: list[Segment]
+    device_index: int
+    recorder: EventRecorder | None
+    config: AllocatorConfig
+
+    def snapshot(self) -> dict:
+        """``torch.cuda.memory._snapshot()``: segments (one per contiguous mapped range, as torch
+        reports expandable segments), this device's trace from the recorder, and the settings."""
+        segments = []
+        for segment in self.segments:
+            run: list[Block] = []
+            for block in segment.iter_all_blocks():
+                if block.mapped:
+                    run.append(block)
+                elif run:
+                    segments.append(_segment_info(self.device_index, segment, run))
+                    run = []
+            if run:
+                segments.append(_segment_info(self.device_index, segment, run))
+        return {
+            "segments": segments,
+            "device_traces": [_trace(self.recorder, self.device_index)],
+            "allocator_settings": _allocator_settings(self.config),
+            "external_annotations": [],
+        }
 
 
 def _trace(recorder: EventRecorder | None, device_index: int) -> list[dict]:
