@@ -1,5 +1,5 @@
-"""ModelConfig (read from a Hugging Face config.json, see kvlab.model.hf_config) and the KV bytes one
-token costs on one tensor-parallel rank. The presets are config.json files in kvlab/model/presets/.
+"""ModelConfig (read from a Hugging Face config.json by kvlab.model.hf_config, which also holds the presets:
+config.json files in kvlab/model/presets/) and the KV bytes one token costs on one tensor-parallel rank.
 
 Cell size mirrors SGLang's ``model_executor/pool_configurator.py::_compute_cell_size``:
 - MHA/GQA: ``max(1, kv_heads // tp) × (head_dim + v_head_dim) × layers × kv_dtype_bytes``;
@@ -205,21 +205,3 @@ class ModelConfig:
                             num_experts=0, first_k_dense_layers=0,
                             intermediate_size=self.intermediate_size or self.moe_intermediate_size,
                             description=f"EAGLE draft head ({num_layers} layer) for {self.name}")
-
-
-def _load_presets() -> dict[str, ModelConfig]:
-    """The presets kvlab ships: Hugging Face config.json files in kvlab/model/presets/, read by the same
-    code as a user's config (kvlab.model.hf_config)."""
-    from kvlab.model.hf_config import load_model_config, preset_names
-
-    return {name: load_model_config(name) for name in preset_names()}
-
-
-MODEL_PRESETS: dict[str, ModelConfig] = _load_presets()
-
-
-def get_model_config(name: str) -> ModelConfig:
-    try:
-        return MODEL_PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(sorted(MODEL_PRESETS))}") from None

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.errors import KvlabError
+from kvlab.model.config import ModelConfig
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -85,7 +86,7 @@ def read_config_json(path: Path) -> dict:
     return data
 
 
-def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name: str | None = None):
+def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name: str | None = None) -> ModelConfig:
     """Read a preset name, a config.json, or a folder holding one into a :class:`ModelConfig`."""
     path = resolve_config_path(source)
     data = read_config_json(path)
@@ -152,9 +153,7 @@ def _kv_dtype(kv_cache_dtype: str, weight_dtype: str, origin: str, notes: list[s
     return name
 
 
-def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str = "auto"):
-    from kvlab.model.config import ModelConfig
-
+def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str = "auto") -> ModelConfig:
     notes: list[str] = []
     meta = data.get("kvlab") if isinstance(data.get("kvlab"), dict) else {}
     prefix = ""
@@ -236,3 +235,14 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
         sliding_window=window if isinstance(window, int) and window > 0 else 0,
         description=str(meta.get("description", arch)), source=origin, notes=tuple(notes),
     )
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {name: load_model_config(name) for name in preset_names()}
+
+
+def get_model_config(name: str) -> ModelConfig:
+    """A preset kvlab ships, by name (``kvlab/model/presets/<name>.json``, read as a user's config is)."""
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(sorted(MODEL_PRESETS))}") from None

@@ -4,8 +4,14 @@ import json
 
 import pytest
 
-from kvlab.model.config import MODEL_PRESETS, get_model_config
-from kvlab.model.hf_config import PRESET_DIR, ConfigError, load_model_config, preset_names
+from kvlab.model.hf_config import (
+    MODEL_PRESETS,
+    PRESET_DIR,
+    ConfigError,
+    get_model_config,
+    load_model_config,
+    preset_names,
+)
 
 LLAMA3_8B = {  # the architecture numbers of meta-llama/Meta-Llama-3-8B's config.json
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving.explain import config_cell
 from kvlab.serving.pool import cell_from_logged_sizes, sglang_tokens, sglang_tokens_range
 from kvlab.serving.sglang_log import LogError
