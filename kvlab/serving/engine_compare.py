@@ -36,6 +36,7 @@ from kvlab.serving.vllm_budget import (
     vllm_budget,
     vllm_rule,
 )
+from kvlab.serving.vllm_log import parse_vllm_log
 from kvlab.units import GiB
 
 # torch's total where the preset's capacity is nvidia-smi's (torch reports less)
@@ -262,8 +263,6 @@ def _from_vllm(mem: MemoryInputs, exp, log, util, version) -> tuple[MemoryInputs
     "Available KV cache memory" (``util × total − weights − non-torch [− CUDA graphs] − available`` before 0.34.0;
     0.34.0's ``min(...)`` with its margin solved for the peak). The profile's peak and non-torch growth cannot be
     told apart from the printed lines: kvlab keeps its non-torch assumption and gives the rest to the peak."""
-    from kvlab.serving.vllm_log import parse_vllm_log
-
     if log is None:
         from pathlib import Path
 

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvlab.device.spec import DEVICE_PRESETS, DeviceSpec, find_device_spec
 from kvlab.model.config import ModelConfig
+from kvlab.serving.cell import config_cell
+from kvlab.serving.findings import sglang_findings
+from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import LogError, RankReadings, SGLangStartup, parse_sglang_log
@@ -24,6 +26,9 @@ from kvlab.serving.sglang_versions import (
     parse_version,
     rope_reserve_for_config,
 )
+from kvlab.serving.vllm_explain import explain_vllm
+from kvlab.serving.vllm_log import looks_like_vllm, parse_vllm_log
+from kvlab.serving.whatif import apply_what_ifs
 from kvlab.units import GiB
 
 TORCH_DTYPE_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.half": 2, "torch.float32": 4,
@@ -31,19 +36,6 @@ TORCH_DTYPE_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.half": 2, "
                      "torch.float8_e5m2fnuz": 1, "torch.uint8": 1}
 OPTION_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1,
                       "float32": 4}
-
-
-def resolve_gpu(name: str | None, log_gpu_name: str | None) -> tuple[DeviceSpec | None, str | None]:
-    if name:
-        spec = DEVICE_PRESETS.get(name) or find_device_spec(name)
-        if spec is None:
-            raise LogError(f"--gpu {name!r}: not a kvlab GPU preset or a known product name; presets: "
-                           f"{', '.join(sorted(DEVICE_PRESETS))}")
-        return spec, f"--gpu {name}"
-    if log_gpu_name:
-        spec = find_device_spec(log_gpu_name)
-        return spec, (f"log: {log_gpu_name!r}" if spec else None)
-    return None, None
 
 
 def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None, str, str | None]:
@@ -129,22 +121,6 @@ def _kv_bytes(log: SGLangStartup, config: ModelConfig | None, rule, override: st
     return None, "unknown"
 
 
-def config_cell(config: ModelConfig, rule, attn_tp: int, dtype_bytes: int, mla_on: bool, where: str) -> int:
-    """SGLang's cell size for ``config`` under a version's rule (kvlab.serving.sglang_versions.cell_rule)."""
-    if config.attention == "mla":
-        if not mla_on:
-            raise LogError(f"{where}: sglang {rule.read} sizes this MLA model without MLA (MLA off: "
-                           f"{'no MLA support' if rule.mla == 'no' else 'needs --enable-mla'}); kvlab does not "
-                           f"model that cell size")
-        return (config.kv_lora_rank + config.qk_rope_head_dim) * config.num_layers * dtype_bytes
-    heads = config.num_kv_heads // attn_tp if rule.kv_heads == "floor" else max(1, config.num_kv_heads // attn_tp)
-    if heads == 0:
-        raise LogError(f"{where}: sglang {rule.read} gives each of {attn_tp} ranks {config.num_kv_heads} // "
-                       f"{attn_tp} = 0 KV heads (it crashed on such a setup)")
-    v_dim = config.v_head_dim or config.head_dim
-    return heads * (config.head_dim + v_dim) * config.num_layers * dtype_bytes
-
-
 def _logged_cell(log: SGLangStartup, rank: RankReadings, page: int) -> tuple[int, int, int, str] | None:
     for r in [rank, *log.ranks.values()]:
         total = (r.k_gib + r.v_gib) if r.k_gib is not None else r.kv_gib
@@ -160,9 +136,6 @@ def _logged_cell(log: SGLangStartup, rank: RankReadings, page: int) -> tuple[int
 def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = None, mem_fraction_static=None,
                    gpu: str | None = None, sglang_version: str | None = None, kv_cache_dtype: str | None = None,
                    what_if=()) -> Explanation:
-    from kvlab.serving.findings import sglang_findings
-    from kvlab.serving.whatif import apply_what_ifs
-
     with_readings = [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None]
     _require_readings(log, with_readings)
     version, version_source, rules = _assumed_version(log, sglang_version)
@@ -284,8 +257,6 @@ def _rank_json(r: RankReadings) -> dict:
 def explain_log(path, *, model_config: ModelConfig | None = None, mem_fraction_static=None, gpu=None,
                 sglang_version=None, kv_cache_dtype=None, what_if=()) -> Explanation:
     """Explain the start-up log at ``path`` (SGLang or vLLM, told apart by their messages)."""
-    from kvlab.serving.vllm_log import explain_vllm, looks_like_vllm, parse_vllm_log
-
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8", errors="replace")

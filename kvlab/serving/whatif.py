@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from kvlab.errors import KvlabError
 from kvlab.model.hf_config import KV_DTYPE_NAMES
+from kvlab.serving.cell import config_cell
+from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool
 from kvlab.serving.sglang_versions import cell_rule, default_mem_fraction
 from kvlab.units import GiB
@@ -75,8 +77,6 @@ def _one(exp, key: str, value: str, item: str) -> dict:
 
 
 def _tp(exp, item: str, value: str) -> tuple[Pool, str]:
-    from kvlab.serving.explain import config_cell
-
     config = exp.model_config
     if config is None:
         raise WhatIfError(f"--what-if {item!r}: needs --model-config (weights and KV heads per rank come from it)")
@@ -104,8 +104,6 @@ def _tp(exp, item: str, value: str) -> tuple[Pool, str]:
 
 
 def _gpu(exp, item: str, value: str) -> tuple[Pool, str]:
-    from kvlab.serving.explain import resolve_gpu
-
     if exp.device is None:
         raise WhatIfError(f"--what-if {item!r}: the current GPU is unknown (the log names none): pass --gpu NAME")
     try:

@@ -48,7 +48,8 @@ def explain_text(text: str, name: str, **kwargs):
     """``explain_log`` on a log's text (pasted or uploaded), named ``name`` in every message."""
     from kvlab.serving.explain import explain_sglang
     from kvlab.serving.sglang_log import parse_sglang_log
-    from kvlab.serving.vllm_log import explain_vllm, looks_like_vllm, parse_vllm_log
+    from kvlab.serving.vllm_explain import explain_vllm
+    from kvlab.serving.vllm_log import looks_like_vllm, parse_vllm_log
 
     log = parse_sglang_log(text, name)
     if not log.ranks and looks_like_vllm(text):

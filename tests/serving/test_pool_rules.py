@@ -3,7 +3,7 @@
 import pytest
 
 from kvlab.model.hf_config import get_model_config
-from kvlab.serving.explain import config_cell
+from kvlab.serving.cell import config_cell
 from kvlab.serving.pool import cell_from_logged_sizes, sglang_tokens, sglang_tokens_range
 from kvlab.serving.sglang_log import LogError
 from kvlab.serving.sglang_versions import (
