@@ -81,6 +81,7 @@ def estimate_inputs(config: ModelConfig, device: DeviceSpec, tp_size: int, *, ma
                     max_num_seqs: int | None = None) -> MemoryInputs:
     """Every term from the config and the GPU preset (assumptions marked as such); vLLM's batch defaults for the
     card where not given."""
+    config.require("the engine comparison (the weights per rank and vLLM's activation peak, from the model's shape)")
     tokens, seqs = vllm_default_batch(device)
     act = estimate_activation_peak(config, tp_size, max_num_batched_tokens or tokens, max_num_seqs or seqs)
     nccl = 0.5 if tp_size > 1 else 0.0

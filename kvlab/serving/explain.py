@@ -18,6 +18,7 @@ from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
+    ROPE_RESERVE_SINCE,
     at_least,
     cell_rule,
     default_mem_fraction,
@@ -169,7 +170,7 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
             raise LogError(f"{log.path}: no cell size: the log prints no 'KV Cache is allocated' sizes and no "
                            f"config was given: pass --model-config CONFIG (a config.json, its folder, or a preset)")
         cell, cell_lo, cell_hi, cell_source = logged
-    post_load = _post_load_terms(log, model_config, version or rules)
+    post_load, uncounted = _post_load_terms(log, model_config, version or rules)
     pre_load = _pre_load_terms(log, version or rules, tp)
     used_before = before + sum(t["bytes"] for t in pre_load) / GiB
     used_after = after - sum(t["bytes"] for t in post_load) / GiB
@@ -191,8 +192,9 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                                                                        else None),
         page_size=page, model_config=model_config, device=device, fraction_from_default=from_default,
         kv_dtype_bytes=dtype_bytes, weights_gib=low_rank.before_gib - low_rank.after_gib,
-        extra={"pre_load_terms": pre_load, "post_load_terms": post_load, "dp_size": dp, "attention_tp_size": attn_tp, "max_total_tokens_cap": cap, "rocm": log.rocm,
-               **flags},
+        extra={"pre_load_terms": pre_load, "post_load_terms": post_load, "dp_size": dp, "attention_tp_size": attn_tp,
+               "max_total_tokens_cap": cap, "rocm": log.rocm, **flags,
+               **({"uncounted_terms": uncounted} if uncounted else {})},
     )
     exp.findings = sglang_findings(exp, log)
     exp.what_if = apply_what_ifs(exp, what_if)
@@ -212,21 +214,36 @@ def _pre_load_terms(log: SGLangStartup, version: str | None, tp: int) -> list[di
                     f"allocator segment = {size:,} B (its lazily loaded kernels are not counted)"}]
 
 
-def _post_load_terms(log: SGLangStartup, config: ModelConfig | None, version: str | None) -> list[dict]:
+def _post_load_terms(log: SGLangStartup, config: ModelConfig | None,
+                     version: str | None) -> tuple[list[dict], list[dict]]:
     """GPU memory the version allocates after "Load weight end" and before the reading it sizes the pool with,
-    where the source gives its size (sglang_versions.reading_gaps lists the steps that have none)."""
-    if config is None:
-        return []
-    context = _tokens_field_int(log, "context_len") or _setting_int(log, "context_length", None) or config.context_len
+    where the source gives its size (sglang_versions.reading_gaps lists the steps that have none); and, where
+    the config lacks a field a term needs, what is not counted ({name, missing_fields, message})."""
+    if config is None or config.attention != "mha" or not at_least(version, ROPE_RESERVE_SINCE):
+        return [], []
+    logged_context = _tokens_field_int(log, "context_len")
+    context = logged_context or _setting_int(log, "context_length", None) or config.context_len
+    rows, rows_from = config.context_len, "max_position_embeddings"
+    if rows is None:
+        if logged_context is None or _setting_int(log, "context_length", None) is not None:
+            message = (f"the config has no 'max_position_embeddings': sglang {version} grows the RoPE cos/sin cache "
+                       f"from that many rows to align128(context + 256) rows × {config.head_dim} × 4 B after 'Load "
+                       f"weight end' (reserve_rope_cache_for_long_sequences); that term is not counted, so the pool "
+                       f"may be a few tokens smaller than shown")
+            return [], [{"name": "RoPE cache expansion before profiling", "missing_fields": ["max_position_embeddings"],
+                         "message": message}]
+        # SGLang derives context_len from max_position_embeddings where --context-length is not set
+        rows, rows_from = logged_context, ("the log's context_len (SGLang's own reading of max_position_embeddings, "
+                                           "which the config lacks; --context-length not set)")
     steps = _setting_int(log, "speculative_num_steps", 0)
     draft = _setting_int(log, "speculative_num_draft_tokens", 0)
-    size = rope_reserve_for_config(version, config, context, steps, draft)
+    size = rope_reserve_for_config(version, config, context, steps, draft, cache_rows=rows)
     if not size:
-        return []
+        return [], []
     return [{"name": "RoPE cache expansion before profiling", "bytes": size,
              "how": f"reserve_rope_cache_for_long_sequences (sglang utils/common.py): cos/sin cache grown from "
-                    f"{config.context_len:,} rows to align128(context {context:,} + 256) rows × rotary dim "
-                    f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}]
+                    f"{rows:,} rows ({rows_from}) to align128(context {context:,} + 256) rows × rotary dim "
+                    f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}], []
 
 
 def _require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:

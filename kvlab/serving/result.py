@@ -88,6 +88,7 @@ class Explanation:
             "max_total_num_tokens_logged": self.max_total_num_tokens_logged,
             "max_total_num_tokens_computed": self.max_total_num_tokens_computed,
             "computed_range": list(self.computed_range), "consistent": self.consistent, "ranks": self.ranks,
+            "model_config_missing_fields": list(self.model_config.missing) if self.model_config else None,
             **self.extra_json(), "terms": self.terms(), "findings": self.findings, "what_if": self.what_if,
         }
 

@@ -136,6 +136,17 @@ def summary_html(exp, comparison=None) -> str:
     return f"<table class='kvlab-summary-table'>{body}</table>"
 
 
+def comparison_lacks(exp) -> str:
+    """What the SGLang-vs-vLLM comparison lacks for this explanation, in words ("" where nothing)."""
+    if exp.model_config is None or exp.device is None:
+        return "needs the model config and the GPU"
+    absent = exp.model_config.lacks()
+    if absent:
+        return (f"the config has no {', '.join(repr(f) for f in absent)}: the weights per rank and vLLM's "
+                f"activation peak need them")
+    return ""
+
+
 # ---- the panel ---------------------------------------------------------------------------------------
 class ServerPanel:
     """Paste or upload a log and a config, or pick an example; the pool explained, compared and what-iffed."""
@@ -282,7 +293,8 @@ class ServerPanel:
             items.append(f"mem_fraction_static={self.fraction.value:g}")
         if self.kv_dtype.value != "auto" and exp.kv_dtype_bytes is not None:
             items.append(f"kv_cache_dtype={self.kv_dtype.value}")
-        if self.tp.value != exp.tp_size and exp.model_config is not None:
+        if self.tp.value != exp.tp_size and exp.model_config is not None and not exp.model_config.lacks():
+            # (a config without the weights' fields cannot scale what loading took: findings say which fields)
             items.append(f"tp={self.tp.value}")
         if self.gpu_whatif.value != FROM_LOG and exp.device is not None:
             items.append(f"gpu={self.gpu_whatif.value}")
@@ -307,7 +319,7 @@ class ServerPanel:
 
             exp.what_if = apply_what_ifs(exp, items)
         comparison = None
-        if config is not None and exp.device is not None:
+        if not comparison_lacks(exp):
             if exp.engine == "vllm":
                 vllm_log = parse_vllm_log(text, name)
             elif self.vllm_text.value.strip():
@@ -334,8 +346,8 @@ class ServerPanel:
             self.engines.draw(engine_waterfalls(comparison))
             self.gap.draw(gap_bars(comparison))
         else:
-            note = go.Figure().update_layout(template=TEMPLATE, height=120, title="SGLang vs vLLM: needs the "
-                                             "model config and the GPU", xaxis_visible=False, yaxis_visible=False)
+            note = go.Figure().update_layout(template=TEMPLATE, height=120, title=f"SGLang vs vLLM: "
+                                             f"{comparison_lacks(exp)}", xaxis_visible=False, yaxis_visible=False)
             self.engines.draw(note)
             self.gap.draw(note)
         self.what_ifs.draw(what_if_figure(exp))

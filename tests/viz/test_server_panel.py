@@ -107,3 +107,23 @@ def test_a_tp_size_the_menu_lacks_is_offered(panel):
     assert not _errors(panel)
     assert panel.tp.value == 3 and 3 in panel.tp.options and list(panel.what_ifs.data[0].x) == ["as explained"]
     assert panel.explanation.max_total_num_tokens_computed == tokens
+
+
+def test_pasted_kv_only_config_explains_and_names_what_it_lacks(panel):
+    """A config.json with only the KV geometry: the same pool as the preset; the findings name the absent
+    fields, the comparison's place says what it needs, a TP what-if is not drawn (no weights to scale)."""
+    text = (LOG_DIR / "llama-3.1-8b-h100-sglang-0.5.23.log").read_text()
+    kv_only = {"num_hidden_layers": 32, "num_key_value_heads": 8, "hidden_size": 4096, "num_attention_heads": 32,
+               "torch_dtype": "bfloat16"}
+    panel.example.value = "llama-3.1-8b-h100-sglang-0.5.23"
+    full_tokens = panel.explanation.max_total_num_tokens_computed
+    panel.example.value = PASTED
+    panel.config_text.value = json.dumps(kv_only)
+    panel.model.value = PASTED
+    panel.log_text.value = text
+    panel.tp.value = 2
+    assert not _errors(panel)
+    assert panel.explanation.max_total_num_tokens_computed == full_tokens
+    assert "weights_unchecked" in panel.findings.value and "&#x27;vocab_size&#x27;" in panel.findings.value
+    assert panel.comparison is None and "'vocab_size'" in panel.engines.figure.layout.title.text
+    assert list(panel.what_ifs.data[0].x) == ["as explained"]
