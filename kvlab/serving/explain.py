@@ -208,7 +208,7 @@ def _pre_load_terms(log: SGLangStartup, version: str | None, tp: int) -> list[di
     size = expert_map_segment_bytes(version, tp * pp)
     if not size:
         return []
-    return [{"name": "expert-location map (after the reading)", "bytes": size,
+    return [{"key": "expert_location_map", "name": "expert-location map (after the reading)", "bytes": size,
              "how": f"compute_initial_expert_location_metadata (sglang 0.4.7.post1/0.4.9 expert_location.py) puts "
                     f"the process's first CUDA tensors on the GPU after init_torch_distributed's reading: one 2 MiB "
                     f"allocator segment = {size:,} B (its lazily loaded kernels are not counted)"}]
@@ -230,7 +230,7 @@ def _post_load_terms(log: SGLangStartup, config: ModelConfig | None,
                        f"from that many rows to align128(context + 256) rows × {config.head_dim} × 4 B after 'Load "
                        f"weight end' (reserve_rope_cache_for_long_sequences); that term is not counted, so the pool "
                        f"may be a few tokens smaller than shown")
-            return [], [{"name": "RoPE cache expansion before profiling", "missing_fields": ["max_position_embeddings"],
+            return [], [{"key": "rope_cache", "name": "RoPE cache expansion before profiling", "missing_fields": ["max_position_embeddings"],
                          "message": message}]
         # SGLang derives context_len from max_position_embeddings where --context-length is not set
         rows, rows_from = logged_context, ("the log's context_len (SGLang's own reading of max_position_embeddings, "
@@ -240,7 +240,7 @@ def _post_load_terms(log: SGLangStartup, config: ModelConfig | None,
     size = rope_reserve_for_config(version, config, context, steps, draft, cache_rows=rows)
     if not size:
         return [], []
-    return [{"name": "RoPE cache expansion before profiling", "bytes": size,
+    return [{"key": "rope_cache", "name": "RoPE cache expansion before profiling", "bytes": size,
              "how": f"reserve_rope_cache_for_long_sequences (sglang utils/common.py): cos/sin cache grown from "
                     f"{rows:,} rows ({rows_from}) to align128(context {context:,} + 256) rows × rotary dim "
                     f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}], []
@@ -271,6 +271,17 @@ def _rank_json(r: RankReadings) -> dict:
             "kv_tokens": r.kv_tokens, "lines": r.lines}
 
 
+def explain_text(text: str, name: str, *, model_config: ModelConfig | None = None, mem_fraction_static=None,
+                 gpu=None, sglang_version=None, kv_cache_dtype=None, what_if=()) -> Explanation:
+    """Explain a start-up log's ``text`` (SGLang or vLLM, told apart by their messages), called ``name`` in every
+    message: a pasted log as well as a file."""
+    log = parse_sglang_log(text, name)
+    if not log.ranks and looks_like_vllm(text):
+        return explain_vllm(parse_vllm_log(text, name), model_config=model_config, gpu=gpu, what_if=what_if)
+    return explain_sglang(log, model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
+                          sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)
+
+
 def explain_log(path, *, model_config: ModelConfig | None = None, mem_fraction_static=None, gpu=None,
                 sglang_version=None, kv_cache_dtype=None, what_if=()) -> Explanation:
     """Explain the start-up log at ``path`` (SGLang or vLLM, told apart by their messages)."""
@@ -279,8 +290,5 @@ def explain_log(path, *, model_config: ModelConfig | None = None, mem_fraction_s
         text = path.read_text(encoding="utf-8", errors="replace")
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         raise LogError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
-    log = parse_sglang_log(text, str(path))
-    if not log.ranks and looks_like_vllm(text):
-        return explain_vllm(parse_vllm_log(text, str(path)), model_config=model_config, gpu=gpu, what_if=what_if)
-    return explain_sglang(log, model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
-                          sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)
+    return explain_text(text, str(path), model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
+                        sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)

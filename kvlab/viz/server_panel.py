@@ -1,6 +1,6 @@
 """Notebook 05's panel, "your server": paste or upload a start-up log and a config.json, see the pool explained.
 
-A thin controller over :func:`kvlab.serving.explain.explain_log` and
+A thin controller over :func:`kvlab.serving.explain.explain_text` (``explain_log`` on a pasted log) and
 :func:`kvlab.serving.engine_compare.compare_explanation`: the log (a Textarea, a FileUpload, or one of the
 example logs kvlab ships, :mod:`kvlab.serving.examples`), the model's config (a preset, the shipped example
 config, or a pasted/uploaded config.json), the GPU, and what-if controls (mem_fraction_static, KV dtype, TP,
@@ -16,6 +16,7 @@ import json
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from kvlab.serving.explain import explain_text
 from kvlab.viz.engine_plots import ENGINE_COLOURS, engine_waterfalls, gap_bars
 from kvlab.viz.live import LiveFigure
 from kvlab.viz.theme import BUG_COLOUR, FIX_COLOUR, TEMPLATE
@@ -44,20 +45,6 @@ def show_errors(errors: widgets.Output, callback):
     return _show_tracebacks(errors, wrapped)
 
 
-def explain_text(text: str, name: str, **kwargs):
-    """``explain_log`` on a log's text (pasted or uploaded), named ``name`` in every message."""
-    from kvlab.serving.explain import explain_sglang
-    from kvlab.serving.sglang_log import parse_sglang_log
-    from kvlab.serving.vllm_explain import explain_vllm
-    from kvlab.serving.vllm_log import looks_like_vllm, parse_vllm_log
-
-    log = parse_sglang_log(text, name)
-    if not log.ranks and looks_like_vllm(text):
-        return explain_vllm(parse_vllm_log(text, name), model_config=kwargs.get("model_config"),
-                            gpu=kwargs.get("gpu"))
-    return explain_sglang(log, **kwargs)
-
-
 # ---- pure figures ----------------------------------------------------------------------------------
 def explanation_waterfall(exp) -> go.Figure:
     """The explained engine's own arithmetic: SGLang's readings to the pool budget, or vLLM's printed terms."""
@@ -65,7 +52,7 @@ def explanation_waterfall(exp) -> go.Figure:
     colour = ENGINE_COLOURS[exp.engine]
     if exp.engine == "sglang":
         # readings to the pool budget: the version's counted terms (sglang_versions) sit between them
-        shown = terms[:next(i for i, t in enumerate(terms) if t["name"] == "KV pool budget (rest)") + 1]
+        shown = terms[:next(i for i, t in enumerate(terms) if t["key"] == "pool_budget") + 1]
         measure = ["absolute"] + ["relative"] * (len(shown) - 2) + ["total"]
         fig = go.Figure(go.Waterfall(
             x=[t["name"] for t in shown], y=[t["gib"] for t in shown], measure=measure,

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from kvlab.serving.examples import EXAMPLES, LOG_DIR
+from kvlab.serving.explain import explain_text
 from kvlab.serving.whatif import apply_what_ifs
-from kvlab.viz.server_panel import PASTED, ServerPanel, explain_text
+from kvlab.viz.server_panel import PASTED, ServerPanel
 
 
 @pytest.fixture(scope="module")
@@ -127,3 +128,22 @@ def test_pasted_kv_only_config_explains_and_names_what_it_lacks(panel):
     assert "weights_unchecked" in panel.findings.value and "&#x27;vocab_size&#x27;" in panel.findings.value
     assert panel.comparison is None and "'vocab_size'" in panel.engines.figure.layout.title.text
     assert list(panel.what_ifs.data[0].x) == ["as explained"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name)
+def test_waterfall_terms_have_stable_keys(example):
+    """Every term carries a key that code finds it by (the label is only shown): SGLang's waterfall stops at the
+    term keyed pool_budget, whatever its label says."""
+    from kvlab.viz.server_panel import explanation_waterfall
+
+    exp = explain_text((LOG_DIR / example.filename).read_text(), example.name, model_config=example.model_config(),
+                       gpu=example.gpu)
+    keys = [t["key"] for t in exp.terms()]
+    assert len(keys) == len(set(keys))
+    if example.engine == "vllm":
+        assert keys == ["weights", "available", "kv_pool"]
+        return
+    assert keys[0] == "free_before_load" and keys[-4:] == ["kept_out", "pool_budget", "kv_pool", "rounding"]
+    budget = next(t for t in exp.terms() if t["key"] == "pool_budget")
+    bars = explanation_waterfall(exp).data[0]
+    assert bars.x[-1] == budget["name"] and bars.y[-1] == budget["gib"]
