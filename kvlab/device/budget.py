@@ -77,6 +77,23 @@ class KVBudget:
         ]
 
 
+def pool_rest_gib(pre_model_load_gib: float, available_gib: float, mem_fraction_static: float) -> float:
+    """SGLang's ``rest = available − pre_model_load × (1 − mem_fraction_static)``, in GiB floats as upstream
+    computes it (kvlab.serving applies it to a log's printed readings)."""
+    return available_gib - pre_model_load_gib * (1 - mem_fraction_static)
+
+
+def pool_tokens(rest_gib: float, cell_size_bytes: int, page_size: int = 1, max_total_tokens: int | None = None) -> int:
+    """The pool's tokens for ``rest_gib``: ``int(rest × 2^30) // cell``, capped at ``--max-total-tokens``, floored to
+    the page; 0 where the rest is not positive (SGLang refuses to start)."""
+    if rest_gib <= 0:
+        return 0
+    tokens = int(rest_gib * GiB) // cell_size_bytes
+    if max_total_tokens is not None:
+        tokens = min(tokens, max_total_tokens)
+    return tokens // page_size * page_size
+
+
 def kv_budget(
     *,
     pre_model_load_bytes: int,
@@ -101,7 +118,7 @@ def kv_budget(
     pre_gb = pre_model_load_bytes / GiB
     available_gb = available_bytes / GiB
     slack_gb = pre_gb * (1 - mem_fraction_static)
-    rest_gb = available_gb - slack_gb
+    rest_gb = pool_rest_gib(pre_gb, available_gb, mem_fraction_static)
     if rest_gb <= 0:
         minimum = 1 - available_gb / pre_gb
         suggested = math.ceil(minimum * 1000) / 1000
@@ -112,9 +129,7 @@ def kv_budget(
             f"decoding, draft weights are now counted."
         )
     rest_bytes = int(rest_gb * GiB)
-    tokens = rest_bytes // cell_size_bytes // page_size * page_size
-    if max_total_tokens is not None:
-        tokens = min(tokens, max_total_tokens) // page_size * page_size
+    tokens = pool_tokens(rest_gb, cell_size_bytes, page_size, max_total_tokens)
     if tokens <= 0:
         raise NoKVMemoryError("Not enough memory. Please try to increase --mem-fraction-static.")
     return KVBudget(

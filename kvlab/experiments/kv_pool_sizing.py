@@ -23,7 +23,8 @@ from kvlab.device import get_devices
 from kvlab.device.base import Device
 from kvlab.device.budget import KVBudget, NoKVMemoryError, check_fraction, kv_budget
 from kvlab.device.measure import MemoryReading, automatic_gc_paused, get_available_gpu_memory
-from kvlab.model.config import ModelConfig, get_model_config
+from kvlab.model.config import ModelConfig
+from kvlab.model.hf_config import get_model_config
 from kvlab.model.loader import LoadedWeights, load_weights
 from kvlab.paths import data_dir
 from kvlab.units import GiB, MiB

@@ -1,7 +1,8 @@
 """What is loaded: model configs (KV bytes per token), checkpoints, and the weight loader."""
 
 from kvlab.model.checkpoint import CheckpointError, MetaCheckpoint, SafetensorsCheckpoint, write_checkpoint
-from kvlab.model.config import MODEL_PRESETS, ModelConfig, WeightSpec, get_model_config
+from kvlab.model.config import ModelConfig, WeightSpec
+from kvlab.model.hf_config import MODEL_PRESETS, get_model_config
 from kvlab.model.loader import LoadedWeights, WeightLoader, load_weights
 
 __all__ = [

@@ -1,10 +1,15 @@
-"""ModelConfig (read from a Hugging Face config.json, see kvlab.model.hf_config) and the KV bytes one
-token costs on one tensor-parallel rank. The presets are config.json files in kvlab/model/presets/.
+"""ModelConfig (read from a Hugging Face config.json by kvlab.model.hf_config, which also holds the presets:
+config.json files in kvlab/model/presets/) and the KV bytes one token costs on one tensor-parallel rank.
 
 Cell size mirrors SGLang's ``model_executor/pool_configurator.py::_compute_cell_size``:
 - MHA/GQA: ``max(1, kv_heads // tp) × (head_dim + v_head_dim) × layers × kv_dtype_bytes``;
 - MLA: ``(kv_lora_rank + qk_rope_head_dim) × layers × kv_dtype_bytes`` (one latent head, no TP split);
 - an EAGLE draft shares token slots with the target: ``cell += int(cell × draft_layers / layers)``.
+
+Only the KV geometry is required (layers, KV heads and head_dim, or MLA's ranks; the dtype): a config.json that
+lacks a field the cell size does not need (``vocab_size``, ``max_position_embeddings``, ...) reads with that
+field ``None`` and named in ``missing``; what needs it (the weights, the context length) says so
+(:meth:`ModelConfig.require`).
 
 ``weight_specs`` lists the *runtime* parameters (SGLang's fused names: ``qkv_proj``, ``gate_up_proj``,
 MoE ``w13``/``w2``) with each rank's shard shape, so a loader can allocate them on a device.
@@ -17,10 +22,21 @@ from dataclasses import dataclass
 
 import torch
 
+from kvlab.errors import KvlabError
+
 DTYPES = {
     "bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32, "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2,
 }
+
+
+# config.json fields the weights need beyond the KV geometry (vLLM's activation estimate needs them too)
+WEIGHT_FIELDS = ("hidden_size", "num_attention_heads", "intermediate_size", "moe_intermediate_size", "vocab_size",
+                 "qk_nope_head_dim")
+
+
+class ConfigError(KvlabError, ValueError):
+    """A model config kvlab cannot use; the message names the file and the field."""
 
 
 @dataclass(frozen=True)
@@ -52,13 +68,13 @@ class WeightSpec:
 class ModelConfig:
     name: str
     num_layers: int
-    hidden_size: int
-    num_attention_heads: int
+    hidden_size: int | None  # None: the config.json lacks it (named in ``missing``)
+    num_attention_heads: int | None
     num_kv_heads: int
     head_dim: int
-    intermediate_size: int
-    vocab_size: int
-    context_len: int = 8192
+    intermediate_size: int | None
+    vocab_size: int | None
+    context_len: int | None = 8192  # max_position_embeddings; None where the config.json lacks it
     weight_dtype: str = "bfloat16"
     kv_dtype: str = "bfloat16"
     tie_word_embeddings: bool = False
@@ -82,6 +98,7 @@ class ModelConfig:
     description: str = ""
     source: str = ""  # the config.json it was read from
     notes: tuple[str, ...] = ()  # what the reader assumed or left out, in words
+    missing: tuple[str, ...] = ()  # config.json fields absent from the file (none that the KV cell size needs)
 
     def __post_init__(self) -> None:
         if self.attention not in ("mha", "mla"):
@@ -92,6 +109,18 @@ class ModelConfig:
 
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
+
+    def lacks(self, fields=WEIGHT_FIELDS) -> tuple[str, ...]:
+        """The config.json fields among ``fields`` that this config's file does not have."""
+        return tuple(f for f in fields if f in self.missing)
+
+    def require(self, needed_for: str, fields=WEIGHT_FIELDS) -> None:
+        """Raise :class:`ConfigError` naming the file, the fields it lacks and what needs them."""
+        absent = self.lacks(fields)
+        if absent:
+            names = ", ".join(f"'{f}'" for f in absent)
+            raise ConfigError(f"{self.source or self.name}: no field {names}: {needed_for} needs "
+                              f"{'it' if len(absent) == 1 else 'them'} (the KV cell size does not)")
 
     @property
     def torch_weight_dtype(self) -> torch.dtype:
@@ -121,6 +150,7 @@ class ModelConfig:
         """Runtime parameters in load order, with SGLang's TP sharding."""
         if not isinstance(tp_size, int) or tp_size < 1:
             raise ValueError(f"tp_size must be a positive int, got {tp_size!r}")
+        self.require("the weights")
         dt = self.torch_weight_dtype
         norm_dt = torch.bfloat16 if dt == torch.float8_e4m3fn else dt
         h = self.hidden_size
@@ -205,21 +235,3 @@ class ModelConfig:
                             num_experts=0, first_k_dense_layers=0,
                             intermediate_size=self.intermediate_size or self.moe_intermediate_size,
                             description=f"EAGLE draft head ({num_layers} layer) for {self.name}")
-
-
-def _load_presets() -> dict[str, ModelConfig]:
-    """The presets kvlab ships: Hugging Face config.json files in kvlab/model/presets/, read by the same
-    code as a user's config (kvlab.model.hf_config)."""
-    from kvlab.model.hf_config import load_model_config, preset_names
-
-    return {name: load_model_config(name) for name in preset_names()}
-
-
-MODEL_PRESETS: dict[str, ModelConfig] = _load_presets()
-
-
-def get_model_config(name: str) -> ModelConfig:
-    try:
-        return MODEL_PRESETS[name]
-    except KeyError:
-        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(sorted(MODEL_PRESETS))}") from None

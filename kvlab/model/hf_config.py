@@ -16,7 +16,13 @@ What is read (the names Hugging Face's ``transformers`` configs use; aliases in 
   KV for the full context unless the model runs as hybrid-SWA, which kvlab does not model);
 - ``torch_dtype`` / ``dtype`` and ``quantization_config.quant_method`` for the weights.
 
-Every missing or malformed field raises :class:`ConfigError` naming the file and the field.
+Only the KV geometry is required: ``num_hidden_layers``; for MHA/GQA ``num_key_value_heads`` (or
+``num_attention_heads``) and ``head_dim`` (or ``hidden_size`` and ``num_attention_heads``); for MLA
+``kv_lora_rank`` and ``qk_rope_head_dim``; the dtype (``torch_dtype``, bfloat16 where absent, noted). A field
+only the weights or the context length use (``hidden_size``, ``num_attention_heads``, ``intermediate_size``,
+``vocab_size``, ``max_position_embeddings``, MLA's ``qk_nope_head_dim``) may be absent: the ModelConfig holds
+``None`` and names it in ``missing``. Every missing KV field, and every malformed field, raises
+:class:`ConfigError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from kvlab.errors import KvlabError
+from kvlab.model.config import ConfigError, ModelConfig
 
 PRESET_DIR = Path(__file__).resolve().parent / "presets"
 
@@ -45,10 +51,6 @@ _ALIASES = {
                                 "max_seq_len"),
     "num_experts": ("n_routed_experts", "num_experts", "num_local_experts"),
 }
-
-
-class ConfigError(KvlabError, ValueError):
-    """A model config kvlab cannot use; the message names the file and the field."""
 
 
 def preset_names() -> list[str]:
@@ -85,7 +87,7 @@ def read_config_json(path: Path) -> dict:
     return data
 
 
-def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name: str | None = None):
+def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name: str | None = None) -> ModelConfig:
     """Read a preset name, a config.json, or a folder holding one into a :class:`ModelConfig`."""
     path = resolve_config_path(source)
     data = read_config_json(path)
@@ -110,6 +112,14 @@ class _Fields:
                 return alias, self.data[alias]
         return key, None
 
+    def optional(self, key: str, missing: list[str], minimum: int = 1) -> int | None:
+        """A positive integer field the KV cell size does not need: ``None`` (and ``key`` added to
+        ``missing``) where the file lacks it; an error where it is there but malformed."""
+        if not self.has(key):
+            missing.append(key)
+            return None
+        return self.int(key, minimum=minimum)
+
     def int(self, key: str, *, default: int | None = None, minimum: int = 1, why: str = "") -> int:
         alias, value = self.raw(key)
         if value is None:
@@ -124,7 +134,10 @@ class _Fields:
 
 
 def _weight_dtype(data: dict, f: _Fields, notes: list[str]) -> str:
-    raw = data.get("torch_dtype") or data.get("dtype") or "bfloat16"
+    raw = data.get("torch_dtype") or data.get("dtype")
+    if raw is None:
+        notes.append("no torch_dtype: the weights (and KV dtype auto) taken as bfloat16")
+        raw = "bfloat16"
     dtype = _TORCH_DTYPES.get(str(raw).removeprefix("torch."))
     if dtype is None:
         raise ConfigError(f"{f.origin}: field 'torch_dtype' must be one of {sorted(_TORCH_DTYPES)}, got {raw!r}")
@@ -152,9 +165,7 @@ def _kv_dtype(kv_cache_dtype: str, weight_dtype: str, origin: str, notes: list[s
     return name
 
 
-def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str = "auto"):
-    from kvlab.model.config import ModelConfig
-
+def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str = "auto") -> ModelConfig:
     notes: list[str] = []
     meta = data.get("kvlab") if isinstance(data.get("kvlab"), dict) else {}
     prefix = ""
@@ -166,15 +177,16 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
             text.setdefault(key, data.get(key))
         data, prefix = text, "text_config."
     f = _Fields(data, origin, prefix)
+    missing: list[str] = []
     layers = f.int("num_hidden_layers", why="needed for the KV cell size")
-    hidden = f.int("hidden_size", why="needed for head_dim and the weights")
-    heads = f.int("num_attention_heads", why="needed for the attention shape")
+    hidden = f.optional("hidden_size", missing)
+    heads = f.optional("num_attention_heads", missing)
     mla = data.get("kv_lora_rank") is not None
     if mla:
-        kv_heads = heads
+        kv_heads = heads or 1  # one latent per token and layer: MLA's cell does not count heads
         kv_lora_rank = f.int("kv_lora_rank", why="MLA latent size")
         qk_rope = f.int("qk_rope_head_dim", why="MLA caches kv_lora_rank + qk_rope_head_dim per token and layer")
-        qk_nope = f.int("qk_nope_head_dim", default=0, minimum=0)
+        qk_nope = f.optional("qk_nope_head_dim", missing) or 0
         v_head_dim = f.int("v_head_dim", default=qk_nope, minimum=0)
         head_dim = qk_nope + qk_rope
         notes.append(f"MLA: one latent of {kv_lora_rank} + {qk_rope} per token and layer, not split by TP")
@@ -185,28 +197,41 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
         elif data.get("multi_query") is True:
             kv_heads = 1
             notes.append("multi_query: one KV head")
-        else:
+        elif heads is not None:
             kv_heads = heads
             notes.append("no num_key_value_heads: MHA, as transformers assumes (KV heads = attention heads)")
-        if kv_heads > heads or heads % kv_heads:
+        else:
+            raise ConfigError(f"{origin}: field '{prefix}num_key_value_heads' is missing, and so is "
+                              f"'{prefix}num_attention_heads' (MHA takes one from the other): needed for the KV "
+                              f"cell size")
+        if heads is not None and (kv_heads > heads or heads % kv_heads):
             raise ConfigError(f"{origin}: field '{prefix}num_key_value_heads' = {kv_heads} must divide "
                               f"num_attention_heads = {heads}")
         if data.get("head_dim") is not None:
             head_dim = f.int("head_dim")
+        elif hidden is None or heads is None:
+            lacking = " and ".join(f"'{prefix}{k}'" for k, v in (("hidden_size", hidden),
+                                                                  ("num_attention_heads", heads)) if v is None)
+            raise ConfigError(f"{origin}: field '{prefix}head_dim' is missing, and so is {lacking} to derive it "
+                              f"from (head_dim = hidden_size / num_attention_heads): needed for the KV cell size")
         else:
             if hidden % heads:
                 raise ConfigError(f"{origin}: no field '{prefix}head_dim', and hidden_size {hidden} is not a "
                                   f"multiple of num_attention_heads {heads}")
             head_dim = hidden // heads
         v_head_dim = 0
-    context = f.int("max_position_embeddings", why="the model's context length")
-    vocab = f.int("vocab_size", why="needed for the embedding weights")
+    context = f.optional("max_position_embeddings", missing)
+    vocab = f.optional("vocab_size", missing)
     experts = f.int("num_experts", default=0, minimum=0)
     moe_inter = f.int("moe_intermediate_size", default=0, minimum=0)
+    inter = f.optional("intermediate_size", missing, minimum=0)
     if experts and not moe_inter:  # Mixtral: intermediate_size is each expert's
-        moe_inter = f.int("intermediate_size", why="each expert's MLP width")
-    inter = f.int("intermediate_size", default=0 if experts else None, minimum=0,
-                  why="the dense MLP width")
+        moe_inter = inter or 0
+        if inter is None:
+            missing.append("moe_intermediate_size")
+    if experts and inter is None and not f.int("first_k_dense_replace", default=0, minimum=0):
+        missing.remove("intermediate_size")  # every layer is MoE: no dense MLP width to know
+        inter = 0
     shared = f.int("n_shared_experts", default=0, minimum=0)
     if not shared and data.get("shared_expert_intermediate_size") and moe_inter:
         shared = max(1, round(data["shared_expert_intermediate_size"] / moe_inter))
@@ -234,5 +259,16 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
         moe_intermediate_size=moe_inter, num_shared_experts=shared,
         first_k_dense_layers=f.int("first_k_dense_replace", default=0, minimum=0),
         sliding_window=window if isinstance(window, int) and window > 0 else 0,
-        description=str(meta.get("description", arch)), source=origin, notes=tuple(notes),
+        description=str(meta.get("description", arch)), source=origin, notes=tuple(notes), missing=tuple(missing),
     )
+
+
+MODEL_PRESETS: dict[str, ModelConfig] = {name: load_model_config(name) for name in preset_names()}
+
+
+def get_model_config(name: str) -> ModelConfig:
+    """A preset kvlab ships, by name (``kvlab/model/presets/<name>.json``, read as a user's config is)."""
+    try:
+        return MODEL_PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown model preset {name!r}; choose one of: {', '.join(sorted(MODEL_PRESETS))}") from None

@@ -36,6 +36,7 @@ from kvlab.serving.vllm_budget import (
     vllm_budget,
     vllm_rule,
 )
+from kvlab.serving.vllm_log import parse_vllm_log
 from kvlab.units import GiB
 
 # torch's total where the preset's capacity is nvidia-smi's (torch reports less)
@@ -80,6 +81,7 @@ def estimate_inputs(config: ModelConfig, device: DeviceSpec, tp_size: int, *, ma
                     max_num_seqs: int | None = None) -> MemoryInputs:
     """Every term from the config and the GPU preset (assumptions marked as such); vLLM's batch defaults for the
     card where not given."""
+    config.require("the engine comparison (the weights per rank and vLLM's activation peak, from the model's shape)")
     tokens, seqs = vllm_default_batch(device)
     act = estimate_activation_peak(config, tp_size, max_num_batched_tokens or tokens, max_num_seqs or seqs)
     nccl = 0.5 if tp_size > 1 else 0.0
@@ -262,8 +264,6 @@ def _from_vllm(mem: MemoryInputs, exp, log, util, version) -> tuple[MemoryInputs
     "Available KV cache memory" (``util × total − weights − non-torch [− CUDA graphs] − available`` before 0.34.0;
     0.34.0's ``min(...)`` with its margin solved for the peak). The profile's peak and non-torch growth cannot be
     told apart from the printed lines: kvlab keeps its non-torch assumption and gives the rest to the peak."""
-    from kvlab.serving.vllm_log import parse_vllm_log
-
     if log is None:
         from pathlib import Path
 

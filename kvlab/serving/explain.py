@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvlab.device.spec import DEVICE_PRESETS, DeviceSpec, find_device_spec
 from kvlab.model.config import ModelConfig
+from kvlab.serving.cell import config_cell
+from kvlab.serving.findings import sglang_findings
+from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
+    ROPE_RESERVE_SINCE,
     at_least,
     cell_rule,
     default_mem_fraction,
@@ -24,6 +27,9 @@ from kvlab.serving.sglang_versions import (
     parse_version,
     rope_reserve_for_config,
 )
+from kvlab.serving.vllm_explain import explain_vllm
+from kvlab.serving.vllm_log import looks_like_vllm, parse_vllm_log
+from kvlab.serving.whatif import apply_what_ifs
 from kvlab.units import GiB
 
 TORCH_DTYPE_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.half": 2, "torch.float32": 4,
@@ -31,19 +37,6 @@ TORCH_DTYPE_BYTES = {"torch.bfloat16": 2, "torch.float16": 2, "torch.half": 2, "
                      "torch.float8_e5m2fnuz": 1, "torch.uint8": 1}
 OPTION_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8_e4m3": 1, "fp8_e5m2": 1, "fp8": 1,
                       "float32": 4}
-
-
-def resolve_gpu(name: str | None, log_gpu_name: str | None) -> tuple[DeviceSpec | None, str | None]:
-    if name:
-        spec = DEVICE_PRESETS.get(name) or find_device_spec(name)
-        if spec is None:
-            raise LogError(f"--gpu {name!r}: not a kvlab GPU preset or a known product name; presets: "
-                           f"{', '.join(sorted(DEVICE_PRESETS))}")
-        return spec, f"--gpu {name}"
-    if log_gpu_name:
-        spec = find_device_spec(log_gpu_name)
-        return spec, (f"log: {log_gpu_name!r}" if spec else None)
-    return None, None
 
 
 def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None, str, str | None]:
@@ -129,22 +122,6 @@ def _kv_bytes(log: SGLangStartup, config: ModelConfig | None, rule, override: st
     return None, "unknown"
 
 
-def config_cell(config: ModelConfig, rule, attn_tp: int, dtype_bytes: int, mla_on: bool, where: str) -> int:
-    """SGLang's cell size for ``config`` under a version's rule (kvlab.serving.sglang_versions.cell_rule)."""
-    if config.attention == "mla":
-        if not mla_on:
-            raise LogError(f"{where}: sglang {rule.read} sizes this MLA model without MLA (MLA off: "
-                           f"{'no MLA support' if rule.mla == 'no' else 'needs --enable-mla'}); kvlab does not "
-                           f"model that cell size")
-        return (config.kv_lora_rank + config.qk_rope_head_dim) * config.num_layers * dtype_bytes
-    heads = config.num_kv_heads // attn_tp if rule.kv_heads == "floor" else max(1, config.num_kv_heads // attn_tp)
-    if heads == 0:
-        raise LogError(f"{where}: sglang {rule.read} gives each of {attn_tp} ranks {config.num_kv_heads} // "
-                       f"{attn_tp} = 0 KV heads (it crashed on such a setup)")
-    v_dim = config.v_head_dim or config.head_dim
-    return heads * (config.head_dim + v_dim) * config.num_layers * dtype_bytes
-
-
 def _logged_cell(log: SGLangStartup, rank: RankReadings, page: int) -> tuple[int, int, int, str] | None:
     for r in [rank, *log.ranks.values()]:
         total = (r.k_gib + r.v_gib) if r.k_gib is not None else r.kv_gib
@@ -160,9 +137,6 @@ def _logged_cell(log: SGLangStartup, rank: RankReadings, page: int) -> tuple[int
 def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = None, mem_fraction_static=None,
                    gpu: str | None = None, sglang_version: str | None = None, kv_cache_dtype: str | None = None,
                    what_if=()) -> Explanation:
-    from kvlab.serving.findings import sglang_findings
-    from kvlab.serving.whatif import apply_what_ifs
-
     with_readings = [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None]
     _require_readings(log, with_readings)
     version, version_source, rules = _assumed_version(log, sglang_version)
@@ -196,7 +170,7 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
             raise LogError(f"{log.path}: no cell size: the log prints no 'KV Cache is allocated' sizes and no "
                            f"config was given: pass --model-config CONFIG (a config.json, its folder, or a preset)")
         cell, cell_lo, cell_hi, cell_source = logged
-    post_load = _post_load_terms(log, model_config, version or rules)
+    post_load, uncounted = _post_load_terms(log, model_config, version or rules)
     pre_load = _pre_load_terms(log, version or rules, tp)
     used_before = before + sum(t["bytes"] for t in pre_load) / GiB
     used_after = after - sum(t["bytes"] for t in post_load) / GiB
@@ -218,8 +192,9 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                                                                        else None),
         page_size=page, model_config=model_config, device=device, fraction_from_default=from_default,
         kv_dtype_bytes=dtype_bytes, weights_gib=low_rank.before_gib - low_rank.after_gib,
-        extra={"pre_load_terms": pre_load, "post_load_terms": post_load, "dp_size": dp, "attention_tp_size": attn_tp, "max_total_tokens_cap": cap, "rocm": log.rocm,
-               **flags},
+        extra={"pre_load_terms": pre_load, "post_load_terms": post_load, "dp_size": dp, "attention_tp_size": attn_tp,
+               "max_total_tokens_cap": cap, "rocm": log.rocm, **flags,
+               **({"uncounted_terms": uncounted} if uncounted else {})},
     )
     exp.findings = sglang_findings(exp, log)
     exp.what_if = apply_what_ifs(exp, what_if)
@@ -233,27 +208,42 @@ def _pre_load_terms(log: SGLangStartup, version: str | None, tp: int) -> list[di
     size = expert_map_segment_bytes(version, tp * pp)
     if not size:
         return []
-    return [{"name": "expert-location map (after the reading)", "bytes": size,
+    return [{"key": "expert_location_map", "name": "expert-location map (after the reading)", "bytes": size,
              "how": f"compute_initial_expert_location_metadata (sglang 0.4.7.post1/0.4.9 expert_location.py) puts "
                     f"the process's first CUDA tensors on the GPU after init_torch_distributed's reading: one 2 MiB "
                     f"allocator segment = {size:,} B (its lazily loaded kernels are not counted)"}]
 
 
-def _post_load_terms(log: SGLangStartup, config: ModelConfig | None, version: str | None) -> list[dict]:
+def _post_load_terms(log: SGLangStartup, config: ModelConfig | None,
+                     version: str | None) -> tuple[list[dict], list[dict]]:
     """GPU memory the version allocates after "Load weight end" and before the reading it sizes the pool with,
-    where the source gives its size (sglang_versions.reading_gaps lists the steps that have none)."""
-    if config is None:
-        return []
-    context = _tokens_field_int(log, "context_len") or _setting_int(log, "context_length", None) or config.context_len
+    where the source gives its size (sglang_versions.reading_gaps lists the steps that have none); and, where
+    the config lacks a field a term needs, what is not counted ({name, missing_fields, message})."""
+    if config is None or config.attention != "mha" or not at_least(version, ROPE_RESERVE_SINCE):
+        return [], []
+    logged_context = _tokens_field_int(log, "context_len")
+    context = logged_context or _setting_int(log, "context_length", None) or config.context_len
+    rows, rows_from = config.context_len, "max_position_embeddings"
+    if rows is None:
+        if logged_context is None or _setting_int(log, "context_length", None) is not None:
+            message = (f"the config has no 'max_position_embeddings': sglang {version} grows the RoPE cos/sin cache "
+                       f"from that many rows to align128(context + 256) rows × {config.head_dim} × 4 B after 'Load "
+                       f"weight end' (reserve_rope_cache_for_long_sequences); that term is not counted, so the pool "
+                       f"may be a few tokens smaller than shown")
+            return [], [{"key": "rope_cache", "name": "RoPE cache expansion before profiling", "missing_fields": ["max_position_embeddings"],
+                         "message": message}]
+        # SGLang derives context_len from max_position_embeddings where --context-length is not set
+        rows, rows_from = logged_context, ("the log's context_len (SGLang's own reading of max_position_embeddings, "
+                                           "which the config lacks; --context-length not set)")
     steps = _setting_int(log, "speculative_num_steps", 0)
     draft = _setting_int(log, "speculative_num_draft_tokens", 0)
-    size = rope_reserve_for_config(version, config, context, steps, draft)
+    size = rope_reserve_for_config(version, config, context, steps, draft, cache_rows=rows)
     if not size:
-        return []
-    return [{"name": "RoPE cache expansion before profiling", "bytes": size,
+        return [], []
+    return [{"key": "rope_cache", "name": "RoPE cache expansion before profiling", "bytes": size,
              "how": f"reserve_rope_cache_for_long_sequences (sglang utils/common.py): cos/sin cache grown from "
-                    f"{config.context_len:,} rows to align128(context {context:,} + 256) rows × rotary dim "
-                    f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}]
+                    f"{rows:,} rows ({rows_from}) to align128(context {context:,} + 256) rows × rotary dim "
+                    f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}], []
 
 
 def _require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:
@@ -281,18 +271,24 @@ def _rank_json(r: RankReadings) -> dict:
             "kv_tokens": r.kv_tokens, "lines": r.lines}
 
 
+def explain_text(text: str, name: str, *, model_config: ModelConfig | None = None, mem_fraction_static=None,
+                 gpu=None, sglang_version=None, kv_cache_dtype=None, what_if=()) -> Explanation:
+    """Explain a start-up log's ``text`` (SGLang or vLLM, told apart by their messages), called ``name`` in every
+    message: a pasted log as well as a file."""
+    log = parse_sglang_log(text, name)
+    if not log.ranks and looks_like_vllm(text):
+        return explain_vllm(parse_vllm_log(text, name), model_config=model_config, gpu=gpu, what_if=what_if)
+    return explain_sglang(log, model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
+                          sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)
+
+
 def explain_log(path, *, model_config: ModelConfig | None = None, mem_fraction_static=None, gpu=None,
                 sglang_version=None, kv_cache_dtype=None, what_if=()) -> Explanation:
     """Explain the start-up log at ``path`` (SGLang or vLLM, told apart by their messages)."""
-    from kvlab.serving.vllm_log import explain_vllm, looks_like_vllm, parse_vllm_log
-
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8", errors="replace")
     except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         raise LogError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
-    log = parse_sglang_log(text, str(path))
-    if not log.ranks and looks_like_vllm(text):
-        return explain_vllm(parse_vllm_log(text, str(path)), model_config=model_config, gpu=gpu, what_if=what_if)
-    return explain_sglang(log, model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
-                          sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)
+    return explain_text(text, str(path), model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
+                        sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)

@@ -8,6 +8,8 @@
 - ``outside_interval``: the logged pool is outside what the printed readings allow;
 - ``cell_mismatch``: the config's cell size disagrees with the log's own K/V sizes;
 - ``shared_gpu``: much of the card was in use before loading (another process);
+- ``weights_unchecked``, ``context_unchecked``, ``term_not_counted``: the config lacks a field a check needs
+  (the KV cell size needs none of them): which field, and what the check would have shown;
 - notes on the version, the rank-zero log filter, speculative decoding and the config.
 """
 
@@ -51,6 +53,9 @@ def sglang_findings(exp, log: SGLangStartup) -> list[dict]:
     _interval(exp, out)
     _cell_check(exp, log, out)
     _shared(exp, out)
+    for term in exp.extra.get("uncounted_terms") or ():
+        out.append(_f("term_not_counted", "info", term["message"], term=term["name"],
+                      missing_fields=term["missing_fields"]))
     if version and parse_version("0.4.7.post1") <= parse_version(version) < parse_version("0.5.4"):
         out.append(_f("rank_zero_log", "info", "this version logs the model runner's lines (readings, memory pool) "
                       "from TP rank 0 only; SGLang used the minimum over all ranks, which may be lower"))
@@ -72,6 +77,15 @@ def _weights(exp, out: list) -> None:
     config = exp.model_config
     if config is None or exp.weights_gib is None:
         return
+    absent = config.lacks()
+    if absent:
+        out.append(_f("weights_unchecked", "info", f"the config has no {_names(absent)}: kvlab cannot estimate the "
+                      f"weights per rank, so it cannot tell whether the {exp.weights_gib:.2f} GiB loading took is "
+                      f"the weights or holds more (memory still in use when SGLang read free memory after loading: "
+                      f"the finding-1 signature, resident_after_load, with the tokens it cost); a TP what-if and the "
+                      "engine comparison need them too",
+                      missing_fields=list(absent)))
+        return
     expected = config.weight_bytes_per_rank(exp.tp_size) / GiB
     extra = exp.weights_gib - expected
     if extra > max(0.5, 0.05 * expected):
@@ -90,8 +104,19 @@ def _weights(exp, out: list) -> None:
                       f"checkpoint, or a config that does not match the served model"))
 
 
+def _names(fields) -> str:
+    return ", ".join(f"'{f}'" for f in fields)
+
+
 def _context(exp, out: list) -> None:
     pool = exp.max_total_num_tokens_logged or exp.max_total_num_tokens_computed
+    if exp.context_len is None and exp.model_config is not None and exp.model_config.lacks(
+            ("max_position_embeddings",)):
+        out.append(_f("context_unchecked", "info", f"no context length: the log prints no context_len and the config "
+                      f"has no 'max_position_embeddings': kvlab cannot say whether the {pool:,}-token pool is "
+                      f"smaller than the context (then prompts that long are refused: pool_below_context)",
+                      missing_fields=["max_position_embeddings"]))
+        return
     if not exp.context_len or not pool or pool >= exp.context_len:
         return
     p = exp.pool

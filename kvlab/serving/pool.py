@@ -2,7 +2,8 @@
 
 ``sglang_tokens`` is ``profile_max_num_token`` as every version read computes it (GiB floats, both readings
 the minimum over ranks): ``rest = after − before × (1 − f)``; ``tokens = int(rest × 2^30) // cell``; then
-the ``--max-total-tokens`` cap and the page floor. A printed "21.52 GB" is any free memory in
+the ``--max-total-tokens`` cap and the page floor — the one formula of :mod:`kvlab.device.budget`
+(``pool_rest_gib``, ``pool_tokens``), applied to the printed readings. A printed "21.52 GB" is any free memory in
 [21.515, 21.525) GiB, so the pool the log allows is a range: the lowest takes the smallest ``after``, the
 largest ``before`` and the largest cell, the highest the opposite.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kvlab.device.budget import pool_rest_gib, pool_tokens
 from kvlab.units import GiB
 
 HALF_STEP = 0.005  # half the last printed digit of "%.2f GB"
@@ -32,7 +34,7 @@ class Pool:
 
     @property
     def rest_gib(self) -> float:
-        return self.after_gib - self.slack_gib
+        return pool_rest_gib(self.before_gib, self.after_gib, self.mem_fraction_static)
 
     @property
     def tokens(self) -> int:
@@ -52,16 +54,11 @@ class Pool:
 
 def sglang_tokens(before_gib: float, after_gib: float, fraction: float, cell_size_bytes: int, page_size: int = 1,
                   max_total_tokens: int | None = None) -> int:
-    """The pool size SGLang computes; 0 where it would refuse to start (rest ≤ 0)."""
+    """The pool size SGLang computes (kvlab.device.budget's arithmetic on the printed GiB readings); 0 where it
+    would refuse to start (rest ≤ 0)."""
     if cell_size_bytes <= 0:
         raise ValueError(f"cell size must be positive, got {cell_size_bytes}")
-    rest = after_gib - before_gib * (1 - fraction)
-    if rest <= 0:
-        return 0
-    tokens = int(rest * GiB) // cell_size_bytes
-    if max_total_tokens is not None:
-        tokens = min(tokens, max_total_tokens)
-    return tokens // page_size * page_size
+    return pool_tokens(pool_rest_gib(before_gib, after_gib, fraction), cell_size_bytes, page_size, max_total_tokens)
 
 
 def sglang_tokens_range(before_gib: float, after_gib: float, fraction: float, cell_lo: int, cell_hi: int,

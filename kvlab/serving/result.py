@@ -53,6 +53,9 @@ class Explanation:
         return lo <= self.max_total_num_tokens_logged <= hi
 
     def terms(self) -> list[dict]:
+        """The waterfall, one {key, name, gib, how} per term: ``key`` is stable (code finds a term by it),
+        ``name`` is the label shown. SGLang: free_before_load, [expert_location_map], loaded, [rope_cache],
+        kept_out, pool_budget, kv_pool, rounding; vLLM: weights, available, kv_pool."""
         if self.pool is None:
             return self.extra.get("terms", [])
         p = self.pool
@@ -62,18 +65,21 @@ class Explanation:
         printed_before = p.before_gib - sum(t["bytes"] for t in pre) / GiB
         printed_after = p.after_gib + sum(t["bytes"] for t in post) / GiB
         rows = [
-            ("free before load", p.before_gib, "avail mem at 'Load weight begin' (min over ranks)" if not pre else
+            ("free_before_load", "free before load", p.before_gib,
+             "avail mem at 'Load weight begin' (min over ranks)" if not pre else
              "SGLang's own reading: 'Load weight begin' avail mem + what the next rows allocated after it"),
-            *((t["name"], -t["bytes"] / GiB, t["how"]) for t in pre),
-            ("weights and other memory loaded", printed_after - printed_before,
+            *((t["key"], t["name"], -t["bytes"] / GiB, t["how"]) for t in pre),
+            ("loaded", "weights and other memory loaded", printed_after - printed_before,
              "'Load weight end' − 'Load weight begin'"),
-            *((t["name"], -t["bytes"] / GiB, t["how"]) for t in post),
-            ("kept for activations and CUDA graphs", -p.slack_gib, f"before × (1 − {p.mem_fraction_static})"),
-            ("KV pool budget (rest)", p.rest_gib, "what is left for the pool"),
-            ("KV pool", pool_gib, f"{self.max_total_num_tokens_computed:,} tokens × {p.cell_size_bytes:,} B"),
-            ("left by page and cell rounding", max(p.rest_gib, 0) - pool_gib, "rest − pool"),
+            *((t["key"], t["name"], -t["bytes"] / GiB, t["how"]) for t in post),
+            ("kept_out", "kept for activations and CUDA graphs", -p.slack_gib,
+             f"before × (1 − {p.mem_fraction_static})"),
+            ("pool_budget", "KV pool budget (rest)", p.rest_gib, "what is left for the pool"),
+            ("kv_pool", "KV pool", pool_gib,
+             f"{self.max_total_num_tokens_computed:,} tokens × {p.cell_size_bytes:,} B"),
+            ("rounding", "left by page and cell rounding", max(p.rest_gib, 0) - pool_gib, "rest − pool"),
         ]
-        return [{"name": n, "gib": round(v, 4), "how": how} for n, v, how in rows]
+        return [{"key": k, "name": n, "gib": round(v, 4), "how": how} for k, n, v, how in rows]
 
     def to_json(self) -> dict:
         return {
@@ -88,6 +94,7 @@ class Explanation:
             "max_total_num_tokens_logged": self.max_total_num_tokens_logged,
             "max_total_num_tokens_computed": self.max_total_num_tokens_computed,
             "computed_range": list(self.computed_range), "consistent": self.consistent, "ranks": self.ranks,
+            "model_config_missing_fields": list(self.model_config.missing) if self.model_config else None,
             **self.extra_json(), "terms": self.terms(), "findings": self.findings, "what_if": self.what_if,
         }
 

@@ -220,6 +220,7 @@ def reading_gaps(version: str | None) -> ReadingGaps:
         before, (rope, no_alloc_after + ", configure_kv_cache_dtype", cublas))
 
 
+ROPE_RESERVE_SINCE = "0.5.8"  # the first read version that grows the RoPE cache after "Load weight end"
 ROPE_SAFETY_MARGIN = 256  # environ.py SGLANG_ROPE_CACHE_SAFETY_MARGIN (0.5.10.post1:438, 0.5.23)
 ROPE_CACHE_ALIGN = 128  # environ.py SGLANG_ROPE_CACHE_ALIGN (0.5.10.post1:439)
 ROPE_SPEC_SAFETY_FACTOR = 2  # environ.py SGLANG_SPEC_EXPANSION_SAFETY_FACTOR (0.5.10.post1:437)
@@ -236,7 +237,7 @@ def rope_reserve_bytes(version: str | None, cache_rows: int, context_len: int, r
     across layers, so it grows once. Read in 0.5.10.post1 and 0.5.23 (same margins, FP32 on CUDA); 0.5.8 calls
     it after "Load weight end" too; 0.5.4 has no such step.
     """
-    if not at_least(version, "0.5.8"):
+    if not at_least(version, ROPE_RESERVE_SINCE):
         return 0
     reserve = context_len + spec_steps * spec_draft_tokens * ROPE_SPEC_SAFETY_FACTOR + ROPE_SAFETY_MARGIN
     reserve = (reserve + ROPE_CACHE_ALIGN - 1) // ROPE_CACHE_ALIGN * ROPE_CACHE_ALIGN
@@ -248,14 +249,17 @@ def rope_reserve_bytes(version: str | None, cache_rows: int, context_len: int, r
 
 
 def rope_reserve_for_config(version: str | None, config, context_len: int | None = None, spec_steps: int = 0,
-                            spec_draft_tokens: int = 0) -> int:
+                            spec_draft_tokens: int = 0, cache_rows: int | None = None) -> int:
     """``rope_reserve_bytes`` for a kvlab ModelConfig: an MHA model's cache starts at its
-    max_position_embeddings (``context_len``) rows of ``head_dim`` (full rotary; a partial rotary factor
-    or RoPE scaling is not in the config); MLA models' RoPE classes are not counted (0)."""
+    max_position_embeddings (``context_len``; ``cache_rows`` where the config lacks it) rows of ``head_dim``
+    (full rotary; a partial rotary factor or RoPE scaling is not in the config); MLA models' RoPE classes are
+    not counted (0)."""
     if config is None or config.attention != "mha":
         return 0
-    return rope_reserve_bytes(version, config.context_len, context_len or config.context_len, config.head_dim,
-                              spec_steps, spec_draft_tokens)
+    rows = config.context_len if config.context_len is not None else cache_rows
+    if rows is None:
+        raise ValueError(f"{config.source or config.name}: the RoPE cache's rows need max_position_embeddings")
+    return rope_reserve_bytes(version, rows, context_len or rows, config.head_dim, spec_steps, spec_draft_tokens)
 
 
 SMALL_SEGMENT = 2 * 1024 * 1024  # torch c10/cuda/CUDACachingAllocator.cpp kSmallBuffer: allocations ≤ 1 MiB share 2 MiB

@@ -1,4 +1,5 @@
-"""Read a vLLM start-up log and recompute its KV pool from "Available KV cache memory".
+"""Read a vLLM start-up log (and write one, for the examples); :mod:`kvlab.serving.vllm_explain` recomputes its KV
+pool from "Available KV cache memory".
 
 Strings read from vLLM's wheels (``pip download --no-deps vllm==X``):
 
@@ -20,10 +21,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-
-from kvlab.serving.pool import HALF_STEP
-from kvlab.serving.sglang_log import LogError
-from kvlab.units import GiB
 
 _MARKERS = ("Model loading took", "Loading model weights took", "Available KV cache memory", "GPU KV cache size",
             "# GPU blocks:", "vLLM API server version", "Initializing a V1 LLM engine")
@@ -90,67 +87,6 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
             elif name == "block" and log.block_size is None:
                 log.block_size = int(m.group(1))
     return log
-
-
-def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
-    from kvlab.serving.explain import resolve_gpu
-    from kvlab.serving.result import Explanation
-
-    if what_if:
-        raise LogError(f"{log.path}: --what-if is implemented for SGLang logs only")
-    if not log.available_gib:
-        raise LogError(f"{log.path}: no 'Available KV cache memory: X GiB' line (vLLM V1 prints it at start-up; "
-                       f"a V0 log needs the 'Memory profiling' block): kvlab has no KV budget to recompute from")
-    logged = log.tokens if log.tokens is not None else None
-    block = log.block_size or 16
-    if logged is None and log.blocks is not None:
-        logged = log.blocks * block
-    avail = min(log.available_gib.values())
-    tp = log.tp_size or 1 + max(log.available_gib)
-    if model_config is not None:
-        heads = max(1, model_config.num_kv_heads // tp)
-        if model_config.attention == "mla":
-            cell = (model_config.kv_lora_rank + model_config.qk_rope_head_dim) * model_config.num_layers * \
-                model_config.kv_dtype_bytes
-        else:
-            cell = heads * (model_config.head_dim + (model_config.v_head_dim or model_config.head_dim)) * \
-                model_config.num_layers * model_config.kv_dtype_bytes
-        cell_lo = cell_hi = cell
-        source = f"config {model_config.source or model_config.name} at TP {tp}, {model_config.kv_dtype} KV"
-    elif logged:
-        cell = round(avail * GiB / logged)
-        cell_lo, cell_hi = int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
-        source = "from the log's available KV memory over its token count (no config given: only a consistency check)"
-    else:
-        raise LogError(f"{log.path}: no pool size in the log and no config: pass --model-config CONFIG")
-    tokens = int(avail * GiB // (block * cell)) * block
-    lo = int((avail - HALF_STEP) * GiB // (64 * cell_hi)) * 64 if log.block_size is None else \
-        int((avail - HALF_STEP) * GiB // (block * cell_hi)) * block
-    hi = int((avail + HALF_STEP) * GiB // cell_lo) if log.block_size is None else \
-        int((avail + HALF_STEP) * GiB // (block * cell_lo)) * block
-    device, gpu_source = resolve_gpu(gpu, None)
-    weights = min(log.weights_gib.values()) if log.weights_gib else None
-    terms = [{"name": "model weights (per worker)", "gib": weights, "how": "'Model loading took'"},
-             {"name": "available KV cache memory", "gib": avail, "how": "requested − non-KV memory (vLLM's profile)"},
-             {"name": "KV pool", "gib": round(tokens * cell / GiB, 4), "how": f"{tokens:,} tokens × {cell:,} B"}]
-    exp = Explanation(
-        log_path=log.path, engine="vllm", version=log.version, version_source="log" if log.version else "not printed",
-        rules_version=None, tp_size=tp, tp_size_source="log config" if log.tp_size else "workers printed",
-        mem_fraction_static=None, mem_fraction_static_source="n/a (vLLM uses gpu_memory_utilization)",
-        avail_before_load_gib=None, avail_after_load_gib=None, cell_size_bytes=cell, cell_size_source=source,
-        cell_range=(cell_lo, cell_hi), max_total_num_tokens_logged=logged, max_total_num_tokens_computed=tokens,
-        computed_range=(lo, hi), gpu=device.name if device else None, gpu_source=gpu_source,
-        model=model_config.name if model_config else None, context_len=log.max_model_len, page_size=block,
-        model_config=model_config, device=device,
-        extra={"gpu_memory_utilization": log.gpu_memory_utilization, "available_kv_cache_gib": avail,
-               "weights_gib": weights, "block_size": block,
-               "block_size_source": "log" if log.block_size else "assumed 16 (range allows 1-64)", "terms": terms},
-    )
-    if exp.consistent is False:
-        exp.findings.append({"id": "outside_interval", "severity": "warning", "message":
-                             f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory allows "
-                             f"with this cell size: the config, KV dtype or TP may not match the served model"})
-    return exp
 
 
 def render_vllm_log(version: str, *, weights_gib: float, available_gib, tokens: int, max_model_len: int,

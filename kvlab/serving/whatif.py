@@ -3,7 +3,8 @@
 ``mem_fraction_static=0.9``  the fraction (keeps the readings);
 ``kv_cache_dtype=fp8_e4m3``  the KV dtype (needs the config, or a known logged KV dtype to scale from);
 ``tp=8``                     per-rank KV heads change, and what loading took scales with the config's weights per
-                             rank (needs the config; the same GPU model on every rank);
+                             rank (needs the config, with the fields the weights need; the same GPU model on every
+                             rank);
 ``gpu=h200``                 another card: free-before-load moves by the difference in totals (needs the current
                              card from the log or --gpu); a default fraction is re-derived for the new card.
 """
@@ -12,6 +13,8 @@ from __future__ import annotations
 
 from kvlab.errors import KvlabError
 from kvlab.model.hf_config import KV_DTYPE_NAMES
+from kvlab.serving.cell import config_cell
+from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool
 from kvlab.serving.sglang_versions import cell_rule, default_mem_fraction
 from kvlab.units import GiB
@@ -75,8 +78,6 @@ def _one(exp, key: str, value: str, item: str) -> dict:
 
 
 def _tp(exp, item: str, value: str) -> tuple[Pool, str]:
-    from kvlab.serving.explain import config_cell
-
     config = exp.model_config
     if config is None:
         raise WhatIfError(f"--what-if {item!r}: needs --model-config (weights and KV heads per rank come from it)")
@@ -86,6 +87,11 @@ def _tp(exp, item: str, value: str) -> tuple[Pool, str]:
         raise WhatIfError(f"--what-if {item!r}: tp must be a positive integer") from None
     if tp < 1:
         raise WhatIfError(f"--what-if {item!r}: tp must be a positive integer")
+    absent = config.lacks()
+    if absent:
+        raise WhatIfError(f"--what-if {item!r}: the config ({config.source or config.name}) has no "
+                          f"{', '.join(repr(f) for f in absent)}: what loading would take at TP {tp} scales with the "
+                          f"weights per rank, which need them")
     pool = exp.pool
     w_now, w_new = (config.weight_bytes_per_rank(t) / GiB for t in (exp.tp_size, tp))
     loaded = (pool.before_gib - pool.after_gib) * w_new / w_now  # what loading took, scaled by the weights per rank
@@ -104,8 +110,6 @@ def _tp(exp, item: str, value: str) -> tuple[Pool, str]:
 
 
 def _gpu(exp, item: str, value: str) -> tuple[Pool, str]:
-    from kvlab.serving.explain import resolve_gpu
-
     if exp.device is None:
         raise WhatIfError(f"--what-if {item!r}: the current GPU is unknown (the log names none): pass --gpu NAME")
     try:

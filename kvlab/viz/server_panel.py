@@ -1,6 +1,6 @@
 """Notebook 05's panel, "your server": paste or upload a start-up log and a config.json, see the pool explained.
 
-A thin controller over :func:`kvlab.serving.explain.explain_log` and
+A thin controller over :func:`kvlab.serving.explain.explain_text` (``explain_log`` on a pasted log) and
 :func:`kvlab.serving.engine_compare.compare_explanation`: the log (a Textarea, a FileUpload, or one of the
 example logs kvlab ships, :mod:`kvlab.serving.examples`), the model's config (a preset, the shipped example
 config, or a pasted/uploaded config.json), the GPU, and what-if controls (mem_fraction_static, KV dtype, TP,
@@ -16,6 +16,7 @@ import json
 import ipywidgets as widgets
 import plotly.graph_objects as go
 
+from kvlab.serving.explain import explain_text
 from kvlab.viz.engine_plots import ENGINE_COLOURS, engine_waterfalls, gap_bars
 from kvlab.viz.live import LiveFigure
 from kvlab.viz.theme import BUG_COLOUR, FIX_COLOUR, TEMPLATE
@@ -44,19 +45,6 @@ def show_errors(errors: widgets.Output, callback):
     return _show_tracebacks(errors, wrapped)
 
 
-def explain_text(text: str, name: str, **kwargs):
-    """``explain_log`` on a log's text (pasted or uploaded), named ``name`` in every message."""
-    from kvlab.serving.explain import explain_sglang
-    from kvlab.serving.sglang_log import parse_sglang_log
-    from kvlab.serving.vllm_log import explain_vllm, looks_like_vllm, parse_vllm_log
-
-    log = parse_sglang_log(text, name)
-    if not log.ranks and looks_like_vllm(text):
-        return explain_vllm(parse_vllm_log(text, name), model_config=kwargs.get("model_config"),
-                            gpu=kwargs.get("gpu"))
-    return explain_sglang(log, **kwargs)
-
-
 # ---- pure figures ----------------------------------------------------------------------------------
 def explanation_waterfall(exp) -> go.Figure:
     """The explained engine's own arithmetic: SGLang's readings to the pool budget, or vLLM's printed terms."""
@@ -64,7 +52,7 @@ def explanation_waterfall(exp) -> go.Figure:
     colour = ENGINE_COLOURS[exp.engine]
     if exp.engine == "sglang":
         # readings to the pool budget: the version's counted terms (sglang_versions) sit between them
-        shown = terms[:next(i for i, t in enumerate(terms) if t["name"] == "KV pool budget (rest)") + 1]
+        shown = terms[:next(i for i, t in enumerate(terms) if t["key"] == "pool_budget") + 1]
         measure = ["absolute"] + ["relative"] * (len(shown) - 2) + ["total"]
         fig = go.Figure(go.Waterfall(
             x=[t["name"] for t in shown], y=[t["gib"] for t in shown], measure=measure,
@@ -133,6 +121,17 @@ def summary_html(exp, comparison=None) -> str:
     body = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
                    f"<td class='kvlab-summary-{i}'>{html.escape(v)}</td></tr>" for i, (k, v) in enumerate(rows))
     return f"<table class='kvlab-summary-table'>{body}</table>"
+
+
+def comparison_lacks(exp) -> str:
+    """What the SGLang-vs-vLLM comparison lacks for this explanation, in words ("" where nothing)."""
+    if exp.model_config is None or exp.device is None:
+        return "needs the model config and the GPU"
+    absent = exp.model_config.lacks()
+    if absent:
+        return (f"the config has no {', '.join(repr(f) for f in absent)}: the weights per rank and vLLM's "
+                f"activation peak need them")
+    return ""
 
 
 # ---- the panel ---------------------------------------------------------------------------------------
@@ -281,7 +280,8 @@ class ServerPanel:
             items.append(f"mem_fraction_static={self.fraction.value:g}")
         if self.kv_dtype.value != "auto" and exp.kv_dtype_bytes is not None:
             items.append(f"kv_cache_dtype={self.kv_dtype.value}")
-        if self.tp.value != exp.tp_size and exp.model_config is not None:
+        if self.tp.value != exp.tp_size and exp.model_config is not None and not exp.model_config.lacks():
+            # (a config without the weights' fields cannot scale what loading took: findings say which fields)
             items.append(f"tp={self.tp.value}")
         if self.gpu_whatif.value != FROM_LOG and exp.device is not None:
             items.append(f"gpu={self.gpu_whatif.value}")
@@ -306,7 +306,7 @@ class ServerPanel:
 
             exp.what_if = apply_what_ifs(exp, items)
         comparison = None
-        if config is not None and exp.device is not None:
+        if not comparison_lacks(exp):
             if exp.engine == "vllm":
                 vllm_log = parse_vllm_log(text, name)
             elif self.vllm_text.value.strip():
@@ -333,8 +333,8 @@ class ServerPanel:
             self.engines.draw(engine_waterfalls(comparison))
             self.gap.draw(gap_bars(comparison))
         else:
-            note = go.Figure().update_layout(template=TEMPLATE, height=120, title="SGLang vs vLLM: needs the "
-                                             "model config and the GPU", xaxis_visible=False, yaxis_visible=False)
+            note = go.Figure().update_layout(template=TEMPLATE, height=120, title=f"SGLang vs vLLM: "
+                                             f"{comparison_lacks(exp)}", xaxis_visible=False, yaxis_visible=False)
             self.engines.draw(note)
             self.gap.draw(note)
         self.what_ifs.draw(what_if_figure(exp))

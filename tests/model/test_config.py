@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.model.config import MODEL_PRESETS, get_model_config
+from kvlab.model.hf_config import MODEL_PRESETS, get_model_config
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,14 @@ import json
 
 import pytest
 
-from kvlab.model.config import MODEL_PRESETS, get_model_config
-from kvlab.model.hf_config import PRESET_DIR, ConfigError, load_model_config, preset_names
+from kvlab.model.hf_config import (
+    MODEL_PRESETS,
+    PRESET_DIR,
+    ConfigError,
+    get_model_config,
+    load_model_config,
+    preset_names,
+)
 
 LLAMA3_8B = {  # the architecture numbers of meta-llama/Meta-Llama-3-8B's config.json
     "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32, "num_attention_heads": 32,
@@ -81,14 +87,65 @@ def test_missing_kv_heads_means_mha(tmp_path):
     assert cfg.num_kv_heads == 32 and any("MHA" in n for n in cfg.notes)
 
 
+# only the KV geometry: what the cell size reads, nothing the weights or the context length need
+LLAMA3_8B_KV = {"num_hidden_layers": 32, "num_key_value_heads": 8, "head_dim": 128, "torch_dtype": "bfloat16"}
+DEEPSEEK_V2_LITE_KV = {"num_hidden_layers": 27, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "torch_dtype": "bfloat16"}
+
+
+def test_kv_fields_alone_give_the_cell_and_name_what_is_absent(tmp_path):
+    full = load_model_config(_write(tmp_path, LLAMA3_8B, "full.json"))
+    kv = load_model_config(_write(tmp_path, LLAMA3_8B_KV, "kv.json"))
+    assert kv.cell_size_bytes(1) == full.cell_size_bytes(1) == 32 * 8 * 256 * 2
+    assert kv.cell_size_bytes(4) == full.cell_size_bytes(4) and kv.kv_dtype == full.kv_dtype == "bfloat16"
+    assert full.missing == () and full.lacks() == ()
+    assert set(kv.missing) == {"hidden_size", "num_attention_heads", "intermediate_size", "vocab_size",
+                               "max_position_embeddings"}
+    assert kv.context_len is None and kv.vocab_size is None and kv.hidden_size is None
+    mla = load_model_config(_write(tmp_path, DEEPSEEK_V2_LITE_KV, "mla.json"))
+    assert mla.cell_size_bytes(8) == (512 + 64) * 27 * 2 and mla.attention == "mla"
+    assert "qk_nope_head_dim" in mla.missing and "vocab_size" in mla.missing
+
+
+def test_what_needs_an_absent_field_names_it(tmp_path):
+    kv = load_model_config(_write(tmp_path, LLAMA3_8B_KV))
+    with pytest.raises(ConfigError) as err:
+        kv.weight_bytes_per_rank(1)
+    message = str(err.value)
+    assert str(tmp_path / "config.json") in message and "the weights needs them" in message
+    for name in ("'hidden_size'", "'num_attention_heads'", "'intermediate_size'", "'vocab_size'"):
+        assert name in message
+    no_vocab = load_model_config(_write(tmp_path, {k: v for k, v in LLAMA3_8B.items() if k != "vocab_size"}, "v.json"))
+    assert no_vocab.missing == ("vocab_size",) and no_vocab.context_len == 8192
+    with pytest.raises(ConfigError, match=r"v\.json: no field 'vocab_size': the weights needs it"):
+        no_vocab.weight_specs(1)
+
+
+def test_moe_without_widths_names_the_expert_width(tmp_path):
+    data = {**LLAMA3_8B, "num_local_experts": 8, "num_experts_per_tok": 2}
+    del data["intermediate_size"]
+    cfg = load_model_config(_write(tmp_path, data))
+    assert cfg.missing == ("moe_intermediate_size",) and cfg.intermediate_size == 0
+    with pytest.raises(ConfigError, match="no field 'moe_intermediate_size'"):
+        cfg.weight_bytes_per_rank(1)
+
+
+def test_absent_torch_dtype_is_noted(tmp_path):
+    data = {k: v for k, v in LLAMA3_8B.items() if k != "torch_dtype"}
+    cfg = load_model_config(_write(tmp_path, data))
+    assert cfg.kv_dtype == "bfloat16" and any("no torch_dtype" in n for n in cfg.notes)
+
+
 @pytest.mark.parametrize("change,message", [
     ({"num_hidden_layers": None}, "field 'num_hidden_layers' / 'n_layer' / 'num_layers' / 'n_layers' is missing"),
     ({"num_attention_heads": "32"}, "field 'num_attention_heads' must be an integer >= 1, got '32'"),
     ({"num_key_value_heads": 0}, "field 'num_key_value_heads' must be an integer >= 1, got 0"),
     ({"num_key_value_heads": 5}, "'num_key_value_heads' = 5 must divide num_attention_heads = 32"),
     ({"hidden_size": 4001}, "hidden_size 4001 is not a multiple of num_attention_heads 32"),
-    ({"max_position_embeddings": None}, "is missing (the model's context length)"),
-    ({"vocab_size": None}, "field 'vocab_size' is missing"),
+    ({"hidden_size": None}, "field 'head_dim' is missing, and so is 'hidden_size' to derive it from"),
+    ({"num_attention_heads": None, "num_key_value_heads": None},
+     "field 'num_key_value_heads' is missing, and so is 'num_attention_heads'"),
+    ({"max_position_embeddings": 0}, "field 'max_position_embeddings' must be an integer >= 1, got 0"),
+    ({"vocab_size": -1}, "field 'vocab_size' must be an integer >= 1, got -1"),
     ({"torch_dtype": "int4"}, "field 'torch_dtype' must be one of"),
     ({"kv_lora_rank": 512}, "field 'qk_rope_head_dim' is missing (MLA caches"),
 ])

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving.pool import sglang_tokens
 from kvlab.serving.sglang_formats import default_server_args, render_sglang_log
 from tests.serving.logs import run_cli, write_log

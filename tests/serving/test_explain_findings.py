@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving.pool import sglang_tokens
 from kvlab.serving.sglang_formats import default_server_args, render_sglang_log
 from kvlab.units import GiB

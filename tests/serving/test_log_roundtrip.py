@@ -5,7 +5,7 @@ import fuzz
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving import explain_sglang, parse_sglang_log
 from kvlab.serving.pool import sglang_tokens
 from kvlab.serving.sglang_formats import FORMATS, default_server_args, render_sglang_log

@@ -2,9 +2,9 @@
 
 import pytest
 
-from kvlab.model.config import get_model_config
-from kvlab.serving.explain import config_cell
-from kvlab.serving.pool import cell_from_logged_sizes, sglang_tokens, sglang_tokens_range
+from kvlab.model.hf_config import get_model_config
+from kvlab.serving.cell import config_cell
+from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens, sglang_tokens_range
 from kvlab.serving.sglang_log import LogError
 from kvlab.serving.sglang_versions import (
     READ_VERSIONS,
@@ -80,3 +80,27 @@ def test_cell_rules_by_version():
     assert config_cell(ds, cell_rule("0.4.2.post3"), 8, 2, True, "x") == (512 + 64) * 27 * 2
     assert cell_rule("0.1.17").kv_dtype == "fp16" and cell_rule("0.2.9").kv_dtype == "model"
     assert cell_rule("0.4.2.post3").attn_tp and not cell_rule("0.4.0").attn_tp
+
+
+def test_the_pool_is_the_device_layers_formula():
+    """serving's pool on printed readings and kvlab.device.budget's pool on byte readings are one formula: the
+    same tokens for the same readings, with and without a page and a --max-total-tokens cap."""
+    import random
+
+    from kvlab.device.budget import kv_budget
+
+    rng = random.Random(20)
+    for _ in range(2000):
+        pre = rng.randrange(8 * 2**30, 192 * 2**30)
+        avail = rng.randrange(pre // 10, pre)
+        fraction = rng.choice((0.7, 0.8, 0.85, 0.874, 0.88, 0.9, 0.93))
+        cell, page = rng.choice((114_688, 131_072, 48_128, 31_104)), rng.choice((1, 16, 64))
+        cap = rng.choice((None, rng.randrange(1, 2_000_000)))
+        tokens = sglang_tokens(pre / 2**30, avail / 2**30, fraction, cell, page, cap)
+        if tokens == 0:
+            continue
+        budget = kv_budget(pre_model_load_bytes=pre, available_bytes=avail, mem_fraction_static=fraction,
+                           cell_size_bytes=cell, context_len=8192, page_size=page, max_total_tokens=cap)
+        assert budget.max_total_num_tokens == tokens
+        assert Pool(pre / 2**30, avail / 2**30, fraction, cell).rest_gib * 2**30 == pytest.approx(budget.rest_bytes,
+                                                                                                  abs=1)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from tests.conftest import REPO_ROOT
 from tests.serving.logs import run_json, write_log
 from tests.shared_data import real_data

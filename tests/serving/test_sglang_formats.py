@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving import LogError, explain_sglang, parse_sglang_log
 from kvlab.serving.pool import sglang_tokens
 from kvlab.serving.sglang_formats import FORMATS, default_server_args, render_sglang_log

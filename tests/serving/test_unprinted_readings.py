@@ -4,7 +4,7 @@ after "Load weight end" (rope_reserve_bytes) — worked by hand."""
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving.pool import sglang_tokens, sglang_tokens_range
 from kvlab.serving.sglang_versions import (
     expert_map_segment_bytes,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving.engine_compare import MemoryInputs, compare_engines, kv_cell, sglang_budget
 from kvlab.serving.vllm_budget import (
     Amount,

@@ -3,7 +3,7 @@ pool recomputed from "Available KV cache memory" and the config's cell size."""
 
 import pytest
 
-from kvlab.model.config import get_model_config
+from kvlab.model.hf_config import get_model_config
 from kvlab.serving.vllm_log import parse_vllm_log, render_vllm_log
 from tests.serving.logs import run_json, write_log
 

@@ -8,8 +8,9 @@ import json
 import pytest
 
 from kvlab.serving.examples import EXAMPLES, LOG_DIR
+from kvlab.serving.explain import explain_text
 from kvlab.serving.whatif import apply_what_ifs
-from kvlab.viz.server_panel import PASTED, ServerPanel, explain_text
+from kvlab.viz.server_panel import PASTED, ServerPanel
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +108,42 @@ def test_a_tp_size_the_menu_lacks_is_offered(panel):
     assert not _errors(panel)
     assert panel.tp.value == 3 and 3 in panel.tp.options and list(panel.what_ifs.data[0].x) == ["as explained"]
     assert panel.explanation.max_total_num_tokens_computed == tokens
+
+
+def test_pasted_kv_only_config_explains_and_names_what_it_lacks(panel):
+    """A config.json with only the KV geometry: the same pool as the preset; the findings name the absent
+    fields, the comparison's place says what it needs, a TP what-if is not drawn (no weights to scale)."""
+    text = (LOG_DIR / "llama-3.1-8b-h100-sglang-0.5.23.log").read_text()
+    kv_only = {"num_hidden_layers": 32, "num_key_value_heads": 8, "hidden_size": 4096, "num_attention_heads": 32,
+               "torch_dtype": "bfloat16"}
+    panel.example.value = "llama-3.1-8b-h100-sglang-0.5.23"
+    full_tokens = panel.explanation.max_total_num_tokens_computed
+    panel.example.value = PASTED
+    panel.config_text.value = json.dumps(kv_only)
+    panel.model.value = PASTED
+    panel.log_text.value = text
+    panel.tp.value = 2
+    assert not _errors(panel)
+    assert panel.explanation.max_total_num_tokens_computed == full_tokens
+    assert "weights_unchecked" in panel.findings.value and "&#x27;vocab_size&#x27;" in panel.findings.value
+    assert panel.comparison is None and "'vocab_size'" in panel.engines.figure.layout.title.text
+    assert list(panel.what_ifs.data[0].x) == ["as explained"]
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: e.name)
+def test_waterfall_terms_have_stable_keys(example):
+    """Every term carries a key that code finds it by (the label is only shown): SGLang's waterfall stops at the
+    term keyed pool_budget, whatever its label says."""
+    from kvlab.viz.server_panel import explanation_waterfall
+
+    exp = explain_text((LOG_DIR / example.filename).read_text(), example.name, model_config=example.model_config(),
+                       gpu=example.gpu)
+    keys = [t["key"] for t in exp.terms()]
+    assert len(keys) == len(set(keys))
+    if example.engine == "vllm":
+        assert keys == ["weights", "available", "kv_pool"]
+        return
+    assert keys[0] == "free_before_load" and keys[-4:] == ["kept_out", "pool_budget", "kv_pool", "rounding"]
+    budget = next(t for t in exp.terms() if t["key"] == "pool_budget")
+    bars = explanation_waterfall(exp).data[0]
+    assert bars.x[-1] == budget["name"] and bars.y[-1] == budget["gib"]
