@@ -369,12 +369,6 @@ PENDING_CYCLES = {
         "kvlab.device.replay -> kvlab.device.replay_whatif -> kvlab.device.replay_report",
         "kvlab.device.replay -> kvlab.device.snapshot -> kvlab.device.replay_whatif -> kvlab.device.replay_report",
     },
-    "config": {  # removed by branch `config` (serving/ and model/)
-        "kvlab.model.config -> kvlab.model.hf_config",
-        "kvlab.serving.explain -> kvlab.serving.vllm_log",
-        "kvlab.serving.explain -> kvlab.serving.whatif",
-        "kvlab.serving.engine_compare -> kvlab.serving.vllm_log -> kvlab.serving.explain -> kvlab.serving.findings",
-    },
     "sched": {  # removed by branch `sched` (sched/ as components)
         "kvlab.sched.fast_decode -> kvlab.sched.scheduler",
         "kvlab.sched.result -> kvlab.sched.scheduler",
