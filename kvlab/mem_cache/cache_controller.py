@@ -38,6 +38,7 @@ WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 # A placeholder bandwidth (bytes/s) for host<->device copies, a PCIe Gen4 x16 link's practical rate; callers that
 # price transfers pass the GPU preset's figure.
 DEFAULT_HOST_DEVICE_BYTES_PER_S = 25 * 10**9
+FINISH_TOLERANCE_S = 1e-12  # a copy finishing within this of the clock counts as finished (float sums of seconds)
 
 
 @dataclass
@@ -158,8 +159,9 @@ class HiCacheController:
         if math.isnan(now_s):
             raise ValueError("poll: now_s is NaN")
         self.now_s = max(self.now_s, now_s)
+        due = self.now_s + FINISH_TOLERANCE_S  # 0.009 + 0.001 < 0.01 in floats: a copy due that close is done
         for queue, acks in ((self.write_queue, self.ack_write_queue), (self.load_queue, self.ack_load_queue)):
-            while queue and queue[0].finish_s <= self.now_s:
+            while queue and queue[0].finish_s <= due:
                 acks.append(queue.popleft())
 
     def advance(self, seconds: float) -> None:
