@@ -252,15 +252,6 @@ def test_load_back_evicts_the_shortfall_or_the_whole_load(mode, evicted):
     cache.check_invariants()
 
 
-def test_device_eviction_through_the_shared_glue_keeps_the_shortfall_rule():
-    alloc, host, cache = demoted_chain()
-    held = alloc.alloc(alloc.available_size() - 4)
-    r = evict_from_tree_cache(cache, 10, mode="shortfall")
-    assert (r.shortfall_tokens, r.requested_tokens) == (6, 6) and alloc.available_size() >= 10
-    alloc.free(held)
-    cache.check_invariants()
-
-
 # -- locks and invariants -------------------------------------------------------------------------------------
 def test_locking_a_host_only_node_or_unlocking_twice_raises():
     alloc, host, cache = demoted_chain()
@@ -310,3 +301,20 @@ def test_paged_tree_moves_whole_pages():
     assert cache.evict(EvictParams(num_tokens=4)).written_back_tokens == 16
     assert cache.match_prefix(list(range(18))).host_hit_length == 16
     cache.check_invariants()
+
+
+def test_the_two_tier_tree_keeps_the_prefix_cache_contract():
+    """Anything written against ``BasePrefixCache`` (the glue, the views) takes a HiRadixCache: both eviction modes
+    of ``evict_from_tree_cache`` work on it, and its text view marks each node's tier."""
+    from kvlab.mem_cache import BasePrefixCache
+
+    for mode, requested in (("shortfall", 6), ("full", 10)):
+        alloc, host, cache = demoted_chain()
+        assert isinstance(cache, BasePrefixCache)
+        held = alloc.alloc(alloc.available_size() - 4)
+        r = evict_from_tree_cache(cache, 10, mode=mode)
+        assert (r.shortfall_tokens, r.requested_tokens) == (6, requested)
+        alloc.free(held)
+        cache.check_invariants()
+    text = cache.pretty_print()
+    assert " host" in text and " both" in text
