@@ -29,6 +29,9 @@ EXAMPLES: dict[str, dict[str, int]] = {
     # tests/mem_cache/test_hybrid_stateful.py
     "swa_radix": {"ci": 300, "long": 1500, "dev": 20},
     "mamba_radix": {"ci": 300, "long": 1500, "dev": 20},
+    # tests/mem_cache/test_hicache_stateful.py: allocator + host pool + HiRadixCache, page 1 and page 4
+    "hicache_page1": {"ci": 150, "long": 1000, "dev": 15},
+    "hicache_page4": {"ci": 150, "long": 1000, "dev": 15},
     # tests/mem_cache/test_base_prefix_cache.py: match_alloc_insert vs a longest-common-prefix oracle
     "match_alloc_insert": {"ci": 150, "long": 800, "dev": 10},
     # tests/sched/test_scheduler.py, tests/sched/test_fast_decode.py: one random workload per example
@@ -39,7 +42,8 @@ EXAMPLES: dict[str, dict[str, int]] = {
 }
 # Rules per state-machine run (the upper bound; hypothesis draws the length). Same in every profile, so
 # the long profile explores more sequences of the same depth.
-STEPS: dict[str, int] = {"allocator": 60, "radix_page1": 40, "radix_page4": 40, "swa_radix": 40, "mamba_radix": 40}
+STEPS: dict[str, int] = {"allocator": 60, "radix_page1": 40, "radix_page4": 40, "swa_radix": 40, "mamba_radix": 40,
+                         "hicache_page1": 40, "hicache_page4": 40}
 
 ran: Counter[str] = Counter()  # examples started per suite, in this process
 

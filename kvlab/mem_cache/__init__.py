@@ -8,11 +8,15 @@
 - ``radix_tree``: the tree mechanics the three trees share (``BaseRadixTree``).
 - ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction.
 - ``swa_radix_cache`` / ``mamba_radix_cache``: hybrid trees (SWA tombstones; recurrent-state slots).
+- ``memory_pool_host`` / ``cache_controller`` / ``hiradix_cache``: HiCache's host tier (L2): the host pool
+  (``HostKVCache``, sized as SGLang sizes it), copies timed on a modelled clock (``HiCacheController``), and the
+  two-tier tree (``HiRadixCache``: write policies, demotion, host eviction, load-back).
 - ``common``: evict-then-allocate, with the shortfall / full eviction toggle, and
   ``match_alloc_insert`` (match -> lock -> evict + allocate -> insert -> free duplicates -> unlock).
 
 Imports point one way: memory_pool <- allocator <- base_prefix_cache <- evict_policy, radix_tree
-<- radix_cache, swa_radix_cache <- mamba_radix_cache <- common. Errors: ``kvlab.errors``.
+<- radix_cache, swa_radix_cache <- mamba_radix_cache <- common; memory_pool_host <- cache_controller <-
+hiradix_cache (which uses base_prefix_cache, evict_policy and radix_tree, not radix_cache). Errors: ``kvlab.errors``.
 """
 
 from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
@@ -31,6 +35,7 @@ from kvlab.mem_cache.base_prefix_cache import (
     PrefixNode,
     TreeLock,
 )
+from kvlab.mem_cache.cache_controller import WRITE_POLICIES, HiCacheController
 from kvlab.mem_cache.common import (
     EVICTION_MODES,
     AllocResult,
@@ -44,13 +49,24 @@ from kvlab.mem_cache.common import (
     release_kv_cache,
 )
 from kvlab.mem_cache.evict_policy import EVICTION_POLICIES, EvictionStrategy, get_eviction_strategy, register_policy
+from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiMatchResult, HiRadixCache, HiTreeNode, LoadBackResult
 from kvlab.mem_cache.mamba_radix_cache import MambaEvictParams, MambaInsertResult, MambaPool, MambaRadixCache
 from kvlab.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from kvlab.mem_cache.memory_pool_host import HostKVCache, host_pool_size
 from kvlab.mem_cache.radix_cache import RadixCache, Req, SimpleReq, TreeNode
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock
 from kvlab.mem_cache.swa_radix_cache import HybridTreeNode, SWARadixCache, SWATreeLock
 
 __all__ = [
+    "HiCacheController",
+    "HiEvictResult",
+    "HiMatchResult",
+    "HiRadixCache",
+    "HiTreeNode",
+    "HostKVCache",
+    "LoadBackResult",
+    "WRITE_POLICIES",
+    "host_pool_size",
     "BasePrefixCache",
     "BaseRadixTree",
     "PrefixNode",

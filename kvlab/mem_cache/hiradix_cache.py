@@ -1,0 +1,793 @@
+"""The hierarchical radix cache: a device tree (L1) whose nodes may also, or only, live in a host pool (L2).
+
+Mirrors SGLang 0.5.16's ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` op for op (the differential test
+``tests/mem_cache/test_differential_hicache.py`` runs SGLang's own class against it). Each node holds
+``value`` (device slots, None once evicted from the device) and ``host_value`` (host slots, None until backed
+up)::
+
+    residency     value      host_value   counted in            evictable from
+    device only   slots      None         evictable/protected   device (destroyed, or written first: write_back)
+    both          slots      slots        evictable/protected   device (demoted to host-only, no copy needed)
+    host only     None       slots        host pool only        host (when a host leaf), or loaded back
+
+Device residency is closed under prefixes (a node on the device has its whole path on the device); a node on
+neither tier is deleted. Write policies (``--hicache-write-policy``):
+
+- ``write_through``: every insert backs the node up at once (its hit count reaches the threshold 1);
+- ``write_through_selective``: a node is backed up on its second hit (threshold 2);
+- ``write_back``: nothing is backed up until device eviction, which writes an unbacked leaf to host first and
+  frees its device slots only after the copy (the eviction waits for it); if the host pool is full even after
+  host eviction, the leaf and its host-only subtree are dropped.
+
+Under the write-through policies a backup is taken only when the parent is backed up (backups form a prefix
+from the root), and the node stays locked (``lock_ref``) until its copy is acknowledged: an in-flight node
+cannot be evicted. A load-back locks the node it ends at until its copy is acknowledged. Copies complete on the
+controller's modelled clock (:meth:`HiRadixCache.advance` / :meth:`HiRadixCache.poll`), never at issue.
+
+Differs on purpose:
+
+- ``load_back_evict_mode``: how much a load-back evicts when the device pool is short. ``"shortfall"`` (0.5.23,
+  ``UnifiedRadixCache._load_back_transfers``): ``needed - available``, before the allocation. ``"full"`` (0.5.16,
+  ``HiRadixCache.load_back``): try to allocate, and on failure evict the whole load (finding 2's bug, here).
+- Time is the cache's :class:`~kvlab.mem_cache.radix_tree.LogicalClock` (one tick wherever 0.5.16 reads
+  ``time.monotonic()``); victim ties break by node id. Transfer time is a separate, modelled clock in seconds.
+- Locking an evicted or foreign node, or unlocking an unlocked one, raises :class:`LockRefError`.
+- No storage tier (L3), prefetch, KV events, metrics, hash values or EAGLE bigram keys; ``match_prefix`` and
+  ``insert`` take plain token sequences.
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from dataclasses import dataclass, replace
+from typing import NamedTuple
+
+import torch
+
+from kvlab.errors import InvariantError, LockRefError, require
+from kvlab.mem_cache.base_prefix_cache import EvictParams, EvictResult, KVAllocator, TokenKey
+from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, CacheOperation, HiCacheController
+from kvlab.mem_cache.evict_policy import get_eviction_strategy
+from kvlab.mem_cache.memory_pool import ReqToTokenPool
+from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
+from kvlab.units import align_down
+
+_I64 = torch.int64
+LOAD_BACK_EVICT_MODES = ("shortfall", "full")
+
+
+class HiTreeNode:
+    """One edge of the hierarchical tree (0.5.16's ``TreeNode`` with its HiCache fields).
+
+    ``value``: device slots or None (``evicted``); ``host_value``: host slots or None (``backuped``);
+    ``host_ref_counter``: holds that keep the host copy from host eviction (a load-back reading it, a write-back
+    staging it)."""
+
+    __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_ref_counter",
+                 "last_access_time", "creation_time", "hit_count", "priority", "id")
+
+    def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
+                 node_id: int, priority: int = 0):
+        self.children: dict = {}
+        self.parent = parent
+        self.key = key
+        self.value = value
+        self.host_value: torch.Tensor | None = None
+        self.lock_ref = 0
+        self.host_ref_counter = 0
+        self.last_access_time = clock.tick()  # two reads of the clock, as TreeNode.__init__ does
+        self.creation_time = clock.tick()
+        self.hit_count = 0
+        self.priority = priority
+        self.id = node_id
+
+    @property
+    def evicted(self) -> bool:
+        return self.value is None
+
+    @property
+    def backuped(self) -> bool:
+        return self.host_value is not None
+
+    def protect_host(self) -> None:
+        self.host_ref_counter += 1
+
+    def release_host(self) -> None:
+        if self.host_ref_counter <= 0:
+            raise LockRefError(f"release_host: {self!r} holds no host protection")
+        self.host_ref_counter -= 1
+
+    @property
+    def residency(self) -> str:
+        """``"device"``, ``"both"`` or ``"host"``."""
+        if self.value is None:
+            return "host"
+        return "device" if self.host_value is None else "both"
+
+    def __repr__(self) -> str:
+        head = list(self.key[:6])
+        more = "..." if len(self.key) > 6 else ""
+        return f"HiTreeNode(id={self.id}, key={head}{more} ({len(self.key)}), {self.residency}, lock_ref={self.lock_ref})"
+
+
+class HiMatchResult(NamedTuple):
+    """``match_prefix``'s answer (0.5.16's ``MatchResult`` with its host fields).
+
+    ``device_indices`` / ``last_device_node`` / ``device_prefix_len``: the prefix on the device (lock
+    ``last_device_node`` to pin it); ``last_host_node``: the deepest matched node with a host copy (where a
+    load-back starts, SGLang's ``best_match_node``); ``host_hit_length``: matched tokens that are on host only,
+    below ``last_device_node``."""
+
+    device_indices: torch.Tensor
+    last_device_node: HiTreeNode
+    device_prefix_len: int
+    last_host_node: HiTreeNode
+    host_hit_length: int
+
+    @property
+    def prefix_len(self) -> int:
+        return self.device_prefix_len
+
+    @property
+    def best_match_node(self) -> HiTreeNode:
+        return self.last_host_node
+
+
+@dataclass(frozen=True)
+class HiEvictResult(EvictResult):
+    """:class:`EvictResult` (device tokens) split by what became of them: ``demoted_tokens`` left the device but
+    stay on host (already backed up, or written back first: ``written_back_tokens``), ``destroyed_tokens`` are
+    gone from both tiers (``evicted = demoted + destroyed``); ``host_evicted_tokens``: host copies freed to make
+    room for write-backs."""
+
+    demoted_tokens: int = 0
+    written_back_tokens: int = 0
+    destroyed_tokens: int = 0
+    host_evicted_tokens: int = 0
+
+
+class LoadBackResult(NamedTuple):
+    """What :meth:`HiRadixCache.load_back` did. ``device_indices``: the new device slots of the loaded tokens
+    (None when nothing was loaded; ``reason`` says why: ``"below_threshold"``, ``"over_quota"``,
+    ``"device_full"``); ``evict``: the device eviction it ran to make room (empty when none was needed)."""
+
+    device_indices: torch.Tensor | None
+    evict: EvictResult
+    reason: str | None = None
+
+    @property
+    def loaded_tokens(self) -> int:
+        return 0 if self.device_indices is None else int(self.device_indices.shape[0])
+
+
+_NO_EVICT = EvictResult()
+
+
+class HiRadixCache(BaseRadixTree):
+    """SGLang 0.5.16's ``HiRadixCache``: a radix tree over a device allocator and a host pool.
+
+    ``token_to_kv_pool_host``: the L2 pool (:class:`HostKVCache`); ``write_policy``: one of
+    ``cache_controller.WRITE_POLICIES``; ``load_back_evict_mode``: ``"shortfall"`` (0.5.23) or ``"full"``
+    (0.5.16), see the module docstring; ``d2h_bytes_per_s`` / ``h2d_bytes_per_s`` / ``transfer_latency_s``:
+    the modelled copy speed (``cache_controller.HiCacheController``); ``load_back_threshold``: loads of fewer
+    tokens are skipped (SGLang's 10)."""
+
+    def __init__(self, req_to_token_pool: ReqToTokenPool | None, token_to_kv_pool_allocator: KVAllocator,
+                 token_to_kv_pool_host: HostKVCache, page_size: int = 1, write_policy: str = "write_through",
+                 eviction_policy: str = "lru", eviction_policy_config: dict | None = None,
+                 load_back_evict_mode: str = "shortfall", d2h_bytes_per_s: float = DEFAULT_HOST_DEVICE_BYTES_PER_S,
+                 h2d_bytes_per_s: float = DEFAULT_HOST_DEVICE_BYTES_PER_S, transfer_latency_s: float = 0.0,
+                 load_back_threshold: int = 10):
+        if token_to_kv_pool_allocator is None:
+            raise ValueError("HiRadixCache needs a device allocator (load-backs allocate device slots)")
+        if token_to_kv_pool_host.page_size != page_size:
+            raise ValueError(f"HiRadixCache page_size {page_size} does not fit the host pool's page_size "
+                             f"{token_to_kv_pool_host.page_size}")
+        if load_back_evict_mode not in LOAD_BACK_EVICT_MODES:
+            raise ValueError(f"load_back_evict_mode must be 'shortfall' (SGLang 0.5.23) or 'full' (0.5.16), "
+                             f"got {load_back_evict_mode!r}")
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, "HiRadixCache")
+        self.token_to_kv_pool_host = token_to_kv_pool_host
+        self.cache_controller = HiCacheController(token_to_kv_pool_allocator, token_to_kv_pool_host, write_policy,
+                                                  d2h_bytes_per_s, h2d_bytes_per_s, transfer_latency_s)
+        self.write_policy = write_policy
+        self.write_through_threshold = 1 if write_policy == "write_through" else 2
+        self.load_back_threshold = load_back_threshold
+        self.load_back_evict_mode = load_back_evict_mode
+        self.eviction_policy = eviction_policy.lower()
+        self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
+        self.reset()
+
+    def reset(self) -> None:
+        self.cache_controller.reset()
+        self.token_to_kv_pool_host.clear()
+        self.clock = LogicalClock()
+        self._next_id = 0
+        self._empty = torch.empty(0, dtype=_I64)
+        self.root_node = self._new_node(array("q"), self._empty, None, priority=-(2**63))
+        self.root_node.host_value = self._empty  # the root counts as backed up (SGLang: host_value = [])
+        self.root_node.lock_ref = 1
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self.evictable_leaves: set[HiTreeNode] = set()
+        self.evictable_host_leaves: set[HiTreeNode] = set()
+        # in-flight copies: write op -> the node it locks (None under write_back); load op -> the node it locks
+        self.ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]] = {}
+        self.ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]] = {}
+        self.host_evicted_tokens = 0  # running total of host copies freed by host eviction
+
+    def _new_node(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None,
+                  priority: int = 0) -> HiTreeNode:
+        node = HiTreeNode(key, value, parent, self.clock, self._next_id, priority)
+        self._next_id += 1
+        return node
+
+    def _key_of(self, key: array, off: int = 0):
+        return key[off] if self.page_size == 1 else key[off : off + self.page_size].tobytes()
+
+    def nodes(self):
+        """Every node, the root first (depth-first)."""
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def _prio(self, node: HiTreeNode) -> tuple:
+        return (self.eviction_strategy.get_priority(node), node.last_access_time, node.id)
+
+    # -- the leaf indexes (device leaves, host leaves) ------------------------------------------------
+    def _update_leaf_status(self, node: HiTreeNode) -> None:
+        """A device leaf: on the device, unlocked, and no child on the device."""
+        if node.value is None or node.lock_ref > 0 or any(c.value is not None for c in node.children.values()):
+            self.evictable_leaves.discard(node)
+        else:
+            self.evictable_leaves.add(node)
+
+    def _update_host_leaf_status(self, node: HiTreeNode) -> None:
+        """A host leaf: host-only, unlocked, and no child with a host copy."""
+        if node.value is not None or node.lock_ref > 0 or any(c.host_value is not None
+                                                                for c in node.children.values()):
+            self.evictable_host_leaves.discard(node)
+        else:
+            self.evictable_host_leaves.add(node)
+
+    # -- match ---------------------------------------------------------------------------------------
+    def match_prefix(self, key: TokenKey) -> HiMatchResult:
+        """Longest cached prefix of ``key`` (whole pages) on either tier. Splits the node the match ends inside and
+        stamps each node on the path (``_match_prefix_helper``: a fresh clock read per node)."""
+        key = as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if n == 0:
+            return HiMatchResult(self._empty, self.root_node, 0, self.root_node, 0)
+        values, node = self._match_walk(key, n)
+        last_host = node
+        host_hit = 0
+        while node.value is None:
+            host_hit += len(node.host_value)
+            node = node.parent
+        while last_host.host_value is None:
+            last_host = last_host.parent
+        device = torch.cat(values) if values else self._empty
+        return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
+
+    def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
+        node = self.root_node
+        node.last_access_time = self.clock.tick()
+        values, off = [], 0
+        while off < n:
+            child = node.children.get(self._key_of(key, off))
+            if child is None:
+                break
+            child.last_access_time = self.clock.tick()
+            m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
+            if m < len(child.key):
+                node = self._split_node(child, m)
+                if node.value is not None:
+                    values.append(node.value)
+                break
+            if child.value is not None:
+                values.append(child.value)
+            node = child
+            off += m
+        return values, node
+
+    def _split_node(self, child: HiTreeNode, split_len: int) -> HiTreeNode:
+        """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]``, both tiers' slots split alike."""
+        parent = child.parent
+        ck = self._key_of(child.key)
+        upper = self._new_node(child.key[:split_len], None, parent, child.priority)
+        upper.lock_ref = child.lock_ref
+        upper.hit_count = child.hit_count
+        if child.value is not None:
+            upper.value = child.value[:split_len].clone()
+            child.value = child.value[split_len:].clone()
+        if child.host_value is not None:
+            upper.host_value = child.host_value[:split_len].clone()
+            child.host_value = child.host_value[split_len:].clone()
+        child.key = child.key[split_len:]
+        child.parent = upper
+        upper.children[self._key_of(child.key)] = child
+        parent.children[ck] = upper
+        return upper
+
+    # -- insert --------------------------------------------------------------------------------------
+    def insert(self, key: TokenKey, value: torch.Tensor | None = None, priority: int = 0, chunked: bool = False) -> int:
+        """Cache ``key`` (whole pages) with device slots ``value``. Returns the length of the prefix that was
+        already on the device: the caller frees its own slots for it. A matched node that is host-only takes the
+        caller's slots instead (recomputed KV; the node is then on both tiers) and does not count in the return.
+        Under the write-through policies a node whose hit count reaches the threshold is backed up."""
+        key = as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if value is None:
+            value = torch.tensor(key[:n].tolist(), dtype=_I64)
+        value = torch.as_tensor(value, dtype=_I64)[:n]
+        if value.shape[0] < n:
+            raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
+        if n == 0:
+            return 0
+        node, off, prefix = self.root_node, 0, 0
+        while off < n:
+            child = node.children.get(self._key_of(key, off))
+            if child is None:
+                break
+            child.last_access_time = self.clock.tick()
+            child.priority = max(child.priority, priority)
+            m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
+            node = child if m == len(child.key) else self._split_node(child, m)
+            node.priority = max(node.priority, priority)
+            if node.value is None:  # host-only: adopt the caller's (recomputed) slots
+                node.value = value[off : off + m].clone()
+                self.evictable_size_ += m
+                self._update_leaf_status(node)
+                self._update_host_leaf_status(node)
+                self._update_leaf_status(node.parent)
+            else:
+                self._inc_hit_count(node, chunked)
+                prefix += m
+            off += m
+        if off < n:
+            leaf = self._new_node(key[off:n], value[off:n].clone(), node, priority)
+            node.children[self._key_of(leaf.key)] = leaf
+            self.evictable_size_ += n - off
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+            if self.write_policy != "write_back":
+                self._inc_hit_count(leaf, chunked)
+        return prefix
+
+    def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
+        if self.write_policy == "write_back" or chunked:
+            return
+        node.hit_count += 1
+        if node.host_value is None and node.hit_count >= self.write_through_threshold:
+            self.write_backup(node)
+
+    # -- backups (device -> host) ---------------------------------------------------------------------
+    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
+        """Copy ``node``'s device KV to fresh host slots (evicting host leaves once if the pool is full). Under the
+        write-through policies only a node whose parent is backed up is copied, and it stays locked until the copy
+        is acknowledged. Returns the tokens issued (0: not backed up)."""
+        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
+            return 0
+        host = self.cache_controller.write(node.value, node.id)
+        if host is None:
+            self.evict_host(len(node.value))
+            host = self.cache_controller.write(node.value, node.id)
+            if host is None:
+                return 0
+        node.host_value = host.clone()
+        op = self.cache_controller.write_queue[-1]
+        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
+        if not write_back:
+            self.inc_lock_ref(node)
+        return len(host)
+
+    def writing_check(self, write_back: bool = False) -> int:
+        """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
+        copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
+        ctl = self.cache_controller
+        if write_back:
+            ctl.wait_writes()
+        acks, ctl.ack_write_queue = ctl.ack_write_queue, []
+        for op in acks:
+            _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
+            if lock_node is not None:
+                self.dec_lock_ref(lock_node)
+        return len(acks)
+
+    def loading_check(self) -> int:
+        """Consume acknowledged load-backs (unlocking the node each one locked). Returns the acks consumed."""
+        ctl = self.cache_controller
+        acks, ctl.ack_load_queue = ctl.ack_load_queue, []
+        for op in acks:
+            _, node = self.ongoing_load_back.pop(id(op))
+            self.dec_lock_ref(node)
+        return len(acks)
+
+    def check_hicache_events(self) -> None:
+        """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
+        self.writing_check()
+        self.loading_check()
+
+    # -- the modelled clock ---------------------------------------------------------------------------
+    @property
+    def now_s(self) -> float:
+        return self.cache_controller.now_s
+
+    def poll(self, now_s: float) -> None:
+        """Move the transfer clock to ``now_s`` and complete every copy finished by then."""
+        self.cache_controller.poll(now_s)
+        self.check_hicache_events()
+
+    def advance(self, seconds: float) -> None:
+        self.poll(self.now_s + seconds)
+
+    def drain(self) -> float:
+        """Advance until every issued copy is complete; returns the seconds that took."""
+        start = self.now_s
+        self.poll(self.cache_controller.drain_time())
+        return self.now_s - start
+
+    # -- locks ---------------------------------------------------------------------------------------
+    def _check_device_member(self, node: HiTreeNode, what: str) -> None:
+        if node.value is None:
+            raise LockRefError(f"{what}: {node!r} is not on the device")
+        x = node
+        while x.parent is not None:
+            x = x.parent
+        if x is not self.root_node:
+            raise LockRefError(f"{what}: {node!r} belongs to another tree")
+
+    def inc_lock_ref(self, node: HiTreeNode) -> int:
+        """Lock ``node`` and its ancestors against device eviction. Returns the evictable-size delta (<= 0)."""
+        if node is self.root_node:
+            return 0
+        self._check_device_member(node, "inc_lock_ref")
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+                delta -= len(node.key)
+            node.lock_ref += 1
+            self._update_leaf_status(node)
+            self._update_host_leaf_status(node)
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node: HiTreeNode) -> int:
+        """Undo one ``inc_lock_ref(node)``. Returns the evictable-size delta (>= 0)."""
+        if node is self.root_node:
+            return 0
+        self._check_device_member(node, "dec_lock_ref")
+        if node.lock_ref <= 0:
+            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+                delta += len(node.key)
+            node.lock_ref -= 1
+            self._update_leaf_status(node)
+            self._update_host_leaf_status(node)
+            node = node.parent
+        return delta
+
+    # -- device eviction -----------------------------------------------------------------------------
+    def evict(self, params: EvictParams | int) -> HiEvictResult:
+        """Free at least ``num_tokens`` device tokens from unlocked device leaves, in the strategy's order (or all
+        there are). A backed-up leaf is demoted to host-only; an unbacked one is destroyed (write-through
+        policies) or written to host first (``write_back``: the eviction waits for the copy; if the host pool
+        stays full, the leaf and its host-only subtree are dropped). A parent whose children all left the device
+        becomes a candidate. ``HiRadixCache.evict`` -> ``_evict_write_through`` / ``_evict_write_back``."""
+        num_tokens = params if isinstance(params, int) else params.num_tokens
+        heap = [(self._prio(n), n) for n in self.evictable_leaves]
+        heapq.heapify(heap)
+        tally = {"demoted": 0, "written": 0, "destroyed": 0}
+        host_before = self.host_evicted_tokens
+        staged: list[tuple[HiTreeNode, torch.Tensor]] = []
+        evicted = 0
+        while evicted < num_tokens and heap:
+            _, x = heapq.heappop(heap)
+            if x.lock_ref > 0:
+                continue
+            if x.host_value is not None:
+                evicted += self._evict_backuped(x)
+                tally["demoted"] += len(x.key)
+            elif self.write_policy != "write_back":
+                evicted += self._evict_regular(x)
+                tally["destroyed"] += len(x.key)
+            elif self.write_backup(x, write_back=True) > 0:
+                x.protect_host()
+                staged.append((x, x.value))
+                evicted += self._detach_backuped(x)
+                tally["written"] += len(x.key)
+            else:
+                self._flush_staged(staged)
+                dropped = self._drop_subtree_no_host(x)
+                evicted += dropped
+                tally["destroyed"] += dropped
+            parent = x.parent
+            if parent is not self.root_node and all(c.value is None for c in parent.children.values()):
+                heapq.heappush(heap, (self._prio(parent), parent))
+        self._flush_staged(staged)
+        res = EvictResult.of(num_tokens, num_tokens, evicted)
+        return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
+                             written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
+                             host_evicted_tokens=self.host_evicted_tokens - host_before)
+
+    def _flush_staged(self, staged: list[tuple[HiTreeNode, torch.Tensor]]) -> None:
+        """Write-back: wait for the staged copies, then free their device slots."""
+        if not staged:
+            return
+        self.writing_check(write_back=True)
+        for node, device_indices in staged:
+            self.cache_controller.evict_device(device_indices)
+            node.release_host()
+        staged.clear()
+
+    def _detach_backuped(self, node: HiTreeNode) -> int:
+        """Make ``node`` host-only (its device slots are freed by the caller)."""
+        n = len(node.value)
+        self.evictable_size_ -= n
+        node.value = None
+        self._update_leaf_status(node)
+        self._update_host_leaf_status(node)
+        self._update_leaf_status(node.parent)
+        return n
+
+    def _evict_backuped(self, node: HiTreeNode) -> int:
+        device_indices = node.value
+        n = self._detach_backuped(node)
+        self.cache_controller.evict_device(device_indices)
+        return n
+
+    def _evict_regular(self, node: HiTreeNode) -> int:
+        require(not node.children, "HiRadixCache: an unbacked device leaf has no children (write-through)", node=node)
+        n = len(node.value)
+        self.cache_controller.evict_device(node.value)
+        self._delete_leaf(node)
+        return n
+
+    def _delete_leaf(self, node: HiTreeNode) -> None:
+        del node.parent.children[self._key_of(node.key)]
+        self.evictable_size_ -= len(node.key)
+        self.evictable_leaves.discard(node)
+        node.value = None
+        self._update_leaf_status(node.parent)
+
+    def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
+        """Write-back with the host pool full: drop ``top`` (a device leaf) and its host-only descendants from both
+        tiers, unless any of them is host-protected. Returns the device tokens freed."""
+        nodes, stack = [], [top]
+        while stack:
+            x = stack.pop()
+            nodes.append(x)
+            stack.extend(x.children.values())
+        if any(x.host_ref_counter > 0 for x in nodes):
+            return 0
+        freed = 0
+        for x in nodes:
+            if x.host_value is not None:
+                self.cache_controller.evict_host(x.host_value)
+                x.host_value = None
+            if x.value is not None:
+                self.cache_controller.evict_device(x.value)
+                freed += len(x.value)
+                self.evictable_size_ -= len(x.value)
+                x.value = None
+            self.evictable_leaves.discard(x)
+            self.evictable_host_leaves.discard(x)
+        del top.parent.children[self._key_of(top.key)]
+        self._update_leaf_status(top.parent)
+        self._update_host_leaf_status(top.parent)
+        return freed
+
+    # -- host eviction -------------------------------------------------------------------------------
+    def evict_host(self, num_tokens: int) -> int:
+        """Free the host copies of host-only leaves (never host-protected ones), in the strategy's order, until
+        ``num_tokens`` are freed or none is left; the node is deleted, and a parent left childless and host-only
+        becomes a candidate. Returns the host tokens freed (``HiRadixCache.evict_host``)."""
+        heap = [(self._prio(n), n) for n in self.evictable_host_leaves]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, x = heapq.heappop(heap)
+            if x is self.root_node:
+                break
+            if x.value is not None or x.host_ref_counter > 0:
+                continue
+            freed += self.cache_controller.evict_host(x.host_value)
+            parent = x.parent
+            del parent.children[self._key_of(x.key)]
+            self.evictable_host_leaves.discard(x)
+            x.host_value = None
+            self._update_host_leaf_status(parent)
+            if not parent.children and parent.value is None:
+                heapq.heappush(heap, (self._prio(parent), parent))
+        self.host_evicted_tokens += freed
+        return freed
+
+    # -- load-back (host -> device) ------------------------------------------------------------------
+    def load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> LoadBackResult:
+        """Bring the host-only path ending at ``node`` back to the device, all or nothing. Skipped under
+        ``load_back_threshold`` tokens or over ``mem_quota`` (device tokens the caller may still use; the
+        evictable tokens the load would pin count against it). Device slots come from the allocator, evicting
+        first if it is short (``load_back_evict_mode``). On success the loaded nodes hold their new slots at once
+        and ``node`` stays locked until the copy is acknowledged (``loading_check``)."""
+        last_hit = node
+        to_load = []
+        while node.value is None:
+            require(node.host_value is not None, "HiRadixCache: a node off the device has a host copy", node=node)
+            to_load.append(node)
+            node = node.parent
+        to_load.reverse()
+        ancestor = node
+        delta = self.inc_lock_ref(ancestor)
+        host_indices = torch.cat([x.host_value for x in to_load]) if to_load else self._empty
+        n = int(host_indices.shape[0])
+        if n < self.load_back_threshold or (mem_quota is not None and n > mem_quota + delta):
+            self.dec_lock_ref(ancestor)
+            return LoadBackResult(None, _NO_EVICT, "below_threshold" if n < self.load_back_threshold else "over_quota")
+        for x in to_load:
+            x.protect_host()
+        ctl, alloc = self.cache_controller, self.token_to_kv_pool_allocator
+        ev = _NO_EVICT
+        if self.load_back_evict_mode == "shortfall":
+            available = alloc.available_size()
+            if available < n:
+                ev = self.evict(n - available)
+            device_indices = ctl.load(host_indices, last_hit.id)
+        else:
+            available = alloc.available_size()
+            device_indices = ctl.load(host_indices, last_hit.id)
+            if device_indices is None:
+                got = self.evict(n)
+                ev = replace(got, shortfall_tokens=max(0, n - available),
+                             over_evicted_tokens=max(0, min(got.evicted_tokens, n) - max(0, n - available)))
+                device_indices = ctl.load(host_indices, last_hit.id)
+        self.dec_lock_ref(ancestor)
+        for x in to_load:
+            x.release_host()
+        if device_indices is None:
+            return LoadBackResult(None, ev, "device_full")
+        op = ctl.load_queue[-1]
+        off = 0
+        for x in to_load:
+            x.value = device_indices[off : off + len(x.host_value)].clone()
+            off += len(x.host_value)
+        self.evictable_size_ += n
+        self.inc_lock_ref(last_hit)
+        self.ongoing_load_back[id(op)] = (op, last_hit)
+        return LoadBackResult(device_indices, ev)
+
+    def init_load_back(self, last_node: HiTreeNode, mem_quota: int | None = None) -> tuple[torch.Tensor, HiTreeNode]:
+        """The scheduler's entry (``init_load_back``): load back if ``last_node`` is host-only; returns the loaded
+        device slots (empty if none) and the node the request's device prefix now ends at."""
+        if last_node.value is not None:
+            return self._empty, last_node
+        res = self.load_back(last_node, mem_quota)
+        if res.device_indices is not None:
+            return res.device_indices, last_node
+        while last_node.value is None:
+            last_node = last_node.parent
+        return self._empty, last_node
+
+    # -- sizes and views -----------------------------------------------------------------------------
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        """Device tokens in the tree."""
+        return self.evictable_size_ + self.protected_size_
+
+    def host_size(self) -> int:
+        """Tokens with a host copy (both tiers or host only)."""
+        return sum(len(x.host_value) for x in self.nodes() if x is not self.root_node and x.host_value is not None)
+
+    def all_values_flatten(self) -> torch.Tensor:
+        values = [x.value for x in self.nodes() if x is not self.root_node and x.value is not None]
+        return torch.cat(values) if values else self._empty
+
+    def _node_note(self, node: HiTreeNode) -> str:
+        return "" if node is self.root_node else f" {node.residency}"
+
+    # -- invariants ----------------------------------------------------------------------------------
+    def check_invariants(self) -> None:
+        """Raise :class:`InvariantError` unless the two tiers' bookkeeping is consistent.
+
+        Every node is on the device, on host, or both, with one slot per token of a whole-page key; device
+        residency is closed under prefixes; host-only nodes are unlocked; under the write-through policies
+        backups form a prefix from the root; lock_ref >= the children's; the evictable/protected counters equal
+        the device tokens of unlocked/locked nodes; no device or host slot is cached twice, each is allocated in
+        its pool, and the host pool holds exactly the tree's host copies; both leaf indexes equal a brute-force
+        recomputation; every node an in-flight copy protects is locked.
+        """
+        root, ps = self.root_node, self.page_size
+        require(root.lock_ref == 1 and not len(root.key) and root.parent is None,
+                "HiRadixCache: root has lock_ref 1, an empty key and no parent", lock_ref=root.lock_ref)
+        evictable = protected = 0
+        dev, host, nodes = [], [], []
+        for node in self.nodes():
+            child_locks = 0
+            for ck, child in node.children.items():
+                require(child.parent is node, "HiRadixCache: each child points back at its parent", child=child)
+                require(ck == self._key_of(child.key), "HiRadixCache: each child is filed under its first token/page",
+                        child=child, filed_under=ck)
+                child_locks += child.lock_ref
+                if node.value is None and child.value is not None:
+                    raise InvariantError("HiRadixCache: device residency is closed under prefixes (a device node's "
+                                         "parent is on the device)", child=child, parent=node)
+            if node is root:
+                continue
+            require(node.lock_ref >= child_locks, "HiRadixCache: lock_ref >= the sum of the children's", node=node,
+                    lock_ref=node.lock_ref, children_lock_ref=child_locks)
+            nodes.append(node)
+            k = len(node.key)
+            if not k or k % ps:
+                raise InvariantError("HiRadixCache: every key is a non-empty whole number of pages", node=node,
+                                     key_len=k, page_size=ps)
+            if node.value is None and node.host_value is None:
+                raise InvariantError("HiRadixCache: every node is on the device or on host", node=node)
+            for tier, v in (("device", node.value), ("host", node.host_value)):
+                if v is not None and len(v) != k:
+                    raise InvariantError(f"HiRadixCache: a node's {tier} slots number its tokens", node=node,
+                                         key_len=k, slots=len(v))
+            if node.value is None:
+                require(node.lock_ref == 0, "HiRadixCache: a host-only node is unlocked", node=node)
+            else:
+                dev.append(node.value)
+                if node.lock_ref:
+                    protected += k
+                else:
+                    evictable += k
+            if node.host_value is not None:
+                host.append(node.host_value)
+                if (self.write_policy != "write_back" and node.parent is not root
+                        and node.parent.host_value is None):
+                    raise InvariantError("HiRadixCache: write-through backups form a prefix from the root",
+                                         node=node, parent=node.parent)
+        require((evictable, protected) == (self.evictable_size_, self.protected_size_),
+                "HiRadixCache: counters evictable/protected match the device tokens of unlocked/locked nodes",
+                evictable=self.evictable_size_, protected=self.protected_size_, tree_evictable=evictable,
+                tree_protected=protected)
+        for tier, slots, pool in (("device", dev, self.token_to_kv_pool_allocator),
+                                  ("host", host, self.token_to_kv_pool_host)):
+            flat = torch.cat(slots) if slots else self._empty
+            require(len(torch.unique(flat)) == len(flat), f"HiRadixCache: no {tier} slot is cached in two nodes",
+                    slots=len(flat))
+            require(pool.all_allocated(flat), f"HiRadixCache: every cached {tier} slot is allocated in its pool",
+                    slots=len(flat))
+        host_tokens = sum(len(h) for h in host)
+        require(host_tokens == self.token_to_kv_pool_host.used_size(),
+                "HiRadixCache: the host pool holds exactly the tree's host copies", tree=host_tokens,
+                pool_used=self.token_to_kv_pool_host.used_size())
+        leaves = {x for x in nodes if x.value is not None and not x.lock_ref
+                  and all(c.value is None for c in x.children.values())}
+        require(leaves == self.evictable_leaves, "HiRadixCache: the device-leaf index holds exactly the unlocked "
+                "device leaves", missing=sorted(x.id for x in leaves - self.evictable_leaves),
+                extra=sorted(x.id for x in self.evictable_leaves - leaves))
+        host_leaves = {x for x in nodes if x.value is None and all(c.host_value is None for c in x.children.values())}
+        require(host_leaves == self.evictable_host_leaves, "HiRadixCache: the host-leaf index holds exactly the "
+                "host-only nodes without backed-up children",
+                missing=sorted(x.id for x in host_leaves - self.evictable_host_leaves),
+                extra=sorted(x.id for x in self.evictable_host_leaves - host_leaves))
+        for op, lock_node in self.ongoing_write_through.values():
+            if lock_node is not None:
+                require(lock_node.lock_ref > 0, "HiRadixCache: a node with a backup in flight is locked",
+                        node=lock_node, finish_s=op.finish_s)
+        for op, node in self.ongoing_load_back.values():
+            require(node.value is not None and node.lock_ref > 0,
+                    "HiRadixCache: a node with a load-back in flight is on the device and locked", node=node,
+                    finish_s=op.finish_s)
+        self.token_to_kv_pool_host.check_invariants()
+
+
+__all__ = ["HiEvictResult", "HiMatchResult", "HiRadixCache", "HiTreeNode", "LOAD_BACK_EVICT_MODES", "LoadBackResult"]

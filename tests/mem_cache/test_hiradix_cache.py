@@ -1,0 +1,320 @@
+"""Worked cases for the host tier: the host pool's sizing, the transfer clock, each write policy, demotion, host
+eviction, load-back and its eviction rule, in-flight protection, and check_invariants catching broken state.
+
+The numbers are SGLang 0.5.16's (``HostKVCache.__init__``, ``HiRadixCache``); tests/mem_cache/
+test_differential_hicache.py runs SGLang's own classes on random scripts, these pin the behaviour in words.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
+from kvlab.mem_cache import EvictParams, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, evict_from_tree_cache
+from kvlab.mem_cache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
+from kvlab.units import GiB
+
+BPT = 1000  # bytes per token: a 10-token copy at 1e6 B/s takes 10 ms
+
+
+def make(size=40, host_tokens=None, ratio=2.0, page_size=1, policy="write_through", lb_mode="shortfall", bw=1e6):
+    alloc = TokenToKVPoolAllocator(size) if page_size == 1 else PagedTokenToKVPoolAllocator(size, page_size)
+    if host_tokens is not None:  # the pool SGLang builds for this ratio has host_tokens // ps + 1 pages
+        ratio = (host_tokens - page_size + 0.5) / size
+    host = HostKVCache(size, BPT, page_size, hicache_ratio=ratio)
+    cache = HiRadixCache(None, alloc, host, page_size, write_policy=policy, load_back_evict_mode=lb_mode,
+                         d2h_bytes_per_s=bw, h2d_bytes_per_s=bw)
+    return alloc, host, cache
+
+
+def serve(cache, alloc, tokens):
+    """Match, allocate the rest, insert: the tree then owns every page-aligned token of ``tokens``."""
+    m = cache.match_prefix(tokens)
+    new = alloc.alloc(len(tokens) // cache.page_size * cache.page_size - m.device_prefix_len)
+    assert new is not None
+    cache.insert(tokens, torch.cat([m.device_indices, new]))
+    cache.check_invariants()
+
+
+def residency(cache):
+    return {tuple(n.key): n.residency for n in cache.nodes() if n is not cache.root_node}
+
+
+# -- the host pool ------------------------------------------------------------------------------------------
+def test_host_pool_is_sized_like_sglang():
+    # ratio: int(device * ratio), then one page more than the floor in pages (even when already aligned)
+    assert host_pool_size(1000, 128, 1, hicache_ratio=2.0).size_tokens == 2001
+    assert host_pool_size(1000, 128, 64, hicache_ratio=2.0).size_tokens == (2000 // 64 + 1) * 64 == 2048
+    assert host_pool_size(1024, 128, 64, hicache_ratio=2.0).size_tokens == 2048 + 64
+    # --hicache-size is decimal GB and overrides the ratio
+    s = host_pool_size(1000, 128 * 1024, 16, hicache_ratio=2.0, hicache_size_gb=1)
+    assert (s.source, s.requested_tokens, s.size_tokens) == ("size", 10**9 // (128 * 1024), (7629 // 16 + 1) * 16)
+    # the minimum: never empty, whatever the ratio
+    tiny = host_pool_size(10, 128, 4, hicache_ratio=0.01)
+    assert (tiny.requested_tokens, tiny.size_tokens, tiny.num_pages) == (0, 4, 1)
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(hicache_ratio=0), "hicache_ratio"), (dict(hicache_ratio=-1), "hicache_ratio"),
+    (dict(hicache_size_gb=-1), "hicache_size_gb"), (dict(page_size=0), "page_size"),
+])
+def test_host_pool_sizing_rejects_bad_input_by_name(kwargs, word):
+    with pytest.raises(ValueError, match=word):
+        host_pool_size(100, 128, **{"page_size": 1, **kwargs})
+
+
+def test_host_pool_needs_host_memory_beyond_the_reserve():
+    HostKVCache(1000, 10**6, 1, hicache_ratio=1.0, host_available_bytes=11 * GiB)  # 1 GB after 10 GiB: fits
+    with pytest.raises(ValueError, match="not enough host memory.*10 GiB reserve"):
+        HostKVCache(1000, 10**6, 1, hicache_ratio=2.0, host_available_bytes=11 * GiB)
+
+
+def test_host_pool_smaller_than_device_is_flagged_not_refused():
+    assert HostKVCache(100, 8, 1, hicache_ratio=0.5).smaller_than_device
+    assert not HostKVCache(100, 8, 1, hicache_ratio=2.0).smaller_than_device
+
+
+def test_auto_ratio_shrinks_to_the_budget():
+    assert auto_hicache_ratio(2.0, 10 * GiB, 100 * GiB) == 2.0
+    assert auto_hicache_ratio(2.0, 10 * GiB, 10 * GiB) == pytest.approx(0.95)
+    with pytest.raises(ValueError, match="no host memory"):
+        auto_hicache_ratio(2.0, 10 * GiB, 0)
+
+
+def test_host_slots_come_from_the_head_and_frees_join_the_tail_late():
+    host = HostKVCache(4, 8, 1, hicache_ratio=1.0)  # 5 slots: 0..4
+    a = host.alloc(2)
+    assert a.tolist() == [0, 1]
+    host.free(a)
+    assert host.alloc(3).tolist() == [2, 3, 4]  # staged frees are used only when the free list runs short
+    assert host.alloc(2).tolist() == [0, 1]
+    assert host.alloc(1) is None
+    with pytest.raises(DoubleFreeError):
+        host.free(torch.tensor([7]))
+    host.free(torch.tensor([0]))
+    with pytest.raises(DoubleFreeError, match="double free"):
+        host.free(torch.tensor([0]))
+    host.check_invariants()
+
+
+# -- write policies and the transfer clock ------------------------------------------------------------------
+def test_write_through_backs_up_on_insert_and_locks_until_the_copy_lands():
+    alloc, host, cache = make(bw=1e6)
+    serve(cache, alloc, list(range(10)))
+    node = cache.match_prefix(list(range(10))).last_device_node
+    assert node.residency == "both" and node.lock_ref == 1  # in flight: protected from device eviction
+    assert cache.evict(10).evicted_tokens == 0
+    cache.advance(0.009)  # 10 tokens x 1000 B / 1e6 B/s = 10 ms: not yet
+    assert node.lock_ref == 1
+    cache.advance(0.001)
+    assert node.lock_ref == 0 and cache.now_s == pytest.approx(0.010)
+    r = cache.evict(10)
+    assert (r.evicted_tokens, r.demoted_tokens, r.destroyed_tokens) == (10, 10, 0)
+    assert node.residency == "host" and alloc.available_size() == 40 and host.used_size() == 10
+
+
+def test_copies_queue_on_one_channel():
+    alloc, host, cache = make(bw=1e6)
+    serve(cache, alloc, [1] * 10)
+    serve(cache, alloc, [2] * 20)
+    ops = list(cache.cache_controller.write_queue)
+    assert [(op.start_s, op.finish_s) for op in ops] == [(0.0, pytest.approx(0.01)), (pytest.approx(0.01),
+                                                                                       pytest.approx(0.03))]
+    cache.advance(0.02)
+    assert [len(n.key) for n in cache.nodes() if n.lock_ref and n is not cache.root_node] == [20]
+    assert cache.drain() == pytest.approx(0.01)
+    assert cache.cache_controller.totals.written_tokens == 30
+
+
+def test_write_through_selective_waits_for_the_second_hit():
+    alloc, host, cache = make(policy="write_through_selective")
+    serve(cache, alloc, list(range(10)))
+    assert residency(cache) == {tuple(range(10)): "device"}
+    serve(cache, alloc, list(range(10)))  # second insert of the same prefix: hit count 2
+    assert residency(cache) == {tuple(range(10)): "both"}
+    cache.drain()
+    # unbacked nodes are destroyed by device eviction under the write-through policies
+    serve(cache, alloc, list(range(10)) + [99] * 10)
+    r = cache.evict(20)
+    assert (r.demoted_tokens, r.destroyed_tokens) == (10, 10)
+    assert residency(cache) == {tuple(range(10)): "host"}
+
+
+def test_write_through_backs_up_only_below_a_backed_up_parent():
+    alloc, host, cache = make(policy="write_through_selective")
+    serve(cache, alloc, list(range(10)))
+    serve(cache, alloc, list(range(10)) + [50] * 5)  # parent hit twice -> backed up; child hit once
+    serve(cache, alloc, [7] * 5)
+    serve(cache, alloc, [7] * 5 + [8] * 5)  # splits nothing; [7]*5 hit twice now
+    assert residency(cache)[tuple(range(10))] == "both"
+    assert residency(cache)[(50,) * 5] == "device"
+    cache.check_invariants()
+
+
+def test_write_back_writes_on_eviction_and_the_eviction_waits_for_the_copy():
+    alloc, host, cache = make(policy="write_back", bw=1e6)
+    serve(cache, alloc, list(range(20)))
+    assert residency(cache) == {tuple(range(20)): "device"} and host.used_size() == 0
+    r = cache.evict(5)
+    assert (r.evicted_tokens, r.written_back_tokens, r.demoted_tokens, r.destroyed_tokens) == (20, 20, 20, 0)
+    assert residency(cache) == {tuple(range(20)): "host"}
+    assert cache.now_s == pytest.approx(0.02) and cache.cache_controller.totals.stall_s == pytest.approx(0.02)
+    assert alloc.available_size() == 40  # device slots freed only after the copy
+
+
+def test_write_back_with_a_full_host_drops_the_leaf_and_its_host_subtree():
+    alloc, host, cache = make(policy="write_back", host_tokens=10)
+    serve(cache, alloc, [1] * 10)
+    cache.evict(10)  # written back: fills the host pool
+    serve(cache, alloc, [2] * 10)
+    serve(cache, alloc, [1] * 10)  # recomputed: the host-only node takes the new device slots (both tiers now)
+    serve(cache, alloc, [1] * 10 + [3] * 10)
+    r = cache.evict(40)
+    # [3]*10: no host room even after host eviction (the only host copy belongs to a device node) -> dropped;
+    # then [2]*10 the same; [1]*10 is backed up -> demoted
+    assert (r.destroyed_tokens, r.demoted_tokens, r.written_back_tokens) == (20, 10, 0)
+    assert residency(cache) == {(1,) * 10: "host"}
+    cache.check_invariants()
+
+
+# -- matches, host eviction, load-back ------------------------------------------------------------------------
+def demoted_chain(**kw):
+    """[0..9] on both tiers, [0..9]+[10..19] on host only (demoted), copies landed."""
+    alloc, host, cache = make(**kw)
+    serve(cache, alloc, list(range(20)))
+    serve(cache, alloc, list(range(10)) + [77] * 10)  # split: [0..9] shared
+    cache.drain()
+    cache.match_prefix(list(range(10)) + [77] * 10)  # the [77] leaf is most recent: [10..19] goes first
+    cache.evict(10)
+    assert residency(cache) == {tuple(range(10)): "both", tuple(range(10, 20)): "host", (77,) * 10: "both"}
+    return alloc, host, cache
+
+
+def test_match_reports_device_and_host_hits():
+    alloc, host, cache = demoted_chain()
+    m = cache.match_prefix(list(range(20)) + [5])
+    assert (m.device_prefix_len, m.host_hit_length) == (10, 10)
+    assert list(m.last_host_node.key) == list(range(10, 20))
+    assert list(m.last_device_node.key) == list(range(10))
+    m = cache.match_prefix(list(range(15)))  # ends inside the host-only node: split there
+    assert (m.device_prefix_len, m.host_hit_length) == (10, 5)
+    cache.check_invariants()
+
+
+def test_host_eviction_takes_host_only_leaves_only():
+    alloc, host, cache = demoted_chain()
+    assert cache.evict_host(100) == 10  # the device nodes' host copies are not host-evictable
+    assert residency(cache) == {tuple(range(10)): "both", (77,) * 10: "both"}
+    assert cache.host_evicted_tokens == 10
+    cache.check_invariants()
+
+
+def test_load_back_brings_the_path_back_and_locks_it_until_the_copy_lands():
+    alloc, host, cache = demoted_chain(bw=1e6)
+    t0 = cache.now_s
+    m = cache.match_prefix(list(range(20)))
+    values, last = cache.init_load_back(m.best_match_node)
+    assert len(values) == 10 and last is m.last_host_node and last.residency == "both"
+    assert last.lock_ref == 1 and cache.evict(100).evicted_tokens == 10  # only the [77] leaf could go
+    cache.advance(0.01)
+    assert last.lock_ref == 0 and cache.now_s == pytest.approx(t0 + 0.01)
+    assert cache.match_prefix(list(range(20))).device_prefix_len == 20
+
+
+def test_load_back_below_the_threshold_or_over_the_quota_is_skipped():
+    alloc, host, cache = demoted_chain()
+    cache.load_back_threshold = 11
+    m = cache.match_prefix(list(range(20)))
+    assert cache.load_back(m.last_host_node).reason == "below_threshold"
+    cache.load_back_threshold = 10
+    # the quota counts the evictable tokens the load pins ([0..9]: 10 of them) against it
+    assert cache.load_back(m.last_host_node, mem_quota=19).reason == "over_quota"
+    assert cache.load_back(m.last_host_node, mem_quota=20).loaded_tokens == 10
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("mode, evicted", [("shortfall", 5), ("full", 10)])
+def test_load_back_evicts_the_shortfall_or_the_whole_load(mode, evicted):
+    """0.5.23 evicts ``need - available``; 0.5.16 tried to allocate and, on failure, evicted the whole load."""
+    alloc, host, cache = demoted_chain(lb_mode=mode, size=40)
+    for tokens in ([40 + i] * 5 for i in range(3)):  # 15 more device tokens in 5-token leaves: 5 slots stay free
+        serve(cache, alloc, tokens)
+    cache.drain()
+    cache.match_prefix(list(range(10)) + [77] * 10)  # the [77] leaf is now the most recent: the small ones go first
+    assert alloc.available_size() == 5
+    r = cache.load_back(cache.match_prefix(list(range(20))).last_host_node)
+    assert r.loaded_tokens == 10
+    assert (r.evict.shortfall_tokens, r.evict.requested_tokens, r.evict.evicted_tokens) == (5, 10 if mode == "full"
+                                                                                          else 5, evicted)
+    assert r.evict.over_evicted_tokens == (5 if mode == "full" else 0)
+    cache.check_invariants()
+
+
+# -- locks and invariants -------------------------------------------------------------------------------------
+def test_locking_a_host_only_node_or_unlocking_twice_raises():
+    alloc, host, cache = demoted_chain()
+    host_only = cache.match_prefix(list(range(20))).last_host_node
+    with pytest.raises(LockRefError, match="not on the device"):
+        cache.inc_lock_ref(host_only)
+    dev = cache.match_prefix(list(range(10))).last_device_node
+    cache.inc_lock_ref(dev)
+    cache.dec_lock_ref(dev)
+    with pytest.raises(LockRefError, match="not locked"):
+        cache.dec_lock_ref(dev)
+
+
+def test_check_invariants_catches_broken_state():
+    alloc, host, cache = demoted_chain()
+    node = cache.match_prefix(list(range(20))).last_host_node
+    node.host_value = None  # a node on neither tier
+    with pytest.raises(InvariantError, match="on the device or on host"):
+        cache.check_invariants()
+    alloc, host, cache = demoted_chain()
+    host.alloc(3)  # host slots nobody in the tree owns
+    with pytest.raises(InvariantError, match="host pool holds exactly"):
+        cache.check_invariants()
+    alloc, host, cache = make()
+    serve(cache, alloc, list(range(10)))
+    next(n for n in cache.nodes() if n is not cache.root_node).lock_ref = 0  # a copy in flight, unprotected
+    cache.protected_size_, cache.evictable_size_ = 0, 10
+    cache.evictable_leaves.update(n for n in cache.nodes() if n is not cache.root_node)
+    with pytest.raises(InvariantError, match="backup in flight is locked"):
+        cache.check_invariants()
+
+
+@pytest.mark.parametrize("kwargs, word", [
+    (dict(write_policy="write_around"), "write_policy"), (dict(load_back_evict_mode="some"), "load_back_evict_mode"),
+    (dict(d2h_bytes_per_s=0), "d2h_bytes_per_s"),
+])
+def test_bad_configuration_is_named(kwargs, word):
+    alloc = TokenToKVPoolAllocator(16)
+    with pytest.raises(ValueError, match=word):
+        HiRadixCache(None, alloc, HostKVCache(16, 8, 1), **kwargs)
+
+
+def test_paged_tree_moves_whole_pages():
+    alloc, host, cache = make(size=64, page_size=4, policy="write_back")
+    serve(cache, alloc, list(range(18)))  # 16 tokens cached (4 pages); the unaligned tail is not
+    assert cache.total_size() == 16
+    assert cache.evict(EvictParams(num_tokens=4)).written_back_tokens == 16
+    assert cache.match_prefix(list(range(18))).host_hit_length == 16
+    cache.check_invariants()
+
+
+def test_the_two_tier_tree_keeps_the_prefix_cache_contract():
+    """Anything written against ``BasePrefixCache`` (the glue, the views) takes a HiRadixCache: both eviction modes
+    of ``evict_from_tree_cache`` work on it, and its text view marks each node's tier."""
+    from kvlab.mem_cache import BasePrefixCache
+
+    for mode, requested in (("shortfall", 6), ("full", 10)):
+        alloc, host, cache = demoted_chain()
+        assert isinstance(cache, BasePrefixCache)
+        held = alloc.alloc(alloc.available_size() - 4)
+        r = evict_from_tree_cache(cache, 10, mode=mode)
+        assert (r.shortfall_tokens, r.requested_tokens) == (6, requested)
+        alloc.free(held)
+        cache.check_invariants()
+    text = cache.pretty_print()
+    assert " host" in text and " both" in text
