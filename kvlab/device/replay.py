@@ -216,9 +216,27 @@ def replay_with_what_ifs(path: str | os.PathLike | Snapshot, device: int | None 
     if not result.has_history:
         result.notes.append("what-ifs need a trace: none run")
         return result, []
-    runs = [run_what_if(result.ops, result.settings, label="as recorded (modelled)", capacity=capacity)]
-    runs += [run_what_if(result.ops, config, label=text, capacity=capacity) for text, config in configs]
+    caveats = what_if_caveats(result)
+    start = result.seed if result.seed.segments else None
+    runs = [run_what_if(result.ops, result.settings, label="as recorded (modelled)", capacity=capacity, start=start,
+                        caveats=caveats)]
+    runs += [run_what_if(result.ops, config, label=text, capacity=capacity, caveats=caveats,
+                         start=start if config == result.settings else None) for text, config in configs]
     if result.seed.segments:
-        result.notes.append(f"the history starts mid-run: each what-if first allocates the {len(result.seed.blocks)} "
-                            "blocks live at its first event, in address order")
+        result.notes.append(f"the history starts mid-run: the what-ifs under the recorded settings start from the "
+                            f"state at its first event ({len(result.seed.blocks)} live blocks in "
+                            f"{len(result.seed.segments)} segments); the others allocate those blocks first, in "
+                            "address order, under their own settings")
     return result, runs
+
+
+def what_if_caveats(result: ReplayResult) -> list[str]:
+    """What every what-if of ``result`` inherits from the fidelity replay: a stream cut short, blocks
+    whose frees were left out."""
+    caveats = []
+    if "stopped" in result.divergence_counts:
+        caveats.append(f"the fidelity replay stopped at event {len(result.trace):,}: the stream ends there")
+    if result.seed.orphans:
+        caveats.append(f"{len(result.seed.orphans)} blocks live at the first event lie in no segment kvlab could "
+                       "rebuild: they and their frees are left out")
+    return caveats

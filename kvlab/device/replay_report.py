@@ -221,15 +221,26 @@ class ReplayResult:
                      f"{self.recorded_cuda_mallocs:,} cudaMalloc calls; modelled peak allocated "
                      f"{fmt_bytes(max(self.modelled_allocated, default=self.seed.allocated_bytes))}")
         if what_ifs:
-            head = ("what-if", "peak reserved", "final reserved", "peak frag.", "cudaMallocs", "OOM at capacity")
-            rows = [(w.label, fmt_bytes(w.peak_reserved_bytes), fmt_bytes(w.final_reserved_bytes),
-                     fmt_bytes(w.peak_fragmentation_bytes), f"{w.cuda_malloc_calls:,}",
-                     "—" if w.oom_at_capacity is None else
-                     (f"yes, at event {w.oom_event}" if w.oom_at_capacity else "no")) for w in what_ifs]
+            head = ("what-if", "peak reserved", "final reserved", "peak frag.", "cudaMallocs", "OOM at capacity",
+                    "answer")
+            caveats: list[str] = []  # numbered once each, in order of first use
+            rows = []
+            for w in what_ifs:
+                marks = []
+                for caveat in w.caveats:
+                    if caveat not in caveats:
+                        caveats.append(caveat)
+                    marks.append(f"[{caveats.index(caveat) + 1}]")
+                rows.append((w.label, fmt_bytes(w.peak_reserved_bytes), fmt_bytes(w.final_reserved_bytes),
+                             fmt_bytes(w.peak_fragmentation_bytes), f"{w.cuda_malloc_calls:,}",
+                             "—" if w.oom_at_capacity is None else
+                             (f"yes, at event {w.oom_event}" if w.oom_at_capacity else "no"),
+                             "exact" if w.exact else "estimate " + "".join(marks)))
             widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
             for row in [head, *rows]:
-                lines.append("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                              for i, (c, w) in enumerate(zip(row, widths))))
+                lines.append("  " + "  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
+                                              for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+            lines += [f"  [{k}] {caveat}" for k, caveat in enumerate(caveats, 1)]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 

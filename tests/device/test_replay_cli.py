@@ -71,7 +71,7 @@ def test_human_output_is_a_verdict_and_a_table(capsys, snapshot_file):
     assert lines[0].startswith(f"replay · {snapshot_file} · device 0 · ")
     assert lines[1].startswith("  EXACT: ")
     assert any(line.split() == ["what-if", "peak", "reserved", "final", "reserved", "peak", "frag.", "cudaMallocs",
-                                "OOM", "at", "capacity"] for line in lines)
+                                "OOM", "at", "capacity", "answer"] for line in lines)
     assert any(line.strip().startswith("expandable_segments=True") for line in lines)  # the default what-if
 
 
