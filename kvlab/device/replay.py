@@ -18,8 +18,8 @@
 - an ``oom`` is a ``malloc`` against a driver with exactly the recorded ``device_free`` bytes left,
   which must fail too;
 - expandable segments reserve address space for 1 1/8 of the device, a size the snapshot does not
-  record: a recorded ``oom`` tells it (free + reserved), and each recorded new segment fences the
-  model's segments below it;
+  record: ``device_memory`` (``kvlab replay --device-memory``) gives it, else a recorded ``oom`` tells it
+  (free + reserved), and each recorded new segment fences the model's segments below it;
 - segments in CUDA-graph private pools (``segment_pool_id`` other than ``(0, 0)``) and events on their
   addresses are left out, with a note: the model has no private pools.
 
@@ -46,7 +46,16 @@ from kvlab.device.caching_allocator import (
     CachingAllocatorModel,
     round_size,
 )
-from kvlab.device.replay_engine import _GROWS, _Addresses, _device_bytes, _fence, _run, _Sink
+from kvlab.device.replay_engine import (
+    _GROWS,
+    MODEL_TOTAL_BYTES,
+    _Addresses,
+    _device_bytes,
+    _fence,
+    _run,
+    _Sink,
+    reserved_at_start,
+)
 from kvlab.device.replay_report import OP_ALLOC, OP_FREE_REQUESTED, ReplayResult
 from kvlab.device.replay_seed import PENDING_STATES, infer_seed, segment_blocks
 from kvlab.device.replay_whatif import recorded_settings
@@ -76,10 +85,12 @@ def choose_device(snapshot: Snapshot, device: int | None) -> tuple[int, list[str
 def replay_snapshot(snapshot: Snapshot | str | os.PathLike | Mapping | list, device: int | None = None, *,
                     model_factory: Callable[..., CachingAllocatorModel] = CachingAllocatorModel,
                     config: AllocatorConfig | None = None, check_invariants: bool = False,
-                    stop_after: int | None = None) -> ReplayResult:
+                    stop_after: int | None = None, device_memory: int | None = None) -> ReplayResult:
     """Replay one device's trace; ``config`` overrides the recorded settings, ``model_factory`` builds
     the model (a test passes a deliberately wrong one), ``check_invariants`` walks the model after each
-    event (slow), ``stop_after`` stops after that event (no final comparison; see :func:`state_at`)."""
+    event (slow), ``stop_after`` stops after that event (no final comparison; see :func:`state_at`),
+    ``device_memory`` is the device's total memory in bytes (it sets the address space of expandable
+    segments; else a recorded oom tells it, else it is unknown)."""
     snap = snapshot if isinstance(snapshot, Snapshot) else read_snapshot(snapshot)
     dev, notes = choose_device(snap, device)
     settings, setting_notes = recorded_settings(snap.raw.get("allocator_settings"), snap.source)
@@ -98,10 +109,21 @@ def replay_snapshot(snapshot: Snapshot | str | os.PathLike | Mapping | list, dev
                      f"({sum(s['total_size'] for s in private):,} B) and {len(trace) - len(kept)} events on them "
                      "are left out; the rest replays")
         trace = kept
+    device_bytes, known = _device_bytes(reserved_at_start(segments, trace), trace, settings, device_memory)
+    if known == "oom":
+        notes.append(f"the device's memory is taken from the recorded oom (free + reserved: {device_bytes:,} B); "
+                     "it sets the expandable segments' address space (give the true total with --device-memory)")
+    elif known == "unknown":
+        notes.append("the device's total memory is not recorded (no oom event): expandable segments' address "
+                     "space is taken as unbounded above the last segment; give it with --device-memory if the "
+                     "history fills a segment near the device's limit")
+    elif known == "given" and device_memory < max(reserved_at_start(segments, trace), 1):
+        raise SnapshotError(f"{snap.source}: --device-memory {device_memory:,} B is less than the "
+                            f"{reserved_at_start(segments, trace):,} B reserved at the trace's first event")
     tails: dict[int, int] = {}
     while True:  # each pass may learn one ambiguous tail from the recorded allocator's own choice
         result = _replay_once(snap, dev, settings, segments, trace, list(notes), model_factory, check_invariants, tails,
-                              stop_after)
+                              stop_after, device_bytes)
         learned = _tail_from_choice(result)
         if learned is None or learned[0] in tails:
             break
@@ -136,10 +158,11 @@ def _tail_from_choice(result: ReplayResult) -> tuple[int, int] | None:
 
 
 def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, check_invariants, tails,
-                 stop_after) -> ReplayResult:
-    seed = infer_seed(segments, trace, settings, tails=tails)
+                 stop_after, device_bytes) -> ReplayResult:
+    seed = infer_seed(segments, trace, settings, tails=tails,
+                      device_bytes=device_bytes if device_bytes < MODEL_TOTAL_BYTES else None)
     notes += seed.notes
-    model = model_factory(_device_bytes(seed.reserved_bytes, trace, settings), config=settings, device_index=dev)
+    model = model_factory(device_bytes, config=settings, device_index=dev)
     addresses = _Addresses(max([s["address"] + s["total_size"] for s in segments]
                                + [e.get("addr", 0) + e["size"] for e in trace if e["action"] in _GROWS] + [0]), model)
     model.segment_address_source = addresses
@@ -204,14 +227,15 @@ DEFAULT_WHAT_IFS = ("expandable_segments=True",)
 
 
 def replay_with_what_ifs(path: str | os.PathLike | Snapshot, device: int | None = None, what_ifs=None,
-                         capacity: int | str | None = None):
+                         capacity: int | str | None = None, device_memory: int | str | None = None):
     """What ``kvlab replay`` runs: the fidelity replay, then the recorded stream under the recorded
     settings (the model's baseline) and under each what-if (``KEY=VALUE[,...]``; default
     ``expandable_segments=True``). Returns ``(ReplayResult, [WhatIf, ...])``; no what-ifs without history."""
     from kvlab.device.replay_whatif import parse_size, parse_what_if, run_what_if
 
     capacity = parse_size(capacity) if isinstance(capacity, str) else capacity
-    result = replay_snapshot(path, device)
+    device_memory = parse_size(device_memory) if isinstance(device_memory, str) else device_memory
+    result = replay_snapshot(path, device, device_memory=device_memory)
     configs = [(text, parse_what_if(text, result.settings)) for text in (what_ifs or DEFAULT_WHAT_IFS)]
     if not result.has_history:
         result.notes.append("what-ifs need a trace: none run")

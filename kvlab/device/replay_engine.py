@@ -85,19 +85,33 @@ def _fence(model) -> None:
             model.limit_address_space(low, high.addr)
 
 
-def _device_bytes(reserved: int, trace: list[Mapping], settings: AllocatorConfig) -> int:
-    """The model's device size: plenty (its driver refuses only where a recorded oom says so). With
-    expandable segments the size also sets each segment's address space (1 1/8 of it), which decides when
-    a segment is full; a recorded oom tells the device's usable bytes then (free + reserved)."""
+def _device_bytes(reserved: int, trace: list[Mapping], settings: AllocatorConfig,
+                  device_memory: int | None = None) -> tuple[int, str]:
+    """The model's device size and where it came from. Without expandable segments: plenty (its driver
+    refuses only where a recorded oom says so). With them the size also sets each segment's address space
+    (1 1/8 of it), which decides when a segment is full: ``device_memory`` (``kvlab replay
+    --device-memory``) when given, else a recorded oom's usable bytes then (free + reserved; the CUDA
+    context and other processes' memory make the real device somewhat larger), else unknown (plenty)."""
     if not settings.expandable_segments:
-        return MODEL_TOTAL_BYTES
+        return MODEL_TOTAL_BYTES, "not needed"
+    if device_memory is not None:
+        return device_memory, "given"
     usable = 0
     for e in trace:
         action = e["action"]
         reserved += e["size"] if action in _GROWS else (-e["size"] if action in _RELEASES else 0)
         if action == "oom":
             usable = max(usable, reserved + e.get("device_free", e.get("addr", 0)))
-    return usable or MODEL_TOTAL_BYTES
+    return (usable, "oom") if usable else (MODEL_TOTAL_BYTES, "unknown")
+
+
+def reserved_at_start(segments: list[Mapping], trace: list[Mapping]) -> int:
+    """Reserved bytes before ``trace[0]``: the final segments' bytes with the trace's mappings undone."""
+    reserved = sum(s["total_size"] for s in segments)
+    for e in trace:
+        action = e["action"]
+        reserved -= e["size"] if action in _GROWS else (-e["size"] if action in _RELEASES else 0)
+    return reserved
 
 
 def _run(model, trace, blocks, pending, ops, sink, addresses, result: ReplayResult, check: bool) -> None:
