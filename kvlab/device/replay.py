@@ -94,13 +94,19 @@ def replay_snapshot(snapshot: Snapshot | str | os.PathLike | Mapping | list, dev
     snap = snapshot if isinstance(snapshot, Snapshot) else read_snapshot(snapshot)
     dev, notes = choose_device(snap, device)
     settings, setting_notes = recorded_settings(snap.raw.get("allocator_settings"), snap.source)
-    settings = config or settings
-    notes += setting_notes
     segments = [s for s in snap.raw["segments"] if s.get("device", 0) == dev]
-    private = [s for s in segments if _pool_id(s.get("segment_pool_id")) != (0, 0)]
-    segments = [s for s in segments if _pool_id(s.get("segment_pool_id")) == (0, 0)]
     traces = snap.raw.get("device_traces") or []
     trace = list(traces[dev]) if dev < len(traces) else []
+    if setting_notes and not snap.raw.get("allocator_settings") and (
+            any(s.get("is_expandable") for s in segments)
+            or any(e["action"] in ("segment_map", "segment_unmap") for e in trace)):
+        settings = AllocatorConfig(expandable_segments=True)  # torch 2.1 to 2.4: expandable, settings unrecorded
+        setting_notes = ["the snapshot records no allocator_settings (written by torch 2.5 and later), but its "
+                         "segments are expandable: replayed with expandable_segments=True and torch's other defaults"]
+    settings = config or settings
+    notes += setting_notes
+    private = [s for s in segments if _pool_id(s.get("segment_pool_id")) != (0, 0)]
+    segments = [s for s in segments if _pool_id(s.get("segment_pool_id")) == (0, 0)]
     if private:
         spans = [(s["address"], s["address"] + s["total_size"]) for s in private]
         kept = [e for e in trace if _pool_id(e.get("pool_id")) == (0, 0)

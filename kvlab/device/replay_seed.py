@@ -125,6 +125,8 @@ def _pool_of_range(start: int, stop: int, stream: int, known: list[list], trace:
     for e in trace:
         if e["action"] in ("alloc", "free_completed") and start <= e["addr"] < stop:
             return "small" if round_size(e["size"]) <= SMALL_SIZE_BYTES else "large"
+    if (stop - start) % LARGE_BUFFER_BYTES:  # a large segment maps whole 20 MiB pages
+        return "small"
     below = [(k_start, pool) for k_start, _, pool, k_stream in known
              if k_stream == stream and k_start <= start < k_start + space]
     above = [(k_start, pool) for k_start, _, pool, k_stream in known
@@ -264,19 +266,29 @@ def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict
     k = 0
     while k < len(instances):  # instances may grow: a full segment's mapped pages run on into the next one's
         key, ranges = instances[k]
+        page = SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES
+        space = _space_bytes(device_bytes, page)
         floor = instances[k - 1][1][-1][1] if k else 0
         base = min([a for a, owner in maps if owner == key and floor <= a < ranges[0][0]] + [ranges[0][0]])
-        space = _space_bytes(device_bytes, SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES)
-        if ranges[0][0] >= base + space:  # a mapping that far below belongs to another segment
+        if ranges[0][0] >= base + space or (ranges[0][0] - base) % page:  # that mapping is another segment's
             base = ranges[0][0]
         end = base + space
-        cut = next((j for j, (start, stop) in enumerate(ranges) if stop > end), None)
-        if cut is not None:  # the pages from ``end`` on belong to another segment of the same pool
-            rest = [[max(start, end), stop] for start, stop in ranges[cut:]]
-            del ranges[cut + (ranges[cut][0] < end):]
-            if ranges and ranges[-1][1] > end:
-                ranges[-1][1] = end
-            instances.insert(k + 1, [key, rest])
+        cut = next((j for j, (start, stop) in enumerate(ranges)
+                    if stop > end or (start - base) % page or (stop - base) % page), None)
+        if cut is not None:  # the pages from there on belong to another segment of the same pool
+            start, stop = ranges[cut]
+            if (start - base) % page or start >= end:
+                rest = ranges[cut:]
+                del ranges[cut:]
+            elif stop > end:  # a range running past the end: split it there
+                rest = [[end, stop]] + ranges[cut + 1:]
+                ranges[cut][1] = end
+                del ranges[cut + 1:]
+            else:  # ends inside a page: the pages after it start another segment
+                rest = ranges[cut + 1:]
+                del ranges[cut + 1:]
+            if rest:
+                instances.insert(k + 1, [key, rest])
         bases.append(base)
         k += 1
     out = []
