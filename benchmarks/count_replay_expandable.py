@@ -1,7 +1,7 @@
 """Count how many generated "expandable segments + history that starts mid-run + near the device's limit"
 snapshots the fidelity replay reproduces exactly (issue 20, item 2).
 
-Each case is ``kvlab.device.replay_gen.generate`` on a 3 GiB device with expandable segments, about twice the
+Each case is ``kvlab.device.replay.gen.generate`` on a 3 GiB device with expandable segments, about twice the
 device's memory wanted live (so it runs out of memory and its segments fill their address space), one or two
 streams, and the first 1,000 to 8,000 events dropped (a wrapped ring buffer). Cases whose kept trace holds an
 ``oom`` tell the device's size through it; the others know it only when ``--device-memory`` is given.
@@ -18,8 +18,8 @@ import inspect
 from collections import Counter
 
 from kvlab.device.caching_allocator import AllocatorConfig
-from kvlab.device.replay import replay_snapshot
-from kvlab.device.replay_gen import generate
+from kvlab.device.replay.fidelity import replay_snapshot
+from kvlab.device.replay.gen import generate
 from kvlab.units import GiB
 
 DEVICE_BYTES = 3 * GiB

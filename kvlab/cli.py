@@ -223,8 +223,8 @@ def _app(args) -> int:
 def _replay(args) -> int:
     import warnings
 
-    from kvlab.device.replay import replay_with_what_ifs
-    from kvlab.device.replay_whatif import parse_size
+    from kvlab.device.replay.settings import parse_size
+    from kvlab.device.replay.whatif import replay_with_what_ifs
     from kvlab.device.snapshot import SnapshotKeyWarning
 
     sizes = {}

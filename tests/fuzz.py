@@ -37,7 +37,7 @@ EXAMPLES: dict[str, dict[str, int]] = {
     # tests/serving/test_log_roundtrip.py: one rendered start-up log per example, parsed back and explained
     "log_roundtrip": {"ci": 200, "long": 1000, "dev": 20},
     # tests/device/test_replay_corpus.py: one generated snapshot pickle per example, through `kvlab replay --json`
-    # with four what-ifs (not hypothesis: seeds 0..n-1 of kvlab.device.replay_gen.random_case)
+    # with four what-ifs (not hypothesis: seeds 0..n-1 of kvlab.device.replay.gen.random_case)
     "replay_corpus": {"ci": 300, "long": 3000, "dev": 20},
 }
 # Rules per state-machine run (the upper bound; hypothesis draws the length). Same in every profile, so

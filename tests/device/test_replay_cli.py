@@ -11,9 +11,10 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.device.caching_allocator import AllocatorConfig
-from kvlab.device.replay import replay_snapshot
-from kvlab.device.replay_gen import generate
-from kvlab.device.replay_whatif import parse_size, parse_what_if, run_what_if
+from kvlab.device.replay.fidelity import replay_snapshot
+from kvlab.device.replay.gen import generate
+from kvlab.device.replay.settings import parse_size, parse_what_if
+from kvlab.device.replay.whatif import run_what_if
 from kvlab.units import GB, GiB, MiB
 from tests.shared_data import SKIP_REASON, real_snapshots
 

@@ -1,11 +1,11 @@
 """A generated corpus that looks like the snapshots users bring (issue 20): ``kvlab replay --json`` with the
-default what-if and three others on every case of ``kvlab.device.replay_gen.random_case`` (random settings,
+default what-if and three others on every case of ``kvlab.device.replay.gen.random_case`` (random settings,
 streams, deferred frees, ``empty_cache`` runs, OOMs near the device's limit, histories that start mid-run and
 free older blocks, torch-version format variants), each written as a real pickle file.
 
 Every run exits 0 with JSON on stdout and nothing but ``kvlab: warning:`` lines on stderr; every what-if row is
 there and says whether it is exact; and the fidelity replay is exact wherever the generator's own truth says it
-must be (:func:`kvlab.device.replay_gen.exactness`). The bulk calls the CLI in-process; a few go through a real
+must be (:func:`kvlab.device.replay.gen.exactness`). The bulk calls the CLI in-process; a few go through a real
 ``python -m kvlab.cli`` process. Seeds 0..n-1, n from tests/fuzz.py (``replay_corpus``: 300 under the CI profile,
 3,000 under ``KVLAB_FUZZ=long``). :func:`run_corpus` also gives the counts for a report::
 
@@ -27,7 +27,7 @@ from pathlib import Path
 import fuzz
 
 from kvlab.cli import main
-from kvlab.device.replay_gen import random_case
+from kvlab.device.replay.gen import random_case
 from tests.conftest import REPO_ROOT
 
 WHAT_IFS = ("max_split_size_mb=128", "roundup_power2_divisions=4", "expandable_segments=False")

@@ -9,10 +9,9 @@ from __future__ import annotations
 import pytest
 
 from kvlab.device.caching_allocator import AllocatorConfig
-from kvlab.device.replay import replay_with_what_ifs
-from kvlab.device.replay_gen import generate
-from kvlab.device.replay_report import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
-from kvlab.device.replay_whatif import run_what_if
+from kvlab.device.replay.gen import generate
+from kvlab.device.replay.report import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
+from kvlab.device.replay.whatif import replay_with_what_ifs, run_what_if
 from kvlab.units import GiB, MiB
 
 WHAT_IFS = ["expandable_segments=True", "max_split_size_mb=128", "roundup_power2_divisions=4",

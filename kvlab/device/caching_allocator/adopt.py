@@ -1,8 +1,8 @@
 """Seeding the allocator model with state that predates it (a replay that starts mid-run).
 
 kvlab's own, no upstream counterpart: a ``_dump_snapshot`` recording usually starts after the
-process has already built segments, so :mod:`kvlab.device.replay` hands each segment that exists at
-the start to :func:`adopt_segment`, and :mod:`kvlab.device.replay_engine` calls
+process has already built segments, so :mod:`kvlab.device.replay.fidelity` hands each segment that exists at
+the start to :func:`adopt_segment`, and :mod:`kvlab.device.replay.engine` calls
 :func:`limit_address_space` to fence an expandable segment below the address where the recording's
 next segment starts. Both are methods of
 :class:`~kvlab.device.caching_allocator.CachingAllocatorModel`; the books they write are the ones
@@ -33,7 +33,7 @@ def adopt_segment(
     *,
     is_expandable: bool = False,
 ) -> list[Block]:
-    """Take over a segment that existed before this model started (kvlab.device.replay seeds a
+    """Take over a segment that existed before this model started (kvlab.device.replay.fidelity seeds a
     history that starts mid-run this way). ``blocks`` tile the segment from ``addr`` in address
     order as ``(size, requested_size, state)``, state ``"allocated"``, ``"free"`` or, in an
     expandable segment, ``"unmapped"``; adjacent free blocks must already be merged. Stats count it

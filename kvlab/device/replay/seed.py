@@ -146,7 +146,7 @@ def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorC
     ``device_bytes`` is the device's total memory: an expandable segment's address space is 1 1/8 of it
     (rounded up to its pages, as torch's ``ExpandableSegment``); unknown (None), the last segment's space
     is taken as unbounded. ``tails`` gives the least tail of an otherwise ambiguous block (learned by
-    kvlab.device.replay)."""
+    kvlab.device.replay.fidelity)."""
     notes: list[str] = []
     live: dict[int, list] = {}  # addr -> [size | None, requested, stream, pending]
     whole: dict[int, tuple[int, str, int]] = {}  # non-expandable segments: addr -> (size, pool, stream)

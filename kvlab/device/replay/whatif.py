@@ -18,106 +18,19 @@ A row is never an exception: whatever the model cannot take ends the run there, 
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvlab.device.caching_allocator import AllocatorConfig, CachingAllocatorModel, OutOfMemoryError
-from kvlab.device.replay_report import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED
-from kvlab.device.replay_seed import Seed
+from kvlab.device.replay.fidelity import replay_snapshot
+from kvlab.device.replay.report import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED, ReplayResult
+from kvlab.device.replay.seed import Seed
+from kvlab.device.replay.settings import parse_size, parse_what_if, settings_json
+from kvlab.device.snapshot import Snapshot
 from kvlab.errors import KvlabError
-from kvlab.units import GB, KB, MB, TB, GiB, KiB, MiB, TiB
 
 UNLIMITED_BYTES = 1 << 50
-_UNITS = {"": 1, "b": 1, "k": KiB, "kib": KiB, "kb": KB, "m": MiB, "mib": MiB, "mb": MB, "g": GiB,
-          "gib": GiB, "gb": GB, "t": TiB, "tib": TiB, "tb": TB}
-_TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
-WHAT_IF_KEYS = ("expandable_segments", "max_split_size_mb", "roundup_power2_divisions")
-
-
-def parse_size(text: str) -> int:
-    """``24GiB``, ``24 GB`` (10^9), ``512MiB``, ``25769803776``: bytes as an int."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise ValueError(f"size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, "
-                         "GB, TB), e.g. 24GiB")
-    value = int(float(match.group(1)) * _UNITS[unit])
-    if value <= 0:
-        raise ValueError(f"size {text!r}: must be positive")
-    return value
-
-
-def recorded_settings(settings: Any, source: str = "snapshot") -> tuple[AllocatorConfig, list[str]]:
-    """The model's config from a snapshot's ``allocator_settings`` (torch ≥ 2.5 writes them); torch's
-    defaults, with a note saying so, when there are none. Settings the model cannot honour are noted."""
-    if not isinstance(settings, Mapping) or not settings:
-        return AllocatorConfig(), ["the snapshot records no allocator_settings (written by torch 2.5 and later): "
-                                   "replayed with torch's defaults (no expandable segments, unlimited "
-                                   "max_split_size, plain 512 B rounding)"]
-    notes = []
-    expandable = settings.get("expandable_segments", False)
-    split = settings.get("max_split_size", -1)
-    split = None if split is None or split < 0 or split >= 1 << 63 else int(split)
-    divisions = settings.get("roundup_power2_divisions", 0)
-    if isinstance(divisions, Mapping):
-        values = sorted(set(divisions.values()))
-        if len(values) > 1:
-            notes.append(f"per-interval roundup_power2_divisions {dict(divisions)} are not modelled: the model uses "
-                         f"{values[-1]} for every size, so rounding may differ")
-        divisions = values[-1] if values else 0
-    elif isinstance(divisions, (list, tuple)):
-        divisions = max(divisions, default=0)
-    gc = settings.get("garbage_collection_threshold", 0.0) or 0.0
-    if gc > 0:
-        notes.append(f"garbage_collection_threshold={gc} is not modelled: segments it freed are replayed as an "
-                     "empty_cache at the same point, which may free more")
-    try:
-        config = AllocatorConfig(max_split_size_bytes=split, expandable_segments=bool(expandable),
-                                 roundup_power2_divisions=int(divisions) or None)
-    except (ValueError, TypeError) as exc:
-        from kvlab.device.snapshot import SnapshotError
-
-        raise SnapshotError(f"{source}: allocator_settings: {exc}") from None
-    return config, notes
-
-
-def settings_json(config: AllocatorConfig) -> dict:
-    return {
-        "expandable_segments": config.expandable_segments,
-        "max_split_size_mb": None if config.max_split_size_bytes is None else config.max_split_size_bytes // MiB,
-        "roundup_power2_divisions": config.roundup_power2_divisions,
-        "PYTORCH_CUDA_ALLOC_CONF": config.to_env(),
-    }
-
-
-def parse_what_if(text: str, base: AllocatorConfig) -> AllocatorConfig:
-    """``KEY=VALUE[,KEY=VALUE...]`` (``:`` works too, as in PYTORCH_CUDA_ALLOC_CONF) over ``base``."""
-    kwargs: dict[str, Any] = {"max_split_size_bytes": base.max_split_size_bytes,
-                              "expandable_segments": base.expandable_segments,
-                              "roundup_power2_divisions": base.roundup_power2_divisions}
-    for item in filter(None, (part.strip() for part in str(text).split(","))):
-        key, sep, value = (p.strip() for p in (re.split(r"([=:])", item, maxsplit=1) + ["", ""])[:3])
-        low = value.lower()
-        if not sep or not value:
-            raise ValueError(f"--what-if {item!r}: expected KEY=VALUE with KEY one of {', '.join(WHAT_IF_KEYS)}")
-        if key == "expandable_segments" and low in _TRUE | _FALSE:
-            kwargs["expandable_segments"] = low in _TRUE
-        elif key == "max_split_size_mb" and (low.isdigit() or low in ("-1", "unlimited", "none")):
-            kwargs["max_split_size_bytes"] = int(low) * MiB if low.isdigit() else None
-        elif key == "roundup_power2_divisions" and low.isdigit():
-            kwargs["roundup_power2_divisions"] = int(low) or None
-        elif key in WHAT_IF_KEYS:
-            raise ValueError(f"--what-if {item!r}: bad value for {key}")
-        else:
-            raise ValueError(f"--what-if {item!r}: unknown or unmodelled key {key!r}; expected one of "
-                             f"{', '.join(WHAT_IF_KEYS)}")
-    try:
-        return AllocatorConfig(**kwargs)
-    except ValueError as exc:
-        raise ValueError(f"--what-if {text!r}: {exc}") from None
-
 
 @dataclass
 class WhatIf:
@@ -310,3 +223,44 @@ def _at_capacity(what: WhatIf, ops: list[tuple], config: AllocatorConfig, capaci
         what.oom_at_capacity = None
         what.caveats.append(f"at the capacity the model could not take the stream at event {ops[exc.op_index][-1]} "
                             f"({exc}): whether it runs out is not known")
+
+
+DEFAULT_WHAT_IFS = ("expandable_segments=True",)
+
+
+def replay_with_what_ifs(path: str | os.PathLike | Snapshot, device: int | None = None, what_ifs=None,
+                         capacity: int | str | None = None, device_memory: int | str | None = None):
+    """What ``kvlab replay`` runs: the fidelity replay, then the recorded stream under the recorded
+    settings (the model's baseline) and under each what-if (``KEY=VALUE[,...]``; default
+    ``expandable_segments=True``). Returns ``(ReplayResult, [WhatIf, ...])``; no what-ifs without history."""
+    capacity = parse_size(capacity) if isinstance(capacity, str) else capacity
+    device_memory = parse_size(device_memory) if isinstance(device_memory, str) else device_memory
+    result = replay_snapshot(path, device, device_memory=device_memory)
+    configs = [(text, parse_what_if(text, result.settings)) for text in (what_ifs or DEFAULT_WHAT_IFS)]
+    if not result.has_history:
+        result.notes.append("what-ifs need a trace: none run")
+        return result, []
+    caveats = what_if_caveats(result)
+    start = result.seed if result.seed.segments else None
+    runs = [run_what_if(result.ops, result.settings, label="as recorded (modelled)", capacity=capacity, start=start,
+                        caveats=caveats)]
+    runs += [run_what_if(result.ops, config, label=text, capacity=capacity, caveats=caveats,
+                         start=start if config == result.settings else None) for text, config in configs]
+    if result.seed.segments:
+        result.notes.append(f"the history starts mid-run: the what-ifs under the recorded settings start from the "
+                            f"state at its first event ({len(result.seed.blocks)} live blocks in "
+                            f"{len(result.seed.segments)} segments); the others allocate those blocks first, in "
+                            "address order, under their own settings")
+    return result, runs
+
+
+def what_if_caveats(result: ReplayResult) -> list[str]:
+    """What every what-if of ``result`` inherits from the fidelity replay: a stream cut short, blocks
+    whose frees were left out."""
+    caveats = []
+    if "stopped" in result.divergence_counts:
+        caveats.append(f"the fidelity replay stopped at event {len(result.trace):,}: the stream ends there")
+    if result.seed.orphans:
+        caveats.append(f"{len(result.seed.orphans)} blocks live at the first event lie in no segment kvlab could "
+                       "rebuild: they and their frees are left out")
+    return caveats
