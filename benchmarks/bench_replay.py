@@ -1,6 +1,6 @@
 """Benchmark: ``kvlab replay`` on generated snapshots of 100k and 1M trace events.
 
-Each snapshot comes from ``kvlab.device.replay_gen.generate`` (two streams, 10% of frees deferred on events,
+Each snapshot comes from ``kvlab.device.replay.gen.generate`` (two streams, 10% of frees deferred on events,
 an ``empty_cache`` every 20,000 steps, mixed small, 1-10 MiB and large tensors; generation is not timed) and
 is written as a ``_dump_snapshot`` pickle. Timed, per size: reading the file (``read_snapshot``: restricted
 unpickler, schema and key checks), the fidelity replay (``replay_snapshot``: seed, every event through the
@@ -20,9 +20,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from kvlab.device.replay import replay_snapshot
-from kvlab.device.replay_gen import generate
-from kvlab.device.replay_whatif import parse_what_if, run_what_if
+from kvlab.device.replay.fidelity import replay_snapshot
+from kvlab.device.replay.gen import generate
+from kvlab.device.replay.settings import parse_what_if
+from kvlab.device.replay.whatif import run_what_if
 from kvlab.device.snapshot import read_snapshot
 from kvlab.units import GiB
 

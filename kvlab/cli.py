@@ -8,7 +8,7 @@
     kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--notebook-dir DIR]
     kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...]
                       [--compare-engines [--vllm-log LOG] [--vllm-version V]] [--json]
-    kvlab replay SNAPSHOT [--device N] [--what-if KEY=VALUE ...] [--capacity SIZE] [--json]
+    kvlab replay SNAPSHOT [--device N] [--what-if KEY=VALUE ...] [--capacity SIZE] [--device-memory SIZE] [--json]
 """
 
 from __future__ import annotations
@@ -179,6 +179,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "max_split_size_mb, roundup_power2_divisions (default: expandable_segments=True)")
     replay.add_argument("--capacity", default=None, metavar="SIZE",
                         help="also say whether each scenario runs out of memory on a device of SIZE, e.g. 24GiB")
+    replay.add_argument("--device-memory", default=None, metavar="SIZE",
+                        help="the device's total memory, e.g. 80GiB (torch's totalGlobalMem): with expandable "
+                             "segments it sets each segment's address space (default: from a recorded oom, else "
+                             "unknown)")
     replay.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 
@@ -219,13 +223,21 @@ def _app(args) -> int:
 def _replay(args) -> int:
     import warnings
 
-    from kvlab.device.replay import replay_with_what_ifs
+    from kvlab.device.replay.settings import parse_size
+    from kvlab.device.replay.whatif import replay_with_what_ifs
     from kvlab.device.snapshot import SnapshotKeyWarning
 
+    sizes = {}
+    for flag, value in (("--capacity", args.capacity), ("--device-memory", args.device_memory)):
+        try:
+            sizes[flag] = None if value is None else parse_size(value)
+        except ValueError as exc:
+            return fail(f"{flag}: {exc}")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", SnapshotKeyWarning)
-            result, what_ifs = replay_with_what_ifs(args.snapshot, args.device, args.what_if, args.capacity)
+            result, what_ifs = replay_with_what_ifs(args.snapshot, args.device, args.what_if, sizes["--capacity"],
+                                                    device_memory=sizes["--device-memory"])
     except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         return fail(exc)
     for warning in caught:

@@ -43,7 +43,8 @@ CAPACITY = None  # e.g. "24GiB": would each setting have run out of memory on a 
 # %%
 from IPython.display import Markdown
 
-from kvlab.device.replay import replay_with_what_ifs, state_at
+from kvlab.device.replay.fidelity import state_at
+from kvlab.device.replay.whatif import replay_with_what_ifs
 from kvlab.device.snapshot import EXAMPLE_SNAPSHOT, SnapshotError, read_snapshot
 from kvlab.experiments import pool_sweep
 from kvlab.units import fmt_bytes

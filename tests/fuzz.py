@@ -39,6 +39,9 @@ EXAMPLES: dict[str, dict[str, int]] = {
     "fast_decode": {"ci": 150, "long": 700, "dev": 10},
     # tests/serving/test_log_roundtrip.py: one rendered start-up log per example, parsed back and explained
     "log_roundtrip": {"ci": 200, "long": 1000, "dev": 20},
+    # tests/device/test_replay_corpus.py: one generated snapshot pickle per example, through `kvlab replay --json`
+    # with four what-ifs (not hypothesis: seeds 0..n-1 of kvlab.device.replay.gen.random_case)
+    "replay_corpus": {"ci": 300, "long": 3000, "dev": 20},
 }
 # Rules per state-machine run (the upper bound; hypothesis draws the length). Same in every profile, so
 # the long profile explores more sequences of the same depth.

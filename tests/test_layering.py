@@ -361,22 +361,12 @@ def test_the_layer_table_says_what_each_package_imports():
 # TEMPORARY: circles and private reaches that other branches remove. Each branch's set goes when the branch is
 # merged; the tests below fail on an entry that no longer matches anything, so the list cannot outlive its reason.
 PENDING_CYCLES = {
-    "replay": {  # removed by branch `replay` (the replay modules become one package with a one-way flow)
-        "kvlab.device.replay -> kvlab.device.replay_report",
-        "kvlab.device.replay_report -> kvlab.device.replay_whatif",
-        "kvlab.device.replay_whatif -> kvlab.device.snapshot",
-        "kvlab.device.replay -> kvlab.device.replay_engine -> kvlab.device.replay_report",
-        "kvlab.device.replay -> kvlab.device.replay_whatif -> kvlab.device.replay_report",
-        "kvlab.device.replay -> kvlab.device.snapshot -> kvlab.device.replay_whatif -> kvlab.device.replay_report",
-    },
     "sched": {  # removed by branch `sched` (sched/ as components)
         "kvlab.sched.fast_decode -> kvlab.sched.scheduler",
         "kvlab.sched.result -> kvlab.sched.scheduler",
     },
 }
 PENDING_PRIVATE = {
-    "replay": {f"kvlab.device.replay: kvlab.device.replay_engine.{name}"  # removed by branch `replay`
-               for name in ("_Addresses", "_GROWS", "_Sink", "_device_bytes", "_fence", "_run")},
     "sched": {  # removed by branch `sched`: RadixCache._nodes() becomes public; fast_decode uses public methods
         "kvlab.experiments.hybrid_caches: cache._nodes",
         "kvlab.experiments.shortfall_eviction: tree._nodes",

@@ -7,7 +7,7 @@ import pathlib
 
 import pytest
 
-from kvlab.device.replay_whatif import parse_size
+from kvlab.device.replay.settings import parse_size
 from kvlab.units import GB, KB, MB, TB, GiB, KiB, MiB, TiB, fmt_bytes, fmt_gib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]

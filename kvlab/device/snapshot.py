@@ -230,13 +230,16 @@ class Snapshot:
         return round_size(size, divisions if isinstance(divisions, int) else None)
 
     def _prehistory_block_sizes(self, device: int, trace: list) -> dict[int, int]:
-        """Exact sizes of the blocks live at the trace's first event (kvlab.device.replay_seed)."""
-        from kvlab.device.replay_seed import infer_seed
-        from kvlab.device.replay_whatif import recorded_settings
+        """Exact sizes of the blocks live at the trace's first event (kvlab.device.replay.seed)."""
+        from kvlab.device.replay.seed import infer_seed
+        from kvlab.device.replay.settings import recorded_settings
 
         if not trace:
             return {}
-        config, _ = recorded_settings(self.raw.get("allocator_settings"), self.source)
+        try:
+            config, _ = recorded_settings(self.raw.get("allocator_settings"), self.source)
+        except ValueError as exc:  # kvlab.device.replay.settings.SettingsError
+            raise SnapshotError(str(exc)) from None
         segments = [s for s in self.raw["segments"] if s.get("device", 0) == device]
         return infer_seed(segments, trace, config).block_sizes
 
@@ -247,9 +250,9 @@ class Snapshot:
         reserved = sum of segment sizes, per device. Walking back over event i, the totals
         before it are the totals after it minus what it did; a live block's exact size comes from
         ``segments``; a block that predates the history and is freed inside it gets the size
-        :func:`~kvlab.device.replay_seed.infer_seed` rebuilds (its unsplit tail included); a block
+        :func:`~kvlab.device.replay.seed.infer_seed` rebuilds (its unsplit tail included); a block
         allocated and freed inside the trace gets ``round_size`` of its request
-        (:func:`kvlab.device.replay.replay_snapshot` sizes those exactly, with the allocator model)."""
+        (:func:`kvlab.device.replay.fidelity.replay_snapshot` sizes those exactly, with the allocator model)."""
         segments = self.segments_frame()
         blocks = self.blocks_frame()
         live = blocks[blocks["state"] != "inactive"]

@@ -11,9 +11,9 @@ import pytest
 
 from kvlab.device.caching_allocator import AllocatorConfig, CachingAllocatorModel, round_size
 from kvlab.device.events import EventRecorder
-from kvlab.device.replay import replay_snapshot
-from kvlab.device.replay_gen import generate
-from kvlab.device.replay_report import CHECKS
+from kvlab.device.replay.fidelity import replay_snapshot
+from kvlab.device.replay.gen import generate
+from kvlab.device.replay.report import CHECKS
 from kvlab.device.snapshot import read_snapshot
 from kvlab.units import GiB, KiB, MiB
 

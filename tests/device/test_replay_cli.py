@@ -11,9 +11,10 @@ import pytest
 
 from kvlab.cli import main
 from kvlab.device.caching_allocator import AllocatorConfig
-from kvlab.device.replay import replay_snapshot
-from kvlab.device.replay_gen import generate
-from kvlab.device.replay_whatif import parse_size, parse_what_if, run_what_if
+from kvlab.device.replay.fidelity import replay_snapshot
+from kvlab.device.replay.gen import generate
+from kvlab.device.replay.settings import parse_size, parse_what_if
+from kvlab.device.replay.whatif import run_what_if
 from kvlab.units import GB, GiB, MiB
 from tests.shared_data import SKIP_REASON, real_snapshots
 
@@ -71,7 +72,7 @@ def test_human_output_is_a_verdict_and_a_table(capsys, snapshot_file):
     assert lines[0].startswith(f"replay · {snapshot_file} · device 0 · ")
     assert lines[1].startswith("  EXACT: ")
     assert any(line.split() == ["what-if", "peak", "reserved", "final", "reserved", "peak", "frag.", "cudaMallocs",
-                                "OOM", "at", "capacity"] for line in lines)
+                                "OOM", "at", "capacity", "answer"] for line in lines)
     assert any(line.strip().startswith("expandable_segments=True") for line in lines)  # the default what-if
 
 
@@ -174,3 +175,35 @@ def test_parse_size_and_what_if():
         parse_what_if("max_split_size_mb=4", base)
     with pytest.raises(ValueError, match="expected KEY=VALUE"):
         parse_what_if("expandable_segments", base)
+
+
+def _near_the_limit(seed: int):
+    """Expandable segments on a 3 GiB device wanting twice that live, the first events dropped (as
+    benchmarks/count_replay_expandable.py makes them)."""
+    return generate(1500, seed=seed, config=AllocatorConfig(expandable_segments=True), total_bytes=3 * GiB,
+                    live_bytes=6 * GiB, large_share=0.3, drop_first=1000 + seed * 37 % 7000, streams=(0,))
+
+
+def test_device_memory_sets_the_expandable_address_space(capsys, tmp_path):
+    made = _near_the_limit(44)  # its kept trace has no oom: only --device-memory says how big the device is
+    assert not any(e["action"] == "oom" for e in made.snapshot["device_traces"][0])
+    path = tmp_path / "limit.pickle"
+    path.write_bytes(pickle.dumps(made.snapshot, protocol=4))
+    code, out, _ = _run(capsys, path, "--json")
+    guessed = json.loads(out)
+    assert code == 0 and guessed["fidelity"]["exact"] is False
+    assert any("--device-memory" in note for note in guessed["notes"])
+    code, out, _ = _run(capsys, path, "--json", "--device-memory", "3GiB")
+    assert code == 0 and json.loads(out)["fidelity"]["exact"] is True
+    code, _, err = _run(capsys, path, "--device-memory", "lots")
+    assert code == 2 and err.startswith("kvlab: error: --device-memory: size 'lots'")
+    code, _, err = _run(capsys, path, "--device-memory", "1MiB")
+    assert code == 2 and "--device-memory 1,048,576 B is less than the" in err and str(path) in err
+
+
+def test_a_recorded_oom_tells_the_device_size():
+    made = _near_the_limit(0)
+    assert any(e["action"] == "oom" for e in made.snapshot["device_traces"][0])
+    result = replay_snapshot(made.snapshot)
+    assert result.exact and any(note.startswith("the device's memory is taken from the recorded oom (free + "
+                                                "reserved: 3,221,225,472 B)") for note in result.notes)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import pytest
 
 from kvlab.device.caching_allocator import MIN_BLOCK_BYTES, SMALL_SIZE_BYTES, CachingAllocatorModel
-from kvlab.device.replay import replay_snapshot, replay_with_what_ifs
-from kvlab.device.replay_report import CHECKS
+from kvlab.device.replay.fidelity import replay_snapshot
+from kvlab.device.replay.report import CHECKS
+from kvlab.device.replay.whatif import replay_with_what_ifs
 from kvlab.device.snapshot import read_snapshot
 from tests.shared_data import SKIP_REASON, real_snapshots
 

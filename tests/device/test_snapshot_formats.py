@@ -67,7 +67,7 @@ def test_unknown_keys_warn_naming_each_and_where(tmp_path, raw):
 
 
 def test_the_known_keys_of_every_shipped_and_generated_file_do_not_warn(raw):
-    from kvlab.device.replay_gen import generate
+    from kvlab.device.replay.gen import generate
 
     assert unknown_keys(raw) == {}
     assert unknown_keys(generate(300, seed=0).snapshot) == {}

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import copy
 
-from kvlab.device.replay import replay_snapshot, replay_with_what_ifs, state_at
-from kvlab.device.replay_gen import generate
+from kvlab.device.replay.fidelity import replay_snapshot, state_at
+from kvlab.device.replay.gen import generate
+from kvlab.device.replay.whatif import replay_with_what_ifs
 from kvlab.units import GiB
 from kvlab.viz import replay_plots
 from kvlab.viz.replay_plots import recorded_vs_modelled, what_if_bars

@@ -1,8 +1,8 @@
 """Seeding the allocator model with state that predates it (a replay that starts mid-run).
 
 kvlab's own, no upstream counterpart: a ``_dump_snapshot`` recording usually starts after the
-process has already built segments, so :mod:`kvlab.device.replay` hands each segment that exists at
-the start to :meth:`SegmentAdoption.adopt_segment`, and :mod:`kvlab.device.replay_engine` calls
+process has already built segments, so :mod:`kvlab.device.replay.fidelity` hands each segment that exists at
+the start to :meth:`SegmentAdoption.adopt_segment`, and :mod:`kvlab.device.replay.engine` calls
 :meth:`SegmentAdoption.limit_address_space` to fence an expandable segment below the address where
 the recording's next segment starts. Both are methods of
 :class:`~kvlab.device.caching_allocator.CachingAllocatorModel` (mixed in); the books they write are

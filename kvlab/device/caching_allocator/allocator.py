@@ -81,7 +81,7 @@ class CachingAllocatorModel(ExpandableSegments, AllocatorStats, SnapshotExport, 
         self._active: dict[int, Block] = {}  # addr -> allocated block
         self._next_addr = BASE_ADDR
         # Hook: ``f(address_space_bytes) -> addr`` chooses each new segment's address instead of the bump
-        # pointer (kvlab.device.replay gives the address the recorded driver returned).
+        # pointer (kvlab.device.replay.engine gives the address the recorded driver returned).
         self.segment_address_source: Callable[[int], int] | None = None
         self._init_stats()
         self._non_pytorch_bytes = 0

@@ -3,7 +3,7 @@
 ``replay_snapshot(path)`` takes one device's trace from a ``_dump_snapshot`` pickle and drives a
 :class:`~kvlab.device.caching_allocator.CachingAllocatorModel` with it, event by event:
 
-- the model starts from the state at the trace's first event (:mod:`kvlab.device.replay_seed`, exact
+- the model starts from the state at the trace's first event (:mod:`kvlab.device.replay.seed`, exact
   when the history starts mid-run), under the recorded ``allocator_settings`` (torch's defaults, said
   so, when the snapshot has none);
 - each ``alloc`` is a ``malloc`` of the recorded request on the recorded stream, and each new segment
@@ -14,12 +14,12 @@
 - a run of ``segment_free``/``segment_unmap`` is an ``empty_cache``, unless new segments follow it inside
   the same allocation: then it is the allocator's own release before retrying a failed cudaMalloc, and the
   model's driver is given the free bytes that make its first try fail and its retry fit (see
-  :func:`kvlab.device.replay_engine._malloc`); either way the set released is compared;
+  :mod:`kvlab.device.replay.engine`); either way the set released is compared;
 - an ``oom`` is a ``malloc`` against a driver with exactly the recorded ``device_free`` bytes left,
   which must fail too;
 - expandable segments reserve address space for 1 1/8 of the device, a size the snapshot does not
-  record: a recorded ``oom`` tells it (free + reserved), and each recorded new segment fences the
-  model's segments below it;
+  record: ``device_memory`` (``kvlab replay --device-memory``) gives it, else a recorded ``oom`` tells it
+  (free + reserved), and each recorded new segment fences the model's segments below it;
 - segments in CUDA-graph private pools (``segment_pool_id`` other than ``(0, 0)``) and events on their
   addresses are left out, with a note: the model has no private pools.
 
@@ -27,9 +27,9 @@ At the end the model's segments, blocks, reserved and allocated bytes are compar
 If the model cannot take an event at all (its state has drifted too far), the replay stops there and
 the report says so. Known limits (the report shows where they bite): expandable segments near the
 device's limit with a history that starts mid-run, or with ``max_split_size`` as well.
-:class:`~kvlab.device.replay_report.ReplayResult` holds the verdict, the first divergence with its
+:class:`~kvlab.device.replay.report.ReplayResult` holds the verdict, the first divergence with its
 context, the event-by-event timeline and the compiled alloc/free stream that the what-ifs replay
-(:mod:`kvlab.device.replay_whatif`).
+(:mod:`kvlab.device.replay.whatif`).
 """
 
 from __future__ import annotations
@@ -46,10 +46,19 @@ from kvlab.device.caching_allocator import (
     CachingAllocatorModel,
     round_size,
 )
-from kvlab.device.replay_engine import _GROWS, _Addresses, _device_bytes, _fence, _run, _Sink
-from kvlab.device.replay_report import OP_ALLOC, OP_FREE_REQUESTED, ReplayResult
-from kvlab.device.replay_seed import PENDING_STATES, infer_seed, segment_blocks
-from kvlab.device.replay_whatif import recorded_settings
+from kvlab.device.replay.engine import (
+    GROWS,
+    MODEL_TOTAL_BYTES,
+    Addresses,
+    Sink,
+    fence,
+    model_device_bytes,
+    reserved_at_start,
+    run_trace,
+)
+from kvlab.device.replay.report import OP_ALLOC, OP_FREE_REQUESTED, ReplayResult
+from kvlab.device.replay.seed import infer_seed
+from kvlab.device.replay.settings import SettingsError, recorded_settings
 from kvlab.device.snapshot import Snapshot, SnapshotError, read_snapshot
 from kvlab.errors import KvlabError
 
@@ -76,20 +85,31 @@ def choose_device(snapshot: Snapshot, device: int | None) -> tuple[int, list[str
 def replay_snapshot(snapshot: Snapshot | str | os.PathLike | Mapping | list, device: int | None = None, *,
                     model_factory: Callable[..., CachingAllocatorModel] = CachingAllocatorModel,
                     config: AllocatorConfig | None = None, check_invariants: bool = False,
-                    stop_after: int | None = None) -> ReplayResult:
+                    stop_after: int | None = None, device_memory: int | None = None) -> ReplayResult:
     """Replay one device's trace; ``config`` overrides the recorded settings, ``model_factory`` builds
     the model (a test passes a deliberately wrong one), ``check_invariants`` walks the model after each
-    event (slow), ``stop_after`` stops after that event (no final comparison; see :func:`state_at`)."""
+    event (slow), ``stop_after`` stops after that event (no final comparison; see :func:`state_at`),
+    ``device_memory`` is the device's total memory in bytes (it sets the address space of expandable
+    segments; else a recorded oom tells it, else it is unknown)."""
     snap = snapshot if isinstance(snapshot, Snapshot) else read_snapshot(snapshot)
     dev, notes = choose_device(snap, device)
-    settings, setting_notes = recorded_settings(snap.raw.get("allocator_settings"), snap.source)
-    settings = config or settings
-    notes += setting_notes
+    try:
+        settings, setting_notes = recorded_settings(snap.raw.get("allocator_settings"), snap.source)
+    except SettingsError as exc:
+        raise SnapshotError(str(exc)) from None
     segments = [s for s in snap.raw["segments"] if s.get("device", 0) == dev]
-    private = [s for s in segments if _pool_id(s.get("segment_pool_id")) != (0, 0)]
-    segments = [s for s in segments if _pool_id(s.get("segment_pool_id")) == (0, 0)]
     traces = snap.raw.get("device_traces") or []
     trace = list(traces[dev]) if dev < len(traces) else []
+    if setting_notes and not snap.raw.get("allocator_settings") and (
+            any(s.get("is_expandable") for s in segments)
+            or any(e["action"] in ("segment_map", "segment_unmap") for e in trace)):
+        settings = AllocatorConfig(expandable_segments=True)  # torch 2.1 to 2.4: expandable, settings unrecorded
+        setting_notes = ["the snapshot records no allocator_settings (written by torch 2.5 and later), but its "
+                         "segments are expandable: replayed with expandable_segments=True and torch's other defaults"]
+    settings = config or settings
+    notes += setting_notes
+    private = [s for s in segments if _pool_id(s.get("segment_pool_id")) != (0, 0)]
+    segments = [s for s in segments if _pool_id(s.get("segment_pool_id")) == (0, 0)]
     if private:
         spans = [(s["address"], s["address"] + s["total_size"]) for s in private]
         kept = [e for e in trace if _pool_id(e.get("pool_id")) == (0, 0)
@@ -98,10 +118,21 @@ def replay_snapshot(snapshot: Snapshot | str | os.PathLike | Mapping | list, dev
                      f"({sum(s['total_size'] for s in private):,} B) and {len(trace) - len(kept)} events on them "
                      "are left out; the rest replays")
         trace = kept
+    device_bytes, known = model_device_bytes(reserved_at_start(segments, trace), trace, settings, device_memory)
+    if known == "oom":
+        notes.append(f"the device's memory is taken from the recorded oom (free + reserved: {device_bytes:,} B); "
+                     "it sets the expandable segments' address space (give the true total with --device-memory)")
+    elif known == "unknown":
+        notes.append("the device's total memory is not recorded (no oom event): expandable segments' address "
+                     "space is taken as unbounded above the last segment; give it with --device-memory if the "
+                     "history fills a segment near the device's limit")
+    elif known == "given" and device_memory < max(reserved_at_start(segments, trace), 1):
+        raise SnapshotError(f"{snap.source}: --device-memory {device_memory:,} B is less than the "
+                            f"{reserved_at_start(segments, trace):,} B reserved at the trace's first event")
     tails: dict[int, int] = {}
     while True:  # each pass may learn one ambiguous tail from the recorded allocator's own choice
         result = _replay_once(snap, dev, settings, segments, trace, list(notes), model_factory, check_invariants, tails,
-                              stop_after)
+                              stop_after, device_bytes)
         learned = _tail_from_choice(result)
         if learned is None or learned[0] in tails:
             break
@@ -136,12 +167,13 @@ def _tail_from_choice(result: ReplayResult) -> tuple[int, int] | None:
 
 
 def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, check_invariants, tails,
-                 stop_after) -> ReplayResult:
-    seed = infer_seed(segments, trace, settings, tails=tails)
+                 stop_after, device_bytes) -> ReplayResult:
+    seed = infer_seed(segments, trace, settings, tails=tails,
+                      device_bytes=device_bytes if device_bytes < MODEL_TOTAL_BYTES else None)
     notes += seed.notes
-    model = model_factory(_device_bytes(seed.reserved_bytes, trace, settings), config=settings, device_index=dev)
-    addresses = _Addresses(max([s["address"] + s["total_size"] for s in segments]
-                               + [e.get("addr", 0) + e["size"] for e in trace if e["action"] in _GROWS] + [0]), model)
+    model = model_factory(device_bytes, config=settings, device_index=dev)
+    addresses = Addresses(max([s["address"] + s["total_size"] for s in segments]
+                               + [e.get("addr", 0) + e["size"] for e in trace if e["action"] in GROWS] + [0]), model)
     model.segment_address_source = addresses
     blocks: dict[int, Any] = {}
     pending: dict[int, int] = {}
@@ -156,15 +188,15 @@ def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, che
                 if sb.pending:
                     pending[sb.addr] = block.size
                     ops.append((OP_FREE_REQUESTED, sb.addr, -1))
-        _fence(model)
+        fence(model)
         model.check_invariants()
     except (KvlabError, ValueError) as exc:
         raise SnapshotError(f"{snap.source}: device {dev}: cannot replay: the allocator's state at the trace's "
                             f"first event could not be rebuilt from segments ({exc})") from None
-    sink = _Sink()  # set as the model's recorder only around malloc and empty_cache: frees need no events
+    sink = Sink()  # set as the model's recorder only around malloc and empty_cache: frees need no events
     run = trace if stop_after is None else trace[:stop_after + 1]
     result = ReplayResult(snap.source, dev, settings, seed, notes, run, has_history=bool(trace))
-    _run(model, run, blocks, pending, ops, sink, addresses, result, check_invariants)
+    run_trace(model, run, blocks, pending, ops, sink, addresses, result, check_invariants)
     if stop_after is None:
         result.finish(model, segments, pending, ops)
     else:
@@ -182,43 +214,5 @@ def state_at(snapshot: Snapshot | str | os.PathLike | Mapping | list, event: int
                     "segment_list")
 
 
-def recorded_final(segments: list[Mapping]) -> tuple[int, int, list]:
-    """(reserved, allocated, layout) of the recorded final state: layout is sorted
-    ``(segment address, total_size, ((block address, size, live?), ...))``."""
-    layout = []
-    allocated = 0
-    for seg in segments:
-        rows = []
-        for addr, size, _, state in segment_blocks(seg):
-            rows.append((addr, size, state != "inactive"))
-            allocated += size if state not in PENDING_STATES and state != "inactive" else 0
-        layout.append((seg["address"], seg["total_size"], tuple(rows)))
-    return sum(s["total_size"] for s in segments), allocated, sorted(layout)
-
-
 def event_counts(trace: list[Mapping]) -> Counter:
     return Counter(e["action"] for e in trace)
-
-
-DEFAULT_WHAT_IFS = ("expandable_segments=True",)
-
-
-def replay_with_what_ifs(path: str | os.PathLike | Snapshot, device: int | None = None, what_ifs=None,
-                         capacity: int | str | None = None):
-    """What ``kvlab replay`` runs: the fidelity replay, then the recorded stream under the recorded
-    settings (the model's baseline) and under each what-if (``KEY=VALUE[,...]``; default
-    ``expandable_segments=True``). Returns ``(ReplayResult, [WhatIf, ...])``; no what-ifs without history."""
-    from kvlab.device.replay_whatif import parse_size, parse_what_if, run_what_if
-
-    capacity = parse_size(capacity) if isinstance(capacity, str) else capacity
-    result = replay_snapshot(path, device)
-    configs = [(text, parse_what_if(text, result.settings)) for text in (what_ifs or DEFAULT_WHAT_IFS)]
-    if not result.has_history:
-        result.notes.append("what-ifs need a trace: none run")
-        return result, []
-    runs = [run_what_if(result.ops, result.settings, label="as recorded (modelled)", capacity=capacity)]
-    runs += [run_what_if(result.ops, config, label=text, capacity=capacity) for text, config in configs]
-    if result.seed.segments:
-        result.notes.append(f"the history starts mid-run: each what-if first allocates the {len(result.seed.blocks)} "
-                            "blocks live at its first event, in address order")
-    return result, runs

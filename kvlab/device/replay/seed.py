@@ -34,7 +34,9 @@ from kvlab.device.caching_allocator import (
     AllocatorConfig,
     round_size,
 )
+from kvlab.units import div_ceil
 
+UNBOUNDED_SPACE_BYTES = 1 << 46  # an expandable segment's address space when the device's size is unknown
 PENDING_STATES = frozenset({"active_pending_free", "active_awaiting_free"})
 
 
@@ -116,21 +118,35 @@ def _subtract(ranges: list[list], addr: int, size: int) -> None:
     ranges[:] = out
 
 
-def _pool_of_range(start: int, stop: int, stream: int, known: list[list], trace: list[dict]) -> str | None:
-    """The pool of an expandable range the trace unmapped: an allocation inside it says, else the
-    nearest range of known pool on the same stream below it (one segment's pages lie above its base)."""
+def _pool_of_range(start: int, stop: int, stream: int, known: list[list], trace: list[dict], space: int) -> str | None:
+    """The pool of an expandable range the trace unmapped: a block allocated or freed inside it says
+    (its request's pool), else the nearest range of known pool on the same stream below it (one
+    segment's pages lie above its base) no more than a segment's address space ``space`` away."""
     for e in trace:
-        if e["action"] == "alloc" and start <= e["addr"] < stop:
+        if e["action"] in ("alloc", "free_completed") and start <= e["addr"] < stop:
             return "small" if round_size(e["size"]) <= SMALL_SIZE_BYTES else "large"
-    below = [(k_start, pool) for k_start, _, pool, k_stream in known if k_stream == stream and k_start <= start]
-    above = [(k_start, pool) for k_start, _, pool, k_stream in known if k_stream == stream and k_start > start]
+    if (stop - start) % LARGE_BUFFER_BYTES:  # a large segment maps whole 20 MiB pages
+        return "small"
+    below = [(k_start, pool) for k_start, _, pool, k_stream in known
+             if k_stream == stream and k_start <= start < k_start + space]
+    above = [(k_start, pool) for k_start, _, pool, k_stream in known
+             if k_stream == stream and start < k_start < start + space]
     return max(below)[1] if below else (min(above)[1] if above else None)
 
 
+def _space_bytes(device_bytes: int | None, page: int) -> int:
+    """An expandable segment's address space: 1 1/8 of the device in whole pages (torch's
+    ``ExpandableSegment``); unbounded when the device's size is unknown."""
+    return div_ceil(device_bytes + device_bytes // 8, page) * page if device_bytes else UNBOUNDED_SPACE_BYTES
+
+
 def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorConfig, *,
-               expandable_space_bytes: int = 1 << 46, tails: Mapping[int, int] | None = None) -> Seed:
+               device_bytes: int | None = None, tails: Mapping[int, int] | None = None) -> Seed:
     """The state before ``trace[0]`` given the final ``segments`` of the same device (default pool).
-    ``tails`` gives the least tail of an otherwise ambiguous block (learned by kvlab.device.replay)."""
+    ``device_bytes`` is the device's total memory: an expandable segment's address space is 1 1/8 of it
+    (rounded up to its pages, as torch's ``ExpandableSegment``); unknown (None), the last segment's space
+    is taken as unbounded. ``tails`` gives the least tail of an otherwise ambiguous block (learned by
+    kvlab.device.replay.fidelity)."""
     notes: list[str] = []
     live: dict[int, list] = {}  # addr -> [size | None, requested, stream, pending]
     whole: dict[int, tuple[int, str, int]] = {}  # non-expandable segments: addr -> (size, pool, stream)
@@ -168,7 +184,7 @@ def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorC
         notes.append(f"{unmatched} alloc events name an address the final state does not explain")
 
     seed_segments = [SeedSegment(a, s, p, st, False, s, [[a, a + s]]) for a, (s, p, st) in whole.items()]
-    seed_segments += _expandable_segments(mapped, final_mapped, trace, notes, expandable_space_bytes)
+    seed_segments += _expandable_segments(mapped, final_mapped, trace, notes, device_bytes)
     seed_segments.sort(key=lambda s: s.addr)
     starts = [s.addr for s in seed_segments]
     orphans = []
@@ -216,11 +232,12 @@ def _evidence(trace: list[Mapping], segments: list[SeedSegment], config: Allocat
 
 
 def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict], notes: list[str],
-                         space: int) -> list[SeedSegment]:
+                         device_bytes: int | None) -> list[SeedSegment]:
     """The mapped ranges at the start as expandable segments. Segments do not interleave, so consecutive
     ranges of one (pool, stream) in address order are one segment. It is based at the lowest address it
     maps at the start or inside the trace below that (a ``segment_map`` belongs to the pool of the
-    allocation it precedes); its address space runs to the next segment's base (or ``space`` bytes)."""
+    allocation it precedes); its address space runs to the next segment's base, and is at most 1 1/8 of
+    ``device_bytes`` (rounded up to whole pages; unknown: unbounded)."""
     maps: list[tuple[int, tuple]] = []
     pending: list[int] = []
     for e in trace:
@@ -231,8 +248,9 @@ def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict
             maps += [(addr, key) for addr in pending]
             pending = []
     instances: list[list] = []  # [key, ranges]
+    widest = _space_bytes(device_bytes, LARGE_BUFFER_BYTES)
     for start, stop, pool, stream in sorted(mapped):
-        pool = pool or _pool_of_range(start, stop, stream, final, trace)
+        pool = pool or _pool_of_range(start, stop, stream, final, trace, widest)
         if pool is None:
             pool = "large"
             notes.append(f"expandable range {start:#x}+{stop - start} at the start: pool unknown, taken as large")
@@ -245,13 +263,39 @@ def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict
         else:
             instances.append([(pool, stream), [[start, stop]]])
     bases = []
-    for k, (key, ranges) in enumerate(instances):
+    k = 0
+    while k < len(instances):  # instances may grow: a full segment's mapped pages run on into the next one's
+        key, ranges = instances[k]
+        page = SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES
+        space = _space_bytes(device_bytes, page)
         floor = instances[k - 1][1][-1][1] if k else 0
-        bases.append(min([a for a, owner in maps if owner == key and floor <= a < ranges[0][0]] + [ranges[0][0]]))
+        base = min([a for a, owner in maps if owner == key and floor <= a < ranges[0][0]] + [ranges[0][0]])
+        if ranges[0][0] >= base + space or (ranges[0][0] - base) % page:  # that mapping is another segment's
+            base = ranges[0][0]
+        end = base + space
+        cut = next((j for j, (start, stop) in enumerate(ranges)
+                    if stop > end or (start - base) % page or (stop - base) % page), None)
+        if cut is not None:  # the pages from there on belong to another segment of the same pool
+            start, stop = ranges[cut]
+            if (start - base) % page or start >= end:
+                rest = ranges[cut:]
+                del ranges[cut:]
+            elif stop > end:  # a range running past the end: split it there
+                rest = [[end, stop]] + ranges[cut + 1:]
+                ranges[cut][1] = end
+                del ranges[cut + 1:]
+            else:  # ends inside a page: the pages after it start another segment
+                rest = ranges[cut + 1:]
+                del ranges[cut + 1:]
+            if rest:
+                instances.insert(k + 1, [key, rest])
+        bases.append(base)
+        k += 1
     out = []
     for k, (key, ranges) in enumerate(instances):
         base, page = bases[k], SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES
-        limit = bases[k + 1] if k + 1 < len(bases) else base + space
+        space = _space_bytes(device_bytes, page)
+        limit = min(bases[k + 1], base + space) if k + 1 < len(bases) else base + space
         end = base + (limit - base) // page * page
         out.append(SeedSegment(base, sum(b - a for a, b in ranges), key[0], key[1], True, end - base, ranges))
     return out

@@ -126,3 +126,119 @@ def generate(n_events: int, *, seed: int = 0, config: AllocatorConfig = _DEFAULT
     return Generated(snap, allocated[drop_first:], reserved[drop_first:],
                      allocated[before] if before >= 0 else 0, reserved[before] if before >= 0 else 0)
 
+
+
+# ---- a corpus that looks like the wild ----------------------------------------------------------------
+
+FORMATS = ("torch2.6", "no_time", "no_settings", "awaiting_spelling", "no_block_addresses", "torch2.0_history",
+           "oom_free_in_addr")
+
+
+@dataclass
+class Case:
+    """One generated snapshot of the corpus, the options that made it, and what its truth guarantees."""
+
+    seed: int
+    options: dict
+    format: str
+    made: Generated
+    device_bytes: int  # the generating device's total memory
+    near_limit: bool
+    exact_expected: bool  # the fidelity replay must be exact (see :func:`exactness`)
+    why_not: str = ""  # when not expected: which option leaves the replay without what it needs
+
+    @property
+    def snapshot(self) -> dict:
+        return self.made.snapshot
+
+
+def exactness(options: dict, fmt: str, near_limit: bool) -> tuple[bool, str]:
+    """Whether the replay must reproduce a case exactly, from the generator's own options, and if not why.
+
+    Exact by construction: every option of :func:`generate` (streams, deferred frees, ``empty_cache``, OOMs,
+    ``max_split_size``, ``roundup_power2_divisions``, expandable segments, a history that starts mid-run) and
+    every format variant, except:
+
+    - a snapshot without ``allocator_settings`` whose run used other settings than torch's defaults (the
+      replay cannot know them; torch < 2.5 did not record them), except expandable segments alone (the
+      segments say so);
+    - expandable segments with a history that starts mid-run: which segment (and pool) a range mapped
+      before the history and unmapped inside it belonged to is not recorded, and is guessed from its
+      neighbours and the device's size; near the device's limit a segment may also fill its address space
+      (benchmarks/count_replay_expandable.py measures that case; the long corpus run found two such cases
+      away from the limit diverging too);
+    - a history that starts mid-run whose older blocks' unsplit tails the trace leaves ambiguous is exact
+      only as far as the allocator's choices reveal them: those cases are not promised either (large pool,
+      not expandable, mid-run).
+    """
+    config: AllocatorConfig = options["config"]
+    if fmt == "no_settings" and config not in (AllocatorConfig(), AllocatorConfig(expandable_segments=True)):
+        return False, "allocator_settings dropped from a run with non-default settings"
+    mid_run = options["drop_first"] > 0
+    if config.expandable_segments and mid_run:
+        return False, "expandable segments with a mid-run history" + (", near the device's limit" if near_limit else "")
+    if mid_run and not config.expandable_segments:
+        return False, "mid-run history: older blocks' unsplit tails may be ambiguous"
+    return True, ""
+
+
+def _reformat(snap: dict, fmt: str) -> None:
+    """Rewrite a torch 2.6-style snapshot dict in place into one of the older (or partial) formats."""
+    traces = snap["device_traces"]
+    if fmt in ("no_time", "torch2.0_history"):
+        for trace in traces:
+            for e in trace:
+                e.pop("time_us", None)
+    if fmt in ("no_settings", "torch2.0_history"):
+        snap.pop("allocator_settings", None)
+    if fmt == "no_block_addresses":
+        for seg in snap["segments"]:
+            for block in seg["blocks"]:
+                block.pop("address", None)
+    if fmt == "torch2.0_history":
+        for seg in snap["segments"]:
+            seg.pop("is_expandable", None)
+            for block in seg["blocks"]:
+                addr, requested = block.pop("address", seg["address"]), block.pop("requested_size", 0)
+                if block["state"] != "inactive":
+                    block["history"] = [{"addr": addr, "real_size": requested, "frames": []}]
+    if fmt == "oom_free_in_addr":
+        for trace in traces:
+            for e in trace:
+                if e["action"] == "oom":
+                    e["addr"] = e.pop("device_free")
+
+
+def random_case(seed: int) -> Case:
+    """A snapshot as a user might bring one: random settings, streams, deferred frees, ``empty_cache``
+    runs, a device small enough to run out (OOMs), a history that starts mid-run (a wrapped ring buffer
+    whose trace frees older blocks, unsplit tails included), and one of :data:`FORMATS`."""
+    rng = random.Random(seed)
+    expandable = rng.random() < 0.35
+    max_split = rng.choice([None, None, None, 64 * MiB, 128 * MiB]) if not expandable or rng.random() < 0.3 else None
+    divisions = rng.choice([None, None, None, None, 2, 4, 8])
+    config = AllocatorConfig(expandable_segments=expandable, max_split_size_bytes=max_split,
+                             roundup_power2_divisions=divisions)
+    near_limit = rng.random() < 0.35
+    device_bytes = rng.choice([2, 3, 4]) * GiB if near_limit else 80 * GiB
+    fmt = rng.choice(FORMATS)
+    if fmt == "oom_free_in_addr" and not near_limit:
+        fmt = "torch2.6"
+    if fmt == "torch2.0_history" and (expandable or divisions or max_split):
+        fmt = "no_time"  # torch 2.0 had none of these settings
+    options = dict(
+        config=config,
+        streams=rng.choice([(0,), (0,), (0, 7), (0, 3, 94_000_000_000)]),
+        deferred_fraction=rng.choice([0.0, 0.0, 0.15, 0.4]),
+        empty_cache_every=rng.choice([0, 0, 150, 400]),
+        total_bytes=device_bytes,
+        live_bytes=2 * device_bytes if near_limit else rng.choice([2, 8]) * GiB,
+        large_share=0.3 if near_limit else rng.choice([0.05, 0.1, 0.2]),
+        drop_first=rng.choice([0, 0, rng.randint(200, 1500), rng.randint(200, 1500)]),
+        pending_spelling="active_awaiting_free" if fmt == "awaiting_spelling" else "active_pending_free",
+        device_index=1 if rng.random() < 0.1 else 0,
+    )
+    made = generate(rng.randint(100, 800), seed=seed, **options)
+    _reformat(made.snapshot, fmt)
+    exact, why = exactness(options, fmt, near_limit)
+    return Case(seed, options, fmt, made, device_bytes, near_limit, exact, why)

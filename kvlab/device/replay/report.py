@@ -19,15 +19,32 @@ says them; with every check above true they are torch's numbers.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from kvlab.device.caching_allocator import AllocatorConfig, CachingAllocatorModel
+from kvlab.device.replay.seed import PENDING_STATES, Seed, segment_blocks
 from kvlab.units import fmt_bytes
 
-if TYPE_CHECKING:
-    from kvlab.device.caching_allocator import AllocatorConfig, CachingAllocatorModel
-    from kvlab.device.replay_seed import Seed
-    from kvlab.device.replay_whatif import WhatIf
+
+class WhatIfRow(Protocol):
+    """What the report shows of a what-if (:class:`kvlab.device.replay.whatif.WhatIf` is one): the report
+    sits below the what-ifs and does not import them."""
+
+    label: str
+    peak_reserved_bytes: int
+    final_reserved_bytes: int
+    peak_fragmentation_bytes: int
+    cuda_malloc_calls: int
+    oom_at_capacity: bool | None
+    oom_event: int | None
+    caveats: list[str]
+
+    @property
+    def exact(self) -> bool: ...
+
+    def to_json(self) -> dict: ...
 
 OP_ALLOC, OP_FREE_REQUESTED, OP_FREE, OP_EMPTY = range(4)  # the compiled stream's op codes
 CHECKS = ("segment_allocs_equal", "block_addresses_equal", "segment_frees_equal", "ooms_equal",
@@ -85,8 +102,6 @@ class ReplayResult:
             self.divergences.append(d)
 
     def finish(self, model, segments: list, pending: dict, ops: list) -> None:
-        from kvlab.device.replay import recorded_final
-
         self.model, self.ops = model, ops
         reserved, allocated, layout = recorded_final(segments)
         snap = model.snapshot()
@@ -170,7 +185,7 @@ class ReplayResult:
         })
 
     # ---- output ----------------------------------------------------------------------------------
-    def to_json(self, what_ifs: list[WhatIf] = ()) -> dict:
+    def to_json(self, what_ifs: Sequence[WhatIfRow] = ()) -> dict:
         first = self.first_divergence
         return {
             "source": self.source, "device": self.device, "events_replayed": self.events_replayed,
@@ -195,7 +210,7 @@ class ReplayResult:
             "notes": self.notes,
         }
 
-    def text(self, what_ifs: list[WhatIf] = ()) -> str:
+    def text(self, what_ifs: Sequence[WhatIfRow] = ()) -> str:
         counts = self.event_counts
         lines = [f"replay · {self.source} · device {self.device} · {self.events_replayed:,} events "
                  f"({', '.join(f'{counts[a]:,} {a}' for a in sorted(counts))})"]
@@ -221,17 +236,42 @@ class ReplayResult:
                      f"{self.recorded_cuda_mallocs:,} cudaMalloc calls; modelled peak allocated "
                      f"{fmt_bytes(max(self.modelled_allocated, default=self.seed.allocated_bytes))}")
         if what_ifs:
-            head = ("what-if", "peak reserved", "final reserved", "peak frag.", "cudaMallocs", "OOM at capacity")
-            rows = [(w.label, fmt_bytes(w.peak_reserved_bytes), fmt_bytes(w.final_reserved_bytes),
-                     fmt_bytes(w.peak_fragmentation_bytes), f"{w.cuda_malloc_calls:,}",
-                     "—" if w.oom_at_capacity is None else
-                     (f"yes, at event {w.oom_event}" if w.oom_at_capacity else "no")) for w in what_ifs]
+            head = ("what-if", "peak reserved", "final reserved", "peak frag.", "cudaMallocs", "OOM at capacity",
+                    "answer")
+            caveats: list[str] = []  # numbered once each, in order of first use
+            rows = []
+            for w in what_ifs:
+                marks = []
+                for caveat in w.caveats:
+                    if caveat not in caveats:
+                        caveats.append(caveat)
+                    marks.append(f"[{caveats.index(caveat) + 1}]")
+                rows.append((w.label, fmt_bytes(w.peak_reserved_bytes), fmt_bytes(w.final_reserved_bytes),
+                             fmt_bytes(w.peak_fragmentation_bytes), f"{w.cuda_malloc_calls:,}",
+                             "—" if w.oom_at_capacity is None else
+                             (f"yes, at event {w.oom_event}" if w.oom_at_capacity else "no"),
+                             "exact" if w.exact else "estimate " + "".join(marks)))
             widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
             for row in [head, *rows]:
-                lines.append("  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
-                                              for i, (c, w) in enumerate(zip(row, widths))))
+                lines.append("  " + "  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
+                                              for i, (c, w) in enumerate(zip(row, widths))).rstrip())
+            lines += [f"  [{k}] {caveat}" for k, caveat in enumerate(caveats, 1)]
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def recorded_final(segments: list[Mapping]) -> tuple[int, int, list]:
+    """(reserved, allocated, layout) of the recorded final state: layout is sorted
+    ``(segment address, total_size, ((block address, size, live?), ...))``."""
+    layout = []
+    allocated = 0
+    for seg in segments:
+        rows = []
+        for addr, size, _, state in segment_blocks(seg):
+            rows.append((addr, size, state != "inactive"))
+            allocated += size if state not in PENDING_STATES and state != "inactive" else 0
+        layout.append((seg["address"], seg["total_size"], tuple(rows)))
+    return sum(s["total_size"] for s in segments), allocated, sorted(layout)
 
 
 def _seg(row) -> str:

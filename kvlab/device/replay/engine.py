@@ -1,12 +1,12 @@
-"""The event-by-event engine of :mod:`kvlab.device.replay`: how each recorded event drives the allocator
-model, and what is compared.
+"""The event-by-event engine of :mod:`kvlab.device.replay.fidelity`: how each recorded event drives the
+allocator model, and what is compared.
 
-``_run`` walks one device's trace. Segment events are buffered until the next other event: an ``alloc`` or
+``run_trace`` walks one device's trace. Segment events are buffered until the next other event: an ``alloc`` or
 ``oom`` takes them as its own (:func:`_malloc`: new segments at the recorded addresses, releases that are
 the allocator's own before a retried cudaMalloc, the driver limit that sends the model down that path),
 any other event turns buffered releases into an ``empty_cache`` (:func:`_empty_cache`). Frees deferred on
 CUDA events keep their block until ``free_completed``. Every difference becomes a
-:class:`~kvlab.device.replay_report.Divergence`.
+:class:`~kvlab.device.replay.report.Divergence`.
 """
 
 from __future__ import annotations
@@ -18,18 +18,18 @@ from kvlab.device.caching_allocator import (
     CachingAllocatorModel,
     OutOfMemoryError,
 )
-from kvlab.device.replay_report import OP_ALLOC, OP_EMPTY, OP_FREE, OP_FREE_REQUESTED, Divergence, ReplayResult
+from kvlab.device.replay.report import OP_ALLOC, OP_EMPTY, OP_FREE, OP_FREE_REQUESTED, Divergence, ReplayResult
 from kvlab.errors import KvlabError
 from kvlab.units import GiB, TiB
 
 MODEL_TOTAL_BYTES = 1 << 50  # the model's driver never refuses, except where a recorded oom says it did
 _RELEASES = frozenset({"segment_free", "segment_unmap"})
-_GROWS = frozenset({"segment_alloc", "segment_map"})
-_SEGMENT_EVENTS = _RELEASES | _GROWS
+GROWS = frozenset({"segment_alloc", "segment_map"})
+_SEGMENT_EVENTS = _RELEASES | GROWS
 _CHECKED = frozenset({"alloc", "free_requested", "free_completed", "oom", "snapshot"})  # not mid-group
 
 
-class _Sink:
+class Sink:
     """The model's recorder during a replay: keeps ``(action, addr, size)`` of the current step."""
 
     __slots__ = ("events",)
@@ -41,7 +41,7 @@ class _Sink:
         self.events.append((action, addr, size))
 
 
-class _Addresses:
+class Addresses:
     """The model's segment-address hook: the recorded address of the segment the recording made before
     this allocation (torch makes or grows one segment per malloc), else a fresh one above every recorded
     address. A recorded address inside what a model segment already uses is refused (the model would file
@@ -76,7 +76,7 @@ def _used_end(segment) -> int:
     return end
 
 
-def _fence(model) -> None:
+def fence(model) -> None:
     """An expandable segment's address space is 1 1/8 of the device; the model's device is huge, the real
     one is not: the next recorded segment marks where each space really ends."""
     ordered = sorted(model.segments, key=lambda s: s.addr)
@@ -85,22 +85,36 @@ def _fence(model) -> None:
             model.limit_address_space(low, high.addr)
 
 
-def _device_bytes(reserved: int, trace: list[Mapping], settings: AllocatorConfig) -> int:
-    """The model's device size: plenty (its driver refuses only where a recorded oom says so). With
-    expandable segments the size also sets each segment's address space (1 1/8 of it), which decides when
-    a segment is full; a recorded oom tells the device's usable bytes then (free + reserved)."""
+def model_device_bytes(reserved: int, trace: list[Mapping], settings: AllocatorConfig,
+                  device_memory: int | None = None) -> tuple[int, str]:
+    """The model's device size and where it came from. Without expandable segments: plenty (its driver
+    refuses only where a recorded oom says so). With them the size also sets each segment's address space
+    (1 1/8 of it), which decides when a segment is full: ``device_memory`` (``kvlab replay
+    --device-memory``) when given, else a recorded oom's usable bytes then (free + reserved; the CUDA
+    context and other processes' memory make the real device somewhat larger), else unknown (plenty)."""
     if not settings.expandable_segments:
-        return MODEL_TOTAL_BYTES
+        return MODEL_TOTAL_BYTES, "not needed"
+    if device_memory is not None:
+        return device_memory, "given"
     usable = 0
     for e in trace:
         action = e["action"]
-        reserved += e["size"] if action in _GROWS else (-e["size"] if action in _RELEASES else 0)
+        reserved += e["size"] if action in GROWS else (-e["size"] if action in _RELEASES else 0)
         if action == "oom":
             usable = max(usable, reserved + e.get("device_free", e.get("addr", 0)))
-    return usable or MODEL_TOTAL_BYTES
+    return (usable, "oom") if usable else (MODEL_TOTAL_BYTES, "unknown")
 
 
-def _run(model, trace, blocks, pending, ops, sink, addresses, result: ReplayResult, check: bool) -> None:
+def reserved_at_start(segments: list[Mapping], trace: list[Mapping]) -> int:
+    """Reserved bytes before ``trace[0]``: the final segments' bytes with the trace's mappings undone."""
+    reserved = sum(s["total_size"] for s in segments)
+    for e in trace:
+        action = e["action"]
+        reserved -= e["size"] if action in GROWS else (-e["size"] if action in _RELEASES else 0)
+    return reserved
+
+
+def run_trace(model, trace, blocks, pending, ops, sink, addresses, result: ReplayResult, check: bool) -> None:
     diverge = result.diverge
     pending_bytes = sum(pending.values())
     rec_reserved = result.seed.reserved_bytes
@@ -113,8 +127,8 @@ def _run(model, trace, blocks, pending, ops, sink, addresses, result: ReplayResu
         for i, e in enumerate(trace):
             action = e["action"]
             if action in _SEGMENT_EVENTS:
-                rec_reserved += e["size"] if action in _GROWS else -e["size"]
-                result.recorded_cuda_mallocs += action in _GROWS
+                rec_reserved += e["size"] if action in GROWS else -e["size"]
+                result.recorded_cuda_mallocs += action in GROWS
                 segs.append((action, e["addr"], e["size"], i))
             elif action == "alloc" or action == "oom":
                 _malloc(model, e, i, segs, blocks, ops, sink, addresses, result)
@@ -169,11 +183,11 @@ def _rows(group: list[tuple]) -> list[tuple]:
     return sorted((g[0], g[1], g[2]) for g in group)
 
 
-def _empty_cache(model, segs: list[tuple], i: int, ops: list, sink: _Sink, result: ReplayResult) -> None:
+def _empty_cache(model, segs: list[tuple], i: int, ops: list, sink: Sink, result: ReplayResult) -> None:
     """Segment events that no allocation follows: releases are an ``empty_cache``; a segment made for
     nothing is a divergence."""
     releases = [g for g in segs if g[0] in _RELEASES]
-    grows = [g for g in segs if g[0] in _GROWS]
+    grows = [g for g in segs if g[0] in GROWS]
     if releases:
         sink.events = []
         model.recorder = sink
@@ -213,7 +227,7 @@ def _like_empty_cache(model, releases: list[tuple], mapped_first: int, needed: i
     return whole == _rows(releases)
 
 
-def _attempt(model, e: Mapping, limit: int | None, grows: list[tuple], addresses: _Addresses, sink: _Sink,
+def _attempt(model, e: Mapping, limit: int | None, grows: list[tuple], addresses: Addresses, sink: Sink,
              later: int | None = None):
     """``malloc`` the recorded request with the driver holding ``limit`` free bytes (None: plenty) and the
     recorded new-segment addresses queued (then ``later``: where a segment made now is first mapped);
@@ -233,12 +247,12 @@ def _attempt(model, e: Mapping, limit: int | None, grows: list[tuple], addresses
         model.non_pytorch_bytes = 0
     if addresses.made_segment:
         addresses.made_segment = False
-        _fence(model)
+        fence(model)
     return block, sorted(ev for ev in sink.events if ev[0] in _SEGMENT_EVENTS)
 
 
-def _malloc(model, e: Mapping, i: int, segs: list[tuple], blocks: dict, ops: list, sink: _Sink,
-            addresses: _Addresses, result: ReplayResult) -> None:
+def _malloc(model, e: Mapping, i: int, segs: list[tuple], blocks: dict, ops: list, sink: Sink,
+            addresses: Addresses, result: ReplayResult) -> None:
     """One recorded ``malloc``: its segment events, then ``alloc`` (or ``oom``).
 
     Releases *before* new segments (or before an ``oom``) may be the allocator's own: a cudaMalloc failed,
@@ -251,11 +265,11 @@ def _malloc(model, e: Mapping, i: int, segs: list[tuple], blocks: dict, ops: lis
     first_release = next((k for k, g in enumerate(segs) if g[0] in _RELEASES), None)
     oom = e["action"] == "oom"
     releases = [g for g in segs if g[0] in _RELEASES]
-    grows = [g for g in segs if g[0] in _GROWS]
-    mapped_first = sum(g[2] for g in segs[:first_release] if g[0] in _GROWS)
+    grows = [g for g in segs if g[0] in GROWS]
+    mapped_first = sum(g[2] for g in segs[:first_release] if g[0] in GROWS)
     device_free = e.get("device_free", e.get("addr", 0))
     needed = device_free if oom else sum(g[2] for g in grows) - mapped_first  # what the retry found free
-    own = oom or (first_release is not None and any(g[0] in _GROWS for g in segs[first_release:])
+    own = oom or (first_release is not None and any(g[0] in GROWS for g in segs[first_release:])
                   and not _like_empty_cache(model, releases, mapped_first, needed))
     block, made = None, []
     if own:
