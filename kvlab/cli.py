@@ -20,6 +20,7 @@ import sys
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.errors import fail
+from kvlab.safe_text import printable
 from kvlab.units import fmt_bytes
 
 
@@ -229,8 +230,8 @@ def _replay(args) -> int:
     except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         return fail(exc)
     for warning in caught:
-        print(f"kvlab: warning: {warning.message}", file=sys.stderr)
-    print(json.dumps(result.to_json(what_ifs), indent=2) if args.json else result.text(what_ifs))
+        print(f"kvlab: warning: {printable(warning.message, lines=True)}", file=sys.stderr)
+    print(json.dumps(result.to_json(what_ifs), indent=2) if args.json else printable(result.text(what_ifs), lines=True))
     return 0
 
 
@@ -268,7 +269,7 @@ def _simulate(args) -> int:
             result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
     except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, IsADirectoryError) as exc:
         return fail(exc)
-    source = args.trace or f"{args.workload} (seed {args.seed})"
+    source = printable(args.trace) if args.trace else f"{args.workload} (seed {args.seed})"
     if args.compare:
         for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
             totals.pop("wall_s", None)
@@ -428,7 +429,8 @@ def _explain_log(args) -> int:
     else:
         from kvlab.serving.text import format_comparison
 
-        print(format_explanation(exp) + ("\n" + format_comparison(comparison) if comparison is not None else ""))
+        text = format_explanation(exp) + ("\n" + format_comparison(comparison) if comparison is not None else "")
+        print(printable(text, lines=True))  # a config's _name_or_path or a log's text: escapes shown, not obeyed
     return 0
 
 
