@@ -332,6 +332,22 @@ def _supervise(process: subprocess.Popen, stops: _StopRequests, stop_timeout: fl
     return 0
 
 
+def _open_when_listening(url: str, port: int, process: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Open ``url`` (with its token) in the web browser once Voila accepts connections on ``port``."""
+    import socket
+    import webbrowser
+
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+        except OSError:
+            time.sleep(0.2)
+            continue
+        webbrowser.open(url)
+        return
+
+
 def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser: bool = True,
           cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, notebook_dir: Path = DEFAULT_NOTEBOOK_DIR,
           stop_timeout: float = STOP_TIMEOUT_S, token: bool = True, max_kernels: int = DEFAULT_MAX_KERNELS,
@@ -348,7 +364,8 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
         raise AppError("voila is not installed: pip install voila (or pip install -e .)") from None
     notebook = find_notebook(key, notebook_dir)
     with _StopRequests() as stops, dashboard_folder(notebook) as page:  # handler first: no signal is lost
-        cmd = voila_command(notebook, page=page, port=port, open_browser=open_browser,
+        # kvlab opens the browser itself: Voila's own launcher opens the URL without the token (a login page)
+        cmd = voila_command(notebook, page=page, port=port, open_browser=False,
                             cull_idle_seconds=cull_idle_seconds, max_kernels=max_kernels,
                             show_tracebacks=show_tracebacks)
         secret = secrets.token_urlsafe(24) if token else None
@@ -360,6 +377,8 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
         parent = os.getpid()
         process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret), start_new_session=True,
                                    preexec_fn=lambda: die_with_parent(parent, signal.SIGTERM))
+        if open_browser:
+            threading.Thread(target=_open_when_listening, args=(url, port, process), daemon=True).start()
         try:
             return _supervise(process, stops, stop_timeout)
         finally:

@@ -204,15 +204,18 @@ def _port_is_free(port: int) -> bool:
 def start_app(tmp_path: Path) -> Iterator[Callable[..., App]]:
     apps: list[App] = []
 
-    def start(*extra: str, notebook: str = "smoke", notebook_dir: Path = FIXTURES) -> App:
+    def start(*extra: str, notebook: str = "smoke", notebook_dir: Path = FIXTURES, browser: str | None = None) -> App:
+        """``browser``: a $BROWSER command line to open the page with (default: ``--no-browser``)."""
         port = _free_port()
         log = tmp_path / f"app-{port}.log"
         env = {**os.environ, "PYTHONPATH": str(REPO), "JUPYTER_PLATFORM_DIRS": "1",
                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+        if browser:
+            env["BROWSER"] = browser
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [sys.executable, "-m", "kvlab.cli", "app", notebook, "--notebook-dir", str(notebook_dir),
-                 "--port", str(port), "--no-browser", "--device", DEVICE, *extra],
+                 "--port", str(port), *([] if browser else ["--no-browser"]), "--device", DEVICE, *extra],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
         app = App(process, port, log)
         apps.append(app)
@@ -352,6 +355,16 @@ def test_a_page_needs_the_token_and_the_token_is_not_on_a_command_line(start_app
         assert b"KVLAB_APP_TOKEN=" not in Path(f"/proc/{k.pid}/environ").read_bytes()
     for p in [voila, *kernels]:  # where the token is in an environment, only this user can read it
         assert os.stat(f"/proc/{p.pid}/environ").st_mode & 0o077 == 0
+    log = app.stop(signal.SIGTERM)
+    assert app.process.returncode == 0, log
+
+
+def test_the_browser_is_opened_at_the_url_with_its_token(start_app, tmp_path: Path):
+    opened = tmp_path / "opened.txt"
+    app = start_app(browser=f"{sys.executable} -c 'import sys, pathlib; pathlib.Path(sys.argv[2]).write_text(sys.argv[1])'"
+                            f" %s {opened}")
+    _wait_for(opened.exists, 60, "the browser opened", app.log)
+    assert opened.read_text() == app.url and "?token=" in app.url
     log = app.stop(signal.SIGTERM)
     assert app.process.returncode == 0, log
 
