@@ -61,6 +61,7 @@ from pathlib import Path
 from kvlab.errors import KvlabError
 from kvlab.procs import die_with_parent
 from kvlab.report import DEFAULT_NOTEBOOK_DIR, ReportError, select_notebooks
+from kvlab.safe_text import printable
 
 HOST = "127.0.0.1"
 DEFAULT_CULL_IDLE_SECONDS = 600  # a kernel with no page connected goes after 10 idle minutes
@@ -370,7 +371,7 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
                             show_tracebacks=show_tracebacks)
         secret = secrets.token_urlsafe(24) if token else None
         url = f"http://{HOST}:{port}/" + (f"?token={secret}" if secret else "")
-        print(f"kvlab app: serving {notebook.name} at {url} (Ctrl-C to stop)", flush=True)
+        print(f"kvlab app: serving {printable(notebook.name)} at {url} (Ctrl-C to stop)", flush=True)
         if not secret:
             print(f"kvlab app: warning: --no-token: every user of this machine can open {HOST}:{port} and run code "
                   f"as you", file=sys.stderr, flush=True)

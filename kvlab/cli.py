@@ -205,9 +205,9 @@ def _report(args) -> int:
         return fail(exc)
     for run in report.runs:
         state = "ok" if run.ok else "FAILED"
-        print(f"  {run.name:<32} {state:>6}  {run.seconds:6.1f} s")
-    print(f"wrote {report.out_dir / 'index.html'} ({len(report.runs)} notebooks, {len(report.pngs)} figures, "
-          f"{report.seconds:.0f} s)")
+        print(f"  {printable(run.name):<32} {state:>6}  {run.seconds:6.1f} s")
+    print(f"wrote {printable(report.out_dir / 'index.html')} ({len(report.runs)} notebooks, {len(report.pngs)} "
+          f"figures, {report.seconds:.0f} s)")
     for run in report.failures:
         fail(run.error)
     if report.figure_error:
