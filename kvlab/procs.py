@@ -17,16 +17,24 @@ import sys
 _PR_SET_PDEATHSIG = 1
 
 
+def _find_prctl():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+# Looked up once, at import: a ``preexec_fn`` runs between fork and exec, where loading a library is unsafe.
+_PRCTL = _find_prctl()
+
+
 def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
     """In a child: receive ``sig`` when the parent that started it dies. If the parent (``parent_pid``) is gone
-    already, the signal comes now. Returns whether the kernel took the request (False off Linux)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
+    already, the signal comes now. Returns whether the kernel took the request (False off Linux). Safe in a
+    ``subprocess`` ``preexec_fn``."""
+    if _PRCTL is None or _PRCTL(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         return False
     if os.getppid() != parent_pid:  # the parent died before the request was made: act as if it came after
         os.kill(os.getpid(), sig)
