@@ -477,6 +477,7 @@ def test_force_then_a_plain_report_keeps_the_users_notebooks_html_and_figures(tm
     assert sorted(manifest) == ["html/01_tiny.html", "index.html", "notebooks/01_tiny.ipynb", "summary.json"]
 
 
+@pytest.mark.slow
 def test_a_report_never_writes_into_the_notebooks_folder(tmp_path: Path, monkeypatch):
     """``kvlab report --out . --force --notebook-dir notebooks`` would execute each notebook over its own source and
     then delete it on the next run: refused before anything runs, the sources untouched."""
@@ -499,6 +500,7 @@ def test_a_report_never_writes_into_the_notebooks_folder(tmp_path: Path, monkeyp
         assert _user_tree(tmp_path) == before
 
 
+@pytest.mark.slow
 def test_a_file_the_report_would_write_over_stops_it_first(tmp_path: Path):
     nbs = tmp_path / "nbs"
     nbs.mkdir()
