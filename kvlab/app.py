@@ -4,16 +4,27 @@ Voila runs the notebook in a fresh kernel and shows only outputs (``--strip_sour
 live widgets, so the panels of notebooks 01/02 work as in JupyterLab. It listens on 127.0.0.1 only: a demo
 laptop on a conference network should not serve a kernel to the room.
 
+Who may open it: a page runs code, so other users of the machine must not reach it. ``kvlab app`` makes a
+random token (Voila's ``--Voila.token``, jupyter_server's token login) and prints the URL that carries it; a
+request without it gets 403 and starts no kernel. The token travels to Voila in its environment, never on a
+command line (``/proc/<pid>/cmdline`` is world-readable; see :mod:`kvlab.app_server`). ``--no-token`` turns it
+off. At most ``max_kernels`` kernels run at once (:class:`kvlab.app_server.CappedKernelManager`; a page beyond
+that gets HTTP 503), and tracebacks reach the page only with ``show_tracebacks`` (``--show-tracebacks``): a
+viewer sees that a cell failed, not the code and paths around it.
+
 Every page load starts a kernel. Voila shuts it down when the page says goodbye (``beforeunload``); a page
 that never does (a crashed tab, a laptop lid closed, a dropped connection) leaves a kernel with no connection,
 which Voila culls once it has been idle for ``cull_idle_seconds`` (default 10 minutes). A kernel with an open
 page is never culled, however long the audience stares at it.
 
 Stopping: Voila runs in a session of its own, so the terminal's Ctrl-C reaches ``kvlab app`` only, and
-``kvlab app`` owns the shutdown. On SIGINT or SIGTERM it asks Voila to stop (SIGTERM, which Voila handles by
+``kvlab app`` owns the shutdown. On SIGINT, SIGTERM or SIGHUP (a closed terminal) it asks Voila to stop (SIGTERM, which Voila handles by
 shutting its kernels down), waits up to ``stop_timeout`` seconds, then kills Voila's process group and any
 kernel Voila left behind. A second Ctrl-C skips the wait. Kernels are found as Voila's descendants in
-``/proc`` (Linux); elsewhere only Voila's own shutdown and ipykernel's parent watch stop them.
+``/proc`` (Linux); elsewhere only Voila's own shutdown and ipykernel's parent watch stop them. A ``kvlab app``
+killed outright (SIGKILL) cannot do any of that: Voila then gets SIGTERM from the kernel (a parent-death signal,
+:func:`kvlab.procs.die_with_parent`, Linux), shuts its kernels down and frees the port, and the Voila process
+removes the dashboard copy's folder as it exits.
 
 Panel first: Voila runs with progressive rendering (``VoilaConfiguration.progressive_rendering``): the page
 arrives at once and each cell's outputs appear as the cell finishes, where plain Voila shows a spinner until the
@@ -35,6 +46,8 @@ from __future__ import annotations
 import contextlib
 import copy
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +59,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.errors import KvlabError
+from kvlab.procs import die_with_parent
 from kvlab.report import DEFAULT_NOTEBOOK_DIR, ReportError, select_notebooks
+from kvlab.safe_text import printable
 
 HOST = "127.0.0.1"
 DEFAULT_CULL_IDLE_SECONDS = 600  # a kernel with no page connected goes after 10 idle minutes
@@ -57,6 +72,9 @@ PARAMETERS_TAG = "parameters"  # a notebook's settings cell (papermill's convent
 TEMPLATE = "kvlab-app"
 SHARE_DIR = Path(__file__).resolve().parent / "app_share"  # holds voila/templates/kvlab-app, put on JUPYTER_PATH
 MOVED_NOTE = "*(The live panel of this section is at the top of the page.)*"
+SERVER_MODULE = "kvlab.app_server"  # runs Voila (and holds its kernel manager): see kvlab/app_server.py
+TOKEN_ENV = "KVLAB_APP_TOKEN"  # = kvlab.app_server.TOKEN_ENV (that module imports nothing from kvlab, nor this from it)
+DEFAULT_MAX_KERNELS = 8  # = kvlab.app_server.DEFAULT_MAX_KERNELS: pages open at once
 
 
 class AppError(KvlabError, RuntimeError):
@@ -136,24 +154,35 @@ def write_dashboard(notebook: Path, folder: Path) -> Path:
 
 @contextlib.contextmanager
 def dashboard_folder(notebook: Path) -> Iterator[Path]:
-    """The dashboard copy of ``notebook`` in a temporary folder, deleted on exit; yields the copy's path."""
-    with tempfile.TemporaryDirectory(prefix="kvlab-app-") as folder:
+    """The dashboard copy of ``notebook`` in a temporary folder (mode 0700), deleted on exit (if the Voila
+    process has not removed it already); yields the copy's path."""
+    folder = tempfile.mkdtemp(prefix="kvlab-app-")
+    try:
         yield write_dashboard(notebook, Path(folder))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool = False,
-                  cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS) -> list[str]:
-    """The Voila command line (``python -m voila`` so the kernel runs in this interpreter's environment) that
-    serves ``page`` (the dashboard copy of ``notebook``) with kernels started in ``notebook``'s folder.
+                  cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, max_kernels: int = DEFAULT_MAX_KERNELS,
+                  show_tracebacks: bool = False) -> list[str]:
+    """The Voila command line (``python -m kvlab.app_server``, Voila in this interpreter's environment) that
+    serves ``page`` (the dashboard copy of ``notebook``, its folder removed when Voila exits) with kernels
+    started in ``notebook``'s folder.
 
     ``cull_idle_seconds`` > 0: a kernel idle that long with no page connected is shut down (jupyter_server's
-    culler, which Voila's kernel manager inherits); 0 never culls. Run it with ``app_env``'s environment (the
-    template is found through ``JUPYTER_PATH``).
+    culler, which Voila's kernel manager inherits); 0 never culls. ``max_kernels`` > 0: kernels at once (0 = no
+    cap). ``show_tracebacks``: a failing cell's traceback reaches the page. Run it with ``app_env``'s
+    environment (the template is found through ``JUPYTER_PATH``; the token, if any, is there too).
     """
     if cull_idle_seconds < 0:
         raise AppError(f"kvlab app --cull-idle-seconds: must be >= 0 (0 = never), got {cull_idle_seconds}")
-    cmd = [sys.executable, "-m", "voila", str(page), f"--port={port}", f"--Voila.ip={HOST}", "--Voila.port_retries=0",
-           "--strip_sources=True", "--show_tracebacks=True", "--theme=light",
+    if max_kernels < 0:
+        raise AppError(f"kvlab app --max-kernels: must be >= 0 (0 = no cap), got {max_kernels}")
+    cmd = [sys.executable, "-m", SERVER_MODULE, str(page.parent), str(page), f"--port={port}", f"--Voila.ip={HOST}",
+           "--Voila.port_retries=0", "--strip_sources=True", f"--show_tracebacks={show_tracebacks}", "--theme=light",
+           f"--VoilaConfiguration.multi_kernel_manager_class={SERVER_MODULE}.CappedKernelManager",
+           f"--CappedKernelManager.max_kernels={max_kernels}",
            f"--VoilaConfiguration.template={TEMPLATE}", "--VoilaConfiguration.progressive_rendering=True",
            f"--Voila.root_dir={page.parent}",
            f"--MappingKernelManager.root_dir={notebook.parent}",  # the kernel's cwd: the notebook's own folder
@@ -165,8 +194,11 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
     return cmd
 
 
-def app_env(device: str | None) -> dict[str, str]:
+def app_env(device: str | None, token: str | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.pop(TOKEN_ENV, None)
+    if token:
+        env[TOKEN_ENV] = token
     env.setdefault("KVLAB_PROGRESS", "0")
     env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH")) if p)
     if device:
@@ -242,7 +274,7 @@ def _kill_leftovers(procs: list[_Proc]) -> int:
 
 
 class _StopRequests:
-    """SIGINT/SIGTERM handler for the supervising loop: only records the signal (the loop acts on it)."""
+    """SIGINT/SIGTERM/SIGHUP handler for the supervising loop: only records the signal (the loop acts on it)."""
 
     def __init__(self) -> None:
         self.signals: list[int] = []
@@ -250,7 +282,7 @@ class _StopRequests:
 
     def __enter__(self) -> _StopRequests:
         if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                 self._previous[sig] = signal.signal(sig, self._record)
         return self
 
@@ -301,11 +333,29 @@ def _supervise(process: subprocess.Popen, stops: _StopRequests, stop_timeout: fl
     return 0
 
 
+def _open_when_listening(url: str, port: int, process: subprocess.Popen, timeout_s: float = 120.0) -> None:
+    """Open ``url`` (with its token) in the web browser once Voila accepts connections on ``port``."""
+    import socket
+    import webbrowser
+
+    deadline = time.monotonic() + timeout_s
+    while process.poll() is None and time.monotonic() < deadline:
+        try:
+            socket.create_connection((HOST, port), timeout=1).close()
+        except OSError:
+            time.sleep(0.2)
+            continue
+        webbrowser.open(url)
+        return
+
+
 def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser: bool = True,
           cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, notebook_dir: Path = DEFAULT_NOTEBOOK_DIR,
-          stop_timeout: float = STOP_TIMEOUT_S) -> int:
-    """Run Voila until SIGINT/SIGTERM, then stop it and its kernels; returns the exit status.
+          stop_timeout: float = STOP_TIMEOUT_S, token: bool = True, max_kernels: int = DEFAULT_MAX_KERNELS,
+          show_tracebacks: bool = False) -> int:
+    """Run Voila until SIGINT/SIGTERM/SIGHUP, then stop it and its kernels; returns the exit status.
 
+    ``token``: a page needs the random token in the printed URL (``False``: anyone who can reach the port).
     0: stopped on request and everything shut down cleanly; 1: stopped, but Voila or a kernel had to be
     killed; Voila's own status (128 + signal if a signal ended it) when it exited without being asked.
     """
@@ -315,10 +365,21 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
         raise AppError("voila is not installed: pip install voila (or pip install -e .)") from None
     notebook = find_notebook(key, notebook_dir)
     with _StopRequests() as stops, dashboard_folder(notebook) as page:  # handler first: no signal is lost
-        cmd = voila_command(notebook, page=page, port=port, open_browser=open_browser,
-                            cull_idle_seconds=cull_idle_seconds)
-        print(f"kvlab app: serving {notebook.name} at http://{HOST}:{port}/ (Ctrl-C to stop)", flush=True)
-        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device), start_new_session=True)
+        # kvlab opens the browser itself: Voila's own launcher opens the URL without the token (a login page)
+        cmd = voila_command(notebook, page=page, port=port, open_browser=False,
+                            cull_idle_seconds=cull_idle_seconds, max_kernels=max_kernels,
+                            show_tracebacks=show_tracebacks)
+        secret = secrets.token_urlsafe(24) if token else None
+        url = f"http://{HOST}:{port}/" + (f"?token={secret}" if secret else "")
+        print(f"kvlab app: serving {printable(notebook.name)} at {url} (Ctrl-C to stop)", flush=True)
+        if not secret:
+            print(f"kvlab app: warning: --no-token: every user of this machine can open {HOST}:{port} and run code "
+                  f"as you", file=sys.stderr, flush=True)
+        parent = os.getpid()
+        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret), start_new_session=True,
+                                   preexec_fn=lambda: die_with_parent(parent, signal.SIGTERM))
+        if open_browser:
+            threading.Thread(target=_open_when_listening, args=(url, port, process), daemon=True).start()
         try:
             return _supervise(process, stops, stop_timeout)
         finally:
@@ -327,6 +388,7 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
                 process.wait()
 
 
-__all__ = ["AppError", "DASHBOARD_TAG", "PARAMETERS_TAG", "DEFAULT_CULL_IDLE_SECONDS", "HOST", "STOP_TIMEOUT_S", "app_env",
+__all__ = ["AppError", "DASHBOARD_TAG", "PARAMETERS_TAG", "DEFAULT_CULL_IDLE_SECONDS", "DEFAULT_MAX_KERNELS", "HOST",
+           "STOP_TIMEOUT_S", "TOKEN_ENV", "app_env",
            "cull_interval", "dashboard_folder", "dashboard_notebook", "descendants", "find_notebook", "serve",
            "voila_command", "write_dashboard"]

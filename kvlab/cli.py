@@ -5,7 +5,8 @@
     kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare] [...]
     kvlab sweep (--trace FILE | --workload NAME) [--kv-pages LIST] [--max-running LIST] [...] [--engine local|ray]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
-    kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--notebook-dir DIR]
+    kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--max-kernels N] [--no-token] [--show-tracebacks]
+              [--notebook-dir DIR]
     kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...]
                       [--compare-engines [--vllm-log LOG] [--vllm-version V]] [--json]
     kvlab replay SNAPSHOT [--device N] [--what-if KEY=VALUE ...] [--capacity SIZE] [--device-memory SIZE] [--json]
@@ -20,6 +21,7 @@ import sys
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.errors import fail
+from kvlab.safe_text import printable
 from kvlab.units import fmt_bytes
 
 
@@ -44,7 +46,7 @@ def _fraction_le1(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from kvlab.app import DEFAULT_CULL_IDLE_SECONDS
+    from kvlab.app import DEFAULT_CULL_IDLE_SECONDS, DEFAULT_MAX_KERNELS
     from kvlab.experiments.kv_pool_sizing import SCENARIO_PRESETS
     from kvlab.mem_cache.common import EVICTION_MODES
     from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
@@ -150,7 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--notebooks", default=None, metavar="01,02,...",
                         help="comma-separated notebook numbers or names (default: all)")
     report.add_argument("--force", action="store_true",
-                        help="write into an existing directory that is not a previous kvlab report")
+                        help="write into an existing directory that is not a previous kvlab report (beside its "
+                             "files: a file kvlab did not write is never written over or deleted)")
     report.add_argument("--no-png", action="store_true", help="skip the PNG export (no browser needed)")
     report.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: kvlab's, see kvlab.paths)")
 
@@ -165,6 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
                      help="shut down a page's kernel once it has been idle N s with no page connected "
                           "(a closed tab, a sleeping laptop); 0 = never (default: %(default)s)")
     app.add_argument("--notebook-dir", default=None, help="where the notebooks are (default: kvlab's, see kvlab.paths)")
+    app.add_argument("--no-token", action="store_true",
+                     help="serve without the random token in the printed URL: every user of this machine can then "
+                          "open the page and run code as you")
+    app.add_argument("--max-kernels", type=_nonnegative_int, default=DEFAULT_MAX_KERNELS, metavar="N",
+                     help="pages (kernels) open at once; one more gets HTTP 503; 0 = no cap (default: %(default)s)")
+    app.add_argument("--show-tracebacks", action="store_true",
+                     help="show a failing cell's traceback on the page (default: hidden from viewers)")
 
     replay = commands.add_parser(
         "replay", help="replay a torch memory snapshot through the allocator model: fidelity and what-ifs",
@@ -199,9 +209,9 @@ def _report(args) -> int:
         return fail(exc)
     for run in report.runs:
         state = "ok" if run.ok else "FAILED"
-        print(f"  {run.name:<32} {state:>6}  {run.seconds:6.1f} s")
-    print(f"wrote {report.out_dir / 'index.html'} ({len(report.runs)} notebooks, {len(report.pngs)} figures, "
-          f"{report.seconds:.0f} s)")
+        print(f"  {printable(run.name):<32} {state:>6}  {run.seconds:6.1f} s")
+    print(f"wrote {printable(report.out_dir / 'index.html')} ({len(report.runs)} notebooks, {len(report.pngs)} "
+          f"figures, {report.seconds:.0f} s)")
     for run in report.failures:
         fail(run.error)
     if report.figure_error:
@@ -215,7 +225,8 @@ def _app(args) -> int:
     try:
         extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
         return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser,
-                     cull_idle_seconds=args.cull_idle_seconds, **extra)
+                     cull_idle_seconds=args.cull_idle_seconds, token=not args.no_token, max_kernels=args.max_kernels,
+                     show_tracebacks=args.show_tracebacks, **extra)
     except AppError as exc:
         return fail(exc)
 
@@ -241,8 +252,8 @@ def _replay(args) -> int:
     except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
         return fail(exc)
     for warning in caught:
-        print(f"kvlab: warning: {warning.message}", file=sys.stderr)
-    print(json.dumps(result.to_json(what_ifs), indent=2) if args.json else result.text(what_ifs))
+        print(f"kvlab: warning: {printable(warning.message, lines=True)}", file=sys.stderr)
+    print(json.dumps(result.to_json(what_ifs), indent=2) if args.json else printable(result.text(what_ifs), lines=True))
     return 0
 
 
@@ -280,7 +291,7 @@ def _simulate(args) -> int:
             result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
     except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, IsADirectoryError) as exc:
         return fail(exc)
-    source = args.trace or f"{args.workload} (seed {args.seed})"
+    source = printable(args.trace) if args.trace else f"{args.workload} (seed {args.seed})"
     if args.compare:
         for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
             totals.pop("wall_s", None)
@@ -440,7 +451,8 @@ def _explain_log(args) -> int:
     else:
         from kvlab.serving.text import format_comparison
 
-        print(format_explanation(exp) + ("\n" + format_comparison(comparison) if comparison is not None else ""))
+        text = format_explanation(exp) + ("\n" + format_comparison(comparison) if comparison is not None else "")
+        print(printable(text, lines=True))  # a config's _name_or_path or a log's text: escapes shown, not obeyed
     return 0
 
 

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from kvlab.safe_text import printable
+
 
 class KvlabError(Exception):
     """Base of kvlab's own errors."""
@@ -22,7 +24,7 @@ def fail(message: object) -> int:
     """The one way a ``kvlab`` subcommand reports an error the user can act on: ``kvlab: error: …`` on stderr.
 
     Returns 2, the exit status of a usage error, so a command can ``return fail(exc)``."""
-    print(f"kvlab: error: {message}", file=sys.stderr)
+    print(f"kvlab: error: {printable(message, lines=True)}", file=sys.stderr)  # a file's ESC[2J is shown, not obeyed
     return 2
 
 

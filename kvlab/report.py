@@ -9,21 +9,32 @@
     DIR/summary.json                headline numbers of both findings, both arms, computed by calling
                                     kvlab.experiments directly with the notebooks' settings (never scraped
                                     from notebook outputs), the devices named
-    DIR/.kvlab-report               marker: only a directory holding it may be written over again
+    DIR/.kvlab-report               the manifest: every file this report wrote, with its SHA-256
 
 Notebooks run through ``kvlab.notebook_exec`` (the test suite's executor too): in their own folder as cwd (as in
 JupyterLab) with ``KVLAB_DEVICE`` set in an injected first cell (tag ``injected-env``), so ``--device`` reaches
 ``kvlab.device.resolve_device_name`` inside the kernel. ``PLOTLY_RENDERER=plotly_mimetype+notebook`` makes
 ``fig.show()`` leave an HTML output (with plotly.js) that nbconvert can render; live FigureWidgets need a
 kernel and show in the page as their static fallback only.
+
+What is deleted and overwritten: only files the manifest proves a report wrote (same path, same SHA-256 now),
+never a folder, never a file someone changed or put there since. A directory that holds no manifest and is
+not empty needs ``--force``, which lets the report write *beside* the files there, never over one: a file the
+report would write that exists and is not proven kvlab's stops the report before anything runs, naming it.
+``--force`` marks nothing as kvlab's but the files it then writes. The notebooks' own folder
+(``--notebook-dir``) is never one the report writes into (``DIR``, ``DIR/notebooks``, ``DIR/html``,
+``DIR/figures``).
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import html
 import json
 import os
-import shutil
+import stat
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +43,10 @@ from pathlib import Path
 from kvlab.paths import notebook_dir
 from kvlab.units import fmt_gib
 
-MARKER = ".kvlab-report"
+MARKER = ".kvlab-report"  # the manifest (JSON): {"kvlab_report_manifest": 1, "files": {relative path: sha256}}
+MANIFEST_FORMAT = 1
+_LEGACY_MARKER = "written by `kvlab report`; this directory may be overwritten by the next one\n"  # kvlab <= this
+OUTPUT_FOLDERS = ("notebooks", "html", "figures")
 DEFAULT_NOTEBOOK_DIR = notebook_dir()  # the checkout's notebooks/, a wheel's copy or KVLAB_NOTEBOOK_DIR
 # The headline numbers are those the notebooks show (tests/test_report.py reads the notebooks' own calls):
 # finding 1 is notebook 01 §1, the PR's setup on its simulated devices, plus §4 on a CUDA device when the
@@ -97,25 +111,140 @@ def select_notebooks(notebook_dir: Path = DEFAULT_NOTEBOOK_DIR, only: Sequence[s
     return chosen
 
 
-def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False) -> Path:
-    """Create ``out`` or clear a previous report in it. Refuses any other existing non-empty directory
-    (the user's files) unless ``force``, and a path that is a file, always."""
+def _sha256(path: Path) -> str | None:
+    """The SHA-256 of a regular file (not through a symlink); ``None`` for anything else."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        digest = hashlib.sha256()
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class Manifest:
+    """``DIR/.kvlab-report``: the files a report wrote in ``DIR`` (relative path → SHA-256), rewritten after each
+    file is recorded, so an interrupted report still proves what it wrote."""
+
+    def __init__(self, out_dir: Path, files: dict[str, str] | None = None) -> None:
+        self.out_dir, self.files = out_dir, dict(files or {})
+
+    @property
+    def path(self) -> Path:
+        return self.out_dir / MARKER
+
+    @classmethod
+    def read(cls, out_dir: Path) -> Manifest | None:
+        """The manifest of ``out_dir``; ``None`` when there is none. A marker of an older kvlab (which ``--force``
+        could write into any folder) proves nothing: an empty manifest. Anything else there is refused."""
+        path = out_dir / MARKER
+        if not path.exists() and not path.is_symlink():
+            return None
+        try:
+            text = path.read_text(encoding="utf-8") if path.is_file() and not path.is_symlink() else None
+        except (OSError, UnicodeDecodeError):
+            text = None
+        if text == _LEGACY_MARKER:
+            return cls(out_dir)
+        try:
+            data = json.loads(text) if text is not None else None
+        except ValueError:
+            data = None
+        files = data.get("files") if isinstance(data, dict) and data.get("kvlab_report_manifest") == MANIFEST_FORMAT \
+            else None
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise ReportError(f"--out {out_dir}: {MARKER} there is not a kvlab report manifest; kvlab does not write "
+                              f"over it: choose another directory")
+        return cls(out_dir, files)
+
+    def owns(self, relative: str) -> bool:
+        """Whether the file at ``relative`` is one this manifest proves a report wrote (unchanged since)."""
+        recorded = self.files.get(relative)
+        return recorded is not None and _sha256(self.out_dir / relative) == recorded
+
+    def record(self, *paths: Path | None) -> None:
+        for path in paths:
+            if path is not None and Path(path).is_file():
+                relative = Path(path).resolve().relative_to(self.out_dir).as_posix()
+                self.files[relative] = _sha256(Path(path)) or ""
+        self.save()
+
+    def save(self) -> None:
+        data = json.dumps({"kvlab_report_manifest": MANIFEST_FORMAT, "files": dict(sorted(self.files.items()))},
+                          indent=1) + "\n"
+        fd, tmp = tempfile.mkstemp(dir=self.out_dir, prefix=f"{MARKER}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(data)
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+    except OSError:
+        return False
+
+
+def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False, notebook_dir: str | os.PathLike[str] | None = None,
+                    planned: Sequence[str] = ()) -> Path:
+    """Create ``out``, or clear a previous report in it: the files its manifest proves a report wrote (unchanged
+    since), and then the report's folders if they are left empty; nothing else. Refuses any other existing non-empty
+    directory unless ``force``; a path that is a file; a ``notebook_dir`` that is ``out`` or one of its report
+    folders; and any of the ``planned`` files (paths relative to ``out``) that exists and is not proven kvlab's:
+    the report never writes over a file it did not write."""
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()):
-        if not (out / MARKER).is_file() and not force:
-            raise ReportError(f"--out {out}: directory exists and is not a previous kvlab report "
-                              f"(no {MARKER} file in it); choose another directory or pass --force")
-        if (out / MARKER).is_file():  # ours: clear only what a report writes
-            for name in ("notebooks", "html", "figures"):
-                if (out / name).is_dir():
-                    shutil.rmtree(out / name)
-            for name in ("index.html", "summary.json"):
-                (out / name).unlink(missing_ok=True)
+    if notebook_dir is not None:
+        for target in (out, *(out / name for name in OUTPUT_FOLDERS)):
+            if _same_dir(Path(notebook_dir), target):
+                raise ReportError(f"--notebook-dir {notebook_dir}: the notebooks' own folder is where this report "
+                                  f"would write ({target}); kvlab never writes into or clears the notebooks' "
+                                  f"folder: choose another --out")
+    manifest = Manifest.read(out) if out.is_dir() else None
+    if out.is_dir() and any(out.iterdir()) and manifest is None and not force:
+        raise ReportError(f"--out {out}: directory exists and is not a previous kvlab report "
+                          f"(no {MARKER} file in it); choose another directory or pass --force "
+                          f"(which writes beside the files there, never over one)")
+    if manifest is not None:  # ours: delete only what it proves it wrote
+        for relative in list(manifest.files):
+            if manifest.owns(relative):
+                (out / relative).unlink()
+        for name in OUTPUT_FOLDERS:
+            if (out / name).is_dir() and not (out / name).is_symlink():
+                with contextlib.suppress(OSError):
+                    (out / name).rmdir()  # only when empty
+    taken = [p for p in planned if (out / p).exists() or (out / p).is_symlink()]
+    if taken:
+        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
+        raise ReportError(f"--out {out}: {shown} already there and not written by kvlab report (or changed since); "
+                          f"kvlab never writes over a file it did not write: move it away or choose another "
+                          f"directory")
     out.mkdir(parents=True, exist_ok=True)
-    (out / MARKER).write_text("written by `kvlab report`; this directory may be overwritten by the next one\n")
+    Manifest(out).save()  # what was proven is gone; a file someone changed is theirs now
     return out
+
+
+def planned_files(sources: Sequence[Path], *, pngs: bool) -> list[str]:
+    """Every file a report of ``sources`` writes, relative to its directory (the manifest aside)."""
+    files = ["index.html", "summary.json"]
+    for source in sources:
+        files += [f"notebooks/{source.name}", f"html/{source.stem}.html"]
+    if pngs:
+        from kvlab.viz.export import FIGURE_CAPTIONS  # lazy: the core never imports plotly (only with figures)
+
+        files += [f"figures/{stem}.png" for stem in FIGURE_CAPTIONS]
+    return files
 
 
 # ---- executing and rendering --------------------------------------------------------------------
@@ -406,29 +535,39 @@ def build_report(out: str | os.PathLike[str], *, device: str = "auto", notebooks
     start = time.perf_counter()
     sources = select_notebooks(Path(notebook_dir), notebooks)
     resolved = resolve_device_name(device)
-    out_dir = prepare_out_dir(out, force=force)
+    out_dir = prepare_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned_files(sources, pngs=pngs))
+    manifest = Manifest(out_dir)
     report = Report(out_dir=out_dir, device=resolved)
     with progress_bar(total=len(sources) + 2, desc="kvlab report", enabled=progress, unit="step") as bar:
         for source in sources:
             bar.set_postfix_str(source.stem)
-            report.runs.append(execute_one(source, out_dir, resolved, timeout=timeout))
+            run = execute_one(source, out_dir, resolved, timeout=timeout)
+            manifest.record(run.executed_path, run.html_path)
+            report.runs.append(run)
             bar.update()
         bar.set_postfix_str("summary")
         report.summary, arms, comparison = compute_summary(resolved)
         report.summary["notebooks"] = {r.name: {"ok": r.ok, "seconds": round(r.seconds, 2), "error": r.error}
                                        for r in report.runs}
         (out_dir / "summary.json").write_text(json.dumps(report.summary, indent=2) + "\n")
+        manifest.record(out_dir / "summary.json")
         bar.update()
         if pngs:
             bar.set_postfix_str("figures")
-            from kvlab.viz.export import FigureExportError, key_figures, write_pngs  # lazy: core never imports plotly
+            # lazy: the core never imports plotly
+            from kvlab.viz.export import FIGURE_CAPTIONS, FigureExportError, key_figures, write_pngs
 
+            figures = key_figures(arms, comparison)
+            unplanned = set(figures) - set(FIGURE_CAPTIONS)
+            if unplanned:  # prepare_out_dir checked FIGURE_CAPTIONS' names only
+                raise ReportError(f"key figures without a caption (kvlab.viz.export.FIGURE_CAPTIONS): {sorted(unplanned)}")
             try:
-                report.pngs = write_pngs(key_figures(arms, comparison), out_dir / "figures")
+                report.pngs = write_pngs(figures, out_dir / "figures")
             except FigureExportError as exc:
                 report.figure_error = str(exc)
-                report.pngs = sorted((out_dir / "figures").glob("*.png"))
+                report.pngs = [p for p in (out_dir / "figures" / f"{stem}.png" for stem in figures) if p.is_file()]
+            manifest.record(*report.pngs)
         bar.update()
     report.seconds = time.perf_counter() - start
-    write_index(report)
+    manifest.record(write_index(report))
     return report

@@ -127,11 +127,15 @@ def test_voila_serves_the_copy_progressively_with_kernels_in_the_notebooks_folde
     notebook = find_notebook("01")
     page = write_dashboard(notebook, tmp_path)
     cmd = voila_command(notebook, page=page, port=8899)
-    assert cmd[3] == str(page)  # python -m voila <page>
+    assert cmd[1:5] == ["-m", "kvlab.app_server", str(page.parent), str(page)]  # its folder goes when Voila does
     for option in (f"--Voila.root_dir={tmp_path}", f"--MappingKernelManager.root_dir={notebook.parent}",
                    "--VoilaConfiguration.progressive_rendering=True", f"--VoilaConfiguration.template={TEMPLATE}",
-                   "--strip_sources=True", "--Voila.ip=127.0.0.1", "--no-browser"):
+                   "--strip_sources=True", "--Voila.ip=127.0.0.1", "--no-browser", "--show_tracebacks=False",
+                   "--VoilaConfiguration.multi_kernel_manager_class=kvlab.app_server.CappedKernelManager",
+                   "--CappedKernelManager.max_kernels=8"):
         assert option in cmd, option
+    assert not any("token" in arg for arg in cmd)  # a token travels in the environment (app_env), never here
+    assert "--show_tracebacks=True" in voila_command(notebook, page=page, port=8899, show_tracebacks=True)
 
 
 def test_voila_finds_the_kvlab_template_through_app_env(monkeypatch: pytest.MonkeyPatch):

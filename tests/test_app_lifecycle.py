@@ -109,19 +109,30 @@ class App:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/"
+        """The URL ``kvlab app`` printed: with its token (``?token=...``) unless started with ``--no-token``."""
+        found = re.search(rf"serving \S+ at (http://127\.0\.0\.1:{self.port}/\S*) \(Ctrl-C to stop\)",
+                          self.log.read_text())
+        assert found, self.log.read_text()[-3000:]
+        return found.group(1)
 
-    def load_page(self) -> None:
+    @property
+    def token_query(self) -> str:
+        """``?token=...`` for the execution websocket (as the page's cookie would carry it), or nothing."""
+        query = self.url.partition("?")[2]
+        return f"?{query}" if query else ""
+
+    def load_page(self, marker: str = f"kvlab-smoke-ready scale=1 device={DEVICE}") -> list[list[dict]]:
         """GET the dashboard (Voila starts a kernel), then run its cells as the page's script does; the last
-        cell's output must carry the smoke notebook's marker."""
+        cell's output must carry ``marker`` (the smoke notebook's, by default). Returns the outputs per cell."""
         with urllib.request.urlopen(self.url, timeout=120) as response:
             page = response.read().decode()
         config = re.search(r'<script id="jupyter-config-data" type="application/json">(.*?)</script>', page, re.S)
         assert config, page[-2000:]
         kernel_id = json.loads(config.group(1))["kernelId"]
-        outputs = _run_in_own_thread(
-            lambda: asyncio.run(_run_cells(f"ws://127.0.0.1:{self.port}/voila/execution/{kernel_id}", kernel_id)))
-        assert f"kvlab-smoke-ready scale=1 device={DEVICE}" in json.dumps(outputs[-1]), outputs[-1]
+        ws = f"ws://127.0.0.1:{self.port}/voila/execution/{kernel_id}{self.token_query}"
+        outputs = _run_in_own_thread(lambda: asyncio.run(_run_cells(ws, kernel_id)))
+        assert marker in json.dumps(outputs[-1]), outputs[-1]
+        return outputs
 
     def page_dir(self) -> Path:
         """The temporary folder Voila serves the dashboard copy from (its ``--Voila.root_dir``)."""
@@ -130,7 +141,7 @@ class App:
         return Path(root.group(1))
 
     def voila(self) -> Proc:
-        children = [p for p in _tree(self.process.pid) if p.ppid == self.process.pid and " voila " in p.cmdline]
+        children = [p for p in _tree(self.process.pid) if p.ppid == self.process.pid and " kvlab.app_server " in p.cmdline]
         assert len(children) == 1, children
         return children[0]
 
@@ -193,15 +204,18 @@ def _port_is_free(port: int) -> bool:
 def start_app(tmp_path: Path) -> Iterator[Callable[..., App]]:
     apps: list[App] = []
 
-    def start(*extra: str) -> App:
+    def start(*extra: str, notebook: str = "smoke", notebook_dir: Path = FIXTURES, browser: str | None = None) -> App:
+        """``browser``: a $BROWSER command line to open the page with (default: ``--no-browser``)."""
         port = _free_port()
         log = tmp_path / f"app-{port}.log"
         env = {**os.environ, "PYTHONPATH": str(REPO), "JUPYTER_PLATFORM_DIRS": "1",
                "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+        if browser:
+            env["BROWSER"] = browser
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [sys.executable, "-m", "kvlab.cli", "app", "smoke", "--notebook-dir", str(FIXTURES),
-                 "--port", str(port), "--no-browser", "--device", DEVICE, *extra],
+                [sys.executable, "-m", "kvlab.cli", "app", notebook, "--notebook-dir", str(notebook_dir),
+                 "--port", str(port), *([] if browser else ["--no-browser"]), "--device", DEVICE, *extra],
                 env=env, stdout=out, stderr=subprocess.STDOUT)
         app = App(process, port, log)
         apps.append(app)
@@ -220,7 +234,7 @@ def start_app(tmp_path: Path) -> Iterator[Callable[..., App]]:
                     os.kill(p.pid, signal.SIGKILL)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_stops_voila_and_every_kernel_and_frees_the_port(start_app, sig: signal.Signals):
     app = start_app()
     app.load_page()
@@ -284,3 +298,105 @@ def test_the_kernel_of_a_page_gone_away_is_culled_while_the_app_runs(start_app):
     log = app.stop(signal.SIGTERM)
     assert app.process.returncode == 0, log
     assert not [k for k in again if _alive(k)]
+
+
+def test_a_killed_app_leaves_no_voila_kernel_port_or_folder(start_app):
+    """``kill -9`` of ``kvlab app`` gives it no chance to stop anything: Voila gets SIGTERM from its parent-death
+    signal, shuts its kernel down, frees the port and removes the dashboard folder as it exits."""
+    app = start_app()
+    app.load_page()
+    voila, page_dir = app.voila(), app.page_dir()
+    kernels = _kernels(app.process.pid)
+    assert len(kernels) == 1, kernels
+    app.process.kill()
+    app.process.wait(10)
+    _wait_for(lambda: not _alive(voila) and not any(_alive(k) for k in kernels), 30, "Voila and its kernel gone",
+              app.log)
+    _wait_for(lambda: _port_is_free(app.port), 10, "port free", app.log)
+    assert not page_dir.exists(), f"the dashboard copy was left behind: {page_dir}"
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url), timeout=120) as response:
+            return response.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+def test_a_page_needs_the_token_and_the_token_is_not_on_a_command_line(start_app):
+    """Without the printed URL's token a request gets no page and starts no kernel (jupyter_server's login); the
+    token is in no process's command line (``/proc/<pid>/cmdline`` is world-readable), only in environments that
+    this user alone can read."""
+    app = start_app()
+    token = app.url.partition("?token=")[2]
+    assert len(token) >= 24, app.url
+    opener = urllib.request.build_opener(_NoRedirect)
+    for url in (f"http://127.0.0.1:{app.port}/", f"http://127.0.0.1:{app.port}/?token=wrong{token}",
+                f"http://127.0.0.1:{app.port}/api/kernels"):
+        try:
+            status = opener.open(url, timeout=60).status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        assert status in (302, 403), (url, status)  # to the login form, or refused
+    assert _kernels(app.process.pid) == []
+    app.load_page()
+    kernels = _kernels(app.process.pid)
+    assert len(kernels) == 1
+    voila = app.voila()
+    for p in [voila, *kernels]:
+        assert token not in p.cmdline
+    for k in kernels:  # handed to Voila only (Voila itself puts the page's URL in a kernel's environment)
+        assert b"KVLAB_APP_TOKEN=" not in Path(f"/proc/{k.pid}/environ").read_bytes()
+    for p in [voila, *kernels]:  # where the token is in an environment, only this user can read it
+        assert os.stat(f"/proc/{p.pid}/environ").st_mode & 0o077 == 0
+    log = app.stop(signal.SIGTERM)
+    assert app.process.returncode == 0, log
+
+
+def test_the_browser_is_opened_at_the_url_with_its_token(start_app, tmp_path: Path):
+    opened = tmp_path / "opened.txt"
+    app = start_app(browser=f"{sys.executable} -c 'import sys, pathlib; pathlib.Path(sys.argv[2]).write_text(sys.argv[1])'"
+                            f" %s {opened}")
+    _wait_for(opened.exists, 60, "the browser opened", app.log)
+    assert opened.read_text() == app.url and "?token=" in app.url
+    log = app.stop(signal.SIGTERM)
+    assert app.process.returncode == 0, log
+
+
+def test_no_token_serves_anyone_and_says_so(start_app):
+    app = start_app("--no-token")
+    assert app.url == f"http://127.0.0.1:{app.port}/"
+    assert "--no-token: every user of this machine can open" in app.log.read_text()
+    app.load_page()
+    log = app.stop(signal.SIGTERM)
+    assert app.process.returncode == 0, log
+
+
+def test_kernels_are_capped_and_tracebacks_hidden_unless_asked(start_app, tmp_path: Path):
+    """``--max-kernels 1``: a second page gets HTTP 503 and no kernel. A failing cell shows the page that it failed,
+    not its traceback (the code and paths around it), unless ``--show-tracebacks``."""
+    import nbformat
+
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("print('kvlab-before-the-error')"),
+                nbformat.v4.new_code_cell("secret_local_name = 1\nraise ValueError('kvlab-hidden-detail')")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nbformat.write(nb, folder / "01_fails.ipynb")
+    app = start_app("--max-kernels", "1", notebook="01", notebook_dir=folder)
+    outputs = app.load_page(marker="")
+    assert "kvlab-before-the-error" in json.dumps(outputs[0])
+    assert "kvlab-hidden-detail" not in json.dumps(outputs) and "secret_local_name" not in json.dumps(outputs)
+    assert _status(app.url) == 503 and len(_kernels(app.process.pid)) == 1
+    assert "the --max-kernels cap" in app.log.read_text()
+    app.stop(signal.SIGTERM)
+    shown = start_app("--show-tracebacks", notebook="01", notebook_dir=folder)
+    outputs = shown.load_page(marker="kvlab-hidden-detail")
+    shown.stop(signal.SIGTERM)

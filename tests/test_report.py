@@ -14,7 +14,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab.report import MARKER, ReportError, prepare_out_dir, select_notebooks
+from kvlab.report import MARKER, Manifest, ReportError, prepare_out_dir, select_notebooks
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -428,8 +428,17 @@ def test_a_previous_report_is_cleared_but_nothing_else(tmp_path: Path):
     (out / "html").mkdir()
     (out / "html" / "old.html").write_text("old")
     (out / "index.html").write_text("old")
+    (out / "html" / "theirs.html").write_text("a page someone put beside the report's")
+    (out / "summary.json").write_text("{}")
+    Manifest(out).record(out / "html" / "old.html", out / "index.html", out / "summary.json")
+    (out / "summary.json").write_text('{"edited": "by hand since"}')
     prepare_out_dir(out)  # ours: allowed, and the old pages are gone
-    assert not (out / "html").exists() and not (out / "index.html").exists() and (out / MARKER).is_file()
+    assert not (out / "html" / "old.html").exists() and not (out / "index.html").exists()
+    assert (out / "html" / "theirs.html").is_file()  # not in the manifest: never deleted
+    assert (out / "summary.json").read_text() == '{"edited": "by hand since"}'  # changed since: theirs now
+    with pytest.raises(ReportError, match=r"summary\.json already there and not written by kvlab report"):
+        prepare_out_dir(out, planned=["index.html", "summary.json"])  # and never overwritten either
+    assert json.loads((out / MARKER).read_text()) == {"kvlab_report_manifest": 1, "files": {}}
     forced = tmp_path / "forced"
     forced.mkdir()
     (forced / "keep.txt").write_text("k")
@@ -437,6 +446,74 @@ def test_a_previous_report_is_cleared_but_nothing_else(tmp_path: Path):
         prepare_out_dir(forced)
     prepare_out_dir(forced, force=True)
     assert (forced / "keep.txt").read_text() == "k"  # --force writes beside, never deletes the user's files
+    prepare_out_dir(forced)  # now a report folder, whose manifest proves nothing of keep.txt
+    assert (forced / "keep.txt").read_text() == "k"
+
+
+def _user_tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_force_then_a_plain_report_keeps_the_users_notebooks_html_and_figures(tmp_path: Path):
+    """``--force`` writes beside a user's files; the next report (no ``--force``) deletes only what the first one
+    wrote, not the user's ``notebooks/``, ``html/`` and ``figures/`` (kvlab <= this change deleted all three)."""
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _notebook(nbs / "01_tiny.ipynb", ["print('tiny')"])
+    out = tmp_path / "mine"
+    for name, data in {"notebooks/analysis.ipynb": b"{}", "html/talk.html": b"<p>talk</p>",
+                       "figures/plot.png": b"\x89PNG mine", "thesis.tex": b"precious"}.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_bytes(data)
+    before = _user_tree(out)
+    for extra in (["--force"], []):
+        proc = _kvlab("report", "--out", str(out), "--notebook-dir", str(nbs), "--no-png", "--device", "sim:h100-80g",
+                      *extra)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        assert (out / "html" / "01_tiny.html").is_file() and (out / "notebooks" / "01_tiny.ipynb").is_file()
+        assert {k: v for k, v in _user_tree(out).items() if k in before} == before
+    manifest = json.loads((out / MARKER).read_text())["files"]
+    assert sorted(manifest) == ["html/01_tiny.html", "index.html", "notebooks/01_tiny.ipynb", "summary.json"]
+
+
+@pytest.mark.slow
+def test_a_report_never_writes_into_the_notebooks_folder(tmp_path: Path, monkeypatch):
+    """``kvlab report --out . --force --notebook-dir notebooks`` would execute each notebook over its own source and
+    then delete it on the next run: refused before anything runs, the sources untouched."""
+    (tmp_path / "notebooks").mkdir()
+    _notebook(tmp_path / "notebooks" / "01_tiny.ipynb", ["print('tiny')"])
+    before = _user_tree(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    for out, nb_dir in ((".", "notebooks"), ("notebooks", "notebooks"), ("site", "site/html")):
+        if nb_dir == "site/html":
+            (tmp_path / "site" / "html").mkdir(parents=True)
+            _notebook(tmp_path / "site" / "html" / "01_tiny.ipynb", ["print('tiny')"])
+            before = _user_tree(tmp_path)
+        proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "report", "--out", out, "--force", "--notebook-dir",
+                               nb_dir, "--no-png"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                              env={**os.environ, "KVLAB_PROGRESS": "0",
+                                   "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                                               os.environ.get("PYTHONPATH")]))})
+        assert proc.returncode == 2, proc.stderr
+        assert f"--notebook-dir {nb_dir}: the notebooks' own folder is where this report would write" in proc.stderr
+        assert _user_tree(tmp_path) == before
+
+
+@pytest.mark.slow
+def test_a_file_the_report_would_write_over_stops_it_first(tmp_path: Path):
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _notebook(nbs / "01_tiny.ipynb", ["print('tiny')"])
+    out = tmp_path / "mine"
+    (out / "html").mkdir(parents=True)
+    (out / "index.html").write_text("my home page")
+    (out / "html" / "01_tiny.html").write_text("my notes")
+    proc = _kvlab("report", "--out", str(out), "--notebook-dir", str(nbs), "--no-png", "--force")
+    assert proc.returncode == 2
+    assert "index.html, html/01_tiny.html already there and not written by kvlab report" in proc.stderr
+    assert (out / "index.html").read_text() == "my home page" and (out / "html" / "01_tiny.html").read_text() == "my notes"
+    assert sorted(p.name for p in out.iterdir()) == ["html", "index.html"]  # nothing written, not even a manifest
 
 
 def test_select_notebooks_by_number_or_stem(tmp_path: Path):

@@ -13,6 +13,8 @@ import warnings
 from collections.abc import Mapping
 from typing import Any
 
+from kvlab.safe_text import printable
+
 TOP_KEYS = frozenset({"segments", "device_traces", "allocator_settings", "external_annotations"})
 SEGMENT_KEYS = frozenset({
     "device", "address", "total_size", "allocated_size", "active_size", "requested_size", "stream",
@@ -71,7 +73,7 @@ def warn_unknown_keys(raw: Mapping[str, Any], source: str) -> dict[str, list[str
     """Warn once naming every unknown key of ``raw`` and where it sits; returns them."""
     found = unknown_keys(raw)
     if found:
-        listed = "; ".join(f"{where}: {', '.join(keys)}" for where, keys in found.items())
+        listed = "; ".join(f"{where}: {', '.join(map(printable, keys))}" for where, keys in found.items())
         warnings.warn(f"{source}: ignoring keys kvlab does not know ({listed}); a newer torch may write them",
                       SnapshotKeyWarning, stacklevel=3)
     return found

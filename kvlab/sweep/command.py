@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from kvlab.argtypes import positive_int
 from kvlab.errors import KvlabError, fail
+from kvlab.safe_text import printable
 from kvlab.sweep.engine import ENGINES
 from kvlab.sweep.grid import Grid, parse_list
 
@@ -71,19 +72,24 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
 
 @contextmanager
 def _sigterm_interrupts():
-    """SIGTERM stops the sweep as Ctrl-C does (rows kept, workers stopped) instead of killing this process."""
+    """SIGTERM and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does (rows kept, workers stopped) instead
+    of killing this process. (SIGKILL cannot be caught: the pool's workers then die with it, see
+    :func:`kvlab.procs.die_with_parent`.)"""
     def interrupt(signum, frame):
         raise KeyboardInterrupt
 
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, interrupt)
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, interrupt)
     except ValueError:  # not the main thread: leave signals alone
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -96,7 +102,7 @@ def _print_table(rows: list[dict]) -> None:
 def _shown(column: str, value) -> str:
     if column == "hit_rate":
         return f"{value:.2%}"
-    return f"{value:,}" if isinstance(value, int) else str(value)
+    return f"{value:,}" if isinstance(value, int) else printable(value)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -116,7 +122,7 @@ def main(args: argparse.Namespace) -> int:
                             ray_address=args.ray_address, out=args.out,
                             on_row=lambda row, done: new_rows.append(row))
     except KeyboardInterrupt:
-        where = f"; they are in {args.out}: run the same command again to resume" if args.out else ""
+        where = f"; they are in {printable(args.out)}: run the same command again to resume" if args.out else ""
         print(f"kvlab: sweep interrupted after {len(new_rows)} new points{where}", file=sys.stderr)
         return 130
     except (KvlabError, ValueError, OSError, RuntimeError) as exc:
@@ -125,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(list(run.rows), indent=2))
         print(run.cost(), file=sys.stderr)
         return 0
-    print(f"sweep · {source} · seed {args.seed} · {len(requests):,} requests")
+    print(f"sweep · {printable(source)} · seed {args.seed} · {len(requests):,} requests")
     _print_table(list(run.rows))
-    print(run.cost() + (f"; rows in {args.out}" if args.out else ""))
+    print(printable(run.cost() + (f"; rows in {args.out}" if args.out else "")))
     return 0

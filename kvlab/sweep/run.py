@@ -13,7 +13,7 @@ from typing import Any
 from kvlab.sweep.engine import Finished, make_engine
 from kvlab.sweep.grid import Grid, SweepError
 from kvlab.sweep.point import TIMING_COLUMNS, Point
-from kvlab.sweep.store import COLUMNS, open_row_file, row_key
+from kvlab.sweep.store import COLUMNS, RowFile, open_row_file, row_key
 
 
 @dataclass(frozen=True)
@@ -82,12 +82,23 @@ def run_sweep(requests: Sequence[Any], grid: Grid, *, source: str = "requests", 
     ``"ray"`` (``ray_address``, or a local cluster), or an engine object. ``extra``: other ``SchedulerConfig``
     fields for every point (not columns: a file's rows must all share them). ``on_row(row, finished)`` is
     called after each new row is written."""
-    from kvlab.progress import progress_bar
-
     extra = dict(extra or {})
     points = grid.points(requests)  # every value checked before anything runs or any file is touched
     runner = make_engine(engine, workers=workers, ray_address=ray_address)
-    store = open_row_file(out) if out is not None else None
+    store = open_row_file(out, write=True) if out is not None else None  # this sweep is its one writer
+    try:
+        return _run(requests, points, runner, store, source=source, seed=seed, out=out, progress=progress,
+                    extra=extra, on_row=on_row)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def _run(requests: Sequence[Any], points: list[Point], runner: Any, store: RowFile | None, *, source: str,
+         seed: int, out: str | os.PathLike | None, progress: bool | None, extra: dict,
+         on_row: Callable[[dict, Finished], None] | None) -> SweepRun:
+    from kvlab.progress import progress_bar
+
     wanted = {row_key(_params(source, seed, p)): i for i, p in enumerate(points)}
     rows: dict[int, dict] = {}
     others: list[dict] = []  # rows of the file that are not points of this grid: kept, after the grid's

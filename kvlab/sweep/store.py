@@ -6,6 +6,12 @@ again) and the next append cuts it off first. Earlier lines are never rewritten 
 completes, the file is rewritten once in grid order (to a temporary file, then ``os.replace``: the old file
 stays whole until the new one is).
 
+The temporary file has an unpredictable name and is created afresh (``tempfile.mkstemp``: ``O_EXCL``, so a
+symlink or a file already there is never followed or written over), in the output's folder, with the output's
+permissions. One sweep writes a file at a time: the writer holds an ``flock`` on the file (and takes it on each
+replacement before it is renamed into place), so a second sweep on the same ``--out`` is refused with an error
+naming the file instead of rewriting it from a stale view and losing the first one's rows.
+
 Parquet (``.parquet``/``.pq``, needs pyarrow: ``pip install 'kvlab[parquet]'``): a Parquet file cannot be
 appended to, so after each row the whole table (in grid order) is written to a temporary file that replaces
 the old one; a kill leaves the previous table whole.
@@ -16,12 +22,16 @@ else (another program's CSV, a Parquet file with other columns, something that i
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import fcntl
 import io
 import math
 import os
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import BinaryIO
 
 from kvlab.sweep.grid import SweepError
 from kvlab.sweep.point import TIMING_COLUMNS, TOTAL_COLUMNS
@@ -74,24 +84,102 @@ def _require_sweep_columns(path: Path, names: Sequence[str]) -> None:
                          f"choose another file (kvlab never writes over a file it did not make)")
 
 
-def _replace_atomically(path: Path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` then rename over ``path``: readers (and a kill) see the old file or the new one, whole."""
-    tmp = path.with_name(f".{path.name}.kvlab-tmp")
-    write(tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+def _new_file_mode(path: Path) -> int:
+    """The permissions a rewrite keeps: the file's own, else what a new file gets under this process's umask."""
+    try:
+        return path.stat().st_mode & 0o7777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _replace_atomically(path: Path, write: Callable[[BinaryIO], None], lock: bool) -> int | None:
+    """``write(file)`` into a fresh temporary file beside ``path``, then rename it over ``path``: readers (and a kill)
+    see the old file or the new one, whole. With ``lock``, the new file is ``flock``-ed before it takes ``path``'s
+    place, and the locked descriptor is returned (the caller keeps it open for as long as it writes)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".kvlab-tmp")
+    try:
+        os.fchmod(fd, _new_file_mode(path))
+        if lock:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a file only this process knows of: free
+        with os.fdopen(os.dup(fd), "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    if lock:
+        return fd
+    os.close(fd)
+    return None
 
 
 class RowFile:
-    """A sweep's output file; ``rows`` are those already in it when opened (the points a rerun skips)."""
+    """A sweep's output file; ``rows`` are those already in it when opened (the points a rerun skips).
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    ``write=True`` (what a sweep uses): this process becomes the file's one writer until :meth:`close` (an
+    ``flock`` on it; a file that does not exist yet is created empty), and the rows are read under that lock.
+    Another writer gets a :class:`SweepError` naming the file. Readers (``write=False``) take no lock."""
+
+    _lock_fd: int | None = None
+    _created = False
+
+    def __init__(self, path: str | os.PathLike, *, write: bool = False) -> None:
         self.path = Path(path)
         if self.path.is_dir():
             raise SweepError(f"--out {self.path}: is a folder; give a .csv or .parquet file")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.rows: list[dict] = self._read() if self.path.exists() and self.path.stat().st_size else []
+        if write:
+            self._lock()
+        try:
+            self.rows: list[dict] = self._read() if self.path.exists() and self.path.stat().st_size else []
+        except BaseException:
+            self.close()
+            raise
+
+    def _lock(self) -> None:
+        while True:
+            existed = self.path.exists()
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise SweepError(f"--out {self.path}: another kvlab sweep is writing to this file; wait for it to "
+                                 f"finish (then rerun to add this grid's points) or choose another --out") from None
+            try:
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:  # not a file that a writer finishing just now replaced under our feet
+                self._lock_fd, self._created = fd, not existed
+                return
+            os.close(fd)
+
+    def _replace(self, write: Callable[[BinaryIO], None]) -> None:
+        """Rewrite the file whole (see :func:`_replace_atomically`), keeping it locked if this is its writer."""
+        fd = _replace_atomically(self.path, write, lock=self._lock_fd is not None)
+        if fd is not None:
+            os.close(self._lock_fd)  # the old file's lock: nobody can reach that file by its name any more
+            self._lock_fd, self._created = fd, False
+
+    def close(self) -> None:
+        """Give up the writer's lock; a file this writer created and never wrote a row to is removed."""
+        if self._lock_fd is None:
+            return
+        try:
+            if self._created and os.fstat(self._lock_fd).st_size == 0:
+                with contextlib.suppress(OSError):
+                    if os.path.samestat(os.fstat(self._lock_fd), os.stat(self.path)):
+                        os.unlink(self.path)
+        finally:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def _read(self) -> list[dict]:
         raise NotImplementedError
@@ -144,10 +232,8 @@ class CsvRowFile(RowFile):
             os.close(fd)
 
     def finish(self, rows: Sequence[dict]) -> None:
-        def write(tmp: Path) -> None:
-            tmp.write_bytes(self._line(COLUMNS) + b"".join(self._line([r[c] for c in COLUMNS]) for r in rows))
-
-        _replace_atomically(self.path, write)
+        self._replace(lambda f: f.write(self._line(COLUMNS) + b"".join(self._line([r[c] for c in COLUMNS])
+                                                                        for r in rows)))
         self._valid_bytes = None
 
 
@@ -182,15 +268,16 @@ class ParquetRowFile(RowFile):
     def finish(self, rows: Sequence[dict]) -> None:
         pa = _pyarrow()
         table = pa.Table.from_pylist([{c: r[c] for c in COLUMNS} for r in rows], schema=self.schema())
-        _replace_atomically(self.path, lambda tmp: pa.parquet.write_table(table, tmp))
+        self._replace(lambda f: pa.parquet.write_table(table, f))
 
 
-def open_row_file(path: str | os.PathLike) -> RowFile:
-    """The output file for ``path``, by extension (``.csv``, ``.parquet``, ``.pq``), its rows read."""
+def open_row_file(path: str | os.PathLike, *, write: bool = False) -> RowFile:
+    """The output file for ``path``, by extension (``.csv``, ``.parquet``, ``.pq``), its rows read; ``write=True``
+    makes this process its one writer until ``close()`` (see :class:`RowFile`)."""
     suffix = Path(path).suffix.lower()
     if suffix in CSV_SUFFIXES:
-        return CsvRowFile(path)
+        return CsvRowFile(path, write=write)
     if suffix in PARQUET_SUFFIXES:
         _pyarrow()
-        return ParquetRowFile(path)
+        return ParquetRowFile(path, write=write)
     raise SweepError(f"--out {path}: unknown format {suffix or '(no extension)'!r}; use a .csv or .parquet file")

@@ -5,6 +5,7 @@ has run (Voila's progressive rendering, over kvlab's reordered copy)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -53,7 +54,8 @@ async (limitMs) => {
 
 @pytest.fixture
 def kvlab_app(tmp_path: Path) -> Iterator[str]:
-    """``kvlab app 01`` (the real CLI) on a free port; yields its URL; stopped with SIGINT afterwards."""
+    """``kvlab app 01`` (the real CLI) on a free port; yields the URL it printed (with its token); stopped with
+    SIGINT afterwards."""
     port = lab.free_port()
     log = tmp_path / "app.log"
     env = {**os.environ, "PYTHONPATH": str(REPO), "JUPYTER_PLATFORM_DIRS": "1",
@@ -65,18 +67,22 @@ def kvlab_app(tmp_path: Path) -> Iterator[str]:
     deadline = time.monotonic() + 120
     try:
         while True:
+            printed = re.search(rf"serving \S+ at ({re.escape(url)}\S*) \(Ctrl-C to stop\)", log.read_text())
             if process.poll() is not None:
                 pytest.fail(f"kvlab app exited with {process.returncode}:\n{log.read_text()[-3000:]}")
             try:  # any HTTP answer means it listens (GET / itself would start the notebook's kernel)
                 urllib.request.urlopen(f"{url}api/kernels", timeout=2).read()
-                break
+                if printed:
+                    break
             except urllib.error.HTTPError:
-                break
+                if printed:
+                    break
             except OSError:
                 if time.monotonic() > deadline:
                     pytest.fail(f"kvlab app did not answer in 120 s:\n{log.read_text()[-3000:]}")
                 time.sleep(0.25)
-        yield url
+        assert "?token=" in printed.group(1), printed.group(1)
+        yield printed.group(1)
     finally:
         process.send_signal(signal.SIGINT)
         try:

@@ -5,6 +5,7 @@ the panel started from), agree with the table beside it, and after a toggle show
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import time
 import urllib.error
@@ -23,7 +24,8 @@ from .panels import check_kv_pool_panel, check_shortfall_panel, drawn_lines, poo
 
 @pytest.fixture
 def voila(tmp_path: Path) -> Iterator[Callable[[str], str]]:
-    """``voila("01")`` starts ``kvlab app 01``'s Voila command and returns its URL; stopped afterwards."""
+    """``voila("01")`` starts ``kvlab app 01``'s Voila command (with a token, as ``kvlab app`` does) and returns its
+    URL with the token; stopped afterwards."""
     processes: list[subprocess.Popen] = []
 
     def start(key: str) -> str:
@@ -32,21 +34,23 @@ def voila(tmp_path: Path) -> Iterator[Callable[[str], str]]:
         log_path = tmp_path / f"voila-{key}.log"
         page = tmp_path / f"page-{key}"  # the dashboard copy `kvlab app` serves (it uses a temporary folder)
         page.mkdir()
-        env = {**app_env(None), "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+        token = secrets.token_urlsafe(24)
+        env = {**app_env(None, token), "JUPYTER_PLATFORM_DIRS": "1", "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
         with log_path.open("wb") as log:
             process = subprocess.Popen(voila_command(notebook, page=write_dashboard(notebook, page), port=port),
                                        cwd=notebook.parent, env=env, stdout=log, stderr=subprocess.STDOUT)
         processes.append(process)
         url = f"http://127.0.0.1:{port}/"
+        page_url = f"{url}?token={token}"  # the page sets the login cookie its websockets then carry
         deadline = time.monotonic() + 120
         while True:
             if process.poll() is not None:
                 pytest.fail(f"voila exited with {process.returncode}:\n{log_path.read_text()[-3000:]}")
             try:  # any HTTP answer means it listens (GET / itself would start the notebook's kernel)
                 urllib.request.urlopen(f"{url}api/kernels", timeout=2).read()
-                return url
+                return page_url
             except urllib.error.HTTPError:
-                return url
+                return page_url
             except OSError:
                 if time.monotonic() > deadline:
                     pytest.fail(f"voila did not answer in 120 s:\n{log_path.read_text()[-3000:]}")

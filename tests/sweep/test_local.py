@@ -89,3 +89,72 @@ def test_an_interrupted_sweep_resumes_to_the_same_rows(short_requests, short_tra
     assert all(r in resumed for r in kept), [r for r in kept if r not in resumed]
     strip = [{k: v for k, v in r.items() if k != "wall_s"} for r in resumed]
     assert strip == uninterrupted.comparable().to_dict(orient="records")
+
+
+def _live_descendants(root: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every live process below ``root``, read from /proc."""
+    procs = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{name}/stat").read()  # noqa: SIM115
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] not in ("Z", "X"):
+            procs[int(name)] = (int(fields[1]), int(fields[19]))
+    found, frontier = [], {root}
+    while frontier:
+        below = [(pid, start) for pid, (ppid, start) in procs.items() if ppid in frontier]
+        found += below
+        frontier = {pid for pid, _ in below}
+    return found
+
+
+def _still_alive(procs: list[tuple[int, int]]) -> list[int]:
+    alive = []
+    for pid, start in procs:
+        try:
+            stat = open(f"/proc/{pid}/stat").read()  # noqa: SIM115
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if fields[0] not in ("Z", "X") and int(fields[19]) == start:
+            alive.append(pid)
+    return alive
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not os.path.exists("/proc/self/stat"), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGHUP], ids=["sigkill", "sighup"])
+def test_a_killed_sweep_leaves_no_process_behind(short_trace, tmp_path, sig):
+    """The pool's workers (and multiprocessing's resource tracker) go with the sweep, even one killed by SIGKILL;
+    SIGHUP (a closed terminal) stops it as SIGTERM does, with the rows kept."""
+    out, log = tmp_path / "rows.csv", tmp_path / "stderr.txt"
+    with open(log, "w") as stderr:  # a file, not a pipe: a worker left alive would hold a pipe open
+        proc = subprocess.Popen(_cli(short_trace, out, 2), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
+    children: list[tuple[int, int]] = []
+    try:
+        deadline = time.monotonic() + 240
+        while _data_rows(out) < 1 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None, f"the sweep ended before the test could stop it: {log.read_text()}"
+        children = _live_descendants(proc.pid)
+        assert len(children) >= 2, children  # the two workers (and the resource tracker)
+        proc.send_signal(sig)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 20
+        while _still_alive(children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _still_alive(children)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for pid in _still_alive(children):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left running after {sig.name}: {left}"
+    if sig == signal.SIGHUP:
+        err = log.read_text()
+        assert proc.returncode == 130 and "sweep interrupted after" in err, err
+    assert len(open_row_file(out).rows) >= 1

@@ -121,3 +121,54 @@ def test_bad_out_paths(tiny, tmp_path):
     (tmp_path / "dir.csv").mkdir()
     with pytest.raises(SweepError, match=r"dir\.csv: is a folder"):
         run_sweep(tiny, GRID, out=tmp_path / "dir.csv", workers=1, progress=False)
+
+
+# ---- security: the final rewrite and a second writer ----------------------------------------------------------------
+
+
+def test_the_final_rewrite_follows_no_link_and_destroys_no_file(tiny, tmp_path):
+    """The rewrite goes through an unpredictable temporary file created afresh: a symlink (or a file of the user's)
+    at the name the old code used, ``.<name>.kvlab-tmp``, is left alone, and nothing else in the folder changes."""
+    out = tmp_path / "rows.csv"
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (tmp_path / ".rows.csv.kvlab-tmp").symlink_to(victim)
+    theirs = tmp_path / ".rows.parquet.kvlab-tmp"
+    theirs.write_text("the user's own file\n")
+    run_sweep(tiny, GRID, source="tiny", workers=1, out=out, progress=False)
+    run_sweep(tiny, GRID, source="tiny", workers=1, out=tmp_path / "rows.parquet", progress=False)
+    assert victim.read_text() == "precious\n"
+    assert (tmp_path / ".rows.csv.kvlab-tmp").is_symlink()
+    assert theirs.read_text() == "the user's own file\n"
+    assert len(open_row_file(out).rows) == 6 and len(open_row_file(tmp_path / "rows.parquet").rows) == 6
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".rows.csv.kvlab-tmp", ".rows.parquet.kvlab-tmp",
+                                                          "rows.csv", "rows.parquet", "victim.txt"]
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
+def test_a_second_sweep_on_the_same_file_is_refused(tiny, tmp_path, suffix):
+    """While one sweep writes a file, another on the same file stops with an error naming it (before running a
+    point), and the first one's rows are all there at the end; once the first is done, the file is free again."""
+    out = tmp_path / f"rows{suffix}"
+    refused = []
+
+    def second_writer(row, done):
+        if not refused:
+            with pytest.raises(SweepError, match=rf"--out {out}: another kvlab sweep is writing to this file") as exc:
+                run_sweep(tiny, Grid(page_sizes=(512,), kv_pages=(9,)), source="tiny", workers=1, out=out,
+                          progress=False)
+            refused.append(exc.value)
+
+    run = run_sweep(tiny, GRID, source="tiny", workers=1, out=out, progress=False, on_row=second_writer)
+    assert refused and run.computed == 6
+    assert len(open_row_file(out).rows) == 6
+    later = run_sweep(tiny, Grid(page_sizes=(512,), kv_pages=(9,)), source="tiny", workers=1, out=out, progress=False)
+    assert later.computed == 2 and len(open_row_file(out).rows) == 8
+
+
+def test_the_rewritten_file_keeps_its_permissions(tiny, tmp_path):
+    out = tmp_path / "rows.csv"
+    run_sweep(tiny, Grid(page_sizes=(512,), kv_pages=(7,)), source="tiny", workers=1, out=out, progress=False)
+    out.chmod(0o640)
+    run_sweep(tiny, GRID, source="tiny", workers=1, out=out, progress=False)
+    assert out.stat().st_mode & 0o777 == 0o640

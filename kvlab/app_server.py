@@ -1,0 +1,61 @@
+"""What runs inside the Voila process that ``kvlab app`` starts (``python -m kvlab.app_server FOLDER VOILA-ARGS``).
+
+* The token: ``kvlab app`` passes it in the environment (``KVLAB_APP_TOKEN``), never on the command line, which
+  any local user can read in ``/proc/<pid>/cmdline``; it is handed to Voila here (``--Voila.token``, in this
+  process's own ``sys.argv``) and taken out of the environment before a kernel can inherit it.
+* The dashboard copy's temporary ``FOLDER`` is removed when Voila exits, so a ``kvlab app`` killed with SIGKILL
+  (whose parent-death signal makes Voila stop: SIGTERM, its kernels shut down) leaves no folder behind either.
+* :class:`CappedKernelManager`: at most ``max_kernels`` kernels at once (one per open page); a page beyond
+  that gets HTTP 503 with a sentence saying why, instead of one more kernel per reload until memory runs out.
+
+This module imports nothing from kvlab: it is loaded by Voila (by name) and by ``python -m``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import sys
+
+from jupyter_server.services.kernels.kernelmanager import AsyncMappingKernelManager
+from tornado import web
+from traitlets import Integer
+
+TOKEN_ENV = "KVLAB_APP_TOKEN"
+DEFAULT_MAX_KERNELS = 8
+
+
+class CappedKernelManager(AsyncMappingKernelManager):
+    """jupyter_server's kernel manager with a cap on the kernels running at once."""
+
+    max_kernels = Integer(DEFAULT_MAX_KERNELS, config=True,
+                          help="kernels running at once; a page beyond that gets HTTP 503 (0 = no cap)")
+
+    async def start_kernel(self, *args, kernel_id: str | None = None, **kwargs) -> str:
+        if kernel_id is None and self.max_kernels and len(self.list_kernel_ids()) >= self.max_kernels:
+            self.log.warning("kvlab app: %d kernels running, the --max-kernels cap; refusing a new page",
+                             self.max_kernels)
+            raise web.HTTPError(503, f"kvlab app: {self.max_kernels} pages are open already (--max-kernels "
+                                     f"{self.max_kernels}); close one, or wait until an idle one is culled")
+        return await super().start_kernel(*args, kernel_id=kernel_id, **kwargs)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv:
+        print("usage: python -m kvlab.app_server DASHBOARD_FOLDER [voila arguments]", file=sys.stderr)
+        return 2
+    folder, voila_args = argv[0], argv[1:]
+    atexit.register(shutil.rmtree, folder, True)
+    token = os.environ.pop(TOKEN_ENV, None)
+    if token:
+        voila_args.append(f"--Voila.token={token}")
+    from voila.app import main as voila_main
+
+    sys.argv = [sys.argv[0], *voila_args]
+    return voila_main() or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
