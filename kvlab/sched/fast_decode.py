@@ -32,7 +32,8 @@ from kvlab.mem_cache.common import evict_from_tree_cache
 from kvlab.mem_cache.evict_policy import EvictResult
 
 if TYPE_CHECKING:
-    from kvlab.sched.scheduler import Scheduler, SimReq
+    from kvlab.sched.request import SimReq
+    from kvlab.sched.scheduler import Scheduler
 
 _QUIET = EvictResult()  # frozen: a quiet round evicts nothing
 

@@ -21,19 +21,17 @@ the same rows, totals and tree. Results (:class:`~kvlab.sched.result.SimResult`,
 
 from __future__ import annotations
 
-import random
 from array import array
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import replace
 
 import torch
 
+import kvlab.sched.config as sched_config
 from kvlab.errors import require
 from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
 from kvlab.mem_cache.common import (
-    EVICTION_MODES,
     alloc_paged_token_slots_decode,
     alloc_paged_token_slots_extend,
     alloc_token_slots,
@@ -42,115 +40,20 @@ from kvlab.mem_cache.common import (
 )
 from kvlab.mem_cache.evict_policy import EvictResult
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.radix_cache import RadixCache, SimpleReq
-from kvlab.sched.cost import CostModel
-from kvlab.sched.fast_decode import DecodeState, FastDecode
+from kvlab.mem_cache.radix_cache import RadixCache
+from kvlab.sched.config import RETRACT_DECODE_STEPS, SchedulerConfig, min_kv_tokens
+from kvlab.sched.fast_decode import FastDecode
+from kvlab.sched.request import RequestLike, SimReq
 from kvlab.sched.result import SimResult, Totals
 from kvlab.units import align_down, align_up
 
-CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py: future tokens counted per request, at most
-RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 _NO_EVICTION = EvictResult()  # frozen: a step's eviction before anything was noted
 
 
-@dataclass(frozen=True)
-class SchedulerConfig:
-    kv_tokens: int  # KV pool size in tokens (a multiple of page_size)
-    page_size: int = 1
-    max_running: int = 256
-    chunked_prefill_size: int = 8192
-    max_prefill_tokens: int = 16384
-    eviction: str = "shortfall"  # "shortfall" (the fix) | "full" (the bug)
-    policy: str = "lru"
-    init_new_token_ratio: float = 0.7
-    min_new_token_ratio_factor: float = 0.14
-    new_token_ratio_decay_steps: int = 600
-    cost: CostModel = field(default_factory=CostModel)
-    debug: bool = False  # check every invariant after every step
-    # Event-driven decode rounds (page_size > 1, kvlab.sched.fast_decode): the same steps, rows and
-    # totals as the plain loop (fast_decode=False, the reference the tests compare against), at a cost
-    # per round that grows with what happens in it rather than with the running batch.
-    fast_decode: bool = True
-    max_steps: int = 10_000_000
-
-    def __post_init__(self) -> None:
-        if self.eviction not in EVICTION_MODES:
-            raise ValueError(f"eviction must be one of {EVICTION_MODES}, got {self.eviction!r}")
-        for name in ("kv_tokens", "page_size", "max_running", "chunked_prefill_size", "max_prefill_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.kv_tokens % self.page_size:
-            raise ValueError(
-                f"kv_tokens={self.kv_tokens} is not a multiple of page_size={self.page_size}: "
-                f"use {align_down(self.kv_tokens, self.page_size) or self.page_size} tokens or another page size")
-        if self.chunked_prefill_size < self.page_size:
-            raise ValueError(f"chunked_prefill_size={self.chunked_prefill_size} is smaller than one page ({self.page_size})")
-
-
-@dataclass(eq=False)
-class SimReq(SimpleReq):
-    """SGLang's ``Req`` fields the tree reads, plus what the simulator tracks."""
-
-    arrival_time_s: float = 0.0
-    prompt: Sequence[int] = ()  # the workload's tokens; copied into origin_input_ids on first admission
-    max_new_tokens: int = 1
-    planned_output: Sequence[int] = ()
-    prefix_len: int = 0  # matched at the last admission
-    kv_len: int = 0  # tokens of fill_ids whose KV is in the row
-    extend_len: int = 0  # tokens this prefill chunk computes
-    admitted: bool = False
-    retractions: int = 0
-    decode_state: DecodeState | None = None  # while the fast path runs it (outputs, row not written out)
-
-    @property
-    def prompt_len(self) -> int:
-        return len(self.prompt)
-
-    @property
-    def seq_len(self) -> int:
-        return len(self.prompt) + len(self.output_ids)
-
-
-def _planned_output(request: Any) -> Sequence[int]:
-    n = max(1, request.output_len)
-    tokens = getattr(request, "output_token_ids", None)
-    if tokens is not None and len(tokens) >= n:
-        return tokens
-    return _RandomOutput(f"kvlab-output:{request.rid}", n)
-
-
-class _RandomOutput:
-    """Output tokens derived from the request id, drawn only when the request reaches decode."""
-
-    def __init__(self, seed: str, n: int) -> None:
-        self.seed, self.n, self._tokens = seed, n, None
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i):
-        if self._tokens is None:  # 30-bit tokens >= 1, from C-level random bytes
-            import numpy as np
-
-            raw = np.frombuffer(random.Random(self.seed).randbytes(4 * self.n), dtype=np.uint32)
-            self._tokens = ((raw >> 2) | 1).tolist()
-        return self._tokens[i]
-
-
-def min_kv_tokens(prompt_len: int, output_len: int, page_size: int = 1) -> int:
-    """The smallest KV pool (tokens, whole pages) that can run one request alone: its prompt and every
-    output token (at least one) page-aligned plus the padding page, and room for admission, which
-    wants ``prompt + clipped output + page_size < free + evictable`` (``PrefillAdder``'s budget)."""
-    out = max(1, output_len)
-    hold = align_up(prompt_len + out, page_size) + page_size
-    admit = align_up(prompt_len + min(out, CLIP_MAX_NEW_TOKENS) + page_size + 1, page_size)
-    return max(hold, admit)
-
-
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, requests: Sequence[Any]) -> None:
+    def __init__(self, config: SchedulerConfig, requests: Sequence[RequestLike]) -> None:
         self.config = config
+        self.clip = sched_config.CLIP_MAX_NEW_TOKENS  # read once, so a test can lower it for one run
         ps = config.page_size
         longest = 0
         for r in requests:
@@ -170,9 +73,7 @@ class Scheduler:
         self.req_to_token_pool = ReqToTokenPool(config.max_running + 1, align_up(longest, ps) + ps)
         self.tree = RadixCache(self.req_to_token_pool, self.allocator, page_size=ps, eviction_policy=config.policy)
         self.pending = deque(sorted(
-            (SimReq(rid=r.rid, origin_input_ids=[], prompt=r.prompt_token_ids, arrival_time_s=float(r.arrival_time_s),
-                    # a prefill always yields the first token, so an output of 0 runs as 1 (prefill only)
-                    max_new_tokens=max(1, r.output_len), planned_output=_planned_output(r)) for r in requests),
+            (SimReq.of(r) for r in requests),
             key=lambda q: q.arrival_time_s))
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
@@ -189,7 +90,7 @@ class Scheduler:
         self._step_pressure = 0  # pressure events (evict_from_tree_cache calls that were short) this step
         self.decode_rounds = 0
         # the event-driven decode rounds, or None for the reference loop (page size 1 has nothing to skip)
-        self.fast = FastDecode(self, CLIP_MAX_NEW_TOKENS) if config.fast_decode and ps > 1 else None
+        self.fast = FastDecode(self, self.clip) if config.fast_decode and ps > 1 else None
 
     # ---- eviction bookkeeping ---------------------------------------------------------------
     def _note(self, result) -> None:
@@ -253,7 +154,7 @@ class Scheduler:
                 break
             req = self.waiting[0]
             self._match(req)
-            max_new = min(req.max_new_tokens - len(req.output_ids), CLIP_MAX_NEW_TOKENS)
+            max_new = min(req.max_new_tokens - len(req.output_ids), self.clip)
             extend = len(req.fill_ids) - req.prefix_len
             self.tree.inc_lock_ref(req.last_node)  # temporary lock while the budget is read
             fits = extend + max_new + ps < rem_total()
@@ -420,7 +321,7 @@ class Scheduler:
         decode, each clipped at CLIP_MAX_NEW_TOKENS."""
         if self.fast:
             return self.fast.future_tokens()
-        return sum(min(r.max_new_tokens - len(r.output_ids), CLIP_MAX_NEW_TOKENS) for r in self.running)
+        return sum(min(r.max_new_tokens - len(r.output_ids), self.clip) for r in self.running)
 
     # ---- shared -----------------------------------------------------------------------------
     def _emit_token(self, req: SimReq) -> None:
@@ -532,5 +433,5 @@ class Scheduler:
         return SimResult(self.config, replace(self.totals), self.now_s, self.rows, self.tree)
 
 
-def simulate(requests: Sequence[Any], config: SchedulerConfig, *, progress: bool | None = None) -> SimResult:
+def simulate(requests: Sequence[RequestLike], config: SchedulerConfig, *, progress: bool | None = None) -> SimResult:
     return Scheduler(config, requests).run(progress=progress)
