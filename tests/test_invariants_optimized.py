@@ -202,7 +202,7 @@ def _scheduler():
     sched.run(progress=False)
 
     def corrupt():
-        sched.allocator.alloc(1)  # a slot leaves the pool with no request or tree node holding it
+        sched.kv.allocator.alloc(1)  # a slot leaves the pool with no request or tree node holding it
 
     return sched.check_invariants, corrupt
 
