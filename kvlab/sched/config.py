@@ -15,6 +15,8 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 
 @dataclass(frozen=True)
 class SchedulerConfig:
+    """One simulation's settings, checked on construction (``ValueError`` naming the field and value)."""
+
     kv_tokens: int  # KV pool size in tokens (a multiple of page_size)
     page_size: int = 1
     max_running: int = 256

@@ -139,11 +139,9 @@ class ReferenceDecode:
             return running
         kv, ledger = self.kv, self.ledger
         ledger.note_decode_round()
-        rows = kv.rows
+        kv.alloc_decode(running)
         still_running = []
-        for req, loc in zip(running, kv.alloc_decode(running)):
-            rows[req.req_pool_idx, req.seq_len - 1] = loc  # KV of the last emitted token
-            req.kv_len = req.seq_len
+        for req in running:
             ledger.emit(req)
             if len(req.output_ids) >= req.max_new_tokens:
                 kv.finish(req)

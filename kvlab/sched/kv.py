@@ -31,7 +31,8 @@ from kvlab.units import align_down, align_up
 
 class SchedulerKV:
     """Pools and tree of one run. ``allocator`` is a :class:`TokenToKVPoolAllocator` at page size 1 and a
-    :class:`PagedTokenToKVPoolAllocator` otherwise; ``rows`` is ``req_to_token_pool.req_to_token``."""
+    :class:`PagedTokenToKVPoolAllocator` otherwise; ``req_to_token`` is ``req_to_token_pool.req_to_token`` (one
+    row of KV slots per request)."""
 
     def __init__(self, config: SchedulerConfig, longest_request_tokens: int, ledger: Ledger) -> None:
         ps = self.page_size = config.page_size
@@ -43,7 +44,7 @@ class SchedulerKV:
         else:
             self.allocator = PagedTokenToKVPoolAllocator(config.kv_tokens, ps)
         self.req_to_token_pool = ReqToTokenPool(config.max_running + 1, align_up(longest_request_tokens, ps) + ps)
-        self.rows = self.req_to_token_pool.req_to_token
+        self.req_to_token = self.req_to_token_pool.req_to_token
         self.tree = RadixCache(self.req_to_token_pool, self.allocator, page_size=ps, eviction_policy=config.policy)
 
     # ---- sizes ----------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ class SchedulerKV:
 
     def alloc_extend(self, batch: Sequence[SimReq]) -> None:
         """A row per new request, the matched prefix copied into it, then slots for every ``extend_len``."""
-        ps, rows = self.page_size, self.rows
+        ps, rows = self.page_size, self.req_to_token
         if self.req_to_token_pool.alloc(batch) is None:
             raise RuntimeError("request rows exhausted (max_running too small for the batch)")
         for req in batch:  # the matched prefix's slots go into the row first
@@ -125,18 +126,22 @@ class SchedulerKV:
         self.tree.cache_unfinished_req(req)
 
     # ---- decode ---------------------------------------------------------------------------------
-    def alloc_decode(self, running: Sequence[SimReq]) -> list[int]:
-        """One slot per running request for the KV of its last emitted token (evicting first)."""
+    def alloc_decode(self, running: Sequence[SimReq]) -> None:
+        """One slot per running request for the KV of its last emitted token (evicting first), written into its
+        row; each request's ``kv_len`` becomes its ``seq_len``."""
+        rows = self.req_to_token
         if self.page_size == 1:
             result = alloc_token_slots(self.tree, len(running), self.eviction)
         else:
-            last = [int(self.rows[r.req_pool_idx, r.seq_len - 2]) for r in running]
+            last = [int(rows[r.req_pool_idx, r.seq_len - 2]) for r in running]
             result = alloc_paged_token_slots_decode(self.tree, [r.seq_len for r in running], last, self.eviction)
         self.ledger.note_eviction(result.evict)
         if result.out_cache_loc is None:
             raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
                                f"{self.allocator.available_size()} slots available")
-        return result.out_cache_loc.tolist()
+        for req, loc in zip(running, result.out_cache_loc.tolist()):
+            rows[req.req_pool_idx, req.seq_len - 1] = loc  # KV of the last emitted token
+            req.kv_len = req.seq_len
 
     def take_decode_pages(self, batch_size: int, num_pages: int) -> list[int]:
         """The page take of a paged decode round (``alloc_decode_pages``): ``num_pages`` page ids."""
@@ -148,7 +153,7 @@ class SchedulerKV:
 
     def row(self, req: SimReq) -> torch.Tensor:
         """The request's row of ``req_to_token`` (a view: writes go to the pool)."""
-        return self.rows[req.req_pool_idx]
+        return self.req_to_token[req.req_pool_idx]
 
     # ---- leaving --------------------------------------------------------------------------------
     def finish(self, req: SimReq) -> None:
