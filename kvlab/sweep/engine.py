@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvlab.sched import RequestLike
 from kvlab.sweep.grid import SweepError
 from kvlab.sweep.point import Point, run_point
 
@@ -48,7 +49,7 @@ def available_cpus() -> int:
 _WORKER_STATE: dict[str, Any] = {}  # in a pool worker: the sweep's requests and extra config, set once
 
 
-def _init_worker(requests: Sequence[Any], extra: dict) -> None:
+def _init_worker(requests: Sequence[RequestLike], extra: dict) -> None:
     # The parent decides what a Ctrl-C does (stop the sweep, keep the rows); a terminal's SIGINT reaches the
     # whole process group, and a worker that died of it would look like a crash to be retried.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -78,7 +79,7 @@ class LocalEngine:
         pool = self._pool
         return [p.pid for p in list(getattr(pool, "_processes", {}).values())] if pool is not None else []
 
-    def run(self, requests: Sequence[Any], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
+    def run(self, requests: Sequence[RequestLike], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
         if self.workers == 1:
             for index, point in enumerate(tasks):
                 on_result(Finished(index, run_point(requests, point, **extra), os.getpid(), socket.gethostname()))
@@ -165,7 +166,7 @@ class RayEngine:
         self.ray = import_ray()
         self.address, self.workers, self.max_retries = address, workers, max_retries
 
-    def run(self, requests: Sequence[Any], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
+    def run(self, requests: Sequence[RequestLike], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
         ray = self.ray
         started = not ray.is_initialized()
         if started:
