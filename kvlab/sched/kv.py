@@ -55,7 +55,8 @@ class SchedulerKV:
         return self.tree.evictable_size()
 
     def sizes(self) -> PoolSizes:
-        return PoolSizes(self.allocator.available_size(), self.tree.evictable_size(), self.tree.protected_size())
+        tree = self.tree  # read once per step: the tree's public size counters, without two method calls
+        return PoolSizes(self.allocator.available_size(), tree.evictable_size_, tree.protected_size_)
 
     # ---- eviction -------------------------------------------------------------------------------
     def evict(self, tokens: int) -> None:
