@@ -44,7 +44,7 @@ from kvlab.sched import SchedulerConfig, simulate
 trace, mode, n, page_size, kv_pages, max_running, fast, split = sys.argv[1:9]
 flows = {}
 if split == "1":  # CPU seconds inside the tree/allocator flows the scheduler calls once per request or prefill
-    import kvlab.sched.scheduler as S
+    import kvlab.sched.kv as S
     from kvlab.mem_cache.radix_cache import RadixCache
     depth = [0]
     def timed(owner, name):

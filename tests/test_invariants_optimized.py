@@ -177,7 +177,7 @@ def _mamba_radix_cache():
     alloc = TokenToKVPoolAllocator(32)
     cache = MambaRadixCache(alloc, MambaPool(4))
     cache.insert([1, 2, 3, 4], alloc.alloc(4), int(cache.mamba_pool.alloc(1)[0]))
-    leaf = next(n for n in cache._nodes() if n is not cache.root_node and not n.children)
+    leaf = next(n for n in cache.nodes() if n is not cache.root_node and not n.children)
 
     def corrupt():
         leaf.mamba_value = None
@@ -202,7 +202,7 @@ def _scheduler():
     sched.run(progress=False)
 
     def corrupt():
-        sched.allocator.alloc(1)  # a slot leaves the pool with no request or tree node holding it
+        sched.kv.allocator.alloc(1)  # a slot leaves the pool with no request or tree node holding it
 
     return sched.check_invariants, corrupt
 

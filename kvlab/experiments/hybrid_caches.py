@@ -60,7 +60,7 @@ def swa_walkthrough(full_size: int = 64, swa_size: int = 40, window: int = 4, ne
     fa, sa = alloc.full_available_size(), alloc.swa_available_size()
     res = evict_from_tree_cache(cache, need)
     ev = SWAPressureEvent(need, fa, sa, res.shortfall_tokens, res.swa_shortfall_tokens, res.evicted_tokens,
-                          res.swa_evicted_tokens, sum(n.swa_tombstone for n in cache._nodes()), before,
+                          res.swa_evicted_tokens, sum(n.swa_tombstone for n in cache.nodes()), before,
                           cache.pretty_print())
     cache.check_invariants()
     for lk in locks:

@@ -356,10 +356,10 @@ def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) ->
     short = {k: label for k, (_, label) in labels.items()}
     filler = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
     frame_before = tree_frame(tree, names=short)
-    leaves_before = {n.key[0] for n in tree._nodes() if not n.children and n is not tree.root_node}
+    leaves_before = {n.key[0] for n in tree.nodes() if not n.children and n is not tree.root_node}
     available = alloc.available_size()
     result = evict_from_tree_cache(tree, num_tokens, mode)
-    leaves_after = {n.key[0] for n in tree._nodes() if not n.children and n is not tree.root_node}
+    leaves_after = {n.key[0] for n in tree.nodes() if not n.children and n is not tree.root_node}
     destroyed = tuple(names.get(k, str(k)) for k in sorted(leaves_before - leaves_after))
     tree.check_invariants()
     del filler

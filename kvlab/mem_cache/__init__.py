@@ -2,9 +2,9 @@
 
 - ``memory_pool``: ``ReqToTokenPool`` (request rows), ``MHATokenToKVPool`` (per-layer K/V buffers).
 - ``allocator``: which KV slots are free (``TokenToKVPoolAllocator``, ``PagedTokenToKVPoolAllocator``,
-  ``SWATokenToKVPoolAllocator``).
+  ``SWATokenToKVPoolAllocator``, all kept to one protocol, ``KVAllocator``).
 - ``base_prefix_cache``: the contract every prefix cache keeps (``BasePrefixCache``) and its
-  request/result types (``MatchResult``, ``EvictParams``, ``EvictResult``).
+  request/result types (``MatchResult``, ``InsertResult``, ``EvictParams``, ``EvictResult``).
 - ``radix_tree``: the tree mechanics the three trees share (``BaseRadixTree``).
 - ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction.
 - ``swa_radix_cache`` / ``mamba_radix_cache``: hybrid trees (SWA tombstones; recurrent-state slots).
@@ -22,6 +22,7 @@ hiradix_cache (which uses base_prefix_cache, evict_policy and radix_tree, not ra
 from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
 from kvlab.mem_cache.allocator import (
     BaseTokenToKVPoolAllocator,
+    KVAllocator,
     PagedTokenToKVPoolAllocator,
     SWATokenToKVPoolAllocator,
     TokenToKVPoolAllocator,
@@ -31,6 +32,7 @@ from kvlab.mem_cache.base_prefix_cache import (
     EvictParams,
     EvictResult,
     HybridEvictResult,
+    InsertResult,
     MatchResult,
     PrefixNode,
     TreeLock,
@@ -87,7 +89,9 @@ __all__ = [
     "EvictParams",
     "EvictResult",
     "EvictionStrategy",
+    "InsertResult",
     "InvariantError",
+    "KVAllocator",
     "LockRefError",
     "LogicalClock",
     "MHATokenToKVPool",

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
 
 import torch
 
@@ -43,6 +44,49 @@ def _as_ints(x: IndexLike) -> list[int]:
     if isinstance(x, torch.Tensor):
         return x.reshape(-1).tolist()
     return [int(v) for v in x]
+
+
+@runtime_checkable
+class KVAllocator(Protocol):
+    """What a prefix cache and the allocation glue may ask of any token-slot allocator
+    (:class:`TokenToKVPoolAllocator`, :class:`PagedTokenToKVPoolAllocator`, :class:`SWATokenToKVPoolAllocator`).
+
+    Slots are token indices; ``page_size`` slots make a page, the unit of allocation and of freeing.
+    ``alloc`` returns ``None`` (never a partial answer) when fewer than ``need_size`` slots are free; a free of a
+    slot that is not allocated raises ``DoubleFreeError``. Frees inside ``free_group_begin`` / ``free_group_end``
+    are staged and released together at the end."""
+
+    page_size: int
+
+    def available_size(self) -> int:
+        """Free slots (a whole number of pages)."""
+        ...
+
+    def alloc(self, need_size: int) -> torch.Tensor | None: ...
+
+    def free(self, free_index: IndexLike) -> None: ...
+
+    def free_row(self, row_slots: torch.Tensor) -> None:
+        """Free a slice of a request's row (int32 slots; page-aligned starts)."""
+        ...
+
+    def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
+        """Free the slots of row positions ``[start_pos, start_pos + len)`` (a partly held first page is kept)."""
+        ...
+
+    def free_group_begin(self) -> None: ...
+
+    def free_group_end(self) -> None: ...
+
+    def is_allocated(self, indices: IndexLike) -> torch.Tensor: ...
+
+    def all_allocated(self, indices: torch.Tensor) -> bool: ...
+
+    def get_kvcache(self) -> MHATokenToKVPool | None: ...
+
+    def clear(self) -> None: ...
+
+    def check_invariants(self) -> None: ...
 
 
 class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; upstream is an ABC too)

@@ -13,8 +13,12 @@ Differs on purpose from SGLang 0.5.23:
   ABC the trees inherit: the contract stays one short page, and the shared tree code lives in
   ``radix_tree.BaseRadixTree``. It holds what all three trees implement alike; HiCache, sessions,
   metrics and KV events are not modelled.
-- ``insert`` is not in the contract: each tree takes different arguments (SGLang funnels them all
-  through one ``InsertParams``). ``common.match_alloc_insert`` is the one caller that knows each.
+- Each tree's own ``insert`` keeps its own arguments (SGLang 0.5.23 funnels them all through one
+  ``InsertParams``); the contract's insert is ``insert_slots``, one form every tree takes, which also frees the
+  caller's duplicate slots (a plain RadixCache's ``insert`` leaves them to the caller) and says whether the tree
+  took the caller's recurrent-state slot (:class:`InsertResult`). ``state_pool`` says whether a tree needs one.
+- ``kind`` names the tree (``"radix"``, ``"swa"``, ``"mamba"``) so views can read a hybrid node's second
+  component without guessing from attributes; ``nodes()`` walks every node.
 - ``match_prefix`` / ``insert`` take plain token sequences (:data:`TokenKey`), not ``RadixKey`` /
   ``MatchPrefixParams``; ``MatchResult`` keeps only the device fields.
 - ``EvictResult`` separates shortfall, request, eviction, over-eviction and overshoot (the finding
@@ -24,20 +28,20 @@ Differs on purpose from SGLang 0.5.23:
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 
-from kvlab.mem_cache.allocator import BaseTokenToKVPoolAllocator, SWATokenToKVPoolAllocator
+from kvlab.mem_cache.allocator import KVAllocator as KVAllocator  # re-exported: the allocators' protocol
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 
 TokenKey = Sequence[int] | torch.Tensor  # token ids (a list, an ``array('q')``, a 1-D tensor)
 SlotIndices = Sequence[int] | torch.Tensor  # KV slot indices, one per token
 ChildKey = int | bytes  # a child's key in ``children``: its first token (page 1) or first page's bytes
 Priority = int | tuple[int, int]  # an eviction strategy's sort key (smaller is evicted first)
-KVAllocator = BaseTokenToKVPoolAllocator | SWATokenToKVPoolAllocator  # what a tree frees slots into
+TREE_KINDS = ("radix", "swa", "mamba")  # BasePrefixCache.kind
 
 
 class PrefixNode(Protocol):
@@ -68,6 +72,16 @@ class MatchResult(NamedTuple):
     @property
     def prefix_len(self) -> int:
         return self.device_prefix_len
+
+
+class InsertResult(NamedTuple):
+    """``insert_slots``'s answer. ``prefix_len``: leading tokens of the key that were already cached (the caller's
+    slots for them past ``prev_prefix_len`` were duplicates, now freed); ``state_exist``: the final node already
+    held a recurrent state, so the tree did not take the caller's ``state_slot`` (the caller frees it; always
+    False on trees without a ``state_pool``)."""
+
+    prefix_len: int
+    state_exist: bool = False
 
 
 class TreeLock(NamedTuple):
@@ -168,6 +182,8 @@ class BasePrefixCache(Protocol):
     page_size: int
     disable: bool
     root_node: PrefixNode
+    kind: str  # one of TREE_KINDS: "radix" (plain), "swa" (nodes have swa_tombstone), "mamba" (nodes have mamba_value)
+    state_pool: Any  # the recurrent-state pool one insert takes a slot of (MambaPool), or None (radix, SWA)
 
     def reset(self) -> None:
         """Forget every cached prefix (the slots are not freed: the allocator is reset apart)."""
@@ -177,6 +193,19 @@ class BasePrefixCache(Protocol):
         the match ends inside and refreshes recency along the path; evicts and allocates nothing. A
         hybrid tree may answer shorter than the KV match (SWA: a whole window must be cached; Mamba:
         the prefix must end at a recurrent state)."""
+        ...
+
+    def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
+                     state_slot: int | None = None) -> InsertResult:
+        """Cache ``key`` (whole pages) with the caller's KV slots ``value``, one per token: ``value[:prev_prefix_len]``
+        came from this tree's own match, the rest the caller allocated. Matched tokens past ``prev_prefix_len`` keep
+        the tree's slots and the caller's duplicates are freed; the tree owns the rest. ``state_slot``: a slot of
+        ``state_pool`` holding the state after the key's last token, required exactly when ``state_pool`` is not
+        None (else ``ValueError``)."""
+        ...
+
+    def nodes(self) -> Iterator[PrefixNode]:
+        """Every node, the root first (pre-order; children in no promised order)."""
         ...
 
     def inc_lock_ref(self, node: PrefixNode) -> int | None:

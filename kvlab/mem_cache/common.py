@@ -27,7 +27,6 @@ from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, EvictResult, HybridEvictResult
 from kvlab.mem_cache.mamba_radix_cache import MambaRadixCache
 from kvlab.mem_cache.radix_cache import RadixCache, Req
-from kvlab.mem_cache.swa_radix_cache import SWARadixCache
 
 EVICTION_MODES = ("shortfall", "full")
 _NOTHING = EvictResult()  # frozen: the one result of every call that finds enough free slots
@@ -191,27 +190,20 @@ def match_alloc_insert(tree_cache: BasePrefixCache, key: Sequence[int], *, max_p
     lock = tree_cache.lock(m.last_device_node)
     need = len(key) - prefix_len
     ev = evict_from_tree_cache(tree_cache, need, mode)
-    mamba = isinstance(tree_cache, MambaRadixCache)
-    mamba_ev = ensure_mamba_capacity(tree_cache, 1) if mamba else EvictResult()
+    states = tree_cache.state_pool  # a Mamba tree: one recurrent state per inserted sequence
+    state_ev = ensure_mamba_capacity(tree_cache, 1) if states is not None else EvictResult()
     allocator = tree_cache.token_to_kv_pool_allocator
     kv = allocator.alloc(need)
-    slot = tree_cache.mamba_pool.alloc(1) if mamba and kv is not None else None
-    if kv is None or (mamba and slot is None):
+    slot = states.alloc(1) if states is not None and kv is not None else None
+    if kv is None or (states is not None and slot is None):
         if kv is not None:
             allocator.free(kv)
         tree_cache.unlock(lock)
-        return MatchAllocInsertResult(prefix_len, None, 0, ev, mamba_ev)
+        return MatchAllocInsertResult(prefix_len, None, 0, ev, state_ev)
     value = torch.cat([m.device_indices, kv])
-    exist = False
-    if mamba:
-        res = tree_cache.insert(key, value, int(slot[0]), prev_prefix_len=prefix_len)
-        cached, exist = res.prefix_len, res.mamba_exist
-        if exist:
-            tree_cache.mamba_pool.free(slot)
-    elif isinstance(tree_cache, SWARadixCache):
-        cached = tree_cache.insert(key, value, prev_prefix_len=prefix_len)
-    else:
-        cached = tree_cache.insert(key, value)
-        allocator.free(value[prefix_len:cached])  # RadixCache leaves the duplicates to the caller
+    res = tree_cache.insert_slots(key, value, prev_prefix_len=prefix_len,
+                                  state_slot=None if slot is None else int(slot[0]))
+    if res.state_exist:
+        states.free(slot)
     tree_cache.unlock(lock)
-    return MatchAllocInsertResult(prefix_len, kv, cached, ev, mamba_ev, exist)
+    return MatchAllocInsertResult(prefix_len, kv, res.prefix_len, ev, state_ev, res.state_exist)

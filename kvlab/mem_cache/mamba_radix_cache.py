@@ -32,6 +32,7 @@ from kvlab.mem_cache.base_prefix_cache import (
     EvictParams,
     EvictResult,
     HybridEvictResult,
+    InsertResult,
     KVAllocator,
     MatchResult,
     SlotIndices,
@@ -130,12 +131,29 @@ class MambaRadixCache(HybridTreeBase):
     Sizes: ``full_*`` in KV tokens by full lock; ``mamba_*`` in states by mamba lock.
     """
 
+    kind = "mamba"  # BasePrefixCache.kind: nodes carry mamba_value (None: a tombstone, KV without its state)
+
     def __init__(self, token_to_kv_pool_allocator: KVAllocator, mamba_pool: MambaPool, page_size: int = 1,
                  req_to_token_pool: ReqToTokenPool | None = None):
         if not isinstance(mamba_pool, MambaPool):
             raise TypeError(f"MambaRadixCache needs a MambaPool, got {type(mamba_pool).__name__}")
         self.mamba_pool = mamba_pool
         super().__init__(token_to_kv_pool_allocator, page_size, req_to_token_pool)
+
+    @property
+    def state_pool(self) -> MambaPool:
+        """``BasePrefixCache.state_pool``: every insert takes one recurrent-state slot of it."""
+        return self.mamba_pool
+
+    def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
+                     state_slot: int | None = None) -> InsertResult:
+        """The contract's insert (``BasePrefixCache.insert_slots``): :meth:`insert`, which frees the duplicate KV;
+        a state slot the tree did not take (``state_exist``) is left to the caller."""
+        if state_slot is None:
+            raise ValueError("MambaRadixCache.insert_slots: state_slot is required (a slot of state_pool holding the "
+                             "state after the key's last token)")
+        res = self.insert(key, value, state_slot, prev_prefix_len=prev_prefix_len)
+        return InsertResult(res.prefix_len, res.mamba_exist)
 
     def reset(self) -> None:
         super().reset()
@@ -282,7 +300,7 @@ class MambaRadixCache(HybridTreeBase):
             tokens, full_pass_states = tokens + t, full_pass_states + s
         states = 0
         while states < want_states:
-            cands = [x for x in self._nodes() if x.mamba_value is not None and x.mamba_lock_ref == 0]
+            cands = [x for x in self.nodes() if x.mamba_value is not None and x.mamba_lock_ref == 0]
             if not cands:
                 break
             x = min(cands, key=lambda x: (x.mamba_last_access_time, x.id))

@@ -45,6 +45,7 @@ from kvlab.mem_cache.base_prefix_cache import (
     ChildKey,
     EvictParams,
     EvictResult,
+    InsertResult,
     KVAllocator,
     MatchResult,
     SlotIndices,
@@ -295,10 +296,23 @@ class RadixCache(BaseRadixTree):
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
         elif not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value, dtype=_I64)
-        return self._insert(key, n, value, priority, inserted_len)
+        return self._insert(key, n, value, priority, inserted_len)[0]
+
+    def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
+                     state_slot: int | None = None) -> InsertResult:
+        """The contract's insert (``BasePrefixCache.insert_slots``): :meth:`insert`, then the caller's duplicate
+        slots ``value[prev_prefix_len:already_cached]`` are freed, as the request flows do."""
+        if state_slot is not None:
+            raise ValueError(f"RadixCache.insert_slots: a plain radix tree keeps no recurrent state, got "
+                             f"state_slot={state_slot}")
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value, dtype=_I64)
+        cached = self.insert(key, value)
+        self.token_to_kv_pool_allocator.free(value[prev_prefix_len:cached])
+        return InsertResult(cached)
 
     def _insert(self, key: array, n: int, value: torch.Tensor, priority: int, inserted_len: int,
-                held: TreeNode | None = None, held_len: int = 0) -> int:
+                held: TreeNode | None = None, held_len: int = 0) -> tuple[int, TreeNode]:
         """``insert`` of ``key[:n]`` (``n`` page-aligned): the request flows pass the whole token array and
         the request row (int32) without slicing or converting them; only the new leaf's slots are copied
         (as int64). ``held``: the node a request holds locked, whose path spells ``key[:held_len]`` (it was
@@ -358,8 +372,7 @@ class RadixCache(BaseRadixTree):
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
             node = leaf
-        self._inserted_node = node  # the node that ends at n (cache_unfinished_req re-matches up to it)
-        return prefix_len
+        return prefix_len, node  # the node that ends at n (cache_unfinished_req re-matches up to it)
 
     def _held_path(self, held: TreeNode | None, held_len: int) -> list[TreeNode] | None:
         """Root-to-``held`` nodes (root excluded) if ``held`` is a live, locked node whose path holds ``held_len``
@@ -399,7 +412,7 @@ class RadixCache(BaseRadixTree):
         key_len = align_down(kv_len, self.page_size)
         if is_insert:
             tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
-            done = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, 0, req.last_node, protected)
+            done, _ = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, 0, req.last_node, protected)
             free(row[protected:done])
         else:
             free(row[protected:key_len])
@@ -424,10 +437,10 @@ class RadixCache(BaseRadixTree):
         key_len = align_down(n_tok, self.page_size)
         alloc = self.token_to_kv_pool_allocator
         protected = req.cache_protected_len
-        done = self._insert(tokens, key_len, row[:key_len], getattr(req, "priority", 0) or 0,
-                            key_len if chunked else 0, req.last_node, protected)
+        done, last_node = self._insert(tokens, key_len, row[:key_len], getattr(req, "priority", 0) or 0,
+                                       key_len if chunked else 0, req.last_node, protected)
         getattr(alloc, "free_row", alloc.free)(row[protected:done])
-        last_node, values = self._inserted_node, []
+        values = []
         if key_len:  # the re-match walks exactly the path insert just made (no split): replay it upwards
             self.restamp_path(last_node)
             node = last_node

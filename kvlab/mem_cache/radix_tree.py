@@ -64,6 +64,8 @@ class BaseRadixTree:
 
     root_node: PrefixNode
     _empty: torch.Tensor
+    kind = "radix"  # BasePrefixCache.kind: a subclass with a second component per node names it
+    state_pool = None  # BasePrefixCache.state_pool: no recurrent states (MambaRadixCache has one)
 
     def __init__(self, req_to_token_pool: ReqToTokenPool | None, token_to_kv_pool_allocator: KVAllocator | None,
                  page_size: int, name: str):
@@ -86,7 +88,8 @@ class BaseRadixTree:
         """Children in token order: by first token, or by the first page's tokens."""
         return node.key[0] if self.page_size == 1 else tuple(node.key[: self.page_size])
 
-    def _nodes(self) -> Iterator[PrefixNode]:
+    def nodes(self) -> Iterator[PrefixNode]:
+        """Every node, the root first (pre-order)."""
         stack = [self.root_node]
         while stack:
             node = stack.pop()
@@ -112,7 +115,7 @@ class BaseRadixTree:
         self.dec_lock_ref(lock.node)
 
     def all_values_flatten(self) -> torch.Tensor:
-        values = [n.value for n in self._nodes() if n is not self.root_node]
+        values = [n.value for n in self.nodes() if n is not self.root_node]
         return torch.cat(values) if values else self._empty
 
     def path_device_indices(self, node: PrefixNode) -> torch.Tensor:
@@ -158,7 +161,7 @@ class BaseRadixTree:
                                  lock_ref=root.lock_ref, key_len=len(root.key), parent=root.parent)
         evictable = protected = 0
         nodes = []
-        for node in self._nodes():
+        for node in self.nodes():
             child_locks = 0
             for ck, child in node.children.items():
                 if child.parent is not node:

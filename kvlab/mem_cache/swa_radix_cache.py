@@ -35,6 +35,7 @@ from kvlab.mem_cache.base_prefix_cache import (
     EvictParams,
     EvictResult,
     HybridEvictResult,
+    InsertResult,
     KVAllocator,
     MatchResult,
     SlotIndices,
@@ -237,7 +238,7 @@ class HybridTreeBase(BaseRadixTree):
         return self.full_evictable_size_ + self.full_protected_size_
 
     def _leaf_candidates(self) -> list[HybridTreeNode]:
-        return [n for n in self._nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
+        return [n for n in self.nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
 
     def _check_tree_shape(self) -> list[HybridTreeNode]:
         """``BaseRadixTree._check_tree`` on the full-attention side; returns the non-root nodes."""
@@ -249,6 +250,8 @@ class SWARadixCache(HybridTreeBase):
 
     Sizes: ``full_*`` count tokens by full lock; ``swa_*`` count un-tombstoned tokens by SWA lock.
     """
+
+    kind = "swa"  # BasePrefixCache.kind: nodes carry swa_tombstone
 
     def __init__(self, token_to_kv_pool_allocator: SWATokenToKVPoolAllocator, sliding_window_size: int,
                  page_size: int = 1, req_to_token_pool: ReqToTokenPool | None = None):
@@ -314,6 +317,14 @@ class SWARadixCache(HybridTreeBase):
                 best, best_len = node, matched
         self._touch_path(best)
         return MatchResult(self.path_device_indices(best), best, best_len)
+
+    def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
+                     state_slot: int | None = None) -> InsertResult:
+        """The contract's insert (``BasePrefixCache.insert_slots``): :meth:`insert`, which frees the duplicates."""
+        if state_slot is not None:
+            raise ValueError(f"SWARadixCache.insert_slots: an SWA tree keeps no recurrent state, got "
+                             f"state_slot={state_slot}")
+        return InsertResult(self.insert(key, value, prev_prefix_len=prev_prefix_len))
 
     def insert(self, key: TokenKey, value: SlotIndices, prev_prefix_len: int = 0) -> int:
         """Cache ``key`` with full slots ``value`` (each already paired with an SWA slot); returns
@@ -453,7 +464,7 @@ class SWARadixCache(HybridTreeBase):
             f, s = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
             full, swa = full + f, swa + s
         while swa < params.swa_num_tokens:
-            cands = [x for x in self._nodes()
+            cands = [x for x in self.nodes()
                      if x is not self.root_node and not x.swa_tombstone and x.swa_lock_ref == 0]
             if not cands:
                 break

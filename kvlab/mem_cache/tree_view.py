@@ -25,19 +25,13 @@ Names = dict | str | Callable[[PrefixNode], str | None] | None
 
 
 def _node_state(cache_kind: str, node: PrefixNode) -> str:
+    """The node's second component, by ``BasePrefixCache.kind``: Mamba nodes carry ``mamba_value``, SWA nodes
+    ``swa_tombstone``, plain radix nodes neither."""
     if cache_kind == "mamba":
         return STATE_MAMBA if node.mamba_value is not None else STATE_MAMBA_TOMBSTONE
     if cache_kind == "swa" and node.swa_tombstone:
         return STATE_SWA_TOMBSTONE
     return ""
-
-
-def _cache_kind(cache: BasePrefixCache) -> str:
-    if hasattr(cache, "mamba_pool"):
-        return "mamba"
-    if hasattr(cache, "sliding_window_size"):
-        return "swa"
-    return "radix"
 
 
 def tree_frame(cache: BasePrefixCache, *, names: Names = None, preview_tokens: int = 6):
@@ -61,9 +55,9 @@ def tree_frame(cache: BasePrefixCache, *, names: Names = None, preview_tokens: i
 
     if isinstance(names, str) and names != SPANS:
         raise ValueError(f"tree_frame: names must be a dict, a function or {SPANS!r}, got {names!r}")
-    kind = _cache_kind(cache)
+    kind = cache.kind
     root = cache.root_node
-    page = getattr(cache, "page_size", 1)  # siblings differ in their first page
+    page = cache.page_size  # siblings differ in their first page
     rows, order = [], []
     stack = [(root, 0)]
     while stack:  # pre-order, children in key order, so the table reads like pretty_print
@@ -94,13 +88,13 @@ def tree_frame(cache: BasePrefixCache, *, names: Names = None, preview_tokens: i
                 label = names(node) or preview
             else:
                 label = (names or {}).get(node.key[0]) or preview
-        slot = getattr(node, "mamba_value", None) if kind == "mamba" and node is not root else None
+        slot = node.mamba_value if kind == "mamba" and node is not root else None
         rows.append(dict(id=node.id, parent_id=None if node is root else node.parent.id, tokens=len(node.key),
                          subtree_tokens=subtree[node.id], path_tokens=path[node.id], prefix_tokens=end,
                          lock_ref=node.lock_ref, status=status, last_access_time=node.last_access_time,
                          hit_count=node.hit_count, label=label, key_preview=preview, state=state,
                          has_state=slot is not None, mamba_slot=slot,
-                         swa_tombstone=bool(getattr(node, "swa_tombstone", False))))
+                         swa_tombstone=kind == "swa" and bool(node.swa_tombstone)))
     frame = pd.DataFrame(rows)
     frame["mamba_slot"] = pd.array(frame["mamba_slot"].tolist(), dtype="Int64")
     return frame

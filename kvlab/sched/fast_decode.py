@@ -1,5 +1,5 @@
-"""Decode rounds as events: the same steps, rows and totals as the reference loop's ``Scheduler._decode``,
-at a cost per round that grows with what happens in the round rather than with the running batch.
+"""Decode rounds as events: the same steps, rows and totals as :class:`~kvlab.sched.decode.ReferenceDecode`, at a
+cost per round that grows with what happens in the round rather than with the running batch.
 
 At page size P, a running request's decode round usually writes its token inside a page it already holds:
 nothing in the pools or the tree changes. Only three things make a round touch a request:
@@ -11,30 +11,30 @@ nothing in the pools or the tree changes. Only three things make a round touch a
 
 Each is a heap of ``(round, order, state)`` keyed by the round it happens in; ``order`` (admission order)
 breaks ties in running order. Between events a request's outputs and row are implicit in the round
-counter, and :meth:`FastDecode.sync` writes them out (before it finishes, before a retraction, before an
-invariant check). The shared parts are the reference loop's own methods, called, not copied: the memory
-check and eviction (``Scheduler._reserve_decode``), the new-token-ratio decay, the retraction fallback
-(``Scheduler._retract`` + ``Scheduler._decode_alloc_emit``), ``Scheduler._finish``; the page take is the
-allocator's :meth:`~kvlab.mem_cache.allocator.PagedTokenToKVPoolAllocator.alloc_decode_pages`, the half of
-``alloc_decode`` that the reference round reaches through ``alloc_paged_token_slots_decode``.
+counter (``Ledger.decode_rounds``), and :meth:`FastDecode.sync_one` writes them out (before it finishes, before a
+retraction, before an invariant check). The shared parts are the reference's and the memory view's public methods,
+called, not copied: the memory check and eviction (``SchedulerKV.reserve`` / ``evict``), the new-token-ratio decay,
+the retraction fallback (``ReferenceDecode.retract_and_decode``), ``SchedulerKV.finish``; the page take is
+``SchedulerKV.take_decode_pages`` (the allocator's
+:meth:`~kvlab.mem_cache.allocator.PagedTokenToKVPoolAllocator.alloc_decode_pages`, the half of ``alloc_decode``
+that the reference round reaches through ``alloc_paged_token_slots_decode``); the quiet rounds are written by
+``Ledger.quiet_decode_steps``.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 
-from kvlab.mem_cache.common import evict_from_tree_cache
-from kvlab.mem_cache.evict_policy import EvictResult
+from kvlab.sched.decode import DecodeOutcome, ReferenceDecode
 
 if TYPE_CHECKING:
-    from kvlab.sched.scheduler import Scheduler, SimReq
-
-_QUIET = EvictResult()  # frozen: a quiet round evicts nothing
+    from kvlab.sched.request import SimReq
 
 
 @dataclass(slots=True, eq=False)
@@ -56,12 +56,14 @@ class DecodeState:
 
 
 class FastDecode:
-    """The event-driven decode rounds of one :class:`~kvlab.sched.scheduler.Scheduler` (page size > 1)."""
+    """The event-driven decode rounds of one run (page size > 1); ``reference`` runs the rounds in which memory is
+    short (retraction needs every request's real outputs and row) and lends its memory view, ledger and ratio."""
 
-    def __init__(self, sched: Scheduler, clip_max_new_tokens: int) -> None:
-        self.sched = sched
-        self.clip = clip_max_new_tokens
-        self.page_size = sched.config.page_size
+    def __init__(self, reference: ReferenceDecode) -> None:
+        self.reference = reference
+        self.kv, self.ledger, self.ratio = reference.kv, reference.ledger, reference.ratio
+        self.clip, self.cost = reference.clip, reference.cost
+        self.page_size = reference.page_size
         self._orders = itertools.count()
         self.opens: list = []  # (round, order, state): the round whose token opens a page
         self.finishes: list = []  # (round, order, state): the round that emits the last token
@@ -72,12 +74,12 @@ class FastDecode:
 
     @property
     def round(self) -> int:
-        """Decode rounds run so far (the scheduler's counter, which the fallback round advances too)."""
-        return self.sched.decode_rounds
+        """Decode rounds run so far (the ledger's counter, which the reference round advances too)."""
+        return self.ledger.decode_rounds
 
     # ---- the prefill budget's offset ----------------------------------------------------------
-    def future_tokens(self) -> int:
-        """``Scheduler._future_tokens`` from the counters: each unclipped request has
+    def future_tokens(self, running: Sequence[SimReq]) -> int:
+        """``ReferenceDecode.future_tokens`` from the counters: each unclipped request has
         ``finish_round - round`` tokens to go; each clipped one counts the clip."""
         d = self.round
         for state in _pop_due(self.unclips, d):
@@ -89,10 +91,10 @@ class FastDecode:
         return self.finish_round_sum - self.unclipped * d + self.clip * self.clipped
 
     # ---- entering and leaving -----------------------------------------------------------------
-    def register(self, req: SimReq) -> None:
+    def admit(self, req: SimReq) -> None:
         """Hand a running request (outputs and row written out) to the event-driven rounds."""
         ps, d = self.page_size, self.round
-        row = self.sched.req_to_token_pool.req_to_token[req.req_pool_idx]
+        row = self.kv.row(req)
         outputs = len(req.output_ids)
         state = DecodeState(req, next(self._orders), d, outputs, req.kv_len, int(row[req.kv_len - 1]))
         req.decode_state = state
@@ -108,7 +110,11 @@ class FastDecode:
             self.unclipped += 1
             self.finish_round_sum += state.finish_round
 
-    def sync(self, req: SimReq) -> None:
+    def sync(self, running: Sequence[SimReq]) -> None:
+        for req in running:
+            self.sync_one(req)
+
+    def sync_one(self, req: SimReq) -> None:
         """Write out a request's outputs, ``kv_len`` and row as of this round (it stays registered)."""
         state = req.decode_state
         n = state.outputs_at_start + self.round - state.start_round
@@ -117,7 +123,7 @@ class FastDecode:
             out.extend(req.planned_output[len(out) : n])
         end = req.prompt_len + n - 1  # the last output token's KV is written by the next round
         req.kv_len = end
-        row = self.sched.req_to_token_pool.req_to_token[req.req_pool_idx]
+        row = self.kv.row(req)
         pos, slot = state.written_len, state.last_slot + 1
         last = state.last_slot
         for page_pos, page_slot in [*state.opened_pages, (end, 0)]:
@@ -128,49 +134,42 @@ class FastDecode:
         state.written_len, state.last_slot, state.opened_pages = end, last, []
 
     def _leave(self, req: SimReq) -> None:
-        self.sync(req)
+        self.sync_one(req)
         req.decode_state.live = False
         req.decode_state = None
 
-    def unregister_all(self) -> None:
-        for req in self.sched.running:
+    def _leave_all(self, running: Sequence[SimReq]) -> None:
+        for req in running:
             self._leave(req)
         self.opens, self.finishes, self.unclips = [], [], []
         self.finish_round_sum = self.unclipped = self.clipped = 0
 
     # ---- one round ----------------------------------------------------------------------------
-    def decode(self) -> int:
+    def decode(self, running: list[SimReq]) -> DecodeOutcome:
         """One decode round touching only the requests whose token opens a page or is their last; the
         rest advance with the round counter. When memory is short, the reference round runs instead
-        (retraction needs every request's real outputs and row). Returns the number retracted."""
-        sched, ps, d = self.sched, self.page_size, self.sched.decode_rounds + 1
+        (retraction needs every request's real outputs and row)."""
+        kv, ps, d = self.kv, self.page_size, self.ledger.decode_rounds + 1
         opens = self.opens
         openers = list(_pop_due(opens, d)) if opens and opens[0][0] <= d else []  # in running order
-        running = sched.running
-        if sched.allocator.available_size() < len(running) * ps:  # else both evictions below find room
-            if not sched._reserve_decode(ps * len(openers)):  # check_decode_mem
-                self.unregister_all()
-                retracted = sched._retract()
-                sched._decode_alloc_emit()
-                for req in sched.running:
-                    self.register(req)
-                return retracted
-            # alloc_paged_token_slots_decode: evict for batch_size pages, then alloc_decode's page take
-            sched._note(evict_from_tree_cache(sched.tree, len(running) * ps, sched.config.eviction))
-        sched._decay_new_token_ratio()
-        allocator = sched.allocator
+        allocator = kv.allocator
+        if allocator.available_size() < len(running) * ps:  # else both evictions below find room
+            if not kv.reserve(ps * len(openers)):  # check_decode_mem
+                self._leave_all(running)
+                outcome = self.reference.retract_and_decode(running)
+                for req in outcome.running:
+                    self.admit(req)
+                return outcome
+            kv.evict(len(running) * ps)  # alloc_paged_token_slots_decode: evict for batch_size pages
+        self.ratio.decay()
         if openers or len(running) > allocator.free_pages.shape[0]:  # else the page take takes nothing
-            pages = allocator.alloc_decode_pages(len(running), len(openers))
-            if pages is None:
-                raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
-                                   f"{allocator.available_size()} slots available")
+            pages = kv.take_decode_pages(len(running), len(openers))
         if openers:
-            for state, page in zip(openers, pages.tolist()):
+            for state, page in zip(openers, pages):
                 position = state.req.prompt_len + state.outputs_at_start + d - state.start_round - 2
                 state.opened_pages.append((position, page * ps))
                 heapq.heappush(opens, (d + ps, state.order, state))
-        sched.decode_rounds = d
-        sched.totals.output_tokens += len(running)
+        self.ledger.note_decode_round(len(running))
         finishes = self.finishes
         if finishes and finishes[0][0] <= d:
             done = list(_pop_due(finishes, d))
@@ -179,43 +178,30 @@ class FastDecode:
                 self._leave(req)
                 self.unclipped -= 1
                 self.finish_round_sum -= state.finish_round
-                sched._finish(req)
+                kv.finish(req)
             if done:
                 finished = {id(state.req) for state in done}
-                sched.running = [r for r in running if id(r) not in finished]
-        return 0
+                running = [r for r in running if id(r) not in finished]
+        return DecodeOutcome(running, [])
 
-    def quiet_rounds(self) -> None:
+    def quiet_steps(self, running: Sequence[SimReq], waiting: int, until_s: float, max_steps: int) -> None:
         """Run, after a decode step, the decode rounds in which nothing but the counters moves, as the loop would
         (one step and one row each): no page opens, no request finishes, the pool holds a page per running
-        request (no eviction), no arrival is due and no prefill can be scheduled. Each such round of
-        :meth:`decode` only decays the new-token ratio and counts its tokens, so its row is the step's row with
-        the step number and time advanced. Stops at the first round that is not quiet (the loop runs it)."""
-        sched = self.sched
-        running, waiting, cfg, allocator = sched.running, sched.waiting, sched.config, sched.allocator
-        n = len(running)
-        if (not n or sched.chunked is not None or (waiting and n < cfg.max_running)
-                or allocator.available_size() < n * self.page_size or n > allocator.free_pages.shape[0]):
+        request (no eviction). The loop calls this only when no prefill can be scheduled, and the rounds stop at
+        ``until_s`` (the next arrival). Each such round of :meth:`decode` only decays the new-token ratio and
+        counts its tokens (``Ledger.quiet_decode_steps``). Stops before the first round that is not quiet (the
+        loop runs it)."""
+        n, allocator = len(running), self.kv.allocator
+        if not n or allocator.available_size() < n * self.page_size or n > allocator.free_pages.shape[0]:
             return
-        d = sched.decode_rounds
+        d = self.ledger.decode_rounds
         last = min(self.opens[0][0] if self.opens else d + 2**62,
                    self.finishes[0][0] if self.finishes else d + 2**62) - 1  # stale heads only stop early
         if d >= last:
             return
-        pending, totals, rows = sched.pending, sched.totals, sched.rows
-        sched._step_evict, sched._step_hits, sched._step_pressure, sched._finished = _QUIET, 0, 0, 0
-        template = sched._step_row("decode", 0, 0)
-        dt = cfg.cost.decode_time_s(n)
-        while d < last and totals.steps < cfg.max_steps and not (pending and pending[0].arrival_time_s <= sched.now_s):
-            d += 1
-            sched._decay_new_token_ratio()
-            totals.output_tokens += n
-            sched.now_s += dt
-            totals.steps += 1
-            row = template.copy()
-            row["step"], row["time_s"] = totals.steps, sched.now_s
-            rows.append(row)
-        sched.decode_rounds = d
+        steps = self.ledger.quiet_decode_steps(n, self.cost.decode_time_s(n), min(last - d, max_steps), until_s,
+                                               self.kv.sizes(), waiting)
+        self.ratio.decay(steps)
 
 
 def _pop_due(heap: list, d: int):

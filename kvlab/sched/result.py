@@ -1,41 +1,54 @@
 """What a simulation returns: the run's typed :class:`Totals`, its per-step rows and the final tree.
 
-``SimResult.totals()`` is the JSON (docs/architecture.md#public-contracts) of ``kvlab simulate`` (the CLI prints it, experiments and widgets
-read it); it is built from :class:`Totals` plus the config and the modelled clock, so every counter has one
-name, checked by the type checker and by ``dataclasses.fields``, not a string key spelled at each use.
+``SimResult.totals()`` is the JSON (docs/architecture.md#public-contracts) of ``kvlab simulate`` (the CLI prints it,
+experiments, sweeps and widgets read it). Its keys are declared once, here: the :class:`Totals` fields in their
+order, ``hit_rate`` beside the counter it derives from, the modelled clock and throughput (:data:`RESULT_KEYS`),
+then the four config fields a run is keyed by (:data:`CONFIG_KEYS`). ``kvlab sweep``'s columns are
+:data:`RESULT_KEYS`.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import TYPE_CHECKING
+
+from kvlab.sched.config import SchedulerConfig
 
 if TYPE_CHECKING:
     from kvlab.mem_cache.radix_cache import RadixCache
-    from kvlab.sched.scheduler import SchedulerConfig
 
 
 @dataclass(slots=True)
 class Totals:
-    """Counters a run accumulates (tokens unless the name says pages or counts something else)."""
+    """Counters a run accumulates (tokens unless the name says pages or counts something else), in the order of
+    the JSON totals."""
 
     requests: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0  # prompt tokens matched in the tree at first admission
-    prompt_pages: int = 0  # sum of each prompt's pages (rounded up)
     hit_pages: int = 0  # whole pages of the prompt matched at first admission
+    prompt_pages: int = 0  # sum of each prompt's pages (rounded up)
     evicted_tokens: int = 0
     over_evicted_tokens: int = 0  # evicted beyond the shortfall (the bug's extra losses)
     overshoot_tokens: int = 0  # evicted beyond the request, because leaves go whole
     prefill_tokens_computed: int = 0
-    output_tokens: int = 0
     retractions: int = 0
     aborted: int = 0
-    steps: int = 0
     pressure_events: int = 0  # evict_from_tree_cache calls that found the pool short
+    steps: int = 0
+    output_tokens: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+COUNTER_KEYS = tuple(f.name for f in fields(Totals))
+_AFTER_CACHED = COUNTER_KEYS.index("cached_prompt_tokens") + 1
+# what a run measured: the counters, hit_rate after cached_prompt_tokens, then the modelled clock and throughput
+RESULT_KEYS = (*COUNTER_KEYS[:_AFTER_CACHED], "hit_rate", *COUNTER_KEYS[_AFTER_CACHED:], "simulated_s",
+               "output_tokens_per_s")
+CONFIG_KEYS = ("eviction", "page_size", "kv_tokens", "policy")  # what the run was asked (SchedulerConfig fields)
+TOTALS_KEYS = RESULT_KEYS + CONFIG_KEYS  # SimResult.totals(), in this order
 
 
 @dataclass
@@ -59,28 +72,12 @@ class SimResult:
         return frame
 
     def totals(self) -> dict:
-        """The JSON totals (docs/architecture.md#public-contracts) of ``kvlab simulate``, plus throughput figures (key order is the CLI's)."""
+        """The JSON totals (docs/architecture.md#public-contracts) of ``kvlab simulate``: :data:`TOTALS_KEYS`."""
         c = self.counts
-        return {
-            "requests": c.requests,
-            "prompt_tokens": c.prompt_tokens,
-            "cached_prompt_tokens": c.cached_prompt_tokens,
+        derived = {
             "hit_rate": round(self.hit_rate, 6),
-            "hit_pages": c.hit_pages,
-            "prompt_pages": c.prompt_pages,
-            "evicted_tokens": c.evicted_tokens,
-            "over_evicted_tokens": c.over_evicted_tokens,
-            "overshoot_tokens": c.overshoot_tokens,
-            "prefill_tokens_computed": c.prefill_tokens_computed,
-            "retractions": c.retractions,
-            "aborted": c.aborted,
-            "pressure_events": c.pressure_events,
-            "steps": c.steps,
-            "output_tokens": c.output_tokens,
             "simulated_s": round(self.simulated_s, 6),
             "output_tokens_per_s": round(c.output_tokens / self.simulated_s, 3) if self.simulated_s else 0.0,
-            "eviction": self.config.eviction,
-            "page_size": self.config.page_size,
-            "kv_tokens": self.config.kv_tokens,
-            "policy": self.config.policy,
         }
+        measured = {key: derived[key] if key in derived else getattr(c, key) for key in RESULT_KEYS}
+        return {**measured, **{key: getattr(self.config, key) for key in CONFIG_KEYS}}

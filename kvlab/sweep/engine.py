@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.procs import die_with_parent
+from kvlab.sched import RequestLike
 from kvlab.sweep.grid import SweepError
 from kvlab.sweep.point import Point, run_point
 
@@ -49,7 +50,7 @@ def available_cpus() -> int:
 _WORKER_STATE: dict[str, Any] = {}  # in a pool worker: the sweep's requests and extra config, set once
 
 
-def _init_worker(requests: Sequence[Any], extra: dict, parent_pid: int) -> None:
+def _init_worker(requests: Sequence[RequestLike], extra: dict, parent_pid: int) -> None:
     # A worker holds ~370 MB and nothing worth saving: it dies with the sweep, even one killed by SIGKILL (its
     # multiprocessing resource tracker then sees every end of its pipe closed and exits too).
     die_with_parent(parent_pid, signal.SIGKILL)
@@ -82,7 +83,7 @@ class LocalEngine:
         pool = self._pool
         return [p.pid for p in list(getattr(pool, "_processes", {}).values())] if pool is not None else []
 
-    def run(self, requests: Sequence[Any], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
+    def run(self, requests: Sequence[RequestLike], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
         if self.workers == 1:
             for index, point in enumerate(tasks):
                 on_result(Finished(index, run_point(requests, point, **extra), os.getpid(), socket.gethostname()))
@@ -169,7 +170,7 @@ class RayEngine:
         self.ray = import_ray()
         self.address, self.workers, self.max_retries = address, workers, max_retries
 
-    def run(self, requests: Sequence[Any], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
+    def run(self, requests: Sequence[RequestLike], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
         ray = self.ray
         started = not ray.is_initialized()
         if started:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvlab.errors import KvlabError
+from kvlab.sched import RequestLike
 from kvlab.sweep.point import Point, default_kv_tokens
 
 MODES = ("shortfall", "full")
@@ -91,7 +92,7 @@ class Grid:
             kv_pages=None if self.kv_pages is None else _positive_ints(self.kv_pages, "--kv-pages"),
             kv_tokens=None if self.kv_tokens is None else _positive_ints(self.kv_tokens, "--kv-tokens"))
 
-    def pools(self, requests: Sequence[Any], page_size: int) -> tuple[int, ...]:
+    def pools(self, requests: Sequence[RequestLike], page_size: int) -> tuple[int, ...]:
         """The pool sizes in tokens at ``page_size``."""
         if self.kv_pages is not None:
             return tuple(pages * page_size for pages in self.kv_pages)
@@ -99,7 +100,7 @@ class Grid:
             return self.kv_tokens
         return (default_kv_tokens(requests, page_size),)
 
-    def points(self, requests: Sequence[Any]) -> list[Point]:
+    def points(self, requests: Sequence[RequestLike]) -> list[Point]:
         """Every point in grid order, after checking that each can run: a pool of whole pages that holds the
         longest request alone. Raises :class:`SweepError` naming the first value that cannot."""
         from kvlab.sched import min_kv_tokens

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvlab.sched import RequestLike
 from kvlab.sweep.engine import Finished, make_engine
 from kvlab.sweep.grid import Grid, SweepError
 from kvlab.sweep.point import TIMING_COLUMNS, Point
@@ -70,7 +71,7 @@ def _row(source: str, seed: int, point: Point, totals: dict) -> dict:
     return {c: values[c] for c in COLUMNS}
 
 
-def run_sweep(requests: Sequence[Any], grid: Grid, *, source: str = "requests", seed: int = 0,
+def run_sweep(requests: Sequence[RequestLike], grid: Grid, *, source: str = "requests", seed: int = 0,
               engine: str | Any = "local", workers: int | None = None, ray_address: str | None = None,
               out: str | os.PathLike | None = None, progress: bool | None = None, extra: dict | None = None,
               on_row: Callable[[dict, Finished], None] | None = None) -> SweepRun:

@@ -34,7 +34,7 @@ def test_runs_keep_invariants_and_reject_bad_input():
 def test_state_frame_marks_tombstones_and_follows_eviction():
     cache, _ = h.resume_scenario()
     frame = h.state_frame(cache).set_index("id")
-    nodes = {n.id: n for n in cache._nodes()}
+    nodes = {n.id: n for n in cache.nodes()}
     assert set(frame.index) == set(nodes)
     for node_id, row in frame.iterrows():
         assert bool(row["has_state"]) == (nodes[node_id].mamba_value is not None)

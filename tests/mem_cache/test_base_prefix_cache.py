@@ -55,9 +55,10 @@ def test_every_tree_satisfies_the_protocol_structurally(kind):
 
 
 # The contract's members, spelled out: a namespace holding all of them is a BasePrefixCache.
-CONTRACT = ("req_to_token_pool", "token_to_kv_pool_allocator", "page_size", "disable", "root_node", "reset",
-            "match_prefix", "inc_lock_ref", "dec_lock_ref", "lock", "unlock", "evict", "evictable_size",
-            "protected_size", "total_size", "path_device_indices", "pretty_print", "check_invariants")
+CONTRACT = ("req_to_token_pool", "token_to_kv_pool_allocator", "page_size", "disable", "root_node", "kind",
+            "state_pool", "reset", "match_prefix", "insert_slots", "nodes", "inc_lock_ref", "dec_lock_ref", "lock",
+            "unlock", "evict", "evictable_size", "protected_size", "total_size", "path_device_indices",
+            "pretty_print", "check_invariants")
 
 
 @pytest.mark.parametrize("missing", CONTRACT)
@@ -149,6 +150,43 @@ def test_mamba_state_already_there_is_handed_back():
     assert cache.mamba_pool.used_size() == cache.mamba_total_size() == 1
     cache.check_invariants()
     cache.mamba_pool.check_invariants()
+
+
+@pytest.mark.parametrize("kind", MAKERS)
+def test_insert_slots_is_one_insert_every_tree_takes(kind):
+    """The contract's insert: the caller's duplicates past ``prev_prefix_len`` go back to the pool on every tree
+    (a plain RadixCache's own ``insert`` leaves them to the caller), and a state slot is taken exactly where the
+    tree has a ``state_pool``."""
+    cache = MAKERS[kind]()
+    assert cache.kind == kind
+    alloc, states = cache.token_to_kv_pool_allocator, cache.state_pool
+    assert (states is not None) == (kind == "mamba")
+
+    def slot():
+        return None if states is None else int(states.alloc(1)[0])
+
+    capacity = _available(cache)
+    res = cache.insert_slots([1, 2, 3, 4], alloc.alloc(4), state_slot=slot())
+    assert res == (0, False)
+    dup = alloc.alloc(4)  # a second request computed the same four tokens itself
+    res = cache.insert_slots([1, 2, 3, 4], dup, state_slot=slot())
+    assert res.prefix_len == 4 and res.state_exist == (kind == "mamba")
+    assert _available(cache) + cache.total_size() == capacity  # the four duplicates were freed
+    assert not bool(alloc.is_allocated(dup).any())
+    assert {n.id for n in cache.nodes()} == {cache.root_node.id, *(n.id for n in cache.root_node.children.values())}
+    cache.check_invariants()
+    wrong = 7 if states is None else None
+    with pytest.raises(ValueError, match="state_slot"):
+        cache.insert_slots([5, 6], alloc.alloc(2), state_slot=wrong)
+
+
+def test_every_allocator_is_a_kv_allocator():
+    from kvlab.mem_cache.allocator import KVAllocator
+
+    for alloc in (TokenToKVPoolAllocator(16), PagedTokenToKVPoolAllocator(16, 4),
+                  SWATokenToKVPoolAllocator(16, 16, page_size=1)):
+        assert isinstance(alloc, KVAllocator)
+    assert not isinstance(MambaPool(4), KVAllocator)  # a state pool is not a token-slot allocator
 
 
 def test_key_must_be_whole_pages():

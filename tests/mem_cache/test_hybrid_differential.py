@@ -224,7 +224,7 @@ def test_scenarios_exercise_tombstones_and_pressure():
             rec = r.run(op)
             failed += rec.get("ok") is False
             if sc["kind"] == "swa":
-                tomb += sum(x.swa_tombstone for x in r.cache._nodes())
+                tomb += sum(x.swa_tombstone for x in r.cache.nodes())
         if sc["kind"] == "mamba":
-            lost_states += sum(x.mamba_value is None for x in r.cache._nodes() if x is not r.cache.root_node)
+            lost_states += sum(x.mamba_value is None for x in r.cache.nodes() if x is not r.cache.root_node)
     assert tomb > 0 and failed > 0 and lost_states > 0

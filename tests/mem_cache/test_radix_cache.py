@@ -246,27 +246,30 @@ def test_evict_overshoots_by_less_than_one_leaf_and_stops_when_empty():
     assert alloc.available_size() == 64
 
 
-def test_evict_cost_does_not_rescan_all_leaves():
+def test_evict_cost_does_not_rescan_all_leaves(monkeypatch):
     """SGLang computes a priority for every evictable leaf on every evict() call; kvlab computes
     one only when a leaf becomes evictable or its fields change."""
+    from kvlab.mem_cache.evict_policy import LRUStrategy
+
+    calls = 0
+    prio = LRUStrategy.get_priority
+
+    def counting(strategy, node):
+        nonlocal calls
+        calls += 1
+        return prio(strategy, node)
+
+    monkeypatch.setattr(LRUStrategy, "get_priority", counting)  # before the tree binds it
     alloc, cache = make(size=5000)
     for i in range(5000):
         cache.insert([i], alloc.alloc(1))
+    assert calls >= 5000  # one per leaf as it became evictable: the counter sees the tree's calls
     calls = 0
-    prio = cache._prio
-
-    def counting(node):
-        nonlocal calls
-        calls += 1
-        return prio(node)
-
-    cache._prio = counting
     for _ in range(100):
         assert cache.evict(EvictParams(num_tokens=1)).evicted_tokens == 1
     assert calls == 0  # no rescans; the first 100 inserted (LRU) are gone
     assert cache.match_prefix([99]).device_prefix_len == 0
     assert cache.match_prefix([100]).device_prefix_len == 1
-    cache._prio = prio
     cache.check_invariants()
 
 

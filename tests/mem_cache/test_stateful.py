@@ -153,7 +153,7 @@ class CacheMachine(RuleBasedStateMachine):
         alloc.check_invariants()
         self.runner.check_conservation()
         assert cache.evictable_size() + cache.protected_size() == cache.total_size()
-        assert all(n.lock_ref >= 0 for n in cache._nodes())
+        assert all(n.lock_ref >= 0 for n in cache.nodes())
         # evictions drop model entries whose slots left the tree (leaves first, so it stays closed)
         cached = set(cache.all_values_flatten().tolist())
         self.model = {k: v for k, v in self.model.items() if v[0] in cached}

@@ -66,7 +66,7 @@ def test_mamba_states_and_swa_tombstones_are_columns():
 
     cache, _ = hybrid_caches.resume_scenario()
     frame = tree_frame(cache, names="spans").set_index("id")
-    for node in cache._nodes():
+    for node in cache.nodes():
         if node is cache.root_node:
             continue
         row = frame.loc[node.id]
@@ -77,7 +77,18 @@ def test_mamba_states_and_swa_tombstones_are_columns():
     _, event = hybrid_caches.swa_walkthrough()
     swa_cache, _ = hybrid_caches.swa_walkthrough()
     swa = tree_frame(swa_cache, names="spans")
-    tombstones = {n.id for n in swa_cache._nodes() if n.swa_tombstone}
+    tombstones = {n.id for n in swa_cache.nodes() if n.swa_tombstone}
     assert set(swa.loc[swa["swa_tombstone"], "id"]) == tombstones and len(tombstones) == event.tombstones
     assert (swa.loc[swa["swa_tombstone"], "state"] == "SWA tombstone").all()
     assert not swa["has_state"].any()
+
+
+def test_the_view_reads_the_tree_kind_not_its_attributes():
+    """A plain radix tree that happens to carry an attribute of a hybrid tree is still read as plain (the view
+    once guessed the kind from ``mamba_pool`` / ``sliding_window_size``, and then read node fields it lacks)."""
+    cache = RadixCache(token_to_kv_pool_allocator=TokenToKVPoolAllocator(32))
+    cache.insert([1, 2, 3], cache.token_to_kv_pool_allocator.alloc(3))
+    cache.sliding_window_size = 4  # e.g. a notebook noting the window it means to compare with
+    frame = tree_frame(cache)
+    assert cache.kind == "radix"
+    assert list(frame["state"]) == ["", ""] and not frame["swa_tombstone"].any()

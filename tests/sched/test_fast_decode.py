@@ -110,9 +110,9 @@ def test_random_workloads_match_the_plain_loop(seed, page_size, mode, policy, gr
 def test_clipped_outputs_count_the_clip_until_they_fall_under_it(monkeypatch):
     """Outputs longer than CLIP_MAX_NEW_TOKENS enter the prefill budget's offset clipped; the fast path
     tracks when each falls under the clip. A small clip makes that happen within a short run."""
-    import kvlab.sched.scheduler as sched
+    import kvlab.sched.config as sched_config
 
-    monkeypatch.setattr(sched, "CLIP_MAX_NEW_TOKENS", 5)
+    monkeypatch.setattr(sched_config, "CLIP_MAX_NEW_TOKENS", 5)
     rng = random.Random(3)
     reqs = [Req(f"r{i}", i * 0.01, tuple(rng.randrange(1, 40) for _ in range(rng.randrange(4, 30))),
                 rng.randrange(1, 30)) for i in range(30)]

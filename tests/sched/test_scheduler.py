@@ -143,3 +143,35 @@ def test_totals_are_typed_and_the_json_keeps_its_keys(both_modes):
     counted = {k: v for k, v in res.counts.as_dict().items() if k in t}
     assert counted == {k: t[k] for k in counted} and len(counted) == len(res.counts.as_dict())
     assert t["hit_rate"] == round(res.counts.cached_prompt_tokens / res.counts.prompt_tokens, 6)
+
+
+def test_components_work_outside_a_run():
+    """Every counter exists from construction (a prefill scheduled or a request finished outside ``run`` used to
+    raise AttributeError: the step counters first appeared inside the loop). One prefill step by hand: the batch
+    is admitted with its hits noted, runs, and the requests that are not done start decoding."""
+    from kvlab.sched import Scheduler
+
+    reqs = shared_prefix(1, 3, 32, 8, 4)
+    sched = Scheduler(SchedulerConfig(kv_tokens=4096), reqs)
+    sched.waiting.extend(sched.pending)
+    sched.pending.clear()
+    assert (sched.ledger.step_hits, sched.ledger.step_finished, sched.ledger.totals.steps) == (0, 0, 0)
+    batch = sched.prefill.schedule(sched.waiting, sched.running, None, lambda: 0.0)
+    assert len(batch.reqs) == 3 and batch.chunked is None and not sched.waiting
+    started = sched.prefill.run(batch)
+    assert started == batch.reqs and all(len(r.output_ids) == 1 for r in started)
+    assert sched.ledger.totals.prefill_tokens_computed == 3 * 40 and sched.ledger.totals.output_tokens == 3
+    sched.kv.finish(started[0])
+    assert sched.ledger.step_finished == 1
+    sched.running.extend(started[1:])
+    sched.check_invariants()
+
+
+def test_totals_keys_are_declared_once(both_modes):
+    """``totals()`` is keyed by TOTALS_KEYS; a sweep's columns are its RESULT_KEYS (the config keys apart)."""
+    from kvlab.sched import RESULT_KEYS, TOTALS_KEYS
+    from kvlab.sweep.point import TOTAL_COLUMNS
+
+    assert list(both_modes["full"].totals()) == list(TOTALS_KEYS)
+    assert TOTAL_COLUMNS == RESULT_KEYS == TOTALS_KEYS[: len(RESULT_KEYS)]
+    assert set(TOTALS_KEYS) - set(RESULT_KEYS) == {"eviction", "page_size", "kv_tokens", "policy"}

@@ -1,0 +1,190 @@
+"""The scheduler's one view of memory: the slot allocator, the request-to-token rows, the radix tree and the eviction
+mode, with SGLang's flows over them (match, extend and decode allocation, caching a request into the tree).
+
+Every ``evict_from_tree_cache`` call goes through here with the run's eviction mode, the only switch between the two
+arms of finding 2, and is reported to the :class:`~kvlab.sched.ledger.Ledger`, so no call site can forget either.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+import torch
+
+from kvlab.errors import require
+from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvlab.mem_cache.common import (
+    alloc_paged_token_slots_decode,
+    alloc_paged_token_slots_extend,
+    alloc_token_slots,
+    evict_from_tree_cache,
+    release_kv_cache,
+)
+from kvlab.mem_cache.memory_pool import ReqToTokenPool
+from kvlab.mem_cache.radix_cache import RadixCache
+from kvlab.sched.config import SchedulerConfig
+from kvlab.sched.ledger import Ledger, PoolSizes
+from kvlab.sched.request import SimReq
+from kvlab.units import align_down, align_up
+
+
+class SchedulerKV:
+    """Pools and tree of one run. ``allocator`` is a :class:`TokenToKVPoolAllocator` at page size 1 and a
+    :class:`PagedTokenToKVPoolAllocator` otherwise; ``req_to_token`` is ``req_to_token_pool.req_to_token`` (one
+    row of KV slots per request)."""
+
+    def __init__(self, config: SchedulerConfig, longest_request_tokens: int, ledger: Ledger) -> None:
+        ps = self.page_size = config.page_size
+        self.kv_tokens = config.kv_tokens
+        self.eviction = config.eviction
+        self.ledger = ledger
+        if ps == 1:
+            self.allocator = TokenToKVPoolAllocator(config.kv_tokens)
+        else:
+            self.allocator = PagedTokenToKVPoolAllocator(config.kv_tokens, ps)
+        self.req_to_token_pool = ReqToTokenPool(config.max_running + 1, align_up(longest_request_tokens, ps) + ps)
+        self.req_to_token = self.req_to_token_pool.req_to_token
+        self.tree = RadixCache(self.req_to_token_pool, self.allocator, page_size=ps, eviction_policy=config.policy)
+
+    # ---- sizes ----------------------------------------------------------------------------------
+    def available(self) -> int:
+        return self.allocator.available_size()
+
+    def evictable(self) -> int:
+        return self.tree.evictable_size()
+
+    def sizes(self) -> PoolSizes:
+        tree = self.tree  # read once per step: the tree's public size counters, without two method calls
+        return PoolSizes(self.allocator.available_size(), tree.evictable_size_, tree.protected_size_)
+
+    # ---- eviction -------------------------------------------------------------------------------
+    def evict(self, tokens: int) -> None:
+        """``evict_from_tree_cache(tree, tokens, mode)``, noted in the ledger."""
+        self.ledger.note_eviction(evict_from_tree_cache(self.tree, tokens, self.eviction))
+
+    def reserve(self, tokens: int) -> bool:
+        """``check_decode_mem`` once the need is known: evict for ``tokens``; does the pool now hold them?"""
+        self.evict(tokens)
+        return self.allocator.available_size() >= tokens
+
+    # ---- prefill --------------------------------------------------------------------------------
+    def match(self, req: SimReq) -> None:
+        """``Req.init_next_round_input``: match with the input − 1 cap, page aligned."""
+        if not req.origin_input_ids:  # token arrays: the tree matches them without a conversion
+            to_array = getattr(req.prompt, "to_array", None)  # kvlab.workloads.TokenSequence has one
+            req.origin_input_ids = to_array() if to_array else array("q", req.prompt)
+        # a first admission matches the prompt itself (nothing mutates fill_ids in place)
+        req.fill_ids = req.origin_input_ids + array("q", req.output_ids) if req.output_ids else req.origin_input_ids
+        cap = align_down(len(req.fill_ids) - 1, self.page_size)
+        m = self.tree.match_prefix(req.fill_ids[:cap])
+        req.prefix_indices = m.device_indices
+        req.prefix_len = m.device_prefix_len
+        req.last_node = m.last_device_node
+        req.cache_protected_len = req.prefix_len
+        req.kv_len = req.prefix_len
+
+    def lock(self, req: SimReq) -> None:
+        """Lock the request's matched prefix (``inc_lock_ref(req.last_node)``)."""
+        self.tree.inc_lock_ref(req.last_node)
+
+    def unlock(self, req: SimReq) -> None:
+        self.tree.dec_lock_ref(req.last_node)
+
+    def alloc_extend(self, batch: Sequence[SimReq]) -> None:
+        """A row per new request, the matched prefix copied into it, then slots for every ``extend_len``."""
+        ps, rows = self.page_size, self.req_to_token
+        if self.req_to_token_pool.alloc(batch) is None:
+            raise RuntimeError("request rows exhausted (max_running too small for the batch)")
+        for req in batch:  # the matched prefix's slots go into the row first
+            if req.kv_len == req.prefix_len and req.prefix_len:
+                rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len]  # copy_ casts
+        if ps == 1:
+            result = alloc_token_slots(self.tree, sum(r.extend_len for r in batch), self.eviction)
+        else:
+            last = [int(rows[r.req_pool_idx, r.kv_len - 1]) if r.kv_len else -1 for r in batch]
+            result = alloc_paged_token_slots_extend(
+                self.tree, [r.kv_len for r in batch], [r.kv_len + r.extend_len for r in batch], last, self.eviction)
+        self.ledger.note_eviction(result.evict)
+        if result.out_cache_loc is None:
+            raise RuntimeError(
+                f"Prefill out of memory: {sum(r.extend_len for r in batch)} tokens wanted, "
+                f"{self.allocator.available_size()} available, {self.tree.evictable_size()} evictable")
+        start = 0
+        for req in batch:
+            loc = result.out_cache_loc[start : start + req.extend_len]
+            rows[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = loc  # int64 -> int32 in the copy
+            start += req.extend_len
+
+    def cache_chunk(self, req: SimReq) -> None:
+        """A chunked request's computed part goes into the tree (``cache_unfinished_req(chunked=True)``)."""
+        saved = req.fill_ids
+        req.fill_ids = saved[: req.kv_len]
+        self.tree.cache_unfinished_req(req, chunked=True)
+        req.fill_ids = saved
+
+    def cache_unfinished(self, req: SimReq) -> None:
+        self.tree.cache_unfinished_req(req)
+
+    # ---- decode ---------------------------------------------------------------------------------
+    def alloc_decode(self, running: Sequence[SimReq]) -> None:
+        """One slot per running request for the KV of its last emitted token (evicting first), written into its
+        row; each request's ``kv_len`` becomes its ``seq_len``."""
+        rows = self.req_to_token
+        if self.page_size == 1:
+            result = alloc_token_slots(self.tree, len(running), self.eviction)
+        else:
+            last = [int(rows[r.req_pool_idx, r.seq_len - 2]) for r in running]
+            result = alloc_paged_token_slots_decode(self.tree, [r.seq_len for r in running], last, self.eviction)
+        self.ledger.note_eviction(result.evict)
+        if result.out_cache_loc is None:
+            raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
+                               f"{self.allocator.available_size()} slots available")
+        for req, loc in zip(running, result.out_cache_loc.tolist()):
+            rows[req.req_pool_idx, req.seq_len - 1] = loc  # KV of the last emitted token
+            req.kv_len = req.seq_len
+
+    def take_decode_pages(self, batch_size: int, num_pages: int) -> list[int]:
+        """The page take of a paged decode round (``alloc_decode_pages``): ``num_pages`` page ids."""
+        pages = self.allocator.alloc_decode_pages(batch_size, num_pages)
+        if pages is None:
+            raise RuntimeError(f"Decode out of memory: {batch_size} requests, "
+                               f"{self.allocator.available_size()} slots available")
+        return pages.tolist()
+
+    def row(self, req: SimReq) -> torch.Tensor:
+        """The request's row of ``req_to_token`` (a view: writes go to the pool)."""
+        return self.req_to_token[req.req_pool_idx]
+
+    # ---- leaving --------------------------------------------------------------------------------
+    def finish(self, req: SimReq) -> None:
+        """``release_kv_cache``: prompt + outputs cached into the tree, the row freed; noted as finished."""
+        release_kv_cache(req, self.tree)  # reads origin_input_ids + output_ids (fill_ids is not needed)
+        req.origin_input_ids, req.fill_ids, req.output_ids = [], [], []  # the tree holds what is worth keeping
+        self.ledger.note_finished()
+
+    def release_retracted(self, req: SimReq) -> None:
+        """A retracted request gives its slots back without caching them (``is_insert=False``)."""
+        release_kv_cache(req, self.tree, is_insert=False)
+        req.prefix_indices = torch.empty(0, dtype=torch.int64)
+        req.kv_len = req.prefix_len = 0
+
+    def release_aborted(self, req: SimReq) -> None:
+        release_kv_cache(req, self.tree, is_insert=False)
+
+    def check_invariants(self, held_tokens: int) -> None:
+        """Pools and tree consistent, and every slot accounted for exactly once (``held_tokens``: what running and
+        chunked requests hold beyond the tree)."""
+        self.allocator.check_invariants()
+        self.req_to_token_pool.check_invariants()
+        self.tree.check_invariants()
+        owned = self.allocator.available_size() + self.tree.total_size() + held_tokens
+        # ``held`` counts tokens; a paged request's partly filled last page is a whole page of the pool, so
+        # the exact count is checked at page 1.
+        require(self.page_size != 1 or owned == self.kv_tokens,
+                "no slot leak: available + cached + held by requests == kv_tokens",
+                available=self.allocator.available_size(), cached=self.tree.total_size(), held=held_tokens,
+                kv_tokens=self.kv_tokens)
+        require(self.tree.evictable_size() + self.tree.protected_size() == self.tree.total_size(),
+                "evictable + protected == cached", evictable=self.tree.evictable_size(),
+                protected=self.tree.protected_size(), cached=self.tree.total_size())

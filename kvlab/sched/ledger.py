@@ -1,0 +1,138 @@
+"""The run's record: the :class:`~kvlab.sched.result.Totals`, the modelled clock, the per-step counters and the
+per-step rows, in one object that every component reports to.
+
+A step of the loop opens with :meth:`Ledger.begin_step` (the step's counters back to zero), the components note what
+they did (evictions, first-admission hits, prefill tokens, emitted tokens, finished requests), and
+:meth:`Ledger.end_step` advances the clock and the step count and appends the step's row.
+:meth:`Ledger.quiet_decode_steps` is the one place that writes *quiet* decode steps: steps in which nothing but the
+counters moves (the event-driven decode rounds skip the loop for them, :mod:`kvlab.sched.fast_decode`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from kvlab.mem_cache.base_prefix_cache import EvictResult
+from kvlab.sched.request import SimReq
+from kvlab.sched.result import Totals
+
+_NO_EVICTION = EvictResult()  # frozen: a step's eviction before anything was noted
+
+
+class PoolSizes(NamedTuple):
+    """What a row shows of memory, in tokens: free in the allocator, cached and evictable, cached and locked."""
+
+    available_tokens: int
+    evictable_tokens: int
+    protected_tokens: int
+
+
+class Ledger:
+    """Totals, clock and rows of one run. ``now_s`` is the modelled server's clock (the cost model), not wall time;
+    ``decode_rounds`` counts the decode rounds run so far (the event-driven rounds key their events by it)."""
+
+    def __init__(self, totals: Totals) -> None:
+        self.totals = totals
+        self.rows: list[dict] = []
+        self.now_s = 0.0
+        self.decode_rounds = 0
+        self.begin_step()
+
+    # ---- one step -------------------------------------------------------------------------------
+    def begin_step(self) -> None:
+        """Zero the step's counters: its eviction, first-admission hits, pressure events and finished requests."""
+        self.step_evict = _NO_EVICTION
+        self.step_hits = 0
+        self.step_pressure = 0  # evict_from_tree_cache calls that were short, this step
+        self.step_finished = 0
+
+    def note_eviction(self, ev: EvictResult) -> None:
+        """One ``evict_from_tree_cache`` call: a pressure event when it asked the tree for anything."""
+        if not (ev.requested_tokens or ev.shortfall_tokens or ev.evicted_tokens):
+            return  # no pressure (most calls): nothing to add
+        t = self.totals
+        if ev.requested_tokens:
+            t.pressure_events += 1
+            self.step_pressure += 1
+        t.evicted_tokens += ev.evicted_tokens
+        t.over_evicted_tokens += ev.over_evicted_tokens
+        t.overshoot_tokens += ev.overshoot_tokens
+        s = self.step_evict
+        self.step_evict = EvictResult(
+            shortfall_tokens=s.shortfall_tokens + ev.shortfall_tokens,
+            requested_tokens=s.requested_tokens + ev.requested_tokens,
+            evicted_tokens=s.evicted_tokens + ev.evicted_tokens,
+            over_evicted_tokens=s.over_evicted_tokens + ev.over_evicted_tokens,
+            overshoot_tokens=s.overshoot_tokens + ev.overshoot_tokens)
+
+    def note_first_admission(self, matched_prompt_tokens: int, page_size: int) -> None:
+        """A request admitted for the first time found ``matched_prompt_tokens`` of its prompt cached."""
+        self.totals.cached_prompt_tokens += matched_prompt_tokens
+        self.totals.hit_pages += matched_prompt_tokens // page_size
+        self.step_hits += matched_prompt_tokens
+
+    def note_prefill(self, tokens_computed: int) -> None:
+        self.totals.prefill_tokens_computed += tokens_computed
+
+    def emit(self, req: SimReq) -> None:
+        """``req`` emits its next planned output token."""
+        req.output_ids.append(req.planned_output[len(req.output_ids)])
+        self.totals.output_tokens += 1
+
+    def note_decode_round(self, unwritten_tokens: int = 0) -> None:
+        """A decode round ran; ``unwritten_tokens``: tokens it emitted that :meth:`emit` did not count (the
+        event-driven rounds write outputs out later)."""
+        self.decode_rounds += 1
+        self.totals.output_tokens += unwritten_tokens
+
+    def note_finished(self) -> None:
+        self.step_finished += 1
+
+    def note_retracted(self, count: int) -> None:
+        self.totals.retractions += count
+
+    def note_aborted(self) -> None:
+        self.totals.aborted += 1
+
+    def row(self, kind: str, prefill_tokens: int, retracted: int, sizes: PoolSizes, running: int,
+            waiting: int) -> dict:
+        """The per-step metrics row (one per step of the loop)."""
+        ev, totals = self.step_evict, self.totals
+        return {
+            "step": totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self.step_hits,
+            "prefill_tokens": prefill_tokens, "pressure_events": self.step_pressure,
+            "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
+            "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
+            "available_tokens": sizes.available_tokens, "evictable_tokens": sizes.evictable_tokens,
+            "protected_tokens": sizes.protected_tokens, "running": running,
+            "waiting": waiting, "retracted": retracted, "finished": self.step_finished,
+            "cached_prompt_tokens": totals.cached_prompt_tokens,
+        }
+
+    def end_step(self, kind: str, dt_s: float, prefill_tokens: int, retracted: int, sizes: PoolSizes,
+                 running: int, waiting: int) -> None:
+        """Close the step: the clock advances by ``dt_s``, the step is counted and its row appended."""
+        self.now_s += dt_s
+        self.totals.steps += 1
+        self.rows.append(self.row(kind, prefill_tokens, retracted, sizes, running, waiting))
+
+    def quiet_decode_steps(self, batch: int, dt_s: float, max_steps: int, until_s: float, sizes: PoolSizes,
+                           waiting: int) -> int:
+        """Up to ``max_steps`` quiet decode steps of ``batch`` running requests, stopping once the clock reaches
+        ``until_s`` (the next arrival): each emits ``batch`` tokens, takes ``dt_s``, and its row is a decode row
+        that evicted, hit and finished nothing. Returns the number of steps written (the caller decays the
+        new-token ratio once per step)."""
+        self.begin_step()
+        template = self.row("decode", 0, 0, sizes, batch, waiting)
+        totals, rows = self.totals, self.rows
+        n = 0
+        while n < max_steps and self.now_s < until_s:
+            n += 1
+            totals.output_tokens += batch
+            self.now_s += dt_s
+            totals.steps += 1
+            row = template.copy()
+            row["step"], row["time_s"] = totals.steps, self.now_s
+            rows.append(row)
+        self.decode_rounds += n
+        return n

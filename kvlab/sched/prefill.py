@@ -1,0 +1,115 @@
+"""The prefill step: which waiting requests join the next batch (SGLang's ``PrefillAdder`` with
+``get_new_batch_prefill``: budget, prefix matching and locking, chunked prefill) and what running the batch does
+(``process_batch_result_prefill``: one token each, finished or cached as unfinished)."""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from kvlab.sched.config import SchedulerConfig
+from kvlab.sched.kv import SchedulerKV
+from kvlab.sched.ledger import Ledger
+from kvlab.sched.request import SimReq
+from kvlab.units import align_down, align_up
+
+
+class PrefillBatch(NamedTuple):
+    """The requests of one prefill step (each computes ``extend_len`` tokens) and the request whose prefill is
+    chunked after this step (``None`` when none is)."""
+
+    reqs: list[SimReq]
+    chunked: SimReq | None
+
+
+_EMPTY = PrefillBatch([], None)
+
+
+class PrefillAdder:
+    """Builds prefill batches against the run's pools; ``clip``: future tokens counted per running request, at
+    most (``CLIP_MAX_NEW_TOKENS``)."""
+
+    def __init__(self, config: SchedulerConfig, kv: SchedulerKV, ledger: Ledger, clip: int) -> None:
+        self.config, self.kv, self.ledger, self.clip = config, kv, ledger, clip
+        self.page_size = config.page_size
+
+    def idle(self, waiting: Sequence[SimReq], running: Sequence[SimReq], chunked: SimReq | None) -> bool:
+        """Nothing can join a batch: no chunk in progress, and nothing waits or the running batch is full."""
+        return chunked is None and (not waiting or len(running) >= self.config.max_running)
+
+    def schedule(self, waiting: deque[SimReq], running: Sequence[SimReq], chunked: SimReq | None,
+                 future_tokens: Callable[[], float]) -> PrefillBatch:
+        """The next batch: the chunk in progress first, then waiting requests in order while the budget holds.
+        ``future_tokens()``: the running requests' reserve (the new-token ratio times their clipped remaining
+        outputs), asked only when a batch can form. Admitted requests leave ``waiting``, locked."""
+        cfg, ps, kv = self.config, self.page_size, self.kv
+        if self.idle(waiting, running, chunked):
+            return _EMPTY  # the budget below has no side effect to skip
+        offset = future_tokens()
+        rem_input, rem_chunk = cfg.max_prefill_tokens, cfg.chunked_prefill_size
+        batch: list[SimReq] = []
+
+        if chunked is not None:  # add_chunked_req: the chunk in progress goes first
+            req = chunked
+            remaining = len(req.fill_ids) - req.kv_len
+            take = remaining if remaining <= rem_chunk else align_down(rem_chunk, ps)
+            req.extend_len = take
+            offset += align_up(take, ps) + ps
+            rem_input -= align_up(take, ps)
+            rem_chunk -= align_up(take, ps)
+            batch.append(req)
+            chunked = None if take == remaining else req
+        while waiting and chunked is None and rem_input > 0 and rem_chunk > 0:
+            if len(running) + len(batch) >= cfg.max_running:
+                break
+            req = waiting[0]
+            kv.match(req)
+            max_new = min(req.max_new_tokens - len(req.output_ids), self.clip)
+            extend = len(req.fill_ids) - req.prefix_len
+            kv.lock(req)  # temporary lock while the budget is read
+            fits = extend + max_new + ps < kv.available() + kv.evictable() - offset
+            kv.unlock(req)
+            if not fits:
+                break
+            chunks = align_up(extend, ps) > rem_chunk
+            if chunks:
+                extend = align_down(rem_chunk, ps)
+                max_new = 0
+                if extend <= 0:
+                    break
+            elif batch and align_up(extend, ps) >= rem_input:
+                break
+            waiting.popleft()
+            kv.lock(req)
+            req.extend_len = extend
+            offset += align_up(extend, ps) + ps + max_new
+            rem_input -= align_up(extend, ps)
+            rem_chunk -= align_up(extend, ps)
+            if not req.admitted:
+                req.admitted = True
+                self.ledger.note_first_admission(min(req.prefix_len, req.prompt_len), ps)
+            batch.append(req)
+            if chunks:
+                chunked = req
+        return PrefillBatch(batch, chunked)
+
+    def run(self, batch: PrefillBatch) -> list[SimReq]:
+        """Allocate and compute the batch: each request but the chunked one emits its first token, then finishes
+        or is cached as unfinished. Returns the requests that now decode, in batch order."""
+        kv, ledger = self.kv, self.ledger
+        kv.alloc_extend(batch.reqs)
+        started = []
+        for req in batch.reqs:
+            req.kv_len += req.extend_len
+            ledger.note_prefill(req.extend_len)
+            if req is batch.chunked:
+                kv.cache_chunk(req)
+                continue
+            ledger.emit(req)
+            if len(req.output_ids) >= req.max_new_tokens:
+                kv.finish(req)
+            else:
+                kv.cache_unfinished(req)
+                started.append(req)
+        return started

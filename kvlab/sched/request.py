@@ -1,0 +1,95 @@
+"""What the scheduler reads of a request (:class:`RequestLike`) and what it tracks while serving one (:class:`SimReq`).
+
+``kvlab.workloads.Request`` satisfies :class:`RequestLike`, and so does any object with the four fields (the tests
+use a small frozen dataclass). The simulator turns each into a :class:`SimReq`, which is SGLang's ``Req`` as the
+tree reads it (:class:`~kvlab.mem_cache.radix_cache.SimpleReq`) plus the scheduler's own counters.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from kvlab.mem_cache.radix_cache import SimpleReq
+
+
+class RequestLike(Protocol):
+    """A request as it arrives. ``output_len``: tokens to generate (0 runs as 1: a prefill yields one token).
+
+    An object may also carry ``output_token_ids`` (``kvlab.workloads.Request`` does): the tokens the request
+    generates, when the workload fixes them so that a later prompt can hit them; without it (or with fewer than
+    ``output_len``), the outputs are drawn from the request id (:class:`RandomOutput`)."""
+
+    @property
+    def rid(self) -> str: ...
+
+    @property
+    def arrival_time_s(self) -> float: ...
+
+    @property
+    def prompt_token_ids(self) -> Sequence[int]: ...
+
+    @property
+    def output_len(self) -> int: ...
+
+
+@dataclass(eq=False)
+class SimReq(SimpleReq):
+    """SGLang's ``Req`` fields the tree reads, plus what the simulator tracks."""
+
+    arrival_time_s: float = 0.0
+    prompt: Sequence[int] = ()  # the workload's tokens; copied into origin_input_ids on first admission
+    max_new_tokens: int = 1
+    planned_output: Sequence[int] = ()
+    prefix_len: int = 0  # matched at the last admission
+    kv_len: int = 0  # tokens of fill_ids whose KV is in the row
+    extend_len: int = 0  # tokens this prefill chunk computes
+    admitted: bool = False
+    retractions: int = 0
+    # fast_decode.DecodeState while the event-driven rounds run it (outputs and row not written out); None otherwise
+    decode_state: object | None = None
+
+    @classmethod
+    def of(cls, request: RequestLike) -> SimReq:
+        """The simulator's request for an arriving one (a prefill always yields the first token, so an output
+        of 0 runs as 1, prefill only)."""
+        return cls(rid=request.rid, origin_input_ids=[], prompt=request.prompt_token_ids,
+                   arrival_time_s=float(request.arrival_time_s), max_new_tokens=max(1, request.output_len),
+                   planned_output=planned_output(request))
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.prompt) + len(self.output_ids)
+
+
+def planned_output(request: RequestLike) -> Sequence[int]:
+    """The tokens ``request`` will emit: its own ``output_token_ids`` when it has enough, else drawn from its id."""
+    n = max(1, request.output_len)
+    tokens = getattr(request, "output_token_ids", None)  # optional (RequestLike's docstring)
+    if tokens is not None and len(tokens) >= n:
+        return tokens
+    return RandomOutput(f"kvlab-output:{request.rid}", n)
+
+
+class RandomOutput:
+    """Output tokens derived from the request id, drawn only when the request reaches decode."""
+
+    def __init__(self, seed: str, n: int) -> None:
+        self.seed, self.n, self._tokens = seed, n, None
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i):
+        if self._tokens is None:  # 30-bit tokens >= 1, from C-level random bytes
+            import numpy as np
+
+            raw = np.frombuffer(random.Random(self.seed).randbytes(4 * self.n), dtype=np.uint32)
+            self._tokens = ((raw >> 2) | 1).tolist()
+        return self._tokens[i]
