@@ -318,3 +318,18 @@ def test_the_two_tier_tree_keeps_the_prefix_cache_contract():
         cache.check_invariants()
     text = cache.pretty_print()
     assert " host" in text and " both" in text
+
+
+def test_insert_slots_frees_the_callers_duplicates_and_refuses_a_state_slot():
+    """The contract's insert: the second request's slots for the prefix already on the device go back to the
+    allocator; the tree owns the rest. A recurrent-state slot has no place in a two-tier KV tree."""
+    alloc, _, cache = make()
+    assert cache.insert_slots(list(range(8)), alloc.alloc(8)).prefix_len == 0
+    free_before = alloc.available_size()
+    result = cache.insert_slots(list(range(12)), alloc.alloc(12))
+    assert result.prefix_len == 8
+    assert alloc.available_size() == free_before - 12 + 8  # the 8 duplicates are back
+    assert cache.total_size() == 12
+    cache.check_invariants()
+    with pytest.raises(ValueError, match="state_slot"):
+        cache.insert_slots(list(range(4)), alloc.alloc(4), state_slot=0)
