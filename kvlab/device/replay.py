@@ -51,7 +51,7 @@ from kvlab.device.replay_report import OP_ALLOC, OP_FREE_REQUESTED, ReplayResult
 from kvlab.device.replay_seed import PENDING_STATES, infer_seed, segment_blocks
 from kvlab.device.replay_whatif import recorded_settings
 from kvlab.device.snapshot import Snapshot, SnapshotError, read_snapshot
-from kvlab.errors import KvlabError
+from kvlab.errors import InvariantError, KvlabError
 
 
 def _pool_id(value: Any) -> tuple:
@@ -158,7 +158,7 @@ def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, che
                     ops.append((OP_FREE_REQUESTED, sb.addr, -1))
         _fence(model)
         model.check_invariants()
-    except (KvlabError, ValueError) as exc:
+    except (KvlabError, InvariantError, ValueError) as exc:
         raise SnapshotError(f"{snap.source}: device {dev}: cannot replay: the allocator's state at the trace's "
                             f"first event could not be rebuilt from segments ({exc})") from None
     sink = _Sink()  # set as the model's recorder only around malloc and empty_cache: frees need no events
