@@ -40,8 +40,10 @@ for _name in fuzz.PROFILES:
     settings.register_profile(f"kvlab-{_name}", deadline=None, print_blob=True)
 settings.load_profile(f"kvlab-{fuzz.profile()}")
 
-CRASH_DIR = Path(tempfile.mkdtemp(prefix="kvlab-test-crashes-"))
-os.environ["KVLAB_CRASH_DIR"] = str(CRASH_DIR)  # set before any test runs, so every subprocess inherits it
+# One folder per test run, even where this file is imported twice (as conftest and as tests.conftest); set
+# before any test runs, so every subprocess inherits it
+CRASH_DIR = Path(os.environ.get("KVLAB_TEST_CRASH_DIR") or tempfile.mkdtemp(prefix="kvlab-test-crashes-"))
+os.environ["KVLAB_TEST_CRASH_DIR"] = os.environ["KVLAB_CRASH_DIR"] = str(CRASH_DIR)
 
 
 @pytest.fixture(autouse=True)
