@@ -512,6 +512,44 @@ def _unexpected(args: argparse.Namespace, exc: BaseException) -> int:
     return 3
 
 
+# (subcommand, attribute, how the error names it, what it must be): the inputs main() checks before running
+_FILE_INPUTS = (
+    ("replay", "snapshot", "{}", "file"),
+    ("simulate", "trace", "--trace {}", "file"),
+    ("sweep", "trace", "--trace {}", "file"),
+    ("explain-log", "log", "{}", "file"),
+    ("explain-log", "vllm_log", "--vllm-log {}", "file"),
+    ("explain-log", "model_config", "--model-config {}", "file or folder"),
+    ("report", "notebook_dir", "--notebook-dir {}", "folder"),
+    ("app", "notebook_dir", "--notebook-dir {}", "folder"),
+)
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Refuse a folder where a file goes (and a file where a folder goes), and anything that is not a regular
+    file (a FIFO blocks forever, ``/dev/zero`` never ends), naming the flag. A missing path is left to the
+    reader, whose message says what it looked for (``--model-config`` also takes a preset name)."""
+    import stat
+
+    for command, attr, shown, kind in _FILE_INPUTS:
+        path = getattr(args, attr, None) if args.command == command else None
+        if not path:
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise KvlabError(f"{shown.format(path)}: cannot be read ({exc.strerror or exc})") from None
+        name = shown.format(path)
+        if stat.S_ISDIR(mode) and "folder" not in kind:
+            raise KvlabError(f"{name}: is a folder, not a file; give the file itself")
+        if stat.S_ISREG(mode) and "file" not in kind:
+            raise KvlabError(f"{name}: is a file, not a folder; give the folder holding the notebooks")
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise KvlabError(f"{name}: is not a regular file (a FIFO, socket or device); give a {kind}")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; the one place that maps errors to exit codes.
 
@@ -524,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     if command is None:  # pragma: no cover - argparse refuses unknown commands first
         parser.error("unknown command")
     try:
+        check_inputs(args)
         return command(args)
     except (KvlabBug, RecursionError) as exc:  # a RecursionError is a RuntimeError, but never a message for a user
         return _unexpected(args, exc)

@@ -5,6 +5,8 @@ mistake."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -99,3 +101,48 @@ def test_the_real_console_script_exits_3_not_with_a_traceback(crashes):
     assert proc.returncode == 3, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert "DoubleFreeError: double free of slot 1" in proc.stderr and len(list(crashes.iterdir())) == 1
+
+
+LOG = REPO / "data" / "examples" / "server_logs" / "llama-3.1-8b-h100-sglang-0.5.23.log"
+
+
+def _file_inputs(where: Path) -> list[tuple[list[str], str]]:
+    """(argv, the name the error must give) for every subcommand input that must be a file, given ``where``."""
+    return [
+        (["replay", str(where)], f"{where}:"),
+        (["simulate", "--trace", str(where)], f"--trace {where}:"),
+        (["sweep", "--trace", str(where), "--kv-pages", "30"], f"--trace {where}:"),
+        (["explain-log", str(where)], f"{where}:"),
+        (["explain-log", str(LOG), "--compare-engines", "--vllm-log", str(where)], f"--vllm-log {where}:"),
+    ]
+
+
+def test_a_folder_where_a_file_goes_says_so(tmp_path, capsys):
+    folder = tmp_path / "inputs.pickle"
+    folder.mkdir()
+    for argv, name in _file_inputs(folder):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err == f"kvlab: error: {name} is a folder, not a file; give the file itself\n", (argv, err)
+    for argv in (["report", "--notebook-dir", str(LOG), "--out", str(tmp_path / "r")],
+                 ["app", "--notebook-dir", str(LOG), "--no-browser"]):
+        assert cli.main(argv) == 2
+        assert f"--notebook-dir {LOG}: is a file, not a folder" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_fifo_or_a_device_is_refused_at_once(tmp_path):
+    """A FIFO blocked the readers forever and /dev/zero never ends: both are refused before reading. (One child
+    process runs every case through ``cli.main``, so a reader that blocks fails the test by its timeout.)"""
+    fifo = tmp_path / "trace.jsonl"
+    os.mkfifo(fifo)
+    cases = [case for where in (fifo, Path("/dev/zero")) for case in _file_inputs(where) + [
+        (["explain-log", str(LOG), "--model-config", str(where)], f"--model-config {where}:")]]
+    script = ("import json, sys\nfrom kvlab.cli import main\n"
+              "for argv in json.loads(sys.argv[1]):\n    print(main(argv), flush=True, file=sys.stderr)\n")
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps([argv for argv, _ in cases])],
+                          capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    assert proc.returncode == 0 and len(lines) == 2 * len(cases), proc.stderr
+    for (argv, name), (message, code) in zip(cases, zip(lines[::2], lines[1::2])):
+        assert code == "2" and message.startswith(f"kvlab: error: {name} is not a regular file"), (argv, message)
