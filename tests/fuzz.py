@@ -36,6 +36,8 @@ EXAMPLES: dict[str, dict[str, int]] = {
     "fast_decode": {"ci": 150, "long": 700, "dev": 10},
     # tests/serving/test_log_roundtrip.py: one rendered start-up log per example, parsed back and explained
     "log_roundtrip": {"ci": 200, "long": 1000, "dev": 20},
+    # tests/test_cli_fuzz.py: one mutated snapshot, trace, log, config or sweep file through the real CLI per example
+    "cli_fuzz": {"ci": 2000, "long": 20000, "dev": 100},
 }
 # Rules per state-machine run (the upper bound; hypothesis draws the length). Same in every profile, so
 # the long profile explores more sequences of the same depth.

@@ -65,31 +65,46 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
     log = VLLMStartup(path)
     for number, line in enumerate(text.splitlines(), start=1):
         worker = _WORKER.search(line)
-        rank = int(worker.group(1) or worker.group(2)) if worker else 0
+        where = f"{path}:{number}"
+        rank = _reading(worker.group(1) or worker.group(2), where, "worker rank", int, 1 << 20) if worker else 0
         for name, pattern in _PATTERNS.items():
             m = pattern.search(line)
             if not m:
                 continue
             log.lines.setdefault(name, number)
             if name == "weights":
-                log.weights_gib[rank] = float(m.group(1))
+                log.weights_gib[rank] = _reading(m.group(1), where, "weights GiB", float)
             elif name in ("available", "kv_rest"):
-                log.available_gib.setdefault(rank, float(m.group(1)))
+                log.available_gib.setdefault(rank, _reading(m.group(1), where, "available GiB", float))
             elif name == "tokens":
-                log.tokens = int(m.group(1).replace(",", ""))
+                log.tokens = _reading(m.group(1), where, "KV cache tokens", int)
             elif name == "blocks":
-                log.blocks = int(m.group(1))
+                log.blocks = _reading(m.group(1), where, "KV cache blocks", int)
             elif name == "concurrency":
-                log.max_model_len = int(m.group(1).replace(",", ""))
+                log.max_model_len = _reading(m.group(1), where, "tokens per request", int)
             elif name == "version" and log.version is None:
                 log.version = m.group(1)
             elif name == "tp" and log.tp_size is None:
-                log.tp_size = int(m.group(1))
+                log.tp_size = _reading(m.group(1), where, "tensor_parallel_size", int, 1 << 16, minimum=1)
             elif name == "util" and log.gpu_memory_utilization is None:
-                log.gpu_memory_utilization = float(m.group(1) or m.group(2))
+                log.gpu_memory_utilization = _reading(m.group(1) or m.group(2), where, "gpu_memory_utilization", float, 1)
             elif name == "block" and log.block_size is None:
-                log.block_size = int(m.group(1))
+                log.block_size = _reading(m.group(1), where, "block_size", int, 1 << 20, minimum=1)
     return log
+
+
+def _reading(text: str, where: str, what: str, kind: type, limit: float = 1e12, minimum: float = 0):
+    """A number the log printed, as ``kind``, in [minimum, limit]; anything else (400 digits, a zero block size)
+    is a :class:`LogError` naming file:line, the reading and the value."""
+    try:
+        value = kind(text.replace(",", ""))
+    except ValueError:
+        value = None
+    if value is None or not minimum <= value <= limit:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise LogError(f"{where}: {what} {shown!r} is not a reading kvlab can use (expected a number in "
+                       f"[{minimum:g}, {limit:g}])")
+    return value
 
 
 def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
@@ -106,6 +121,9 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
     if logged is None and log.blocks is not None:
         logged = log.blocks * block
     avail = min(log.available_gib.values())
+    if not 0 < avail < 1e6:  # GiB: a zero, negative or absurd reading leaves no pool to recompute
+        raise LogError(f"{log.path}: 'Available KV cache memory: {avail} GiB' is not a pool kvlab can recompute "
+                       f"(expected a positive size under a million GiB)")
     tp = log.tp_size or 1 + max(log.available_gib)
     if model_config is not None:
         heads = max(1, model_config.num_kv_heads // tp)
@@ -119,6 +137,9 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         source = f"config {model_config.source or model_config.name} at TP {tp}, {model_config.kv_dtype} KV"
     elif logged:
         cell = round(avail * GiB / logged)
+        if cell < 1:
+            raise LogError(f"{log.path}: {avail} GiB of KV memory for {logged:,} tokens is under one byte per token: "
+                           f"the log's readings disagree")
         cell_lo, cell_hi = int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
         source = "from the log's available KV memory over its token count (no config given: only a consistency check)"
     else:
