@@ -74,6 +74,8 @@ def test_a_shared_reference_bomb_is_refused_at_once(tmp_path, capsys):
     (lambda raw: raw["segments"][0]["blocks"][0].update(state=["active_allocated"]),
      "segments[0].blocks[0].state: unknown block state list ['active_allocated']"),
     (lambda raw: raw["device_traces"][0][0].update(action={"alloc": 1}), "device_traces[0][0].action: unknown action"),
+    (lambda raw: raw["device_traces"][0][1].update(time_us=10 ** 400),
+     "device_traces[0][1].time_us: expected microseconds, a non-negative int under 2**63, got 1000"),
     (lambda raw: raw["allocator_settings"].update(max_split_size="20MB"),
      "allocator_settings.max_split_size: expected an int (-1: unlimited), got '20MB'"),
     (lambda raw: raw["allocator_settings"].update(max_split_size=float("inf")),
@@ -115,6 +117,8 @@ def test_a_trace_number_beyond_reason_is_named(line, needle, tmp_path, capsys):
 
 @pytest.mark.parametrize("text, needle", [
     ('{"a":' * 50_000 + "1" + "}" * 50_000, "JSON nested too deeply"),
+    (json.dumps({**json.loads(CONFIG.read_text()), "num_attention_heads": 2 ** 200}),
+     "field 'num_attention_heads' must be at most 2**40, got 16069380442589902755"),
     (json.dumps({**json.loads(CONFIG.read_text()), "architectures": [1.5]}), "architectures[0] / model_type must be "
                                                                                "a string, got 1.5"),
 ])

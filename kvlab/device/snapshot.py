@@ -418,7 +418,9 @@ def _validate(raw: Any, source: str) -> None:
             if type(entry) is dict and type(entry.get("action")) is str and entry["action"] in _ACTION_SET:
                 size, stream = entry.get("size"), entry.get("stream", 0)
                 addr = entry.get("addr", entry.get("device_free"))
-                if type(size) is int and type(addr) is int and type(stream) is int and min(size, addr, stream) >= 0:
+                time_us = entry.get("time_us", 0)
+                if type(size) is int and type(addr) is int and type(stream) is int and min(size, addr, stream) >= 0 \
+                        and max(size, addr, stream) < 1 << 64 and type(time_us) is int and 0 <= time_us < 1 << 63:
                     continue
             _check_entry(entry, source, f"device_traces[{d}][{k}]")
 
@@ -432,7 +434,7 @@ def _check_settings(settings: Any, source: str) -> None:
         raise _fail(source, "allocator_settings", f"expected a dict, got {_shown(settings)}")
 
     def number(value: Any) -> bool:
-        return type(value) in (int, float) and math.isfinite(value) and abs(value) < 1 << 64
+        return (type(value) is int and abs(value) < 1 << 64) or (type(value) is float and math.isfinite(value))
 
     for key, valid, expected in (
         ("max_split_size", lambda v: v is None or (type(v) is int and -1 <= v < 1 << 64), "an int (-1: unlimited)"),
@@ -486,6 +488,11 @@ def _check_entry(entry: Any, source: str, where: str) -> None:
     for key in ("size", "addr", "device_free", "stream"):
         if key in entry:
             _require_int(entry[key], source, f"{where}.{key}")
+    time_us = entry.get("time_us", 0)
+    if not ((type(time_us) is int and 0 <= time_us < 1 << 63)
+            or (type(time_us) is float and math.isfinite(time_us) and 0 <= time_us < 2.0 ** 63)):
+        raise _fail(source, f"{where}.time_us", f"expected microseconds, a non-negative int under 2**63, got "
+                                                f"{_shown(time_us)}")
 
 
 def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any] | list) -> Snapshot:

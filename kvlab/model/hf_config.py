@@ -97,6 +97,9 @@ def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name:
     return config_from_dict(data, name=name, origin=str(path), kv_cache_dtype=kv_cache_dtype)
 
 
+MAX_FIELD = 1 << 40
+
+
 class _Fields:
     """Typed field access that names the file and the field in every error."""
 
@@ -121,7 +124,9 @@ class _Fields:
             raise ConfigError(f"{self.origin}: field {self.prefix}{names} is missing" + (f" ({why})" if why else ""))
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be an integer >= {minimum}, "
-                              f"got {value!r}")
+                              f"got {value!r:.60}")
+        if value > MAX_FIELD:  # no model has a dimension, count or length near 2**40; a bigger one overflows sums
+            raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be at most 2**40, got {value!r:.60}")
         return value
 
 
