@@ -156,3 +156,11 @@ def test_a_very_long_log_line_is_read_in_linear_time(tmp_path, capsys):
     start = time.perf_counter()
     assert main(["explain-log", str(path), "--json"]) == 0
     assert time.perf_counter() - start < 3
+
+
+def test_a_huge_value_in_an_error_is_shown_cut(tmp_path, capsys):
+    """A 100,000-character value made a 100,000-character error line: the value is cut to 60 characters."""
+    path = tmp_path / "cut.log"
+    path.write_text(SGLANG_LOG.read_text().replace("context_len=131072", "context_len=131072" + "a" * 100_000))
+    err = _refused(capsys, ["explain-log", str(path)], f"{path}:6: context_len=131072aaa", "... is not an integer")
+    assert len(err) < 300
