@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
 from kvlab.argtypes import positive_int as _positive_int
-from kvlab.errors import fail
+from kvlab.errors import KvlabBug, KvlabError, fail
 from kvlab.safe_text import printable
 from kvlab.units import fmt_bytes
 
@@ -198,15 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _report(args) -> int:
-    from kvlab.report import ReportError, build_report
+    from kvlab.report import build_report
 
     only = [k for k in args.notebooks.split(",") if k.strip()] if args.notebooks else None
-    try:
-        extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
-        report = build_report(args.out, device=args.device, notebooks=only, force=args.force, pngs=not args.no_png,
-                              **extra)
-    except (ReportError, ValueError, FileNotFoundError) as exc:
-        return fail(exc)
+    extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
+    report = build_report(args.out, device=args.device, notebooks=only, force=args.force, pngs=not args.no_png,
+                          **extra)  # ReportError, ValueError, OSError: main() reports them
     for run in report.runs:
         state = "ok" if run.ok else "FAILED"
         print(f"  {printable(run.name):<32} {state:>6}  {run.seconds:6.1f} s")
@@ -220,15 +218,12 @@ def _report(args) -> int:
 
 
 def _app(args) -> int:
-    from kvlab.app import AppError, serve
+    from kvlab.app import serve
 
-    try:
-        extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
-        return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser,
-                     cull_idle_seconds=args.cull_idle_seconds, token=not args.no_token, max_kernels=args.max_kernels,
-                     show_tracebacks=args.show_tracebacks, **extra)
-    except AppError as exc:
-        return fail(exc)
+    extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
+    return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser,
+                 cull_idle_seconds=args.cull_idle_seconds, token=not args.no_token, max_kernels=args.max_kernels,
+                 show_tracebacks=args.show_tracebacks, **extra)  # AppError: main() reports it
 
 
 def _replay(args) -> int:
@@ -244,13 +239,10 @@ def _replay(args) -> int:
             sizes[flag] = None if value is None else parse_size(value)
         except ValueError as exc:
             return fail(f"{flag}: {exc}")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", SnapshotKeyWarning)
-            result, what_ifs = replay_with_what_ifs(args.snapshot, args.device, args.what_if, sizes["--capacity"],
-                                                    device_memory=sizes["--device-memory"])
-    except (ValueError, FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        return fail(exc)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", SnapshotKeyWarning)
+        result, what_ifs = replay_with_what_ifs(args.snapshot, args.device, args.what_if, sizes["--capacity"],
+                                                device_memory=sizes["--device-memory"])
     for warning in caught:
         print(f"kvlab: warning: {printable(warning.message, lines=True)}", file=sys.stderr)
     print(json.dumps(result.to_json(what_ifs), indent=2) if args.json else printable(result.text(what_ifs), lines=True))
@@ -276,21 +268,18 @@ def _simulate(args) -> int:
     from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
 
     page_size = args.page_size or default_page_size(trace=args.trace)
-    try:
-        overrides = parse_workload_params(args.workload_param)
-        if overrides and args.trace:
-            raise ValueError("--workload-param applies to --workload, not to --trace")
-        requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
-        kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
-        options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy)
-        if args.compare:
-            if args.eviction is not None:
-                raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
-            arms = shortfall_eviction.compare_totals(requests, processes=1, **options)
-        else:
-            result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
-    except (ValueError, RuntimeError, FileNotFoundError, FileExistsError, IsADirectoryError) as exc:
-        return fail(exc)
+    overrides = parse_workload_params(args.workload_param)
+    if overrides and args.trace:
+        raise ValueError("--workload-param applies to --workload, not to --trace")
+    requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
+    kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
+    options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy)
+    if args.compare:
+        if args.eviction is not None:
+            raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
+        arms = shortfall_eviction.compare_totals(requests, processes=1, **options)
+    else:
+        result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
     source = printable(args.trace) if args.trace else f"{args.workload} (seed {args.seed})"
     if args.compare:
         for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
@@ -378,12 +367,9 @@ def _pool_compare(args) -> int:
     if args.gc_before_measure is not None:
         flag = "--gc-before-measure" if args.gc_before_measure else "--no-gc-before-measure"
         return fail(f"--compare runs both arms: drop {flag}")
-    try:
-        no_gc, with_gc = kv_pool_sizing.compare(
-            args.preset, empty_cache=args.empty_cache, mem_fraction_static=args.mem_fraction_static,
-            prompt_tokens=args.prompt_tokens, device=args.device)
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        return fail(exc)
+    no_gc, with_gc = kv_pool_sizing.compare(
+        args.preset, empty_cache=args.empty_cache, mem_fraction_static=args.mem_fraction_static,
+        prompt_tokens=args.prompt_tokens, device=args.device)
     left, right = with_gc.to_json(), no_gc.to_json()
     shared = ("preset", "gc_before_measure", "empty_cache", "mem_fraction_static", "tp_size", "device", "model",
               "prompt_tokens")
@@ -428,21 +414,17 @@ def _print_pool(result) -> None:
 
 
 def _explain_log(args) -> int:
-    from kvlab.errors import KvlabError
     from kvlab.model.hf_config import load_model_config
     from kvlab.serving import explain_log
     from kvlab.serving.text import format_explanation
 
-    try:
-        config = None
-        if args.model_config:
-            config = load_model_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype or "auto")
-        exp = explain_log(args.log, model_config=config, mem_fraction_static=args.mem_fraction_static, gpu=args.gpu,
-                          sglang_version=args.sglang_version, kv_cache_dtype=args.kv_cache_dtype,
-                          what_if=args.what_if)
-        comparison = _engine_comparison(args, exp) if args.compare_engines else None
-    except (KvlabError, ValueError) as exc:
-        return fail(exc)
+    config = None
+    if args.model_config:
+        config = load_model_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype or "auto")
+    exp = explain_log(args.log, model_config=config, mem_fraction_static=args.mem_fraction_static, gpu=args.gpu,
+                      sglang_version=args.sglang_version, kv_cache_dtype=args.kv_cache_dtype,
+                      what_if=args.what_if)
+    comparison = _engine_comparison(args, exp) if args.compare_engines else None
     if args.json:
         data = exp.to_json()
         if comparison is not None:
@@ -477,13 +459,10 @@ def _pool(args) -> int:
 
     if args.compare:
         return _pool_compare(args)
-    try:
-        result = kv_pool_sizing.run(
-            args.preset, gc_before_measure=args.gc_before_measure is not False, empty_cache=args.empty_cache,
-            mem_fraction_static=args.mem_fraction_static, prompt_tokens=args.prompt_tokens, device=args.device,
-        )
-    except (ValueError, RuntimeError, FileNotFoundError) as exc:
-        return fail(exc)
+    result = kv_pool_sizing.run(
+        args.preset, gc_before_measure=args.gc_before_measure is not False, empty_cache=args.empty_cache,
+        mem_fraction_static=args.mem_fraction_static, prompt_tokens=args.prompt_tokens, device=args.device,
+    )
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
     else:
@@ -510,13 +489,111 @@ _COMMANDS = {
 }
 
 
+# What a user can act on: kvlab's own KvlabError (naming the file, line or field), and the builtin errors the
+# readers and scenarios raise with a message for the user (a bad value, a file that cannot be read, a workload
+# that runs out of memory or never finishes). A KvlabBug is never one of them, whatever its builtin base.
+USER_ERRORS = (KvlabError, ValueError, RuntimeError, OSError)
+
+# The flags that name a user's input, in the order a failure is attributed to them
+_INPUT_ARGS = ("snapshot", "log", "trace", "model_config", "vllm_log", "workload", "preset", "notebook",
+               "notebook_dir", "out")
+
+
+def _inputs(args: argparse.Namespace) -> str:
+    """The inputs a command ran on, for the one line an unexpected error prints."""
+    named = [f"{getattr(args, key)}" for key in _INPUT_ARGS if getattr(args, key, None) not in (None, "", [])]
+    return ", ".join(named) or "its defaults"
+
+
+def crash_dir() -> str:
+    """Where an unexpected error's full traceback is written: ``$KVLAB_CRASH_DIR``, else the temp folder."""
+    import tempfile
+
+    return os.environ.get("KVLAB_CRASH_DIR") or tempfile.gettempdir()
+
+
+def _unexpected(args: argparse.Namespace, exc: BaseException) -> int:
+    """An exception that is no user error (a KvlabBug or any other): one line naming the command, its inputs
+    and the exception, plus the file holding the full traceback; exit 3."""
+    import tempfile
+    import traceback
+
+    command = " ".join(part for part in (args.command, getattr(args, "finding", None) or getattr(args, "kind", None))
+                       if part)
+    what = f"{type(exc).__name__}: {exc}".splitlines()[0][:300] if str(exc) else type(exc).__name__
+    try:
+        folder = crash_dir()
+        os.makedirs(folder, exist_ok=True)
+        fd, path = tempfile.mkstemp(prefix="kvlab-crash-", suffix=".txt", dir=folder)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(f"kvlab {command} on {_inputs(args)}\nargv: {sys.argv!r}\n\n")
+            f.write("".join(traceback.format_exception(type(exc), exc, exc.__traceback__)))
+        saved = f"the full traceback is in {path}"
+    except OSError as save_error:
+        saved = f"the traceback could not be saved ({save_error})"
+    print(f"kvlab: internal error: `kvlab {command}` failed on {_inputs(args)} with {what} (a kvlab bug, not "
+          f"your input); {saved}: please include it in a bug report", file=sys.stderr)
+    return 3
+
+
+# (subcommand, attribute, how the error names it, what it must be): the inputs main() checks before running
+_FILE_INPUTS = (
+    ("replay", "snapshot", "{}", "file"),
+    ("simulate", "trace", "--trace {}", "file"),
+    ("sweep", "trace", "--trace {}", "file"),
+    ("explain-log", "log", "{}", "file"),
+    ("explain-log", "vllm_log", "--vllm-log {}", "file"),
+    ("explain-log", "model_config", "--model-config {}", "file or folder"),
+    ("report", "notebook_dir", "--notebook-dir {}", "folder"),
+    ("app", "notebook_dir", "--notebook-dir {}", "folder"),
+)
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Refuse a folder where a file goes (and a file where a folder goes), and anything that is not a regular
+    file (a FIFO blocks forever, ``/dev/zero`` never ends), naming the flag. A missing path is left to the
+    reader, whose message says what it looked for (``--model-config`` also takes a preset name)."""
+    import stat
+
+    for command, attr, shown, kind in _FILE_INPUTS:
+        path = getattr(args, attr, None) if args.command == command else None
+        if not path:
+            continue
+        try:
+            mode = os.stat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError as exc:
+            raise KvlabError(f"{shown.format(path)}: cannot be read ({exc.strerror or exc})") from None
+        name = shown.format(path)
+        if stat.S_ISDIR(mode) and "folder" not in kind:
+            raise KvlabError(f"{name}: is a folder, not a file; give the file itself")
+        if stat.S_ISREG(mode) and "file" not in kind:
+            raise KvlabError(f"{name}: is a file, not a folder; give the folder holding the notebooks")
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise KvlabError(f"{name}: is not a regular file (a FIFO, socket or device); give a {kind}")
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run one subcommand; the one place that maps errors to exit codes.
+
+    0: done; 1: done, but something the user asked for failed (a notebook in ``kvlab report``); 2: a user error
+    (``kvlab: error: …``, see :data:`USER_ERRORS`; also argparse's usage errors); 3: an unexpected error or a
+    :class:`~kvlab.errors.KvlabBug` (one line, traceback saved under :func:`crash_dir`); 130: interrupted."""
     parser = build_parser()
     args = parser.parse_args(argv)
     command = _COMMANDS.get((args.command, getattr(args, "finding", None) or getattr(args, "kind", None)))
     if command is None:  # pragma: no cover - argparse refuses unknown commands first
         parser.error("unknown command")
-    return command(args)
+    try:
+        check_inputs(args)
+        return command(args)
+    except (KvlabBug, RecursionError) as exc:  # a RecursionError is a RuntimeError, but never a message for a user
+        return _unexpected(args, exc)
+    except USER_ERRORS as exc:
+        return fail(exc)
+    except Exception as exc:  # anything else is a kvlab bug: never a traceback on the user's terminal
+        return _unexpected(args, exc)
 
 
 if __name__ == "__main__":

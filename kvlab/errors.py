@@ -1,10 +1,13 @@
-"""kvlab's error types that more than one layer raises.
+"""kvlab's error types that more than one layer raises: two kinds, a user's mistake and a kvlab bug.
 
-``KvlabError`` is the base of errors a user can act on (a bad file, a bad value); ``InvariantError``
-is what every ``check_invariants()`` raises when the bookkeeping is inconsistent (a kvlab bug, not a
-user error). ``DoubleFreeError`` and ``LockRefError`` are misuse of the KV memory API (pools,
-allocators, prefix caches): they keep their builtin bases, so ``except ValueError`` /
-``except RuntimeError`` still catch them. Invariant checks never use ``assert``: ``python -O`` strips asserts, and a check that
+``KvlabError`` is the base of errors a user can act on (a bad file, a bad value, a scenario that runs out
+of memory): the CLI prints them as one ``kvlab: error:`` line and exits 2. ``KvlabBug`` is the base of
+errors that mean kvlab itself is wrong, never the user: ``InvariantError`` (what every
+``check_invariants()`` raises when the bookkeeping is inconsistent), ``DoubleFreeError`` and
+``LockRefError`` (misuse of the KV memory API by kvlab's own code). The CLI never reports a ``KvlabBug``
+as a user error: like any unexpected exception it prints one line, saves the traceback and exits 3
+(kvlab/cli.py ``main``). The bugs keep their builtin bases (``AssertionError``, ``ValueError``,
+``RuntimeError``) so code that catches those still catches them. Invariant checks never use ``assert``: ``python -O`` strips asserts, and a check that
 vanishes under ``-O`` is no check. ``require`` is the one way they test a rule.
 """
 
@@ -17,7 +20,14 @@ from kvlab.safe_text import printable
 
 
 class KvlabError(Exception):
-    """Base of kvlab's own errors."""
+    """Base of the errors a user can act on: a bad input (naming the file, line or field) or a scenario
+    the inputs make impossible."""
+
+
+class KvlabBug(Exception):
+    """Base of the errors that are kvlab's fault, never the user's (a broken invariant, a double free).
+
+    Never a ``KvlabError``: the CLI gives them the unexpected-error path (exit 3, traceback saved)."""
 
 
 def fail(message: object) -> int:
@@ -28,7 +38,7 @@ def fail(message: object) -> int:
     return 2
 
 
-class InvariantError(KvlabError, AssertionError):
+class InvariantError(KvlabBug, AssertionError):
     """A ``check_invariants()`` found a broken rule.
 
     ``invariant`` names the rule in words and ``values`` holds the numbers that broke it. It stays an
@@ -48,11 +58,11 @@ def require(condition: object, invariant: str, **values: Any) -> None:
         raise InvariantError(invariant, **values)
 
 
-class DoubleFreeError(ValueError):
+class DoubleFreeError(KvlabBug, ValueError):
     """An index (KV slot, page, request row or recurrent-state slot) was freed that is not currently
     allocated. SGLang frees silently and would later hand the index out twice."""
 
 
-class LockRefError(RuntimeError):
+class LockRefError(KvlabBug, RuntimeError):
     """``inc_lock_ref`` / ``dec_lock_ref`` misuse: unlocking an unlocked node, or a node that was
     evicted or belongs to another tree (SGLang lets ``lock_ref`` go negative)."""

@@ -87,6 +87,20 @@ def failing_cell(nb) -> int | None:
     return None
 
 
+def kernel_config():
+    """The kernel manager's settings: CurveZMQ keys provisioned by the manager (jupyter_client 8.10+), where pyzmq
+    has Curve and the kernelspec declares it. The kernel's sockets are then encrypted, and ipykernel does not print
+    its "running over TCP without encryption" warning once per notebook."""
+    import zmq
+    from jupyter_client.manager import KernelManager
+    from traitlets.config import Config
+
+    config = Config()
+    if zmq.has("curve") and "transport_encryption" in KernelManager.class_trait_names():
+        config.KernelManager.transport_encryption = "auto"  # 'auto': only where the kernelspec supports it
+    return config
+
+
 def execute_notebook(path: str | os.PathLike[str], timeout: int = CELL_TIMEOUT_S,
                      parameters: dict[str, Any] | None = None, *, env: dict[str, str] | None = None,
                      output_path: str | os.PathLike[str] | None = None, kernel_name: str = KERNEL_NAME):
@@ -103,7 +117,7 @@ def execute_notebook(path: str | os.PathLike[str], timeout: int = CELL_TIMEOUT_S
     nb = nbformat.read(path, as_version=4)
     inject_cells(nb, parameters, env)
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, store_widget_state=True,
-                            resources={"metadata": {"path": str(path.parent)}})
+                            resources={"metadata": {"path": str(path.parent)}}, config=kernel_config())
     try:
         client.execute()
     except (CellExecutionError, CellTimeoutError, DeadKernelError) as exc:

@@ -15,11 +15,18 @@ Fuzz profiles (hypothesis), chosen with ``KVLAB_FUZZ``:
 The per-suite counts live in tests/fuzz.py (one table); the end-of-run summary prints how many
 examples each suite really ran. Every profile turns hypothesis' deadline off: on a shared 2-core
 runner a slow step is load, not a bug.
+
+Exit 3 is a failure everywhere: ``kvlab``'s unexpected-error path (exit 3) saves its traceback under
+``$KVLAB_CRASH_DIR``, which this file points at a folder of the test run's own (subprocesses inherit it);
+:func:`no_kvlab_crash` fails any test during which a traceback was saved there, however the test ran the
+CLI (``kvlab.cli.main`` in-process, ``python -m kvlab``, a notebook, the app) and whatever exit code it
+expected. A test that provokes exit 3 on purpose points ``KVLAB_CRASH_DIR`` elsewhere (``monkeypatch.setenv``).
 """
 
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import fuzz
@@ -32,6 +39,22 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 for _name in fuzz.PROFILES:
     settings.register_profile(f"kvlab-{_name}", deadline=None, print_blob=True)
 settings.load_profile(f"kvlab-{fuzz.profile()}")
+
+# One folder per test run, even where this file is imported twice (as conftest and as tests.conftest); set
+# before any test runs, so every subprocess inherits it
+CRASH_DIR = Path(os.environ.get("KVLAB_TEST_CRASH_DIR") or tempfile.mkdtemp(prefix="kvlab-test-crashes-"))
+os.environ["KVLAB_TEST_CRASH_DIR"] = os.environ["KVLAB_CRASH_DIR"] = str(CRASH_DIR)
+
+
+@pytest.fixture(autouse=True)
+def no_kvlab_crash():
+    """Fail the test if kvlab took its unexpected-error path (exit 3) while it ran: a saved traceback."""
+    before = set(CRASH_DIR.iterdir())
+    yield
+    new = sorted(set(CRASH_DIR.iterdir()) - before)
+    if new:
+        pytest.fail(f"kvlab exited 3 (an unexpected error) {len(new)} time(s) during this test; the first "
+                    f"traceback ({new[0]}):\n{new[0].read_text(errors='replace')[-4000:]}", pytrace=False)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

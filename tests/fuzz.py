@@ -42,6 +42,8 @@ EXAMPLES: dict[str, dict[str, int]] = {
     # tests/device/test_replay_corpus.py: one generated snapshot pickle per example, through `kvlab replay --json`
     # with four what-ifs (not hypothesis: seeds 0..n-1 of kvlab.device.replay.gen.random_case)
     "replay_corpus": {"ci": 300, "long": 3000, "dev": 20},
+    # tests/test_cli_fuzz.py: one mutated snapshot, trace, log, config or sweep file through the real CLI per example
+    "cli_fuzz": {"ci": 2000, "long": 20000, "dev": 100},
 }
 # Rules per state-machine run (the upper bound; hypothesis draws the length). Same in every profile, so
 # the long profile explores more sequences of the same depth.

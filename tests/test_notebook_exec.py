@@ -60,3 +60,14 @@ def test_a_failing_cell_is_named_in_the_source_notebooks_numbering(tmp_path: Pat
     assert exc.last_line == "ValueError: broken on purpose" and str(path) in str(exc)
     kept = nbformat.read(saved, as_version=4)  # the partial copy, injected cells included, is written anyway
     assert kept.cells[4].outputs[0]["output_type"] == "error" and not kept.cells[5].get("outputs")
+
+
+def test_the_kernel_prints_no_transport_warning(tmp_path: Path, capfd):
+    """`kvlab report` runs one kernel per notebook: ipykernel's "running over TCP without encryption" warning
+    (written to the terminal by the kernel process, so read at the file-descriptor level) is not shown, because the
+    kernel's sockets are encrypted with manager-provisioned CurveZMQ keys."""
+    path = _notebook(tmp_path / "t.ipynb", ("print(6 * 7)", []))
+    nb = execute_notebook(path, timeout=120)
+    assert nb.cells[-1].outputs[0]["text"] == "42\n"
+    captured = capfd.readouterr()
+    assert "without encryption" not in captured.err + captured.out, captured.err

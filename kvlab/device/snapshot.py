@@ -22,8 +22,11 @@ it has no size in the snapshot but its request, so its block size is estimated w
 from __future__ import annotations
 
 import gc
+import io
+import math
 import os
 import pickle
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +66,9 @@ EVENT_COLUMNS = ("device", "time_us", "action", "addr", "size", "stream")
 TIMELINE_COLUMNS = (
     "device", "step", "time_us", "action", "addr", "size", "allocated_bytes", "requested_bytes", "reserved_bytes",
 )
+
+
+MAX_SNAPSHOT_BYTES = 8 << 30  # a real snapshot with a million-event history and stacks is a few hundred MB
 
 
 class SnapshotError(KvlabError, ValueError):
@@ -108,14 +114,20 @@ def load_snapshot_pickle(path: str | os.PathLike) -> Any:
     nothing in it has run. Other unreadable content raises :class:`SnapshotError` too (not a pickle
     file)."""
     source = str(path)
-    try:
-        with open(path, "rb") as f:
-            return _SnapshotUnpickler(f, source).load()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _fail(source, "", "not a regular file (a FIFO, socket or device); give the snapshot file")
+        if size > MAX_SNAPSHOT_BYTES:
+            raise _fail(source, "", f"{size:,} bytes, more than the {MAX_SNAPSHOT_BYTES:,} kvlab reads")
+        data = f.read()  # a regular file of a known, capped size
+    try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short instead of allocating
+        return _SnapshotUnpickler(io.BytesIO(data), source).load()
     except SnapshotError:
         raise
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
-            KeyError, OverflowError, RecursionError) as exc:
-        raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {exc})") from None
+            KeyError, OverflowError, RecursionError, MemoryError) as exc:
+        raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def _fail(source: str, where: str, message: str) -> SnapshotError:
@@ -131,10 +143,10 @@ def _require(entry: Any, fields: tuple[str, ...], source: str, where: str) -> No
 
 
 def normalise_state(state: str, source: str = "snapshot", where: str = "") -> str:
-    state = _STATE_ALIASES.get(state, state)
-    if state not in BLOCK_STATES:
+    state = _STATE_ALIASES.get(state, state) if isinstance(state, str) else state  # a list is no dict key
+    if not isinstance(state, str) or state not in BLOCK_STATES:
         accepted = BLOCK_STATES + tuple(_STATE_ALIASES)
-        raise _fail(source, where, f"unknown block state {state!r}; expected one of {accepted}")
+        raise _fail(source, where, f"unknown block state {_shown(state)}; expected one of {accepted}")
     return state
 
 
@@ -373,50 +385,117 @@ def _validate(raw: Any, source: str) -> None:
         raise _fail(source, "", "missing top key 'segments' (not a torch.cuda.memory._dump_snapshot file?)")
     if not isinstance(raw["segments"], list):
         raise _fail(source, "segments", f"expected a list, got {type(raw['segments']).__name__}")
+    seen: set[int] = set()  # ids of the entries read: torch writes every segment, block and event as its own object
     for i, seg in enumerate(raw["segments"]):
         _require(seg, SEGMENT_FIELDS, source, f"segments[{i}]")
+        _once(seg, seen, source, f"segments[{i}]")
         for key in ("address", "total_size", "allocated_size"):
             _require_int(seg[key], source, f"segments[{i}].{key}")
+        for key in ("device", "stream", "requested_size", "active_size"):
+            if key in seg:
+                _require_int(seg[key], source, f"segments[{i}].{key}")
         if not isinstance(seg["blocks"], list):
             raise _fail(source, f"segments[{i}].blocks", f"expected a list, got {type(seg['blocks']).__name__}")
         for j, block in enumerate(seg["blocks"]):
             where = f"segments[{i}].blocks[{j}]"
             _require(block, BLOCK_FIELDS, source, where)
+            _once(block, seen, source, where)
             _require_int(block["size"], source, f"{where}.size")
+            for key in ("address", "requested_size"):
+                if key in block:
+                    _require_int(block[key], source, f"{where}.{key}")
             normalise_state(block["state"], source, f"{where}.state")
+    _check_settings(raw.get("allocator_settings"), source)
     traces = raw.get("device_traces", [])
     if not isinstance(traces, list):
         raise _fail(source, "device_traces", f"expected a list, got {type(traces).__name__}")
     for d, trace in enumerate(traces):
         if not isinstance(trace, list):
             raise _fail(source, f"device_traces[{d}]", f"expected a list, got {type(trace).__name__}")
+        if id(trace) in seen:
+            raise _shared(source, f"device_traces[{d}]")
+        seen.add(id(trace))
         for k, entry in enumerate(trace):
+            _once(entry, seen, source, f"device_traces[{d}][{k}]")
             # fast path for a well-formed entry (a million take ~0.5 s); anything else gets the precise error
-            if type(entry) is dict and entry.get("action") in _ACTION_SET:
+            if type(entry) is dict and type(entry.get("action")) is str and entry["action"] in _ACTION_SET:
                 size, stream = entry.get("size"), entry.get("stream", 0)
                 addr = entry.get("addr", entry.get("device_free"))
-                if type(size) is int and type(addr) is int and type(stream) is int and min(size, addr, stream) >= 0:
+                time_us = entry.get("time_us", 0)
+                if type(size) is int and type(addr) is int and type(stream) is int and min(size, addr, stream) >= 0 \
+                        and max(size, addr, stream) < 1 << 64 and type(time_us) is int and 0 <= time_us < 1 << 63:
                     continue
             _check_entry(entry, source, f"device_traces[{d}][{k}]")
+
+
+def _check_settings(settings: Any, source: str) -> None:
+    """``allocator_settings`` (torch >= 2.5): each setting the replay reads has torch's type, or the snapshot is
+    refused naming the setting (a string or infinite max_split_size is no size)."""
+    if settings is None:
+        return
+    if not isinstance(settings, Mapping):
+        raise _fail(source, "allocator_settings", f"expected a dict, got {_shown(settings)}")
+
+    def number(value: Any) -> bool:
+        return (type(value) is int and abs(value) < 1 << 64) or (type(value) is float and math.isfinite(value))
+
+    for key, valid, expected in (
+        ("max_split_size", lambda v: v is None or (type(v) is int and -1 <= v < 1 << 64), "an int (-1: unlimited)"),
+        ("expandable_segments", lambda v: type(v) is bool, "a bool"),
+        ("garbage_collection_threshold", lambda v: v is None or (number(v) and 0 <= v <= 1), "a number in [0, 1]"),
+        ("roundup_power2_divisions", lambda v: (type(v) is int and 0 <= v < 1 << 16) or (
+            isinstance(v, (list, tuple, Mapping)) and len(v) <= 1 << 16 and all(
+                type(d) is int and 0 <= d < 1 << 16 for d in (v.values() if isinstance(v, Mapping) else v))),
+         "an int or a list or dict of ints under 65,536"),
+    ):
+        if key in settings and not valid(settings[key]):
+            raise _fail(source, f"allocator_settings.{key}", f"expected {expected}, got {_shown(settings[key])}")
+
+
+def _once(entry: Any, seen: set[int], source: str, where: str) -> None:
+    """Refuse an entry that is the very object of an earlier one: a pickle's shared reference, which lets a
+    file of kilobytes stand for billions of blocks or events (torch never writes one)."""
+    if id(entry) in seen:
+        raise _shared(source, where)
+    seen.add(id(entry))
+
+
+def _shared(source: str, where: str) -> SnapshotError:
+    return _fail(source, where, "the same object as an earlier entry (a shared reference in the pickle): torch "
+                                "writes each segment, block and event as its own; refused, so a small file cannot "
+                                "stand for billions of entries")
+
+
+def _shown(value: Any) -> str:
+    """``value`` for an error message: its repr cut to 60 characters, with its type unless it is plain."""
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return text if value is None or type(value) in (str, int, float, bool) else f"{type(value).__name__} {text}"
 
 
 _ACTION_SET = frozenset(ACTIONS)
 
 
 def _require_int(value: Any, source: str, where: str) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise _fail(source, where, f"expected a non-negative int, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0 or value >= 1 << 64:
+        raise _fail(source, where, f"expected a non-negative int, got {_shown(value)}"
+                           + (" (2**64 or more)" if isinstance(value, int) and value >= 1 << 64 else ""))
 
 
 def _check_entry(entry: Any, source: str, where: str) -> None:
     _require(entry, TRACE_FIELDS, source, where)
-    if entry["action"] not in ACTIONS:
-        raise _fail(source, f"{where}.action", f"unknown action {entry['action']!r}; expected one of {ACTIONS}")
+    if not isinstance(entry["action"], str) or entry["action"] not in ACTIONS:
+        raise _fail(source, f"{where}.action", f"unknown action {_shown(entry['action'])}; expected one of {ACTIONS}")
     if "addr" not in entry and not (entry["action"] == "oom" and "device_free" in entry):
         raise _fail(source, where, "missing required field 'addr'")
     for key in ("size", "addr", "device_free", "stream"):
         if key in entry:
             _require_int(entry[key], source, f"{where}.{key}")
+    time_us = entry.get("time_us", 0)
+    if not ((type(time_us) is int and 0 <= time_us < 1 << 63)
+            or (type(time_us) is float and math.isfinite(time_us) and 0 <= time_us < 2.0 ** 63)):
+        raise _fail(source, f"{where}.time_us", f"expected microseconds, a non-negative int under 2**63, got "
+                                                f"{_shown(time_us)}")
 
 
 def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any] | list) -> Snapshot:

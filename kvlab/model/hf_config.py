@@ -82,6 +82,8 @@ def read_config_json(path: Path) -> dict:
         raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected a Hugging Face config.json)") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to read (not a Hugging Face config.json)") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object (a Hugging Face config.json), got {type(data).__name__}")
     return data
@@ -95,6 +97,9 @@ def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name:
         name = path.stem if path.parent == PRESET_DIR else str(data.get("_name_or_path") or path.parent.name
                                                                or path.stem)
     return config_from_dict(data, name=name, origin=str(path), kv_cache_dtype=kv_cache_dtype)
+
+
+MAX_FIELD = 1 << 40
 
 
 class _Fields:
@@ -129,7 +134,9 @@ class _Fields:
             raise ConfigError(f"{self.origin}: field {self.prefix}{names} is missing" + (f" ({why})" if why else ""))
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be an integer >= {minimum}, "
-                              f"got {value!r}")
+                              f"got {value!r:.60}")
+        if value > MAX_FIELD:  # no model has a dimension, count or length near 2**40; a bigger one overflows sums
+            raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be at most 2**40, got {value!r:.60}")
         return value
 
 
@@ -246,7 +253,9 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
                        "hybrid SWA, which kvlab does not model")
     weight_dtype = _weight_dtype(data, f, notes)
     archs = data.get("architectures") or []
-    arch = archs[0] if isinstance(archs, list) and archs else str(data.get("model_type", ""))
+    arch = archs[0] if isinstance(archs, list) and archs else data.get("model_type", "")
+    if not isinstance(arch, str):  # a name, nothing else: it is matched by prefix below
+        raise ConfigError(f"{origin}: architectures[0] / model_type must be a string, got {arch!r:.60}")
     return ModelConfig(
         name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, context_len=context,

@@ -87,7 +87,8 @@ def _int_or(value: str | None, default: int | None, where: str, name: str) -> in
     try:
         return int(value)
     except ValueError:
-        raise LogError(f"{where}: {name}={value} is not an integer") from None
+        shown = value if len(value) <= 60 else value[:57] + "..."
+        raise LogError(f"{where}: {name}={shown} is not an integer") from None
 
 
 def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:

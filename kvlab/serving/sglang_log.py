@@ -8,6 +8,7 @@ a known message but does not carry its number is an error naming the line, never
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,7 @@ MESSAGES = {  # name -> (anchor, full pattern); the anchor alone on a line witho
 _KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
 _RANK_TAG = re.compile(r"\[([^\[\]]*)\]\s*$")
 _RANK_MSG = re.compile(r"Rank (\d+): $")
-_PAIRS = re.compile(r"(\w+)=([^,\s]+(?: GB)?)")
+_PAIRS = re.compile(r"\b(\w+)=([^,\s]+(?: GB)?)")  # \b: linear on a long run of word characters
 _VERSION_LINES = (  # (pattern, what it is)
     (re.compile(r"\bsglang\s*(?:==|:)\s*v?(\d+\.\d+\.\d+(?:\.?post\d+|rc\d+|\.dev\d+)?)", re.I), "version line"),
     (re.compile(r"^\s*sglang\s+(\d+\.\d+\.\d+(?:\.post\d+|rc\d+)?)\s*$", re.I), "pip list"),
@@ -214,28 +215,45 @@ def _hint(log: SGLangStartup, name: str, line: str) -> None:
 
 def _store(log: SGLangStartup, rank: RankReadings, name: str, m: re.Match, line: str) -> None:
     _hint(log, name, line)
+    where = f"{log.path}:{rank.lines.get(name, '?')}"
+
+    def gib(text: str) -> float:  # a memory reading: finite, under a million GiB (a 400-digit one is no reading)
+        value = float(text)
+        if not (math.isfinite(value) and 0 <= value < 1e6):
+            raise LogError(f"{where}: reading {_cut(text)!r} GiB is not a memory size kvlab can use")
+        return value
+
+    def count(text: str) -> int:  # a token count: under 10^12
+        if len(text) > 13 or int(text) >= 10 ** 12:
+            raise LogError(f"{where}: token count {_cut(text)!r} is not one kvlab can use (expected under 10^12)")
+        return int(text)
+
     if name == "begin":
-        rank.before_gib = float(m.group(1))
+        rank.before_gib = gib(m.group(1))
     elif name == "end":
-        rank.after_gib = float(m.group(2))
+        rank.after_gib = gib(m.group(2))
         if usage := re.search(r"mem usage=" + _NUM, line):
-            rank.weights_usage_gib = float(usage.group(1))
+            rank.weights_usage_gib = gib(usage.group(1))
         if arch := re.search(r"type=(\w+)", m.group("rest"), re.I):
             log.arch = arch.group(1)
         if dtype := re.search(r"dtype=(torch\.\w+)", m.group("rest")):
             log.model_dtype = dtype.group(1)
     elif name == "pool_end":
-        rank.pool_end_gib = float(m.group(1))
+        rank.pool_end_gib = gib(m.group(1))
     elif name == "kv":
-        rank.kv_tokens = int(m.group("tokens")) if m.group("tokens") else None
-        rank.k_gib, rank.v_gib = (float(m.group("k")), float(m.group("v"))) if m.group("k") else (None, None)
-        rank.kv_gib = float(m.group("kv")) if m.group("kv") else None
+        rank.kv_tokens = count(m.group("tokens")) if m.group("tokens") else None
+        rank.k_gib, rank.v_gib = (gib(m.group("k")), gib(m.group("v"))) if m.group("k") else (None, None)
+        rank.kv_gib = gib(m.group("kv")) if m.group("kv") else None
         if m.group("dtype"):
             log.kv_dtype = m.group("dtype")
     elif name == "tokens":
-        rank.max_total_num_tokens = int(m.group(1))
+        rank.max_total_num_tokens = count(m.group(1))
         for key, value in _PAIRS.findall(line[m.end():]):
             log.tokens_fields.setdefault(key, value.removesuffix(" GB"))
+
+
+def _cut(text: str) -> str:
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def read_sglang_log(path: str | Path) -> SGLangStartup:

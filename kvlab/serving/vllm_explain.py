@@ -22,6 +22,9 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
     if logged is None and log.blocks is not None:
         logged = log.blocks * block
     avail = min(log.available_gib.values())
+    if not 0 < avail < 1e6:  # GiB: a zero, negative or absurd reading leaves no pool to recompute
+        raise LogError(f"{log.path}: 'Available KV cache memory: {avail} GiB' is not a pool kvlab can recompute "
+                       f"(expected a positive size under a million GiB)")
     tp = log.tp_size or 1 + max(log.available_gib)
     if model_config is not None:
         heads = max(1, model_config.num_kv_heads // tp)
@@ -35,6 +38,9 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         source = f"config {model_config.source or model_config.name} at TP {tp}, {model_config.kv_dtype} KV"
     elif logged:
         cell = round(avail * GiB / logged)
+        if cell < 1:
+            raise LogError(f"{log.path}: {avail} GiB of KV memory for {logged:,} tokens is under one byte per token: "
+                           f"the log's readings disagree")
         cell_lo, cell_hi = int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
         source = "from the log's available KV memory over its token count (no config given: only a consistency check)"
     else:

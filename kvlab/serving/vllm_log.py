@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvlab.serving.sglang_log import LogError
+
 _MARKERS = ("Model loading took", "Loading model weights took", "Available KV cache memory", "GPU KV cache size",
             "# GPU blocks:", "vLLM API server version", "Initializing a V1 LLM engine")
 _WORKER = re.compile(r"\((?:VllmWorker|Worker)[^)]*?rank=(\d+)[^)]*\)|\(Worker_TP(\d+)[^)]*\)")
@@ -62,33 +64,46 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
     log = VLLMStartup(path)
     for number, line in enumerate(text.splitlines(), start=1):
         worker = _WORKER.search(line)
-        rank = int(worker.group(1) or worker.group(2)) if worker else 0
+        where = f"{path}:{number}"
+        rank = _reading(worker.group(1) or worker.group(2), where, "worker rank", int, 1 << 20) if worker else 0
         for name, pattern in _PATTERNS.items():
             m = pattern.search(line)
             if not m:
                 continue
             log.lines.setdefault(name, number)
             if name == "weights":
-                log.weights_gib[rank] = float(m.group(1))
+                log.weights_gib[rank] = _reading(m.group(1), where, "weights GiB", float)
             elif name in ("available", "kv_rest"):
-                log.available_gib.setdefault(rank, float(m.group(1)))
+                log.available_gib.setdefault(rank, _reading(m.group(1), where, "available GiB", float))
             elif name == "tokens":
-                log.tokens = int(m.group(1).replace(",", ""))
+                log.tokens = _reading(m.group(1), where, "KV cache tokens", int)
             elif name == "blocks":
-                log.blocks = int(m.group(1))
+                log.blocks = _reading(m.group(1), where, "KV cache blocks", int)
             elif name == "concurrency":
-                log.max_model_len = int(m.group(1).replace(",", ""))
+                log.max_model_len = _reading(m.group(1), where, "tokens per request", int)
             elif name == "version" and log.version is None:
                 log.version = m.group(1)
             elif name == "tp" and log.tp_size is None:
-                log.tp_size = int(m.group(1))
+                log.tp_size = _reading(m.group(1), where, "tensor_parallel_size", int, 1 << 16, minimum=1)
             elif name == "util" and log.gpu_memory_utilization is None:
-                log.gpu_memory_utilization = float(m.group(1) or m.group(2))
+                log.gpu_memory_utilization = _reading(m.group(1) or m.group(2), where, "gpu_memory_utilization", float, 1)
             elif name == "block" and log.block_size is None:
-                log.block_size = int(m.group(1))
+                log.block_size = _reading(m.group(1), where, "block_size", int, 1 << 20, minimum=1)
     return log
 
 
+def _reading(text: str, where: str, what: str, kind: type, limit: float = 1e12, minimum: float = 0):
+    """A number the log printed, as ``kind``, in [minimum, limit]; anything else (400 digits, a zero block size)
+    is a :class:`LogError` naming file:line, the reading and the value."""
+    try:
+        value = kind(text.replace(",", ""))
+    except ValueError:
+        value = None
+    if value is None or not minimum <= value <= limit:
+        shown = text if len(text) <= 40 else text[:37] + "..."
+        raise LogError(f"{where}: {what} {shown!r} is not a reading kvlab can use (expected a number in "
+                       f"[{minimum:g}, {limit:g}])")
+    return value
 def render_vllm_log(version: str, *, weights_gib: float, available_gib, tokens: int, max_model_len: int,
                     tp_size: int = 1, gpu_memory_utilization: float = 0.9) -> str:
     """A vLLM start-up excerpt in the format of 0.10.1.1 (V1, separate lines) or 0.34.0 (one line).

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 from contextlib import contextmanager
 
 from kvlab.argtypes import positive_int
-from kvlab.errors import KvlabError, fail
 from kvlab.safe_text import printable
 from kvlab.sweep.engine import ENGINES
 from kvlab.sweep.grid import Grid, parse_list
@@ -105,6 +105,55 @@ def _shown(column: str, value) -> str:
     return f"{value:,}" if isinstance(value, int) else printable(value)
 
 
+def check_out(path: str) -> None:
+    """Refuse an ``--out`` that cannot be written before any worker starts (or any request is loaded),
+    naming the flag, the path and why: a folder or a device where a file goes, a missing or read-only
+    folder. The folder must take new files too: the finished sweep is written beside the file and renamed
+    over it."""
+    import errno
+    import stat
+    import tempfile
+    from pathlib import Path
+
+    from kvlab.sweep.grid import SweepError
+    from kvlab.sweep.store import CSV_SUFFIXES, PARQUET_SUFFIXES
+
+    target = Path(path)
+    try:
+        mode = target.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):  # NotADirectoryError: a file on the way, found below
+        mode = None
+    except OSError as exc:
+        raise SweepError(f"--out {path}: cannot be used ({exc.strerror or exc})") from None
+    if mode is not None and stat.S_ISDIR(mode):
+        raise SweepError(f"--out {path}: is a folder; give a .csv or .parquet file")
+    if mode is not None and not stat.S_ISREG(mode):
+        raise SweepError(f"--out {path}: is not a regular file (a device, FIFO or socket); give a .csv or "
+                         f".parquet file")
+    if target.suffix.lower() not in CSV_SUFFIXES + PARQUET_SUFFIXES:
+        raise SweepError(f"--out {path}: unknown format {target.suffix or '(no extension)'!r}; "
+                         f"use a .csv or .parquet file")
+    folder = target.parent if str(target.parent) else Path(".")
+    while not folder.exists() and folder != folder.parent:  # the folders kvlab would create: the first that is
+        folder = folder.parent
+    if not folder.is_dir():
+        raise SweepError(f"--out {path}: {folder} is not a folder, so the file cannot be created under it")
+    try:  # the real test (permissions, read-only mounts, root): create a file there, then remove it
+        fd, probe = tempfile.mkstemp(prefix=".kvlab-out-check-", dir=folder)
+    except OSError as exc:
+        reason = "permission denied" if exc.errno in (errno.EACCES, errno.EPERM) else (exc.strerror or str(exc))
+        raise SweepError(f"--out {path}: cannot create a file in the folder {folder} ({reason}); choose "
+                         f"another place") from None
+    os.close(fd)
+    os.unlink(probe)
+    if mode is not None:
+        try:
+            with open(target, "rb+"):
+                pass
+        except OSError as exc:
+            raise SweepError(f"--out {path}: cannot be read and written ({exc.strerror or exc})") from None
+
+
 def main(args: argparse.Namespace) -> int:
     from kvlab.sweep.point import load_requests, parse_workload_params, source_label
     from kvlab.sweep.run import run_sweep
@@ -115,6 +164,8 @@ def main(args: argparse.Namespace) -> int:
         if overrides and args.trace:
             raise ValueError("--workload-param applies to --workload, not to --trace")
         grid = grid_from_args(args)  # a bad list fails before the requests are even loaded
+        if args.out is not None:
+            check_out(args.out)  # and an --out that cannot be written, before any worker starts
         requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
         source = source_label(workload=args.workload, trace=args.trace, overrides=overrides)
         with _sigterm_interrupts():
@@ -125,8 +176,6 @@ def main(args: argparse.Namespace) -> int:
         where = f"; they are in {printable(args.out)}: run the same command again to resume" if args.out else ""
         print(f"kvlab: sweep interrupted after {len(new_rows)} new points{where}", file=sys.stderr)
         return 130
-    except (KvlabError, ValueError, OSError, RuntimeError) as exc:
-        return fail(exc)
     if args.json:
         print(json.dumps(list(run.rows), indent=2))
         print(run.cost(), file=sys.stderr)

@@ -71,7 +71,8 @@ def _coerce(row: dict, where: str) -> dict:
                 if math.isnan(out[name]):
                     raise ValueError
         except (TypeError, ValueError):
-            raise SweepError(f"{where}: column {name!r} holds {value!r}, not a sweep's "
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise SweepError(f"{where}: column {name!r} holds {shown}, not a sweep's "
                              f"{kind.__name__}; is this a kvlab sweep file?") from None
     return out
 

@@ -91,10 +91,18 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _int_field(where: str, name: str, value: Any, minimum: int, unit: str = "") -> int:
+# Upper bounds on a record's numbers: a timestamp within ~300 years of the trace's start, and no request longer
+# than 10M tokens (the longest context any model offers), so no record asks for unbounded work or overflows
+MAX_TIMESTAMP_MS = 10 ** 13
+MAX_LENGTH = 10 ** 7
+
+
+def _int_field(where: str, name: str, value: Any, minimum: int, unit: str = "", maximum: int = MAX_LENGTH) -> int:
     if type(value) is not int or value < minimum:
         raise TraceFormatError(where, f"field {name!r} must be an integer >= {minimum}{unit}, got {_show(value)}",
                                name)
+    if value > maximum:
+        raise TraceFormatError(where, f"field {name!r} must be at most {maximum:,}{unit}, got {_show(value)}", name)
     return value
 
 
@@ -111,7 +119,7 @@ def _parse_record(obj: Any, where: str, block_size: int) -> MooncakeRecord:
     for name in _FIELDS:
         if name not in obj:
             raise TraceFormatError(where, f"missing field {name!r}", name)
-    ts = _int_field(where, "timestamp", obj["timestamp"], 0, " (milliseconds)")
+    ts = _int_field(where, "timestamp", obj["timestamp"], 0, " (milliseconds)", MAX_TIMESTAMP_MS)
     n_in = _int_field(where, "input_length", obj["input_length"], 1)
     n_out = _int_field(where, "output_length", obj["output_length"], 0)
     ids = obj["hash_ids"]
@@ -164,6 +172,8 @@ def iter_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> It
                 raise TraceFormatError(where, f"not valid JSON: {e.msg} (column {e.colno})") from None
             except ValueError as e:  # bytes that are not UTF-8
                 raise TraceFormatError(where, f"not valid JSON: {e}") from None
+            except RecursionError:
+                raise TraceFormatError(where, "not a trace record: JSON nested too deeply to read") from None
             yield _parse_record(obj, where, block_size)
     if not found:
         plural = "s" if lineno > 1 else ""

@@ -19,7 +19,7 @@ from kvlab.device.caching_allocator import (
     OutOfMemoryError,
 )
 from kvlab.device.replay.report import OP_ALLOC, OP_EMPTY, OP_FREE, OP_FREE_REQUESTED, Divergence, ReplayResult
-from kvlab.errors import KvlabError
+from kvlab.errors import InvariantError, KvlabError
 from kvlab.units import GiB, TiB
 
 MODEL_TOTAL_BYTES = 1 << 50  # the model's driver never refuses, except where a recorded oom says it did
@@ -161,7 +161,7 @@ def run_trace(model, trace, blocks, pending, ops, sink, addresses, result: Repla
                 model.check_invariants()
         if segs:
             _empty_cache(model, segs, len(trace), ops, sink, result)
-    except (KvlabError, KeyError, ValueError) as exc:  # the model's state no longer matches the recording's
+    except (KvlabError, InvariantError, KeyError, ValueError) as exc:  # the model's state drifted from the recording's
         _stop(result, i, exc)
     if unknown_frees:
         result.notes.append(f"{unknown_frees} frees name a block the replay does not hold (left out)")

@@ -60,7 +60,7 @@ from kvlab.device.replay.report import OP_ALLOC, OP_FREE_REQUESTED, ReplayResult
 from kvlab.device.replay.seed import infer_seed
 from kvlab.device.replay.settings import SettingsError, recorded_settings
 from kvlab.device.snapshot import Snapshot, SnapshotError, read_snapshot
-from kvlab.errors import KvlabError
+from kvlab.errors import InvariantError, KvlabError
 
 
 def _pool_id(value: Any) -> tuple:
@@ -190,7 +190,7 @@ def _replay_once(snap, dev, settings, segments, trace, notes, model_factory, che
                     ops.append((OP_FREE_REQUESTED, sb.addr, -1))
         fence(model)
         model.check_invariants()
-    except (KvlabError, ValueError) as exc:
+    except (KvlabError, InvariantError, ValueError) as exc:
         raise SnapshotError(f"{snap.source}: device {dev}: cannot replay: the allocator's state at the trace's "
                             f"first event could not be rebuilt from segments ({exc})") from None
     sink = Sink()  # set as the model's recorder only around malloc and empty_cache: frees need no events

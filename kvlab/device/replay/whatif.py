@@ -28,7 +28,7 @@ from kvlab.device.replay.report import OP_ALLOC, OP_FREE, OP_FREE_REQUESTED, Rep
 from kvlab.device.replay.seed import Seed
 from kvlab.device.replay.settings import parse_size, parse_what_if, settings_json
 from kvlab.device.snapshot import Snapshot
-from kvlab.errors import KvlabError
+from kvlab.errors import InvariantError, KvlabError
 
 UNLIMITED_BYTES = 1 << 50
 
@@ -137,7 +137,7 @@ class _Driver:
             except OutOfMemoryError as exc:
                 exc.op_index = k  # type: ignore[attr-defined]
                 raise
-            except (KvlabError, ValueError, KeyError, TypeError) as exc:
+            except (KvlabError, InvariantError, ValueError, KeyError, TypeError) as exc:
                 raise StreamStopped(k, exc) from exc
             if self.what is not None:
                 self.point(op[-1])
@@ -155,7 +155,7 @@ def _start(model: CachingAllocatorModel, ops: list[tuple], what: WhatIf | None, 
     if start is not None:
         try:
             driver.adopt(start)
-        except (KvlabError, ValueError) as exc:
+        except (KvlabError, InvariantError, ValueError) as exc:
             raise StreamStopped(0, exc) from exc
     else:
         driver.run(ops[:_first_traced(ops)])
