@@ -28,6 +28,7 @@ class Totals:
     over_evicted_tokens: int = 0  # evicted beyond the shortfall (the bug's extra losses)
     overshoot_tokens: int = 0  # evicted beyond the request, because leaves go whole
     prefill_tokens_computed: int = 0
+    reprefill_tokens: int = 0  # of prefill_tokens_computed: computed again after a retraction (prompt + outputs so far)
     output_tokens: int = 0
     retractions: int = 0
     aborted: int = 0
@@ -72,6 +73,7 @@ class SimResult:
             "over_evicted_tokens": c.over_evicted_tokens,
             "overshoot_tokens": c.overshoot_tokens,
             "prefill_tokens_computed": c.prefill_tokens_computed,
+            "reprefill_tokens": c.reprefill_tokens,
             "retractions": c.retractions,
             "aborted": c.aborted,
             "pressure_events": c.pressure_events,

@@ -314,6 +314,8 @@ class Scheduler:
         for req in batch:
             req.kv_len += req.extend_len
             self.totals.prefill_tokens_computed += req.extend_len
+            if req.retractions:  # back from a retraction: its prompt and outputs so far, less what it matched
+                self.totals.reprefill_tokens += req.extend_len
             if req is self.chunked:
                 saved = req.fill_ids
                 req.fill_ids = saved[: req.kv_len]

@@ -179,10 +179,14 @@ def totals_bars(totals: dict[str, dict], keys: tuple[str, ...] = ("prefill_token
 
 
 def hit_rate_indicator(hit_rate: float, reference: float, title: str = "hit rate") -> go.Figure:
-    """The big number: ``hit_rate`` (0..1) in percent, with its difference from ``reference`` in points."""
+    """The big number: ``hit_rate`` (0..1) in percent, with its difference from ``reference`` in points; when
+    the two round to the same 0.01 point there is no delta to draw, and the figure says so in words."""
+    same = round(100 * hit_rate, 2) == round(100 * reference, 2)
     fig = go.Figure(go.Indicator(
-        mode="number+delta", value=round(100 * hit_rate, 4), number=dict(suffix=" %", valueformat=".2f"),
-        delta=dict(reference=round(100 * reference, 4), valueformat=".2f", suffix=" pts"), title=dict(text=title)))
+        mode="number" if same else "number+delta", value=round(100 * hit_rate, 4),
+        number=dict(suffix=" %", valueformat=".2f"),
+        delta=dict(reference=round(100 * reference, 4), valueformat=".2f", suffix=" pts"),
+        title=dict(text=f"{title}<br><span style='font-size:0.8em'>the same in both modes</span>" if same else title)))
     fig.update_layout(height=200, width=300, margin=dict(t=40, b=10, l=10, r=10))
     return fig
 
