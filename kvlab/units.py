@@ -69,22 +69,22 @@ DIFFERENCE_HEADER = f"difference ({DIFFERENCE})"
 MINUS = "\N{MINUS SIGN}"
 
 
-def _signed(text: str, value: float) -> str:
+def with_sign(text: str, value: float) -> str:
     """``text`` (the magnitude, formatted) with the sign of ``value``: "+", "−" or none at zero."""
     return ("+" if value > 0 else MINUS if value < 0 else "") + text
 
 
 def fmt_signed_int(n: int) -> str:
     """``+17,792`` / ``−17,792`` / ``0``: a count's difference, thousands separated."""
-    return _signed(f"{abs(int(n)):,}", n)
+    return with_sign(f"{abs(int(n)):,}", n)
 
 
 def fmt_signed_bytes(n: float) -> str:
     """A difference in bytes through :func:`fmt_bytes` (unit by magnitude): ``+25.70 GiB``, ``−81.00 KiB``."""
-    return _signed(fmt_bytes(abs(n)), n)
+    return with_sign(fmt_bytes(abs(n)), n)
 
 
 def fmt_points(points: float, unit: str = "points") -> str:
     """A difference of percentages, in percentage points with two decimals; never ``-0.00``."""
     rounded = round(points, 2)
-    return _signed(f"{abs(rounded):.2f} {unit}", rounded)
+    return with_sign(f"{abs(rounded):.2f} {unit}", rounded)

@@ -124,7 +124,7 @@ steps
 # %%
 if DEVICE.startswith("cuda"):
     gpu_no_gc, gpu_gc = kv_pool_sizing.compare(GPU_PRESET, device="cuda")
-    display(pd.DataFrame({"without gc": gpu_no_gc.to_json(), "with gc": gpu_gc.to_json()}))
+    display(kv_pool_sizing.summary_frame(gpu_no_gc, gpu_gc))
 else:
     print("no CUDA device here: the sections above ran on kvlab's model of the caching allocator")
 
