@@ -331,8 +331,13 @@ def sim_timelines_figure(comparison):
 
 def totals_figure(comparison):
     """Both modes' prefill / evicted / over-evicted tokens as grouped bars."""
+    from kvlab.viz.eviction_plots import MODE_STYLE
+
     arms = dict(comparison.arms())
-    return plots.totals_bars({_label(mode): arms[mode].totals() for mode in ("full", "shortfall")}).update_layout(width=560)
+    fig = plots.totals_bars({_label(mode): arms[mode].totals() for mode in ("full", "shortfall")})
+    for trace, mode in zip(fig.data, ("full", "shortfall")):  # each mode's colour, as in the timelines
+        trace.marker.color = MODE_STYLE[mode][1]
+    return fig.update_layout(width=560)
 
 
 def gauge_figure(comparison, mode: str):
