@@ -12,6 +12,7 @@ from kvlab.experiments import shortfall_eviction as se
 from kvlab.units import DIFFERENCE_HEADER, MINUS
 
 PR = "sglang-pr-4xh200"
+pytestmark = pytest.mark.slow  # both CLI comparisons, both notebooks' tables and the report's summary: ~10 s
 
 
 def _sign(text: str) -> int:
