@@ -23,7 +23,7 @@ from kvlab.argtypes import nonnegative_int as _nonnegative_int
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.errors import KvlabBug, KvlabError, fail
 from kvlab.safe_text import printable
-from kvlab.units import fmt_bytes
+from kvlab.units import DIFFERENCE_HEADER, fmt_bytes, fmt_points, fmt_signed_bytes, fmt_signed_int, with_sign
 
 
 def _fraction(text: str) -> float:
@@ -288,7 +288,7 @@ def _simulate(args) -> int:
         shortfall, full = arms["shortfall"], arms["full"]
         title = (f"simulate --compare · {source} · page size {page_size} · KV pool {shortfall['kv_tokens']:,} tokens"
                  f" · policy {shortfall['policy']}")
-        _print_compare(title, ("shortfall", "the fix", shortfall), ("full", "the bug", full),
+        _print_compare(title, ("full", "the bug", full), ("shortfall", "the fix", shortfall),
                        skip=("eviction", "page_size", "kv_tokens", "policy"), as_json=args.json,
                        percent=("hit_rate",))
         return 0
@@ -307,11 +307,11 @@ def _simulate(args) -> int:
     return 0
 
 
-def _difference(left: dict, right: dict, skip: tuple = ()) -> dict:
-    """left − right for every numeric field both share (bools and text are not differences)."""
+def _difference(bug: dict, fix: dict, skip: tuple = ()) -> dict:
+    """fix − bug (kvlab.units' convention) for every numeric field both share (bools and text are not differences)."""
     out = {}
-    for key, a in left.items():
-        b = right.get(key)
+    for key, b in bug.items():
+        a = fix.get(key)
         if key in skip or isinstance(a, bool) or isinstance(b, bool):
             continue
         if isinstance(a, (int, float)) and isinstance(b, (int, float)):
@@ -326,37 +326,38 @@ def _shown(key: str, value, percent: tuple = (), byte_keys: bool = False, signed
         return "yes" if value else "no"
     if isinstance(value, str):
         return value
-    sign = "+" if signed and value > 0 else ""
     if key in percent:
-        return f"{sign}{value * 100:.2f} pt" if signed else f"{value:.2%}"
+        return fmt_points(value * 100) if signed else f"{value:.2%}"
     if byte_keys and key.endswith("_bytes"):
-        return sign + fmt_bytes(value)
-    return f"{sign}{value:,}" if isinstance(value, int) else f"{sign}{value:,.2f}"
+        return fmt_signed_bytes(value) if signed else fmt_bytes(value)
+    if signed:
+        return fmt_signed_int(value) if isinstance(value, int) else with_sign(f"{abs(value):,.2f}", value)
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.2f}"
 
 
-def _print_compare(title: str, left: tuple, right: tuple, *, skip: tuple = (), as_json: bool = False,
+def _print_compare(title: str, bug: tuple, fix: tuple, *, skip: tuple = (), as_json: bool = False,
                    percent: tuple = (), byte_keys: bool = False) -> None:
-    """Two arms side by side, with ``left − right``; ``left``/``right`` are (key, caption, fields)."""
-    (lkey, lcap, lfields), (rkey, rcap, rfields) = left, right
-    diff = _difference(lfields, rfields, skip)
+    """The bug's arm, the fix's, then fix − bug (kvlab.units' convention); ``bug``/``fix`` are (key, caption, fields)."""
+    (bkey, bcap, bfields), (fkey, fcap, ffields) = bug, fix
+    diff = _difference(bfields, ffields, skip)
     if as_json:
-        print(json.dumps({lkey: lfields, rkey: rfields, "difference": {"of": f"{lkey} - {rkey}", **diff}}, indent=2))
+        print(json.dumps({bkey: bfields, fkey: ffields, "difference": {"of": f"{fkey} - {bkey}", **diff}}, indent=2))
         return
     print(title)
-    keys = [k for k in lfields if k not in skip]
+    keys = [k for k in bfields if k not in skip]
     width = max(map(len, keys))
-    head = (f"{lkey} ({lcap})", f"{rkey} ({rcap})", "difference")
+    head = (f"{bkey} ({bcap})", f"{fkey} ({fcap})", DIFFERENCE_HEADER)
     cols = [max(16, len(h)) for h in head]
     print(f"  {'':<{width}}  {head[0]:>{cols[0]}}  {head[1]:>{cols[1]}}  {head[2]:>{cols[2]}}")
     notes = []
     for key in keys:
-        a = _shown(key, lfields[key], percent, byte_keys)
-        b = _shown(key, rfields.get(key), percent, byte_keys)
+        b = _shown(key, bfields[key], percent, byte_keys)
+        a = _shown(key, ffields.get(key), percent, byte_keys)
         d = _shown(key, diff[key], percent, byte_keys, signed=True) if key in diff and diff[key] else ""
         if max(len(a), len(b)) > max(cols[:2]):  # long text (an error message): under the table, per arm
-            notes += [f"  {key} ({arm}): {text}" for arm, text in ((lkey, a), (rkey, b)) if text != "—"]
-            a, b = ("see below" if t != "—" else t for t in (a, b))
-        print(f"  {key:<{width}}  {a:>{cols[0]}}  {b:>{cols[1]}}  {d:>{cols[2]}}")
+            notes += [f"  {key} ({arm}): {text}" for arm, text in ((bkey, b), (fkey, a)) if text != "—"]
+            b, a = ("see below" if t != "—" else t for t in (b, a))
+        print(f"  {key:<{width}}  {b:>{cols[0]}}  {a:>{cols[1]}}  {d:>{cols[2]}}")
     for note in notes:
         print(note)
 
@@ -376,7 +377,7 @@ def _pool_compare(args) -> int:
     title = (f"kv-pool-sizing --compare · preset {left['preset']} · device {left['device']} × TP{left['tp_size']}"
              f" · model {left['model']} · mem_fraction_static {left['mem_fraction_static']}"
              f" · prompt {left['prompt_tokens']:,} tokens")
-    _print_compare(title, ("with_gc", "the fix", left), ("without_gc", "the bug", right), skip=shared,
+    _print_compare(title, ("without_gc", "the bug", right), ("with_gc", "the fix", left), skip=shared,
                    as_json=args.json, byte_keys=True)
     if not args.json and args.preset == kv_pool_sizing.SGLANG_PR_4XH200.name:
         print(kv_pool_sizing.pr_numbers_note(right["max_total_num_tokens"], left["max_total_num_tokens"]))
@@ -397,7 +398,7 @@ def _print_pool(result) -> None:
         rows += [
             ("slack  pre × (1 − f)", fmt_bytes(data["slack_bytes"])),
             ("rest (KV budget)", fmt_bytes(data["rest_bytes"])),
-            ("cell size", f"{data['cell_size_bytes']:,} B/token"),
+            ("cell size", f"{fmt_bytes(data['cell_size_bytes'])} per token"),
             ("max_total_num_tokens", f"{data['max_total_num_tokens']:,}"),
             ("max_req_input_len", f"{data['max_req_input_len']:,}"),
         ]

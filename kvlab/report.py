@@ -41,7 +41,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvlab.paths import notebook_dir
-from kvlab.units import fmt_gib
+from kvlab.units import (
+    DIFFERENCE,
+    DIFFERENCE_HEADER,
+    MiB,
+    fmt_bytes,
+    fmt_points,
+    fmt_signed_bytes,
+    fmt_signed_int,
+)
 
 MARKER = ".kvlab-report"  # the manifest (JSON): {"kvlab_report_manifest": 1, "files": {relative path: sha256}}
 MANIFEST_FORMAT = 1
@@ -121,7 +129,7 @@ def _sha256(path: Path) -> str | None:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         digest = hashlib.sha256()
-        for chunk in iter(lambda: f.read(1 << 20), b""):
+        for chunk in iter(lambda: f.read(MiB), b""):
             digest.update(chunk)
     return digest.hexdigest()
 
@@ -315,7 +323,19 @@ def _pool_finding(arms, device: str, source: str) -> dict:
     ranks = f"{scenario.tp_size} × " if scenario.tp_size > 1 else ""
     return {"source": source, "preset": scenario.name, "model": scenario.model, "tp_size": scenario.tp_size,
             "device": device, "device_description": ranks + describe_device(device),
-            "without_gc": _pool_arm(no_gc), "with_gc": _pool_arm(with_gc)}
+            "without_gc": _pool_arm(no_gc), "with_gc": _pool_arm(with_gc),
+            "difference": _json_difference(_pool_arm(no_gc), _pool_arm(with_gc), "with_gc - without_gc")}
+
+
+def _json_difference(bug: dict, fix: dict, of: str) -> dict:
+    """summary.json's ``difference`` of one finding: fix − bug (kvlab.units' convention) of every numeric field."""
+    out: dict = {"of": f"{of} ({DIFFERENCE})"}
+    for key, b in bug.items():
+        a = fix.get(key)
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) \
+                and not isinstance(b, bool):
+            out[key] = round(a - b, 6) if isinstance(a, float) or isinstance(b, float) else a - b
+    return out
 
 
 def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET) -> tuple[dict, tuple, object]:
@@ -335,7 +355,7 @@ def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET) 
     def sim(result) -> dict:
         totals = result.totals()
         keys = ("hit_rate", "cached_prompt_tokens", "prompt_tokens", "over_evicted_tokens", "evicted_tokens",
-                "prefill_tokens_computed", "pressure_events", "requests")
+                "prefill_tokens_computed", "reprefill_tokens", "pressure_events", "requests")
         return {k: totals[k] for k in keys if k in totals}
 
     summary = {"device": {"name": device, "description": describe_device(device)} if device else None,
@@ -348,7 +368,8 @@ def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET) 
         "seed": settings.seed, "overrides": settings.workload_overrides(), "kv_tokens": settings.kv_tokens,
         "page_size": settings.page_size, "policy": settings.policy,
         "device_description": "no device: a scheduler simulation that counts KV-pool slots",
-        "shortfall": sim(comparison.shortfall), "full": sim(comparison.full)}
+        "full": sim(comparison.full), "shortfall": sim(comparison.shortfall),
+        "difference": _json_difference(sim(comparison.full), sim(comparison.shortfall), "shortfall - full")}
     return summary, arms, comparison
 
 
@@ -358,7 +379,7 @@ def _int(n: int) -> str:
 
 
 def _signed_int(n: int) -> str:
-    return ("+" if n > 0 else "") + _int(n)
+    return fmt_signed_int(n)
 
 
 def _pct(x: float) -> str:
@@ -366,15 +387,15 @@ def _pct(x: float) -> str:
 
 
 def _signed_points(points: float) -> str:
-    return f"{points:+.2f} percentage points".replace("-", "−")
+    return fmt_points(points, "percentage points")
 
 
-def _gib(n: int) -> str:
-    return fmt_gib(n).replace("-", "−")
+def _gib(n: int) -> str:  # bytes, the unit chosen by magnitude (kvlab.units.fmt_bytes, as every surface)
+    return fmt_bytes(n).replace("-", "−")
 
 
 def _signed_gib(n: int) -> str:
-    return ("+" if n > 0 else "") + _gib(n)
+    return fmt_signed_bytes(n)
 
 
 @dataclass(frozen=True)
@@ -430,6 +451,7 @@ def _eviction_headline(f2: dict) -> Headline:
     for key, label in (("over_evicted_tokens", "tokens evicted beyond the shortfall (over-evicted)"),
                        ("evicted_tokens", "tokens evicted"),
                        ("prefill_tokens_computed", "prefill tokens computed"),
+                       ("reprefill_tokens", "… of them prefilled again after a retraction"),
                        ("pressure_events", "memory-pressure events"),
                        ("requests", "requests")):
         if key in bug and key in fix:
@@ -442,6 +464,11 @@ def _eviction_headline(f2: dict) -> Headline:
     extra = bug["prefill_tokens_computed"] - fix["prefill_tokens_computed"]
     recomputed = (f"{_int(extra)} more prefill tokens" if extra > 0 else f"{_int(-extra)} fewer prefill tokens"
                   if extra < 0 else "as many prefill tokens")
+    if extra and all(k in arm for arm in (bug, fix) for k in ("cached_prompt_tokens", "reprefill_tokens")):
+        lost, again = fix["cached_prompt_tokens"] - bug["cached_prompt_tokens"], bug["reprefill_tokens"] - fix["reprefill_tokens"]
+        show = _int if lost >= 0 and again >= 0 else _signed_int  # parts of "more": plain counts when both add
+        recomputed += (f" ({show(lost)} prompt tokens it did not find in the cache, {show(again)} "
+                       f"prefilled again after retractions)")
     sentence = (f"Evicting only the shortfall {verb} the prefix-cache hit rate from {_pct(bug['hit_rate'])} to "
                 f"{_pct(fix['hit_rate'])} ({_signed_points(points)}); full eviction over-evicted "
                 f"{_int(bug['over_evicted_tokens'])} tokens and computed {recomputed}.")
@@ -467,7 +494,7 @@ def _headline_html(h: Headline) -> str:
     return (f"<section class='headline'><h3>{e(h.title)}</h3><p>{e(h.sentence)}</p>"
             f"<p class='setting'>{e(h.setting)}</p>"
             f"<table class='kvlab-headline'><thead><tr><th></th><th>{e(h.arms[0])}</th><th>{e(h.arms[1])}</th>"
-            f"<th>difference (fix − bug)</th></tr></thead><tbody>{rows}</tbody></table>{note}</section>")
+            f"<th>{e(DIFFERENCE_HEADER)}</th></tr></thead><tbody>{rows}</tbody></table>{note}</section>")
 
 
 # ---- the site -------------------------------------------------------------------------------------

@@ -57,3 +57,34 @@ def fmt_gib(n: float) -> str:
     """Bytes in GiB with two decimals and thousands separators, whatever the size (``21.52 GiB``): the unit
     of the finding-1 tables, where rows are compared with each other."""
     return f"{n / GiB:,.2f} GiB"
+
+
+# ---- one convention for a bug beside its fix ----------------------------------------------------------
+# Every surface that compares the two arms of a finding (notebook tables, the report's index and summary.json,
+# ``kvlab simulate --compare``, ``kvlab repro kv-pool-sizing --compare``) shows the bug's column first, then the
+# fix's, then their difference fix − bug: positive when the fix has more. Signed numbers print "+" or the
+# minus sign "−" (U+2212), and a difference that rounds to zero prints without a sign.
+DIFFERENCE = "fix − bug"
+DIFFERENCE_HEADER = f"difference ({DIFFERENCE})"
+MINUS = "\N{MINUS SIGN}"
+
+
+def with_sign(text: str, value: float) -> str:
+    """``text`` (the magnitude, formatted) with the sign of ``value``: "+", "−" or none at zero."""
+    return ("+" if value > 0 else MINUS if value < 0 else "") + text
+
+
+def fmt_signed_int(n: int) -> str:
+    """``+17,792`` / ``−17,792`` / ``0``: a count's difference, thousands separated."""
+    return with_sign(f"{abs(int(n)):,}", n)
+
+
+def fmt_signed_bytes(n: float) -> str:
+    """A difference in bytes through :func:`fmt_bytes` (unit by magnitude): ``+25.70 GiB``, ``−81.00 KiB``."""
+    return with_sign(fmt_bytes(abs(n)), n)
+
+
+def fmt_points(points: float, unit: str = "points") -> str:
+    """A difference of percentages, in percentage points with two decimals; never ``-0.00``."""
+    rounded = round(points, 2)
+    return with_sign(f"{abs(rounded):.2f} {unit}", rounded)

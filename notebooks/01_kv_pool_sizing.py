@@ -81,8 +81,9 @@ Markdown(kv_pool_sizing.pr_numbers_note(no_gc.max_total_num_tokens, with_gc.max_
 # ## 2 · Try it live
 # The toggle decides whether your server collects before measuring. The two timelines (rank 0 of 4) show what the
 # allocator did in each arm: the weights go in, the loader's staging shards go in with them, and at the
-# **measure** phase only the right-hand arm has let go of them. Move `mem_fraction_static`, switch `empty_cache()`
-# off, or change the prompt and preset.
+# **measure** phase only the right-hand arm has let go of them. In the left-hand arm the collector runs later,
+# while serving: it frees the same staging, but the pool was sized already, so that memory sits idle (the label
+# says how much). Move `mem_fraction_static`, switch `empty_cache()` off, or change the prompt and preset.
 
 # %% tags=["dashboard"]
 from kvlab.viz.widgets import KVPoolPanel
@@ -124,7 +125,7 @@ steps
 # %%
 if DEVICE.startswith("cuda"):
     gpu_no_gc, gpu_gc = kv_pool_sizing.compare(GPU_PRESET, device="cuda")
-    display(pd.DataFrame({"without gc": gpu_no_gc.to_json(), "with gc": gpu_gc.to_json()}))
+    display(kv_pool_sizing.summary_frame(gpu_no_gc, gpu_gc))
 else:
     print("no CUDA device here: the sections above ran on kvlab's model of the caching allocator")
 

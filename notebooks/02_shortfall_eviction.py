@@ -82,6 +82,13 @@ assert extra and events["shortfall"].evict.over_evicted_tokens == 0
 # SGLang bench_serving's *generated-shared-prefix* workload with many small groups — 64 system prompts of 512
 # tokens, 8 short questions each, 512 requests at once — through a pool of 32,768 tokens in 128-token pages
 # (`shortfall_eviction.PANEL_DEFAULTS`). Same requests, same order, same scheduler; only the eviction differs.
+#
+# The table shows the bug's column, the fix's, then the difference **fix − bug** (every kvlab table, the report
+# and `kvlab simulate --compare` use this order and sign). Its first rows are an account that closes in each
+# column: prompt tokens served from the cache + prompt tokens prefilled at first admission = the workload's prompt
+# tokens; add what was prefilled *again* after a retraction (a retracted request recomputes its prompt and outputs
+# so far, less what it matches then) and you have every token prefilled. The verdict below splits the bug's extra
+# prefill along the same lines: cache hits it lost to early eviction, and re-prefill after retractions.
 
 # %%
 settings = shortfall_eviction.PANEL_DEFAULTS

@@ -54,3 +54,13 @@ def test_no_module_defines_its_own_byte_unit():
             continue
         offenders += [f"{rel}:{line}: {text}" for line, text in _unit_literals(ast.parse(path.read_text()))]
     assert not offenders, "byte units come from kvlab.units:\n" + "\n".join(offenders)
+
+
+def test_signed_differences_follow_one_convention():
+    from kvlab.units import DIFFERENCE_HEADER, MINUS, fmt_points, fmt_signed_bytes, fmt_signed_int
+
+    assert DIFFERENCE_HEADER == "difference (fix − bug)"
+    assert (fmt_signed_int(17_792), fmt_signed_int(-17_792), fmt_signed_int(0)) == ("+17,792", f"{MINUS}17,792", "0")
+    assert fmt_signed_bytes(-82_944) == f"{MINUS}81.00 KiB" and fmt_signed_bytes(25 * GiB) == "+25.00 GiB"
+    assert fmt_points(-0.001) == "0.00 points" and fmt_points(5.3309) == "+5.33 points"  # never "-0.00"
+    assert fmt_points(-2.5, "pt") == f"{MINUS}2.50 pt"

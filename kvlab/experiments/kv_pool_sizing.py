@@ -319,7 +319,9 @@ def compare(scenario: KVPoolScenario | str = SGLANG_PR_4XH200, **options) -> tup
 
 
 def summary_frame(without_gc: KVPoolResult, with_gc: KVPoolResult):
-    """Both arms as a table a person reads: rows in words, bytes in GiB/MiB, tokens with separators.
+    """Both arms as a table a person reads: the bug's column, the fix's, then the difference fix − bug
+    (kvlab.units' convention); rows in words, bytes in the unit their size calls for (``fmt_bytes``), tokens
+    with separators.
 
     The rows, top to bottom, follow SGLang's arithmetic: the reading after loading, the budget left after the
     (1 − mem_fraction_static) slack, the cell size, the pool it buys and the prompt it then allows. The last row,
@@ -327,23 +329,39 @@ def summary_frame(without_gc: KVPoolResult, with_gc: KVPoolResult):
     """
     import pandas as pd
 
-    from kvlab.units import fmt_bytes
+    from kvlab.units import DIFFERENCE_HEADER, fmt_bytes, fmt_signed_bytes, fmt_signed_int
 
-    def rows(r: KVPoolResult) -> dict[str, str]:
-        d = r.to_json()
-        size = lambda n: "—" if n is None else fmt_bytes(n)  # noqa: E731
-        return {
-            "free memory read after loading": size(d["available_bytes"]),
-            "KV budget (rest = free − slack)": size(d["rest_bytes"]),
-            "KV cell, per token per rank": f"{d['cell_size_bytes']:,} B",
-            "KV pool (max_total_num_tokens)": f"{d['max_total_num_tokens']:,} tokens",
-            "longest prompt (max_req_input_len)": "—" if d["max_req_input_len"] is None
-            else f"{d['max_req_input_len']:,} tokens",
-            f"prompt of {d['prompt_tokens']:,} tokens": "accepted" if d["accepted"] else "refused",
-            "memory left idle once gc has run": size(d["idle_bytes"]),
-        }
+    def size(n):
+        return "—" if n is None else fmt_bytes(n)
 
-    frame = pd.DataFrame({"without gc.collect()": rows(without_gc), "with gc.collect()": rows(with_gc)})
+    def tokens(n):
+        return "—" if n is None else f"{n:,} tokens"
+
+    def diff(a, b, signed) -> str:
+        return "" if a is None or b is None or a == b else signed(b - a)
+
+    bug, fix = without_gc.to_json(), with_gc.to_json()
+    rows = (  # label, value of one arm, the difference fix − bug
+        ("free memory read after loading", lambda d: size(d["available_bytes"]),
+         diff(bug["available_bytes"], fix["available_bytes"], fmt_signed_bytes)),
+        ("KV budget (rest = free − slack)", lambda d: size(d["rest_bytes"]),
+         diff(bug["rest_bytes"], fix["rest_bytes"], fmt_signed_bytes)),
+        ("KV cell, per token per rank", lambda d: size(d["cell_size_bytes"]),
+         diff(bug["cell_size_bytes"], fix["cell_size_bytes"], fmt_signed_bytes)),
+        ("KV pool (max_total_num_tokens)", lambda d: tokens(d["max_total_num_tokens"]),
+         diff(bug["max_total_num_tokens"], fix["max_total_num_tokens"], lambda n: fmt_signed_int(n) + " tokens")),
+        ("longest prompt (max_req_input_len)", lambda d: tokens(d["max_req_input_len"]),
+         diff(bug["max_req_input_len"], fix["max_req_input_len"], lambda n: fmt_signed_int(n) + " tokens")),
+        (f"prompt of {fix['prompt_tokens']:,} tokens", lambda d: "accepted" if d["accepted"] else "refused",
+         "" if bug["accepted"] == fix["accepted"] else
+         f"{'accepted' if bug['accepted'] else 'refused'} → {'accepted' if fix['accepted'] else 'refused'}"),
+        ("memory left idle once gc has run", lambda d: size(d["idle_bytes"]),
+         diff(bug["idle_bytes"], fix["idle_bytes"], fmt_signed_bytes)),
+    )
+    frame = pd.DataFrame({"without gc.collect() (the bug)": [value(bug) for _, value, _ in rows],
+                          "with gc.collect() (the fix)": [value(fix) for _, value, _ in rows],
+                          DIFFERENCE_HEADER: [d for *_, d in rows]},
+                         index=[label for label, *_ in rows])
     frame.index.name = "rank 0"
     return frame
 

@@ -36,6 +36,7 @@ from kvlab.sweep.point import (  # noqa: F401  (DEFAULT_KV_TOKENS, default_kv_to
     pool_tokens,
     scheduler_config,
 )
+from kvlab.units import DIFFERENCE, DIFFERENCE_HEADER, fmt_points, fmt_signed_int
 from kvlab.workloads.request import Request
 
 if TYPE_CHECKING:
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 MODES = EVICTION_MODES  # ("shortfall", "full"): evict_from_tree_cache's modes
 MODE_LABELS = {"shortfall": "shortfall (the fix)", "full": "full (the bug)"}
+SHOWN = ("full", "shortfall")  # the order every table shows the modes in: the bug, then the fix (kvlab.units)
 NEGLIGIBLE_GAP_POINTS = 0.5  # a hit-rate difference below this many points is called negligible
 
 
@@ -56,55 +58,97 @@ class ShortfallComparison:
 
     @property
     def gap_points(self) -> float:
-        """Hit-rate loss of full eviction, in percentage points (shortfall − full)."""
+        """Hit-rate loss of full eviction, in percentage points (fix − bug: shortfall − full)."""
         return 100.0 * (self.shortfall.hit_rate - self.full.hit_rate)
 
+    def prefill_causes(self) -> dict[str, int]:
+        """The bug's extra prefill (fix − bug of ``prefill_tokens_computed``, negated), split by cause; the
+        parts add up to the whole. ``lost_hits``: prompt tokens the fix served from the cache at first
+        admission and the bug computed (what early eviction cost); ``reprefill``: tokens computed again after
+        retractions (prompt and outputs so far), bug minus fix."""
+        fix, bug = self.shortfall.totals(), self.full.totals()
+        return {"extra_prefill": bug["prefill_tokens_computed"] - fix["prefill_tokens_computed"],
+                "lost_hits": fix["cached_prompt_tokens"] - bug["cached_prompt_tokens"],
+                "reprefill": bug["reprefill_tokens"] - fix["reprefill_tokens"]}
+
     def summary_frame(self):
-        """The comparison as a person reads it: rows in words, percentages with two decimals, tokens
-        with thousands separators, and the difference full − shortfall."""
+        """The comparison as a person reads it: the bug's column, the fix's, then the difference fix − bug
+        (kvlab.units' convention); rows in words, percentages with two decimals, tokens with separators.
+
+        The first rows are an account that closes, in each column: prompt tokens served from the cache +
+        prompt tokens prefilled at first admission = the workload's prompt tokens; that prefill + the tokens
+        prefilled again after a retraction = all tokens prefilled (``prefill_tokens_computed``)."""
         import pandas as pd
 
         fix, bug = self.shortfall.totals(), self.full.totals()
+        for t in (fix, bug):
+            t["first_prefill_tokens"] = t["prefill_tokens_computed"] - t["reprefill_tokens"]
         rows = (  # label, totals key, format, format of the difference
-            ("hit rate (prompt tokens served from the cache)", "hit_rate", _pct, lambda d: _points(100 * d)),
-            ("prompt tokens served from the cache", "cached_prompt_tokens", _int, _signed),
-            ("prompt tokens prefilled (computed)", "prefill_tokens_computed", _int, _signed),
-            ("tokens evicted from the cache", "evicted_tokens", _int, _signed),
-            ("evicted earlier than needed (over-eviction)", "over_evicted_tokens", _int, _signed),
-            ("freed beyond what was asked (leaf overshoot)", "overshoot_tokens", _int, _signed),
-            ("pressure events (allocations that had to evict)", "pressure_events", _int, _signed),
-            ("requests retracted", "retractions", _int, _signed),
+            ("hit rate (prompt tokens served from the cache)", "hit_rate", _pct, lambda d: fmt_points(100 * d)),
+            ("prompt tokens served from the cache", "cached_prompt_tokens", _int, fmt_signed_int),
+            ("+ prompt tokens prefilled at first admission", "first_prefill_tokens", _int, fmt_signed_int),
+            ("= prompt tokens of the workload", "prompt_tokens", _int, fmt_signed_int),
+            ("+ tokens prefilled again after a retraction", "reprefill_tokens", _int, fmt_signed_int),
+            ("= tokens prefilled in all (computed)", "prefill_tokens_computed", _int, fmt_signed_int),
+            ("requests retracted", "retractions", _int, fmt_signed_int),
+            ("tokens evicted from the cache", "evicted_tokens", _int, fmt_signed_int),
+            ("evicted earlier than needed (over-eviction)", "over_evicted_tokens", _int, fmt_signed_int),
+            ("freed beyond what was asked (leaf overshoot)", "overshoot_tokens", _int, fmt_signed_int),
+            ("pressure events (allocations that had to evict)", "pressure_events", _int, fmt_signed_int),
             ("output tokens per second (cost model)", "output_tokens_per_s", _rate, _signed_rate),
         )
         frame = pd.DataFrame(
-            {MODE_LABELS["shortfall"]: [fmt(fix[k]) for _, k, fmt, _ in rows],
-             MODE_LABELS["full"]: [fmt(bug[k]) for _, k, fmt, _ in rows],
-             "difference (full − shortfall)": [dfmt(bug[k] - fix[k]) for _, k, _, dfmt in rows]},
+            {MODE_LABELS["full"]: [fmt(bug[k]) for _, k, fmt, _ in rows],
+             MODE_LABELS["shortfall"]: [fmt(fix[k]) for _, k, fmt, _ in rows],
+             DIFFERENCE_HEADER: [dfmt(fix[k] - bug[k]) for _, k, _, dfmt in rows]},
             index=[label for label, *_ in rows])
         frame.index.name = f"{fix['requests']:,} requests, pool {fix['kv_tokens']:,} tokens"
         return frame
 
     def verdict(self) -> str:
-        """One plain sentence: does full eviction cost hit rate here, and how much was evicted early."""
+        """Plain sentences: does full eviction cost hit rate here, how much was evicted early, and what the
+        extra prefill is made of (lost cache hits, re-prefill after retractions)."""
         fix, bug = self.shortfall.totals(), self.full.totals()
         gap = self.gap_points
-        early = f"{bug['over_evicted_tokens']:,} tokens earlier than needed"
+        if fix["pressure_events"] == 0 and bug["pressure_events"] == 0:
+            return (f"No pressure event in either mode: the pool never ran short, nothing was evicted, and both "
+                    f"modes behave the same (hit rate {_pct(fix['hit_rate'])}). Shrink the pool or pick a larger "
+                    f"workload to see the difference.")
         if bug["over_evicted_tokens"] == 0:
-            return (f"No pressure event had free slots to spare, so both modes evicted the same: hit rate "
-                    f"{_pct(fix['hit_rate'])} either way.")
+            return (f"Full eviction (the bug) never evicted beyond the shortfall: its {bug['pressure_events']:,} "
+                    f"pressure events found no free slot to spare, so both modes evicted alike and the hit "
+                    f"rates differ by {fmt_points(gap)} ({_pct(bug['hit_rate'])} vs {_pct(fix['hit_rate'])}).")
+        early = f"{bug['over_evicted_tokens']:,} tokens earlier than needed"
         if abs(gap) < NEGLIGIBLE_GAP_POINTS:
-            same = "the same hit rate" if gap == 0 else f"hit rates {_pct(fix['hit_rate'])} vs {_pct(bug['hit_rate'])}"
-            return (f"Negligible here: {same} ({_points(-gap)}). Full eviction (the bug) evicted {early}, but "
-                    f"the fix evicted the same prefixes a little later, before anyone asked for them again "
-                    f"(tokens evicted in all: {fix['evicted_tokens']:,} vs {bug['evicted_tokens']:,}).")
+            same = ("the same hit rate" if round(gap, 2) == 0
+                    else f"hit rates {_pct(bug['hit_rate'])} vs {_pct(fix['hit_rate'])}")
+            return (f"Negligible here: {same} ({fmt_points(gap)}, {DIFFERENCE}). Full eviction (the bug) evicted "
+                    f"{early}, but the fix evicted the same prefixes a little later, before anyone asked for them "
+                    f"again (tokens evicted in all: {bug['evicted_tokens']:,} vs {fix['evicted_tokens']:,}). "
+                    + self._prefill_sentence())
         if gap < 0:
             return (f"Here full eviction (the bug) happens to do better, by {-gap:.2f} points "
                     f"({_pct(bug['hit_rate'])} vs {_pct(fix['hit_rate'])}): it evicted {early}, and the prefixes "
-                    f"the fix kept instead were not the ones asked for next.")
-        return (f"Full eviction (the bug) costs {gap:.2f} points of hit rate here ({_pct(fix['hit_rate'])} → "
-                f"{_pct(bug['hit_rate'])}): it evicted {early}, some of them just before they were asked for "
-                f"again, so {bug['prefill_tokens_computed'] - fix['prefill_tokens_computed']:,} more prompt "
-                f"tokens were prefilled.")
+                    f"the fix kept instead were not the ones asked for next. " + self._prefill_sentence())
+        return (f"Full eviction (the bug) costs {gap:.2f} points of hit rate here ({_pct(bug['hit_rate'])} → "
+                f"{_pct(fix['hit_rate'])} with the fix): it evicted {early}, some of them just before they were "
+                f"asked for again. " + self._prefill_sentence())
+
+    def _prefill_sentence(self) -> str:
+        """What the bug's extra (or saved) prefill is made of, each part with its cause."""
+        c = self.prefill_causes()
+        extra, lost, again = c["extra_prefill"], c["lost_hits"], c["reprefill"]
+        if extra == lost == again == 0:
+            return "Both modes prefilled the same tokens."
+        parts = []
+        if lost:
+            parts.append(f"{lost:,} prompt tokens the fix served from the cache (early eviction)" if lost > 0 else
+                         f"{-lost:,} fewer prompt tokens than the fix, served from the cache instead")
+        if again:
+            parts.append(f"{again:,} more tokens prefilled again after retractions" if again > 0 else
+                         f"{-again:,} fewer tokens prefilled again after retractions")
+        what = "more" if extra >= 0 else "fewer"
+        return f"The bug prefilled {abs(extra):,} {what} tokens: " + "; ".join(parts) + "."
 
     def cumulative_frame(self):
         """Tidy, one row per step and mode (plus a zero row at t = 0): ``mode``, ``label``, ``time_s``
@@ -161,7 +205,7 @@ class ShortfallComparison:
                   ("free slots, average over time", "free_tokens_avg", lambda v: f"{v:,.0f}"),
                   ("cached tokens not in use, average over time", "cached_tokens_avg", lambda v: f"{v:,.0f}"),
                   ("hit rate", "hit_rate", _pct))
-        return pd.DataFrame({MODE_LABELS[m]: [fmt(raw.loc[k, m]) for _, k, fmt in labels] for m in MODES},
+        return pd.DataFrame({MODE_LABELS[m]: [fmt(raw.loc[k, m]) for _, k, fmt in labels] for m in SHOWN},
                             index=[label for label, *_ in labels])
 
 
@@ -179,16 +223,8 @@ def _pct(v: float) -> str:
     return f"{v:.2%}"
 
 
-def _points(v: float) -> str:
-    return f"{v:+.2f} points"
-
-
 def _int(v) -> str:
     return f"{int(v):,}"
-
-
-def _signed(v) -> str:
-    return f"{int(v):+,}"
 
 
 def _rate(v: float) -> str:
@@ -196,7 +232,7 @@ def _rate(v: float) -> str:
 
 
 def _signed_rate(v: float) -> str:
-    return f"{v:+,.0f}"
+    return fmt_signed_int(round(v))
 
 
 def run(requests: Sequence[Request], *, eviction: str = "shortfall", page_size: int = 1, kv_tokens: int | None = None,
@@ -383,4 +419,5 @@ def events_frame(events: dict[str, PressureEvent]):
             "cached conversations destroyed": f"{len(e.destroyed):,}",
         }
 
-    return pd.DataFrame({MODE_LABELS.get(mode, mode): rows(e) for mode, e in events.items()})
+    order = sorted(events, key=lambda m: SHOWN.index(m) if m in SHOWN else len(SHOWN))  # the bug, then the fix
+    return pd.DataFrame({MODE_LABELS.get(mode, mode): rows(events[mode]) for mode in order})

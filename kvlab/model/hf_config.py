@@ -99,7 +99,7 @@ def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name:
     return config_from_dict(data, name=name, origin=str(path), kv_cache_dtype=kv_cache_dtype)
 
 
-MAX_FIELD = 1 << 40
+MAX_FIELD = 10**12
 
 
 class _Fields:
@@ -135,8 +135,8 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be an integer >= {minimum}, "
                               f"got {value!r:.60}")
-        if value > MAX_FIELD:  # no model has a dimension, count or length near 2**40; a bigger one overflows sums
-            raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be at most 2**40, got {value!r:.60}")
+        if value > MAX_FIELD:  # no model has a dimension, count or length near 10**12; a bigger one overflows sums
+            raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be at most {MAX_FIELD:,}, got {value!r:.60}")
         return value
 
 

@@ -71,8 +71,12 @@ class Ledger:
         self.totals.hit_pages += matched_prompt_tokens // page_size
         self.step_hits += matched_prompt_tokens
 
-    def note_prefill(self, tokens_computed: int) -> None:
+    def note_prefill(self, tokens_computed: int, *, again: bool = False) -> None:
+        """A prefill computed ``tokens_computed`` tokens; ``again``: for a request back from a retraction (its
+        prompt and outputs so far, less what it matched then), counted in ``reprefill_tokens`` too."""
         self.totals.prefill_tokens_computed += tokens_computed
+        if again:
+            self.totals.reprefill_tokens += tokens_computed
 
     def emit(self, req: SimReq) -> None:
         """``req`` emits its next planned output token."""

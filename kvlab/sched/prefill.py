@@ -102,7 +102,7 @@ class PrefillAdder:
         started = []
         for req in batch.reqs:
             req.kv_len += req.extend_len
-            ledger.note_prefill(req.extend_len)
+            ledger.note_prefill(req.extend_len, again=bool(req.retractions))
             if req is batch.chunked:
                 kv.cache_chunk(req)
                 continue

@@ -32,6 +32,7 @@ class Totals:
     over_evicted_tokens: int = 0  # evicted beyond the shortfall (the bug's extra losses)
     overshoot_tokens: int = 0  # evicted beyond the request, because leaves go whole
     prefill_tokens_computed: int = 0
+    reprefill_tokens: int = 0  # of prefill_tokens_computed: computed again after a retraction (prompt + outputs so far)
     retractions: int = 0
     aborted: int = 0
     pressure_events: int = 0  # evict_from_tree_cache calls that found the pool short

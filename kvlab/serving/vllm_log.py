@@ -65,7 +65,7 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
     for number, line in enumerate(text.splitlines(), start=1):
         worker = _WORKER.search(line)
         where = f"{path}:{number}"
-        rank = _reading(worker.group(1) or worker.group(2), where, "worker rank", int, 1 << 20) if worker else 0
+        rank = _reading(worker.group(1) or worker.group(2), where, "worker rank", int, 1_000_000) if worker else 0
         for name, pattern in _PATTERNS.items():
             m = pattern.search(line)
             if not m:
@@ -88,7 +88,7 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
             elif name == "util" and log.gpu_memory_utilization is None:
                 log.gpu_memory_utilization = _reading(m.group(1) or m.group(2), where, "gpu_memory_utilization", float, 1)
             elif name == "block" and log.block_size is None:
-                log.block_size = _reading(m.group(1), where, "block_size", int, 1 << 20, minimum=1)
+                log.block_size = _reading(m.group(1), where, "block_size", int, 1_000_000, minimum=1)
     return log
 
 

@@ -41,6 +41,11 @@ CUMULATIVE_ROWS = (  # column, axis title
 )
 
 
+# what an all-zero row of cumulative_eviction says instead of an empty axis
+EMPTY_ROW_TEXT = {"evicted_tokens": "nothing evicted in either mode: the pool never ran short",
+                  "pressure_events": "no pressure event in either mode"}
+
+
 def cumulative_eviction(frame: pd.DataFrame, title: str = "When the cache is evicted, in each mode") -> go.Figure:
     """Three rows sharing one time axis; in each row both modes on the same axes: tokens evicted so far
     (and, dotted, what full eviction evicted earlier than needed), pressure events so far, and the
@@ -68,6 +73,15 @@ def cumulative_eviction(frame: pd.DataFrame, title: str = "When the cache is evi
     for row, (column, axis_title) in enumerate(CUMULATIVE_ROWS, 1):
         fig.update_yaxes(title_text=axis_title, row=row, col=1,
                          tickformat=".0%" if column == "hit_rate" else ",d", rangemode="tozero")
+        if column == "hit_rate":
+            continue
+        top = int(frame[column].max()) if len(frame) else 0
+        if top < 5:  # whole counts: ticks 0, 1, 2 … (plotly's automatic halves would read "0, 1, 1")
+            fig.update_yaxes(dtick=1, range=[0, max(top, 1) * 1.05], row=row, col=1)
+        if top == 0:  # an empty state says what is true
+            fig.add_annotation(text=EMPTY_ROW_TEXT[column], showarrow=False, font=dict(size=13, color="#555555"),
+                               xref="x domain" if row == 1 else f"x{row} domain",
+                               yref="y domain" if row == 1 else f"y{row} domain", x=0.5, y=0.5)
     fig.update_xaxes(title_text="simulated time (seconds)", row=len(CUMULATIVE_ROWS), col=1)
     fig.update_layout(title=title, template=TEMPLATE, height=620, legend=dict(orientation="h", y=-0.1),
                       margin=dict(t=60, l=70, r=20, b=60))

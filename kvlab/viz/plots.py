@@ -74,30 +74,71 @@ def timeline_traces(frame: pd.DataFrame, *, weights_bytes: int | None = None, sh
     return traces
 
 
-def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[dict]]:
-    """Shaded rectangles for the phases of a timeline, and labels for the two moments the finding turns on.
+NARROW_SPAN = 0.05  # a band narrower than this share of the events gets its label beside it, with an arrow
 
-    Every phase is shaded (its colour is named by :func:`phase_legend`); only two get a label on the plot, so
-    labels never collide: the post-load ``measure`` (where the pool is sized) and ``gc.collect()`` with the
-    memory it freed (allocated bytes at its start minus at its end).
+
+def late_collection(frame: pd.DataFrame) -> tuple[int, int, int] | None:
+    """(first step, last step, bytes freed) of the collection that runs while serving — the arm that did not
+    collect before measuring frees the loader's temporaries only then, after the pool was sized — or None when
+    allocated memory never falls during ``serving``."""
+    serving = [span for span in phase_spans(frame) if span[0] == "serving"]
+    if not serving or not len(frame):
+        return None
+    _, start, stop = serving[0]
+    allocated = frame["allocated_bytes"].tolist()
+    falls = [i for i in range(start, stop + 1) if allocated[i] < allocated[i - 1]] if start else []
+    if not falls:
+        return None
+    freed = allocated[falls[0] - 1] - min(allocated[falls[0]:stop + 1])
+    return falls[0], falls[-1], freed
+
+
+def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[dict]]:
+    """Shaded rectangles for the phases of a timeline, and labels for the moments the finding turns on.
+
+    Every phase is shaded (its colour is named by :func:`phase_legend`); three moments get a label on the plot:
+    ``gc.collect()`` before measuring with the memory it freed (allocated bytes at its start minus at its end),
+    the post-load ``measure`` (where the pool is sized, with the free memory read), and a late collection while
+    serving (:func:`late_collection`: what it frees sits idle, the pool was sized before it). A band narrower
+    than ``NARROW_SPAN`` of the events is labelled beside it with an arrow, not over its neighbour.
     """
     shapes, labels = [], []
     spans = [span for span in phase_spans(frame) if span[0] in PHASE_COLOURS and span[2] > span[1]]
     allocated = frame["allocated_bytes"].tolist() if len(frame) else []
+    free = frame["free_bytes"].tolist() if "free_bytes" in frame and len(frame) else []
     measures = [span for span in spans if span[0] == "measure"]
+    n = max(len(frame), 1)
+    moments = []  # (start, stop, text)
     for phase, start, stop in spans:
         shapes.append(dict(type="rect", xref=xref, yref="paper", x0=start - 0.5, x1=stop + 0.5, y0=0, y1=1,
                            fillcolor=PHASE_COLOURS[phase], line_width=0, layer="below"))
         if phase == "gc.collect()":
             freed = (allocated[max(start - 1, 0)] - allocated[stop]) / GiB
-            text = f"<b>gc.collect()</b><br>frees {freed:,.2f} GiB"
+            moments.append((start, stop, f"<b>gc.collect()</b><br>frees {freed:,.2f} GiB"))
         elif measures and (phase, start, stop) == measures[-1]:
-            text = "<b>measure</b><br>pool sized here"
-        else:
-            continue
-        labels.append(dict(xref=xref, yref="paper", x=(start + stop) / 2, y=0.98, text=text, showarrow=False,
-                           xanchor="center", yanchor="top", align="center", font=dict(size=11, color="#333"),
-                           bgcolor="rgba(255,255,255,0.85)"))
+            read = f"<br>{free[stop] / GiB:,.2f} GiB free" if free else ""
+            moments.append((start, stop, f"<b>measure</b>{read}<br>pool sized here"))
+    late = late_collection(frame) if len(frame) else None
+    if late is not None:
+        start, stop, freed = late  # inside the serving band: labelled, not shaded again
+        idle = f",<br>{free[-1] / GiB:,.2f} GiB left idle" if free else ""
+        moments.append((start, stop, f"<b>serving: gc runs late</b><br>frees {freed / GiB:,.2f} GiB after<br>"
+                                     f"the pool was sized{idle}"))
+    previous = None  # the last label on top: a neighbour closer than a quarter of the events goes to the bottom
+    for start, stop, text in sorted(moments):
+        centre, narrow = (start + stop) / 2, (stop - start + 1) / n < NARROW_SPAN
+        lower = not narrow and previous is not None and (centre - previous) / n < 0.25
+        if not narrow:
+            previous = None if lower else centre
+        label = dict(xref=xref, yref="paper", x=centre, y=0.02 if lower else 0.98, text=text, showarrow=False,
+                     xanchor="center", yanchor="bottom" if lower else "top", align="center",
+                     font=dict(size=11, color="#333"), bgcolor="rgba(255,255,255,0.85)")
+        if narrow:  # beside the band, an arrow pointing at it, clear of its neighbours
+            shapes.append(dict(type="line", xref=xref, yref="paper", x0=(start + stop) / 2, x1=(start + stop) / 2,
+                               y0=0, y1=0.9, line=dict(color="#333", width=1, dash="dot")))
+            label.update(y=0.9, showarrow=True, arrowhead=2, arrowwidth=1.5, arrowcolor="#333", ax=-70, ay=0,
+                         xanchor="right", yanchor="middle")
+        labels.append(label)
     return shapes, labels
 
 
@@ -179,10 +220,14 @@ def totals_bars(totals: dict[str, dict], keys: tuple[str, ...] = ("prefill_token
 
 
 def hit_rate_indicator(hit_rate: float, reference: float, title: str = "hit rate") -> go.Figure:
-    """The big number: ``hit_rate`` (0..1) in percent, with its difference from ``reference`` in points."""
+    """The big number: ``hit_rate`` (0..1) in percent, with its difference from ``reference`` in points; when
+    the two round to the same 0.01 point there is no delta to draw, and the figure says so in words."""
+    same = round(100 * hit_rate, 2) == round(100 * reference, 2)
     fig = go.Figure(go.Indicator(
-        mode="number+delta", value=round(100 * hit_rate, 4), number=dict(suffix=" %", valueformat=".2f"),
-        delta=dict(reference=round(100 * reference, 4), valueformat=".2f", suffix=" pts"), title=dict(text=title)))
+        mode="number" if same else "number+delta", value=round(100 * hit_rate, 4),
+        number=dict(suffix=" %", valueformat=".2f"),
+        delta=dict(reference=round(100 * reference, 4), valueformat=".2f", suffix=" pts"),
+        title=dict(text=f"{title}<br><span style='font-size:0.8em'>the same in both modes</span>" if same else title)))
     fig.update_layout(height=200, width=300, margin=dict(t=40, b=10, l=10, r=10))
     return fig
 

@@ -331,7 +331,13 @@ def sim_timelines_figure(comparison):
 
 def totals_figure(comparison):
     """Both modes' prefill / evicted / over-evicted tokens as grouped bars."""
-    return plots.totals_bars({_label(mode): result.totals() for mode, result in comparison.arms()}).update_layout(width=560)
+    from kvlab.viz.eviction_plots import MODE_STYLE
+
+    arms = dict(comparison.arms())
+    fig = plots.totals_bars({_label(mode): arms[mode].totals() for mode in ("full", "shortfall")})
+    for trace, mode in zip(fig.data, ("full", "shortfall")):  # each mode's colour, as in the timelines
+        trace.marker.color = MODE_STYLE[mode][1]
+    return fig.update_layout(width=560)
 
 
 def gauge_figure(comparison, mode: str):
@@ -357,11 +363,12 @@ def sim_verdict_html(comparison, mode: str) -> str:
 
 def sim_table_html(comparison, selected: str) -> str:
     rows = [("hit rate", "hit_rate", lambda v: f"{v:.2%}"), ("cached prompt tokens", "cached_prompt_tokens", _fmt_int),
-            ("prefill tokens computed", "prefill_tokens_computed", _fmt_int), ("evicted tokens", "evicted_tokens", _fmt_int),
+            ("prefill tokens computed", "prefill_tokens_computed", _fmt_int),
+            ("… of them again after a retraction", "reprefill_tokens", _fmt_int), ("evicted tokens", "evicted_tokens", _fmt_int),
             ("evicted earlier than needed", "over_evicted_tokens", _fmt_int),
             ("pressure events", "pressure_events", _fmt_int), ("retractions", "retractions", _fmt_int),
             ("output tokens/s (model)", "output_tokens_per_s", lambda v: f"{v:,.0f}")]
-    cols = (("shortfall", comparison.shortfall.totals()), ("full", comparison.full.totals()))
+    cols = (("full", comparison.full.totals()), ("shortfall", comparison.shortfall.totals()))  # the bug, then the fix
     hl = "background:#fff3cd"
     cell = "padding:3px 8px;white-space:nowrap;"
     header = "".join(f"<th style='{cell}width:11em;text-align:right;{hl if m == selected else ''}'>"

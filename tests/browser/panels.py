@@ -84,8 +84,8 @@ def check_shortfall_panel(page: Page, mode: str, fix: dict, bug: dict) -> None:
     assert gauge["delta"]["reference"] == pytest.approx(100 * tables[other]["hit_rate"], abs=1e-3)
     bars = lab.wait_plotly(page, ".kvlab-sim-bars")
     assert len(bars) == 2
-    for trace, m in zip(bars, ("shortfall", "full")):
-        assert len(trace["x"]) >= 3 and trace["y"] == [tables[m][k] for k in trace["customdata"]]
+    for trace, m in zip(bars, ("full", "shortfall")):  # the bug, then the fix (kvlab.units' convention)
+        assert trace["name"] == MODE_LABELS[m] and len(trace["x"]) >= 3 and trace["y"] == [tables[m][k] for k in trace["customdata"]]
     lines = drawn_lines(page, ".kvlab-sim-timelines")
     assert len(lines) == 7  # per mode: evicted, pressure events, hit rate; plus full's evicted-early line
     hit = {t["name"]: t for t in lines if t.get("yaxis") == "y3"}  # the bottom row: cumulative hit rate

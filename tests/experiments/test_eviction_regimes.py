@@ -37,16 +37,33 @@ def test_panel_regime_shows_what_the_notebook_says(panel):
 
 
 def test_summary_frame_and_verdict_are_the_totals_in_words(panel):
+    """The bug's column, the fix's, then fix − bug; the account closes in words; the verdict splits the
+    bug's extra prefill into its causes, and the parts add up to the whole."""
     fix, bug = panel.shortfall.totals(), panel.full.totals()
     frame = panel.summary_frame()
-    assert list(frame.columns) == ["shortfall (the fix)", "full (the bug)", "difference (full − shortfall)"]
+    assert list(frame.columns) == ["full (the bug)", "shortfall (the fix)", "difference (fix − bug)"]
     hit = frame.loc["hit rate (prompt tokens served from the cache)"]
-    assert hit.iloc[0] == f"{fix['hit_rate']:.2%}" and hit.iloc[1] == f"{bug['hit_rate']:.2%}"
-    assert hit.iloc[2] == f"{100 * (bug['hit_rate'] - fix['hit_rate']):+.2f} points"
+    assert hit.iloc[0] == f"{bug['hit_rate']:.2%}" and hit.iloc[1] == f"{fix['hit_rate']:.2%}"
+    assert hit.iloc[2] == f"+{100 * (fix['hit_rate'] - bug['hit_rate']):.2f} points"
     over = frame.loc["evicted earlier than needed (over-eviction)"]
-    assert over.iloc[1] == f"{bug['over_evicted_tokens']:,}" and "," in over.iloc[1]
+    assert over.iloc[0] == f"{bug['over_evicted_tokens']:,}" and over.iloc[2] == f"−{bug['over_evicted_tokens']:,}"
+
+    def n(label: str, col: int) -> int:
+        return int(frame.loc[label].iloc[col].replace(",", "").replace("−", "-").replace("+", ""))
+
+    for col in (0, 1):  # each arm's account closes as the table states it
+        assert (n("prompt tokens served from the cache", col) + n("+ prompt tokens prefilled at first admission", col)
+                == n("= prompt tokens of the workload", col) == fix["prompt_tokens"])
+        assert (n("+ prompt tokens prefilled at first admission", col)
+                + n("+ tokens prefilled again after a retraction", col) == n("= tokens prefilled in all (computed)", col))
+    causes = panel.prefill_causes()
+    assert causes["extra_prefill"] == causes["lost_hits"] + causes["reprefill"] > 0
+    assert causes["reprefill"] > 0 and causes["lost_hits"] > 0  # both causes are present at PANEL_DEFAULTS
     verdict = panel.verdict()
     assert f"costs {panel.gap_points:.2f} points" in verdict and f"{bug['over_evicted_tokens']:,}" in verdict
+    assert (f"prefilled {causes['extra_prefill']:,} more tokens: {causes['lost_hits']:,} prompt tokens the fix "
+            f"served from the cache (early eviction); {causes['reprefill']:,} more tokens prefilled again after "
+            f"retractions") in verdict
 
 
 def test_identical_arms_get_a_negligible_verdict_not_an_accusation():

@@ -163,8 +163,9 @@ def test_cli_compare_prints_both_arms_and_their_difference(capsys):
     assert cli.main(["repro", "kv-pool-sizing", "--preset", "llama-8b-l4", "--compare"]) == 0
     out = capsys.readouterr().out
     row = next(line for line in out.splitlines() if line.split()[0] == "max_total_num_tokens").split()
-    assert row[1:] == [f"{with_gc['max_total_num_tokens']:,}", f"{no_gc['max_total_num_tokens']:,}",
-                       f"+{diff['max_total_num_tokens']:,}"]
+    assert row[1:] == [f"{no_gc['max_total_num_tokens']:,}", f"{with_gc['max_total_num_tokens']:,}",
+                       f"+{diff['max_total_num_tokens']:,}"]  # the bug, the fix, fix − bug
+    assert list(both)[:2] == ["without_gc", "with_gc"]
     assert fmt_bytes(with_gc["available_bytes"]).split()[0] in out
 
     assert cli.main(["repro", "kv-pool-sizing", "--compare", "--gc-before-measure"]) == 2

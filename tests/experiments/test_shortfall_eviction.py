@@ -83,7 +83,7 @@ def test_compare_totals_in_two_processes_equals_the_arms_run_here():
 
 
 def test_cli_compare_prints_both_modes_and_their_difference(capsys):
-    """--compare equals the two single-mode runs, and the difference column is shortfall − full."""
+    """--compare equals the two single-mode runs: the bug's column, the fix's, then fix − bug (shortfall − full)."""
     fix = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL)
     bug = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL, "--eviction", "full")
     both = _simulate(capsys, "--workload", "generated-shared-prefix", *SMALL, "--compare")
@@ -97,10 +97,11 @@ def test_cli_compare_prints_both_modes_and_their_difference(capsys):
 
     assert cli.main(["simulate", "--workload", "generated-shared-prefix", *SMALL, "--compare"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert "shortfall (the fix)" in lines[1] and "full (the bug)" in lines[1] and "difference" in lines[1]
+    assert lines[1].index("full (the bug)") < lines[1].index("shortfall (the fix)") < lines[1].index("(fix − bug)")
     hit = next(line for line in lines if line.split()[0] == "hit_rate").split()
-    assert hit[1:3] == [f"{fix['hit_rate']:.2%}", f"{bug['hit_rate']:.2%}"]
-    assert hit[3] == f"+{(fix['hit_rate'] - bug['hit_rate']) * 100:.2f}"
+    assert hit[1:3] == [f"{bug['hit_rate']:.2%}", f"{fix['hit_rate']:.2%}"]
+    assert hit[3:] == [f"+{(fix['hit_rate'] - bug['hit_rate']) * 100:.2f}", "points"]
+    assert list(both)[:2] == ["full", "shortfall"]
 
 
 def test_cli_compare_refuses_a_single_mode(capsys):

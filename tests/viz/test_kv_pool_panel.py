@@ -89,3 +89,26 @@ def test_a_new_setting_shows_computing_until_it_is_drawn(panel):
     panel.fraction.value = 0.77
     assert len(seen) == 2 and "computing both start-ups of" in seen[0] and "0.77" in seen[0]
     assert seen[1] == "" == panel.status.widget.value
+
+
+def test_timelines_label_what_the_story_needs_in_both_arms():
+    """Notebook 01's timelines (the PR's preset): without gc the measure phase (three events) is labelled beside
+    it with an arrow pointing at it, not over the KV-pool band, with the free memory read; the late collection
+    while serving is labelled with what it frees and the memory then left idle (the arm's idle_bytes); with gc,
+    the collection and the measure are labelled and nothing runs late."""
+    no_gc, with_gc = kv_pool_sizing.compare("sglang-pr-4xh200")
+    fig = plots.memory_timelines_side_by_side(no_gc.timeline, with_gc.timeline, ("without", "with"))
+    by_arm = {xref: [a for a in fig.layout.annotations if a.xref == xref] for xref in ("x", "x2")}
+    measure = next(a for a in by_arm["x"] if a.text.startswith("<b>measure</b>"))
+    span = [s for s in plots.phase_spans(no_gc.timeline) if s[0] == "measure"][-1]
+    assert span[2] - span[1] + 1 == 3  # three events wide: too narrow to carry its label
+    assert measure.showarrow and measure.x == (span[1] + span[2]) / 2 and measure.ax < 0  # the arrow comes from the left
+    assert f"{no_gc.to_json()['available_bytes'] / GIB:,.2f} GiB free" in measure.text and "pool sized here" in measure.text
+    late = next(a for a in by_arm["x"] if "gc runs late" in a.text)
+    start, stop, freed = plots.late_collection(no_gc.timeline)
+    assert start > span[2] and f"frees {freed / GIB:,.2f} GiB" in late.text
+    assert f"{no_gc.idle_bytes / GIB:,.2f} GiB left idle" in late.text
+    gc_label = next(a for a in by_arm["x2"] if a.text.startswith("<b>gc.collect()</b>"))
+    assert f"frees {freed / GIB:,.2f} GiB" in gc_label.text  # the same staging, freed before the reading
+    assert plots.late_collection(with_gc.timeline) is None and not any("late" in a.text for a in by_arm["x2"])
+    assert any(a.text.startswith("<b>measure</b>") and "pool sized here" in a.text for a in by_arm["x2"])
