@@ -452,20 +452,11 @@ class HiRadixCache(BaseRadixTree):
         return self.now_s - start
 
     # -- locks ---------------------------------------------------------------------------------------
-    def _check_device_member(self, node: HiTreeNode, what: str) -> None:
-        if node.value is None:
-            raise LockRefError(f"{what}: {node!r} is not on the device")
-        x = node
-        while x.parent is not None:
-            x = x.parent
-        if x is not self.root_node:
-            raise LockRefError(f"{what}: {node!r} belongs to another tree")
-
     def inc_lock_ref(self, node: HiTreeNode) -> int:
         """Lock ``node`` and its ancestors against device eviction. Returns the evictable-size delta (<= 0)."""
         if node is self.root_node:
             return 0
-        self._check_device_member(node, "inc_lock_ref")
+        self._check_member(node, "inc_lock_ref", "is not on the device")
         delta = 0
         while node is not self.root_node:
             if node.lock_ref == 0:
@@ -482,7 +473,7 @@ class HiRadixCache(BaseRadixTree):
         """Undo one ``inc_lock_ref(node)``. Returns the evictable-size delta (>= 0)."""
         if node is self.root_node:
             return 0
-        self._check_device_member(node, "dec_lock_ref")
+        self._check_member(node, "dec_lock_ref", "is not on the device")
         if node.lock_ref <= 0:
             raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
         delta = 0
@@ -698,16 +689,6 @@ class HiRadixCache(BaseRadixTree):
         return self._empty, last_node
 
     # -- sizes and views -----------------------------------------------------------------------------
-    def evictable_size(self) -> int:
-        return self.evictable_size_
-
-    def protected_size(self) -> int:
-        return self.protected_size_
-
-    def total_size(self) -> int:
-        """Device tokens in the tree."""
-        return self.evictable_size_ + self.protected_size_
-
     def host_size(self) -> int:
         """Tokens with a host copy (both tiers or host only)."""
         return sum(len(x.host_value) for x in self.nodes() if x is not self.root_node and x.host_value is not None)

@@ -552,16 +552,6 @@ class RadixCache(BaseRadixTree):
         node.value = None
         self._update_leaf_status(parent)
 
-    # -- sizes and views ------------------------------------------------------------------------
-    def evictable_size(self) -> int:
-        return self.evictable_size_
-
-    def protected_size(self) -> int:
-        return self.protected_size_
-
-    def total_size(self) -> int:
-        return self.evictable_size_ + self.protected_size_
-
     # -- invariants -----------------------------------------------------------------------------
     def check_invariants(self) -> None:
         """Raise :class:`InvariantError` unless the tree's bookkeeping is consistent.

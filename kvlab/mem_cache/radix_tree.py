@@ -96,14 +96,29 @@ class BaseRadixTree:
             yield node
             stack.extend(node.children.values())
 
-    def _check_member(self, node: PrefixNode, what: str) -> None:
+    def _check_member(self, node: PrefixNode, what: str, gone: str = "was evicted") -> None:
+        """Raise :class:`LockRefError` unless ``node`` holds device KV (``gone`` says how it lost it) in this tree."""
         if node.value is None:
-            raise LockRefError(f"{what}: {node!r} was evicted")
+            raise LockRefError(f"{what}: {node!r} {gone}")
         x = node
         while x.parent is not None:
             x = x.parent
         if x is not self.root_node:
             raise LockRefError(f"{what}: {node!r} belongs to another tree")
+
+    # sizes in tokens on the device (BasePrefixCache): the plain and two-tier trees keep these two counters; the SWA
+    # tree counts its full and window parts apart and overrides all three
+    evictable_size_ = 0
+    protected_size_ = 0
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        return self.evictable_size_ + self.protected_size_
 
     def lock(self, node: PrefixNode) -> TreeLock:
         """0.5.23's ``BasePrefixCache.lock``: ``inc_lock_ref(node)`` as a receipt for :meth:`unlock`
