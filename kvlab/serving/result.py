@@ -11,6 +11,19 @@ from kvlab.units import GiB
 
 
 @dataclass
+class Finding:
+    """One finding: ``id`` is the stable key code and tests find it by; ``values`` are its figures (in the JSON
+    beside id, severity and message)."""
+    id: str
+    severity: str  # info | warning | error
+    message: str
+    values: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "severity": self.severity, "message": self.message, **self.values}
+
+
+@dataclass
 class Explanation:
     log_path: str
     engine: str
@@ -37,7 +50,7 @@ class Explanation:
     context_len: int | None = None
     page_size: int = 1
     extra: dict = field(default_factory=dict)  # engine-specific fields (vLLM: gpu_memory_utilization, ...)
-    findings: list[dict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
     model_config: ModelConfig | None = None
     device: DeviceSpec | None = None
@@ -95,7 +108,7 @@ class Explanation:
             "max_total_num_tokens_computed": self.max_total_num_tokens_computed,
             "computed_range": list(self.computed_range), "consistent": self.consistent, "ranks": self.ranks,
             "model_config_missing_fields": list(self.model_config.missing) if self.model_config else None,
-            **self.extra_json(), "terms": self.terms(), "findings": self.findings, "what_if": self.what_if,
+            **self.extra_json(), "terms": self.terms(), "findings": [f.as_dict() for f in self.findings], "what_if": self.what_if,
         }
 
     def extra_json(self) -> dict:

@@ -33,7 +33,7 @@ def format_explanation(exp) -> str:
                f"{_tokens(exp.max_total_num_tokens_computed)} · print-rounding range {lo:,}–{hi:,} · {verdict}")
     if exp.findings:
         out.append("  findings:")
-        out += [f"    [{f['severity']}] {f['id']}: {f['message']}" for f in exp.findings]
+        out += [f"    [{f.severity}] {f.id}: {f.message}" for f in exp.findings]
     if exp.what_if:
         out.append("  what if:")
         for w in exp.what_if:

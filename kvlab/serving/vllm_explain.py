@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import HALF_STEP
-from kvlab.serving.result import Explanation
+from kvlab.serving.result import Explanation, Finding
 from kvlab.serving.sglang_log import LogError
 from kvlab.serving.vllm_log import VLLMStartup
 from kvlab.units import GiB
@@ -71,7 +71,8 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
                "block_size_source": "log" if log.block_size else "assumed 16 (range allows 1-64)", "terms": terms},
     )
     if exp.consistent is False:
-        exp.findings.append({"id": "outside_interval", "severity": "warning", "message":
-                             f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory allows "
-                             f"with this cell size: the config, KV dtype or TP may not match the served model"})
+        exp.findings.append(Finding("outside_interval", "warning",
+                                    f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory "
+                                    f"allows with this cell size: the config, KV dtype or TP may not match the "
+                                    f"served model"))
     return exp

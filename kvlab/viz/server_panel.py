@@ -98,8 +98,8 @@ def findings_html(exp) -> str:
     if not exp.findings:
         return "<p>No findings: the pool is what the readings and the rules give.</p>"
     colour = {"error": BUG_COLOUR, "warning": "#ff7f0e", "info": "#555"}
-    items = "".join(f"<li><b style='color:{colour.get(f['severity'], '#555')}'>{html.escape(f['severity'])}</b> "
-                    f"<code>{html.escape(f['id'])}</code>: {html.escape(f['message'])}</li>" for f in exp.findings)
+    items = "".join(f"<li><b style='color:{colour.get(f.severity, '#555')}'>{html.escape(f.severity)}</b> "
+                    f"<code>{html.escape(f.id)}</code>: {html.escape(f.message)}</li>" for f in exp.findings)
     return f"<ul class='kvlab-findings-list'>{items}</ul>"
 
 
