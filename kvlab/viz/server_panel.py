@@ -52,20 +52,20 @@ def explanation_waterfall(exp) -> go.Figure:
     colour = ENGINE_COLOURS[exp.engine]
     if exp.engine == "sglang":
         # readings to the pool budget: the version's counted terms (sglang_versions) sit between them
-        shown = terms[:next(i for i, t in enumerate(terms) if t["key"] == "pool_budget") + 1]
+        shown = terms[:next(i for i, t in enumerate(terms) if t.key == "pool_budget") + 1]
         measure = ["absolute"] + ["relative"] * (len(shown) - 2) + ["total"]
         fig = go.Figure(go.Waterfall(
-            x=[t["name"] for t in shown], y=[t["gib"] for t in shown], measure=measure,
-            text=[f"{t['gib']:+.2f}" if m == "relative" else f"{t['gib']:.2f}" for t, m in zip(shown, measure)],
-            textposition="outside", cliponaxis=False, customdata=[t["how"] for t in shown],
+            x=[t.name for t in shown], y=[t.gib for t in shown], measure=measure,
+            text=[f"{t.gib:+.2f}" if m == "relative" else f"{t.gib:.2f}" for t, m in zip(shown, measure)],
+            textposition="outside", cliponaxis=False, customdata=[t.how for t in shown],
             hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>",
             connector=dict(line=dict(color="#999")), decreasing=dict(marker=dict(color="#bbbbbb")),
             increasing=dict(marker=dict(color=colour)), totals=dict(marker=dict(color=colour))))
     else:
-        shown = [t for t in terms if t["gib"] is not None]
-        fig = go.Figure(go.Bar(x=[t["name"] for t in shown], y=[t["gib"] for t in shown], marker_color=colour,
-                               text=[f"{t['gib']:.2f}" for t in shown], textposition="outside", cliponaxis=False,
-                               customdata=[t["how"] for t in shown],
+        shown = [t for t in terms if t.gib is not None]
+        fig = go.Figure(go.Bar(x=[t.name for t in shown], y=[t.gib for t in shown], marker_color=colour,
+                               text=[f"{t.gib:.2f}" for t in shown], textposition="outside", cliponaxis=False,
+                               customdata=[t.how for t in shown],
                                hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>"))
     logged = exp.max_total_num_tokens_logged
     title = (f"{'SGLang' if exp.engine == 'sglang' else 'vLLM'} {exp.version or ''}: "

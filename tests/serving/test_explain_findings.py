@@ -169,3 +169,18 @@ def test_findings_are_dataclasses_keyed_by_id(tmp_path, capsys):
     j = run_json(capsys, path, "--model-config", "llama-3-8b")
     assert j["findings"] == [f.as_dict() for f in exp.findings]
     assert list(j["findings"][0])[:3] == ["id", "severity", "message"]
+
+
+def test_waterfall_terms_are_dataclasses_keyed_by_key(tmp_path, capsys):
+    """``Explanation.terms()`` gives ``WaterfallTerm`` objects found by their stable key; the JSON is their as_dict."""
+    from kvlab.serving.explain import explain_log
+    from kvlab.serving.result import WaterfallTerm
+    path = write_log(tmp_path, _log())
+    exp = explain_log(path, model_config=get_model_config("llama-3-8b"))
+    terms = exp.terms()
+    assert all(isinstance(t, WaterfallTerm) for t in terms)
+    by_key = {t.key: t for t in terms}
+    assert {"free_before_load", "loaded", "kept_out", "pool_budget", "kv_pool", "rounding"} <= set(by_key)
+    assert by_key["free_before_load"].gib == 70.0
+    j = run_json(capsys, path, "--model-config", "llama-3-8b")
+    assert j["terms"] == [t.as_dict() for t in terms]
