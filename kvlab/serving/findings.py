@@ -1,4 +1,4 @@
-"""What an explained SGLang start-up shows, in words: each finding is {id, severity, message}.
+"""What an explained SGLang start-up shows, in words: each finding is a ``result.Finding`` (id, severity, message).
 
 - ``resident_after_load``: memory still held after loading beyond the weights (the finding-1 signature);
 - ``no_room_for_pool``: the fraction leaves nothing for the pool (SGLang's own error);
@@ -18,6 +18,7 @@ from __future__ import annotations
 from kvlab.device.budget import KVBudget
 from kvlab.serving.engine_compare import torch_total
 from kvlab.serving.pool import cell_from_logged_sizes
+from kvlab.serving.result import Finding
 from kvlab.serving.sglang_log import SGLangStartup
 from kvlab.serving.sglang_versions import at_least, parse_version, reading_gaps
 from kvlab.units import GiB
@@ -25,11 +26,11 @@ from kvlab.units import GiB
 CONTEXT_GIB = 0.5  # a CUDA context and library workspaces, before anything is loaded (order of magnitude)
 
 
-def _f(fid: str, severity: str, message: str, **values) -> dict:
-    return {"id": fid, "severity": severity, "message": message, **values}
+def _f(fid: str, severity: str, message: str, **values) -> Finding:
+    return Finding(fid, severity, message, values)
 
 
-def sglang_findings(exp, log: SGLangStartup) -> list[dict]:
+def sglang_findings(exp, log: SGLangStartup) -> list[Finding]:
     out: list[dict] = []
     pool, _cell = exp.pool, exp.cell_size_bytes
     version = exp.version or exp.rules_version

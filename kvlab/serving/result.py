@@ -11,6 +11,32 @@ from kvlab.units import GiB
 
 
 @dataclass
+class Finding:
+    """One finding: ``id`` is the stable key code and tests find it by; ``values`` are its figures (in the JSON
+    beside id, severity and message)."""
+    id: str
+    severity: str  # info | warning | error
+    message: str
+    values: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"id": self.id, "severity": self.severity, "message": self.message, **self.values}
+
+
+@dataclass
+class WaterfallTerm:
+    """One waterfall term: ``key`` is stable (code finds a term by it), ``name`` the label shown, ``gib`` signed
+    (None where the log does not print it), ``how`` where the number comes from."""
+    key: str
+    name: str
+    gib: float | None
+    how: str
+
+    def as_dict(self) -> dict:
+        return {"key": self.key, "name": self.name, "gib": self.gib, "how": self.how}
+
+
+@dataclass
 class Explanation:
     log_path: str
     engine: str
@@ -37,7 +63,7 @@ class Explanation:
     context_len: int | None = None
     page_size: int = 1
     extra: dict = field(default_factory=dict)  # engine-specific fields (vLLM: gpu_memory_utilization, ...)
-    findings: list[dict] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
     what_if: list[dict] = field(default_factory=list)
     model_config: ModelConfig | None = None
     device: DeviceSpec | None = None
@@ -52,9 +78,8 @@ class Explanation:
         lo, hi = self.computed_range
         return lo <= self.max_total_num_tokens_logged <= hi
 
-    def terms(self) -> list[dict]:
-        """The waterfall, one {key, name, gib, how} per term: ``key`` is stable (code finds a term by it),
-        ``name`` is the label shown. SGLang: free_before_load, [expert_location_map], loaded, [rope_cache],
+    def terms(self) -> list[WaterfallTerm]:
+        """The waterfall, one ``WaterfallTerm`` per term, by key: SGLang: free_before_load, [expert_location_map], loaded, [rope_cache],
         kept_out, pool_budget, kv_pool, rounding; vLLM: weights, available, kv_pool."""
         if self.pool is None:
             return self.extra.get("terms", [])
@@ -79,7 +104,7 @@ class Explanation:
              f"{self.max_total_num_tokens_computed:,} tokens × {p.cell_size_bytes:,} B"),
             ("rounding", "left by page and cell rounding", max(p.rest_gib, 0) - pool_gib, "rest − pool"),
         ]
-        return [{"key": k, "name": n, "gib": round(v, 4), "how": how} for k, n, v, how in rows]
+        return [WaterfallTerm(k, n, round(v, 4), how) for k, n, v, how in rows]
 
     def to_json(self) -> dict:
         return {
@@ -95,7 +120,8 @@ class Explanation:
             "max_total_num_tokens_computed": self.max_total_num_tokens_computed,
             "computed_range": list(self.computed_range), "consistent": self.consistent, "ranks": self.ranks,
             "model_config_missing_fields": list(self.model_config.missing) if self.model_config else None,
-            **self.extra_json(), "terms": self.terms(), "findings": self.findings, "what_if": self.what_if,
+            **self.extra_json(), "terms": [t.as_dict() for t in self.terms()],
+            "findings": [f.as_dict() for f in self.findings], "what_if": self.what_if,
         }
 
     def extra_json(self) -> dict:

@@ -25,15 +25,15 @@ def format_explanation(exp) -> str:
     out.append(f"  cell size {exp.cell_size_bytes:,} B/token — {exp.cell_size_source}")
     out.append("  waterfall:")
     for term in exp.terms():
-        gib = "—" if term["gib"] is None else f"{term['gib']:+10.2f} GiB"
-        out.append(f"    {term['name']:<40} {gib:>14}   {term['how']}")
+        gib = "—" if term.gib is None else f"{term.gib:+10.2f} GiB"
+        out.append(f"    {term.name:<40} {gib:>14}   {term.how}")
     lo, hi = exp.computed_range
     verdict = {True: "consistent", False: "NOT consistent", None: "nothing logged to compare"}[exp.consistent]
     out.append(f"  max_total_num_tokens: logged {_tokens(exp.max_total_num_tokens_logged)} · computed "
                f"{_tokens(exp.max_total_num_tokens_computed)} · print-rounding range {lo:,}–{hi:,} · {verdict}")
     if exp.findings:
         out.append("  findings:")
-        out += [f"    [{f['severity']}] {f['id']}: {f['message']}" for f in exp.findings]
+        out += [f"    [{f.severity}] {f.id}: {f.message}" for f in exp.findings]
     if exp.what_if:
         out.append("  what if:")
         for w in exp.what_if:

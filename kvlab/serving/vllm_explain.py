@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import HALF_STEP
-from kvlab.serving.result import Explanation
+from kvlab.serving.result import Explanation, Finding, WaterfallTerm
 from kvlab.serving.sglang_log import LogError
 from kvlab.serving.vllm_log import VLLMStartup
 from kvlab.units import GiB
@@ -52,11 +52,10 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         int((avail + HALF_STEP) * GiB // (block * cell_lo)) * block
     device, gpu_source = resolve_gpu(gpu, None)
     weights = min(log.weights_gib.values()) if log.weights_gib else None
-    terms = [{"key": "weights", "name": "model weights (per worker)", "gib": weights, "how": "'Model loading took'"},
-             {"key": "available", "name": "available KV cache memory", "gib": avail,
-              "how": "requested − non-KV memory (vLLM's profile)"},
-             {"key": "kv_pool", "name": "KV pool", "gib": round(tokens * cell / GiB, 4),
-              "how": f"{tokens:,} tokens × {cell:,} B"}]
+    terms = [WaterfallTerm("weights", "model weights (per worker)", weights, "'Model loading took'"),
+             WaterfallTerm("available", "available KV cache memory", avail,
+                           "requested − non-KV memory (vLLM's profile)"),
+             WaterfallTerm("kv_pool", "KV pool", round(tokens * cell / GiB, 4), f"{tokens:,} tokens × {cell:,} B")]
     exp = Explanation(
         log_path=log.path, engine="vllm", version=log.version, version_source="log" if log.version else "not printed",
         rules_version=None, tp_size=tp, tp_size_source="log config" if log.tp_size else "workers printed",
@@ -71,7 +70,8 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
                "block_size_source": "log" if log.block_size else "assumed 16 (range allows 1-64)", "terms": terms},
     )
     if exp.consistent is False:
-        exp.findings.append({"id": "outside_interval", "severity": "warning", "message":
-                             f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory allows "
-                             f"with this cell size: the config, KV dtype or TP may not match the served model"})
+        exp.findings.append(Finding("outside_interval", "warning",
+                                    f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory "
+                                    f"allows with this cell size: the config, KV dtype or TP may not match the "
+                                    f"served model"))
     return exp

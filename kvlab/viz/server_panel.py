@@ -52,20 +52,20 @@ def explanation_waterfall(exp) -> go.Figure:
     colour = ENGINE_COLOURS[exp.engine]
     if exp.engine == "sglang":
         # readings to the pool budget: the version's counted terms (sglang_versions) sit between them
-        shown = terms[:next(i for i, t in enumerate(terms) if t["key"] == "pool_budget") + 1]
+        shown = terms[:next(i for i, t in enumerate(terms) if t.key == "pool_budget") + 1]
         measure = ["absolute"] + ["relative"] * (len(shown) - 2) + ["total"]
         fig = go.Figure(go.Waterfall(
-            x=[t["name"] for t in shown], y=[t["gib"] for t in shown], measure=measure,
-            text=[f"{t['gib']:+.2f}" if m == "relative" else f"{t['gib']:.2f}" for t, m in zip(shown, measure)],
-            textposition="outside", cliponaxis=False, customdata=[t["how"] for t in shown],
+            x=[t.name for t in shown], y=[t.gib for t in shown], measure=measure,
+            text=[f"{t.gib:+.2f}" if m == "relative" else f"{t.gib:.2f}" for t, m in zip(shown, measure)],
+            textposition="outside", cliponaxis=False, customdata=[t.how for t in shown],
             hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>",
             connector=dict(line=dict(color="#999")), decreasing=dict(marker=dict(color="#bbbbbb")),
             increasing=dict(marker=dict(color=colour)), totals=dict(marker=dict(color=colour))))
     else:
-        shown = [t for t in terms if t["gib"] is not None]
-        fig = go.Figure(go.Bar(x=[t["name"] for t in shown], y=[t["gib"] for t in shown], marker_color=colour,
-                               text=[f"{t['gib']:.2f}" for t in shown], textposition="outside", cliponaxis=False,
-                               customdata=[t["how"] for t in shown],
+        shown = [t for t in terms if t.gib is not None]
+        fig = go.Figure(go.Bar(x=[t.name for t in shown], y=[t.gib for t in shown], marker_color=colour,
+                               text=[f"{t.gib:.2f}" for t in shown], textposition="outside", cliponaxis=False,
+                               customdata=[t.how for t in shown],
                                hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>"))
     logged = exp.max_total_num_tokens_logged
     title = (f"{'SGLang' if exp.engine == 'sglang' else 'vLLM'} {exp.version or ''}: "
@@ -98,8 +98,8 @@ def findings_html(exp) -> str:
     if not exp.findings:
         return "<p>No findings: the pool is what the readings and the rules give.</p>"
     colour = {"error": BUG_COLOUR, "warning": "#ff7f0e", "info": "#555"}
-    items = "".join(f"<li><b style='color:{colour.get(f['severity'], '#555')}'>{html.escape(f['severity'])}</b> "
-                    f"<code>{html.escape(f['id'])}</code>: {html.escape(f['message'])}</li>" for f in exp.findings)
+    items = "".join(f"<li><b style='color:{colour.get(f.severity, '#555')}'>{html.escape(f.severity)}</b> "
+                    f"<code>{html.escape(f.id)}</code>: {html.escape(f.message)}</li>" for f in exp.findings)
     return f"<ul class='kvlab-findings-list'>{items}</ul>"
 
 

@@ -152,3 +152,35 @@ def test_text_output(tmp_path, capsys):
     for text in ("SGLang 0.5.4", "mem_fraction_static 0.85", "waterfall:", "free before load", "print-rounding range",
                  "findings:", "resident_after_load", "what if:", "mem_fraction_static=0.9"):
         assert text in out, text
+
+
+def test_findings_are_dataclasses_keyed_by_id(tmp_path, capsys):
+    """The Explanation holds ``Finding`` objects (code reads ``f.id``); the JSON is each one's ``as_dict``, its
+    figures beside id, severity and message, in that order."""
+    from kvlab.serving.explain import explain_log
+    from kvlab.serving.result import Finding
+    text = "\n".join(line for line in _log(before=40.0, after=10.0, f=0.7, tokens=1).splitlines()
+                     if "max_total_num_tokens" not in line and "KV Cache" not in line and "pool end" not in line)
+    path = write_log(tmp_path, text)
+    exp = explain_log(path, model_config=get_model_config("llama-3-8b"))
+    assert exp.findings and all(isinstance(f, Finding) for f in exp.findings)
+    room = next(f for f in exp.findings if f.id == "no_room_for_pool")
+    assert room.severity == "error" and room.values["min_viable_fraction"] == 0.75
+    j = run_json(capsys, path, "--model-config", "llama-3-8b")
+    assert j["findings"] == [f.as_dict() for f in exp.findings]
+    assert list(j["findings"][0])[:3] == ["id", "severity", "message"]
+
+
+def test_waterfall_terms_are_dataclasses_keyed_by_key(tmp_path, capsys):
+    """``Explanation.terms()`` gives ``WaterfallTerm`` objects found by their stable key; the JSON is their as_dict."""
+    from kvlab.serving.explain import explain_log
+    from kvlab.serving.result import WaterfallTerm
+    path = write_log(tmp_path, _log())
+    exp = explain_log(path, model_config=get_model_config("llama-3-8b"))
+    terms = exp.terms()
+    assert all(isinstance(t, WaterfallTerm) for t in terms)
+    by_key = {t.key: t for t in terms}
+    assert {"free_before_load", "loaded", "kept_out", "pool_budget", "kv_pool", "rounding"} <= set(by_key)
+    assert by_key["free_before_load"].gib == 70.0
+    j = run_json(capsys, path, "--model-config", "llama-3-8b")
+    assert j["terms"] == [t.as_dict() for t in terms]

@@ -85,7 +85,7 @@ def test_without_a_version_line_the_format_bounds_the_version(version, floor):
     text, tokens = _log(version, 4, version_line=False)
     exp = explain_sglang(parse_sglang_log(text), model_config=LLAMA8)
     assert exp.version is None and exp.rules_version == floor
-    assert any(f["id"] == "version_assumed" for f in exp.findings)
+    assert any(f.id == "version_assumed" for f in exp.findings)
     assert exp.max_total_num_tokens_logged == tokens
 
 

@@ -138,12 +138,12 @@ def test_waterfall_terms_have_stable_keys(example):
 
     exp = explain_text((LOG_DIR / example.filename).read_text(), example.name, model_config=example.model_config(),
                        gpu=example.gpu)
-    keys = [t["key"] for t in exp.terms()]
+    keys = [t.key for t in exp.terms()]
     assert len(keys) == len(set(keys))
     if example.engine == "vllm":
         assert keys == ["weights", "available", "kv_pool"]
         return
     assert keys[0] == "free_before_load" and keys[-4:] == ["kept_out", "pool_budget", "kv_pool", "rounding"]
-    budget = next(t for t in exp.terms() if t["key"] == "pool_budget")
+    budget = next(t for t in exp.terms() if t.key == "pool_budget")
     bars = explanation_waterfall(exp).data[0]
-    assert bars.x[-1] == budget["name"] and bars.y[-1] == budget["gib"]
+    assert bars.x[-1] == budget.name and bars.y[-1] == budget.gib
