@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from kvlab.argtypes import int_at_least as _int_at_least
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.errors import KvlabBug, KvlabError, fail
@@ -44,6 +45,10 @@ def _fraction_le1(text: str) -> float:
     if not 0 < value <= 1:
         raise argparse.ArgumentTypeError(f"--gpu-memory-utilization must be in (0, 1], got {value}")
     return value
+
+
+#: the largest ``--kv-tokens``/``--kv-pages``/``--max-running`` simulate takes (issue 26: 10^20 was a traceback)
+MAX_POOL = 1 << 26
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,9 +97,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--page-size", type=_positive_int, default=None,
                      help="KV page size in tokens (default: 1; 512 for --trace, one page per hash block)")
     pool_size = sim.add_mutually_exclusive_group()
-    pool_size.add_argument("--kv-tokens", type=_positive_int, help="KV pool size in tokens")
-    pool_size.add_argument("--kv-pages", type=_positive_int, help="KV pool size in pages")
-    sim.add_argument("--max-running", type=_positive_int, default=256, help="max running requests (default: %(default)s)")
+    # 2^26 tokens (about 1.3 GB of simulator state) is far beyond any real pool; 2^27 took 2.6 GB
+    pool_size.add_argument("--kv-tokens", type=_int_at_least(1, MAX_POOL), help="KV pool size in tokens")
+    pool_size.add_argument("--kv-pages", type=_int_at_least(1, MAX_POOL), help="KV pool size in pages")
+    sim.add_argument("--max-running", type=_int_at_least(1, MAX_POOL), default=256, help="max running requests (default: %(default)s)")
     sim.add_argument("--policy", choices=sorted(EVICTION_POLICIES), default="lru",
                      help="radix-cache eviction policy (default: %(default)s)")
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")

@@ -164,3 +164,33 @@ def test_a_huge_value_in_an_error_is_shown_cut(tmp_path, capsys):
     path.write_text(SGLANG_LOG.read_text().replace("context_len=131072", "context_len=131072" + "a" * 100_000))
     err = _refused(capsys, ["explain-log", str(path)], f"{path}:6: context_len=131072aaa", "... is not an integer")
     assert len(err) < 300
+
+
+# ---- huge numbers and repeated keys on the command line (issue 26) -------------------------------------------
+
+@pytest.mark.parametrize("flag, value", [
+    ("--kv-tokens", "99999999999999999999"), ("--kv-pages", "99999999999999999999"),
+    ("--max-running", "99999999999999999999"), ("--kv-tokens", "3000000000"), ("--kv-tokens", "3e9"),
+])
+def test_a_huge_simulate_number_is_refused_naming_the_flag(flag, value, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["simulate", "--workload", "few-shot", flag, value])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}" in err and value[:20] in err and "Traceback" not in err, err
+
+
+def test_pages_times_the_page_size_beyond_the_bound_is_refused(capsys):
+    _refused(capsys, ["simulate", "--workload", "few-shot", "--kv-pages", "67108864", "--page-size", "64"],
+             "--kv-pages 67108864", "at most")
+
+
+@pytest.mark.parametrize("params, needles", [
+    (["num_groups=1000000000"], ["--workload-param num_groups=1000000000", "at most"]),
+    (["num_groups=4", "num_groups=8"], ["--workload-param 'num_groups' given twice", "4", "8"]),
+])
+def test_a_workload_param_huge_or_given_twice_is_refused(params, needles, capsys):
+    argv = ["simulate", "--workload", "generated-shared-prefix"]
+    for item in params:
+        argv += ["--workload-param", item]
+    _refused(capsys, argv, *needles)

@@ -49,13 +49,24 @@ def default_kv_tokens(requests: Sequence[RequestLike], page_size: int) -> int:
     return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
 
 
+#: the largest pool the simulator takes: 2^26 tokens is about 1.3 GB of its state and far beyond any real pool
+#: (2^27 took 2.6 GB; 10^20 was a traceback, issue 26)
+MAX_POOL_TOKENS = 1 << 26
+
+
 def pool_tokens(requests: Sequence[RequestLike], page_size: int, *, kv_tokens: int | None = None,
                 kv_pages: int | None = None) -> int:
     """The pool in tokens from ``--kv-tokens`` or ``--kv-pages`` (at most one), else :func:`default_kv_tokens`."""
     if kv_tokens is not None and kv_pages is not None:
         raise ValueError(f"give the pool in tokens or in pages, not both (kv_tokens={kv_tokens}, kv_pages={kv_pages})")
     if kv_pages is not None:
-        return kv_pages * page_size
+        tokens = kv_pages * page_size
+        if tokens > MAX_POOL_TOKENS:
+            raise ValueError(f"--kv-pages {kv_pages} of {page_size} tokens is {tokens:,} tokens: "
+                             f"at most {MAX_POOL_TOKENS:,} (2^26) tokens")
+        return tokens
+    if kv_tokens is not None and kv_tokens > MAX_POOL_TOKENS:
+        raise ValueError(f"--kv-tokens {kv_tokens}: at most {MAX_POOL_TOKENS:,} (2^26)")
     return kv_tokens if kv_tokens is not None else default_kv_tokens(requests, page_size)
 
 
@@ -108,15 +119,26 @@ def run_point(requests: Sequence[RequestLike], point: Point, **extra: Any) -> di
     return {**{c: totals[c] for c in TOTAL_COLUMNS}, "wall_s": round(time.perf_counter() - start, 6)}
 
 
+#: the largest number a ``--workload-param`` takes: a million groups or tokens is far beyond any workload kvlab's
+#: simulator runs in reasonable time, and ``num_groups=1000000000`` ran unbounded (issue 26)
+MAX_WORKLOAD_PARAM = 1_000_000
+
+
 def parse_workload_params(items: list[str]) -> dict:
-    """``--workload-param KEY=VALUE`` items as a dict; each VALUE read as JSON where it parses, else a string."""
+    """``--workload-param KEY=VALUE`` items as a dict; each VALUE read as JSON where it parses, else a string.
+    A key given twice, and a number beyond :data:`MAX_WORKLOAD_PARAM`, are refused (issue 26)."""
     params = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
+        if key in params:
+            raise ValueError(f"--workload-param {key!r} given twice ({params[key]!r} and {value!r}): give it once")
         try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
+            parsed = json.loads(value)
+        except (json.JSONDecodeError, RecursionError):
+            parsed = value
+        if isinstance(parsed, (int, float)) and not isinstance(parsed, bool) and abs(parsed) > MAX_WORKLOAD_PARAM:
+            raise ValueError(f"--workload-param {key}={value[:40]}: expected at most {MAX_WORKLOAD_PARAM:,}")
+        params[key] = parsed
     return params
