@@ -49,9 +49,7 @@ from kvlab.errors import InvariantError, LockRefError, require
 from kvlab.mem_cache.base_prefix_cache import (
     EvictParams,
     EvictResult,
-    InsertResult,
     KVAllocator,
-    SlotIndices,
     TokenKey,
 )
 from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, CacheOperation, HiCacheController
@@ -321,18 +319,9 @@ class HiRadixCache(BaseRadixTree):
         return upper
 
     # -- insert --------------------------------------------------------------------------------------
-    def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
-                     state_slot: int | None = None) -> InsertResult:
-        """The contract's insert (``BasePrefixCache.insert_slots``): :meth:`insert`, then the caller's duplicate
-        slots ``value[prev_prefix_len:already_on_device]`` are freed (device-resident nodes always form the top of a
-        path, so the prefix already on the device is one run from the root)."""
-        if state_slot is not None:
-            raise ValueError(f"HiRadixCache.insert_slots: a two-tier radix tree keeps no recurrent state, got "
-                             f"state_slot={state_slot}")
-        value = torch.as_tensor(value, dtype=_I64)
-        cached = self.insert(key, value)
-        self.token_to_kv_pool_allocator.free(value[prev_prefix_len:cached])
-        return InsertResult(cached)
+    # insert_slots is BaseRadixTree's: insert, then free the caller's duplicates (device-resident nodes always form
+    # the top of a path, so the prefix insert reports as already on the device is one run from the root)
+    tree_words = "a two-tier radix tree"
 
     def insert(self, key: TokenKey, value: torch.Tensor | None = None, priority: int = 0, chunked: bool = False) -> int:
         """Cache ``key`` (whole pages) with device slots ``value``. Returns the length of the prefix that was

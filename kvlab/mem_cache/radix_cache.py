@@ -45,7 +45,6 @@ from kvlab.mem_cache.base_prefix_cache import (
     ChildKey,
     EvictParams,
     EvictResult,
-    InsertResult,
     KVAllocator,
     MatchResult,
     SlotIndices,
@@ -297,19 +296,6 @@ class RadixCache(BaseRadixTree):
         elif not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value, dtype=_I64)
         return self._insert(key, n, value, priority, inserted_len)[0]
-
-    def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
-                     state_slot: int | None = None) -> InsertResult:
-        """The contract's insert (``BasePrefixCache.insert_slots``): :meth:`insert`, then the caller's duplicate
-        slots ``value[prev_prefix_len:already_cached]`` are freed, as the request flows do."""
-        if state_slot is not None:
-            raise ValueError(f"RadixCache.insert_slots: a plain radix tree keeps no recurrent state, got "
-                             f"state_slot={state_slot}")
-        if not isinstance(value, torch.Tensor):
-            value = torch.as_tensor(value, dtype=_I64)
-        cached = self.insert(key, value)
-        self.token_to_kv_pool_allocator.free(value[prev_prefix_len:cached])
-        return InsertResult(cached)
 
     def _insert(self, key: array, n: int, value: torch.Tensor, priority: int, inserted_len: int,
                 held: TreeNode | None = None, held_len: int = 0) -> tuple[int, TreeNode]:

@@ -16,7 +16,15 @@ from collections.abc import Iterator
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
-from kvlab.mem_cache.base_prefix_cache import ChildKey, KVAllocator, PrefixNode, TokenKey, TreeLock
+from kvlab.mem_cache.base_prefix_cache import (
+    ChildKey,
+    InsertResult,
+    KVAllocator,
+    PrefixNode,
+    SlotIndices,
+    TokenKey,
+    TreeLock,
+)
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 
 
@@ -105,6 +113,23 @@ class BaseRadixTree:
             x = x.parent
         if x is not self.root_node:
             raise LockRefError(f"{what}: {node!r} belongs to another tree")
+
+    tree_words = "a plain radix tree"  # how insert_slots' error names this kind of tree
+
+    def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
+                     state_slot: int | None = None) -> InsertResult:
+        """The contract's insert (``BasePrefixCache.insert_slots``) for a tree whose ``insert`` returns the prefix
+        already cached and leaves the caller's slots for it alone: :meth:`insert`, then the caller's duplicate slots
+        ``value[prev_prefix_len:already_cached]`` are freed. The SWA and Mamba trees free them inside their own
+        ``insert`` and override this."""
+        if state_slot is not None:
+            raise ValueError(f"{type(self).__name__}.insert_slots: {self.tree_words} keeps no recurrent state, got "
+                             f"state_slot={state_slot}")
+        if not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value, dtype=torch.int64)
+        cached = self.insert(key, value)
+        self.token_to_kv_pool_allocator.free(value[prev_prefix_len:cached])
+        return InsertResult(cached)
 
     # sizes in tokens on the device (BasePrefixCache): the plain and two-tier trees keep these two counters; the SWA
     # tree counts its full and window parts apart and overrides all three
