@@ -36,6 +36,32 @@ class WaterfallTerm:
         return {"key": self.key, "name": self.name, "gib": self.gib, "how": self.how}
 
 
+@dataclass(frozen=True)
+class WhatIfResult:
+    """One what-if (``--what-if KEY=VALUE``): the SGLang pool recomputed with one setting changed, the readings kept.
+    ``key`` is stable (the setting changed: mem_fraction_static, kv_cache_dtype, tp or gpu, whatever alias was typed;
+    code finds a what-if by it), ``label`` the item as typed (shown), ``value`` the new setting; the pool that results
+    is ``max_total_num_tokens`` (``change`` against the explained pool), from its fraction, readings and cell;
+    ``note`` says what else moved ("" when nothing did). ``as_dict`` is the JSON (``what_if`` holds the label)."""
+    label: str
+    key: str
+    value: str
+    max_total_num_tokens: int
+    change: int  # tokens: max_total_num_tokens − the explained pool's
+    mem_fraction_static: float
+    avail_before_load_gib: float
+    avail_after_load_gib: float
+    cell_size_bytes: int
+    note: str
+
+    def as_dict(self) -> dict:
+        return {"what_if": self.label, "key": self.key, "value": self.value,
+                "max_total_num_tokens": self.max_total_num_tokens, "change": self.change,
+                "mem_fraction_static": self.mem_fraction_static, "avail_before_load_gib": self.avail_before_load_gib,
+                "avail_after_load_gib": self.avail_after_load_gib, "cell_size_bytes": self.cell_size_bytes,
+                "note": self.note}
+
+
 @dataclass
 class Explanation:
     log_path: str
@@ -64,7 +90,7 @@ class Explanation:
     page_size: int = 1
     extra: dict = field(default_factory=dict)  # engine-specific fields (vLLM: gpu_memory_utilization, ...)
     findings: list[Finding] = field(default_factory=list)
-    what_if: list[dict] = field(default_factory=list)
+    what_if: list[WhatIfResult] = field(default_factory=list)
     model_config: ModelConfig | None = None
     device: DeviceSpec | None = None
     fraction_from_default: bool = False
@@ -121,7 +147,7 @@ class Explanation:
             "computed_range": list(self.computed_range), "consistent": self.consistent, "ranks": self.ranks,
             "model_config_missing_fields": list(self.model_config.missing) if self.model_config else None,
             **self.extra_json(), "terms": [t.as_dict() for t in self.terms()],
-            "findings": [f.as_dict() for f in self.findings], "what_if": self.what_if,
+            "findings": [f.as_dict() for f in self.findings], "what_if": [w.as_dict() for w in self.what_if],
         }
 
     def extra_json(self) -> dict:

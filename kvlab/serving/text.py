@@ -37,8 +37,8 @@ def format_explanation(exp) -> str:
     if exp.what_if:
         out.append("  what if:")
         for w in exp.what_if:
-            out.append(f"    {w['what_if']:<28} → {w['max_total_num_tokens']:>12,} tokens ({w['change']:+,})"
-                       + (f"  {w['note']}" if w['note'] else ""))
+            out.append(f"    {w.label:<28} → {w.max_total_num_tokens:>12,} tokens ({w.change:+,})"
+                       + (f"  {w.note}" if w.note else ""))
     return "\n".join(out)
 
 

@@ -16,6 +16,7 @@ from kvlab.model.hf_config import KV_DTYPE_NAMES
 from kvlab.serving.cell import config_cell
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool
+from kvlab.serving.result import WhatIfResult
 from kvlab.serving.sglang_versions import cell_rule, default_mem_fraction
 from kvlab.units import GiB
 
@@ -39,11 +40,11 @@ def parse_what_if(item: str) -> tuple[str, str]:
     return KEYS[key.strip()], value.strip()
 
 
-def apply_what_ifs(exp, items) -> list[dict]:
+def apply_what_ifs(exp, items) -> list[WhatIfResult]:
     return [_one(exp, *parse_what_if(item), item) for item in items]
 
 
-def _one(exp, key: str, value: str, item: str) -> dict:
+def _one(exp, key: str, value: str, item: str) -> WhatIfResult:
     pool: Pool = exp.pool
     note = ""
     if key == "mem_fraction_static":
@@ -69,12 +70,12 @@ def _one(exp, key: str, value: str, item: str) -> dict:
     else:
         new, note = _gpu(exp, item, value)
     tokens = new.tokens
-    return {"what_if": item, "key": key, "value": value, "max_total_num_tokens": tokens,
-            "change": tokens - exp.max_total_num_tokens_computed, "mem_fraction_static": new.mem_fraction_static,
-            "avail_before_load_gib": round(new.before_gib, 4), "avail_after_load_gib": round(new.after_gib, 4),
-            "cell_size_bytes": new.cell_size_bytes,
-            "note": "; ".join(x for x in (note, "SGLang refuses to start: no room for the pool" if tokens == 0 else "")
-                              if x)}
+    refused = "SGLang refuses to start: no room for the pool" if tokens == 0 else ""
+    return WhatIfResult(label=item, key=key, value=value, max_total_num_tokens=tokens,
+                        change=tokens - exp.max_total_num_tokens_computed,
+                        mem_fraction_static=new.mem_fraction_static, avail_before_load_gib=round(new.before_gib, 4),
+                        avail_after_load_gib=round(new.after_gib, 4), cell_size_bytes=new.cell_size_bytes,
+                        note="; ".join(x for x in (note, refused) if x))
 
 
 def _tp(exp, item: str, value: str) -> tuple[Pool, str]:

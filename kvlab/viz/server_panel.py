@@ -79,7 +79,7 @@ def explanation_waterfall(exp) -> go.Figure:
 def what_if_figure(exp) -> go.Figure:
     """The pool as explained beside each what-if (one change at a time), in tokens."""
     rows = [("as explained", exp.max_total_num_tokens_computed, "")] + [
-        (w["what_if"], w["max_total_num_tokens"], w["note"]) for w in exp.what_if]
+        (w.label, w.max_total_num_tokens, w.note) for w in exp.what_if]
     base = exp.max_total_num_tokens_computed
     colours = ["#7f7f7f"] + [FIX_COLOUR if t >= base else BUG_COLOUR for _, t, _ in rows[1:]]
     fig = go.Figure(go.Bar(x=[r[0] for r in rows], y=[r[1] for r in rows], marker_color=colours,

@@ -184,3 +184,38 @@ def test_waterfall_terms_are_dataclasses_keyed_by_key(tmp_path, capsys):
     assert by_key["free_before_load"].gib == 70.0
     j = run_json(capsys, path, "--model-config", "llama-3-8b")
     assert j["terms"] == [t.as_dict() for t in terms]
+
+
+# The JSON keys of one what-if, in order: scripts read them (docs/architecture.md's public contracts). Renaming a
+# WhatIfResult field must not rename one of these; change this list only on purpose.
+WHAT_IF_JSON_KEYS = ["what_if", "key", "value", "max_total_num_tokens", "change", "mem_fraction_static",
+                     "avail_before_load_gib", "avail_after_load_gib", "cell_size_bytes", "note"]
+
+
+def test_what_ifs_are_dataclasses_with_stable_json_keys(tmp_path, capsys):
+    """``apply_what_ifs`` gives frozen ``WhatIfResult`` objects whose ``key`` is the setting changed whatever alias
+    was typed (``f``, ``kv_dtype``, ``tp_size``); the JSON is each one's ``as_dict``, with the keys above."""
+    import dataclasses
+
+    from kvlab.serving.explain import explain_log
+    from kvlab.serving.result import WhatIfResult
+    from kvlab.serving.whatif import apply_what_ifs
+    path = write_log(tmp_path, _log(gpu_line="GPU 0: NVIDIA H100 80GB HBM3"))
+    items = ["f=0.9", "kv_dtype=fp8_e4m3", "tp_size=8", "gpu=h200"]
+    exp = explain_log(path, model_config=get_model_config("llama-3-8b"), what_if=items)
+    assert all(isinstance(w, WhatIfResult) for w in exp.what_if)
+    assert [(w.label, w.key) for w in exp.what_if] == [
+        ("f=0.9", "mem_fraction_static"), ("kv_dtype=fp8_e4m3", "kv_cache_dtype"), ("tp_size=8", "tp"),
+        ("gpu=h200", "gpu")]
+    f9 = exp.what_if[0]
+    assert (f9.max_total_num_tokens, f9.change, f9.note) == (391_577, 391_577 - exp.max_total_num_tokens_computed, "")
+    # 0.2 keeps 70 × 0.8 = 56 GiB out of the 54.8 left after loading: no pool, and the note says SGLang refuses
+    [none] = apply_what_ifs(exp, ["mem_fraction_static=0.2"])
+    assert none.max_total_num_tokens == 0 and none.note == "SGLang refuses to start: no room for the pool"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        f9.max_total_num_tokens = 1
+    assert apply_what_ifs(exp, items) == exp.what_if
+    j = run_json(capsys, path, "--model-config", "llama-3-8b", "--what-if", *items)
+    assert j["what_if"] == [w.as_dict() for w in exp.what_if]
+    assert all(list(w) == WHAT_IF_JSON_KEYS for w in j["what_if"])
+    assert j["what_if"][1]["what_if"] == "kv_dtype=fp8_e4m3" and j["what_if"][1]["key"] == "kv_cache_dtype"

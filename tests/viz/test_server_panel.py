@@ -39,8 +39,10 @@ def test_what_if_controls_match_the_what_if_module(panel):
     panel.tp.value = 8
     assert not _errors(panel)
     expected = apply_what_ifs(panel.explanation, ["mem_fraction_static=0.9", "tp=8"])
+    assert [w.key for w in panel.explanation.what_if] == ["mem_fraction_static", "tp"]
+    assert panel.explanation.what_if == expected
     assert list(panel.what_ifs.data[0].y) == [panel.explanation.max_total_num_tokens_computed] + [
-        w["max_total_num_tokens"] for w in expected]
+        w.max_total_num_tokens for w in expected]
     assert list(panel.what_ifs.data[0].x) == ["as explained", "mem_fraction_static=0.9", "tp=8"]
     panel.example.value = EXAMPLES[2].name  # another example: its own fraction and TP, no what-if
     assert panel.fraction.value == pytest.approx(round(panel.explanation.mem_fraction_static, 2))
