@@ -99,13 +99,14 @@ class PanelShell:
         self.errors.add_class("kvlab-errors")
         self.results = widgets.VBox(results)
         self.results.add_class("kvlab-results")
+        self._stale = False  # "kvlab-stale" is among the results' classes
 
     def box(self, *controls: widgets.Widget) -> widgets.VBox:
         return widgets.VBox([self.style, *controls, self.status.widget, self.errors, self.results])
 
     @property
     def stale(self) -> bool:
-        return "kvlab-stale" in self.results._dom_classes
+        return self._stale
 
     @property
     def shown(self) -> bool:
@@ -113,8 +114,15 @@ class PanelShell:
 
     def mark_stale(self) -> None:
         """Grey the results out now (a control changed; the redraw that follows ends it)."""
-        if "kvlab-stale" not in self.results._dom_classes:
+        if not self._stale:
             self.results.add_class("kvlab-stale")
+            self._stale = True
+
+    def mark_fresh(self) -> None:
+        """The new results are drawn (or hidden after an error): no longer greyed out."""
+        if self._stale:
+            self.results.remove_class("kvlab-stale")
+            self._stale = False
 
     @contextlib.contextmanager
     def showing(self, busy: str | None = None):
@@ -130,8 +138,7 @@ class PanelShell:
         else:
             self.results.layout.display = None
         finally:
-            if "kvlab-stale" in self.results._dom_classes:
-                self.results.remove_class("kvlab-stale")
+            self.mark_fresh()
 
     def guard(self, callback):
         """Wrap a control's callback: the results are greyed out from the moment it starts (the controls may change
@@ -148,8 +155,7 @@ class PanelShell:
                 self.errors.append_stdout(f"kvlab: error: {exc}\n")
                 return None
             finally:
-                if "kvlab-stale" in self.results._dom_classes:
-                    self.results.remove_class("kvlab-stale")
+                self.mark_fresh()
 
         return show_errors(self.errors, run)
 
