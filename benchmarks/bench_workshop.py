@@ -144,6 +144,14 @@ def _all_idle(root: int, window: float = 3.0) -> bool:
     return (_cpu_ticks(pids) - before) / os.sysconf("SC_CLK_TCK") < 0.05 * window * max(1, len(pids))
 
 
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
 def _wait(condition, timeout: float, what: str, log: Path) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
@@ -163,6 +171,7 @@ def run(notebook: str, loads: int, pool: int, plain: bool, log_dir: Path) -> dic
     try:
         _wait(lambda: re.search(r"serving \S+ at (\S+) ", log.read_text()), 120, "the URL", log)
         url = re.search(r"serving \S+ at (\S+) ", log.read_text()).group(1)
+        _wait(lambda: _listening(port), 120, "Voila listening", log)
         warm_started = time.monotonic()
         if not plain:
             _wait(lambda: "is filled with" in log.read_text() and len(_kernels(app.pid)) >= pool, 1800,
