@@ -36,6 +36,16 @@ starts kernels in the notebook's own folder (``MappingKernelManager.root_dir``: 
 notebook's path relative to the root, and the kernel manager resolves that against its own root), so relative
 paths in the notebook mean what they mean in JupyterLab.
 
+Workshop mode (``pool_size`` > 0, ``kvlab app --workshop N``): Voila's own pre-heated kernels
+(``VoilaConfiguration.preheat_kernel``, ``default_pool_size``) keep N kernels that have already run the whole
+notebook; a page load takes one (its panel is on the page as soon as the HTML arrives) and Voila starts a
+replacement in the background. Voila cannot pre-heat with progressive rendering, so that mode renders the page
+whole. A kernel waiting in the pool is never culled (:class:`kvlab.app_server.CappedKernelManager`), and
+``max_kernels`` still counts pages: the pool's waiting kernels come on top. ``solutions`` (``--solutions``)
+sets ``KVLAB_SOLUTIONS=1`` for the kernels, so each exercise offers its solution on the page
+(:mod:`kvlab.labs.solution`); every kernel ``kvlab app`` starts has ``KVLAB_APP=1``, so an exercise says that its
+code is hidden on this page and where to change it.
+
 Progress: the ``kvlab-app`` Voila template (``kvlab/app_share/voila/templates/kvlab-app``, found through
 ``JUPYTER_PATH``) replaces Voila's bare spinner by a line at the top of the page that names the notebook, says
 that the panel comes first and counts the cells still running, and goes away when the last one is done.
@@ -73,6 +83,7 @@ TEMPLATE = "kvlab-app"
 SHARE_DIR = Path(__file__).resolve().parent / "app_share"  # holds voila/templates/kvlab-app, put on JUPYTER_PATH
 MOVED_NOTE = "*(The live panel of this section is at the top of the page.)*"
 SERVER_MODULE = "kvlab.app_server"  # runs Voila (and holds its kernel manager): see kvlab/app_server.py
+APP_ENV = "KVLAB_APP"  # = kvlab.labs.solution.APP_ENV: set for the kernels of `kvlab app`
 TOKEN_ENV = "KVLAB_APP_TOKEN"  # = kvlab.app_server.TOKEN_ENV (that module imports nothing from kvlab, nor this from it)
 DEFAULT_MAX_KERNELS = 8  # = kvlab.app_server.DEFAULT_MAX_KERNELS: pages open at once
 
@@ -165,38 +176,51 @@ def dashboard_folder(notebook: Path) -> Iterator[Path]:
 
 def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool = False,
                   cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, max_kernels: int = DEFAULT_MAX_KERNELS,
-                  show_tracebacks: bool = False) -> list[str]:
+                  show_tracebacks: bool = False, pool_size: int = 0) -> list[str]:
     """The Voila command line (``python -m kvlab.app_server``, Voila in this interpreter's environment) that
     serves ``page`` (the dashboard copy of ``notebook``, its folder removed when Voila exits) with kernels
     started in ``notebook``'s folder.
 
     ``cull_idle_seconds`` > 0: a kernel idle that long with no page connected is shut down (jupyter_server's
     culler, which Voila's kernel manager inherits); 0 never culls. ``max_kernels`` > 0: kernels at once (0 = no
-    cap). ``show_tracebacks``: a failing cell's traceback reaches the page. Run it with ``app_env``'s
+    cap; pages, with a pool's waiting kernels on top). ``show_tracebacks``: a failing cell's traceback reaches the
+    page. ``pool_size`` > 0: that many pre-heated kernels (workshop mode, see the module's docstring). Run it with
+    ``app_env``'s
     environment (the template is found through ``JUPYTER_PATH``; the token, if any, is there too).
     """
     if cull_idle_seconds < 0:
         raise AppError(f"kvlab app --cull-idle-seconds: must be >= 0 (0 = never), got {cull_idle_seconds}")
     if max_kernels < 0:
         raise AppError(f"kvlab app --max-kernels: must be >= 0 (0 = no cap), got {max_kernels}")
+    if pool_size < 0:
+        raise AppError(f"kvlab app --workshop: must be >= 0 pre-heated kernels (0 = off), got {pool_size}")
+    cap = max_kernels + pool_size if max_kernels else 0
     cmd = [sys.executable, "-m", SERVER_MODULE, str(page.parent), str(page), f"--port={port}", f"--Voila.ip={HOST}",
            "--Voila.port_retries=0", "--strip_sources=True", f"--show_tracebacks={show_tracebacks}", "--theme=light",
            f"--VoilaConfiguration.multi_kernel_manager_class={SERVER_MODULE}.CappedKernelManager",
-           f"--CappedKernelManager.max_kernels={max_kernels}",
-           f"--VoilaConfiguration.template={TEMPLATE}", "--VoilaConfiguration.progressive_rendering=True",
+           f"--CappedKernelManager.max_kernels={cap}",
+           f"--VoilaConfiguration.template={TEMPLATE}",
            f"--Voila.root_dir={page.parent}",
            f"--MappingKernelManager.root_dir={notebook.parent}",  # the kernel's cwd: the notebook's own folder
            f"--MappingKernelManager.cull_idle_timeout={cull_idle_seconds}",
            f"--MappingKernelManager.cull_interval={cull_interval(cull_idle_seconds)}",
            "--MappingKernelManager.cull_connected=False", "--MappingKernelManager.cull_busy=False"]
+    if pool_size:  # pre-heated kernels (Voila renders the page whole: it cannot pre-heat progressively)
+        cmd += ["--VoilaConfiguration.preheat_kernel=True", f"--VoilaConfiguration.default_pool_size={pool_size}",
+                "--VoilaConfiguration.progressive_rendering=False"]
+    else:
+        cmd.append("--VoilaConfiguration.progressive_rendering=True")
     if not open_browser:
         cmd.append("--no-browser")
     return cmd
 
 
-def app_env(device: str | None, token: str | None = None) -> dict[str, str]:
+def app_env(device: str | None, token: str | None = None, *, solutions: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
+    env[APP_ENV] = "1"
+    if solutions:
+        env["KVLAB_SOLUTIONS"] = "1"
     if token:
         env[TOKEN_ENV] = token
     env.setdefault("KVLAB_PROGRESS", "0")
@@ -352,10 +376,11 @@ def _open_when_listening(url: str, port: int, process: subprocess.Popen, timeout
 def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser: bool = True,
           cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, notebook_dir: Path = DEFAULT_NOTEBOOK_DIR,
           stop_timeout: float = STOP_TIMEOUT_S, token: bool = True, max_kernels: int = DEFAULT_MAX_KERNELS,
-          show_tracebacks: bool = False) -> int:
+          show_tracebacks: bool = False, solutions: bool = False, pool_size: int = 0) -> int:
     """Run Voila until SIGINT/SIGTERM/SIGHUP, then stop it and its kernels; returns the exit status.
 
     ``token``: a page needs the random token in the printed URL (``False``: anyone who can reach the port).
+    ``solutions``: exercises offer their solutions. ``pool_size``: pre-heated kernels (workshop mode).
     0: stopped on request and everything shut down cleanly; 1: stopped, but Voila or a kernel had to be
     killed; Voila's own status (128 + signal if a signal ended it) when it exited without being asked.
     """
@@ -368,15 +393,19 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
         # kvlab opens the browser itself: Voila's own launcher opens the URL without the token (a login page)
         cmd = voila_command(notebook, page=page, port=port, open_browser=False,
                             cull_idle_seconds=cull_idle_seconds, max_kernels=max_kernels,
-                            show_tracebacks=show_tracebacks)
+                            show_tracebacks=show_tracebacks, pool_size=pool_size)
         secret = secrets.token_urlsafe(24) if token else None
         url = f"http://{HOST}:{port}/" + (f"?token={secret}" if secret else "")
         print(f"kvlab app: serving {printable(notebook.name)} at {url} (Ctrl-C to stop)", flush=True)
+        if pool_size:
+            print(f"kvlab app: workshop mode: {pool_size} pre-heated kernel(s) run the notebook now; a page load "
+                  f"takes one and another starts{'; solutions shown' if solutions else ''}", flush=True)
         if not secret:
             print(f"kvlab app: warning: --no-token: every user of this machine can open {HOST}:{port} and run code "
                   f"as you", file=sys.stderr, flush=True)
         parent = os.getpid()
-        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret), start_new_session=True,
+        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret, solutions=solutions),
+                                   start_new_session=True,
                                    preexec_fn=lambda: die_with_parent(parent, signal.SIGTERM))
         if open_browser:
             threading.Thread(target=_open_when_listening, args=(url, port, process), daemon=True).start()
@@ -388,7 +417,7 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
                 process.wait()
 
 
-__all__ = ["AppError", "DASHBOARD_TAG", "PARAMETERS_TAG", "DEFAULT_CULL_IDLE_SECONDS", "DEFAULT_MAX_KERNELS", "HOST",
+__all__ = ["APP_ENV", "AppError", "DASHBOARD_TAG", "PARAMETERS_TAG", "DEFAULT_CULL_IDLE_SECONDS", "DEFAULT_MAX_KERNELS", "HOST",
            "STOP_TIMEOUT_S", "TOKEN_ENV", "app_env",
            "cull_interval", "dashboard_folder", "dashboard_notebook", "descendants", "find_notebook", "serve",
            "voila_command", "write_dashboard"]

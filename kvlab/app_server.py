@@ -7,6 +7,9 @@
   (whose parent-death signal makes Voila stop: SIGTERM, its kernels shut down) leaves no folder behind either.
 * :class:`CappedKernelManager`: at most ``max_kernels`` kernels at once (one per open page); a page beyond
   that gets HTTP 503 with a sentence saying why, instead of one more kernel per reload until memory runs out.
+  In workshop mode (Voila's ``preheat_kernel``, which makes its kernel manager a subclass of this one) a kernel
+  waiting in the pre-heated pool has no page and is idle by design: the idle culler leaves it alone (Voila would
+  not start a replacement for a culled pool kernel, so the pool would drain while nobody is there).
 
 This module imports nothing from kvlab: it is loaded by Voila (by name) and by ``python -m``.
 """
@@ -39,6 +42,20 @@ class CappedKernelManager(AsyncMappingKernelManager):
             raise web.HTTPError(503, f"kvlab app: {self.max_kernels} pages are open already (--max-kernels "
                                      f"{self.max_kernels}); close one, or wait until an idle one is culled")
         return await super().start_kernel(*args, kernel_id=kernel_id, **kwargs)
+
+    def pooled_kernel_ids(self) -> set[str]:
+        """The kernels waiting in Voila's pre-heated pool (none without ``preheat_kernel``)."""
+        ids = set()
+        for pool in getattr(self, "_pools", {}).values():
+            for task in pool:
+                if task.done() and not task.cancelled() and task.exception() is None:
+                    ids.add(task.result().get("kernel_id"))
+        return ids
+
+    async def cull_kernel_if_idle(self, kernel_id: str):
+        if kernel_id in self.pooled_kernel_ids():  # waiting for its page: idle by design
+            return None
+        return await super().cull_kernel_if_idle(kernel_id)
 
 
 def main(argv: list[str] | None = None) -> int:

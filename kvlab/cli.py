@@ -6,6 +6,7 @@
     kvlab sweep (--trace FILE | --workload NAME) [--kv-pages LIST] [--max-running LIST] [...] [--engine local|ray]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
     kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--max-kernels N] [--no-token] [--show-tracebacks]
+              [--solutions] [--workshop N]
               [--notebook-dir DIR]
     kvlab explain-log LOG [--model-config CONFIG] [--mem-fraction-static F] [--what-if KEY=VALUE ...]
                       [--compare-engines [--vllm-log LOG] [--vllm-version V]] [--json]
@@ -182,6 +183,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="pages (kernels) open at once; one more gets HTTP 503; 0 = no cap (default: %(default)s)")
     app.add_argument("--show-tracebacks", action="store_true",
                      help="show a failing cell's traceback on the page (default: hidden from viewers)")
+    app.add_argument("--solutions", action="store_true",
+                     help="workshops: each exercise offers its solution on the page (KVLAB_SOLUTIONS=1 for the kernels)")
+    app.add_argument("--workshop", type=_nonnegative_int, default=0, metavar="N",
+                     help="workshops: keep N pre-heated kernels that have already run the notebook, so a page shows "
+                          "its panel at once (Voila's preheat_kernel; the page then renders whole, not cell by cell); "
+                          "they come on top of --max-kernels (default: 0, off)")
 
     replay = commands.add_parser(
         "replay", help="replay a torch memory snapshot through the allocator model: fidelity and what-ifs",
@@ -229,7 +236,7 @@ def _app(args) -> int:
     extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
     return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser,
                  cull_idle_seconds=args.cull_idle_seconds, token=not args.no_token, max_kernels=args.max_kernels,
-                 show_tracebacks=args.show_tracebacks, **extra)  # AppError: main() reports it
+                 show_tracebacks=args.show_tracebacks, solutions=args.solutions, pool_size=args.workshop, **extra)  # AppError: main() reports it
 
 
 def _replay(args) -> int:

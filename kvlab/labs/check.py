@@ -12,6 +12,8 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvlab.labs.solution import in_app, solutions_enabled
+
 
 class ExerciseError(AssertionError):
     """A check that failed, raised only by :meth:`CheckResult.raise_if_wrong`."""
@@ -53,11 +55,18 @@ class CheckResult:
     def wrong(self) -> tuple[CheckLine, ...]:
         return tuple(line for line in self.lines if not line.ok)
 
+    def app_note(self) -> str:
+        """On a ``kvlab app`` page (code hidden) a step not yet passed says where its code can be changed."""
+        if self.ok or not in_app():
+            return ""
+        return ("The code of this exercise is hidden on this page: open the notebook in JupyterLab to change it"
+                + (", or open the solution below." if solutions_enabled() else
+                   " (the instructor can serve the page with kvlab app --solutions)."))
+
     def text(self) -> str:
         head = f"{'PASS' if self.ok else 'NOT YET'} · {self.title}"
         body = [line.text() for line in self.lines]
-        if self.note:
-            body.append(self.note)
+        body += [n for n in (self.note, self.app_note()) if n]
         return "\n".join([head, *("  " + b for b in body)])
 
     def __str__(self) -> str:
@@ -72,6 +81,8 @@ class CheckResult:
             f"<li style='color:{'#1a7f37' if line.ok else '#b35900'}'>{html.escape(line.text())}</li>"
             for line in self.lines)
         note = f"<div>{html.escape(self.note)}</div>" if self.note else ""
+        if self.app_note():
+            note += f"<div class='kvlab-app-note'><i>{html.escape(self.app_note())}</i></div>"
         status = "PASS" if self.ok else "NOT YET"
         return (f"<div class='kvlab-check kvlab-check-{'pass' if self.ok else 'fail'}' "
                 f"style='border-left:4px solid {colour};padding:4px 10px'>"

@@ -1,7 +1,11 @@
 """The solutions switch: a lab's :class:`Solution` is hidden by default.
 
 Instructors run a notebook with ``KVLAB_SOLUTIONS=1`` (or call :func:`set_solutions`) to show them,
-e.g. ``KVLAB_SOLUTIONS=1 jupyter lab``.
+e.g. ``KVLAB_SOLUTIONS=1 jupyter lab``, or serve it with ``kvlab app NN --solutions`` (a workshop).
+
+In ``kvlab app`` (``KVLAB_APP=1``, set by :func:`kvlab.app.app_env`) the page hides the code, so a learner cannot
+edit an exercise there: a solution is offered folded ("show the solution", a ``<details>`` they open when they
+want it), and a hidden one says how the instructor serves the page with solutions.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import os
 from dataclasses import dataclass
 
 _SOLUTIONS_ENV = "KVLAB_SOLUTIONS"
+APP_ENV = "KVLAB_APP"  # = kvlab.app.APP_ENV (that module imports kvlab.report; this one stays light)
 _solutions_override: bool | None = None
 
 
@@ -19,6 +24,11 @@ def solutions_enabled() -> bool:
     if _solutions_override is not None:
         return _solutions_override
     return os.environ.get(_SOLUTIONS_ENV, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def in_app() -> bool:
+    """True in a kernel of ``kvlab app`` (a Voila page: outputs only, the code hidden)."""
+    return os.environ.get(APP_ENV, "") == "1"
 
 
 def set_solutions(enabled: bool | None) -> None:
@@ -36,8 +46,12 @@ class Solution:
 
     def _repr_html_(self) -> str:
         if not solutions_enabled():
-            return ("<div class='kvlab-solution-hidden'><i>Solution hidden. Instructors: run with "
-                    f"<code>{_SOLUTIONS_ENV}=1</code> to show it.</i></div>")
+            how = ("serve this page with <code>kvlab app NN --solutions</code>" if in_app() else
+                   f"run with <code>{_SOLUTIONS_ENV}=1</code>")
+            return f"<div class='kvlab-solution-hidden'><i>Solution hidden. Instructors: {how} to show it.</i></div>"
+        if in_app():  # a workshop page: folded, the learner opens it when they want it
+            return (f"<details class='kvlab-solution'><summary><b>Show the solution</b> · {html.escape(self.title)}"
+                    f"</summary><pre>{html.escape(self.code)}</pre></details>")
         return (f"<details open class='kvlab-solution'><summary>Solution · {html.escape(self.title)}</summary>"
                 f"<pre>{html.escape(self.code)}</pre></details>")
 

@@ -119,7 +119,18 @@ def plotly_js_tag() -> str:
 
 def _figure_html(state: dict) -> str:
     fig = go.Figure(data=state.get("_widget_data") or [], layout=state.get("_widget_layout") or {})
-    return pio.to_html(fig, include_plotlyjs=False, full_html=False)
+    # the page's width (no layout width: the figure follows its container, kvlab.viz.widgets) and the figure's own
+    # height in px: a height of "100%" inside a box of no set height would collapse and clip the figure
+    return pio.to_html(fig, include_plotlyjs=False, full_html=False, default_width="100%",
+                       default_height=f"{fig.layout.height or 450}px", post_script=_FOLLOW_CONTAINER)
+
+
+# plotly.js' own "responsive" follows the window only; a figure in a row beside a table must follow its box (which
+# settles once the rest of the page has loaded, and changes when the row wraps)
+_FOLLOW_CONTAINER = ("(function (gd) { if (!gd || !window.ResizeObserver) return; var w = gd.offsetWidth;"
+                     " new ResizeObserver(function () { if (gd.offsetWidth && gd.offsetWidth !== w) {"
+                     " w = gd.offsetWidth; Plotly.Plots.resize(gd); } }).observe(gd); })"
+                     "(document.getElementById('{plot_id}'));")
 
 
 def _widget_html(model_id: str, states: dict, depth: int = 0) -> str:
@@ -132,14 +143,18 @@ def _widget_html(model_id: str, states: dict, depth: int = 0) -> str:
         return ""
     name, state = model.get("model_name", ""), model.get("state", {})
     classes = " ".join(state.get("_dom_classes", []))
+    layout = states.get(str(state.get("layout", "")).removeprefix("IPY_MODEL_"), {}).get("state", {})
+    if layout.get("display") == "none" and "kvlab-style" not in classes:  # hidden on the page: hidden here too
+        return ""
     if "_widget_data" in state:
         return f"<div class='{classes}'>{_figure_html(state)}</div>"
     if name in ("HTMLModel", "HTMLMathModel"):
         return f"<div class='{classes}'>{state.get('value', '')}</div>"
     if name in ("HBoxModel", "VBoxModel", "BoxModel", "GridBoxModel"):
-        direction = "row" if name == "HBoxModel" else "column"
+        # a row wraps: on a narrow page the table beside a figure goes below it instead of being cut off
+        flow = "flex-flow:row wrap;align-items:flex-start" if name == "HBoxModel" else "flex-direction:column"
         inner = "".join(_widget_html(c.removeprefix("IPY_MODEL_"), states, depth + 1) for c in state.get("children", []))
-        return f"<div class='{classes}' style='display:flex;flex-direction:{direction};gap:8px'>{inner}</div>"
+        return f"<div class='{classes}' style='display:flex;{flow};gap:8px;min-width:0'>{inner}</div>"
     if name == "OutputModel":
         texts = [o.get("text", "") for o in state.get("outputs", []) if o.get("output_type") == "stream"]
         return f"<pre class='{classes}'>{_html.escape(''.join(texts))}</pre>" if any(texts) else ""

@@ -74,6 +74,7 @@ function loadPlotly(model) {
 async function render({ model, el }) {
   const Plotly = await loadPlotly(model);
   const gd = document.createElement("div");
+  el.classList.add("kvlab-live-figure");
   el.appendChild(gd);
   let drawing = Promise.resolve();
   let queued = false;
@@ -87,7 +88,9 @@ async function render({ model, el }) {
   const redraw = () => {  // one draw for the traits that change together, after the one before it
     if (queued) return;
     queued = true;
-    drawing = drawing.then(() => { queued = false; return draw(); }).catch((err) => console.error(err));
+    el.classList.add("kvlab-drawing");  // the old figure greyed out (kvlab.viz.widgets.PANEL_CSS) until redrawn
+    drawing = drawing.then(() => { queued = false; return draw(); }).catch((err) => console.error(err))
+      .finally(() => { if (!queued) el.classList.remove("kvlab-drawing"); });
   };
   model.on("change:_widget_data", redraw);
   model.on("change:_widget_layout", redraw);

@@ -20,7 +20,7 @@ from kvlab.serving.explain import explain_text
 from kvlab.viz.engine_plots import ENGINE_COLOURS, engine_waterfalls, gap_bars
 from kvlab.viz.live import LiveFigure
 from kvlab.viz.theme import BUG_COLOUR, FIX_COLOUR, TEMPLATE
-from kvlab.viz.widgets import BusyStatus
+from kvlab.viz.widgets import PanelShell
 from kvlab.viz.widgets import show_errors as _show_tracebacks
 
 PASTED = "(pasted or uploaded)"
@@ -176,29 +176,29 @@ class ServerPanel:
             w.add_class(css)
         self.summary, self.findings = widgets.HTML(), widgets.HTML()
         self.waterfall, self.engines, self.gap, self.what_ifs = LiveFigure(), LiveFigure(), LiveFigure(), LiveFigure()
-        self.errors = widgets.Output()
-        self.status = BusyStatus()
         for w, css in ((self.summary, "kvlab-summary"), (self.findings, "kvlab-findings"),
                        (self.waterfall, "kvlab-waterfall"), (self.engines, "kvlab-engines"),
-                       (self.gap, "kvlab-gap"), (self.what_ifs, "kvlab-what-ifs"), (self.errors, "kvlab-errors")):
+                       (self.gap, "kvlab-gap"), (self.what_ifs, "kvlab-what-ifs")):
             w.add_class(css)
         inputs = widgets.VBox([widgets.HBox([self.example, self.log_upload]), self.log_text, self.vllm_text,
                                widgets.HBox([self.model, self.config_upload, self.gpu]), self.config_text])
         what_if = widgets.HBox([self.fraction, self.kv_dtype, self.tp, self.gpu_whatif],
                                layout=widgets.Layout(flex_flow="row wrap"))
-        self.widget = widgets.VBox([inputs, what_if, self.status.widget, self.summary, self.waterfall,
-                                    self.findings, self.engines, self.gap, self.what_ifs, self.errors])
+        # the shared shell: an input error at the top, in place of every result of the old inputs
+        self.shell = PanelShell([self.summary, self.waterfall, self.findings, self.engines, self.gap, self.what_ifs])
+        self.status, self.errors = self.shell.status, self.shell.errors
+        self.widget = self.shell.box(inputs, what_if)
         self.widget.add_class("kvlab-server-panel")
         self.explanation = self.comparison = None
         self._quiet = False
-        self._on_change = show_errors(self.errors, self._handle_change)
-        self.example.observe(show_errors(self.errors, self._load_example), names="value")
-        self.log_upload.observe(show_errors(self.errors, self._uploaded_log), names="value")
-        self.config_upload.observe(show_errors(self.errors, self._uploaded_config), names="value")
+        self._on_change = self.shell.guard(self._handle_change)  # greyed from the first change, errors at the top
+        self.example.observe(self.shell.guard(self._load_example), names="value")
+        self.log_upload.observe(self.shell.guard(self._uploaded_log), names="value")
+        self.config_upload.observe(self.shell.guard(self._uploaded_config), names="value")
         for w in (self.log_text, self.vllm_text, self.model, self.config_text, self.gpu, self.fraction, self.kv_dtype,
                   self.tp, self.gpu_whatif):
             w.observe(self._on_change, names="value")
-        show_errors(self.errors, self._load_example)()
+        self.shell.guard(self._load_example)()
 
     # ---- inputs ------------------------------------------------------------------------------------
     def _load_example(self, change=None) -> None:
@@ -317,8 +317,11 @@ class ServerPanel:
         return exp, comparison
 
     def _refresh(self, reset_fraction: bool = False) -> None:
-        with self.status.busy("the explanation"):
-            exp, comparison = self.explain()
+        with self.shell.showing("the explanation"):
+            self._draw(reset_fraction)
+
+    def _draw(self, reset_fraction: bool) -> None:
+        exp, comparison = self.explain()
         if reset_fraction and exp.mem_fraction_static is not None:
             if exp.tp_size not in self.tp.options:  # a TP size the menu lacks (e.g. 3): offer it
                 self._set_quietly(options=tuple(sorted({*TP_SIZES, exp.tp_size})), target=self.tp)
@@ -340,4 +343,4 @@ class ServerPanel:
         self.what_ifs.draw(what_if_figure(exp))
 
     def refresh(self) -> None:
-        show_errors(self.errors, self._refresh)()
+        self.shell.guard(self._refresh)()

@@ -43,9 +43,29 @@ def show_errors(errors: widgets.Output, callback):
     return wrapped
 
 
+# One stylesheet for every panel, carried by a hidden HTML widget inside the panel (so JupyterLab, Voila and the
+# static report all have it; a <style> applies wherever it sits in the page). No emoji: the busy sign is CSS.
+PANEL_CSS = """<style>
+.kvlab-results{min-width:0;overflow-x:auto;transition:opacity .15s ease .1s,filter .15s ease .1s}
+.kvlab-results.kvlab-stale{opacity:.3;filter:grayscale(1);pointer-events:none}
+.kvlab-live-figure.kvlab-drawing{opacity:.3;filter:grayscale(1)}
+.kvlab-busy{display:flex;align-items:center;gap:8px;padding:4px 10px;color:#1f3b63;background:#eef3fb;
+  border-radius:4px;font-weight:600}
+.kvlab-spinner{flex:none;width:12px;height:12px;border:2px solid #9db4d6;border-top-color:#1f3b63;border-radius:50%;
+  animation:kvlab-spin .8s linear infinite}
+@keyframes kvlab-spin{to{transform:rotate(360deg)}}
+.kvlab-errors pre,.kvlab-errors .jp-OutputArea-output{color:#721c24;background:#f8d7da;border-radius:4px;
+  padding:4px 10px;white-space:pre-wrap}
+.kvlab-fig-grow{flex:1 1 520px;min-width:360px}
+.kvlab-fig-wide{min-width:640px}
+.kvlab-side-table{flex:0 1 auto;min-width:0;max-width:100%;overflow-x:auto}
+</style>"""
+
+
 class BusyStatus:
     """A panel's "computing…" line: shown while a setting not seen before is computed (a second or more),
-    cleared when the figures are drawn. Widget updates reach the page while the callback still runs."""
+    cleared when the figures are drawn. Widget updates reach the page while the callback still runs. The sign
+    is a CSS spinner and plain words (``role=status``, ``aria-busy``), so it renders in every browser font."""
 
     def __init__(self) -> None:
         self.widget = widgets.HTML(value="")
@@ -53,12 +73,91 @@ class BusyStatus:
 
     @contextlib.contextmanager
     def busy(self, what: str):
-        self.widget.value = (f"<div class='kvlab-busy' style='padding:4px 10px;color:#555;background:#eef3fb;"
-                             f"border-radius:4px'>⏳ computing {html.escape(what)} …</div>")
+        self.widget.value = (f"<div class='kvlab-busy' role='status' aria-busy='true'><span class='kvlab-spinner'>"
+                             f"</span>computing {html.escape(what)} …</div>")
         try:
             yield
         finally:
             self.widget.value = ""
+
+
+class PanelShell:
+    """What every panel shares around its results: the stylesheet, the busy line, the errors and the results box.
+
+    ``box(*controls)`` lays a panel out as controls, then the busy line and the errors (both at the top, above
+    the results), then the results (CSS class ``kvlab-results``). ``showing(busy)`` wraps one redraw: with a
+    ``busy`` description (a setting not computed before) the results are greyed out (class ``kvlab-stale``) and
+    the busy line says what is computed, until the new results are drawn; if the redraw raises, the results are
+    hidden (they belong to the old inputs) and the exception goes on to :meth:`guard`, which shows it at the top.
+    """
+
+    def __init__(self, results: list[widgets.Widget]) -> None:
+        self.style = widgets.HTML(PANEL_CSS, layout=widgets.Layout(display="none"))
+        self.style.add_class("kvlab-style")
+        self.status = BusyStatus()
+        self.errors = widgets.Output()
+        self.errors.add_class("kvlab-errors")
+        self.results = widgets.VBox(results)
+        self.results.add_class("kvlab-results")
+        self._stale = False  # "kvlab-stale" is among the results' classes
+
+    def box(self, *controls: widgets.Widget) -> widgets.VBox:
+        return widgets.VBox([self.style, *controls, self.status.widget, self.errors, self.results])
+
+    @property
+    def stale(self) -> bool:
+        return self._stale
+
+    @property
+    def shown(self) -> bool:
+        return self.results.layout.display != "none"
+
+    def mark_stale(self) -> None:
+        """Grey the results out now (a control changed; the redraw that follows ends it)."""
+        if not self._stale:
+            self.results.add_class("kvlab-stale")
+            self._stale = True
+
+    def mark_fresh(self) -> None:
+        """The new results are drawn (or hidden after an error): no longer greyed out."""
+        if self._stale:
+            self.results.remove_class("kvlab-stale")
+            self._stale = False
+
+    @contextlib.contextmanager
+    def showing(self, busy: str | None = None):
+        cm = self.status.busy(busy) if busy else contextlib.nullcontext()
+        if busy:
+            self.mark_stale()
+        try:
+            with cm:
+                yield
+        except BaseException:
+            self.results.layout.display = "none"  # no result of the old inputs stays beside the error
+            raise
+        else:
+            self.results.layout.display = None
+        finally:
+            self.mark_fresh()
+
+    def guard(self, callback):
+        """Wrap a control's callback: the results are greyed out from the moment it starts (the controls may change
+        before the redraw begins) until it ends; an error lands in this panel's errors, at the top: an input kvlab
+        cannot use (a ``KvlabError``) as its one-line message, as the CLI prints it, anything else as a traceback."""
+        from kvlab.errors import KvlabError
+
+        def run(*args, **kwargs):
+            self.mark_stale()
+            try:
+                return callback(*args, **kwargs)
+            except KvlabError as exc:
+                self.results.layout.display = "none"
+                self.errors.append_stdout(f"kvlab: error: {exc}\n")
+                return None
+            finally:
+                self.mark_fresh()
+
+        return show_errors(self.errors, run)
 
 
 class KVPoolPanel:
@@ -96,18 +195,20 @@ class KVPoolPanel:
         self.waterfall = LiveFigure()
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
-        self.errors = widgets.Output()
-        self.status = BusyStatus()
         for w, css in ((self.timelines, "kvlab-timelines"), (self.waterfall, "kvlab-waterfall"),
-                       (self.table, "kvlab-table"), (self.verdict, "kvlab-verdict"), (self.errors, "kvlab-errors")):
+                       (self.table, "kvlab-table"), (self.verdict, "kvlab-verdict"),
+                       (self.timelines, "kvlab-fig-wide"), (self.waterfall, "kvlab-fig-grow"),
+                       (self.table, "kvlab-side-table")):
             w.add_class(css)
 
-        controls = widgets.VBox([widgets.HBox([self.preset, self.gc_toggle, self.empty_cache_toggle]),
-                                 widgets.HBox([self.fraction, self.prompt])])
-        self.widget = widgets.VBox([controls, self.status.widget, self.verdict, self.timelines,
-                                    widgets.HBox([self.waterfall, self.table], layout=_wrap()), self.errors])
+        controls = widgets.VBox([widgets.HBox([self.preset, self.gc_toggle, self.empty_cache_toggle], layout=_wrap()),
+                                 widgets.HBox([self.fraction, self.prompt], layout=_wrap())])
+        self.shell = PanelShell([self.verdict, self.timelines,
+                                 widgets.HBox([self.waterfall, self.table], layout=_wrap())])
+        self.status, self.errors = self.shell.status, self.shell.errors
+        self.widget = self.shell.box(controls)
         self.widget.add_class("kvlab-kv-pool-panel")
-        self._on_change = show_errors(self.errors, self._handle_change)
+        self._on_change = self.shell.guard(self._handle_change)
         for w in (self.preset, self.gc_toggle, self.empty_cache_toggle, self.fraction, self.prompt):
             w.observe(self._on_change, names="value")
         self.refresh()
@@ -133,10 +234,9 @@ class KVPoolPanel:
         """(without gc, with gc) for the current settings, from the cache when seen before."""
         key = self.settings()
         if key not in self._cache:
-            with self.status.busy(f"both start-ups of {key[0]} (mem_fraction_static {key[2]})"):
-                self._cache[key] = self._experiment.compare(
-                    self.preset.value, empty_cache=key[1], mem_fraction_static=key[2], prompt_tokens=key[3],
-                    device=self.device)
+            self._cache[key] = self._experiment.compare(
+                self.preset.value, empty_cache=key[1], mem_fraction_static=key[2], prompt_tokens=key[3],
+                device=self.device)
         return self._cache[key]
 
     @property
@@ -145,17 +245,19 @@ class KVPoolPanel:
         return with_gc if self.gc_toggle.value else no_gc
 
     def refresh(self) -> None:
-        show_errors(self.errors, self._refresh)()
+        self.shell.guard(self._refresh)()
 
     def _refresh(self) -> None:
-        no_gc, with_gc = self.arms()
-        current = with_gc if self.gc_toggle.value else no_gc
         key = self.settings()
-        # Both arms' timelines: the gc toggle (which only picks "your server") leaves them as they are.
-        self.timelines.draw(lambda: timelines_figure(no_gc, with_gc), key=key)
-        self.waterfall.draw(lambda: budget_figure(current), key=(key, current.gc_before_measure))
-        self.table.value = result_table_html(no_gc, with_gc, current)
-        self.verdict.value = verdict_html(current)
+        busy = None if key in self._cache else f"both start-ups of {key[0]} (mem_fraction_static {key[2]})"
+        with self.shell.showing(busy):  # the old results greyed out until the new ones are drawn
+            no_gc, with_gc = self.arms()
+            current = with_gc if self.gc_toggle.value else no_gc
+            # Both arms' timelines: the gc toggle (which only picks "your server") leaves them as they are.
+            self.timelines.draw(lambda: timelines_figure(no_gc, with_gc), key=key)
+            self.waterfall.draw(lambda: budget_figure(current), key=(key, current.gc_before_measure))
+            self.table.value = result_table_html(no_gc, with_gc, current)
+            self.verdict.value = verdict_html(current)
 
 
 def _wrap() -> widgets.Layout:
@@ -168,7 +270,7 @@ def timelines_figure(no_gc, with_gc):
     fig = plots.memory_timelines_side_by_side(no_gc.timeline, with_gc.timeline,
                                               ("without gc.collect()", "with gc.collect()"),
                                               weights_bytes=(no_gc.weights_bytes, with_gc.weights_bytes))
-    return fig.update_layout(width=980)
+    return fig  # no width: the figure follows its container (a LiveFigure, the report's page)
 
 
 def budget_figure(result):
@@ -176,7 +278,7 @@ def budget_figure(result):
     arm = "with" if result.gc_before_measure else "without"
     rest = result.budget.rest_bytes if result.budget else None
     fig = plots.budget_waterfall(result.budget_terms(), title=f"KV budget {arm} gc.collect(): {_fmt_gib(rest)}")
-    return fig.update_layout(height=380, width=640, margin=dict(t=50, l=50, r=20, b=60))
+    return fig.update_layout(height=380, margin=dict(t=50, l=50, r=20, b=60))  # width: the container's
 
 
 def result_table_html(no_gc, with_gc, current) -> str:
@@ -268,19 +370,17 @@ class ShortfallPanel:
         self.gauge = LiveFigure()
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
-        self.errors = widgets.Output()
-        self.status = BusyStatus()
         for w, css in ((self.gauge, "kvlab-sim-gauge"), (self.timelines, "kvlab-sim-timelines"), (self.bars, "kvlab-sim-bars"),
                        (self.table, "kvlab-sim-table"), (self.verdict, "kvlab-sim-verdict"),
-                       (self.errors, "kvlab-errors")):
+                       (self.timelines, "kvlab-fig-wide"), (self.table, "kvlab-side-table")):
             w.add_class(css)
-        self.widget = widgets.VBox([widgets.HBox([self.mode, self.workload]),
-                                    widgets.HBox([self.kv_tokens, self.page_size, self.policy]),
-                                    self.status.widget, self.verdict,
-                                    widgets.HBox([self.gauge, self.table], layout=_wrap()),
-                                    self.timelines, self.bars, self.errors])
+        self.shell = PanelShell([self.verdict, widgets.HBox([self.gauge, self.table], layout=_wrap()),
+                                 self.timelines, self.bars])
+        self.status, self.errors = self.shell.status, self.shell.errors
+        self.widget = self.shell.box(widgets.HBox([self.mode, self.workload], layout=_wrap()),
+                                     widgets.HBox([self.kv_tokens, self.page_size, self.policy], layout=_wrap()))
         self.widget.add_class("kvlab-shortfall-panel")
-        self._on_change = show_errors(self.errors, lambda _change: self._refresh())
+        self._on_change = self.shell.guard(lambda _change: self._refresh())
         for w in (self.mode, self.kv_tokens, self.page_size, self.workload, self.policy):
             w.observe(self._on_change, names="value")
         self.refresh()
@@ -294,21 +394,23 @@ class ShortfallPanel:
     def comparison(self):
         key = self.settings()
         if key not in self._cache:
-            with self.status.busy(f"both eviction modes on {key.workload} with a {key.kv_tokens:,}-token pool"):
-                self._cache[key] = self._experiment.panel_comparison(key, progress=False)
+            self._cache[key] = self._experiment.panel_comparison(key, progress=False)
         return self._cache[key]
 
     def refresh(self) -> None:
-        show_errors(self.errors, self._refresh)()
+        self.shell.guard(self._refresh)()
 
     def _refresh(self) -> None:
-        comparison, key, mode = self.comparison(), self.settings(), self.mode.value
-        # Both modes are drawn whatever the toggle: it only re-highlights (gauge, table, verdict).
-        self.timelines.draw(lambda: sim_timelines_figure(comparison), key=key)
-        self.bars.draw(lambda: totals_figure(comparison), key=key)
-        self.gauge.draw(lambda: gauge_figure(comparison, mode), key=(key, mode))
-        self.table.value = sim_table_html(comparison, mode)
-        self.verdict.value = sim_verdict_html(comparison, mode)
+        key, mode = self.settings(), self.mode.value
+        busy = None if key in self._cache else f"both eviction modes on {key.workload} with a {key.kv_tokens:,}-token pool"
+        with self.shell.showing(busy):  # the old results greyed out until the new ones are drawn
+            comparison = self.comparison()
+            # Both modes are drawn whatever the toggle: it only re-highlights (gauge, table, verdict).
+            self.timelines.draw(lambda: sim_timelines_figure(comparison), key=key)
+            self.bars.draw(lambda: totals_figure(comparison), key=key)
+            self.gauge.draw(lambda: gauge_figure(comparison, mode), key=(key, mode))
+            self.table.value = sim_table_html(comparison, mode)
+            self.verdict.value = sim_verdict_html(comparison, mode)
 
 
 def _label(mode: str) -> str:
@@ -326,7 +428,7 @@ def sim_timelines_figure(comparison):
     """Finding 2 over time: both modes on shared axes (evicted so far, pressure events, hit rate)."""
     from kvlab.viz import eviction_plots
 
-    return eviction_plots.cumulative_eviction(comparison.cumulative_frame()).update_layout(width=980, height=560)
+    return eviction_plots.cumulative_eviction(comparison.cumulative_frame()).update_layout(height=560)
 
 
 def totals_figure(comparison):
@@ -337,7 +439,7 @@ def totals_figure(comparison):
     fig = plots.totals_bars({_label(mode): arms[mode].totals() for mode in ("full", "shortfall")})
     for trace, mode in zip(fig.data, ("full", "shortfall")):  # each mode's colour, as in the timelines
         trace.marker.color = MODE_STYLE[mode][1]
-    return fig.update_layout(width=560)
+    return fig  # width: the container's
 
 
 def gauge_figure(comparison, mode: str):

@@ -17,6 +17,8 @@ def _error_text(panel) -> str:
 def test_panels_have_an_errors_output_with_the_css_class():
     panel = KVPoolPanel("llama-8b-l4")
     assert "kvlab-errors" in panel.errors._dom_classes and panel.errors in panel.widget.children
+    # at the top: above the results box, not below a tall panel's last figure
+    assert panel.widget.children.index(panel.errors) < panel.widget.children.index(panel.shell.results)
     assert _error_text(panel) == ""
 
 
@@ -28,11 +30,12 @@ def test_a_kv_pool_callback_error_is_shown_then_cleared():
     panel.fraction.value = 0.7  # must not raise out of the trait assignment
     text = _error_text(panel)
     assert "Traceback" in text and "ValueError" in text and "unknown device preset 'bogus'" in text
-    assert panel.verdict.value == verdict_before  # the panel keeps the last good drawing
+    assert panel.verdict.value == verdict_before and not panel.shell.shown  # the old results hidden, not beside it
     panel.device = None
     panel.fraction.value = 0.75
     assert _error_text(panel) == ""  # the next good update clears the old error
     assert "data-max-total-num-tokens=" in panel.verdict.value and panel.verdict.value != verdict_before
+    assert panel.shell.shown
 
 
 def test_an_error_in_the_first_draw_is_shown_too():
