@@ -21,7 +21,7 @@ These token ids run far past any vocabulary (block 100,000 starts at 51,200,000)
 caching, and nothing in kvlab embeds them. (SGLang instead writes text, ``f"{hash_id}"`` + 128 x ``" hi"`` per
 block, and re-tokenises it, so its prompt lengths drift from ``input_length``.)
 
-Loading never materialises prompts: a 12,000-request trace of ~12k-token prompts loads in about a second and
+Loading never materialises prompts: a 12,000-request trace of ~12k-token prompts loads in about 0.3 s and
 holds ~45 MiB (``benchmarks/make_mooncake_trace.py --benchmark`` prints the figures).
 """
 
