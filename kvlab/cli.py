@@ -16,9 +16,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
+from typing import Any
 
 from kvlab.argtypes import int_at_least as _int_at_least
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
@@ -52,12 +54,28 @@ def _fraction_le1(text: str) -> float:
 MAX_POOL = 1 << 26
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _registry(module: str, name: str, needed: bool) -> Any:
+    """The registry ``module.name`` when a subcommand that offers its names is being built, else ``()``: the
+    registries live beside torch (the simulator, the scenarios), and a parser built for another subcommand never
+    reads them (argparse parses with the chosen subcommand's parser only)."""
+    return getattr(importlib.import_module(module), name) if needed else ()
+
+
+#: ``kvlab sweep``'s help line, for the parser built without sweep's options (kvlab.sweep.command.add_parser's own;
+#: tests/test_startup.py checks the two agree)
+SWEEP_HELP = "run kvlab simulate over a grid of settings, on local cores or a Ray cluster"
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``kvlab`` parser. ``command``: build only that subcommand's options (any other gets its name and help,
+    all ``kvlab --help`` shows), so a command imports only what it uses (``kvlab --help`` no torch); None builds
+    every subcommand (tests, docs)."""
     from kvlab.app import DEFAULT_CULL_IDLE_SECONDS, DEFAULT_MAX_KERNELS
-    from kvlab.experiments.kv_pool_sizing import SCENARIO_PRESETS
-    from kvlab.mem_cache.common import EVICTION_MODES
-    from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
     from kvlab.workloads.generators import WORKLOADS
+
+    SCENARIO_PRESETS = _registry("kvlab.experiments.kv_pool_sizing", "SCENARIO_PRESETS", command in (None, "repro"))
+    EVICTION_MODES = _registry("kvlab.mem_cache.common", "EVICTION_MODES", command in (None, "simulate"))
+    EVICTION_POLICIES = _registry("kvlab.mem_cache.evict_policy", "EVICTION_POLICIES", command in (None, "simulate"))
 
     parser = argparse.ArgumentParser(prog="kvlab", description="Reproduce LLM-serving KV-memory findings.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -106,9 +124,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="radix-cache eviction policy (default: %(default)s)")
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")
 
-    from kvlab.sweep.command import add_parser as add_sweep_parser
+    if command in (None, "sweep"):
+        from kvlab.sweep.command import add_parser as add_sweep_parser
 
-    add_sweep_parser(commands)
+        add_sweep_parser(commands)
+    else:  # sweep's options import the simulator (torch)
+        commands.add_parser("sweep", help=SWEEP_HELP)
 
     explain = commands.add_parser(
         "explain-log", help="explain a server's KV pool from its SGLang or vLLM start-up log",
@@ -588,13 +609,19 @@ def check_inputs(args: argparse.Namespace) -> None:
             raise KvlabError(f"{name}: is not a regular file (a FIFO, socket or device); give a {kind}")
 
 
+def _command_named(argv: list[str]) -> str:
+    """The subcommand ``argv`` names: its first word that is no option (the top level takes no option with a
+    value), or "" when there is none (``kvlab --help``, ``kvlab``)."""
+    return next((word for word in argv if not word.startswith("-")), "")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one subcommand; the one place that maps errors to exit codes.
 
     0: done; 1: done, but something the user asked for failed (a notebook in ``kvlab report``); 2: a user error
     (``kvlab: error: …``, see :data:`USER_ERRORS`; also argparse's usage errors); 3: an unexpected error or a
     :class:`~kvlab.errors.KvlabBug` (one line, traceback saved under :func:`crash_dir`); 130: interrupted."""
-    parser = build_parser()
+    parser = build_parser(_command_named(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     command = _COMMANDS.get((args.command, getattr(args, "finding", None) or getattr(args, "kind", None)))
     if command is None:  # pragma: no cover - argparse refuses unknown commands first

@@ -26,6 +26,8 @@ Differs on purpose:
   victim order is SGLang's; the cost grows with what is evicted.
 - Unlocking an unlocked node, or locking/unlocking an evicted or foreign node, raises
   :class:`LockRefError` (SGLang lets ``lock_ref`` go negative).
+- ``_split_node`` leaves both halves views of the split node's value tensor (SGLang clones them): same values,
+  and a chain of split nodes holds adjacent slices of one tensor, which ``match_prefix`` concatenates as one run.
 - ``match_prefix`` / ``insert`` take plain token sequences (no ``RadixKey`` / params objects;
   no ``extra_key`` namespaces, EAGLE bigram keys, HiCache fields or KV events).
 """
@@ -67,7 +69,7 @@ class TreeNode:
     (page_size 1) or the first page's token tuple (page_size > 1) to the child."""
 
     __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
-                 "hit_count", "priority", "id", "_evictable", "_hver")
+                 "hit_count", "priority", "id", "_evictable", "_hver", "_vbase", "_vstart")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
@@ -83,6 +85,10 @@ class TreeNode:
         self.id = node_id
         self._evictable = False  # member of RadixCache.evictable_leaves
         self._hver = 0  # version of this node's live heap entry
+        # value is _vbase[_vstart : _vstart + len(value)]: a split leaves both halves views of one tensor, so the
+        # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes)
+        self._vbase = value
+        self._vstart = 0
 
     @property
     def evicted(self) -> bool:
@@ -215,8 +221,8 @@ class RadixCache(BaseRadixTree):
         n = align_down(len(key), self.page_size)
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
-        values, node, matched = self._match_walk(key, n)
-        return MatchResult(torch.cat(values) if values else self._empty, node, matched)
+        runs, node, matched = self._match_walk(key, n)
+        return MatchResult(torch.cat(runs) if runs else self._empty, node, matched)  # a copy, as SGLang's
 
     def touch_prefix(self, key: TokenKey) -> None:
         """0.5.23: the match walk (access times, splits) without building the result."""
@@ -237,42 +243,72 @@ class RadixCache(BaseRadixTree):
             node = node.parent
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], TreeNode, int]:
+        """(the path's KV as runs of contiguous slices, the node the match ends at, matched tokens). The values of
+        consecutive nodes that are adjacent slices of one tensor (split halves) make one run: a deep chain of split
+        nodes (about 33 a walk in bench_radix_cache.py) is one ``torch.cat`` input, not 33.
+
+        The hot loop of match_prefix: locals only, one child lookup per node. Only the walk's last node can be an
+        evictable leaf (every other one has the next as a child), so the heap is touched at most once."""
         now = self.clock.tick()
         node = self.root_node
         node.last_access_time = now
         ps = self.page_size
-        values = []
+        runs = []
+        base, start, stop = None, 0, 0  # the open run: base[start:stop]
         off = 0
         while off < n:
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
             child.last_access_time = now
-            if child._evictable:
-                self._push(child)
             ckey = child.key
             end = off + len(ckey)
             if end <= n and ckey == key[off:end]:
-                values.append(child.value)
                 node = child
+                if child._vbase is base and child._vstart == stop:
+                    stop += end - off
+                else:
+                    if base is not None:
+                        runs.append(base[start:stop])
+                    base, start = child._vbase, child._vstart
+                    stop = start + end - off
                 off = end
                 continue
-            m = align_down(common_prefix_len(ckey, key, off, n), ps)
+            m = common_prefix_len(ckey, key, off, n)
+            if ps > 1:
+                m = align_down(m, ps)
+            if child._evictable:  # its access time changed; the split keeps it a leaf below the new node
+                self._push(child)
             node = self._split_node(child, m)
-            values.append(node.value)
+            if node._vbase is base and node._vstart == stop:
+                stop += m
+            else:
+                if base is not None:
+                    runs.append(base[start:stop])
+                base, start, stop = node._vbase, node._vstart, node._vstart + m
             off += m
-            break
-        return values, node, off
+            runs.append(base[start:stop])
+            return runs, node, off
+        if node._evictable:
+            self._push(node)
+        if base is not None:
+            runs.append(base[start:stop])
+        return runs, node, off
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]``. Sizes and leaf set unchanged."""
         parent = child.parent
         ck = self._child_key(child.key)
-        upper = self._new_node(child.key[:split_len], child.value[:split_len].clone(), parent, child.priority)
+        # SGLang clones both halves; here they stay views of the one tensor (same values, no copies), so a
+        # match over a chain of split nodes reads one slice (see _match_walk)
+        value = child.value
+        upper = self._new_node(child.key[:split_len], value[:split_len], parent, child.priority)
+        upper._vbase, upper._vstart = child._vbase, child._vstart
         upper.hit_count = child.hit_count
         upper.lock_ref = child.lock_ref
         child.key = child.key[split_len:]
-        child.value = child.value[split_len:].clone()
+        child.value = value[split_len:]
+        child._vstart += split_len
         child.parent = upper
         upper.children[self._child_key(child.key)] = child
         parent.children[ck] = upper
@@ -324,6 +360,8 @@ class RadixCache(BaseRadixTree):
             if child._evictable:
                 self._push(child)
             node = child
+        # Nodes matched whole: only the last can be an evictable leaf (each other one has the next as a child), so
+        # the heap is refreshed once, after the loop, if that node stays a leaf.
         while off < n:
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
@@ -331,22 +369,29 @@ class RadixCache(BaseRadixTree):
             child.last_access_time = now
             ckey = child.key
             end = off + len(ckey)
-            split = not (end <= n and ckey == key[off:end])
-            if split:
-                m = align_down(common_prefix_len(ckey, key, off, n), ps)
-                node = self._split_node(child, m)
-            else:
-                m = len(ckey)
+            if end <= n and ckey == key[off:end]:
                 node = child
+                if priority > child.priority:
+                    child.priority = priority
+                off = end
+                if end > inserted_len:
+                    child.hit_count += 1
+                continue
+            m = common_prefix_len(ckey, key, off, n)  # the key diverges inside this edge: split it, and stop there
+            if ps > 1:
+                m = align_down(m, ps)
+            node = self._split_node(child, m)
             if priority > node.priority:
                 node.priority = priority
             off += m
             if off > inserted_len:
                 node.hit_count += 1
             if child._evictable:
-                self._push(child)  # its access time (and maybe priority/hits) changed
-            if split:
-                break  # the key diverges inside this edge; SGLang's loop finds no further child
+                self._push(child)  # its access time changed
+            break
+        else:  # the key ends at a node boundary: no leaf is added below it
+            if node._evictable:
+                self._push(node)
         prefix_len = off
         if off < n:
             new = value[off:n]
@@ -535,7 +580,7 @@ class RadixCache(BaseRadixTree):
         self.evictable_size_ -= len(node.key)
         node._evictable = False
         self.evictable_leaves.discard(node)
-        node.value = None
+        node.value = node._vbase = None  # (a split half may still hold the base: it is that half's memory)
         self._update_leaf_status(parent)
 
     # -- invariants -----------------------------------------------------------------------------
@@ -548,6 +593,12 @@ class RadixCache(BaseRadixTree):
         the evictable-leaf set and heap equal a brute-force recomputation.
         """
         nodes = self._check_tree(self.evictable_size_, self.protected_size_, "RadixCache")
+        for node in nodes:  # the run bookkeeping _match_walk merges slices by: value is _vbase[_vstart:...]
+            v, base = node.value, node._vbase
+            if (base is None or v.data_ptr() != base.data_ptr() + node._vstart * base.element_size()
+                    or node._vstart + len(v) > len(base)):
+                raise InvariantError("RadixCache: every node's value is the slice of its base tensor it records",
+                                     node=node, vstart=node._vstart, base_len=None if base is None else len(base))
         leaves = {n for n in nodes if not n.lock_ref and not n.children}
         if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
             raise InvariantError("RadixCache: the evictable-leaf index holds exactly the unlocked leaves",

@@ -163,7 +163,19 @@ class TokenSequence(Sequence[int]):
         import numpy as np
 
         segs = self._segments
-        if segs and all(type(seg) is range and seg.step == 1 for seg in segs):  # a trace's blocks: one numpy pass
+        if segs and all(type(seg) is range and seg.step == 1 for seg in segs):
+            width = len(segs[0])
+            if len(segs[-1]) <= width and all(len(seg) == width for seg in segs[:-1]):  # a trace's blocks: one
+                # broadcast add writes them all
+                n_full = len(segs) - 1
+                flat = np.empty(self._ends[-1], dtype=np.int64)
+                offsets = np.arange(width, dtype=np.int64)
+                starts = np.fromiter([seg.start for seg in segs], dtype=np.int64, count=n_full + 1)
+                np.add(starts[:-1, None], offsets, out=flat[: n_full * width].reshape(n_full, width))
+                np.add(starts[-1], offsets[: len(segs[-1])], out=flat[n_full * width :])
+                out = array("q")
+                out.frombytes(memoryview(flat).cast("B"))  # one allocation, one copy
+                return out
             lens = np.fromiter((len(seg) for seg in segs), dtype=np.int64, count=len(segs))
             starts = np.fromiter((seg.start for seg in segs), dtype=np.int64, count=len(segs))
             ends = np.cumsum(lens)  # token i of range k is starts[k] + i - (ends[k] - lens[k])

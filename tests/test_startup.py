@@ -1,0 +1,71 @@
+"""Start-up: ``kvlab --help`` imports no heavy library, and a parser built for one subcommand is the full one.
+
+``kvlab.cli.main`` builds only the named subcommand's options (``build_parser(command)``), so ``kvlab --help``
+never imports torch (about 1.5 s of a cold start) and a command imports what it uses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+
+import pytest
+
+from kvlab.cli import _command_named, build_parser
+
+HEAVY = ("torch", "plotly", "pandas")
+
+
+def _run_module(*argv: str) -> subprocess.CompletedProcess:
+    """``python -m kvlab ARGV`` in a fresh interpreter; its stderr ends with a JSON line: the heavy modules loaded."""
+    code = ("import runpy, sys, json\n"
+            f"sys.argv = ['kvlab', *{list(argv)!r}]\n"
+            "try:\n    runpy.run_module('kvlab', run_name='__main__', alter_sys=True)\n"
+            "except SystemExit as exc:\n    code = exc.code\nelse:\n    code = 0\n"
+            f"print(json.dumps([m for m in {HEAVY!r} if m in sys.modules]), file=sys.stderr)\n"
+            "sys.exit(code)\n")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def _loaded(out: subprocess.CompletedProcess) -> list:
+    return json.loads(out.stderr.strip().splitlines()[-1])
+
+
+def test_kvlab_help_imports_no_torch_plotly_or_pandas():
+    out = _run_module("--help")
+    assert out.returncode == 0, out.stderr
+    assert "simulate" in out.stdout and "sweep" in out.stdout
+    assert _loaded(out) == []
+
+
+def test_python_dash_m_kvlab_runs_a_command():
+    out = subprocess.run([sys.executable, "-m", "kvlab", "simulate", "--workload", "few-shot", "--kv-tokens", "8192",
+                          "--json"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["requests"] > 0
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> dict:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+
+
+def test_the_top_level_help_is_the_full_parsers():
+    assert build_parser("").format_help() == build_parser().format_help()
+
+
+@pytest.mark.parametrize("command", sorted(_subparsers(build_parser())))
+def test_a_parser_built_for_one_command_has_its_full_options(command):
+    full, alone = _subparsers(build_parser())[command], _subparsers(build_parser(command))[command]
+    assert alone.format_help() == full.format_help()
+    for sub in ("repro", "data"):  # the nested subcommands too
+        if command == sub:
+            for name, parser in _subparsers(full).items():
+                assert _subparsers(alone)[name].format_help() == parser.format_help()
+
+
+@pytest.mark.parametrize(("argv", "command"), [([], ""), (["--help"], ""), (["-h", "simulate", "--json"], "simulate"),
+                                               (["repro", "kv-pool-sizing"], "repro")])
+def test_the_command_is_the_first_word_that_is_no_option(argv, command):
+    assert _command_named(argv) == command
