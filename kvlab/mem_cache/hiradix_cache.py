@@ -63,6 +63,11 @@ _I64 = torch.int64
 LOAD_BACK_EVICT_MODES = ("shortfall", "full")
 
 
+def _own(slots: torch.Tensor) -> torch.Tensor:
+    """A copy of ``slots`` as int64 (the tree's own, whatever the caller's dtype)."""
+    return slots.clone() if slots.dtype == _I64 else slots.to(_I64)
+
+
 class HiTreeNode:
     """One edge of the hierarchical tree (0.5.16's ``TreeNode`` with its HiCache fields).
 
@@ -203,6 +208,7 @@ class HiRadixCache(BaseRadixTree):
         self.load_back_evict_mode = load_back_evict_mode
         self.eviction_policy = eviction_policy.lower()
         self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
+        self._priority_of = self.eviction_strategy.get_priority
         self.reset()
 
     def reset(self) -> None:
@@ -241,7 +247,7 @@ class HiRadixCache(BaseRadixTree):
             stack.extend(node.children.values())
 
     def _prio(self, node: HiTreeNode) -> tuple:
-        return (self.eviction_strategy.get_priority(node), node.last_access_time, node.id)
+        return (self._priority_of(node), node.last_access_time, node.id)
 
     # -- the leaf indexes (device leaves, host leaves) ------------------------------------------------
     def _update_leaf_status(self, node: HiTreeNode) -> None:
@@ -332,7 +338,9 @@ class HiRadixCache(BaseRadixTree):
         n = align_down(len(key), self.page_size)
         if value is None:
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
-        value = torch.as_tensor(value, dtype=_I64)[:n]
+        elif not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value, dtype=_I64)
+        value = value[:n]  # a request's row is int32: only the slices the tree keeps are copied to int64 (_own)
         if value.shape[0] < n:
             raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
         if n == 0:
@@ -348,7 +356,7 @@ class HiRadixCache(BaseRadixTree):
             node = child if m == len(child.key) else self._split_node(child, m)
             node.priority = max(node.priority, priority)
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
-                node.value = value[off : off + m].clone()
+                node.value = _own(value[off : off + m])
                 self.evictable_size_ += m
                 self._update_leaf_status(node)
                 self._update_host_leaf_status(node)
@@ -358,7 +366,7 @@ class HiRadixCache(BaseRadixTree):
                 prefix += m
             off += m
         if off < n:
-            leaf = self._new_node(key[off:n], value[off:n].clone(), node, priority)
+            leaf = self._new_node(key[off:n], _own(value[off:n]), node, priority)
             node.children[self._key_of(leaf.key)] = leaf
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
