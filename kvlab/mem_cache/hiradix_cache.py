@@ -334,6 +334,10 @@ class HiRadixCache(BaseRadixTree):
         already on the device: the caller frees its own slots for it. A matched node that is host-only takes the
         caller's slots instead (recomputed KV; the node is then on both tiers) and does not count in the return.
         Under the write-through policies a node whose hit count reaches the threshold is backed up."""
+        return self._insert(key, value, priority, chunked)[0]
+
+    def _insert(self, key: TokenKey, value: torch.Tensor | None, priority: int, chunked: bool) -> tuple[int, HiTreeNode]:
+        """:meth:`insert`, also returning the node its key ends at (the root for an empty key)."""
         key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if value is None:
@@ -344,7 +348,7 @@ class HiRadixCache(BaseRadixTree):
         if value.shape[0] < n:
             raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
         if n == 0:
-            return 0
+            return 0, self.root_node
         node, off, prefix = self.root_node, 0, 0
         while off < n:
             child = node.children.get(self._key_of(key, off))
@@ -373,7 +377,8 @@ class HiRadixCache(BaseRadixTree):
             self._update_leaf_status(leaf)
             if self.write_policy != "write_back":
                 self._inc_hit_count(leaf, chunked)
-        return prefix
+            node = leaf
+        return prefix, node
 
     # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
     # and runs over its own insert and match_prefix) ---------------------------------------------------------------
@@ -412,20 +417,38 @@ class HiRadixCache(BaseRadixTree):
         key_len = align_down(len(tokens), self.page_size)
         alloc = self.token_to_kv_pool_allocator
         protected = req.cache_protected_len
-        done = self.insert(tokens[:key_len], row[:key_len], getattr(req, "priority", 0) or 0, chunked=chunked)
+        done, last = self._insert(tokens, row, getattr(req, "priority", 0) or 0, chunked)
         getattr(alloc, "free_row", alloc.free)(row[protected:done])
-        m = self.match_prefix(tokens[:key_len])
-        require(m.device_prefix_len == key_len, "cache_unfinished_req: the re-match finds every token just inserted "
-                "on the device", found=m.device_prefix_len, inserted=key_len)
+        device_indices = self._rematch(last, key_len)
+        require(len(device_indices) == key_len, "cache_unfinished_req: the re-match finds every token just inserted "
+                "on the device", found=len(device_indices), inserted=key_len)
         if key_len > protected:
-            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), m.device_indices[protected:])
+            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), device_indices[protected:])
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(m.last_device_node)
+        self.inc_lock_ref(last)
         tail = row[key_len : len(tokens)]
-        req.prefix_indices = torch.cat([m.device_indices, tail.to(_I64)]) if len(tail) else m.device_indices
-        req.last_node = m.last_device_node
+        req.prefix_indices = torch.cat([device_indices, tail.to(_I64)]) if len(tail) else device_indices
+        req.last_node = last
+
+    def _rematch(self, last: HiTreeNode, key_len: int) -> torch.Tensor:
+        """``match_prefix`` of the key that insert just made end at ``last``, without comparing its tokens again:
+        the same walk (no split is possible, every node is on the device), the same clock reads (the root, then
+        each node from the top), the device slots of the path."""
+        if key_len == 0:
+            return self._empty
+        path = []
+        node = last
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        self.root_node.last_access_time = self.clock.tick()
+        values = []
+        for node in reversed(path):
+            node.last_access_time = self.clock.tick()
+            values.append(node.value)
+        return torch.cat(values) if values else self._empty
 
     def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
         if self.write_policy == "write_back" or chunked:
