@@ -42,6 +42,7 @@ import functools, json, sys, time
 from kvlab.workloads.mooncake import load_trace
 from kvlab.sched import SchedulerConfig, simulate
 trace, mode, n, page_size, kv_pages, max_running, fast, split = sys.argv[1:9]
+extra = json.loads(sys.argv[9]) if len(sys.argv) > 9 else {}  # more SchedulerConfig fields (bench_hicache.py)
 flows = {}
 if split == "1":  # CPU seconds inside the tree/allocator flows the scheduler calls once per request or prefill
     import kvlab.sched.kv as S
@@ -67,7 +68,7 @@ if split == "1":  # CPU seconds inside the tree/allocator flows the scheduler ca
         timed(RadixCache, name)
 reqs = load_trace(trace)[: int(n)]
 cfg = SchedulerConfig(kv_tokens=int(kv_pages) * int(page_size), page_size=int(page_size),
-                      max_running=int(max_running), eviction=mode, fast_decode=fast == "1")
+                      max_running=int(max_running), eviction=mode, fast_decode=fast == "1", **extra)
 wall, cpu = time.perf_counter(), time.process_time()
 totals = simulate(reqs, cfg, progress=False).totals()
 print(json.dumps(dict(totals=totals, wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu,
@@ -75,11 +76,13 @@ print(json.dumps(dict(totals=totals, wall_s=time.perf_counter() - wall, cpu_s=ti
 """
 
 
-def run_one(root: Path, trace: Path, mode: str, args, fast: bool, split: bool = False) -> dict:
-    """One simulation in a fresh process whose kvlab is the one under ``root``."""
+def run_one(root: Path, trace: Path, mode: str, args, fast: bool, split: bool = False,
+            config: dict | None = None) -> dict:
+    """One simulation in a fresh process whose kvlab is the one under ``root``; ``config``: more
+    ``SchedulerConfig`` fields (JSON values, e.g. ``{"hicache_ratio": 4}``)."""
     env = dict(os.environ, PYTHONPATH=str(root), KVLAB_PROGRESS="0")
     argv = [str(trace), mode, str(args.requests), str(args.page_size), str(args.kv_pages), str(args.max_running),
-            "1" if fast else "0", "1" if split else "0"]
+            "1" if fast else "0", "1" if split else "0", json.dumps(config or {})]
     out = subprocess.run([sys.executable, "-c", _CHILD, *argv], env=env, cwd=root, check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])

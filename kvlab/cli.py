@@ -2,7 +2,8 @@
 
     kvlab repro kv-pool-sizing [--preset P] [--gc-before-measure | --no-gc-before-measure | --compare]
                                [--prompt-tokens N] [--json]
-    kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare] [...]
+    kvlab simulate (--trace FILE | --workload NAME) [--eviction shortfall|full | --compare]
+                   [--hicache-ratio R | --hicache-size GIB] [--hicache-write-policy P] [...]
     kvlab sweep (--trace FILE | --workload NAME) [--kv-pages LIST] [--max-running LIST] [...] [--engine local|ray]
     kvlab report [--out DIR] [--device auto|cuda|sim:<preset>] [--notebooks 01,02,...] [--force]
     kvlab app [01|02|...] [--port N] [--cull-idle-seconds N] [--max-kernels N] [--no-token] [--show-tracebacks]
@@ -50,6 +51,27 @@ def _fraction_le1(text: str) -> float:
     return value
 
 
+def _hicache_number(flag: str):
+    """An argparse type for ``--hicache-ratio`` / ``--hicache-size``: a finite number in (0, the largest
+    ``SchedulerConfig`` takes], refused naming ``flag`` (exit 2)."""
+    import math
+
+    from kvlab.sched.config import MAX_HICACHE
+
+    top = MAX_HICACHE["hicache_ratio" if flag == "--hicache-ratio" else "hicache_size_gib"]
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: expected a number, got {text!r}") from None
+        if not math.isfinite(value) or not 0 < value <= top:
+            raise argparse.ArgumentTypeError(f"{flag} must be in (0, {top:g}], got {text}")
+        return value
+
+    return parse
+
+
 #: the largest ``--kv-tokens``/``--kv-pages``/``--max-running`` simulate takes (issue 26: 10^20 was a traceback)
 MAX_POOL = 1 << 26
 
@@ -76,6 +98,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     SCENARIO_PRESETS = _registry("kvlab.experiments.kv_pool_sizing", "SCENARIO_PRESETS", command in (None, "repro"))
     EVICTION_MODES = _registry("kvlab.mem_cache.common", "EVICTION_MODES", command in (None, "simulate"))
     EVICTION_POLICIES = _registry("kvlab.mem_cache.evict_policy", "EVICTION_POLICIES", command in (None, "simulate"))
+    WRITE_POLICIES = _registry("kvlab.mem_cache.cache_controller", "WRITE_POLICIES", command in (None, "simulate"))
 
     parser = argparse.ArgumentParser(prog="kvlab", description="Reproduce LLM-serving KV-memory findings.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -122,6 +145,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("--max-running", type=_int_at_least(1, MAX_POOL), default=256, help="max running requests (default: %(default)s)")
     sim.add_argument("--policy", choices=sorted(EVICTION_POLICIES), default="lru",
                      help="radix-cache eviction policy (default: %(default)s)")
+    host = sim.add_mutually_exclusive_group()
+    host.add_argument("--hicache-ratio", type=_hicache_number("--hicache-ratio"), default=None, metavar="R",
+                      help="HiCache: add a host KV pool of R times the device pool (SGLang's --hicache-ratio)")
+    host.add_argument("--hicache-size", type=_hicache_number("--hicache-size"), default=None, metavar="GIB",
+                      help="HiCache: add a host KV pool of GIB GiB (SGLang's --hicache-size, which reads decimal GB)")
+    sim.add_argument("--hicache-write-policy", choices=list(WRITE_POLICIES), default=None,
+                     help="HiCache write policy, with --hicache-ratio or --hicache-size (default: write_through)")
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")
 
     if command in (None, "sweep"):
@@ -307,7 +337,8 @@ def _simulate(args) -> int:
         raise ValueError("--workload-param applies to --workload, not to --trace")
     requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
     kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
-    options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy)
+    options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy,
+                   **_hicache_options(args))
     if args.compare:
         if args.eviction is not None:
             raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
@@ -332,6 +363,8 @@ def _simulate(args) -> int:
         return 0
     print(f"simulate · {source} · eviction {totals['eviction']} · page size {page_size} · "
           f"KV pool {totals['kv_tokens']:,} tokens · policy {totals['policy']}")
+    if result.config.hicache:
+        print(f"host tier (HiCache) · {_host_tier_line(result.config)}")
     width = max(map(len, totals))
     for key, value in totals.items():
         if key in ("eviction", "page_size", "kv_tokens", "policy"):
@@ -339,6 +372,33 @@ def _simulate(args) -> int:
         shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
         print(f"  {key:<{width}}  {shown:>14}")
     return 0
+
+
+def _hicache_options(args) -> dict:
+    """The ``SchedulerConfig`` fields of ``--hicache-ratio`` / ``--hicache-size`` / ``--hicache-write-policy``."""
+    if args.hicache_ratio is None and args.hicache_size is None:
+        if args.hicache_write_policy is not None:
+            raise ValueError(f"--hicache-write-policy {args.hicache_write_policy} needs a host tier: give "
+                             "--hicache-ratio R or --hicache-size GIB")
+        return {}
+    options = {"hicache_write_policy": args.hicache_write_policy or "write_through"}
+    if args.hicache_ratio is not None:
+        options["hicache_ratio"] = args.hicache_ratio
+    else:
+        options["hicache_size_gib"] = args.hicache_size
+    return options
+
+
+def _host_tier_line(config) -> str:
+    """What ``kvlab simulate`` says of the host tier: its size as SGLang sizes it, the write policy, the link."""
+    from kvlab.units import fmt_bytes
+
+    pool, cost = config.host_pool(), config.cost
+    given = (f"--hicache-ratio {config.hicache_ratio:g}" if config.hicache_ratio is not None
+             else f"--hicache-size {config.hicache_size_gib:g} GiB")
+    return (f"{given}: {pool.size_tokens:,} host tokens ({fmt_bytes(pool.size_bytes)} at "
+            f"{cost.kv_bytes_per_token:,} B/token) · write policy {config.hicache_write_policy} · host link "
+            f"{cost.host_to_device_bytes_per_s / 1e9:g} GB/s")
 
 
 def _difference(bug: dict, fix: dict, skip: tuple = ()) -> dict:

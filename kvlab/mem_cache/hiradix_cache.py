@@ -63,6 +63,11 @@ _I64 = torch.int64
 LOAD_BACK_EVICT_MODES = ("shortfall", "full")
 
 
+def _own(slots: torch.Tensor) -> torch.Tensor:
+    """A copy of ``slots`` as int64 (the tree's own, whatever the caller's dtype)."""
+    return slots.clone() if slots.dtype == _I64 else slots.to(_I64)
+
+
 class HiTreeNode:
     """One edge of the hierarchical tree (0.5.16's ``TreeNode`` with its HiCache fields).
 
@@ -203,6 +208,7 @@ class HiRadixCache(BaseRadixTree):
         self.load_back_evict_mode = load_back_evict_mode
         self.eviction_policy = eviction_policy.lower()
         self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
+        self._priority_of = self.eviction_strategy.get_priority
         self.reset()
 
     def reset(self) -> None:
@@ -241,7 +247,7 @@ class HiRadixCache(BaseRadixTree):
             stack.extend(node.children.values())
 
     def _prio(self, node: HiTreeNode) -> tuple:
-        return (self.eviction_strategy.get_priority(node), node.last_access_time, node.id)
+        return (self._priority_of(node), node.last_access_time, node.id)
 
     # -- the leaf indexes (device leaves, host leaves) ------------------------------------------------
     def _update_leaf_status(self, node: HiTreeNode) -> None:
@@ -328,15 +334,21 @@ class HiRadixCache(BaseRadixTree):
         already on the device: the caller frees its own slots for it. A matched node that is host-only takes the
         caller's slots instead (recomputed KV; the node is then on both tiers) and does not count in the return.
         Under the write-through policies a node whose hit count reaches the threshold is backed up."""
+        return self._insert(key, value, priority, chunked)[0]
+
+    def _insert(self, key: TokenKey, value: torch.Tensor | None, priority: int, chunked: bool) -> tuple[int, HiTreeNode]:
+        """:meth:`insert`, also returning the node its key ends at (the root for an empty key)."""
         key = as_tokens(key)
         n = align_down(len(key), self.page_size)
         if value is None:
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
-        value = torch.as_tensor(value, dtype=_I64)[:n]
+        elif not isinstance(value, torch.Tensor):
+            value = torch.as_tensor(value, dtype=_I64)
+        value = value[:n]  # a request's row is int32: only the slices the tree keeps are copied to int64 (_own)
         if value.shape[0] < n:
             raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
         if n == 0:
-            return 0
+            return 0, self.root_node
         node, off, prefix = self.root_node, 0, 0
         while off < n:
             child = node.children.get(self._key_of(key, off))
@@ -348,7 +360,7 @@ class HiRadixCache(BaseRadixTree):
             node = child if m == len(child.key) else self._split_node(child, m)
             node.priority = max(node.priority, priority)
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
-                node.value = value[off : off + m].clone()
+                node.value = _own(value[off : off + m])
                 self.evictable_size_ += m
                 self._update_leaf_status(node)
                 self._update_host_leaf_status(node)
@@ -358,14 +370,85 @@ class HiRadixCache(BaseRadixTree):
                 prefix += m
             off += m
         if off < n:
-            leaf = self._new_node(key[off:n], value[off:n].clone(), node, priority)
+            leaf = self._new_node(key[off:n], _own(value[off:n]), node, priority)
             node.children[self._key_of(leaf.key)] = leaf
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
             if self.write_policy != "write_back":
                 self._inc_hit_count(leaf, chunked)
-        return prefix
+            node = leaf
+        return prefix, node
+
+    # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
+    # and runs over its own insert and match_prefix) ---------------------------------------------------------------
+    def cache_finished_req(self, req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
+        """A finished request hands its KV to the tree: ``(origin_input_ids + output_ids)[:kv_len_to_handle]``
+        (default: all but the last output token, whose KV was never computed); the page-aligned part is inserted
+        (write-through backs up what reaches its hit threshold), the caller's duplicates
+        ``row[cache_protected_len : already on the device]`` and the unaligned tail are freed, and the request's
+        lock is dropped. The caller frees the row (``common.release_kv_cache``)."""
+        origin = as_tokens(req.origin_input_ids)
+        total = len(origin) + len(req.output_ids)
+        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
+        alloc = self.token_to_kv_pool_allocator
+        free = getattr(alloc, "free_row", alloc.free)
+        protected = req.cache_protected_len
+        key_len = align_down(kv_len, self.page_size)
+        if is_insert:
+            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
+            done = self.insert(tokens[:key_len], row[:key_len], getattr(req, "priority", 0) or 0)
+            free(row[protected:done])
+        else:
+            free(row[protected:key_len])
+        free(row[key_len:])
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+            req.last_node = None
+
+    def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        """After a prefill (chunk): insert ``fill_ids``' page-aligned KV (``chunked``: no hit counted, so no
+        write-through), free the duplicates, re-match, point the row at the tree's slots from
+        ``cache_protected_len`` on, and move the request's lock to the node the key ends at. A partial last page
+        stays the request's (in ``prefix_indices``, not the tree)."""
+        tokens = as_tokens(req.fill_ids)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        key_len = align_down(len(tokens), self.page_size)
+        alloc = self.token_to_kv_pool_allocator
+        protected = req.cache_protected_len
+        done, last = self._insert(tokens, row, getattr(req, "priority", 0) or 0, chunked)
+        getattr(alloc, "free_row", alloc.free)(row[protected:done])
+        device_indices = self._rematch(last, key_len)
+        require(len(device_indices) == key_len, "cache_unfinished_req: the re-match finds every token just inserted "
+                "on the device", found=len(device_indices), inserted=key_len)
+        if key_len > protected:
+            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), device_indices[protected:])
+        req.cache_protected_len = key_len
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(last)
+        tail = row[key_len : len(tokens)]
+        req.prefix_indices = torch.cat([device_indices, tail.to(_I64)]) if len(tail) else device_indices
+        req.last_node = last
+
+    def _rematch(self, last: HiTreeNode, key_len: int) -> torch.Tensor:
+        """``match_prefix`` of the key that insert just made end at ``last``, without comparing its tokens again:
+        the same walk (no split is possible, every node is on the device), the same clock reads (the root, then
+        each node from the top), the device slots of the path."""
+        if key_len == 0:
+            return self._empty
+        path = []
+        node = last
+        while node is not self.root_node:
+            path.append(node)
+            node = node.parent
+        self.root_node.last_access_time = self.clock.tick()
+        values = []
+        for node in reversed(path):
+            node.last_access_time = self.clock.tick()
+            values.append(node.value)
+        return torch.cat(values) if values else self._empty
 
     def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
         if self.write_policy == "write_back" or chunked:

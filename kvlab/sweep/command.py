@@ -2,7 +2,7 @@
 
     kvlab sweep (--trace FILE | --workload NAME) [--seed N] [--workload-param KEY=VALUE ...]
                 [--kv-pages LIST | --kv-tokens LIST] [--eviction shortfall,full] [--policy LIST]
-                [--page-size LIST] [--max-running LIST]
+                [--page-size LIST] [--max-running LIST] [--hicache-ratio LIST] [--hicache-write-policy LIST]
                 [--engine local|ray] [--workers N] [--ray-address ADDRESS] [--out FILE.csv|FILE.parquet] [--json]
 
 Every LIST is comma-separated; one value is a one-point axis.
@@ -22,8 +22,8 @@ from kvlab.safe_text import printable
 from kvlab.sweep.engine import ENGINES
 from kvlab.sweep.grid import Grid, parse_list
 
-SHOWN = ("eviction", "policy", "page_size", "max_running", "kv_pages", "hit_rate", "evicted_tokens",
-         "over_evicted_tokens", "prefill_tokens_computed", "retractions")
+SHOWN = ("eviction", "policy", "page_size", "max_running", "kv_pages", "hicache_ratio", "hicache_write_policy",
+         "hit_rate", "evicted_tokens", "over_evicted_tokens", "prefill_tokens_computed", "retractions", "host_hit_tokens")
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -49,6 +49,11 @@ def add_parser(commands) -> argparse.ArgumentParser:
     sweep.add_argument("--page-size", metavar="LIST", default=None,
                        help="KV page sizes in tokens (default: 1; 512 for --trace, one page per hash block)")
     sweep.add_argument("--max-running", metavar="LIST", default="256", help="max running requests (default: 256)")
+    sweep.add_argument("--hicache-ratio", metavar="LIST", default="0",
+                       help="HiCache host pool sizes as ratios of the device pool; 0: no host tier (default: 0)")
+    sweep.add_argument("--hicache-write-policy", metavar="LIST", default="write_through",
+                       help="HiCache write policies: write_through, write_through_selective, write_back "
+                            "(default: %(default)s)")
     sweep.add_argument("--engine", choices=ENGINES, default="local",
                        help="local: a process pool on this machine; ray: a Ray cluster, needs kvlab[ray] "
                             "(default: %(default)s)")
@@ -67,7 +72,9 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
     return Grid(evictions=parse_list(args.eviction, "--eviction"), policies=parse_list(args.policy, "--policy"),
                 page_sizes=page_sizes, max_running=parse_list(args.max_running, "--max-running", int),
                 kv_pages=parse_list(args.kv_pages, "--kv-pages", int) if args.kv_pages else None,
-                kv_tokens=parse_list(args.kv_tokens, "--kv-tokens", int) if args.kv_tokens else None).checked()
+                kv_tokens=parse_list(args.kv_tokens, "--kv-tokens", int) if args.kv_tokens else None,
+                hicache_ratios=parse_list(args.hicache_ratio, "--hicache-ratio", float),
+                hicache_write_policies=parse_list(args.hicache_write_policy, "--hicache-write-policy")).checked()
 
 
 @contextmanager
@@ -102,6 +109,8 @@ def _print_table(rows: list[dict]) -> None:
 def _shown(column: str, value) -> str:
     if column == "hit_rate":
         return f"{value:.2%}"
+    if isinstance(value, float):
+        return f"{value:g}"
     return f"{value:,}" if isinstance(value, int) else printable(value)
 
 

@@ -2,7 +2,8 @@
 
 Grid order (the order of :meth:`Grid.points`, and of the rows in a finished output file) is eviction, then
 policy, page size, max running and pool size, each axis in the order given: a two-mode pool sweep reads as
-one block of rows per mode, pools ascending within it.
+one block of rows per mode, pools ascending within it; then HiCache's host ratio and write policy (a ratio of 0,
+no host tier, is one point whatever the write policies).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ class SweepError(KvlabError, ValueError):
 
 
 def parse_list(text: str, flag: str, kind: type = str) -> tuple:
-    """``"a,b,c"`` as a tuple (spaces and empty items dropped); ``kind=int`` parses positive integers."""
+    """``"a,b,c"`` as a tuple (spaces and empty items dropped); ``kind=int`` parses positive integers, ``kind=float``
+    numbers."""
     items = [item.strip() for item in str(text).split(",") if item.strip()]
     if not items:
         raise SweepError(f"{flag}: expected a comma-separated list, got {text!r}")
@@ -37,6 +39,11 @@ def parse_list(text: str, flag: str, kind: type = str) -> tuple:
                 raise SweepError(f"{flag}: expected positive integers, got {item!r}") from None
             out.append(value)
         items = out
+    elif kind is float:
+        try:
+            items = [float(item) for item in items]
+        except ValueError:
+            raise SweepError(f"{flag}: expected numbers, got {text!r}") from None
     return tuple(items)
 
 
@@ -67,6 +74,8 @@ class Grid:
     max_running: tuple[int, ...] = (256,)
     kv_pages: tuple[int, ...] | None = None
     kv_tokens: tuple[int, ...] | None = None
+    hicache_ratios: tuple[float, ...] = (0.0,)  # 0: no host tier
+    hicache_write_policies: tuple[str, ...] = ("write_through",)
 
     def checked(self) -> Grid:
         """The grid with every value checked (and repeats dropped), or a :class:`SweepError` naming the value."""
@@ -85,7 +94,23 @@ class Grid:
                              f"and {self.policies!r}")
         if self.kv_pages is not None and self.kv_tokens is not None:
             raise SweepError("give the pool sizes as --kv-pages or as --kv-tokens, not both")
+        from kvlab.mem_cache.cache_controller import WRITE_POLICIES
+        from kvlab.sched.config import MAX_HICACHE
+
+        top = MAX_HICACHE["hicache_ratio"]
+        for ratio in self.hicache_ratios:
+            if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 <= ratio <= top \
+                    or ratio != ratio:
+                raise SweepError(f"--hicache-ratio: expected numbers in [0, {top:g}] (0: no host tier), got {ratio!r}")
+        for wp in self.hicache_write_policies:
+            if wp not in WRITE_POLICIES:
+                raise SweepError(f"--hicache-write-policy: unknown write policy {wp!r} "
+                                 f"(known: {', '.join(WRITE_POLICIES)})")
+        if not self.hicache_ratios or not self.hicache_write_policies:
+            raise SweepError("--hicache-ratio and --hicache-write-policy need at least one value each")
         return Grid(
+            hicache_ratios=_distinct(float(r) for r in self.hicache_ratios),
+            hicache_write_policies=_distinct(self.hicache_write_policies),
             evictions=_distinct(self.evictions), policies=_distinct(self.policies),
             page_sizes=_positive_ints(self.page_sizes, "--page-size"),
             max_running=_positive_ints(self.max_running, "--max-running"),
@@ -127,5 +152,8 @@ class Grid:
                 for page_size in grid.page_sizes:
                     for max_running in grid.max_running:
                         for kv in grid.pools(requests, page_size):
-                            points.append(Point(eviction, policy, page_size, max_running, kv))
+                            for ratio in grid.hicache_ratios:
+                                # the write policy is read only with a host tier: ratio 0 is one point
+                                for wp in grid.hicache_write_policies if ratio else grid.hicache_write_policies[:1]:
+                                    points.append(Point(eviction, policy, page_size, max_running, kv, ratio, wp))
         return points

@@ -89,20 +89,29 @@ def source_label(*, workload: str | None = None, trace: str | Path | None = None
 
 @dataclass(frozen=True, order=True)
 class Point:
-    """One run's settings: the grid's axes. ``kv_tokens`` is whole pages (``SchedulerConfig`` checks it)."""
+    """One run's settings: the grid's axes. ``kv_tokens`` is whole pages (``SchedulerConfig`` checks it);
+    ``hicache_ratio`` > 0 adds HiCache's host tier of that ratio, written with ``hicache_write_policy``."""
 
     eviction: str
     policy: str
     page_size: int
     max_running: int
     kv_tokens: int
+    hicache_ratio: float = 0.0  # the host pool over the device pool (HiCache); 0: no host tier
+    hicache_write_policy: str = "write_through"  # read only with a host tier
 
     @property
     def kv_pages(self) -> int:
         return self.kv_tokens // self.page_size
 
     def config(self, **extra: Any) -> SchedulerConfig:
-        return scheduler_config(**asdict(self), **extra)
+        fields = asdict(self)
+        ratio = fields.pop("hicache_ratio")
+        if ratio:
+            fields["hicache_ratio"] = ratio
+        else:
+            fields.pop("hicache_write_policy")
+        return scheduler_config(**fields, **extra)
 
 
 # The totals ``kvlab simulate --json`` prints, minus the four the grid already names (eviction, page_size,

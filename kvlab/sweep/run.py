@@ -63,7 +63,8 @@ class SweepRun:
 def _params(source: str, seed: int, point: Point) -> dict:
     """The row's first columns (PARAM_COLUMNS, in order): what identifies the point in a file."""
     return dict(source=source, seed=seed, eviction=point.eviction, policy=point.policy, page_size=point.page_size,
-                max_running=point.max_running, kv_pages=point.kv_pages, kv_tokens=point.kv_tokens)
+                max_running=point.max_running, kv_pages=point.kv_pages, kv_tokens=point.kv_tokens,
+                hicache_ratio=float(point.hicache_ratio), hicache_write_policy=point.hicache_write_policy)
 
 
 def _row(source: str, seed: int, point: Point, totals: dict) -> dict:

@@ -87,9 +87,12 @@ def test_conversation_shaped_trace_same_totals_as_the_reference_loop(conversatio
     max_running=st.integers(1, 10),
     chunk=st.sampled_from([16, 64, 8192]),
     long_outputs=st.booleans(),
+    host=st.sampled_from([None, (1.5, "write_through"), (4, "write_back"), (2, "write_through_selective")]),
 )
 def test_random_workloads_match_the_plain_loop(seed, page_size, mode, policy, groups, max_running, chunk,
-                                               long_outputs):
+                                               long_outputs, host):
+    """... with HiCache's host tier too (``host``: ratio and write policy, or None): the fast rounds stop where a
+    copy lands, as the loop's per-step poll would see it."""
     record("fast_decode")
     rng = random.Random(seed)
     reqs = []
@@ -103,6 +106,8 @@ def test_random_workloads_match_the_plain_loop(seed, page_size, mode, policy, gr
     kv = max(8 * rng.randrange(8, 40), longest + 3 * page_size) // page_size * page_size + page_size
     cfg = SchedulerConfig(kv_tokens=kv, page_size=page_size, eviction=mode, policy=policy, max_running=max_running,
                           chunked_prefill_size=max(chunk, page_size))
+    if host:
+        cfg = replace(cfg, hicache_ratio=host[0], hicache_write_policy=host[1])
     plain, fast = run_both(reqs, cfg)
     assert_same(plain, fast)
 

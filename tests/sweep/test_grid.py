@@ -94,6 +94,7 @@ def test_rows_are_kvlab_simulate_totals_in_grid_order(capsys):
         totals = json.loads(capsys.readouterr().out)
         assert {k: v for k, v in row.items() if k not in TIMING_COLUMNS} == {
             "source": str(TINY), "seed": 0, "kv_pages": row["kv_pages"], "max_running": row["max_running"],
+            "hicache_ratio": 0.0, "hicache_write_policy": "write_through",
             **{k: v for k, v in totals.items() if k in COLUMNS}}
     # the bug costs on this trace at the smallest pool (notebook 06's point), not where the pool holds it all
     small = {r["eviction"]: r for r in rows if r["kv_pages"] == 7 and r["max_running"] == 256}
@@ -118,3 +119,24 @@ def test_a_ray_address_nobody_answers_at_is_named_at_once(tmp_path, capsys):
                          "--out", str(out)]) == 2
     assert f"--ray-address 127.0.0.1:{port}: no Ray cluster answers there" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_hicache_axes_are_kvlab_simulate_with_a_host_tier(capsys):
+    """--hicache-ratio / --hicache-write-policy are axes: ratio 0 (no host tier) is one point whatever the
+    policies, each ratio > 0 one point per policy, and each row is `kvlab simulate --hicache-ratio R
+    --hicache-write-policy P`'s totals."""
+    assert main(TRACE + ["--kv-pages", "7", "--eviction", "shortfall", "--hicache-ratio", "0,4",
+                         "--hicache-write-policy", "write_through,write_back", "--workers", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["hicache_ratio"], r["hicache_write_policy"]) for r in rows] == [
+        (0.0, "write_through"), (4.0, "write_through"), (4.0, "write_back")]
+    assert rows[0]["written_to_host_tokens"] == 0 and rows[1]["written_to_host_tokens"] > 0
+    for row in rows[1:]:
+        assert main(["simulate", "--trace", str(TINY), "--kv-pages", "7", "--hicache-ratio", "4",
+                     "--hicache-write-policy", row["hicache_write_policy"], "--json"]) == 0
+        totals = json.loads(capsys.readouterr().out)
+        assert {k: row[k] for k in totals if k in COLUMNS} == {k: v for k, v in totals.items() if k in COLUMNS}
+    with pytest.raises(SweepError, match="--hicache-write-policy: unknown write policy 'later'"):
+        Grid(hicache_write_policies=("later",)).checked()
+    with pytest.raises(SweepError, match="--hicache-ratio: expected numbers in"):
+        Grid(hicache_ratios=(-1.0,)).checked()
