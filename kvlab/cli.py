@@ -56,11 +56,10 @@ def _hicache_number(flag: str):
     ``SchedulerConfig`` takes], refused naming ``flag`` (exit 2)."""
     import math
 
-    from kvlab.sched.config import MAX_HICACHE
-
-    top = MAX_HICACHE["hicache_ratio" if flag == "--hicache-ratio" else "hicache_size_gib"]
-
     def parse(text: str) -> float:
+        from kvlab.sched.config import MAX_HICACHE  # here, not at parser build: kvlab --help imports no torch
+
+        top = MAX_HICACHE["hicache_ratio" if flag == "--hicache-ratio" else "hicache_size_gib"]
         try:
             value = float(text)
         except ValueError:
