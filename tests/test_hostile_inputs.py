@@ -194,3 +194,109 @@ def test_a_workload_param_huge_or_given_twice_is_refused(params, needles, capsys
     for item in params:
         argv += ["--workload-param", item]
     _refused(capsys, argv, *needles)
+
+
+# ---- duplicate keys and repeated lines (issue 26: last or first won silently) -------------------------------
+
+def test_a_replay_what_if_key_given_twice_is_refused(capsys):
+    _refused(capsys, ["replay", str(SNAPSHOT), "--what-if", "expandable_segments=True,expandable_segments:False"],
+             "'expandable_segments' given twice", "'expandable_segments=True'", "'expandable_segments:False'")
+
+
+def test_a_trace_key_given_twice_is_refused_naming_the_line(tmp_path, capsys):
+    path = _trace(tmp_path, '{"timestamp": 0, "input_length": 1209, "output_length": 182, "hash_ids": [0, 1, 2], '
+                            '"output_length": 5}')
+    _refused(capsys, ["simulate", "--trace", str(path)], f"{path}:1:", "key \"output_length\" given twice (182, then 5)")
+
+
+def test_a_trace_line_with_colons_in_an_extra_value_still_loads(tmp_path, capsys):
+    """The duplicate check looks closer only where a line has more colons than keys: such a line is read the
+    same as before."""
+    path = _trace(tmp_path, '{"timestamp": 0, "input_length": 1209, "output_length": 182, "hash_ids": [0, 1, 2], '
+                            '"note": "a:b", "meta": {"x": 1}}')
+    assert main(["simulate", "--trace", str(path), "--json"]) == 0, capsys.readouterr().err
+
+
+def _explained(capsys, path: Path) -> dict:
+    assert main(["explain-log", str(path), "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_restarted_server_in_one_log_is_read_from_its_last_start(tmp_path, capsys):
+    """Two starts appended to one file: the second server_args line begins a new start; the earlier start's
+    readings (here another fraction and less free memory) are set aside, and a finding says so."""
+    lines = SGLANG_LOG.read_text().splitlines()
+    first = [line.replace("avail mem=78.69", "avail mem=70.00").replace("mem_fraction_static=0.835",
+                                                                          "mem_fraction_static=0.5")
+             for line in lines[:4]]
+    path = tmp_path / "restarted.log"
+    path.write_text("\n".join(first + lines) + "\n")
+    data = _explained(capsys, path)
+    alone = _explained(capsys, SGLANG_LOG)
+    assert data["mem_fraction_static"] == 0.835 and data["avail_before_load_gib"] == 78.69
+    assert data["max_total_num_tokens_computed"] == alone["max_total_num_tokens_computed"]
+    found = {f["id"]: f for f in data["findings"]}
+    assert found["restarted"]["start_line"] == 5 and found["restarted"]["earlier_starts"] == [[1, 4]]
+    assert "from line 5; lines 1–4 are set aside" in found["restarted"]["message"]
+
+
+def test_a_reading_printed_twice_by_one_rank_keeps_the_first_and_names_both_lines(tmp_path, capsys):
+    """A second 'Load weight begin/end' on one rank with no new server_args line (a draft model loaded in the same
+    process): the first (the target model's) is used, and both lines are named; an identical copy is no note."""
+    lines = SGLANG_LOG.read_text().splitlines()
+    path = tmp_path / "twice.log"
+    path.write_text("\n".join([lines[0], *lines[:3], lines[1].replace("78.69", "60.00"), lines[2], *lines[3:]])
+                    + "\n")
+    data = _explained(capsys, path)
+    assert data["avail_before_load_gib"] == 78.69 and data["avail_after_load_gib"] == 63.65
+    repeats = [f for f in data["findings"] if f["id"] == "repeated_reading"]
+    assert [(f["line_used"], f["line_set_aside"]) for f in repeats] == [(3, 5)], repeats
+    assert "'Load weight begin.' again at line 5" in repeats[0]["message"]
+    assert not [f for f in data["findings"] if f["id"] == "restarted"]  # the server_args line copied: no new start
+
+
+# ---- settings read from a log, and the serving what-if (issue 26) ----------------------------------------------
+
+@pytest.mark.parametrize("old, new, needle", [
+    ("mem_fraction_static=0.835", "mem_fraction_static=1.5", ":1: server_args mem_fraction_static=1.5: "
+                                                             "mem_fraction_static must be in (0, 1)"),
+    ("mem_fraction_static=0.835", "mem_fraction_static=0", "mem_fraction_static must be in (0, 1)"),
+    ("mem_fraction_static=0.835", "mem_fraction_static=inf", "mem_fraction_static=inf: mem_fraction_static must"),
+    ("mem_fraction_static=0.835", "mem_fraction_static=nan", "mem_fraction_static=nan: mem_fraction_static must"),
+    ("tp_size=1", "tp_size=0", ":1: server_args tp_size=0: tp_size must be from 1 to 4,096"),
+    ("tp_size=1", "tp_size=-2", ":1: server_args tp_size=-2: tp_size must be from 1 to 4,096"),
+    ("tp_size=1", "tp_size=" + "1" + "0" * 30, "tp_size must be from 1 to 4,096"),
+    ("dp_size=1", "dp_size=0", ":1: server_args dp_size=0: dp_size must be from 1"),
+    ("page_size=1", "page_size=0", ":1: server_args page_size=0: page_size must be from 1"),
+])
+def test_a_setting_read_from_a_log_outside_its_range_is_named(old, new, needle, tmp_path, capsys):
+    path = tmp_path / "server.log"
+    text = SGLANG_LOG.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    _refused(capsys, ["explain-log", str(path)], f"{path}{needle}" if needle.startswith(":") else str(path), needle)
+
+
+@pytest.mark.parametrize("value", ["100000000000000000000", "4097", "0" * 30 + "5000"])
+def test_a_tp_what_if_beyond_any_server_is_refused(value, capsys):
+    _refused(capsys, ["explain-log", str(SGLANG_LOG), "--model-config", "llama-3.1-8b", "--what-if", f"tp={value}"],
+             f"--what-if 'tp={value}", "tp must be from 1 to 4,096")
+
+
+# ---- report and app flags (issue 26) ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, needle", [
+    (["report", "--notebooks", ""], "argument --notebooks: expected comma-separated names"),
+    (["report", "--notebooks", "01,,02"], "argument --notebooks: an empty item in '01,,02'"),
+    (["report", "--device", "\U0001f4a5"], "argument --device: expected auto, cuda, cuda:N or sim:<preset>"),
+    (["report", "--device", "sim:h9000"], "argument --device: expected auto"),
+    (["app", "--port", "70000"], "argument --port: expected a port number from 1 to 65535, got 70000"),
+    (["app", "--port", "0"], "argument --port: expected a port number from 1 to 65535, got 0"),
+    (["app", "--device", "gpu"], "argument --device: expected auto, cpu, cuda"),
+])
+def test_a_report_or_app_flag_out_of_range_is_refused_before_anything_runs(argv, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--notebook-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err

@@ -106,6 +106,30 @@ def _int_field(where: str, name: str, value: Any, minimum: int, unit: str = "", 
     return value
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, first: Any, second: Any):
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """``object_pairs_hook``: a JSON object as a dict, refusing a key given twice (``json`` keeps the last one
+    silently). :func:`iter_records` pays for it only on a line with more colons than keys: every key of every
+    object has one colon, so a line whose colon count is its key count (every line kvlab or Mooncake writes) has
+    no key twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: dict = {}
+        for key, value in pairs:
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], value)
+            seen[key] = value
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)
+
+
 def _check_block_size(block_size: Any) -> None:
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1 (tokens per hash id), got {block_size!r}")
@@ -167,7 +191,13 @@ def iter_records(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> It
             found += 1
             where = f"{path}:{lineno}"
             try:
-                obj = json.loads(raw.rstrip(b"\r\n"))  # so an error's column is on this line
+                line = raw.rstrip(b"\r\n")  # so an error's column is on this line
+                obj = json.loads(line)
+                if type(obj) is dict and line.count(b":") != len(obj):  # maybe a key given twice: look closer
+                    obj = _DECODER.decode(line.decode("utf-8-sig"))
+            except _DuplicateKey as e:
+                raise TraceFormatError(where, f"key {_show(e.key)} given twice ({_show(e.first)}, then "
+                                              f"{_show(e.second)}): which one is meant is unclear", e.key) from None
             except json.JSONDecodeError as e:
                 raise TraceFormatError(where, f"not valid JSON: {e.msg} (column {e.colno})") from None
             except ValueError as e:  # bytes that are not UTF-8

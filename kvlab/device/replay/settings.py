@@ -87,11 +87,16 @@ def parse_what_if(text: str, base: AllocatorConfig) -> AllocatorConfig:
     kwargs: dict[str, Any] = {"max_split_size_bytes": base.max_split_size_bytes,
                               "expandable_segments": base.expandable_segments,
                               "roundup_power2_divisions": base.roundup_power2_divisions}
+    given: dict[str, str] = {}  # key -> the item that set it: a key given twice is refused, never last-wins
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         key, sep, value = (p.strip() for p in (re.split(r"([=:])", item, maxsplit=1) + ["", ""])[:3])
         low = value.lower()
         if not sep or not value:
             raise ValueError(f"--what-if {item!r}: expected KEY=VALUE with KEY one of {', '.join(WHAT_IF_KEYS)}")
+        if key in given:
+            raise ValueError(f"--what-if {text!r}: {key!r} given twice ({given[key]!r} and {item!r}); give each "
+                             "key once per scenario (another --what-if is another scenario)")
+        given[key] = item
         if key == "expandable_segments" and low in _TRUE | _FALSE:
             kwargs["expandable_segments"] = low in _TRUE
         elif key == "max_split_size_mb" and (low.isdigit() or low in ("-1", "unlimited", "none")):
