@@ -8,6 +8,9 @@ from collections.abc import Callable, Iterable
 #: the largest count any kvlab flag takes (tokens, pages, requests): 2^31 - 1, far above any real pool, and small enough
 #: that a value is never an overflow deep inside torch or numpy (which was a traceback, issue 26)
 MAX_COUNT = (1 << 31) - 1
+#: the largest pool (tokens or pages) or max-running count ``kvlab simulate`` and ``kvlab sweep`` take: 2^26 tokens
+#: (about 1.3 GB of simulator state) is far beyond any real pool; 2^27 took 2.6 GB (issue 26: 10^20 was a traceback)
+MAX_POOL = 1 << 26
 
 
 def int_at_least(minimum: int, maximum: int = MAX_COUNT) -> Callable[[str], int]:

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 
+from kvlab.argtypes import MAX_POOL as _MAX_POOL
 from kvlab.argtypes import device_name as _device_name
 from kvlab.argtypes import int_at_least as _int_at_least
 from kvlab.argtypes import name_list as _name_list
@@ -51,7 +52,7 @@ def _fraction_le1(text: str) -> float:
 
 
 #: the largest ``--kv-tokens``/``--kv-pages``/``--max-running`` simulate takes (issue 26: 10^20 was a traceback)
-MAX_POOL = 1 << 26
+MAX_POOL = _MAX_POOL
 
 
 def build_parser() -> argparse.ArgumentParser:

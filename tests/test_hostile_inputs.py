@@ -300,3 +300,74 @@ def test_a_report_or_app_flag_out_of_range_is_refused_before_anything_runs(argv,
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert needle in err and "Traceback" not in err, err
+
+
+# ---- the remaining listed items (issue 26) -------------------------------------------------------------------
+
+def _overlapping(raw):
+    twin = pickle.loads(pickle.dumps(raw["segments"][0]))
+    twin["address"] += 512
+    for block in twin["blocks"]:
+        block["address"] += 512
+    raw["segments"].append(twin)
+
+
+def test_overlapping_segments_are_refused_naming_both(tmp_path, capsys):
+    """Two segments over the same addresses were replayed, diverging from event 0, without a note."""
+    path = _snapshot(tmp_path, _overlapping)
+    _refused(capsys, ["replay", str(path)], f"{path}: segments[3]: 0x7f0000000200 + 2,097,152 B overlaps "
+                                            f"segments[0] (0x7f0000000000 + 2,097,152 B) on device 0")
+
+
+@pytest.mark.slow
+def test_a_notebook_json_without_cells_is_named_not_a_crash(tmp_path, capsys):
+    """``kvlab report`` on a notebook file with no ``cells`` was exit 3 (nbformat's ValidationError)."""
+    notebooks = tmp_path / "nbs"
+    notebooks.mkdir()
+    (notebooks / "01_broken.ipynb").write_text(json.dumps({"nbformat": 4, "metadata": {}}))
+    _refused(capsys, ["report", "--notebook-dir", str(notebooks), "--no-png", "--out", str(tmp_path / "out")],
+             "01_broken.ipynb: not a notebook kvlab can run", seconds=60)
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("", "--kv-pages: expected a comma-separated list, got ''"),
+    (",,", "--kv-pages: expected a comma-separated list, got ',,'"),
+    ("30,,40", "--kv-pages: an empty item in '30,,40'"),
+    ("9" * 30, "--kv-pages: expected at most 67,108,864, got 999"),
+])
+def test_sweep_pool_lists_empty_or_huge_are_refused_alike(value, needle, tmp_path, capsys):
+    """``--kv-pages ""`` ran the default pools while ``,,`` was an error, and 10^30 pages was exit 3."""
+    _refused(capsys, ["sweep", "--trace", str(TRACE), "--kv-pages", value, "--out", str(tmp_path / "s.csv")], needle)
+    assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.mark.parametrize("flag", ["--capacity", "--device-memory"])
+def test_a_replay_size_beyond_any_device_is_refused(flag, capsys):
+    """10^20 bytes overflowed deep in the replay (exit 3)."""
+    _refused(capsys, ["replay", str(SNAPSHOT), flag, "99999999999999999999"], f"{flag}: size '9999", "at most 1,024 TiB")
+
+
+@pytest.mark.parametrize("value", ["1e30", "0.00", "415056x"])
+def test_a_logged_pool_size_that_is_no_whole_number_is_named(value, tmp_path, capsys):
+    """``max_total_num_tokens=1e30`` was read as 1, ``0.00`` as 0."""
+    path = tmp_path / "server.log"
+    path.write_text(SGLANG_LOG.read_text().replace("max_total_num_tokens=415056", f"max_total_num_tokens={value}"))
+    _refused(capsys, ["explain-log", str(path)], f"{path}:6: 'max_total_num_token' line without a readable number")
+
+
+def test_a_request_table_beyond_the_machine_is_refused_within_seconds(tmp_path, capsys):
+    """Requests of 10^7 output tokens at 100,000 running rows: a 4 TB request-to-token table was torch's raw
+    allocator message (or the machine swapping)."""
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(_trace_line_json(i) + "\n" for i in range(2)))
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000"],
+             "req_to_token table would take 100,002 × 10,001,920 torch.int32", "lower --max-running")
+
+
+def _trace_line_json(timestamp: int) -> str:
+    return json.dumps({"timestamp": timestamp, "input_length": 1209, "output_length": 10 ** 7, "hash_ids": [0, 1, 2]})
+
+
+def test_a_workload_param_error_names_the_params_given(capsys):
+    _refused(capsys, ["simulate", "--workload", "generated-shared-prefix", "--workload-param", "num_groups=-1"],
+             "workload 'generated-shared-prefix' with num_groups=-1: num_groups must be an int >= 1, got -1")

@@ -32,9 +32,11 @@ MESSAGES = {  # name -> (anchor, full pattern); the anchor alone on a line witho
     "kv": ("KV Cache is allocated.", re.compile(
         r"KV Cache is allocated\.(?:\s+dtype: (?P<dtype>[\w.]+),)?(?:\s+#tokens: (?P<tokens>\d+),)?\s+"
         r"(?:K size: (?P<k>\d+\.\d+) GB, V size: (?P<v>\d+\.\d+) GB|KV size: (?P<kv>\d+\.\d+) GB)")),
-    "tokens": ("max_total_num_token", re.compile(r"(?:^|\]\s|:\s)max_total_num_tokens?=(\d+)")),
+    # (?![\w.]): the whole number ("1e30" or "0.00" is no token count, not 1 or 0)
+    "tokens": ("max_total_num_token", re.compile(r"(?:^|\]\s|:\s)max_total_num_tokens?=(\d+)(?![\w.])")),
     "init": ("Init torch distributed ends.", re.compile(r"Init torch distributed ends\..*?mem usage=" + _NUM + " GB")),
 }
+_TOKENS_AT = re.compile(r"(?:^|\]\s|:\s)max_total_num_tokens?=")  # where SGLang's pool line starts
 _KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
 _RANK_TAG = re.compile(r"\[([^\[\]]*)\]\s*$")
 _RANK_MSG = re.compile(r"Rank (\d+): $")
@@ -212,7 +214,7 @@ def _read_line(log: SGLangStartup, line: str, number: int) -> None:
         if start < 0:
             continue
         m = pattern.search(line, max(0, start - 2))
-        if m is None and name == "tokens" and not re.search(r"max_total_num_tokens?=(?!\d)", line):
+        if m is None and name == "tokens" and not _TOKENS_AT.search(line):
             continue  # the name inside another message (a warning), not SGLang's pool line
         if m is None:
             raise LogError(f"{log.path}:{number}: '{anchor}' line without a readable number: {line.strip()[:160]!r}")

@@ -25,6 +25,7 @@ class SettingsError(KvlabError, ValueError):
 _UNITS = {"": 1, "b": 1, "k": KiB, "kib": KiB, "kb": KB, "m": MiB, "mib": MiB, "mb": MB, "g": GiB,
           "gib": GiB, "gb": GB, "t": TiB, "tib": TiB, "tb": TB}
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+MAX_SIZE_BYTES = 1 << 50  # 1 PiB: far above any device, far below where byte counts overflow
 WHAT_IF_KEYS = ("expandable_segments", "max_split_size_mb", "roundup_power2_divisions")
 
 
@@ -35,9 +36,12 @@ def parse_size(text: str) -> int:
     if match is None or unit not in _UNITS:
         raise ValueError(f"size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, "
                          "GB, TB), e.g. 24GiB")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    number = float(match.group(1))
+    if not number * _UNITS[unit] <= MAX_SIZE_BYTES:  # inf too (issue 26: 10^20 overflowed deep in the replay)
+        raise ValueError(f"size {text[:40]!r}: at most {MAX_SIZE_BYTES // TiB:,} TiB")
+    value = int(number * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"size {text!r}: must be positive")
+        raise ValueError(f"size {text[:40]!r}: must be positive")
     return value
 
 
