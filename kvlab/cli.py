@@ -23,8 +23,12 @@ import os
 import sys
 from typing import Any
 
+from kvlab.argtypes import MAX_POOL as _MAX_POOL
+from kvlab.argtypes import device_name as _device_name
 from kvlab.argtypes import int_at_least as _int_at_least
+from kvlab.argtypes import name_list as _name_list
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
+from kvlab.argtypes import port as _port
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.errors import KvlabBug, KvlabError, fail
 from kvlab.safe_text import printable
@@ -72,7 +76,7 @@ def _hicache_number(flag: str):
 
 
 #: the largest ``--kv-tokens``/``--kv-pages``/``--max-running`` simulate takes (issue 26: 10^20 was a traceback)
-MAX_POOL = 1 << 26
+MAX_POOL = _MAX_POOL
 
 
 def _registry(module: str, name: str, needed: bool) -> Any:
@@ -98,6 +102,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     EVICTION_MODES = _registry("kvlab.mem_cache.common", "EVICTION_MODES", command in (None, "simulate"))
     EVICTION_POLICIES = _registry("kvlab.mem_cache.evict_policy", "EVICTION_POLICIES", command in (None, "simulate"))
     WRITE_POLICIES = _registry("kvlab.mem_cache.cache_controller", "WRITE_POLICIES", command in (None, "simulate"))
+    DEVICE_PRESETS = _registry("kvlab.device.spec", "DEVICE_PRESETS", command in (None, "report", "app"))
 
     parser = argparse.ArgumentParser(prog="kvlab", description="Reproduce LLM-serving KV-memory findings.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -206,8 +211,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Execute notebooks/*.ipynb headless and write DIR/index.html, the executed notebooks, "
                     "their HTML, PNGs of the key figures and summary.json (both findings, both arms).")
     report.add_argument("--out", default="kvlab-report", help="output directory (default: %(default)s)")
-    report.add_argument("--device", default="auto", help="auto, cuda or sim:<preset> (default: %(default)s)")
-    report.add_argument("--notebooks", default=None, metavar="01,02,...",
+    report.add_argument("--device", type=_device_name(DEVICE_PRESETS), default="auto",
+                        help="auto, cuda, cuda:N or sim:<preset> (default: %(default)s)")
+    report.add_argument("--notebooks", type=_name_list, default=None, metavar="01,02,...",
                         help="comma-separated notebook numbers or names (default: all)")
     report.add_argument("--force", action="store_true",
                         help="write into an existing directory that is not a previous kvlab report (beside its "
@@ -219,8 +225,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "app", help="serve one notebook as a Voila dashboard on 127.0.0.1 (code hidden, widgets live)",
         description="Serve a notebook with Voila for demos: only outputs and live widgets are shown.")
     app.add_argument("notebook", nargs="?", default="01", help="notebook number or name (default: %(default)s)")
-    app.add_argument("--port", type=_positive_int, default=8866, help="port on 127.0.0.1 (default: %(default)s)")
-    app.add_argument("--device", default=None, help="KVLAB_DEVICE for the kernel: auto, cpu, cuda, sim:<preset>")
+    app.add_argument("--port", type=_port, default=8866, help="port on 127.0.0.1, 1 to 65535 (default: %(default)s)")
+    app.add_argument("--device", type=_device_name(DEVICE_PRESETS, "cpu"), default=None,
+                     help="KVLAB_DEVICE for the kernel: auto, cpu, cuda, cuda:N, sim:<preset>")
     app.add_argument("--no-browser", action="store_true", help="do not open a web browser")
     app.add_argument("--cull-idle-seconds", type=_nonnegative_int, default=DEFAULT_CULL_IDLE_SECONDS, metavar="N",
                      help="shut down a page's kernel once it has been idle N s with no page connected "
@@ -264,7 +271,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _report(args) -> int:
     from kvlab.report import build_report
 
-    only = [k for k in args.notebooks.split(",") if k.strip()] if args.notebooks else None
+    only = args.notebooks  # a list of names (argtypes.name_list), or None for all
     extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
     report = build_report(args.out, device=args.device, notebooks=only, force=args.force, pngs=not args.no_png,
                           **extra)  # ReportError, ValueError, OSError: main() reports them

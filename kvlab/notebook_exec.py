@@ -53,6 +53,11 @@ class NotebookExecutionError(RuntimeError):
         return self.detail.splitlines()[-1] if self.detail else type(self.cause).__name__
 
 
+class NotebookFormatError(ValueError):
+    """A notebook file nbformat cannot read as a notebook (no ``cells``, not JSON); the message names it (a
+    ValueError, so ``kvlab`` reports it as the user's error; this module imports nothing of kvlab)."""
+
+
 def _injected_cell(source: str, tag: str):
     import nbformat
 
@@ -114,7 +119,12 @@ def execute_notebook(path: str | os.PathLike[str], timeout: int = CELL_TIMEOUT_S
     from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
 
     path = Path(path).resolve()
-    nb = nbformat.read(path, as_version=4)
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except (nbformat.ValidationError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        # a JSON file without cells, or not a notebook at all: the user's file, named (it was exit 3: issue 26)
+        what = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise NotebookFormatError(f"{path}: not a notebook kvlab can run ({what})") from None
     inject_cells(nb, parameters, env)
     client = NotebookClient(nb, timeout=timeout, kernel_name=kernel_name, store_widget_state=True,
                             resources={"metadata": {"path": str(path.parent)}}, config=kernel_config())

@@ -194,3 +194,180 @@ def test_a_workload_param_huge_or_given_twice_is_refused(params, needles, capsys
     for item in params:
         argv += ["--workload-param", item]
     _refused(capsys, argv, *needles)
+
+
+# ---- duplicate keys and repeated lines (issue 26: last or first won silently) -------------------------------
+
+def test_a_replay_what_if_key_given_twice_is_refused(capsys):
+    _refused(capsys, ["replay", str(SNAPSHOT), "--what-if", "expandable_segments=True,expandable_segments:False"],
+             "'expandable_segments' given twice", "'expandable_segments=True'", "'expandable_segments:False'")
+
+
+def test_a_trace_key_given_twice_is_refused_naming_the_line(tmp_path, capsys):
+    path = _trace(tmp_path, '{"timestamp": 0, "input_length": 1209, "output_length": 182, "hash_ids": [0, 1, 2], '
+                            '"output_length": 5}')
+    _refused(capsys, ["simulate", "--trace", str(path)], f"{path}:1:", "key \"output_length\" given twice (182, then 5)")
+
+
+def test_a_trace_line_with_colons_in_an_extra_value_still_loads(tmp_path, capsys):
+    """The duplicate check looks closer only where a line has more colons than keys: such a line is read the
+    same as before."""
+    path = _trace(tmp_path, '{"timestamp": 0, "input_length": 1209, "output_length": 182, "hash_ids": [0, 1, 2], '
+                            '"note": "a:b", "meta": {"x": 1}}')
+    assert main(["simulate", "--trace", str(path), "--json"]) == 0, capsys.readouterr().err
+
+
+def _explained(capsys, path: Path) -> dict:
+    assert main(["explain-log", str(path), "--json"]) == 0, capsys.readouterr().err
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_restarted_server_in_one_log_is_read_from_its_last_start(tmp_path, capsys):
+    """Two starts appended to one file: the second server_args line begins a new start; the earlier start's
+    readings (here another fraction and less free memory) are set aside, and a finding says so."""
+    lines = SGLANG_LOG.read_text().splitlines()
+    first = [line.replace("avail mem=78.69", "avail mem=70.00").replace("mem_fraction_static=0.835",
+                                                                          "mem_fraction_static=0.5")
+             for line in lines[:4]]
+    path = tmp_path / "restarted.log"
+    path.write_text("\n".join(first + lines) + "\n")
+    data = _explained(capsys, path)
+    alone = _explained(capsys, SGLANG_LOG)
+    assert data["mem_fraction_static"] == 0.835 and data["avail_before_load_gib"] == 78.69
+    assert data["max_total_num_tokens_computed"] == alone["max_total_num_tokens_computed"]
+    found = {f["id"]: f for f in data["findings"]}
+    assert found["restarted"]["start_line"] == 5 and found["restarted"]["earlier_starts"] == [[1, 4]]
+    assert "from line 5; lines 1–4 are set aside" in found["restarted"]["message"]
+
+
+def test_a_reading_printed_twice_by_one_rank_keeps_the_first_and_names_both_lines(tmp_path, capsys):
+    """A second 'Load weight begin/end' on one rank with no new server_args line (a draft model loaded in the same
+    process): the first (the target model's) is used, and both lines are named; an identical copy is no note."""
+    lines = SGLANG_LOG.read_text().splitlines()
+    path = tmp_path / "twice.log"
+    path.write_text("\n".join([lines[0], *lines[:3], lines[1].replace("78.69", "60.00"), lines[2], *lines[3:]])
+                    + "\n")
+    data = _explained(capsys, path)
+    assert data["avail_before_load_gib"] == 78.69 and data["avail_after_load_gib"] == 63.65
+    repeats = [f for f in data["findings"] if f["id"] == "repeated_reading"]
+    assert [(f["line_used"], f["line_set_aside"]) for f in repeats] == [(3, 5)], repeats
+    assert "'Load weight begin.' again at line 5" in repeats[0]["message"]
+    assert not [f for f in data["findings"] if f["id"] == "restarted"]  # the server_args line copied: no new start
+
+
+# ---- settings read from a log, and the serving what-if (issue 26) ----------------------------------------------
+
+@pytest.mark.parametrize("old, new, needle", [
+    ("mem_fraction_static=0.835", "mem_fraction_static=1.5", ":1: server_args mem_fraction_static=1.5: "
+                                                             "mem_fraction_static must be in (0, 1)"),
+    ("mem_fraction_static=0.835", "mem_fraction_static=0", "mem_fraction_static must be in (0, 1)"),
+    ("mem_fraction_static=0.835", "mem_fraction_static=inf", "mem_fraction_static=inf: mem_fraction_static must"),
+    ("mem_fraction_static=0.835", "mem_fraction_static=nan", "mem_fraction_static=nan: mem_fraction_static must"),
+    ("tp_size=1", "tp_size=0", ":1: server_args tp_size=0: tp_size must be from 1 to 4,096"),
+    ("tp_size=1", "tp_size=-2", ":1: server_args tp_size=-2: tp_size must be from 1 to 4,096"),
+    ("tp_size=1", "tp_size=" + "1" + "0" * 30, "tp_size must be from 1 to 4,096"),
+    ("dp_size=1", "dp_size=0", ":1: server_args dp_size=0: dp_size must be from 1"),
+    ("page_size=1", "page_size=0", ":1: server_args page_size=0: page_size must be from 1"),
+])
+def test_a_setting_read_from_a_log_outside_its_range_is_named(old, new, needle, tmp_path, capsys):
+    path = tmp_path / "server.log"
+    text = SGLANG_LOG.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+    _refused(capsys, ["explain-log", str(path)], f"{path}{needle}" if needle.startswith(":") else str(path), needle)
+
+
+@pytest.mark.parametrize("value", ["100000000000000000000", "4097", "0" * 30 + "5000"])
+def test_a_tp_what_if_beyond_any_server_is_refused(value, capsys):
+    _refused(capsys, ["explain-log", str(SGLANG_LOG), "--model-config", "llama-3.1-8b", "--what-if", f"tp={value}"],
+             f"--what-if 'tp={value}", "tp must be from 1 to 4,096")
+
+
+# ---- report and app flags (issue 26) ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv, needle", [
+    (["report", "--notebooks", ""], "argument --notebooks: expected comma-separated names"),
+    (["report", "--notebooks", "01,,02"], "argument --notebooks: an empty item in '01,,02'"),
+    (["report", "--device", "\U0001f4a5"], "argument --device: expected auto, cuda, cuda:N or sim:<preset>"),
+    (["report", "--device", "sim:h9000"], "argument --device: expected auto"),
+    (["app", "--port", "70000"], "argument --port: expected a port number from 1 to 65535, got 70000"),
+    (["app", "--port", "0"], "argument --port: expected a port number from 1 to 65535, got 0"),
+    (["app", "--device", "gpu"], "argument --device: expected auto, cpu, cuda"),
+])
+def test_a_report_or_app_flag_out_of_range_is_refused_before_anything_runs(argv, needle, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--notebook-dir", str(tmp_path)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Traceback" not in err, err
+
+
+# ---- the remaining listed items (issue 26) -------------------------------------------------------------------
+
+def _overlapping(raw):
+    twin = pickle.loads(pickle.dumps(raw["segments"][0]))
+    twin["address"] += 512
+    for block in twin["blocks"]:
+        block["address"] += 512
+    raw["segments"].append(twin)
+
+
+def test_overlapping_segments_are_refused_naming_both(tmp_path, capsys):
+    """Two segments over the same addresses were replayed, diverging from event 0, without a note."""
+    path = _snapshot(tmp_path, _overlapping)
+    _refused(capsys, ["replay", str(path)], f"{path}: segments[3]: 0x7f0000000200 + 2,097,152 B overlaps "
+                                            f"segments[0] (0x7f0000000000 + 2,097,152 B) on device 0")
+
+
+@pytest.mark.slow
+def test_a_notebook_json_without_cells_is_named_not_a_crash(tmp_path, capsys):
+    """``kvlab report`` on a notebook file with no ``cells`` was exit 3 (nbformat's ValidationError)."""
+    notebooks = tmp_path / "nbs"
+    notebooks.mkdir()
+    (notebooks / "01_broken.ipynb").write_text(json.dumps({"nbformat": 4, "metadata": {}}))
+    _refused(capsys, ["report", "--notebook-dir", str(notebooks), "--no-png", "--out", str(tmp_path / "out")],
+             "01_broken.ipynb: not a notebook kvlab can run", seconds=60)
+
+
+@pytest.mark.parametrize("value, needle", [
+    ("", "--kv-pages: expected a comma-separated list, got ''"),
+    (",,", "--kv-pages: expected a comma-separated list, got ',,'"),
+    ("30,,40", "--kv-pages: an empty item in '30,,40'"),
+    ("9" * 30, "--kv-pages: expected at most 67,108,864, got 999"),
+])
+def test_sweep_pool_lists_empty_or_huge_are_refused_alike(value, needle, tmp_path, capsys):
+    """``--kv-pages ""`` ran the default pools while ``,,`` was an error, and 10^30 pages was exit 3."""
+    _refused(capsys, ["sweep", "--trace", str(TRACE), "--kv-pages", value, "--out", str(tmp_path / "s.csv")], needle)
+    assert not (tmp_path / "s.csv").exists()
+
+
+@pytest.mark.parametrize("flag", ["--capacity", "--device-memory"])
+def test_a_replay_size_beyond_any_device_is_refused(flag, capsys):
+    """10^20 bytes overflowed deep in the replay (exit 3)."""
+    _refused(capsys, ["replay", str(SNAPSHOT), flag, "99999999999999999999"], f"{flag}: size '9999", "at most 1,024 TiB")
+
+
+@pytest.mark.parametrize("value", ["1e30", "0.00", "415056x"])
+def test_a_logged_pool_size_that_is_no_whole_number_is_named(value, tmp_path, capsys):
+    """``max_total_num_tokens=1e30`` was read as 1, ``0.00`` as 0."""
+    path = tmp_path / "server.log"
+    path.write_text(SGLANG_LOG.read_text().replace("max_total_num_tokens=415056", f"max_total_num_tokens={value}"))
+    _refused(capsys, ["explain-log", str(path)], f"{path}:6: 'max_total_num_token' line without a readable number")
+
+
+def test_a_request_table_beyond_the_machine_is_refused_within_seconds(tmp_path, capsys):
+    """Requests of 10^7 output tokens at 100,000 running rows: a 4 TB request-to-token table was torch's raw
+    allocator message (or the machine swapping)."""
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(_trace_line_json(i) + "\n" for i in range(2)))
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000"],
+             "req_to_token table would take 100,002 × 10,001,920 torch.int32", "lower --max-running")
+
+
+def _trace_line_json(timestamp: int) -> str:
+    return json.dumps({"timestamp": timestamp, "input_length": 1209, "output_length": 10 ** 7, "hash_ids": [0, 1, 2]})
+
+
+def test_a_workload_param_error_names_the_params_given(capsys):
+    _refused(capsys, ["simulate", "--workload", "generated-shared-prefix", "--workload-param", "num_groups=-1"],
+             "workload 'generated-shared-prefix' with num_groups=-1: num_groups must be an int >= 1, got -1")

@@ -405,6 +405,7 @@ def _validate(raw: Any, source: str) -> None:
                 if key in block:
                     _require_int(block[key], source, f"{where}.{key}")
             normalise_state(block["state"], source, f"{where}.state")
+    _check_overlaps(raw["segments"], source)
     _check_settings(raw.get("allocator_settings"), source)
     traces = raw.get("device_traces", [])
     if not isinstance(traces, list):
@@ -426,6 +427,20 @@ def _validate(raw: Any, source: str) -> None:
                         and max(size, addr, stream) < 1 << 64 and type(time_us) is int and 0 <= time_us < 1 << 63:
                     continue
             _check_entry(entry, source, f"device_traces[{d}][{k}]")
+
+
+def _check_overlaps(segments: list, source: str) -> None:
+    """Two segments over the same addresses of one device: torch never records that (each is its own cudaMalloc
+    or mapped range), so the file was edited or is corrupt; it was replayed without a note (issue 26)."""
+    spans = sorted((seg.get("device", 0), seg["address"], seg["address"] + seg["total_size"], i)
+                   for i, seg in enumerate(segments))
+    for (d0, _, e0, i0), (d1, a1, _, i1) in zip(spans, spans[1:]):
+        if d0 == d1 and a1 < e0:
+            first, second = sorted((i0, i1))
+            raise _fail(source, f"segments[{second}]", f"{segments[second]['address']:#x} + "
+                        f"{segments[second]['total_size']:,} B overlaps segments[{first}] "
+                        f"({segments[first]['address']:#x} + {segments[first]['total_size']:,} B) on device {d0}: "
+                        "torch never records two segments over the same addresses")
 
 
 def _check_settings(settings: Any, source: str) -> None:

@@ -15,12 +15,15 @@ the storage. The errors every pool, allocator and cache raises live in ``kvlab.e
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
-from kvlab.errors import DoubleFreeError, InvariantError, require
+from kvlab.errors import DoubleFreeError, InvariantError, KvlabError, require
+from kvlab.units import GiB
 
 __all__ = ["InvariantError", "DoubleFreeError", "ReqToTokenPool", "MHATokenToKVPool", "allocate_tensor", "index_device",
            "DeviceLike", "IndexLike", "RowHolder", "TensorFactory"]
@@ -51,7 +54,41 @@ def allocate_tensor(device: DeviceLike, shape: Sequence[int], dtype: torch.dtype
     """
     if not isinstance(device, (str, torch.device)) and hasattr(device, "empty"):
         return device.empty(tuple(shape), dtype=dtype, label=label)
+    if str(device) == "cpu":
+        _check_fits(shape, dtype, label)
     return torch.empty(tuple(shape), dtype=dtype, device=device)
+
+
+class PoolTooLargeError(KvlabError, MemoryError):
+    """A pool table larger than this machine's memory (issue 26: torch's raw allocator message, or the machine
+    swapping); the message gives the table's shape and bytes and what sets them."""
+
+
+def _check_fits(shape: Sequence[int], dtype: torch.dtype, label: str) -> None:
+    total_bytes = math.prod(int(n) for n in shape) * torch.empty((), dtype=dtype).element_size()
+    if total_bytes < 1 << 30:
+        return
+    free_bytes = _available_bytes()
+    if total_bytes > free_bytes // 2:  # half of what is free: the run needs room besides this table
+        rows = " × ".join(f"{int(n):,}" for n in shape)
+        raise PoolTooLargeError(f"the simulator's {label} table would take {rows} {dtype} = {total_bytes / GiB:,.1f} "
+                                f"GiB, more than half of the {free_bytes / GiB:,.1f} GiB this machine has free (for "
+                                f"req_to_token: rows = max running requests + 2, columns = the longest request's "
+                                f"tokens, prompt + output): lower --max-running or the longest request")
+
+
+def _available_bytes() -> int:
+    """MemAvailable (Linux), else the physical memory; at most the process's address-space limit."""
+    import resource
+
+    found = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    try:
+        with open("/proc/meminfo") as f:
+            found = next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), found)
+    except (OSError, ValueError, IndexError):
+        pass
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return found if limit == resource.RLIM_INFINITY else min(found, limit)
 
 
 def index_device(device: DeviceLike) -> torch.device:

@@ -8,6 +8,7 @@ findings and what-ifs. Every input it cannot use raises ``LogError`` / ``ConfigE
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from kvlab.model.config import ModelConfig
@@ -16,7 +17,7 @@ from kvlab.serving.findings import sglang_findings
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
 from kvlab.serving.result import Explanation
-from kvlab.serving.sglang_log import LogError, RankReadings, SGLangStartup, parse_sglang_log
+from kvlab.serving.sglang_log import MAX_PARALLEL, LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
     ROPE_RESERVE_SINCE,
     at_least,
@@ -51,15 +52,36 @@ def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None,
     return None, "not printed", None
 
 
+#: the largest max_total_tokens or context_length kvlab takes from a log (tokens)
+MAX_LOG_TOKENS = 10 ** 12
+
+
 def _tp_size(log: SGLangStartup) -> tuple[int, str]:
     value, where = log.setting("tp_size")
     if value is not None:
-        try:
-            return int(value), where
-        except ValueError:
-            raise LogError(f"{log.path}: {where}: tp_size is not an integer") from None
+        return _bounded(_int_or(value, None, f"{log.path}: {where}", "tp_size"), 1, MAX_PARALLEL,
+                        f"{log.path}: {where}", "tp_size"), where
     seen = 1 + max(r.tp_rank for r in log.ranks.values())
+    if seen > MAX_PARALLEL:
+        raise LogError(f"{log.where('begin')}: TP rank {seen - 1} is more than kvlab takes (at most "
+                       f"{MAX_PARALLEL:,} ranks)")
     return seen, f"{seen} TP rank(s) printed in the log"
+
+
+def _bounded(value: int | None, low: int, high: int, where: str, name: str) -> int | None:
+    """``value`` when in [low, high] (or None), else a LogError naming the file and line it was read from."""
+    if value is not None and not low <= value <= high:
+        raise LogError(f"{_at(where)}: {name} must be from {low} to {high:,}")
+    return value
+
+
+def _at(where: str) -> str:
+    """``log: server_args tp_size=0 (line 1)`` -> ``log:1: server_args tp_size=0`` (a long value cut)."""
+    path, _, rest = where.partition(": ")
+    m = re.search(r" \(line (\d+)\)$", rest)
+    if m:
+        path, rest = f"{path}:{m.group(1)}", rest[: m.start()]
+    return f"{path}: {rest if len(rest) <= 100 else rest[:97] + '...'}"
 
 
 def _fraction(log, override, version, rules, tp, device, extra) -> tuple[float, str, bool]:
@@ -68,9 +90,12 @@ def _fraction(log, override, version, rules, tp, device, extra) -> tuple[float, 
     value, where = log.setting("mem_fraction_static")
     if value is not None:
         try:
-            return float(value), where, False
+            fraction = float(value)
         except ValueError:
             raise LogError(f"{log.path}: {where}: mem_fraction_static is not a number") from None
+        if not 0 < fraction < 1:  # NaN too
+            raise LogError(f"{_at(f'{log.path}: {where}')}: mem_fraction_static must be in (0, 1)")
+        return fraction, where, False
     if rules is None:
         raise LogError(f"{log.path}: no mem_fraction_static in the log (no server_args line or --mem-fraction-static "
                        f"on a launch command) and no SGLang version to take its default from: pass "
@@ -96,10 +121,18 @@ def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:
     return _int_or(log.tokens_fields.get(name), None, log.where("tokens"), name)
 
 
+_SETTING_RANGES = {"dp_size": (1, MAX_PARALLEL), "pp_size": (1, MAX_PARALLEL), "page_size": (1, 1 << 20),
+                   "max_total_tokens": (1, MAX_LOG_TOKENS), "context_length": (1, MAX_LOG_TOKENS),
+                   "speculative_num_steps": (0, MAX_PARALLEL), "speculative_num_draft_tokens": (0, MAX_PARALLEL)}
+
+
 def _setting_int(log: SGLangStartup, name: str, default: int | None) -> int | None:
-    """An integer from server_args or the launch command line, ``default`` where neither sets it."""
+    """An integer from server_args or the launch command line, ``default`` where neither sets it; out of its
+    range (``_SETTING_RANGES``) a LogError naming the line."""
     value, where = log.setting(name)
-    return _int_or(value, default, f"{log.path}: {where}", name)
+    number = _int_or(value, default, f"{log.path}: {where}", name)
+    low, high = _SETTING_RANGES.get(name, (-(10 ** 18), 10 ** 18))
+    return number if number is default else _bounded(number, low, high, f"{log.path}: {where}", name)
 
 
 def _kv_bytes(log: SGLangStartup, config: ModelConfig | None, rule, override: str | None) -> tuple[int | None, str]:

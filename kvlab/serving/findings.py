@@ -7,6 +7,8 @@
 - ``incomplete_ranks``: some ranks began loading but never printed the end of it;
 - ``outside_interval``: the logged pool is outside what the printed readings allow;
 - ``cell_mismatch``: the config's cell size disagrees with the log's own K/V sizes;
+- ``restarted``: the file holds several server starts (the last is explained); ``repeated_reading``: one rank
+  printed a message again with another value (the first is used);
 - ``shared_gpu``: much of the card was in use before loading (another process);
 - ``weights_unchecked``, ``context_unchecked``, ``term_not_counted``: the config lacks a field a check needs
   (the KV cell size needs none of them): which field, and what the check would have shown;
@@ -40,6 +42,7 @@ def sglang_findings(exp, log: SGLangStartup) -> list[Finding]:
     if exp.fraction_from_default:
         out.append(_f("default_fraction", "info", f"mem_fraction_static is this version's default, not printed in "
                       f"the log: {exp.mem_fraction_static_source}"))
+    _starts(log, out)
     _weights(exp, out)
     if pool.rest_gib <= 0:
         text = ("Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static="
@@ -72,6 +75,22 @@ def sglang_findings(exp, log: SGLangStartup) -> list[Finding]:
         out.append(_f("no_logged_pool", "info", "the log ends before SGLang printed the pool size: only the "
                       "computed value is shown"))
     return out
+
+
+def _starts(log: SGLangStartup, out: list) -> None:
+    """Several server starts in one file, or a message one rank printed twice with different values."""
+    if log.earlier_starts:
+        spans = ", ".join(f"lines {a}–{b}" for a, b in log.earlier_starts)
+        out.append(_f("restarted", "warning", f"the log holds {len(log.earlier_starts) + 1} server starts (each "
+                      f"begins with a server_args line): kvlab explains the last one, from line "
+                      f"{log.start_line}; {spans} are set aside", start_line=log.start_line,
+                      earlier_starts=[list(span) for span in log.earlier_starts]))
+    for label, anchor, kept, later in log.repeats:
+        out.append(_f("repeated_reading", "warning", f"{label} printed '{anchor}' again at line {later} with "
+                      f"another value (first at line {kept}) and no new server_args line between: a second model "
+                      f"loaded in the same process (a speculative draft model) or lines pasted twice; kvlab uses the "
+                      f"first, line {kept} (the target model loads first and sizes the pool)", rank=label,
+                      log_message=anchor, line_used=kept, line_set_aside=later))
 
 
 def _weights(exp, out: list) -> None:

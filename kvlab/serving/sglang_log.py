@@ -15,6 +15,10 @@ from pathlib import Path
 
 from kvlab.errors import KvlabError
 
+#: the most GPUs one tensor-, data- or pipeline-parallel group spans as kvlab reads a log or a ``tp=`` what-if (a
+#: tp_size of 0, -2 or 10^30 read from a log was accepted: issue 26)
+MAX_PARALLEL = 4096
+
 
 class LogError(KvlabError, ValueError):
     """A log kvlab cannot explain; the message names the file (and line) and what is missing."""
@@ -28,9 +32,11 @@ MESSAGES = {  # name -> (anchor, full pattern); the anchor alone on a line witho
     "kv": ("KV Cache is allocated.", re.compile(
         r"KV Cache is allocated\.(?:\s+dtype: (?P<dtype>[\w.]+),)?(?:\s+#tokens: (?P<tokens>\d+),)?\s+"
         r"(?:K size: (?P<k>\d+\.\d+) GB, V size: (?P<v>\d+\.\d+) GB|KV size: (?P<kv>\d+\.\d+) GB)")),
-    "tokens": ("max_total_num_token", re.compile(r"(?:^|\]\s|:\s)max_total_num_tokens?=(\d+)")),
+    # (?![\w.]): the whole number ("1e30" or "0.00" is no token count, not 1 or 0)
+    "tokens": ("max_total_num_token", re.compile(r"(?:^|\]\s|:\s)max_total_num_tokens?=(\d+)(?![\w.])")),
     "init": ("Init torch distributed ends.", re.compile(r"Init torch distributed ends\..*?mem usage=" + _NUM + " GB")),
 }
+_TOKENS_AT = re.compile(r"(?:^|\]\s|:\s)max_total_num_tokens?=")  # where SGLang's pool line starts
 _KV_DTYPE = re.compile(r"Using KV cache dtype: ([\w.]+)")
 _RANK_TAG = re.compile(r"\[([^\[\]]*)\]\s*$")
 _RANK_MSG = re.compile(r"Rank (\d+): $")
@@ -58,6 +64,7 @@ class RankReadings:
     kv_gib: float | None = None
     max_total_num_tokens: int | None = None
     lines: dict = field(default_factory=dict)  # message -> 1-based line number
+    texts: dict = field(default_factory=dict)  # message -> the matched text, to tell a repeat from a copy
 
 
 @dataclass
@@ -78,6 +85,13 @@ class SGLangStartup:
     gpu_name: str | None = None
     rocm: bool = False
     format_hints: list[str] = field(default_factory=list)
+    # A log holding several server starts (a server restarted, its output appended to one file): each
+    # server_args line after the first (SGLang prints one as it starts) begins a new start, and the last is read.
+    start_line: int = 1  # the first line of the start that is read
+    earlier_starts: list[tuple[int, int]] = field(default_factory=list)  # (first, last line) of each set aside
+    # the same message printed again by one rank within one start, with another value: (rank label, message
+    # anchor, line kept, line set aside); the first is kept (a second model loaded later, e.g. a speculative draft)
+    repeats: list[tuple[str, str, int, int]] = field(default_factory=list)
 
     def where(self, message: str) -> str:
         lines = [r.lines[message] for r in self.ranks.values() if message in r.lines]
@@ -160,10 +174,25 @@ def parse_sglang_log(text: str, path: str = "<log>") -> SGLangStartup:
     return log
 
 
+def _new_start(log: SGLangStartup, number: int) -> None:
+    """Line ``number`` starts the server again: set aside everything read from the current start."""
+    log.earlier_starts.append((log.start_line, number - 1))
+    log.start_line = number
+    log.ranks, log.repeats, log.tokens_fields = {}, [], {}
+    log.server_args, log.server_args_line, log.launch_args, log.launch_line = {}, None, {}, None
+    log.arch = log.model_dtype = log.kv_dtype = None
+
+
 def _read_line(log: SGLangStartup, line: str, number: int) -> None:
-    if "ServerArgs(" in line and log.server_args_line is None:
-        log.server_args, log.server_args_line = _server_args(line), number
+    if "ServerArgs(" in line:
+        fields = _server_args(line)
+        if log.server_args_line is not None:
+            if fields == log.server_args and not log.ranks:
+                return  # the same line twice, nothing between: a copy, not a new start
+            _new_start(log, number)
+        log.server_args, log.server_args_line = fields, number
         return
+    # the launch command is no start marker: users paste it again after the log (an issue's "Command:" line)
     if (m := _LAUNCH.search(line)) and log.launch_line is None:
         log.launch_args, log.launch_line = _launch_args(m.group(1)), number
     if log.version is None:
@@ -185,13 +214,17 @@ def _read_line(log: SGLangStartup, line: str, number: int) -> None:
         if start < 0:
             continue
         m = pattern.search(line, max(0, start - 2))
-        if m is None and name == "tokens" and not re.search(r"max_total_num_tokens?=(?!\d)", line):
+        if m is None and name == "tokens" and not _TOKENS_AT.search(line):
             continue  # the name inside another message (a warning), not SGLang's pool line
         if m is None:
             raise LogError(f"{log.path}:{number}: '{anchor}' line without a readable number: {line.strip()[:160]!r}")
         label, tp_rank = _rank_of(line[: m.start()] if name != "tokens" else line[: start])
         rank = log.ranks.setdefault(label, RankReadings(label, tp_rank))
-        rank.lines.setdefault(name, number)
+        if name in rank.lines:  # printed again by this rank in this start: keep the first
+            if m.group(0).strip() != rank.texts[name]:
+                log.repeats.append((label, anchor, rank.lines[name], number))
+            continue
+        rank.lines[name], rank.texts[name] = number, m.group(0).strip()
         _store(log, rank, name, m, line)
 
 

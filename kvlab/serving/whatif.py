@@ -17,6 +17,7 @@ from kvlab.serving.cell import config_cell
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool
 from kvlab.serving.result import WhatIfResult
+from kvlab.serving.sglang_log import MAX_PARALLEL
 from kvlab.serving.sglang_versions import cell_rule, default_mem_fraction
 from kvlab.units import GiB
 
@@ -37,7 +38,10 @@ def parse_what_if(item: str) -> tuple[str, str]:
     if key.strip() not in KEYS:
         raise WhatIfError(f"--what-if {item!r}: unknown key {key.strip()!r}; keys: mem_fraction_static, "
                           f"kv_cache_dtype, tp, gpu")
-    return KEYS[key.strip()], value.strip()
+    key, value = KEYS[key.strip()], value.strip()
+    if key == "tp" and value.isdecimal() and (len(value.lstrip("0")) > 6 or int(value) > MAX_PARALLEL):
+        raise WhatIfError(f"--what-if {item[:60]!r}: tp must be from 1 to {MAX_PARALLEL:,}")
+    return key, value
 
 
 def apply_what_ifs(exp, items) -> list[WhatIfResult]:

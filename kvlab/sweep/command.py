@@ -68,11 +68,12 @@ def add_parser(commands) -> argparse.ArgumentParser:
 
 
 def grid_from_args(args: argparse.Namespace) -> Grid:
-    page_sizes = parse_list(args.page_size, "--page-size", int) if args.page_size else (512 if args.trace else 1,)
+    page_sizes = (parse_list(args.page_size, "--page-size", int) if args.page_size is not None
+                  else (512 if args.trace else 1,))
     return Grid(evictions=parse_list(args.eviction, "--eviction"), policies=parse_list(args.policy, "--policy"),
                 page_sizes=page_sizes, max_running=parse_list(args.max_running, "--max-running", int),
-                kv_pages=parse_list(args.kv_pages, "--kv-pages", int) if args.kv_pages else None,
-                kv_tokens=parse_list(args.kv_tokens, "--kv-tokens", int) if args.kv_tokens else None,
+                kv_pages=parse_list(args.kv_pages, "--kv-pages", int) if args.kv_pages is not None else None,
+                kv_tokens=parse_list(args.kv_tokens, "--kv-tokens", int) if args.kv_tokens is not None else None,
                 hicache_ratios=parse_list(args.hicache_ratio, "--hicache-ratio", float),
                 hicache_write_policies=parse_list(args.hicache_write_policy, "--hicache-write-policy")).checked()
 

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvlab.argtypes import MAX_POOL
 from kvlab.errors import KvlabError
 from kvlab.sched import RequestLike
 from kvlab.sweep.point import Point, default_kv_tokens
@@ -25,18 +26,22 @@ class SweepError(KvlabError, ValueError):
 
 
 def parse_list(text: str, flag: str, kind: type = str) -> tuple:
-    """``"a,b,c"`` as a tuple (spaces and empty items dropped); ``kind=int`` parses positive integers, ``kind=float``
-    numbers."""
-    items = [item.strip() for item in str(text).split(",") if item.strip()]
-    if not items:
-        raise SweepError(f"{flag}: expected a comma-separated list, got {text!r}")
+    """``"a,b,c"`` as a tuple (spaces dropped); ``kind=int`` parses positive integers up to ``MAX_POOL``, ``kind=float``
+    numbers. An empty list (``""``) and an empty item (``"30,,40"``) are both refused (issue 26: ``""`` meant the default)."""
+    items = [item.strip() for item in str(text).split(",")]
+    if not any(items):
+        raise SweepError(f"{flag}: expected a comma-separated list, got {text[:40]!r}")
+    if not all(items):
+        raise SweepError(f"{flag}: an empty item in {text[:60]!r}; expected a comma-separated list, e.g. 30,40")
     if kind is int:
         out = []
         for item in items:
             try:
                 value = int(item)
             except ValueError:
-                raise SweepError(f"{flag}: expected positive integers, got {item!r}") from None
+                raise SweepError(f"{flag}: expected positive integers, got {item[:40]!r}") from None
+            if value > MAX_POOL:
+                raise SweepError(f"{flag}: expected at most {MAX_POOL:,}, got {item[:40]}")
             out.append(value)
         items = out
     elif kind is float:

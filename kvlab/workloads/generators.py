@@ -57,9 +57,16 @@ def make_workload(name: str, seed: int = 0, **overrides: Any) -> list[Request]:
     if unknown:
         raise ValueError(f"workload {name!r} has no parameter {', '.join(map(repr, unknown))}; "
                          f"it accepts: {', '.join(accepted)}")
-    requests = fn(seed=seed, **overrides)
+    given = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "its defaults"
+    try:
+        requests = fn(seed=seed, **overrides)
+    except ValueError as exc:
+        if not overrides:
+            raise
+        # the defaults are valid, so an override is at fault: say which were given (issue 26: the message named
+        # only the generator's own argument)
+        raise ValueError(f"workload {name!r} with {given[:200]}: {exc}") from None
     if len(requests) == 0:
-        given = ", ".join(f"{k}={v!r}" for k, v in overrides.items()) or "its defaults"
         raise ValueError(f"workload {name!r} with {given} (seed {seed}) yields no requests")
     return requests
 

@@ -108,6 +108,30 @@ def _int_field(where: str, name: str, value: Any, minimum: int, unit: str = "", 
     return value
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str, first: Any, second: Any):
+        super().__init__(key)
+        self.key, self.first, self.second = key, first, second
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    """``object_pairs_hook``: a JSON object as a dict, refusing a key given twice (``json`` keeps the last one
+    silently). :func:`iter_records` pays for it only on a line with more colons than keys: every key of every
+    object has one colon, so a line whose colon count is its key count (every line kvlab or Mooncake writes) has
+    no key twice."""
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: dict = {}
+        for key, value in pairs:
+            if key in seen:
+                raise _DuplicateKey(key, seen[key], value)
+            seen[key] = value
+    return obj
+
+
+_STRICT_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicate_keys)
+
+
 def _check_block_size(block_size: Any) -> None:
     if type(block_size) is not int or block_size < 1:
         raise ValueError(f"block_size must be an int >= 1 (tokens per hash id), got {block_size!r}")
@@ -224,7 +248,19 @@ def _decode_lines(path: PathLike) -> Iterator[tuple[int, Any]]:
         if end != len(body):  # not one JSON value: json.loads says why
             yield from _decode_slowly(path, [s.encode("utf-8", "surrogatepass") for s in lines[i:]], i + 1)
             return
-        yield i + 1, obj
+        yield i + 1, _no_key_twice(obj, body, f"{path}:{i + 1}")
+
+
+def _no_key_twice(obj: Any, line: str | bytes, where: str) -> Any:
+    """``obj`` (``line`` decoded), refused naming ``where`` if one of its keys is given twice. A well-formed record
+    has one colon per key, so only a line with more colons than keys is decoded again, by the checking decoder."""
+    if type(obj) is dict and line.count(":" if isinstance(line, str) else b":") != len(obj):
+        try:
+            _STRICT_DECODER.decode(line if isinstance(line, str) else line.decode("utf-8-sig"))
+        except _DuplicateKey as e:
+            raise TraceFormatError(where, f"key {_show(e.key)} given twice ({_show(e.first)}, then "
+                                          f"{_show(e.second)}): which one is meant is unclear", e.key) from None
+    return obj
 
 
 def _lines(text: str | bytes, newline: str | bytes) -> list:
@@ -243,7 +279,8 @@ def _decode_slowly(path: PathLike, raw_lines: list[bytes], first_lineno: int) ->
             continue
         where = f"{path}:{lineno}"
         try:
-            obj = json.loads(raw.rstrip(b"\r\n"))  # so an error's column is on this line
+            line = raw.rstrip(b"\r\n")  # so an error's column is on this line
+            obj = _no_key_twice(json.loads(line), line, where)
         except json.JSONDecodeError as e:
             raise TraceFormatError(where, f"not valid JSON: {e.msg} (column {e.colno})") from None
         except ValueError as e:  # bytes that are not UTF-8

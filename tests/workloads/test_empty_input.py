@@ -85,7 +85,8 @@ def test_cli_workload_params_giving_no_requests_exit_2(workload, param, capsys):
     """Every count that would give no requests is refused by its generator, naming the parameter."""
     assert cli.main(["simulate", "--workload", workload, "--workload-param", f"{param}=0"]) == 2
     captured = capsys.readouterr()
-    assert captured.err == f"kvlab: error: {param} must be an int >= 1, got 0\n" and captured.out == ""
+    assert captured.err == (f"kvlab: error: workload {workload!r} with {param}=0: {param} must be an int >= 1, "
+                            f"got 0\n") and captured.out == ""
 
 
 def test_a_registered_workload_that_yields_nothing_is_named():

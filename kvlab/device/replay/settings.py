@@ -25,6 +25,7 @@ class SettingsError(KvlabError, ValueError):
 _UNITS = {"": 1, "b": 1, "k": KiB, "kib": KiB, "kb": KB, "m": MiB, "mib": MiB, "mb": MB, "g": GiB,
           "gib": GiB, "gb": GB, "t": TiB, "tib": TiB, "tb": TB}
 _TRUE, _FALSE = {"true", "1", "yes", "on"}, {"false", "0", "no", "off"}
+MAX_SIZE_BYTES = 1 << 50  # 1 PiB: far above any device, far below where byte counts overflow
 WHAT_IF_KEYS = ("expandable_segments", "max_split_size_mb", "roundup_power2_divisions")
 
 
@@ -35,9 +36,12 @@ def parse_size(text: str) -> int:
     if match is None or unit not in _UNITS:
         raise ValueError(f"size {text!r}: expected a number with an optional unit (B, KiB, MiB, GiB, TiB, KB, MB, "
                          "GB, TB), e.g. 24GiB")
-    value = int(float(match.group(1)) * _UNITS[unit])
+    number = float(match.group(1))
+    if not number * _UNITS[unit] <= MAX_SIZE_BYTES:  # inf too (issue 26: 10^20 overflowed deep in the replay)
+        raise ValueError(f"size {text[:40]!r}: at most {MAX_SIZE_BYTES // TiB:,} TiB")
+    value = int(number * _UNITS[unit])
     if value <= 0:
-        raise ValueError(f"size {text!r}: must be positive")
+        raise ValueError(f"size {text[:40]!r}: must be positive")
     return value
 
 
@@ -87,11 +91,16 @@ def parse_what_if(text: str, base: AllocatorConfig) -> AllocatorConfig:
     kwargs: dict[str, Any] = {"max_split_size_bytes": base.max_split_size_bytes,
                               "expandable_segments": base.expandable_segments,
                               "roundup_power2_divisions": base.roundup_power2_divisions}
+    given: dict[str, str] = {}  # key -> the item that set it: a key given twice is refused, never last-wins
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         key, sep, value = (p.strip() for p in (re.split(r"([=:])", item, maxsplit=1) + ["", ""])[:3])
         low = value.lower()
         if not sep or not value:
             raise ValueError(f"--what-if {item!r}: expected KEY=VALUE with KEY one of {', '.join(WHAT_IF_KEYS)}")
+        if key in given:
+            raise ValueError(f"--what-if {text!r}: {key!r} given twice ({given[key]!r} and {item!r}); give each "
+                             "key once per scenario (another --what-if is another scenario)")
+        given[key] = item
         if key == "expandable_segments" and low in _TRUE | _FALSE:
             kwargs["expandable_segments"] = low in _TRUE
         elif key == "max_split_size_mb" and (low.isdigit() or low in ("-1", "unlimited", "none")):
