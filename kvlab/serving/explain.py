@@ -15,6 +15,7 @@ from kvlab.serving.cell import config_cell
 from kvlab.serving.findings import sglang_findings
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
+from kvlab.serving.provenance import assumed_words
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
@@ -197,9 +198,23 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                "max_total_tokens_cap": cap, "rocm": log.rocm, **flags,
                **({"uncounted_terms": uncounted} if uncounted else {})},
     )
+    exp.assumed = {name: assumed_words(name, {"free_before_load": before, "free_after_load": after}[name])
+                   for name in _marks(log.reconstructed, ("free_before_load", "free_after_load"))}
+    if log.reconstructed:
+        exp.extra["reconstructed"] = log.reconstructed
     exp.findings = sglang_findings(exp, log)
     exp.what_if = apply_what_ifs(exp, what_if)
     return exp
+
+
+def _marks(marks: dict[str, str], names) -> dict[str, str]:
+    """{name: why} for those of ``names`` marked rebuilt on any rank (SGLang takes the minimum over ranks)."""
+    out = {}
+    for key, why in marks.items():
+        name = key.split("@")[0]
+        if name in names:
+            out.setdefault(name, why)
+    return out
 
 
 def _pre_load_terms(log: SGLangStartup, version: str | None, tp: int) -> list[dict]:

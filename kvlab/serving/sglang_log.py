@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvlab.errors import KvlabError
+from kvlab.serving.provenance import parse_reconstructed
 
 
 class LogError(KvlabError, ValueError):
@@ -78,6 +79,7 @@ class SGLangStartup:
     gpu_name: str | None = None
     rocm: bool = False
     format_hints: list[str] = field(default_factory=list)
+    reconstructed: dict[str, str] = field(default_factory=dict)  # kvlab.serving.provenance: rebuilt readings
 
     def where(self, message: str) -> str:
         lines = [r.lines[message] for r in self.ranks.values() if message in r.lines]
@@ -157,6 +159,7 @@ def parse_sglang_log(text: str, path: str = "<log>") -> SGLangStartup:
     log = SGLangStartup(path=path, n_lines=text.count("\n") + 1)
     for number, line in enumerate(text.splitlines(), start=1):
         _read_line(log, line, number)
+    log.reconstructed = parse_reconstructed(text, path)
     return log
 
 
