@@ -40,13 +40,13 @@ def recorded_vs_modelled(result) -> go.Figure:
 
 
 def what_if_bars(result, what_ifs) -> go.Figure:
-    """Peak reserved, final reserved and peak fragmentation (reserved − allocated) GiB per scenario, the
+    """Peak reserved, final reserved and peak cached (reserved − allocated) per scenario, the
     recording first; a dotted line at the capacity when one was given."""
     names = ["recorded", *(w.label for w in what_ifs)]
     series = {
         "peak reserved": [result.recorded_peak_reserved_bytes, *(w.peak_reserved_bytes for w in what_ifs)],
         "final reserved": [result.final.get("recorded_reserved_bytes", 0), *(w.final_reserved_bytes for w in what_ifs)],
-        "peak fragmentation": [None, *(w.peak_fragmentation_bytes for w in what_ifs)],
+        "peak cached (reserved − allocated)": [None, *(w.peak_fragmentation_bytes for w in what_ifs)],
     }
     fig = go.Figure()
     for (label, values), colour in zip(series.items(), ("#ff7f0e", "#ffbb78", "#9467bd")):
