@@ -198,6 +198,12 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                "max_total_tokens_cap": cap, "rocm": log.rocm, **flags,
                **({"uncounted_terms": uncounted} if uncounted else {})},
     )
+    if model_config is not None and (kv_sizes := _logged_cell(log, low_rank, page)) is not None:
+        # what the log's own K/V sizes allow: the check without a config (text says which check changed)
+        _, kv_lo, kv_hi, _ = kv_sizes
+        exp.extra["kv_sizes_cell_range"] = [kv_lo, kv_hi]
+        exp.extra["kv_sizes_computed_range"] = list(sglang_tokens_range(used_before, used_after, fraction, kv_lo,
+                                                                        kv_hi, page, cap))
     exp.assumed = {name: assumed_words(name, {"free_before_load": before, "free_after_load": after}[name])
                    for name in _marks(log.reconstructed, ("free_before_load", "free_after_load"))}
     if log.reconstructed:

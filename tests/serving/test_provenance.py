@@ -44,7 +44,9 @@ def test_shared_gpu_on_a_rebuilt_reading_is_assumed_and_says_so(config):
     assert shared.as_dict()["basis"] == "assumed"
     assert all(t.basis == "assumed" for t in exp.terms() if t.key in ("free_before_load", "kv_pool", "kept_out"))
     text = format_explanation(exp)
-    assert "[info · assumed] shared_gpu" in text and "consistent (assumed" in text
+    flat = " ".join(text.split())  # long lines wrap at 118 columns
+    assert "[info · assumed] shared_gpu" in text and "consistent (assumed" in flat
+    assert max(len(line) for line in text.splitlines() if "  [" in line[:8]) <= 118
     assert "+77.03 GiB*" in text
 
 
