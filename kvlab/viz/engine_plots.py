@@ -32,10 +32,13 @@ def mark_assumed(fig: go.Figure, assumed) -> go.Figure:
     """Say under ``fig`` what its starred numbers rest on (``assumed``: the inputs, in words), where any."""
     under = list(dict.fromkeys(assumed))
     if under:
-        fig.add_annotation(text=_wrap("* assumed, not read: rests on " + "; ".join(under), 150), xref="paper",
-                           yref="paper", x=0, y=-0.02, yshift=-8, xanchor="left", yanchor="top", showarrow=False,
-                           align="left", font=dict(size=11, color="#8a5a00"))
-        fig.update_layout(margin=dict(b=fig.layout.margin.b + 22 * (1 + len("; ".join(under)) // 150)))
+        text = _wrap("* assumed, not read: rests on " + "; ".join(under), 150)
+        bottom = fig.layout.margin.b if fig.layout.margin.b is not None else 80
+        # below the whole bottom margin (tick labels, axis title), which grows by the note's lines
+        fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, yshift=-bottom, xanchor="left",
+                           yanchor="top", showarrow=False, align="left", font=dict(size=11, color="#8a5a00"))
+        fig.update_layout(margin=dict(b=bottom + 16 * (text.count("<br>") + 1) + 8),
+                          height=(fig.layout.height or 450) + 16 * (text.count("<br>") + 1) + 8)
     return fig
 
 
