@@ -525,7 +525,8 @@ def test_force_then_a_plain_report_keeps_the_users_notebooks_html_and_figures(tm
         assert (out / "html" / "01_tiny.html").is_file() and (out / "notebooks" / "01_tiny.ipynb").is_file()
         assert {k: v for k, v in _user_tree(out).items() if k in before} == before
     manifest = json.loads((out / MARKER).read_text())["files"]
-    assert sorted(manifest) == ["html/01_tiny.html", "index.html", "notebooks/01_tiny.ipynb", "summary.json"]
+    assert sorted(manifest) == ["html/01_tiny.html", "html/plotly.min.js", "index.html", "notebooks/01_tiny.ipynb",
+                                "summary.json"]
 
 
 @pytest.mark.slow
