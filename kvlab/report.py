@@ -3,8 +3,10 @@
     DIR/index.html                  the headline numbers as tables in words, links to each notebook's page
                                     (failed ones marked), the key figures with captions
     DIR/notebooks/NN_name.ipynb     the executed copies (partly executed when a cell failed)
-    DIR/html/NN_name.html           each notebook rendered by nbconvert, plotly.js and (with math) KaTeX
-                                    inlined: the page requests nothing off the machine (kvlab.viz.offline)
+    DIR/html/NN_name.html           each notebook rendered by nbconvert, (with math) KaTeX inlined, plotly.js
+                                    from the report's one copy beside it: the page requests nothing off the
+                                    machine (kvlab.viz.offline); build-machine folders are taken out of paths
+    DIR/html/plotly.min.js          plotly.js, once for every page (each page would otherwise inline 4.8 MB)
     DIR/figures/*.png               the findings' key figures as static images (kaleido, 1200 px at scale 2)
     DIR/summary.json                headline numbers of both findings, both arms, computed by calling
                                     kvlab.experiments directly with the notebooks' settings (never scraped
@@ -15,7 +17,9 @@ Notebooks run through ``kvlab.notebook_exec`` (the test suite's executor too): i
 JupyterLab) with ``KVLAB_DEVICE`` set in an injected first cell (tag ``injected-env``), so ``--device`` reaches
 ``kvlab.device.resolve_device_name`` inside the kernel. ``PLOTLY_RENDERER=plotly_mimetype+notebook`` makes
 ``fig.show()`` leave an HTML output (with plotly.js) that nbconvert can render; live FigureWidgets need a
-kernel and show in the page as their static fallback only.
+kernel and show in the page as their static fallback only. ``KVLAB_STATIC=1`` tells panels the page is static
+(``kvlab.viz.wording``): no hint asks a reader to move a control. One line per notebook goes to stderr as it
+finishes (``[3/8] 02_shortfall_eviction … 31 s``; ``KVLAB_PROGRESS=0`` silences them).
 
 What is deleted and overwritten: only files the manifest proves a report wrote (same path, same SHA-256 now),
 never a folder, never a file someone changed or put there since. A directory that holds no manifest and is
@@ -34,6 +38,7 @@ import html
 import json
 import os
 import stat
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -245,7 +250,7 @@ def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False, noteboo
 
 def planned_files(sources: Sequence[Path], *, pngs: bool) -> list[str]:
     """Every file a report of ``sources`` writes, relative to its directory (the manifest aside)."""
-    files = ["index.html", "summary.json"]
+    files = ["index.html", "summary.json", PLOTLY_JS_FILE]
     for source in sources:
         files += [f"notebooks/{source.name}", f"html/{source.stem}.html"]
     if pngs:
@@ -257,12 +262,53 @@ def planned_files(sources: Sequence[Path], *, pngs: bool) -> list[str]:
 
 # ---- executing and rendering --------------------------------------------------------------------
 def kernel_env(device: str) -> dict[str, str]:
-    return {"KVLAB_DEVICE": device, "KVLAB_PROGRESS": "0", "PLOTLY_RENDERER": "plotly_mimetype+notebook"}
+    # KVLAB_STATIC: the page is read without a kernel, so panels word their hints for it (kvlab.viz.wording)
+    return {"KVLAB_DEVICE": device, "KVLAB_PROGRESS": "0", "PLOTLY_RENDERER": "plotly_mimetype+notebook",
+            "KVLAB_STATIC": "1"}
 
 
-def execute_one(source: Path, out_dir: Path, device: str, *, timeout: int = 900) -> NotebookRun:
+PLOTLY_JS_FILE = "html/plotly.min.js"  # plotly.js once for the whole report, beside the pages that load it
+
+
+def share_plotly_js(page: str, plotly_js: str, src: str = "plotly.min.js") -> str:
+    """``page`` with each ``<script>`` that inlines ``plotly_js`` (plotly.min.js's text) replaced by a tag loading
+    the report's one shared copy (``src``, relative to the page): 4.8 MB less per page, and the page still loads
+    nothing off the machine. A classic ``<script src>`` runs in document order, as the inline one did."""
+    out, start = [], 0
+    while (at := page.find(plotly_js, start)) >= 0:
+        open_at = page.rfind("<script", start, at)
+        close_at = page.find("</script>", at + len(plotly_js))
+        if open_at < 0 or close_at < 0 or page[open_at:at].count(">") != 1:  # not the whole body of one tag
+            out.append(page[start:at + len(plotly_js)])
+            start = at + len(plotly_js)
+            continue
+        out.append(page[start:open_at] + f'<script type="text/javascript" charset="utf-8" src="{src}"></script>')
+        start = close_at + len("</script>")
+    return "".join(out) + page[start:]
+
+
+def build_paths() -> dict[str, str]:
+    """Folders of the machine that built the report, longest first, and what a page shows instead: the checkout
+    (or installed package) root as nothing (paths read ``data/examples/…``), the home folder as ``~``."""
+    from kvlab.paths import data_dir
+
+    roots = {str(Path(data_dir()).resolve().parent) + os.sep: "", str(DEFAULT_NOTEBOOK_DIR.resolve().parent) + os.sep:
+             "", str(Path.home()) + os.sep: "~" + os.sep}
+    return dict(sorted(((k, v) for k, v in roots.items() if len(k) > 1), key=lambda kv: -len(kv[0])))
+
+
+def strip_build_paths(page: str, roots: dict[str, str]) -> str:
+    """``page`` with the build machine's folders (``roots``: prefix -> shown instead) taken out of every path."""
+    for prefix, shown in roots.items():
+        page = page.replace(prefix, shown)
+    return page
+
+
+def execute_one(source: Path, out_dir: Path, device: str, *, timeout: int = 900,
+                plotly_js: str | None = None) -> NotebookRun:
     """Execute ``source`` into ``out_dir/notebooks`` and render it into ``out_dir/html``; never raises for a
-    failing cell (the run records it, the partial notebook is still written and rendered)."""
+    failing cell (the run records it, the partial notebook is still written and rendered). With ``plotly_js``
+    (plotly.min.js's text) the page loads the report's shared copy instead of inlining it."""
     from kvlab.notebook_exec import NotebookExecutionError, execute_notebook
 
     run = NotebookRun(name=source.stem, source=source)
@@ -275,9 +321,14 @@ def execute_one(source: Path, out_dir: Path, device: str, *, timeout: int = 900)
         nb, run.failed_cell = exc.notebook, exc.cell
         run.error = f"{exc.headline}: {exc.last_line}"
     run.seconds = time.perf_counter() - start
+    nb.metadata["kvlab_source"] = source.name  # (the rendered copy only: the executed one is already written)
     run.html_path = out_dir / "html" / f"{source.stem}.html"
     run.html_path.parent.mkdir(parents=True, exist_ok=True)
-    run.html_path.write_text(render_html(nb), encoding="utf-8")
+    page = render_html(nb)
+    if plotly_js:
+        page = share_plotly_js(page, plotly_js)
+    page = strip_build_paths(page, build_paths() | {str(source.parent.resolve().parent) + os.sep: ""})
+    run.html_path.write_text(page, encoding="utf-8")
     return run
 
 
@@ -289,7 +340,33 @@ def render_html(nb) -> str:
     from kvlab.viz.export import static_widget_outputs  # lazy: the core never imports plotly
     from kvlab.viz.offline import render_notebook_html
 
-    return render_notebook_html(static_widget_outputs(nb))
+    return render_notebook_html(static_widget_outputs(mark_static_panels(nb)))
+
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+STATIC_PANEL_NOTE = ("<div class='kvlab-static-note' style='padding:4px 10px;margin:2px 0;color:#555;"
+                     "background:#f4f4f4;border-left:3px solid #bbb'>Static copy of a live panel: it shows the "
+                     "settings the report ran with, and its controls do nothing here. Run the notebook in "
+                     "JupyterLab, Voila or <code>kvlab app {number}</code> to change them.</div>")
+
+
+def mark_static_panels(nb):
+    """A copy of ``nb`` with a note above each live panel (an output drawn by widgets): in a static page its
+    buttons and sliders cannot answer, so the page says so rather than ask the reader to press them."""
+    import copy
+
+    import nbformat
+
+    nb = copy.deepcopy(nb)
+    stem = Path(nb.metadata.get("kvlab_source", "")).stem
+    number = stem.split("_", 1)[0] if stem[:2].isdigit() else "NN"
+    for cell in nb.cells:
+        outputs = cell.get("outputs", []) if cell.cell_type == "code" else []
+        if any(WIDGET_VIEW in o.get("data", {}) for o in outputs):
+            note = nbformat.v4.new_output("display_data", data={"text/html": STATIC_PANEL_NOTE.format(number=number),
+                                                                "text/plain": "static copy of a live panel"})
+            cell["outputs"] = [note, *outputs]
+    return nb
 
 
 # ---- the numbers ----------------------------------------------------------------------------------
@@ -551,13 +628,17 @@ figcaption{{color:#333;margin-top:0.3em}}
     return path
 
 
+def _progress_line(line: str) -> None:
+    """One line per step on stderr, as it finishes (a log or CI shows it too, unlike a redrawn bar)."""
+    print(line, file=sys.stderr, flush=True)
+
+
 def build_report(out: str | os.PathLike[str], *, device: str = "auto", notebooks: Sequence[str] | None = None,
                  notebook_dir: str | os.PathLike[str] = DEFAULT_NOTEBOOK_DIR, force: bool = False,
                  pngs: bool = True, progress: bool | None = None, timeout: int = 900) -> Report:
     """Run everything and write the site. A failing notebook is recorded (``report.failures``), the others
     still run, and the index marks it failed; the caller decides the exit status."""
     from kvlab.device import resolve_device_name
-    from kvlab.progress import progress_bar
 
     start = time.perf_counter()
     sources = select_notebooks(Path(notebook_dir), notebooks)
@@ -565,36 +646,45 @@ def build_report(out: str | os.PathLike[str], *, device: str = "auto", notebooks
     out_dir = prepare_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned_files(sources, pngs=pngs))
     manifest = Manifest(out_dir)
     report = Report(out_dir=out_dir, device=resolved)
-    with progress_bar(total=len(sources) + 2, desc="kvlab report", enabled=progress, unit="step") as bar:
-        for source in sources:
-            bar.set_postfix_str(source.stem)
-            run = execute_one(source, out_dir, resolved, timeout=timeout)
-            manifest.record(run.executed_path, run.html_path)
-            report.runs.append(run)
-            bar.update()
-        bar.set_postfix_str("summary")
-        report.summary, arms, comparison = compute_summary(resolved)
-        report.summary["notebooks"] = {r.name: {"ok": r.ok, "seconds": round(r.seconds, 2), "error": r.error}
-                                       for r in report.runs}
-        (out_dir / "summary.json").write_text(json.dumps(report.summary, indent=2) + "\n")
-        manifest.record(out_dir / "summary.json")
-        bar.update()
-        if pngs:
-            bar.set_postfix_str("figures")
-            # lazy: the core never imports plotly
-            from kvlab.viz.export import FIGURE_CAPTIONS, FigureExportError, key_figures, write_pngs
+    if progress is None:
+        progress = os.environ.get("KVLAB_PROGRESS", "1") != "0"
+    say = _progress_line if progress else (lambda _line: None)
+    from kvlab.viz.export import plotly_js as read_plotly_js  # lazy: the core never imports plotly
 
-            figures = key_figures(arms, comparison)
-            unplanned = set(figures) - set(FIGURE_CAPTIONS)
-            if unplanned:  # prepare_out_dir checked FIGURE_CAPTIONS' names only
-                raise ReportError(f"key figures without a caption (kvlab.viz.export.FIGURE_CAPTIONS): {sorted(unplanned)}")
-            try:
-                report.pngs = write_pngs(figures, out_dir / "figures")
-            except FigureExportError as exc:
-                report.figure_error = str(exc)
-                report.pngs = [p for p in (out_dir / "figures" / f"{stem}.png" for stem in figures) if p.is_file()]
-            manifest.record(*report.pngs)
-        bar.update()
+    plotly_js = read_plotly_js()
+    shared_js = out_dir / PLOTLY_JS_FILE
+    shared_js.parent.mkdir(parents=True, exist_ok=True)
+    shared_js.write_text(plotly_js, encoding="utf-8")
+    manifest.record(shared_js)
+    for number, source in enumerate(sources, start=1):
+        run = execute_one(source, out_dir, resolved, timeout=timeout, plotly_js=plotly_js)
+        manifest.record(run.executed_path, run.html_path)
+        report.runs.append(run)
+        say(f"[{number}/{len(sources)}] {source.stem} … {run.seconds:.0f} s" + ("" if run.ok else " FAILED"))
+    step = time.perf_counter()
+    report.summary, arms, comparison = compute_summary(resolved)
+    report.summary["notebooks"] = {r.name: {"ok": r.ok, "seconds": round(r.seconds, 2), "error": r.error}
+                                   for r in report.runs}
+    (out_dir / "summary.json").write_text(json.dumps(report.summary, indent=2) + "\n")
+    manifest.record(out_dir / "summary.json")
+    say(f"[summary] summary.json … {time.perf_counter() - step:.0f} s")
+    if pngs:
+        step = time.perf_counter()
+        # lazy: the core never imports plotly
+        from kvlab.viz.export import FIGURE_CAPTIONS, FigureExportError, key_figures, write_pngs
+
+        figures = key_figures(arms, comparison)
+        unplanned = set(figures) - set(FIGURE_CAPTIONS)
+        if unplanned:  # prepare_out_dir checked FIGURE_CAPTIONS' names only
+            raise ReportError(f"key figures without a caption (kvlab.viz.export.FIGURE_CAPTIONS): {sorted(unplanned)}")
+        try:
+            report.pngs = write_pngs(figures, out_dir / "figures")
+        except FigureExportError as exc:
+            report.figure_error = str(exc)
+            report.pngs = [p for p in (out_dir / "figures" / f"{stem}.png" for stem in figures) if p.is_file()]
+        manifest.record(*report.pngs)
+        say(f"[figures] {len(report.pngs)} PNG{'s' if len(report.pngs) != 1 else ''} … "
+            f"{time.perf_counter() - step:.0f} s")
     report.seconds = time.perf_counter() - start
     manifest.record(write_index(report))
     return report

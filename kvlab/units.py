@@ -40,23 +40,43 @@ def tokens_to_pages(tokens: int, page_size: int) -> int:
     return div_ceil(tokens, page_size)
 
 
-def fmt_bytes(n: float) -> str:
-    """Human-readable bytes in binary units, exactly as torch's OOM message prints them (``20.00 MiB``;
-    like torch's ``format_size`` a value of exactly 1 KiB/MiB/GiB prints in the unit below)."""
-    sign = "-" if n < 0 else ""
+def byte_unit(n: float) -> tuple[str, int]:
+    """The unit :func:`fmt_bytes` prints ``n`` bytes in, and its size: ``("MiB", MiB)`` for 74 MiB. A figure
+    scales its axis by the unit of its largest value, so a 74 MiB snapshot is drawn in MiB, not as 0.07 GiB."""
     n = abs(n)
     if n <= KiB:
-        return f"{sign}{int(n)} bytes"
+        return "bytes", 1
     for unit, size in (("KiB", KiB), ("MiB", MiB)):
         if n <= size * 1024:
-            return f"{sign}{n / size:.2f} {unit}"
-    return f"{sign}{n / GiB:.2f} GiB"
+            return unit, size
+    return "GiB", GiB
+
+
+def fmt_bytes(n: float) -> str:
+    """Human-readable bytes in binary units, exactly as torch's OOM message prints them (``20.00 MiB``;
+    like torch's ``format_size`` a value of exactly 1 KiB/MiB/GiB prints in the unit below). Never a negative
+    zero: a value that rounds to zero prints without a sign."""
+    unit, size = byte_unit(n)
+    text = f"{int(abs(n))} bytes" if size == 1 else f"{abs(n) / size:.2f} {unit}"
+    return ("-" if n < 0 and not is_zero_text(text) else "") + text
+
+
+def is_zero_text(text: str) -> bool:
+    """Whether a formatted number shows zero (``0.00 GiB``, ``0 bytes``): it then takes no sign."""
+    return not any(c in "123456789" for c in text)
 
 
 def fmt_gib(n: float) -> str:
     """Bytes in GiB with two decimals and thousands separators, whatever the size (``21.52 GiB``): the unit
-    of the finding-1 tables, where rows are compared with each other."""
-    return f"{n / GiB:,.2f} GiB"
+    of the finding-1 tables, where rows are compared with each other. Never ``-0.00 GiB``."""
+    text = f"{abs(n) / GiB:,.2f} GiB"
+    return ("-" if n < 0 and not is_zero_text(text) else "") + text
+
+
+def fmt_signed_float(x: float, digits: int = 2) -> str:
+    """``+0.37`` / ``-7.60`` / ``0.00``: a signed number (GiB in a table), never ``-0.00`` nor ``+0.00``."""
+    text = f"{abs(x):.{digits}f}"
+    return ("" if is_zero_text(text) else "+" if x > 0 else "-") + text
 
 
 # ---- one convention for a bug beside its fix ----------------------------------------------------------
@@ -81,7 +101,8 @@ def fmt_signed_int(n: int) -> str:
 
 def fmt_signed_bytes(n: float) -> str:
     """A difference in bytes through :func:`fmt_bytes` (unit by magnitude): ``+25.70 GiB``, ``−81.00 KiB``."""
-    return with_sign(fmt_bytes(abs(n)), n)
+    text = fmt_bytes(abs(n))
+    return with_sign(text, 0 if is_zero_text(text) else n)
 
 
 def fmt_points(points: float, unit: str = "points") -> str:

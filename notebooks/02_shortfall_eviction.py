@@ -187,8 +187,9 @@ panel.widget
 # ## 5 · Watch the tree as requests run
 # A small radix cache (4,096 KV slots) serving chat turns: eight conversations behind two system prompts, each
 # turn's prompt is its conversation so far. **next request** runs one turn (the running request's path is locked,
-# red); **pressure event** is a batch of other requests that needs 256 slots more than are free. Switch the
-# eviction to *full (the bug)* and press **pressure event** again: the tree loses far more than 256 tokens.
+# red); **pressure event** is a batch of other requests that needs 256 slots more than are free. In a live notebook
+# (JupyterLab, Voila or `kvlab app 02`), switch the eviction to *full (the bug)* and run a pressure event again: the
+# tree loses far more than 256 tokens. (A static page shows the tree after the first six requests.)
 
 # %%
 from kvlab.viz.tree_widget import TreeDemoPanel

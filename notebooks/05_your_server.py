@@ -28,7 +28,9 @@
 # The default is a real report, [vllm-project/vllm#21348](https://github.com/vllm-project/vllm/issues/21348):
 # Qwen3-235B-A22B-FP8 on 4×H100 got **178,880** tokens on vLLM and **367,404** on SGLang. The example logs are
 # kvlab's own rendering of that report (`data/examples/server_logs/`, see `data/README.md`): its pool sizes,
-# printed memory and settings, with the readings it did not show rebuilt.
+# printed memory and settings, with the readings it did not show rebuilt. Each log names its rebuilt readings in a
+# `# kvlab-reconstructed:` line, and every number resting on one is marked **assumed** (a `*` in the waterfalls
+# and tables, "assumed" in the findings): with your own log, nothing is.
 
 # %% tags=["parameters"]
 LOG_PATH = None  # your start-up log; None: the report's SGLang log (data/examples/server_logs/)
@@ -105,15 +107,18 @@ engine_waterfalls(comparison)
 gap_bars(comparison)
 
 # %%
-pd.DataFrame(comparison.gap)[["what", "gib", "tokens"]].assign(
+pd.DataFrame(comparison.gap)[["what", "gib", "tokens", "basis"]].assign(
     share=lambda d: (d.tokens / (comparison.sglang.tokens - comparison.vllm.tokens)).round(3))
 
 # %% [markdown]
 # On the report the cell is the same for both engines (94 layers × 1 KV head per rank — 4 KV heads over 4 ranks, no
 # replication — × 256 × 2 bytes of bf16 = 48,128 B), and `0.93 × free-before-load` is about `0.9 × total`: the
-# fraction is not the difference. Nearly all of the 2× is the activation peak vLLM measured in its profile run and
-# reserved inside its budget — memory SGLang leaves to its `1 − f` slack. Neither choice is wrong: vLLM guards
-# against an out-of-memory under a full batch, SGLang bets that `1 − f` is enough.
+# fraction is not the difference. Nearly all of the 2× is the activation peak vLLM reserves inside its budget from
+# its profile run — memory SGLang leaves to its `1 − f` slack. The report does not print that peak: the 7.60 GiB
+# shown is what vLLM's "Available KV cache memory" implies once weights and non-torch growth are taken out, and
+# both of those are assumed here (the weights rebuilt, the non-torch growth kvlab's guess), so the row is marked
+# `assumed`. Neither choice is wrong: vLLM guards against an out-of-memory under a full batch, SGLang bets that
+# `1 − f` is enough.
 
 # %% [markdown]
 # ## 3 · What if

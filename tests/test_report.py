@@ -14,22 +14,73 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab.report import MARKER, Manifest, ReportError, prepare_out_dir, select_notebooks
+from kvlab.report import (
+    MARKER,
+    Manifest,
+    ReportError,
+    prepare_out_dir,
+    select_notebooks,
+    share_plotly_js,
+    strip_build_paths,
+)
+from kvlab.viz.export import PLOTLY_JS_MARKER
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def _kvlab(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def _kvlab(*args: str, timeout: int = 900, progress: bool = False) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "kvlab.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, env={**__import__("os").environ, "KVLAB_PROGRESS": "0"})
+                          timeout=timeout, env={**__import__("os").environ, "KVLAB_PROGRESS": "1" if progress else "0"})
+
+
+REPORT_STDERR: dict[str, str] = {}
 
 
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "site"
-    proc = _kvlab("report", "--out", str(out), "--notebooks", "01", "--device", "sim:h200")
+    proc = _kvlab("report", "--out", str(out), "--notebooks", "01", "--device", "sim:h200", progress=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    REPORT_STDERR["01"] = proc.stderr
     return out
+
+
+@pytest.mark.slow
+def test_a_progress_line_per_notebook_and_no_transport_warning(report_dir: Path):
+    err = REPORT_STDERR["01"]
+    assert re.search(r"^\[1/1\] 01_kv_pool_sizing … \d+ s$", err, re.M), err[-2000:]
+    assert re.search(r"^\[summary\] summary\.json … \d+ s$", err, re.M)
+    assert "eavesdropping" not in err and "without encryption" not in err
+
+
+@pytest.mark.slow
+def test_pages_share_one_plotly_js_and_show_no_build_machine_path(report_dir: Path):
+    page = (report_dir / "html" / "01_kv_pool_sizing.html").read_text()
+    shared = report_dir / "html" / "plotly.min.js"
+    assert shared.is_file() and shared.stat().st_size > 3_000_000
+    assert PLOTLY_JS_MARKER not in page  # not inlined: 4.8 MB less per page
+    assert 'src="plotly.min.js"' in page
+    assert len(page.encode()) < 2_000_000, len(page.encode())
+    for root in (str(Path(__file__).resolve().parents[1]), str(Path.home())):
+        assert root + "/" not in page, root
+    manifest = json.loads((report_dir / MARKER).read_text())
+    assert "html/plotly.min.js" in manifest["files"]
+    # a live panel in a static page says its controls do nothing here (notebook 01's §2 panel)
+    assert "Static copy of a live panel" in page and "kvlab app 01" in page
+
+
+def test_share_plotly_js_replaces_each_inlined_copy_and_nothing_else():
+    js = "/* plotly.js v9 */ window.Plotly = {};"
+    page = f"<p>a</p><script>{js}</script><div>b</div><script type='text/javascript'>{js}</script><i>{js}</i>"
+    shared = share_plotly_js(page, js)
+    assert shared.count('src="plotly.min.js"') == 2 and shared.endswith(f"<i>{js}</i>")
+    assert shared.startswith("<p>a</p><script") and "<div>b</div>" in shared
+
+
+def test_strip_build_paths_leaves_paths_relative_to_the_checkout():
+    roots = {"/work/wt/x/": "", "/root/": "~/"}
+    page = "config /work/wt/x/data/examples/models/q/config.json; cache /root/.cache/k"
+    assert strip_build_paths(page, roots) == "config data/examples/models/q/config.json; cache ~/.cache/k"
 
 
 @pytest.mark.slow
@@ -63,8 +114,8 @@ def test_executed_copy_has_outputs_and_the_device_env(report_dir: Path):
 def test_html_embeds_plotly_figures_and_plotly_js_offline(report_dir: Path):
     page = (report_dir / "html" / "01_kv_pool_sizing.html").read_text()
     assert page.count("plotly-graph-div") >= 2  # the panel's timelines and waterfall, from the widget state
-    assert "window.__kvlab_define" in page and "Plotly" in page  # plotly.js inlined, not from a CDN
-    assert not re.search(r"<script[^>]+src=[\"'][^\"']*plotly", page)  # no plotly.js from a CDN
+    assert "window.__kvlab_define" in page and "Plotly" in page  # plotly.js from the report, not from a CDN
+    assert re.findall(r"<script[^>]+src=[\"']([^\"']*plotly[^\"']*)", page) == ["plotly.min.js"]
     assert "kvlab-verdict-box" in page  # the panel's HTML widgets are shown too
 
 
@@ -474,7 +525,8 @@ def test_force_then_a_plain_report_keeps_the_users_notebooks_html_and_figures(tm
         assert (out / "html" / "01_tiny.html").is_file() and (out / "notebooks" / "01_tiny.ipynb").is_file()
         assert {k: v for k, v in _user_tree(out).items() if k in before} == before
     manifest = json.loads((out / MARKER).read_text())["files"]
-    assert sorted(manifest) == ["html/01_tiny.html", "index.html", "notebooks/01_tiny.ipynb", "summary.json"]
+    assert sorted(manifest) == ["html/01_tiny.html", "html/plotly.min.js", "index.html", "notebooks/01_tiny.ipynb",
+                                "summary.json"]
 
 
 @pytest.mark.slow

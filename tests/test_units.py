@@ -64,3 +64,14 @@ def test_signed_differences_follow_one_convention():
     assert fmt_signed_bytes(-82_944) == f"{MINUS}81.00 KiB" and fmt_signed_bytes(25 * GiB) == "+25.00 GiB"
     assert fmt_points(-0.001) == "0.00 points" and fmt_points(5.3309) == "+5.33 points"  # never "-0.00"
     assert fmt_points(-2.5, "pt") == f"{MINUS}2.50 pt"
+
+
+def test_no_negative_zero_and_the_unit_by_magnitude():
+    from kvlab.units import byte_unit, fmt_bytes, fmt_gib, fmt_signed_bytes
+
+    assert fmt_bytes(-0.4) == "0 bytes" and fmt_gib(-1) == "0.00 GiB" and fmt_gib(-GiB) == "-1.00 GiB"
+    assert fmt_signed_bytes(-0.4) == "0 bytes" and fmt_signed_bytes(-3 * MiB) == "\N{MINUS SIGN}3.00 MiB"
+    assert byte_unit(74 * MiB) == ("MiB", MiB) and byte_unit(-74 * MiB) == ("MiB", MiB)
+    assert byte_unit(1024) == ("bytes", 1) and byte_unit(1025) == ("KiB", KiB) and byte_unit(2 * GiB)[0] == "GiB"
+    for n in (5, 2047, 3 * MiB, 74 * MiB, 7 * GiB):  # fmt_bytes prints in the unit byte_unit names
+        assert fmt_bytes(n).endswith(byte_unit(n)[0])

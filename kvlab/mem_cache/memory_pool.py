@@ -66,7 +66,7 @@ class PoolTooLargeError(KvlabError, MemoryError):
 
 def _check_fits(shape: Sequence[int], dtype: torch.dtype, label: str) -> None:
     total_bytes = math.prod(int(n) for n in shape) * torch.empty((), dtype=dtype).element_size()
-    if total_bytes < 1 << 30:
+    if total_bytes < GiB:
         return
     free_bytes = _available_bytes()
     if total_bytes > free_bytes // 2:  # half of what is free: the run needs room besides this table

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from kvlab.device.spec import DeviceSpec
 from kvlab.model.config import ModelConfig
 from kvlab.serving.pool import sglang_tokens
+from kvlab.serving.provenance import assumed_words, rebuilt_why
 from kvlab.serving.vllm_budget import (
     MARGIN_FLOOR_GIB,
     MARGIN_FRACTION,
@@ -33,6 +34,7 @@ from kvlab.serving.vllm_budget import (
     EngineBudget,
     Term,
     estimate_activation_peak,
+    rests_on,
     vllm_budget,
     vllm_rule,
 )
@@ -89,12 +91,14 @@ def estimate_inputs(config: ModelConfig, device: DeviceSpec, tp_size: int, *, ma
         total=torch_total(device),
         startup=Amount(device.non_pytorch_bytes / GiB + nccl,
                        f"assumed: CUDA context {device.context_bytes / GiB:.2f} GiB"
-                       + (f" + NCCL communicators {nccl} GiB" if nccl else "")),
+                       + (f" + NCCL communicators {nccl} GiB" if nccl else ""), ("in use at start (kvlab's assumption)",)),
         weights=Amount(config.weight_bytes_per_rank(tp_size) / GiB,
                        f"config {config.name}: {config.weight_dtype} weights at TP {tp_size}"),
-        activation=Amount(act.gib, act.how),
-        non_torch=Amount(0.5 if tp_size > 1 else 0.25, "assumed: NCCL buffers and cuBLAS workspace"),
-        cuda_graph=Amount(0.5, "assumed: a typical CUDA graph pool (vLLM 0.21+ prints its estimate)"),
+        activation=Amount(act.gib, act.how, ("activation peak (kvlab's estimate from the config)",)),
+        non_torch=Amount(0.5 if tp_size > 1 else 0.25, "assumed: NCCL buffers and cuBLAS workspace",
+                         ("non-torch growth (kvlab's assumption)",)),
+        cuda_graph=Amount(0.5, "assumed: a typical CUDA graph pool (vLLM 0.21+ prints its estimate)",
+                          ("CUDA graph pool (kvlab's assumption)",)),
     )
 
 
@@ -117,15 +121,19 @@ def sglang_budget(mem: MemoryInputs, *, mem_fraction_static: float, cell_size_by
         raise BudgetError(f"{mem.startup.source}: {mem.startup.gib:.2f} GiB in use at start leaves nothing of "
                           f"the {mem.total.gib:.2f} GiB card")
     slack = before * (1 - mem_fraction_static)
-    terms = (Term("GPU memory", mem.total.gib, f"torch total: {mem.total.source}", "absolute"),
-             Term("in use before loading", -mem.startup.gib, mem.startup.source),
+    terms = (Term("GPU memory", mem.total.gib, f"torch total: {mem.total.source}", "absolute",
+                  assumed=mem.total.assumed),
+             Term("in use before loading", -mem.startup.gib, mem.startup.source, assumed=mem.startup.assumed),
              Term("kept out", -slack, f"free before load × (1 − f), mem_fraction_static {mem_fraction_static}: "
-                                      f"activations and CUDA graphs live here"),
-             Term("weights", -mem.loaded.gib, f"what loading took: {mem.loaded.source}", kind="weights"),
-             Term("KV budget", after - slack, f"rest = after − before × (1 − f): {rule}", "total", "budget"))
+                                      f"activations and CUDA graphs live here", assumed=mem.startup.assumed),
+             Term("weights", -mem.loaded.gib, f"what loading took: {mem.loaded.source}", kind="weights",
+                  assumed=mem.loaded.assumed))
+    terms += (Term("KV budget", after - slack, f"rest = after − before × (1 − f): {rule}", "total", "budget",
+                   rests_on(terms)),)
     tokens = sglang_tokens(before, after, mem_fraction_static, cell_size_bytes, page_size)
-    notes = (f"activations ({mem.activation.gib:.2f} GiB for vLLM's profile) and CUDA graphs are not subtracted: "
-             f"they must fit in the {slack:.2f} GiB kept out",)
+    peak = "assumed" if mem.activation.assumed else "implied by its log"
+    notes = (f"activations ({mem.activation.gib:.2f} GiB for vLLM's profile, {peak}) and CUDA graphs are not "
+             f"subtracted: they must fit in the {slack:.2f} GiB kept out",)
     return EngineBudget("sglang", rule, terms, cell_size_bytes, page_size, tokens, notes)
 
 
@@ -138,7 +146,7 @@ class EngineComparison:
     kv_heads: int
     heads_per_rank: int
     kv_dtype_bytes: tuple[int, int]  # (sglang, vllm)
-    gap: list[dict] = field(default_factory=list)  # {kind, what, gib, tokens}: adds up to the token gap
+    gap: list[dict] = field(default_factory=list)  # {kind, what, gib, tokens, basis, assumed}: adds up to the gap
     logged: dict = field(default_factory=dict)  # {"sglang": tokens, "vllm": tokens} where a log printed them
 
     @property
@@ -170,17 +178,22 @@ def _gap(s: EngineBudget, v: EngineBudget, cell_what: str) -> list[dict]:
     def by_kind(b: EngineBudget, kind: str) -> float:
         return sum(t.gib for t in b.terms if t.kind == kind and t.measure != "total")
 
+    def basis(assumed: tuple[str, ...]) -> dict:
+        return {"basis": "assumed" if assumed else "read", "assumed": list(assumed)}
+
     rows = []
     for kind, what in KINDS.items():
         gib = by_kind(s, kind) - by_kind(v, kind)
+        under = rests_on(t for b in (s, v) for t in b.terms if t.kind == kind and t.measure != "total")
         rows.append({"kind": kind, "what": what, "gib": round(gib, 4),
-                     "tokens": round(gib * GiB / s.cell_size_bytes)})
+                     "tokens": round(gib * GiB / s.cell_size_bytes), **basis(under if round(gib, 4) else ())})
     cell_tokens = round(v.budget_gib * GiB / s.cell_size_bytes - v.budget_gib * GiB / v.cell_size_bytes) \
         if v.budget_gib > 0 else 0
-    rows.append({"kind": "cell", "what": cell_what, "gib": 0.0, "tokens": cell_tokens})
+    rows.append({"kind": "cell", "what": cell_what, "gib": 0.0, "tokens": cell_tokens, **basis(())})
     explained = sum(r["tokens"] for r in rows)
     rows.append({"kind": "rounding", "what": f"page ({s.granularity_tokens}) / block ({v.granularity_tokens}) "
-                 f"rounding", "gib": 0.0, "tokens": s.tokens - v.tokens - explained})
+                 f"rounding", "gib": 0.0, "tokens": s.tokens - v.tokens - explained,
+                 **basis(rests_on(t for b in (s, v) for t in b.terms if t.measure == "total"))})
     return rows
 
 
@@ -227,9 +240,11 @@ def compare_explanation(exp, *, vllm_log=None, gpu_memory_utilization: float | N
     if exp.engine == "sglang":
         where = f"{exp.log_path}: 'Load weight begin/end' readings"
         mem = _replace(mem, startup=Amount(max(mem.total.gib - exp.avail_before_load_gib, 0.0),
-                                           f"total − free before load {exp.avail_before_load_gib:.2f} GiB ({where})"),
+                                           f"total − free before load {exp.avail_before_load_gib:.2f} GiB ({where})",
+                                           exp.rests_on("free_before_load")),
                        sglang_loaded=Amount(exp.avail_before_load_gib - exp.avail_after_load_gib,
-                                            f"free before − after load ({where})"))
+                                            f"free before − after load ({where})",
+                                            exp.rests_on("free_before_load", "free_after_load")))
         mem = _replace(mem, weights=mem.sglang_loaded)
         fraction = exp.mem_fraction_static
         sglang_rule = f"sglang {exp.version or exp.rules_version or 'today'}: model_runner.py::profile_max_num_token"
@@ -270,11 +285,17 @@ def _from_vllm(mem: MemoryInputs, exp, log, util, version) -> tuple[MemoryInputs
         log = parse_vllm_log(Path(exp.log_path).read_text(encoding="utf-8", errors="replace"), exp.log_path)
     if not log.available_gib:
         raise BudgetError(f"{log.path}: no 'Available KV cache memory' line: nothing to compare with")
-    avail = min(log.available_gib.values())
+    avail_rank = min(log.available_gib, key=log.available_gib.get)
+    avail = log.available_gib[avail_rank]
+    avail_assumed = (assumed_words("available", avail),) if rebuilt_why(log.reconstructed, "available",
+                                                                        avail_rank) else ()
     rule = vllm_rule(version or log.version)
     util = util or log.gpu_memory_utilization or rule.default_utilization
     if log.weights_gib:
-        mem = _replace(mem, weights=Amount(min(log.weights_gib.values()), f"{log.path}: 'Model loading took'"))
+        low = min(log.weights_gib, key=log.weights_gib.get)
+        mem = _replace(mem, weights=Amount(log.weights_gib[low], f"{log.path}: 'Model loading took'",
+                                           (assumed_words("model_loading", log.weights_gib[low]),)
+                                           if rebuilt_why(log.reconstructed, "model_loading", low) else ()))
     used = mem.weights.gib + mem.non_torch.gib
     if rule.cuda_graphs in ("estimated", "measured"):
         used += mem.cuda_graph.gib
@@ -284,7 +305,11 @@ def _from_vllm(mem: MemoryInputs, exp, log, util, version) -> tuple[MemoryInputs
         by_device = room - MARGIN_FLOOR_GIB if room - MARGIN_FLOOR_GIB <= MARGIN_FLOOR_GIB / MARGIN_FRACTION \
             else room / (1 + MARGIN_FRACTION)
         implied = min(implied, by_device)
+    # the peak is what is left once the (read or rebuilt) readings and kvlab's non-torch assumption are taken out
+    under = tuple(dict.fromkeys(avail_assumed + mem.weights.assumed + mem.non_torch.assumed
+                                + (mem.cuda_graph.assumed if rule.cuda_graphs in ("estimated", "measured") else ())
+                                + (mem.startup.assumed if rule.measured_after_warmup else ())))
     mem = _replace(mem, activation=Amount(max(implied, 0.0), f"implied by {log.path}: what vllm {rule.read}'s rule "
-                                          f"leaves for it, given the available {avail:.2f} GiB"))
+                                          f"leaves for it, given the available {avail:.2f} GiB", under))
     logged = log.tokens if log.tokens is not None else (log.blocks * (log.block_size or 16) if log.blocks else None)
     return mem, logged

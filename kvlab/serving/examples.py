@@ -10,7 +10,8 @@ tokens on vLLM, 367,404 on SGLang): the pool sizes, the "8.11 GiB" available, th
 settings (TP 4, ``--mem-fraction-static 0.93``; vLLM's defaults) are the report's; the readings the report did
 not show (free memory before/after loading, the other workers' available memory, what loading took) are
 kvlab's reconstruction: the 2-decimal readings closest to the reported pool, 55.17 GiB loaded (the FP8
-checkpoint's weights per rank).
+checkpoint's weights per rank). Each log names those readings in a ``# kvlab-reconstructed:`` line
+(:mod:`kvlab.serving.provenance`), so every number resting on them shows as assumed.
 
 Regenerate: ``python -m kvlab.serving.examples data/examples/server_logs``.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 from kvlab.device.spec import DEVICE_PRESETS
 from kvlab.paths import data_dir
 from kvlab.serving.pool import sglang_tokens
+from kvlab.serving.provenance import marker_line
 from kvlab.units import GiB
 
 DATA_DIR = data_dir()
@@ -40,6 +42,11 @@ class ServerExample:
     tp_size: int
     description: str
     settings: dict = field(default_factory=dict)
+    reconstructed: tuple[str, ...] = ()  # readings kvlab rebuilt (kvlab.serving.provenance), marked in the log
+
+    @property
+    def reconstructed_line(self) -> str:
+        return marker_line(self.reconstructed, REBUILT_WHY) if self.reconstructed else ""
 
     @property
     def filename(self) -> str:
@@ -57,13 +64,16 @@ class ServerExample:
 
 
 QWEN_FP8 = "examples/models/qwen3-235b-a22b-fp8"
+REBUILT_WHY = "vllm#21348 did not print these; kvlab chose them to give the reported pool (data/README.md)"
 EXAMPLES = (
     ServerExample("qwen3-235b-fp8-4xh100-sglang-0.4.9", "sglang", "0.4.9", QWEN_FP8, "h100-80g", 4,
                   "vllm#21348's SGLang run: 367,404 tokens at --mem-fraction-static 0.93 (readings rebuilt)",
-                  {"fraction": 0.93, "before": 77.03, "after": 21.86, "tokens": 367_404}),
+                  {"fraction": 0.93, "before": 77.03, "after": 21.86, "tokens": 367_404},
+                  ("free_before_load", "free_after_load")),
     ServerExample("qwen3-235b-fp8-4xh100-vllm-0.10.1.1", "vllm", "0.10.1.1", QWEN_FP8, "h100-80g", 4,
                   "vllm#21348's vLLM run: 178,880 tokens, 'Available KV cache memory: 8.11 GiB' on one worker",
-                  {"weights": 55.15, "available": [8.11, 8.02, 8.02, 8.02], "tokens": 178_880}),
+                  {"weights": 55.15, "available": [8.11, 8.02, 8.02, 8.02], "tokens": 178_880},
+                  ("model_loading", "available@1", "available@2", "available@3")),
     ServerExample("llama-3.1-8b-h100-sglang-0.5.23", "sglang", "0.5.23", "llama-3.1-8b", "h100-80g", 1,
                   "Llama 3.1 8B on one H100, today's SGLang and its default fraction"),
     ServerExample("qwq-32b-4xl4-sglang-0.4.3.post3", "sglang", "0.4.3.post3", "qwq-32b", "l4", 4,
@@ -104,9 +114,10 @@ def _sglang(ex: ServerExample, config) -> str:
     args = default_server_args(ex.version, tp_size=ex.tp_size, mem_fraction_static=fraction)
     archs = {"qwq-32b": "Qwen2ForCausalLM"}
     arch = "Qwen3MoeForCausalLM" if "qwen3" in ex.model else archs.get(ex.model, "LlamaForCausalLM")
-    return render_sglang_log(ex.version, before_gib=before, after_gib=after, pool_end_gib=round(after - pool_gib, 2),
+    text = render_sglang_log(ex.version, before_gib=before, after_gib=after, pool_end_gib=round(after - pool_gib, 2),
                              tokens=tokens, context_len=config.context_len, cell_size_bytes=cell,
                              tp_size=ex.tp_size, server_args=args, arch=arch)
+    return text + (ex.reconstructed_line + "\n" if ex.reconstructed else "")
 
 
 def _vllm(ex: ServerExample, config) -> str:
@@ -126,7 +137,8 @@ def _vllm(ex: ServerExample, config) -> str:
         weights, available, tokens = mem.weights.gib, round(budget.budget_gib, 2), budget.tokens
         util = rule.default_utilization
     return render_vllm_log(ex.version, weights_gib=weights, available_gib=available, tokens=tokens,
-                           max_model_len=config.context_len, tp_size=ex.tp_size, gpu_memory_utilization=util)
+                           max_model_len=config.context_len, tp_size=ex.tp_size, gpu_memory_utilization=util,
+                           reconstructed=ex.reconstructed, reconstructed_why=REBUILT_WHY)
 
 
 def render_example(ex: ServerExample) -> str:

@@ -16,6 +16,7 @@ from kvlab.serving.cell import config_cell
 from kvlab.serving.findings import sglang_findings
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
+from kvlab.serving.provenance import assumed_words
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import MAX_PARALLEL, LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
@@ -121,7 +122,7 @@ def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:
     return _int_or(log.tokens_fields.get(name), None, log.where("tokens"), name)
 
 
-_SETTING_RANGES = {"dp_size": (1, MAX_PARALLEL), "pp_size": (1, MAX_PARALLEL), "page_size": (1, 1 << 20),
+_SETTING_RANGES = {"dp_size": (1, MAX_PARALLEL), "pp_size": (1, MAX_PARALLEL), "page_size": (1, 1_048_576),
                    "max_total_tokens": (1, MAX_LOG_TOKENS), "context_length": (1, MAX_LOG_TOKENS),
                    "speculative_num_steps": (0, MAX_PARALLEL), "speculative_num_draft_tokens": (0, MAX_PARALLEL)}
 
@@ -230,9 +231,29 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                "max_total_tokens_cap": cap, "rocm": log.rocm, **flags,
                **({"uncounted_terms": uncounted} if uncounted else {})},
     )
+    if model_config is not None and (kv_sizes := _logged_cell(log, low_rank, page)) is not None:
+        # what the log's own K/V sizes allow: the check without a config (text says which check changed)
+        _, kv_lo, kv_hi, _ = kv_sizes
+        exp.extra["kv_sizes_cell_range"] = [kv_lo, kv_hi]
+        exp.extra["kv_sizes_computed_range"] = list(sglang_tokens_range(used_before, used_after, fraction, kv_lo,
+                                                                        kv_hi, page, cap))
+    exp.assumed = {name: assumed_words(name, {"free_before_load": before, "free_after_load": after}[name])
+                   for name in _marks(log.reconstructed, ("free_before_load", "free_after_load"))}
+    if log.reconstructed:
+        exp.extra["reconstructed"] = log.reconstructed
     exp.findings = sglang_findings(exp, log)
     exp.what_if = apply_what_ifs(exp, what_if)
     return exp
+
+
+def _marks(marks: dict[str, str], names) -> dict[str, str]:
+    """{name: why} for those of ``names`` marked rebuilt on any rank (SGLang takes the minimum over ranks)."""
+    out = {}
+    for key, why in marks.items():
+        name = key.split("@")[0]
+        if name in names:
+            out.setdefault(name, why)
+    return out
 
 
 def _pre_load_terms(log: SGLangStartup, version: str | None, tp: int) -> list[dict]:

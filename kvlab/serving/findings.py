@@ -74,6 +74,8 @@ def sglang_findings(exp, log: SGLangStartup) -> list[Finding]:
     if exp.max_total_num_tokens_logged is None:
         out.append(_f("no_logged_pool", "info", "the log ends before SGLang printed the pool size: only the "
                       "computed value is shown"))
+    for finding in out:
+        finding.assumed = exp.rests_on(*READINGS_USED.get(finding.id, ()))
     return out
 
 
@@ -91,6 +93,13 @@ def _starts(log: SGLangStartup, out: list) -> None:
                       f"loaded in the same process (a speculative draft model) or lines pasted twice; kvlab uses the "
                       f"first, line {kept} (the target model loads first and sizes the pool)", rank=label,
                       log_message=anchor, line_used=kept, line_set_aside=later))
+
+
+# the readings each finding's numbers come from: a finding on a rebuilt reading is marked assumed
+_BOTH = ("free_before_load", "free_after_load")
+READINGS_USED = {"shared_gpu": ("free_before_load",), "gpu_mismatch": ("free_before_load",),
+                 "resident_after_load": _BOTH, "weights_smaller": _BOTH, "weights_unchecked": _BOTH,
+                 "no_room_for_pool": _BOTH, "outside_interval": _BOTH}
 
 
 def _weights(exp, out: list) -> None:
@@ -228,6 +237,9 @@ def _shared(exp, out: list) -> None:
         out.append(_f("gpu_mismatch", "warning", f"{exp.avail_before_load_gib:.2f} GiB free before load is more than "
                       f"the {device.name}'s {total:.2f} GiB: the GPU is not a {device.description}"))
     elif held > 4 * CONTEXT_GIB:
+        claim = ("another process shares this GPU, and its memory can change between SGLang's readings"
+                 if not exp.rests_on("free_before_load") else "if the server had printed that reading, another "
+                 "process would share this GPU; the reading was rebuilt, so this says nothing about the server")
         out.append(_f("shared_gpu", "info", f"{held:.2f} GiB of the {total:.2f} GiB {device.description} was in use "
-                      f"before loading (a CUDA context takes about {CONTEXT_GIB} GiB): another process shares this "
-                      f"GPU, and its memory can change between SGLang's readings", held_gib=round(held, 2)))
+                      f"before loading (a CUDA context takes about {CONTEXT_GIB} GiB): {claim}",
+                      held_gib=round(held, 2)))

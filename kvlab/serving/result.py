@@ -18,9 +18,16 @@ class Finding:
     severity: str  # info | warning | error
     message: str
     values: dict = field(default_factory=dict)
+    assumed: tuple[str, ...] = ()  # the rebuilt or assumed inputs it rests on, in words (kvlab.serving.provenance)
+
+    @property
+    def basis(self) -> str:
+        """``assumed`` where the finding rests on a value nobody read from the server, else ``read``."""
+        return "assumed" if self.assumed else "read"
 
     def as_dict(self) -> dict:
-        return {"id": self.id, "severity": self.severity, "message": self.message, **self.values}
+        return {"id": self.id, "severity": self.severity, "message": self.message, **self.values,
+                "basis": self.basis, "assumed": list(self.assumed)}
 
 
 @dataclass
@@ -31,9 +38,15 @@ class WaterfallTerm:
     name: str
     gib: float | None
     how: str
+    assumed: tuple[str, ...] = ()  # the rebuilt or assumed inputs it rests on, in words
+
+    @property
+    def basis(self) -> str:
+        return "assumed" if self.assumed else "read"
 
     def as_dict(self) -> dict:
-        return {"key": self.key, "name": self.name, "gib": self.gib, "how": self.how}
+        return {"key": self.key, "name": self.name, "gib": self.gib, "how": self.how, "basis": self.basis,
+                "assumed": list(self.assumed)}
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,12 @@ class Explanation:
     fraction_from_default: bool = False
     kv_dtype_bytes: int | None = None
     weights_gib: float | None = None  # before − after on the rank that kept the least free memory
+    # readings the log marks as rebuilt (kvlab.serving.provenance): reading name -> the reading in words
+    assumed: dict[str, str] = field(default_factory=dict)
+
+    def rests_on(self, *readings: str) -> tuple[str, ...]:
+        """The words for those of ``readings`` that were rebuilt, not read (``()`` where all were read)."""
+        return tuple(self.assumed[r] for r in readings if r in self.assumed)
 
     @property
     def consistent(self) -> bool | None:
@@ -103,6 +122,13 @@ class Explanation:
             return None
         lo, hi = self.computed_range
         return lo <= self.max_total_num_tokens_logged <= hi
+
+    @property
+    def consistency_rests_on(self) -> tuple[str, ...]:
+        """The rebuilt readings the logged-vs-computed verdict rests on (rebuilt to match: consistent by design)."""
+        if self.engine == "sglang":
+            return self.rests_on("free_before_load", "free_after_load")
+        return self.rests_on("available")
 
     def terms(self) -> list[WaterfallTerm]:
         """The waterfall, one ``WaterfallTerm`` per term, by key: SGLang: free_before_load, [expert_location_map], loaded, [rope_cache],
@@ -115,6 +141,9 @@ class Explanation:
         post = self.extra.get("post_load_terms") or []
         printed_before = p.before_gib - sum(t["bytes"] for t in pre) / GiB
         printed_after = p.after_gib + sum(t["bytes"] for t in post) / GiB
+        both = self.rests_on("free_before_load", "free_after_load")
+        rests = {"free_before_load": self.rests_on("free_before_load"), "kept_out": self.rests_on("free_before_load"),
+                 "loaded": both, "pool_budget": both, "kv_pool": both, "rounding": both}
         rows = [
             ("free_before_load", "free before load", p.before_gib,
              "avail mem at 'Load weight begin' (min over ranks)" if not pre else
@@ -130,7 +159,7 @@ class Explanation:
              f"{self.max_total_num_tokens_computed:,} tokens × {p.cell_size_bytes:,} B"),
             ("rounding", "left by page and cell rounding", max(p.rest_gib, 0) - pool_gib, "rest − pool"),
         ]
-        return [WaterfallTerm(k, n, round(v, 4), how) for k, n, v, how in rows]
+        return [WaterfallTerm(k, n, round(v, 4), how, rests.get(k, ())) for k, n, v, how in rows]
 
     def to_json(self) -> dict:
         return {
@@ -144,10 +173,12 @@ class Explanation:
             "cell_size_range": list(self.cell_range), "page_size": self.page_size, "context_len": self.context_len,
             "max_total_num_tokens_logged": self.max_total_num_tokens_logged,
             "max_total_num_tokens_computed": self.max_total_num_tokens_computed,
-            "computed_range": list(self.computed_range), "consistent": self.consistent, "ranks": self.ranks,
+            "computed_range": list(self.computed_range), "consistent": self.consistent,
+            "consistent_basis": "assumed" if self.consistency_rests_on else "read", "ranks": self.ranks,
             "model_config_missing_fields": list(self.model_config.missing) if self.model_config else None,
             **self.extra_json(), "terms": [t.as_dict() for t in self.terms()],
             "findings": [f.as_dict() for f in self.findings], "what_if": [w.as_dict() for w in self.what_if],
+            "assumed_inputs": self.assumed,
         }
 
     def extra_json(self) -> dict:

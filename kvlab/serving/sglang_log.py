@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvlab.errors import KvlabError
+from kvlab.serving.provenance import parse_reconstructed
 
 #: the most GPUs one tensor-, data- or pipeline-parallel group spans as kvlab reads a log or a ``tp=`` what-if (a
 #: tp_size of 0, -2 or 10^30 read from a log was accepted: issue 26)
@@ -92,6 +93,7 @@ class SGLangStartup:
     # the same message printed again by one rank within one start, with another value: (rank label, message
     # anchor, line kept, line set aside); the first is kept (a second model loaded later, e.g. a speculative draft)
     repeats: list[tuple[str, str, int, int]] = field(default_factory=list)
+    reconstructed: dict[str, str] = field(default_factory=dict)  # kvlab.serving.provenance: rebuilt readings
 
     def where(self, message: str) -> str:
         lines = [r.lines[message] for r in self.ranks.values() if message in r.lines]
@@ -171,6 +173,7 @@ def parse_sglang_log(text: str, path: str = "<log>") -> SGLangStartup:
     log = SGLangStartup(path=path, n_lines=text.count("\n") + 1)
     for number, line in enumerate(text.splitlines(), start=1):
         _read_line(log, line, number)
+    log.reconstructed = parse_reconstructed(text, path)
     return log
 
 

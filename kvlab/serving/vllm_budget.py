@@ -95,6 +95,11 @@ class Term:
     how: str
     measure: str = "relative"  # plotly waterfall: "absolute" (a start), "relative", "total"
     kind: str = "base"  # what it is, across engines: base, weights, activation, non_torch, cuda_graph, budget
+    assumed: tuple[str, ...] = ()  # the rebuilt or assumed inputs it rests on, in words
+
+    @property
+    def basis(self) -> str:
+        return "assumed" if self.assumed else "read"
 
 
 @dataclass(frozen=True)
@@ -119,8 +124,14 @@ class EngineBudget:
         return {"engine": self.engine, "rule": self.rule, "budget_gib": round(self.budget_gib, 4),
                 "tokens": self.tokens, "cell_size_bytes": self.cell_size_bytes,
                 "granularity_tokens": self.granularity_tokens, "pool_gib": round(self.pool_gib, 4),
-                "terms": [{"name": t.name, "gib": round(t.gib, 4), "how": t.how} for t in self.terms],
+                "terms": [{"name": t.name, "gib": round(t.gib, 4), "how": t.how, "basis": t.basis,
+                           "assumed": list(t.assumed)} for t in self.terms],
                 "notes": list(self.notes)}
+
+
+def rests_on(terms) -> tuple[str, ...]:
+    """The assumed inputs under any of ``terms``, each once, in order."""
+    return tuple(dict.fromkeys(a for t in terms for a in t.assumed))
 
 
 def tokens_in(budget_gib: float, cell_size_bytes: int, block_size: int) -> int:
@@ -172,10 +183,12 @@ def estimate_activation_peak(config, tp_size: int, max_num_batched_tokens: int, 
 
 @dataclass(frozen=True)
 class Amount:
-    """A memory amount in GiB with where it comes from (a log line, the config, an assumption)."""
+    """A memory amount in GiB with where it comes from (a log line, the config, an assumption); ``assumed``
+    names the assumed or rebuilt inputs it rests on, in words (empty: read or computed from what was read)."""
 
     gib: float
     source: str
+    assumed: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.gib, (int, float)) or math.isnan(self.gib) or self.gib < 0:
@@ -198,10 +211,11 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
                      "without emptying torch's cache: the activation term is the profile's reserved (cached) peak")
     free_at_start = total.gib - startup.gib
     requested = total.gib * util
-    terms = [Term("GPU memory", total.gib, f"torch total: {total.source}", "absolute")]
+    terms = [Term("GPU memory", total.gib, f"torch total: {total.source}", "absolute", assumed=total.assumed)]
     used = weights.gib + non_torch.gib
-    common = [Term("weights", -weights.gib, weights.source, kind="weights"),
-              Term("non-torch growth", -non_torch.gib, f"NCCL, cuBLAS: {non_torch.source}", kind="non_torch")]
+    common = [Term("weights", -weights.gib, weights.source, kind="weights", assumed=weights.assumed),
+              Term("non-torch growth", -non_torch.gib, f"NCCL, cuBLAS: {non_torch.source}", kind="non_torch",
+                   assumed=non_torch.assumed)]
     if rule.measured_after_warmup:
         used += cuda_graph.gib
         margin = max(MARGIN_FLOOR_GIB, MARGIN_FRACTION * activation.gib)
@@ -209,13 +223,15 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
         if by_util <= by_device:
             terms.append(Term("left outside", requested - total.gib, f"total × (1 − util), {util_how}"))
         else:
-            terms += [Term("in use at start", -startup.gib, f"CUDA context, other processes: {startup.source}"),
+            terms += [Term("in use at start", -startup.gib, f"CUDA context, other processes: {startup.source}",
+                           assumed=startup.assumed),
                       Term("sizing margin", -margin, "max(1 GiB, 0.75 × peak activation): extensible_kv_cache.py "
-                                                     "KV_CACHE_MARGIN_FLOOR_BYTES / KV_CACHE_MARGIN_FRACTION")]
+                                                     "KV_CACHE_MARGIN_FLOOR_BYTES / KV_CACHE_MARGIN_FRACTION",
+                           assumed=activation.assumed)]
         terms += common + [Term("CUDA graphs", -cuda_graph.gib, f"measured after capture: {cuda_graph.source}",
-                                kind="cuda_graph"),
+                                kind="cuda_graph", assumed=cuda_graph.assumed),
                            Term("peak activation", -activation.gib, f"kept free: {activation.source}",
-                                kind="activation")]
+                                kind="activation", assumed=activation.assumed)]
     else:
         if free_at_start < requested:
             notes.append(f"vLLM refuses to start: free memory at start {free_at_start:.2f} GiB is less than "
@@ -223,10 +239,10 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
                          f"memory utilization')")
         terms.append(Term("left outside", requested - total.gib, f"total × (1 − util), {util_how}"))
         terms += common + [Term("peak activation", -activation.gib, f"profile run: {activation.source}",
-                                kind="activation")]
+                                kind="activation", assumed=activation.assumed)]
         if rule.cuda_graphs == "estimated":
             terms.append(Term("CUDA graphs", -cuda_graph.gib, f"estimated before sizing: {cuda_graph.source}",
-                              kind="cuda_graph"))
+                              kind="cuda_graph", assumed=cuda_graph.assumed))
         else:
             notes.append(f"CUDA graphs are captured after sizing (vllm {rule.read}): their "
                          f"{cuda_graph.gib:.2f} GiB come out of the {total.gib - requested:.2f} GiB left outside")
@@ -234,6 +250,7 @@ def vllm_budget(*, total: Amount, startup: Amount, weights: Amount, activation: 
     if budget <= 0:
         notes.append("vLLM refuses to start: 'No available memory for the cache blocks' (raise "
                      "gpu_memory_utilization, lower max_num_seqs / max_num_batched_tokens, or add GPUs)")
-    terms.append(Term("KV budget", budget, f"'Available KV cache memory': {where}", "total", "budget"))
+    terms.append(Term("KV budget", budget, f"'Available KV cache memory': {where}", "total", "budget",
+                      rests_on(terms)))
     tokens = tokens_in(budget, cell_size_bytes, block_size)
     return EngineBudget("vllm", where, tuple(terms), cell_size_bytes, block_size, tokens, tuple(notes))

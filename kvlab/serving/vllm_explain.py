@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import HALF_STEP
+from kvlab.serving.provenance import assumed_words, rebuilt_why
 from kvlab.serving.result import Explanation, Finding, WaterfallTerm
 from kvlab.serving.sglang_log import LogError
 from kvlab.serving.vllm_log import VLLMStartup
@@ -21,7 +22,8 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
     block = log.block_size or 16
     if logged is None and log.blocks is not None:
         logged = log.blocks * block
-    avail = min(log.available_gib.values())
+    avail_rank = min(log.available_gib, key=log.available_gib.get)
+    avail = log.available_gib[avail_rank]
     if not 0 < avail < 1e6:  # GiB: a zero, negative or absurd reading leaves no pool to recompute
         raise LogError(f"{log.path}: 'Available KV cache memory: {avail} GiB' is not a pool kvlab can recompute "
                        f"(expected a positive size under a million GiB)")
@@ -52,10 +54,18 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         int((avail + HALF_STEP) * GiB // (block * cell_lo)) * block
     device, gpu_source = resolve_gpu(gpu, None)
     weights = min(log.weights_gib.values()) if log.weights_gib else None
-    terms = [WaterfallTerm("weights", "model weights (per worker)", weights, "'Model loading took'"),
-             WaterfallTerm("available", "available KV cache memory", avail,
-                           "requested − non-KV memory (vLLM's profile)"),
-             WaterfallTerm("kv_pool", "KV pool", round(tokens * cell / GiB, 4), f"{tokens:,} tokens × {cell:,} B")]
+    assumed = {}
+    if weights is not None and rebuilt_why(log.reconstructed, "model_loading",
+                                           min(log.weights_gib, key=log.weights_gib.get)):
+        assumed["model_loading"] = assumed_words("model_loading", weights)
+    if rebuilt_why(log.reconstructed, "available", avail_rank):
+        assumed["available"] = assumed_words("available", avail)
+    rests = {"weights": ("model_loading",), "available": ("available",), "kv_pool": ("available",)}
+    terms = [WaterfallTerm(key, name, gib, how, tuple(assumed[r] for r in rests[key] if r in assumed))
+             for key, name, gib, how in (
+                 ("weights", "model weights (per worker)", weights, "'Model loading took'"),
+                 ("available", "available KV cache memory", avail, "requested − non-KV memory (vLLM's profile)"),
+                 ("kv_pool", "KV pool", round(tokens * cell / GiB, 4), f"{tokens:,} tokens × {cell:,} B"))]
     exp = Explanation(
         log_path=log.path, engine="vllm", version=log.version, version_source="log" if log.version else "not printed",
         rules_version=None, tp_size=tp, tp_size_source="log config" if log.tp_size else "workers printed",
@@ -64,14 +74,14 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         cell_range=(cell_lo, cell_hi), max_total_num_tokens_logged=logged, max_total_num_tokens_computed=tokens,
         computed_range=(lo, hi), gpu=device.name if device else None, gpu_source=gpu_source,
         model=model_config.name if model_config else None, context_len=log.max_model_len, page_size=block,
-        model_config=model_config, device=device,
+        model_config=model_config, device=device, assumed=assumed,
         extra={"gpu_memory_utilization": log.gpu_memory_utilization, "available_kv_cache_gib": avail,
-               "weights_gib": weights, "block_size": block,
+               **({"reconstructed": log.reconstructed} if log.reconstructed else {}), "weights_gib": weights, "block_size": block,
                "block_size_source": "log" if log.block_size else "assumed 16 (range allows 1-64)", "terms": terms},
     )
     if exp.consistent is False:
         exp.findings.append(Finding("outside_interval", "warning",
                                     f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory "
                                     f"allows with this cell size: the config, KV dtype or TP may not match the "
-                                    f"served model"))
+                                    f"served model", assumed=exp.rests_on("available")))
     return exp

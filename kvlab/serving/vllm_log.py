@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from kvlab.serving.provenance import marker_line, parse_reconstructed
 from kvlab.serving.sglang_log import LogError
 
 _MARKERS = ("Model loading took", "Loading model weights took", "Available KV cache memory", "GPU KV cache size",
@@ -54,6 +55,7 @@ class VLLMStartup:
     blocks: int | None = None
     max_model_len: int | None = None
     lines: dict[str, int] = field(default_factory=dict)
+    reconstructed: dict[str, str] = field(default_factory=dict)  # kvlab.serving.provenance: rebuilt readings
 
 
 def looks_like_vllm(text: str) -> bool:
@@ -89,6 +91,7 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
                 log.gpu_memory_utilization = _reading(m.group(1) or m.group(2), where, "gpu_memory_utilization", float, 1)
             elif name == "block" and log.block_size is None:
                 log.block_size = _reading(m.group(1), where, "block_size", int, 1_000_000, minimum=1)
+    log.reconstructed = parse_reconstructed(text, path)
     return log
 
 
@@ -105,9 +108,11 @@ def _reading(text: str, where: str, what: str, kind: type, limit: float = 1e12, 
                        f"[{minimum:g}, {limit:g}])")
     return value
 def render_vllm_log(version: str, *, weights_gib: float, available_gib, tokens: int, max_model_len: int,
-                    tp_size: int = 1, gpu_memory_utilization: float = 0.9) -> str:
+                    tp_size: int = 1, gpu_memory_utilization: float = 0.9, reconstructed=(),
+                    reconstructed_why: str = "") -> str:
     """A vLLM start-up excerpt in the format of 0.10.1.1 (V1, separate lines) or 0.34.0 (one line).
-    ``available_gib`` is one value or one per worker."""
+    ``available_gib`` is one value or one per worker; ``reconstructed`` names the readings that were rebuilt
+    (a ``# kvlab-reconstructed:`` line at the end, :mod:`kvlab.serving.provenance`)."""
     per_worker = list(available_gib) if isinstance(available_gib, (list, tuple)) else [available_gib] * tp_size
     stamp = "INFO 01-02 03:04:05"
     lines = [f"{stamp} [api_server.py:1805] vLLM API server version {version}",
@@ -131,4 +136,6 @@ def render_vllm_log(version: str, *, weights_gib: float, available_gib, tokens: 
     else:
         lines.append(f"{stamp} [kv_cache_utils.py:1170] GPU KV cache size: {tokens:,} tokens, Maximum concurrency "
                      f"for {max_model_len:,} tokens per request: {concurrency:.2f}x")
+    if reconstructed:
+        lines.append(marker_line(reconstructed, reconstructed_why))
     return "\n".join(lines) + "\n"

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import html
+import math
 
 import ipywidgets as widgets
 import pandas as pd
@@ -19,6 +20,30 @@ LOSS_COLOURS = [[0.0, FIX_COLOUR], [0.5, "#f7f7f7"], [1.0, BUG_COLOUR]]
 MIN_COLOUR_RANGE_POINTS = 0.5  # a map of tiny differences is not painted as dark as a costly one
 
 
+def log_ticks(lo: float, hi: float, max_ticks: int = 9) -> list[float]:
+    """Clean ticks for a log axis over [lo, hi]: 1-2-5 per decade (10, 20, 50, 100, …), or decades alone where
+    1-2-5 would crowd the axis — never plotly's minor labels ("7 8 9 100 2 3")."""
+    if lo <= 0 or hi <= 0:
+        raise ValueError(f"log ticks need positive bounds, got {lo!r}, {hi!r}")
+    lo, hi = min(lo, hi), max(lo, hi)
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    for steps in ((1, 2, 5), (1,)):
+        ticks = [m * 10 ** e for e in range(first, last + 1) for m in steps if lo <= m * 10 ** e <= hi]
+        if len(ticks) <= max_ticks:
+            break
+    return ticks if len(ticks) >= 2 else [lo, hi]
+
+
+def _tick_text(v: float) -> str:
+    return f"{v:,.0f}" if v >= 1 else f"{v:g}"
+
+
+def colour_bound(z_max: float) -> float:
+    """The colour bar's half-range: the largest |value| rounded up to a tenth, at least
+    ``MIN_COLOUR_RANGE_POINTS``, so the bar's end tick covers every cell (0.58 -> ±0.6, not ±0.5)."""
+    return max(MIN_COLOUR_RANGE_POINTS, math.ceil(round(z_max * 10, 6)) / 10)
+
+
 def _points(v: float) -> str:
     """A loss in points as the map and its table write it: signed, and a plain 0.00 where there is none."""
     return "0.00" if v == 0 else f"{v:+.2f}"
@@ -29,13 +54,15 @@ def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit-rate points lost to fu
     pages, values in points) as a heatmap with each cell's value written in it. Pools and max running are
     categories, so every cell is the same size whatever the spacing of the values."""
     z = loss.to_numpy(dtype=float)
-    bound = max(MIN_COLOUR_RANGE_POINTS, float(abs(z).max()) if z.size else 0.0)
+    bound = colour_bound(float(abs(z).max()) if z.size else 0.0)
+    ticks = [-bound, -bound / 2, 0.0, bound / 2, bound]
     x = [f"{int(p):,}" for p in loss.columns]
     y = [str(int(r)) for r in loss.index]
     fig = go.Figure(go.Heatmap(
         z=z.tolist(), x=x, y=y, text=[[_points(v) for v in row] for row in z], texttemplate="%{text}",
         colorscale=LOSS_COLOURS, zmid=0, zmin=-bound, zmax=bound, xgap=2, ygap=2,
-        colorbar=dict(title=dict(text="points lost"), thickness=14),
+        colorbar=dict(title=dict(text="points lost"), thickness=14, tickvals=ticks,
+                      ticktext=[_points(round(t, 2)) for t in ticks]),
         hovertemplate=("pool %{x} pages · max running %{y}<br>full eviction: %{z:+.2f} points of hit rate"
                        "<extra></extra>")))
     fig.update_xaxes(title_text=loss.columns.name or "KV pool size (pages)", type="category")
@@ -48,7 +75,11 @@ def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit-rate points lost to fu
 def hit_rate_curve(result, max_running: int | None = None) -> go.Figure:
     """Hit rate against pool size in both modes at one max running (default: the largest)."""
     running = max(result.max_running) if max_running is None else max_running
-    fig = hit_rate_vs_pool(result.curve(running), ideal_hit_rate=result.ideal_hit_rate)
+    frame = result.curve(running)
+    fig = hit_rate_vs_pool(frame, ideal_hit_rate=result.ideal_hit_rate)
+    if len(frame):
+        ticks = log_ticks(float(frame["kv_pages"].min()), float(frame["kv_pages"].max()))
+        fig.update_xaxes(tickvals=ticks, ticktext=[_tick_text(t) for t in ticks], minor=dict(showgrid=False))
     fig.update_layout(title=f"Hit rate against KV pool size (max running {running})")
     return fig
 

@@ -28,6 +28,24 @@ def _wrap(name: str, width: int = _WRAP) -> str:
     return "<br>".join([*lines, line])
 
 
+def mark_assumed(fig: go.Figure, assumed) -> go.Figure:
+    """Say under ``fig`` what its starred numbers rest on (``assumed``: the inputs, in words), where any."""
+    under = list(dict.fromkeys(assumed))
+    if under:
+        text = _wrap("* assumed, not read: rests on " + "; ".join(under), 150)
+        bottom = fig.layout.margin.b if fig.layout.margin.b is not None else 80
+        # below the whole bottom margin (tick labels, axis title), which grows by the note's lines
+        fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, yshift=-bottom, xanchor="left",
+                           yanchor="top", showarrow=False, align="left", font=dict(size=11, color="#8a5a00"))
+        fig.update_layout(margin=dict(b=bottom + 16 * (text.count("<br>") + 1) + 8),
+                          height=(fig.layout.height or 450) + 16 * (text.count("<br>") + 1) + 8)
+    return fig
+
+
+def _star(term) -> str:
+    return "*" if getattr(term, "assumed", ()) else ""
+
+
 def _title(budget, logged) -> str:
     name = ENGINE_NAMES[budget.engine]
     seen = f" (log {logged:,})" if logged is not None else ""
@@ -45,7 +63,8 @@ def engine_waterfalls(comparison, height: int = 440) -> go.Figure:
         fig.add_trace(go.Waterfall(
             name=ENGINE_NAMES[budget.engine], x=[_wrap(t.name) for t in budget.terms], y=values,
             measure=[t.measure for t in budget.terms], customdata=[[t.name, t.how] for t in budget.terms],
-            text=[f"{v:+.2f}" if t.measure == "relative" else f"{v:.2f}" for v, t in zip(values, budget.terms)],
+            text=[(f"{v:+.2f}" if t.measure == "relative" else f"{v:.2f}") + _star(t)
+                  for v, t in zip(values, budget.terms)],
             textposition="outside", cliponaxis=False,
             hovertemplate="<b>%{customdata[0]}</b>: %{y:.2f} GiB<br>%{customdata[1]}<extra></extra>",
             connector=dict(line=dict(color="#999")), decreasing=dict(marker=dict(color="#bbbbbb")),
@@ -57,7 +76,7 @@ def engine_waterfalls(comparison, height: int = 440) -> go.Figure:
         fig.update_xaxes(tickangle=-30 if len(budget.terms) > 6 else 0, tickfont=dict(size=11), row=1, col=col)
     fig.update_layout(template=TEMPLATE, height=height, showlegend=False, margin=dict(t=70, l=60, r=20, b=80),
                       title=dict(text=f"Same model, GPU and TP {comparison.tp_size}: KV budget per GPU", y=0.98))
-    return fig
+    return mark_assumed(fig, (a for b in budgets for t in b.terms for a in t.assumed))
 
 
 def gap_bars(comparison, height: int = 380) -> go.Figure:
@@ -67,7 +86,7 @@ def gap_bars(comparison, height: int = 380) -> go.Figure:
     widest = max(abs(r["tokens"]) for r in rows) or 1
     fig = go.Figure(go.Bar(
         x=[r["tokens"] for r in rows], y=[_wrap(r["what"], 34) for r in rows], orientation="h",
-        marker=dict(color=colours), text=[f"{r['tokens']:+,}" for r in rows],
+        marker=dict(color=colours), text=[f"{r['tokens']:+,}" + ("*" if r.get("assumed") else "") for r in rows],
         # labels of long bars inside (a negative one outside would run into the axis labels)
         textposition=["inside" if abs(r["tokens"]) > 0.3 * widest else "outside" for r in rows],
         insidetextanchor="middle", cliponaxis=False, textangle=0,
@@ -77,4 +96,4 @@ def gap_bars(comparison, height: int = 380) -> go.Figure:
     fig.update_layout(template=TEMPLATE, height=height, title=f"Where the gap of {gap:+,} tokens comes from",
                       xaxis_title="tokens (SGLang − vLLM)", yaxis=dict(autorange="reversed"),
                       margin=dict(t=50, l=60, r=80, b=50))
-    return fig
+    return mark_assumed(fig, (a for r in rows for a in r.get("assumed", ())))

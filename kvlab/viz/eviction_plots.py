@@ -148,6 +148,9 @@ TREE_STATUS = {  # status -> (legend name, colour, hatch)
     EVICTED: ("evicted by this event", "#c7c7c7", "/"),
 }
 ROOT_COLOUR = "#eeeeee"
+# plotly shrinks a label to fit its block (to ~6 px in three icicles side by side): below this size it is hidden
+# instead (hover still names the node), so every label shown is readable
+MIN_LABEL_PX = 10
 
 
 def icicle_trace(frame: pd.DataFrame) -> go.Icicle:
@@ -183,5 +186,6 @@ def radix_icicles_before_after(before: pd.DataFrame, afters: Sequence[pd.DataFra
                                      marker=dict(symbol="square", size=14, color=colour,
                                                  line=dict(color="#7f7f7f", width=1 if hatch else 0))))
     fig.update_layout(xaxis=dict(visible=False), yaxis=dict(visible=False), height=height, margin=dict(t=50, l=10, r=10, b=10), template=TEMPLATE,
-                      legend=dict(orientation="h", y=-0.04), plot_bgcolor="rgba(0,0,0,0)")
+                      legend=dict(orientation="h", y=-0.04), plot_bgcolor="rgba(0,0,0,0)",
+                      uniformtext=dict(minsize=MIN_LABEL_PX, mode="hide"))
     return fig

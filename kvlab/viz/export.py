@@ -106,6 +106,13 @@ WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
 WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
+def plotly_js() -> str:
+    """plotly.min.js's text, from the plotly package (``kvlab report`` writes it once, beside its pages)."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
 def plotly_js_tag() -> str:
     """plotly.js inlined, hidden from any AMD loader: the report's template loads no require.js, but an
     output that defines ``define`` would make plotly.min.js register a module instead of setting

@@ -17,15 +17,18 @@ import ipywidgets as widgets
 import plotly.graph_objects as go
 
 from kvlab.serving.explain import explain_text
-from kvlab.viz.engine_plots import ENGINE_COLOURS, engine_waterfalls, gap_bars
+from kvlab.viz.engine_plots import ENGINE_COLOURS, engine_waterfalls, gap_bars, mark_assumed
 from kvlab.viz.live import LiveFigure
 from kvlab.viz.theme import BUG_COLOUR, FIX_COLOUR, TEMPLATE
 from kvlab.viz.widgets import PanelShell
 from kvlab.viz.widgets import show_errors as _show_tracebacks
+from kvlab.viz.wording import live_or_static
 
 PASTED = "(pasted or uploaded)"
 FROM_LOG = "(from the log)"
 KV_DTYPES = ("auto", "bf16", "fp8_e4m3")
+WHAT_IF_VLLM = ("the what-ifs recompute SGLang's arithmetic (a fraction of the memory free before loading); "
+                "a vLLM log has no mem_fraction_static to change: pick an SGLang log")
 TP_SIZES = (1, 2, 4, 8, 16)
 
 
@@ -56,7 +59,8 @@ def explanation_waterfall(exp) -> go.Figure:
         measure = ["absolute"] + ["relative"] * (len(shown) - 2) + ["total"]
         fig = go.Figure(go.Waterfall(
             x=[t.name for t in shown], y=[t.gib for t in shown], measure=measure,
-            text=[f"{t.gib:+.2f}" if m == "relative" else f"{t.gib:.2f}" for t, m in zip(shown, measure)],
+            text=[(f"{t.gib:+.2f}" if m == "relative" else f"{t.gib:.2f}") + ("*" if t.assumed else "")
+                  for t, m in zip(shown, measure)],
             textposition="outside", cliponaxis=False, customdata=[t.how for t in shown],
             hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>",
             connector=dict(line=dict(color="#999")), decreasing=dict(marker=dict(color="#bbbbbb")),
@@ -64,7 +68,8 @@ def explanation_waterfall(exp) -> go.Figure:
     else:
         shown = [t for t in terms if t.gib is not None]
         fig = go.Figure(go.Bar(x=[t.name for t in shown], y=[t.gib for t in shown], marker_color=colour,
-                               text=[f"{t.gib:.2f}" for t in shown], textposition="outside", cliponaxis=False,
+                               text=[f"{t.gib:.2f}" + ("*" if t.assumed else "") for t in shown],
+                               textposition="outside", cliponaxis=False,
                                customdata=[t.how for t in shown],
                                hovertemplate="%{x}: %{y:.2f} GiB<br>%{customdata}<extra></extra>"))
     logged = exp.max_total_num_tokens_logged
@@ -73,7 +78,7 @@ def explanation_waterfall(exp) -> go.Figure:
              + (f", {logged:,} logged" if logged is not None else ""))
     fig.update_layout(template=TEMPLATE, title=title, yaxis_title="GiB per GPU", height=380, showlegend=False,
                       margin=dict(t=50, l=60, r=20, b=60))
-    return fig
+    return mark_assumed(fig, (a for t in shown for a in t.assumed))
 
 
 def what_if_figure(exp) -> go.Figure:
@@ -86,12 +91,22 @@ def what_if_figure(exp) -> go.Figure:
                            text=[f"{r[1]:,}" for r in rows], textposition="outside", cliponaxis=False,
                            customdata=[r[2] for r in rows],
                            hovertemplate="%{x}: %{y:,} tokens<br>%{customdata}<extra></extra>"))
-    title = ("What if: the pool with one setting changed" if exp.what_if else
-             "What if: move a what-if control (fraction, KV dtype, TP, GPU) to compare")
+    if exp.engine != "sglang":
+        title = "What if: not for a vLLM log (the what-ifs recompute SGLang's arithmetic)"
+    elif exp.what_if:
+        title = "What if: the pool with one setting changed"
+    else:
+        title = live_or_static("What if: move a what-if control (fraction, KV dtype, TP, GPU) to compare",
+                               "What if: no setting changed here (kvlab explain-log --what-if KEY=VALUE, or the "
+                               "live notebook, recomputes the pool with one)")
     fig.update_traces(width=0.5 if exp.what_if else 0.3)
     fig.update_layout(template=TEMPLATE, title=title, yaxis_title="tokens", height=340, showlegend=False,
                       margin=dict(t=50, l=70, r=20, b=60))
     return fig
+
+
+ASSUMED_BADGE = ("<span class='kvlab-assumed' style='background:#fff3d6;color:#8a5a00;border-radius:3px;"
+                 "padding:0 4px;margin-right:4px'>assumed</span>")
 
 
 def findings_html(exp) -> str:
@@ -99,7 +114,10 @@ def findings_html(exp) -> str:
         return "<p>No findings: the pool is what the readings and the rules give.</p>"
     colour = {"error": BUG_COLOUR, "warning": "#ff7f0e", "info": "#555"}
     items = "".join(f"<li><b style='color:{colour.get(f.severity, '#555')}'>{html.escape(f.severity)}</b> "
-                    f"<code>{html.escape(f.id)}</code>: {html.escape(f.message)}</li>" for f in exp.findings)
+                    + (ASSUMED_BADGE if f.assumed else "")
+                    + f"<code>{html.escape(f.id)}</code>: {html.escape(f.message)}"
+                    + (f" <i class='kvlab-assumed-basis'>(assumed: rests on {html.escape('; '.join(f.assumed))})</i>"
+                       if f.assumed else "") + "</li>" for f in exp.findings)
     return f"<ul class='kvlab-findings-list'>{items}</ul>"
 
 
@@ -107,6 +125,8 @@ def summary_html(exp, comparison=None) -> str:
     lo, hi = exp.computed_range
     verdict = {True: "consistent with the log", False: "NOT consistent with the log",
                None: "the log printed no pool size"}[exp.consistent]
+    if exp.consistency_rests_on and exp.consistent is not None:
+        verdict += " (assumed: the readings were rebuilt to give the logged pool)"
     logged = exp.max_total_num_tokens_logged
     rows = [("engine", f"{'SGLang' if exp.engine == 'sglang' else 'vLLM'} {exp.version or '?'} "
                        f"({exp.version_source})"),
@@ -118,6 +138,8 @@ def summary_html(exp, comparison=None) -> str:
     if comparison is not None:
         rows.append(("SGLang vs vLLM", f"{comparison.sglang.tokens:,} vs {comparison.vllm.tokens:,} tokens "
                                        f"({comparison.vllm.rule})"))
+    if exp.assumed:
+        rows.append(("assumed inputs", "; ".join(exp.assumed.values())))
     body = "".join(f"<tr><th style='text-align:left;padding-right:12px'>{html.escape(k)}</th>"
                    f"<td class='kvlab-summary-{i}'>{html.escape(v)}</td></tr>" for i, (k, v) in enumerate(rows))
     return f"<table class='kvlab-summary-table'>{body}</table>"
@@ -184,6 +206,9 @@ class ServerPanel:
                                widgets.HBox([self.model, self.config_upload, self.gpu]), self.config_text])
         what_if = widgets.HBox([self.fraction, self.kv_dtype, self.tp, self.gpu_whatif],
                                layout=widgets.Layout(flex_flow="row wrap"))
+        self.what_if_note = widgets.HTML()  # why a what-if control is off, where one is
+        self.what_if_note.add_class("kvlab-whatif-note")
+        what_if = widgets.VBox([what_if, self.what_if_note])
         # the shared shell: an input error at the top, in place of every result of the old inputs
         self.shell = PanelShell([self.summary, self.waterfall, self.findings, self.engines, self.gap, self.what_ifs])
         self.status, self.errors = self.shell.status, self.shell.errors
@@ -329,6 +354,7 @@ class ServerPanel:
             if exp.what_if:
                 exp, comparison = self.explain()
         self.explanation, self.comparison = exp, comparison
+        self._enable_what_ifs(exp)
         self.summary.value = summary_html(exp, comparison)
         self.findings.value = "<h4>Findings</h4>" + findings_html(exp)
         self.waterfall.draw(explanation_waterfall(exp))
@@ -341,6 +367,30 @@ class ServerPanel:
             self.engines.draw(note)
             self.gap.draw(note)
         self.what_ifs.draw(what_if_figure(exp))
+
+    def what_if_reasons(self, exp) -> dict:
+        """{control: why it does nothing for ``exp``} for each what-if control that does not apply."""
+        if exp.engine != "sglang":
+            return {w: WHAT_IF_VLLM for w in (self.fraction, self.kv_dtype, self.tp, self.gpu_whatif)}
+        out = {}
+        if exp.kv_dtype_bytes is None:
+            out[self.kv_dtype] = "KV dtype: the cell size came from the log's K/V sizes, not a config"
+        if exp.model_config is None or exp.model_config.lacks():
+            out[self.tp] = ("TP: the config lacks the weights' fields, so what loading took cannot be rescaled"
+                            if exp.model_config is not None else "TP: needs the model config")
+        if exp.device is None:
+            out[self.gpu_whatif] = "GPU: the log names no GPU and none is chosen above"
+        return out
+
+    def _enable_what_ifs(self, exp) -> None:
+        """Disable the what-if controls that do not apply to ``exp`` and say why under them."""
+        reasons = self.what_if_reasons(exp)
+        for w in (self.fraction, self.kv_dtype, self.tp, self.gpu_whatif):
+            w.disabled = w in reasons
+        self.fraction.readout = self.fraction not in reasons  # no stale SGLang fraction beside a vLLM log
+        why = list(dict.fromkeys(reasons.values()))
+        self.what_if_note.value = ("" if not why else "<div class='kvlab-whatif-off' style='color:#8a5a00'>"
+                                   + "<br>".join(f"what-if off: {html.escape(w)}" for w in why) + "</div>")
 
     def refresh(self) -> None:
         self.shell.guard(self._refresh)()

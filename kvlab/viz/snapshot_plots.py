@@ -5,23 +5,25 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
-from kvlab.units import MiB
+from kvlab.units import MiB, byte_unit
 from kvlab.viz.theme import STATE_STYLE  # normalised block state -> (legend label, colour)
 
 
 def active_memory_timeline(snapshot) -> go.Figure:
-    """Two step lines over trace events: allocated and reserved MiB (seeded from the segments)."""
+    """Two step lines over trace events: allocated and reserved bytes (seeded from the segments), in the unit of
+    the largest value (``kvlab.units.byte_unit``: a 74 MiB snapshot in MiB, an 80 GiB one in GiB)."""
     frame = snapshot.timeline()
+    unit, size = byte_unit(max([*frame["reserved_bytes"].tolist(), *frame["allocated_bytes"].tolist(), 1]))
     fig = go.Figure()
     for column, label, colour in (("allocated_bytes", "allocated", "#1f77b4"), ("reserved_bytes", "reserved", "#ff7f0e")):
         fig.add_trace(
             go.Scatter(
-                x=frame["step"].tolist(), y=(frame[column] / MiB).round(3).tolist(), name=label, mode="lines",
+                x=frame["step"].tolist(), y=(frame[column] / size).round(3).tolist(), name=label, mode="lines",
                 line=dict(color=colour, shape="hv"), customdata=frame["action"].tolist(),
-                hovertemplate=f"{label}: %{{y:.2f}} MiB<br>%{{customdata}}<extra></extra>",
+                hovertemplate=f"{label}: %{{y:.2f}} {unit}<br>%{{customdata}}<extra></extra>",
             )
         )
-    fig.update_layout(xaxis_title="trace event", yaxis_title="MiB", title="Active memory timeline")
+    fig.update_layout(xaxis_title="trace event", yaxis_title=unit, title="Active memory timeline")
     return fig
 
 

@@ -19,6 +19,7 @@ import pandas as pd
 
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.viz import plots
+from kvlab.viz.eviction_plots import MIN_LABEL_PX
 from kvlab.viz.live import LiveFigure
 from kvlab.viz.plots import TREE_COLOURS, icicle_arrays  # noqa: F401  (icicle_arrays: kept importable here)
 from kvlab.viz.widgets import show_errors
@@ -74,13 +75,52 @@ class RadixTreeWidget:
         total = len(frame)
         return frame.iloc[: self.max_nodes].reset_index(drop=True), total
 
-    def refresh(self) -> None:
-        """Read the cache again and draw the icicle, its title and the summary from it."""
+    @property
+    def cached_tokens(self) -> int:
+        """Tokens of the cached sequences the last drawing shows (the root's width)."""
+        return int(self.frame["path_tokens"].iloc[0]) if len(self.frame) else 0
+
+    def refresh(self, *, scale_tokens: int | None = None, gone: str = "evicted") -> None:
+        """Read the cache again and draw the icicle, its title and the summary from it. ``scale_tokens`` keeps the
+        drawing at that width (the total before an eviction): what went is a pale "``gone``" block beside the tree,
+        so the icicle does not stretch to hide how much was destroyed."""
         frame, total = self.read_frame()
         cut = f" · first {len(frame)} of {total} nodes" if total > len(frame) else ""
-        self.figure.draw(plots.radix_icicle(frame, title=f"{self.title}{cut}", height=self.height))
+        fig = plots.radix_icicle(frame, title=f"{self.title}{cut}", height=self.height)
+        readable_labels(fig)
+        if scale_tokens is not None and len(frame):
+            keep_scale(fig, scale_tokens, gone)
+        self.figure.draw(fig)
         self.frame = frame
         self.summary.value = summary_html(self.cache, frame, total)
+
+
+GONE_COLOUR = "#f2f2f2"
+
+
+def readable_labels(fig) -> None:
+    """Labels at one readable size: plotly shrinks a label to fit its block (down to ~6 px on a narrow one);
+    ``uniformtext`` hides those that would need less than ``MIN_LABEL_PX``."""
+    fig.update_layout(uniformtext=dict(minsize=MIN_LABEL_PX, mode="hide"))
+
+
+def keep_scale(fig, scale_tokens: int, gone: str = "evicted") -> None:
+    """Widen the icicle's root to ``scale_tokens`` with a pale block for the tokens no longer in the tree."""
+    trace = fig.data[0]
+    values = list(trace.values)
+    missing = int(scale_tokens) - int(values[0])
+    if missing <= 0:
+        return
+    values[0] += missing
+    colors = list(trace.marker.colors)
+    trace.update(ids=[*trace.ids, "__gone__"], parents=[*trace.parents, trace.ids[0]], values=[*values, missing],
+                 labels=[*trace.labels, f"{gone}: {missing:,} tokens"],
+                 customdata=[*trace.customdata, [missing, gone, 0, 0, 0, 0, "(no longer cached)", ""]])
+    trace.marker.colors = [*colors, GONE_COLOUR]
+    if trace.marker.pattern is not None and trace.marker.pattern.shape is not None:
+        trace.marker.pattern.shape = [*trace.marker.pattern.shape, ""]
+        trace.marker.line.width = [*trace.marker.line.width, 0.5]
+        trace.marker.line.color = [*trace.marker.line.color, "#ffffff"]
 
 
 def _is_hybrid(cache: Any) -> bool:
@@ -143,8 +183,9 @@ class TreeDemoPanel:
         return step
 
     def pressure_event(self):
+        before = self.tree.cached_tokens
         step = self.demo.pressure_event()
-        self._draw()
+        self._draw(scale_tokens=before)  # drawn at the pre-event width: the pale block is what was evicted
         return step
 
     def reset(self) -> None:
@@ -155,8 +196,8 @@ class TreeDemoPanel:
     def _set_mode(self, change) -> None:
         self.demo.mode = change["new"]
 
-    def _draw(self) -> None:
-        self.tree.refresh()
+    def _draw(self, scale_tokens: int | None = None) -> None:
+        self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event")
         self.next_button.disabled = self.demo.done
         steps = self.demo.history[-4:]
         rows = "".join(f"<li>{html.escape(s.text())}</li>" for s in reversed(steps))

@@ -55,7 +55,11 @@ def test_tree_icicle_redraws_after_next_request_and_pressure(lab_page: Page, lab
     pressured = lab.wait_plotly_change(lab_page, ".kvlab-tree-fig", after)
     demo.mode = "full"
     step = demo.pressure_event()
-    assert (pressured[0]["ids"], pressured[0]["values"]) == _expected(demo)
-    assert len(pressured[0]["ids"]) < len(after[0]["ids"]) and step.evict.over_evicted_tokens > 0
+    ids, values = _expected(demo)
+    # drawn at the pre-event width: the root keeps its total, a pale "__gone__" block is what was evicted
+    gone = after[0]["values"][0] - values[0]
+    assert (pressured[0]["ids"], pressured[0]["values"]) == (ids + ["__gone__"], [after[0]["values"][0]]
+                                                              + values[1:] + [gone])
+    assert len(ids) < len(after[0]["ids"]) and step.evict.over_evicted_tokens > 0 and gone > 0
     lab.wait_widget_text(lab_page, "kvlab-tree-log", f"evicted {step.evict.evicted_tokens:,}")
     lab.screenshot(lab_page, tmp_path / "tree-after.png", ".kvlab-tree-demo-panel")

@@ -71,8 +71,11 @@ def test_human_output_is_a_verdict_and_a_table(capsys, snapshot_file):
     lines = out.splitlines()
     assert lines[0].startswith(f"replay · {snapshot_file} · device 0 · ")
     assert lines[1].startswith("  EXACT: ")
-    assert any(line.split() == ["what-if", "peak", "reserved", "final", "reserved", "peak", "frag.", "cudaMallocs",
+    assert any(line.split() == ["what-if", "peak", "reserved", "final", "reserved", "peak", "cached", "cudaMallocs",
                                 "OOM", "at", "capacity", "answer"] for line in lines)
+    # reserved − allocated is cached memory, not all of it fragmentation
+    assert "(cached: reserved but unallocated " in out and "(fragmentation" not in out
+    assert any(line.strip().startswith("peak cached = reserved − allocated") for line in lines)
     assert any(line.strip().startswith("expandable_segments=True") for line in lines)  # the default what-if
 
 
@@ -87,6 +90,18 @@ def test_capacity_says_where_it_runs_out(made):
     first_over = next(s for s, a in zip(baseline.steps, baseline.allocated) if a > top_allocated - MiB)
     assert result.trace[tight.oom_event]["action"] == "alloc" and tight.oom_event <= first_over
     assert "CUDA out of memory" in tight.oom_message
+
+
+def test_no_oom_beside_a_peak_above_the_capacity_says_the_allocator_retries(capsys, snapshot_file, made):
+    result = replay_snapshot(made.snapshot)
+    baseline = run_what_if(result.ops, result.settings, label="b")
+    peak, top = baseline.peak_reserved_bytes, max(baseline.allocated)
+    capacity = next(c for c in range(peak - 2 * MiB, top, -2 * MiB)
+                    if run_what_if(result.ops, result.settings, label="b", capacity=c).oom_at_capacity is False)
+    code, out, _ = _run(capsys, snapshot_file, "--capacity", f"{capacity}")
+    row = next(line for line in out.splitlines() if line.strip().startswith("as recorded"))
+    assert code == 0 and " no [1] " in row
+    assert "free its cached blocks and retry" in out and "no OOM" in out
 
 
 @pytest.mark.skipif(not REAL, reason=SKIP_REASON)

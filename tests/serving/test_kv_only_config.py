@@ -81,7 +81,8 @@ def test_the_text_names_the_missing_fields(tmp_path, capsys):
     path, _ = kv_only(ex.model_source, tmp_path)
     code, out, err = run_cli(capsys, LOG_DIR / ex.filename, "--model-config", path)
     assert code == 0, err
-    line = next(x for x in out.splitlines() if "weights_unchecked" in x)
+    # a finding wraps over lines indented under it: join them back
+    line = " ".join(out.split("weights_unchecked", 1)[1].split("\n    [", 1)[0].split())
     assert "'vocab_size'" in line and "'intermediate_size'" in line and "cannot estimate the weights" in line
 
 

@@ -154,3 +154,20 @@ def test_issue_7495_worked_by_hand(tmp_path, capsys):
     assert j["pre_load_terms"][0]["bytes"] == 2 * 2**20
     assert j["max_total_num_tokens_computed"] == 606_931 and j["computed_range"] == [606_878, 606_983]
     assert j["avail_before_load_gib"] == 75.02  # the printed reading stays as printed
+
+
+def test_7495s_verdict_says_which_check_decided_it(tmp_path, capsys):
+    """Without a config the log's K/V sizes give a wide cell range and the pool is consistent; with the config's
+    exact cell it is not: the text says which check each verdict comes from, and no line is a paragraph."""
+    from tests.serving.logs import run_cli
+
+    path = write_log(tmp_path, "\n".join(_record("sglang-issue-7495")["lines"]))
+    _, plain, _ = run_cli(capsys, path)
+    _, pinned, _ = run_cli(capsys, path, "--model-config", "qwen3-0.6b")
+    plain, flat = " ".join(plain.split()), " ".join(pinned.split())
+    assert "consistent (cell from the log's K/V sizes: 114,677–114,711 B, a wide check" in plain
+    assert ("NOT consistent (with the config's cell, 114,688 B; the log's own K/V sizes allow 114,677–114,711 B and "
+            "606,756–607,042 tokens, which hold the logged pool" in flat)
+    assert max(len(line) for line in pinned.splitlines() if "waterfall" not in line and "GiB   " not in line
+               and "MiB   " not in line) <= 118  # outside_interval's 1,500 characters wrap
+    assert "-0.00 GiB" not in pinned and "-2.05 MiB" in pinned  # the 2 MiB expert-location map in its unit

@@ -55,3 +55,27 @@ def test_an_all_zero_map_stays_pale():
 
     fig = loss_heatmap(pd.DataFrame([[0.0, 0.0]], index=[4], columns=[10, 20]))
     assert (fig.data[0].zmin, fig.data[0].zmax) == (-0.5, 0.5)  # white, not a full-strength colour for 0
+
+
+def test_log_axis_ticks_are_1_2_5_or_decades():
+    from kvlab.viz.capacity_plots import log_ticks
+
+    assert log_ticks(64, 4096) == [100, 200, 500, 1000, 2000]
+    assert log_ticks(8, 100_000) == [10, 100, 1000, 10_000, 100_000]  # 1-2-5 would crowd: decades
+    assert log_ticks(7, 30) == [10, 20]
+    with pytest.raises(ValueError, match="positive"):
+        log_ticks(0, 10)
+
+
+def test_the_curve_labels_its_log_axis_with_clean_ticks(result):
+    fig = CapacityPanel(result).curve.figure
+    assert list(fig.layout.xaxis2.tickvals) == [10, 20] and list(fig.layout.xaxis2.ticktext) == ["10", "20"]
+
+
+def test_the_colour_bar_covers_every_cell():
+    import pandas as pd
+
+    fig = loss_heatmap(pd.DataFrame([[0.58, -0.1]], index=[4], columns=[10, 20]))
+    heat = fig.data[0]
+    assert (heat.zmin, heat.zmax) == (-0.6, 0.6)  # not ±0.5 under a 0.58 cell
+    assert heat.colorbar.tickvals[-1] == 0.6 and heat.colorbar.ticktext[-1] == "+0.60"

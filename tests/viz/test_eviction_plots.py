@@ -117,3 +117,12 @@ def test_eviction_cost_bars_legend_names_the_only_bars_drawn():
     assert fig.data[0].text[1] == f"{mamba['extra_prefill_tokens']:,} tokens ({mamba['extra_prefill_pct']:.2f} %)"
     with pytest.raises(ValueError, match="no mode == 'full' rows"):
         hybrid_plots.eviction_cost_bars(df[df["mode"] == "shortfall"])
+
+
+def test_icicle_labels_are_readable_or_hidden():
+    from kvlab.experiments import shortfall_eviction
+
+    events = {mode: shortfall_eviction.pressure_event(mode) for mode in shortfall_eviction.MODES}
+    fig = ep.radix_icicles_before_after(events["shortfall"].frame_before,
+                                        [events["shortfall"].frame_after, events["full"].frame_after], ["a", "b", "c"])
+    assert fig.layout.uniformtext.minsize >= 10 and fig.layout.uniformtext.mode == "hide"

@@ -149,3 +149,37 @@ def test_waterfall_terms_have_stable_keys(example):
     budget = next(t for t in exp.terms() if t.key == "pool_budget")
     bars = explanation_waterfall(exp).data[0]
     assert bars.x[-1] == budget.name and bars.y[-1] == budget.gib
+
+
+def test_what_if_controls_are_off_for_a_vllm_log_and_say_why():
+    panel = ServerPanel()
+    assert not panel.fraction.disabled and not panel.what_if_note.value
+    panel.example.value = "qwen3-235b-fp8-4xh100-vllm-0.10.1.1"
+    assert not _errors(panel)
+    assert all(w.disabled for w in (panel.fraction, panel.kv_dtype, panel.tp, panel.gpu_whatif))
+    assert not panel.fraction.readout  # the last SGLang log's 0.93 is not shown beside a vLLM log
+    assert "vLLM log has no mem_fraction_static" in panel.what_if_note.value
+    assert "not for a vLLM log" in panel.what_ifs.figure.layout.title.text
+    assert "move a what-if control" not in panel.what_ifs.figure.layout.title.text
+    panel.example.value = "llama-3.1-8b-h100-sglang-0.5.23"
+    assert not panel.fraction.disabled and panel.fraction.readout and not panel.what_if_note.value
+
+
+def test_assumed_findings_and_terms_are_marked_in_the_panel():
+    panel = ServerPanel()  # vllm#21348's SGLang log: its readings were rebuilt (data/README.md)
+    assert "kvlab-assumed" in panel.findings.value and "(assumed: rests on" in panel.findings.value
+    assert all(text.endswith("*") for text in panel.waterfall.data[0].text)
+    notes = [a.text for a in panel.waterfall.figure.layout.annotations]
+    assert any("assumed, not read" in n and "77.03 GiB" in n for n in notes)
+    assert "assumed inputs" in panel.summary.value and "(assumed: the readings were rebuilt" in panel.summary.value
+    gap_text = dict(zip(panel.gap.data[0].y, panel.gap.data[0].text))
+    assert any(t.endswith("*") for t in gap_text.values())
+
+
+def test_static_pages_never_ask_to_move_a_control(monkeypatch):
+    from kvlab.viz.server_panel import what_if_figure
+
+    exp = explain_text((LOG_DIR / "llama-3.1-8b-h100-sglang-0.5.23.log").read_text(), "x.log")
+    assert "move a what-if control" in what_if_figure(exp).layout.title.text
+    monkeypatch.setenv("KVLAB_STATIC", "1")
+    assert "move a what-if control" not in what_if_figure(exp).layout.title.text

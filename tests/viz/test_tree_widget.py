@@ -140,7 +140,7 @@ def test_panel_buttons_step_the_demo_and_redraw():
     panel.pressure_button.click()
     step = panel.demo.history[-1]
     assert step.kind == "pressure" and step.evict.over_evicted_tokens > 0 and panel.demo.mode == "full"
-    assert set(trace().ids) < ids_before  # leaves evicted
+    assert set(trace().ids) - {"__gone__"} < ids_before  # leaves evicted (the pale block stands for them)
     assert "pressure event" in panel.log.value
     panel.reset_button.click()
     assert list(trace().ids) == ["0"] and panel.demo.requests_run == 0
@@ -175,3 +175,20 @@ def test_a_mamba_tree_outlines_nodes_with_a_state_and_hatches_tombstones():
             assert f"{STATE_MAMBA} in slot {int(row['mamba_slot'])}" in trace.customdata[i][7]
     assert (frame["state"] == STATE_MAMBA_TOMBSTONE).any() and frame["has_state"].any()
     assert "outlined" in w.legend.value and "hatched" in w.legend.value
+
+
+def test_a_pressure_event_is_drawn_at_the_pre_event_width():
+    """After an eviction the icicle keeps the width of the tree before it: a pale block is what went, so the
+    drawing does not stretch the survivors over the whole width."""
+    panel = TreeDemoPanel(start_requests=6, seed=0)
+    before = panel.tree.cached_tokens
+    panel.mode.value = "full"
+    panel.pressure_event()
+    trace = panel.tree.figure.data[0]
+    after = panel.tree.cached_tokens
+    assert after < before and trace.values[0] == before  # the root spans the pre-event total
+    assert trace.ids[-1] == "__gone__" and trace.values[-1] == before - after
+    assert trace.labels[-1] == f"evicted by the pressure event: {before - after:,} tokens"
+    assert panel.tree.figure.figure.layout.uniformtext.minsize >= 10  # no 6 px labels
+    panel.next_request()  # the next drawing is the tree as it is
+    assert "__gone__" not in panel.tree.figure.data[0].ids

@@ -231,33 +231,43 @@ class ReplayResult:
         f = self.final
         lines.append(f"  recorded: peak reserved {fmt_bytes(self.recorded_peak_reserved_bytes)}, final reserved "
                      f"{fmt_bytes(f.get('recorded_reserved_bytes', 0))}, allocated "
-                     f"{fmt_bytes(f.get('recorded_allocated_bytes', 0))} (fragmentation "
+                     f"{fmt_bytes(f.get('recorded_allocated_bytes', 0))} (cached: reserved but unallocated "
                      f"{fmt_bytes(f.get('recorded_reserved_bytes', 0) - f.get('recorded_allocated_bytes', 0))}), "
                      f"{self.recorded_cuda_mallocs:,} cudaMalloc calls; modelled peak allocated "
                      f"{fmt_bytes(max(self.modelled_allocated, default=self.seed.allocated_bytes))}")
         if what_ifs:
-            head = ("what-if", "peak reserved", "final reserved", "peak frag.", "cudaMallocs", "OOM at capacity",
+            head = ("what-if", "peak reserved", "final reserved", "peak cached", "cudaMallocs", "OOM at capacity",
                     "answer")
             caveats: list[str] = []  # numbered once each, in order of first use
             rows = []
+            def mark(caveat: str) -> str:
+                if caveat not in caveats:
+                    caveats.append(caveat)
+                return f"[{caveats.index(caveat) + 1}]"
+
             for w in what_ifs:
-                marks = []
-                for caveat in w.caveats:
-                    if caveat not in caveats:
-                        caveats.append(caveat)
-                    marks.append(f"[{caveats.index(caveat) + 1}]")
+                marks = [mark(caveat) for caveat in w.caveats]
+                oom = "—" if w.oom_at_capacity is None else (f"yes, at event {w.oom_event}" if w.oom_at_capacity
+                                                            else "no")
+                if w.oom_at_capacity is False and w.capacity_bytes and w.peak_reserved_bytes > w.capacity_bytes:
+                    oom += " " + mark(RETRY_CAVEAT.format(capacity=fmt_bytes(w.capacity_bytes)))
                 rows.append((w.label, fmt_bytes(w.peak_reserved_bytes), fmt_bytes(w.final_reserved_bytes),
-                             fmt_bytes(w.peak_fragmentation_bytes), f"{w.cuda_malloc_calls:,}",
-                             "—" if w.oom_at_capacity is None else
-                             (f"yes, at event {w.oom_event}" if w.oom_at_capacity else "no"),
+                             fmt_bytes(w.peak_fragmentation_bytes), f"{w.cuda_malloc_calls:,}", oom,
                              "exact" if w.exact else "estimate " + "".join(marks)))
             widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
             for row in [head, *rows]:
                 lines.append("  " + "  ".join(c.ljust(w) if i in (0, len(row) - 1) else c.rjust(w)
                                               for i, (c, w) in enumerate(zip(row, widths))).rstrip())
             lines += [f"  [{k}] {caveat}" for k, caveat in enumerate(caveats, 1)]
+            lines.append(f"  {CACHED_WORDS}")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+CACHED_WORDS = ("peak cached = reserved − allocated: free blocks the allocator keeps for reuse; only the part no "
+                "request can use (too small, or in a segment a live block pins) is fragmentation")
+RETRY_CAVEAT = ("peak reserved is above the {capacity} capacity without a limit; at the capacity a failed cudaMalloc "
+                "makes the allocator free its cached blocks and retry, and that was enough: no OOM")
 
 
 def recorded_final(segments: list[Mapping]) -> tuple[int, int, list]:
