@@ -153,7 +153,8 @@ lab.write_back.solution
 
 # %% [markdown]
 # ## 6 · Watch the two tiers as requests run
-# A two-tier cache (4,096 device tokens, a host pool of the same size) serving chat turns. **next request** runs
+# A two-tier cache (4,096 device tokens, a host pool twice that: SGLang's default `--hicache-ratio 2`) serving chat
+# turns. **next request** runs
 # one turn (loading back what it finds on host); **pressure event** is a batch that needs 256 slots more than are
 # free. Green nodes are on the device only, blue on both tiers, orange on host only; a red outline is a locked path.
 # Switch the write policy (the demo starts over) or the eviction mode and press **pressure event**.
@@ -161,5 +162,5 @@ lab.write_back.solution
 # %% tags=["dashboard"]
 from kvlab.viz.tree_widget import HostTierPanel
 
-host_panel = HostTierPanel(start_requests=24, seed=0)
+host_panel = HostTierPanel(start_requests=30, seed=0)
 host_panel.widget

@@ -452,7 +452,7 @@ class HostTierDemo:
     ``mode``, ``history``, ``cache``, ``names``), so ``TreeDemoPanel`` steps it."""
 
     def __init__(self, *, capacity_tokens: int = 4096, mode: str = "shortfall", write_policy: str = "write_through",
-                 host_ratio: float = 1.0, num_requests: int = 40, num_conversations: int = 8, seed: int = 0) -> None:
+                 host_ratio: float = 2.0, num_requests: int = 40, num_conversations: int = 8, seed: int = 0) -> None:
         from kvlab.experiments.tree_demo import TreeDemo
 
         if mode not in MODES:
