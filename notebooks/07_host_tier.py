@@ -125,6 +125,69 @@ assert runs[("write_through", "shortfall")].hit_rate >= runs[("write_through_sel
 #   extra writes.
 
 # %% [markdown]
+# ## 3 · Hit rate against host size, on the shipped Mooncake-format trace
+# Now the scheduler (`kvlab simulate`) with a host tier: the 200 requests of `data/traces/mooncake_small.jsonl`,
+# 512-token pages, 16 running, a device pool of 157 pages (80,384 tokens: a sixteenth of what the trace's distinct
+# prompts would need), `write_through`, and host pools of 0.5 to 8 times the device pool (`--hicache-ratio`; 0: no
+# host tier). Host size is in GiB of Llama-3-8B KV (128 KiB per token). Hit rate counts prompt tokens served from
+# either tier.
+
+# %%
+sizes = host_tier.host_sweep(kv_pages=[host_tier.CURVE_POOL_PAGES], host_ratios=host_tier.CURVE_HOST_RATIOS)
+host_tier_plots.hit_rate_vs_host_size(host_tier.hit_rate_frame(sizes, host_tier.CURVE_POOL_PAGES))
+
+# %%
+curve = host_tier.curve_table(sizes)
+curve
+
+# %%
+print("the same runs from a shell, e.g. the largest host pool:")
+print("kvlab simulate --trace data/traces/mooncake_small.jsonl "
+      + " ".join(host_tier.HostPoint(host_tier.CURVE_POOL_PAGES, max(host_tier.CURVE_HOST_RATIOS), "write_through",
+                                     "shortfall").cli_args()) + " --json")
+assert curve["hit rate, shortfall (the fix)"].is_monotonic_increasing  # more host memory never loses hits here
+
+# %% [markdown]
+# The device pool alone holds about a quarter of the prompt tokens' prefixes when they come back; every doubling of
+# the host pool keeps more of what the device evicts, and a load-back is far cheaper than recomputing: copying a
+# 512-token page of Llama-3-8B KV (64 MiB) over PCIe takes about a millisecond.
+
+# %% [markdown]
+# ## 4 · Finding 2 with a host tier
+# Both eviction modes with HiCache on, over device pool × host ratio × write policy (the same trace; each cell two
+# runs). The number is the hit rate lost to full eviction, in points; the first panel is the device-only server of
+# notebooks 02 and 06.
+
+# %%
+regimes = host_tier.host_sweep(kv_pages=host_tier.REGIME_POOL_PAGES, host_ratios=(0.0, *host_tier.REGIME_HOST_RATIOS),
+                               policies=host_tier.POLICIES)
+finding2 = host_tier.finding2_frame(regimes)
+unique_pages = host_tier.unique_prompt_pages()
+host_tier_plots.host_regime_heatmap(host_tier.regime_frame(finding2, unique_pages))
+
+# %% [markdown]
+# What over-eviction costs once a host tier is there: the hit rate lost (points), the extra GB copied between host
+# and device (full − shortfall, both directions), the extra transfer seconds, and the prompt tokens the fix served
+# from a tier and the bug recomputed.
+
+# %%
+host_tier.finding2_table(finding2)
+
+# %%
+print(host_tier.finding2_verdict(finding2))
+
+# %% [markdown]
+# How to read it:
+#
+# - **Without a host tier** (first panel) the bug costs a few tenths of a point at the smallest pools and nothing
+#   once the pool holds what the trace comes back to (notebook 06).
+# - **With a host tier that has room, the bug costs no hits**: what it evicts early is demoted to host and loaded
+#   back when asked for. It costs copies instead — extra GB and transfer seconds in the table — mostly hidden under
+#   the prefill's compute (a load-back overlaps it, a write-through never blocks it).
+# - **Where the host tier is full too**, an early eviction can destroy what has no host copy (a node the full host
+#   pool could not back up, or under `write_back` a write-back that does not fit), and the bug can cost hits again.
+
+# %% [markdown]
 # ## 5 · Exercise: device eviction under `write_back`
 # `my_write_back_evict(backed_up, node_tokens, host_free_tokens, host_evictable_tokens)` says what device
 # eviction does to one unlocked device leaf under `write_back`: `"demote"` (it has a host copy: free its device

@@ -147,3 +147,14 @@ def hit_rate_vs_host_size(frame: pd.DataFrame, title: str = "Hit rate against ho
     fig.update_layout(title=title, template=TEMPLATE, height=420, legend=dict(orientation="h", y=-0.2),
                       margin=dict(t=60, l=70, r=20, b=80))
     return fig
+
+
+def host_regime_heatmap(frame: pd.DataFrame) -> go.Figure:
+    """The regime map of finding 2 with a host tier (``host_tier.regime_frame``): one panel per write policy (the
+    device-only runs first), a row per host ratio, a column per device pool; each cell the hit-rate points full
+    eviction loses (shortfall − full). Notebook 02's ``regime_heatmap``, titled for the host tier."""
+    from kvlab.viz.eviction_plots import regime_heatmap
+
+    fig = regime_heatmap(frame, title="Hit rate lost to full eviction (the bug) with a host tier, in points")
+    fig.update_xaxes(title_text="device KV pool, as a share of the trace's distinct prompt pages")
+    return fig
