@@ -33,6 +33,10 @@ class DeviceSpec:
     smi_total_mib: int | None = None  # nvidia-smi / rocm-smi memory.total; None = capacity_bytes in MiB
     names: tuple[str, ...] = ()  # product names as nvidia-smi / torch print them (word-bounded match)
     source: str = ""  # where capacity and smi total come from
+    # host<->device copy bandwidth (bytes/s, one direction, pinned host memory) that HiCache's transfers are priced
+    # at (kvlab.sched.cost); None where kvlab assumes none. host_link_source says where the figure comes from.
+    host_link_bytes_per_s: float | None = None
+    host_link_source: str = ""
 
     def __post_init__(self) -> None:
         for field in ("capacity_bytes", "context_bytes", "other_process_bytes"):
@@ -138,6 +142,22 @@ DEVICE_PRESETS: dict[str, DeviceSpec] = {
               "datasheet 288 GB HBM3E taken as 288 GiB; a real card reports slightly less"),
     )
 }
+
+
+# Host links: a practical rate for large pinned cudaMemcpy copies, about 85 % of the link's raw rate (PCIe
+# encoding and protocol overhead); the raw rates are the PCIe specification's (x16: Gen3 15.75, Gen4 31.5,
+# Gen5 63 GB/s per direction). They are assumptions from the link generation each card's datasheet names, not
+# measurements on that card: only ratios between runs are meant to be read from the simulator's clock.
+_GEN5 = (55e9, "assumed: PCIe Gen5 x16 (datasheet), 63 GB/s raw, ~55 GB/s pinned copies")
+_GEN4 = (25e9, "assumed: PCIe Gen4 x16 (datasheet), 31.5 GB/s raw, ~25 GB/s pinned copies")
+_HOST_LINKS = {
+    **dict.fromkeys(("h200", "h200-80gb-cap", "h100-80g", "h100-pcie", "h100-nvl", "h800", "h20", "b200",
+                     "rtx5090", "mi300x", "mi308x", "mi325x", "mi355x"), _GEN5),
+    **dict.fromkeys(("a100-80g", "a100-40g", "a800", "a10g", "a10", "l4", "l40s", "a40", "rtx3090", "rtx4090"),
+                    _GEN4),
+}
+DEVICE_PRESETS = {name: spec.replace(host_link_bytes_per_s=_HOST_LINKS[name][0], host_link_source=_HOST_LINKS[name][1])
+                  if name in _HOST_LINKS else spec for name, spec in DEVICE_PRESETS.items()}
 
 
 def find_device_spec(product_name: str) -> DeviceSpec | None:

@@ -159,9 +159,9 @@ class HiCacheController:
         if math.isnan(now_s):
             raise ValueError("poll: now_s is NaN")
         self.now_s = max(self.now_s, now_s)
-        due = self.now_s + FINISH_TOLERANCE_S  # 0.009 + 0.001 < 0.01 in floats: a copy due that close is done
+        now = self.now_s  # 0.009 + 0.001 < 0.01 in floats: a copy due within the tolerance is done
         for queue, acks in ((self.write_queue, self.ack_write_queue), (self.load_queue, self.ack_load_queue)):
-            while queue and queue[0].finish_s <= due:
+            while queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
                 acks.append(queue.popleft())
 
     def advance(self, seconds: float) -> None:

@@ -367,6 +367,58 @@ class HiRadixCache(BaseRadixTree):
                 self._inc_hit_count(leaf, chunked)
         return prefix
 
+    # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
+    # and runs over its own insert and match_prefix) ---------------------------------------------------------------
+    def cache_finished_req(self, req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
+        """A finished request hands its KV to the tree: ``(origin_input_ids + output_ids)[:kv_len_to_handle]``
+        (default: all but the last output token, whose KV was never computed); the page-aligned part is inserted
+        (write-through backs up what reaches its hit threshold), the caller's duplicates
+        ``row[cache_protected_len : already on the device]`` and the unaligned tail are freed, and the request's
+        lock is dropped. The caller frees the row (``common.release_kv_cache``)."""
+        origin = as_tokens(req.origin_input_ids)
+        total = len(origin) + len(req.output_ids)
+        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
+        alloc = self.token_to_kv_pool_allocator
+        free = getattr(alloc, "free_row", alloc.free)
+        protected = req.cache_protected_len
+        key_len = align_down(kv_len, self.page_size)
+        if is_insert:
+            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
+            done = self.insert(tokens[:key_len], row[:key_len], getattr(req, "priority", 0) or 0)
+            free(row[protected:done])
+        else:
+            free(row[protected:key_len])
+        free(row[key_len:])
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+            req.last_node = None
+
+    def cache_unfinished_req(self, req, chunked: bool = False) -> None:
+        """After a prefill (chunk): insert ``fill_ids``' page-aligned KV (``chunked``: no hit counted, so no
+        write-through), free the duplicates, re-match, point the row at the tree's slots from
+        ``cache_protected_len`` on, and move the request's lock to the node the key ends at. A partial last page
+        stays the request's (in ``prefix_indices``, not the tree)."""
+        tokens = as_tokens(req.fill_ids)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        key_len = align_down(len(tokens), self.page_size)
+        alloc = self.token_to_kv_pool_allocator
+        protected = req.cache_protected_len
+        done = self.insert(tokens[:key_len], row[:key_len], getattr(req, "priority", 0) or 0, chunked=chunked)
+        getattr(alloc, "free_row", alloc.free)(row[protected:done])
+        m = self.match_prefix(tokens[:key_len])
+        require(m.device_prefix_len == key_len, "cache_unfinished_req: the re-match finds every token just inserted "
+                "on the device", found=m.device_prefix_len, inserted=key_len)
+        if key_len > protected:
+            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), m.device_indices[protected:])
+        req.cache_protected_len = key_len
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(m.last_device_node)
+        tail = row[key_len : len(tokens)]
+        req.prefix_indices = torch.cat([m.device_indices, tail.to(_I64)]) if len(tail) else m.device_indices
+        req.last_node = m.last_device_node
+
     def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
         if self.write_policy == "write_back" or chunked:
             return

@@ -3,14 +3,21 @@ pool a request can run in (:func:`min_kv_tokens`)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from kvlab.mem_cache.cache_controller import WRITE_POLICIES
 from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.mem_cache.memory_pool_host import HostPoolSize, host_pool_size
 from kvlab.sched.cost import CostModel
-from kvlab.units import align_down, align_up
+from kvlab.units import GB, GiB, align_down, align_up
 
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py: future tokens counted per request, at most
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
+# the largest host pool a run takes: 1000 times the device pool, or 64 TiB (far beyond any host's memory; the
+# simulator keeps a flag per host slot)
+MAX_HOST_POOL_TOKENS = 1 << 27  # a flag and an index per host slot: about 1.2 GB of simulator state
+MAX_HICACHE = {"hicache_ratio": 1000.0, "hicache_size_gib": 65_536.0}
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,28 @@ class SchedulerConfig:
     # per round that grows with what happens in it rather than with the running batch.
     fast_decode: bool = True
     max_steps: int = 10_000_000
+    # HiCache (SGLang's --enable-hierarchical-cache): a host pool beside the device pool, on when one of the two
+    # sizes is given (SGLang's --hicache-ratio, or --hicache-size in GiB here where SGLang reads decimal GB), sized
+    # as SGLang sizes it (kvlab.mem_cache.memory_pool_host.host_pool_size); off (None, None) by default.
+    hicache_ratio: float | None = None
+    hicache_size_gib: float | None = None
+    hicache_write_policy: str = "write_through"  # write_through | write_through_selective | write_back
+
+    @property
+    def hicache(self) -> bool:
+        """Whether the run has a host tier (HiRadixCache over a host pool) instead of a RadixCache."""
+        return self.hicache_ratio is not None or self.hicache_size_gib is not None
+
+    def host_pool(self) -> HostPoolSize:
+        """The host pool SGLang would make for this device pool (``HostKVCache``'s rule: the ratio times the device
+        pool, or the size over ``cost.kv_bytes_per_token``; then one page more than the whole pages)."""
+        return host_pool_size(self.kv_tokens, self.cost.kv_bytes_per_token, self.page_size,
+                              self.hicache_ratio or 2.0, self.hicache_size_gb)
+
+    @property
+    def hicache_size_gb(self) -> float:
+        """``hicache_size_gib`` in SGLang's unit (decimal GB, what ``host_pool_size`` reads); 0 when not given."""
+        return 0.0 if self.hicache_size_gib is None else self.hicache_size_gib * GiB / GB
 
     def __post_init__(self) -> None:
         if self.eviction not in EVICTION_MODES:
@@ -48,6 +77,26 @@ class SchedulerConfig:
                 f"use {align_down(self.kv_tokens, self.page_size) or self.page_size} tokens or another page size")
         if self.chunked_prefill_size < self.page_size:
             raise ValueError(f"chunked_prefill_size={self.chunked_prefill_size} is smaller than one page ({self.page_size})")
+        self._check_hicache()
+
+    def _check_hicache(self) -> None:
+        if self.hicache_ratio is not None and self.hicache_size_gib is not None:
+            raise ValueError(f"give hicache_ratio or hicache_size_gib, not both (hicache_ratio={self.hicache_ratio}, "
+                             f"hicache_size_gib={self.hicache_size_gib})")
+        for name in ("hicache_ratio", "hicache_size_gib"):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or not 0 < value <= MAX_HICACHE[name]:
+                raise ValueError(f"{name} must be a number in (0, {MAX_HICACHE[name]:g}], got {value!r}")
+        if self.hicache and self.host_pool().size_tokens > MAX_HOST_POOL_TOKENS:
+            field = "hicache_ratio" if self.hicache_ratio is not None else "hicache_size_gib"
+            raise ValueError(f"{field}={getattr(self, field)} makes a host pool of {self.host_pool().size_tokens:,} "
+                             f"tokens: at most {MAX_HOST_POOL_TOKENS:,} (2^27)")
+        if self.hicache_write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy must be one of {', '.join(WRITE_POLICIES)}, "
+                             f"got {self.hicache_write_policy!r}")
 
 
 def min_kv_tokens(prompt_len: int, output_len: int, page_size: int = 1) -> int:

@@ -3,6 +3,12 @@ mode, with SGLang's flows over them (match, extend and decode allocation, cachin
 
 Every ``evict_from_tree_cache`` call goes through here with the run's eviction mode, the only switch between the two
 arms of finding 2, and is reported to the :class:`~kvlab.sched.ledger.Ledger`, so no call site can forget either.
+
+With HiCache on (``config.hicache``) the tree is a :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache` over a
+host pool: a match reports device and host hits, admission loads the host part back (:meth:`SchedulerKV.load_back`,
+whose own eviction follows the run's mode too), and the copies complete on the controller's clock, which the loop
+moves to the step's start (:meth:`SchedulerKV.begin_step`, SGLang's ``check_hicache_events``); a step's time and
+traffic come from :meth:`SchedulerKV.step_time` and :meth:`SchedulerKV.step_transfers`.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import torch
 
 from kvlab.errors import require
 from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
+from kvlab.mem_cache.cache_controller import FINISH_TOLERANCE_S
 from kvlab.mem_cache.common import (
     alloc_paged_token_slots_decode,
     alloc_paged_token_slots_extend,
@@ -21,10 +28,12 @@ from kvlab.mem_cache.common import (
     evict_from_tree_cache,
     release_kv_cache,
 )
+from kvlab.mem_cache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
+from kvlab.mem_cache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.sched.config import SchedulerConfig
-from kvlab.sched.ledger import Ledger, PoolSizes
+from kvlab.sched.ledger import Ledger, PoolSizes, Transfers
 from kvlab.sched.request import SimReq
 from kvlab.units import align_down, align_up
 
@@ -45,7 +54,22 @@ class SchedulerKV:
             self.allocator = PagedTokenToKVPoolAllocator(config.kv_tokens, ps)
         self.req_to_token_pool = ReqToTokenPool(config.max_running + 1, align_up(longest_request_tokens, ps) + ps)
         self.req_to_token = self.req_to_token_pool.req_to_token
-        self.tree = RadixCache(self.req_to_token_pool, self.allocator, page_size=ps, eviction_policy=config.policy)
+        self.hicache = config.hicache
+        if self.hicache:
+            cost = config.cost
+            self.host_pool = HostKVCache(config.kv_tokens, cost.kv_bytes_per_token, ps,
+                                         hicache_ratio=config.hicache_ratio or 2.0,
+                                         hicache_size_gb=config.hicache_size_gb)
+            self.tree = HiRadixCache(self.req_to_token_pool, self.allocator, self.host_pool, page_size=ps,
+                                     write_policy=config.hicache_write_policy, eviction_policy=config.policy,
+                                     load_back_evict_mode=config.eviction,
+                                     d2h_bytes_per_s=cost.device_to_host_bytes_per_s,
+                                     h2d_bytes_per_s=cost.host_to_device_bytes_per_s)
+            self.controller = self.tree.cache_controller
+            self.step_start_s = 0.0
+            self._seen = Transfers()  # the running totals at the last step_transfers
+        else:
+            self.tree = RadixCache(self.req_to_token_pool, self.allocator, page_size=ps, eviction_policy=config.policy)
 
     # ---- sizes ----------------------------------------------------------------------------------
     def available(self) -> int:
@@ -83,6 +107,64 @@ class SchedulerKV:
         req.last_node = m.last_device_node
         req.cache_protected_len = req.prefix_len
         req.kv_len = req.prefix_len
+        if self.hicache:
+            req.host_hit_len = m.host_hit_length
+            req.best_match_node = m.last_host_node
+
+    def load_back(self, req: SimReq) -> int:
+        """HiCache admission (``PrefillAdder.add_one_req`` -> ``init_load_back``): bring the request's host-only
+        match back to the device, its device prefix locked meanwhile. The load allocates device slots and may
+        evict first (the run's mode: the shortfall, or the whole load as 0.5.16 did), noted in the ledger. On
+        success the request's prefix grows by the loaded tokens and ends at the loaded node (locked by the load
+        until its copy lands). Returns the tokens loaded (0: nothing on host, under SGLang's 10-token threshold,
+        or no room even after eviction: the host part is then computed again)."""
+        if not req.host_hit_len:
+            return 0
+        tree = self.tree
+        tree.inc_lock_ref(req.last_node)
+        res = tree.load_back(req.best_match_node)
+        tree.dec_lock_ref(req.last_node)
+        self.ledger.note_eviction(res.evict)
+        req.host_hit_len = 0
+        if res.device_indices is None:
+            return 0
+        req.prefix_indices = torch.cat([req.prefix_indices, res.device_indices])
+        req.last_node = req.best_match_node
+        req.prefix_len = req.cache_protected_len = req.kv_len = int(req.prefix_indices.shape[0])
+        req.loaded_len += res.loaded_tokens
+        return res.loaded_tokens
+
+    # ---- the host tier's clock (HiCache) --------------------------------------------------------
+    def begin_step(self, now_s: float) -> None:
+        """The step starts at ``now_s``: complete the copies finished by then (``check_hicache_events``)."""
+        if self.hicache:
+            self.step_start_s = now_s
+            self.tree.poll(now_s)
+
+    def step_time(self, compute_s: float) -> float:
+        """The step's time given its compute: write-back waits before the compute, load-backs under it
+        (:meth:`CostModel.overlapped_step_s`); ``compute_s`` itself without HiCache."""
+        if not self.hicache:
+            return compute_s
+        ctl, start = self.controller, self.step_start_s
+        loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
+        return max(ctl.now_s - start + compute_s, loads)
+
+    def step_transfers(self) -> Transfers:
+        """Host-tier traffic since the last call (the step's, when called once per step)."""
+        t = self.controller.totals
+        now = Transfers(t.loaded_tokens, t.written_tokens, self.tree.host_evicted_tokens, t.write_s + t.load_s)
+        seen, self._seen = self._seen, now
+        return Transfers(*(a - b for a, b in zip(now, seen)))
+
+    def next_transfer_s(self) -> float:
+        """Before this clock time no copy completes (the quiet decode steps stop there); inf when none is in
+        flight or without HiCache. A step starting at ``t`` completes a copy iff ``t >= next_transfer_s()``."""
+        if not self.hicache:
+            return float("inf")
+        ctl = self.controller
+        heads = [q[0].finish_s for q in (ctl.write_queue, ctl.load_queue) if q]
+        return min(heads) - FINISH_TOLERANCE_S if heads else float("inf")
 
     def lock(self, req: SimReq) -> None:
         """Lock the request's matched prefix (``inc_lock_ref(req.last_node)``)."""
@@ -177,7 +259,7 @@ class SchedulerKV:
         chunked requests hold beyond the tree)."""
         self.allocator.check_invariants()
         self.req_to_token_pool.check_invariants()
-        self.tree.check_invariants()
+        self.tree.check_invariants()  # HiRadixCache's covers the host pool and the copies in flight
         owned = self.allocator.available_size() + self.tree.total_size() + held_tokens
         # ``held`` counts tokens; a paged request's partly filled last page is a whole page of the pool, so
         # the exact count is checked at page 1.

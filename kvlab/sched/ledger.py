@@ -27,6 +27,19 @@ class PoolSizes(NamedTuple):
     protected_tokens: int
 
 
+class Transfers(NamedTuple):
+    """Host-tier traffic (HiCache) over a span of the run: tokens loaded back (host -> device), written to host
+    (device -> host), host copies evicted, and the seconds of copies issued (both directions)."""
+
+    loaded_back_tokens: int = 0
+    written_to_host_tokens: int = 0
+    host_evicted_tokens: int = 0
+    transfer_s: float = 0.0
+
+
+_NO_TRANSFERS = Transfers()
+
+
 class Ledger:
     """Totals, clock and rows of one run. ``now_s`` is the modelled server's clock (the cost model), not wall time;
     ``decode_rounds`` counts the decode rounds run so far (the event-driven rounds key their events by it)."""
@@ -40,11 +53,14 @@ class Ledger:
 
     # ---- one step -------------------------------------------------------------------------------
     def begin_step(self) -> None:
-        """Zero the step's counters: its eviction, first-admission hits, pressure events and finished requests."""
+        """Zero the step's counters: its eviction, first-admission hits, pressure events, finished requests and
+        host-tier traffic."""
         self.step_evict = _NO_EVICTION
         self.step_hits = 0
         self.step_pressure = 0  # evict_from_tree_cache calls that were short, this step
         self.step_finished = 0
+        self.step_host_hits = 0
+        self.step_transfers = _NO_TRANSFERS
 
     def note_eviction(self, ev: EvictResult) -> None:
         """One ``evict_from_tree_cache`` call: a pressure event when it asked the tree for anything."""
@@ -65,11 +81,25 @@ class Ledger:
             over_evicted_tokens=s.over_evicted_tokens + ev.over_evicted_tokens,
             overshoot_tokens=s.overshoot_tokens + ev.overshoot_tokens)
 
-    def note_first_admission(self, matched_prompt_tokens: int, page_size: int) -> None:
-        """A request admitted for the first time found ``matched_prompt_tokens`` of its prompt cached."""
-        self.totals.cached_prompt_tokens += matched_prompt_tokens
-        self.totals.hit_pages += matched_prompt_tokens // page_size
+    def note_first_admission(self, matched_prompt_tokens: int, page_size: int, host_tokens: int = 0) -> None:
+        """A request admitted for the first time found ``matched_prompt_tokens`` of its prompt cached, of which
+        ``host_tokens`` on host only (loaded back; HiCache), the rest on the device."""
+        t = self.totals
+        t.cached_prompt_tokens += matched_prompt_tokens
+        t.hit_pages += matched_prompt_tokens // page_size
+        t.device_hit_tokens += matched_prompt_tokens - host_tokens
+        t.host_hit_tokens += host_tokens
         self.step_hits += matched_prompt_tokens
+        self.step_host_hits += host_tokens
+
+    def note_transfers(self, moved: Transfers) -> None:
+        """The step's host-tier traffic (HiCache), added to the totals and shown in the step's row."""
+        t = self.totals
+        t.loaded_back_tokens += moved.loaded_back_tokens
+        t.written_to_host_tokens += moved.written_to_host_tokens
+        t.host_evicted_tokens += moved.host_evicted_tokens
+        t.transfer_s += moved.transfer_s
+        self.step_transfers = moved
 
     def note_prefill(self, tokens_computed: int, *, again: bool = False) -> None:
         """A prefill computed ``tokens_computed`` tokens; ``again``: for a request back from a retraction (its
@@ -101,7 +131,7 @@ class Ledger:
     def row(self, kind: str, prefill_tokens: int, retracted: int, sizes: PoolSizes, running: int,
             waiting: int) -> dict:
         """The per-step metrics row (one per step of the loop)."""
-        ev, totals = self.step_evict, self.totals
+        ev, totals, moved = self.step_evict, self.totals, self.step_transfers
         return {
             "step": totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self.step_hits,
             "prefill_tokens": prefill_tokens, "pressure_events": self.step_pressure,
@@ -111,6 +141,9 @@ class Ledger:
             "protected_tokens": sizes.protected_tokens, "running": running,
             "waiting": waiting, "retracted": retracted, "finished": self.step_finished,
             "cached_prompt_tokens": totals.cached_prompt_tokens,
+            "device_hit_tokens": self.step_hits - self.step_host_hits, "host_hit_tokens": self.step_host_hits,
+            "loaded_back_tokens": moved.loaded_back_tokens, "written_to_host_tokens": moved.written_to_host_tokens,
+            "host_evicted_tokens": moved.host_evicted_tokens, "transfer_s": moved.transfer_s,
         }
 
     def end_step(self, kind: str, dt_s: float, prefill_tokens: int, retracted: int, sizes: PoolSizes,

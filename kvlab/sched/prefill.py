@@ -72,6 +72,9 @@ class PrefillAdder:
             kv.unlock(req)
             if not fits:
                 break
+            host_hit = req.host_hit_len  # HiCache: load the host part back now (fits counted it as new tokens)
+            if host_hit and kv.load_back(req):
+                extend = len(req.fill_ids) - req.prefix_len
             chunks = align_up(extend, ps) > rem_chunk
             if chunks:
                 extend = align_down(rem_chunk, ps)
@@ -88,7 +91,9 @@ class PrefillAdder:
             rem_chunk -= align_up(extend, ps)
             if not req.admitted:
                 req.admitted = True
-                self.ledger.note_first_admission(min(req.prefix_len, req.prompt_len), ps)
+                hit = min(req.prefix_len, req.prompt_len)
+                self.ledger.note_first_admission(hit, ps, host_tokens=min(req.loaded_len, hit))
+            req.loaded_len = 0
             batch.append(req)
             if chunks:
                 chunked = req

@@ -43,7 +43,10 @@ class SimReq(SimpleReq):
     prompt: Sequence[int] = ()  # the workload's tokens; copied into origin_input_ids on first admission
     max_new_tokens: int = 1
     planned_output: Sequence[int] = ()
-    prefix_len: int = 0  # matched at the last admission
+    prefix_len: int = 0  # matched at the last admission (on the device, then with what was loaded back)
+    host_hit_len: int = 0  # HiCache: matched on host only at the last match (loaded back at admission)
+    best_match_node: object | None = None  # HiCache: where that load-back ends (HiMatchResult.last_host_node)
+    loaded_len: int = 0  # HiCache: tokens loaded back for it since its last admission (its host hits)
     kv_len: int = 0  # tokens of fill_ids whose KV is in the row
     extend_len: int = 0  # tokens this prefill chunk computes
     admitted: bool = False

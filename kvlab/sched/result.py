@@ -3,7 +3,8 @@
 ``SimResult.totals()`` is the JSON (docs/architecture.md#public-contracts) of ``kvlab simulate`` (the CLI prints it,
 experiments, sweeps and widgets read it). Its keys are declared once, here: the :class:`Totals` fields in their
 order, ``hit_rate`` beside the counter it derives from, the modelled clock and throughput (:data:`RESULT_KEYS`),
-then the four config fields a run is keyed by (:data:`CONFIG_KEYS`). ``kvlab sweep``'s columns are
+then the four config fields a run is keyed by (:data:`CONFIG_KEYS`). The host tier's six counters
+(``device_hit_tokens`` ... ``transfer_s``) come last among the counters; ``hit_rate`` counts device and host hits. ``kvlab sweep``'s columns are
 :data:`RESULT_KEYS`.
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 from kvlab.sched.config import SchedulerConfig
 
 if TYPE_CHECKING:
+    from kvlab.mem_cache.hiradix_cache import HiRadixCache
     from kvlab.mem_cache.radix_cache import RadixCache
 
 
@@ -38,8 +40,15 @@ class Totals:
     pressure_events: int = 0  # evict_from_tree_cache calls that found the pool short
     steps: int = 0
     output_tokens: int = 0
+    # the host tier (HiCache; all 0 without it but device_hit_tokens): cached_prompt_tokens = device + host hits
+    device_hit_tokens: int = 0  # prompt tokens found on the device at first admission
+    host_hit_tokens: int = 0  # prompt tokens found on host only at first admission and loaded back
+    loaded_back_tokens: int = 0  # every load-back host -> device (first admissions, re-admissions, later chunks)
+    written_to_host_tokens: int = 0  # device -> host copies (write-through backups and write-back evictions)
+    host_evicted_tokens: int = 0  # host copies freed by host eviction
+    transfer_s: float = 0.0  # seconds of host<->device copies issued (both directions; overlapped, see cost.py)
 
-    def as_dict(self) -> dict[str, int]:
+    def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
 
 
@@ -58,7 +67,7 @@ class SimResult:
     counts: Totals
     simulated_s: float  # time on the modelled server's clock (the cost model), not wall-clock time
     rows: list[dict] = field(repr=False)
-    tree: RadixCache = field(repr=False)
+    tree: RadixCache | HiRadixCache = field(repr=False)
 
     @property
     def hit_rate(self) -> float:
@@ -78,6 +87,7 @@ class SimResult:
         derived = {
             "hit_rate": round(self.hit_rate, 6),
             "simulated_s": round(self.simulated_s, 6),
+            "transfer_s": round(c.transfer_s, 6),
             "output_tokens_per_s": round(c.output_tokens / self.simulated_s, 3) if self.simulated_s else 0.0,
         }
         measured = {key: derived[key] if key in derived else getattr(c, key) for key in RESULT_KEYS}

@@ -5,7 +5,8 @@ One loop, as ``managers/scheduler.py::Scheduler.event_loop_normal``: admit arriv
 or the same rounds event by event, :mod:`kvlab.sched.fast_decode`); finished requests are cached into the tree.
 The components share one view of memory (:mod:`kvlab.sched.kv`, where the eviction mode, the only switch between
 the two arms of finding 2, is applied to every ``evict_from_tree_cache`` call) and one record of the run
-(:mod:`kvlab.sched.ledger`: totals, clock, per-step rows). kvlab differs on purpose: time comes from
+(:mod:`kvlab.sched.ledger`: totals, clock, per-step rows). With HiCache on, the memory view moves the host tier's
+copy clock to each step's start and prices the step's copies (:mod:`kvlab.sched.cost`). kvlab differs on purpose: time comes from
 :class:`~kvlab.sched.cost.CostModel`, and output tokens are the request's own (a trace or workload may fix them so
 multi-turn prompts can hit earlier answers) or derived from its id.
 """
@@ -102,6 +103,7 @@ class Scheduler:
                 ledger.now_s = pending[0].arrival_time_s
                 continue
             ledger.begin_step()
+            kv.begin_step(ledger.now_s)  # HiCache: copies finished by now complete (check_hicache_events)
             batch = self.prefill.schedule(waiting, self.running, self.chunked, self._future_tokens)
             retracted = 0
             if batch.reqs:
@@ -117,10 +119,18 @@ class Scheduler:
                 waiting.extend(back)
                 retracted = len(back)
                 kind, dt = "decode", cfg.cost.decode_time_s(batch_size)
+            elif kv.next_transfer_s() < float("inf"):
+                # HiCache: nothing runs and nothing fits while copies in flight hold nodes locked; the server
+                # idles until the next copy lands (or the next request arrives), as SGLang's loop does
+                ledger.now_s = min(kv.next_transfer_s(), pending[0].arrival_time_s if pending else float("inf"))
+                continue
             else:
                 raise RuntimeError(
                     f"scheduler stuck: {len(waiting)} waiting request(s) cannot be admitted into a pool of "
                     f"{cfg.kv_tokens} tokens ({kv.available()} free, {kv.evictable()} evictable)")
+            if kv.hicache:
+                dt = kv.step_time(dt)
+                ledger.note_transfers(kv.step_transfers())
             ledger.end_step(kind, dt, computed, retracted, kv.sizes(), len(self.running), len(waiting))
             if cfg.debug:
                 self.check_invariants()
@@ -128,9 +138,12 @@ class Scheduler:
                 bar.update(ledger.step_finished)
             if kind == "decode" and not cfg.debug and self.prefill.idle(waiting, self.running, self.chunked):
                 # the rounds up to the next event, without the loop around them (a no-op for the reference rounds)
-                self.decoder.quiet_steps(self.running, len(waiting), pending[0].arrival_time_s if pending else
-                                         float("inf"), cfg.max_steps - totals.steps)
+                # (and before a host-tier copy completes: that unlocks nodes, which a row shows)
+                until = min(pending[0].arrival_time_s if pending else float("inf"), kv.next_transfer_s())
+                self.decoder.quiet_steps(self.running, len(waiting), until, cfg.max_steps - totals.steps)
         bar.close()
+        if kv.hicache:  # the copies still in flight land (the clock of the run is not moved)
+            kv.tree.drain()
         return SimResult(cfg, replace(totals), ledger.now_s, ledger.rows, kv.tree)
 
 

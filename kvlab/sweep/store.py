@@ -38,7 +38,7 @@ from kvlab.sweep.point import TIMING_COLUMNS, TOTAL_COLUMNS
 
 PARAM_COLUMNS = ("source", "seed", "eviction", "policy", "page_size", "max_running", "kv_pages", "kv_tokens")
 COLUMNS = PARAM_COLUMNS + TOTAL_COLUMNS + TIMING_COLUMNS
-FLOAT_COLUMNS = frozenset({"hit_rate", "simulated_s", "output_tokens_per_s", "wall_s"})
+FLOAT_COLUMNS = frozenset({"hit_rate", "transfer_s", "simulated_s", "output_tokens_per_s", "wall_s"})
 TEXT_COLUMNS = frozenset({"source", "eviction", "policy"})
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
