@@ -128,7 +128,7 @@ assert runs[("write_through", "shortfall")].hit_rate >= runs[("write_through_sel
 # ## 3 · Hit rate against host size, on the shipped Mooncake-format trace
 # Now the scheduler (`kvlab simulate`) with a host tier: the 200 requests of `data/traces/mooncake_small.jsonl`,
 # 512-token pages, 16 running, a device pool of 157 pages (80,384 tokens: a sixteenth of what the trace's distinct
-# prompts would need), `write_through`, and host pools of 0.5 to 8 times the device pool (`--hicache-ratio`; 0: no
+# prompts would need), `write_through`, and host pools of 1 to 8 times the device pool (`--hicache-ratio`; 0: no
 # host tier). Host size is in GiB of Llama-3-8B KV (128 KiB per token). Hit rate counts prompt tokens served from
 # either tier.
 
@@ -179,13 +179,23 @@ print(host_tier.finding2_verdict(finding2))
 # %% [markdown]
 # How to read it:
 #
-# - **Without a host tier** (first panel) the bug costs a few tenths of a point at the smallest pools and nothing
-#   once the pool holds what the trace comes back to (notebook 06).
-# - **With a host tier that has room, the bug costs no hits**: what it evicts early is demoted to host and loaded
-#   back when asked for. It costs copies instead — extra GB and transfer seconds in the table — mostly hidden under
-#   the prefill's compute (a load-back overlaps it, a write-through never blocks it).
-# - **Where the host tier is full too**, an early eviction can destroy what has no host copy (a node the full host
-#   pool could not back up, or under `write_back` a write-back that does not fit), and the bug can cost hits again.
+# - **Without a host tier** (first panel) the bug costs a few tenths of a point at these small pools (notebook 06
+#   maps the rest of the pool sizes: from about an eighth of the trace's distinct prompts on, nothing).
+# - **A host pool four times the device pool, written through, makes the bug free**: what full eviction evicts
+#   early is demoted to host and loaded back when it is asked for, so both modes hit exactly the same tokens. The
+#   bug's price there is copies only — the extra GB and transfer seconds in the table, which SGLang overlaps with
+#   compute (a load-back runs under the prefill, a write-through never blocks it).
+# - **Where the host tier is small or full too** (ratio 1, or `write_back` at the smallest pool), an early
+#   eviction can still destroy what has no host copy — a node the full host pool could not back up, or a
+#   write-back that does not fit — and the bug costs hits again, though less than without a host tier.
+# - **`write_through_selective`** costs nothing in these cells: it backs up only what was hit twice, so the host
+#   pool is not full of one-off prompts, and what the bug evicts early is the reused part that has a copy.
+
+# %%
+no_cost = finding2[(finding2["write_policy"] == "write_through") & (finding2["host_ratio"] == 4.0)]
+assert (no_cost["gap_points"] == 0).all() and (no_cost["lost_hit_tokens"] == 0).all()  # really nothing
+device_only = finding2[finding2["write_policy"] == host_tier.DEVICE_ONLY]
+assert (device_only["gap_points"] > 0).all()  # ...where the device-only server loses hits at the same pools
 
 # %% [markdown]
 # ## 5 · Exercise: device eviction under `write_back`

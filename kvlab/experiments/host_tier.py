@@ -614,12 +614,12 @@ TRACE_PAGE_SIZE = 512  # a Mooncake trace's hash ids are 512-token blocks
 TRACE_MAX_RUNNING = 16
 DEVICE_ONLY = "device only"  # the write_policy column of a run without a host tier
 HOST_RATIOS = (0.0, 0.5, 1.0, 2.0, 4.0)  # --hicache-ratio; 0: no host tier
-# the shipped trace's three smallest default pools (pool_sweep.default_pool_pages(requests, 512, 6)[:3]): from one
-# request's worth to an eighth of its distinct prompt pages, where a device-only pool turns over fast
-REGIME_POOL_PAGES = (78, 157, 316)
+# the shipped trace's two smallest default pools (pool_sweep.default_pool_pages(requests, 512, 6)[:2]): one
+# request's worth and twice that (a sixteenth of the distinct prompt pages), where a device-only pool turns over fast
+REGIME_POOL_PAGES = (78, 157)
 REGIME_HOST_RATIOS = (1.0, 4.0)
 CURVE_POOL_PAGES = 157  # section 3's device pool
-CURVE_HOST_RATIOS = (0.0, 0.5, 1.0, 2.0, 4.0, 8.0)
+CURVE_HOST_RATIOS = (0.0, 1.0, 2.0, 4.0, 8.0)
 NO_COST_POINTS = 0.05  # capacity.COST_FREE_POINTS: a hit-rate difference below this is "no cost"
 SIM_KEYS = ("hit_rate", "cached_prompt_tokens", "device_hit_tokens", "host_hit_tokens", "loaded_back_tokens",
             "written_to_host_tokens", "host_evicted_tokens", "transfer_s", "evicted_tokens", "over_evicted_tokens",
@@ -669,7 +669,7 @@ def _point_totals(requests, point: HostPoint, page_size: int, max_running: int) 
 
 
 def _run_points(requests, points: Sequence[HostPoint], page_size: int, max_running: int, processes: int) -> list:
-    if processes <= 1 or len(points) == 1:
+    if processes <= 1 or len(points) <= 1:
         return [_point_totals(requests, p, page_size, max_running) for p in points]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
@@ -679,7 +679,8 @@ def _run_points(requests, points: Sequence[HostPoint], page_size: int, max_runni
                              [max_running] * len(points)))
 
 
-_SWEEPS: dict = {}
+_POINTS: dict = {}  # (id of the request list, point, page_size, max_running) -> totals: each run once per process
+_TRACE: list = []  # the shipped trace's requests, read once
 
 
 def host_sweep(requests=None, *, kv_pages: Sequence[int], host_ratios: Sequence[float] = HOST_RATIOS,
@@ -688,34 +689,36 @@ def host_sweep(requests=None, *, kv_pages: Sequence[int], host_ratios: Sequence[
     """Device pool × host ratio × write policy × eviction mode on ``requests`` (default: the shipped trace). A host
     ratio of 0 is one device-only run per pool and mode (write policy :data:`DEVICE_ONLY`). Returns a tidy frame:
     one row per run with the point, :data:`SIM_KEYS`, ``host_tokens``, ``host_gib``, ``moved_gb`` (both
-    directions, decimal GB) and ``kv_pages``. Seeded and deterministic; computed once per process per grid."""
+    directions, decimal GB) and ``kv_pages``. Seeded and deterministic; each point runs once per process (a later
+    sweep that shares points with an earlier one runs only the new ones), ``processes`` at a time."""
     import pandas as pd
 
     from kvlab.units import GiB
 
-    key = (None if requests is None else id(requests), tuple(kv_pages), tuple(host_ratios), tuple(policies),
-           tuple(modes), page_size, max_running)
-    if key in _SWEEPS:
-        return _SWEEPS[key].copy()
-    if requests is None:
-        requests = trace_requests()
     for p in policies:
         if p not in POLICIES:
             raise ValueError(f"write policy must be one of {', '.join(POLICIES)}, got {p!r}")
     for r in host_ratios:
-        if not isinstance(r, (int, float)) or r < 0:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or r < 0:
             raise ValueError(f"host ratio must be a number >= 0 (0: no host tier), got {r!r}")
+    if requests is None:
+        if not _TRACE:
+            _TRACE.extend(trace_requests())
+        requests = _TRACE
     points = sorted({HostPoint(int(pages), float(r), DEVICE_ONLY if not r else p, m)
                      for pages in kv_pages for r in host_ratios for p in policies for m in modes})
+    key = (id(requests), page_size, max_running)
+    todo = [p for p in points if (key, p) not in _POINTS]
+    for point, totals in zip(todo, _run_points(requests, todo, page_size, max_running, processes)):
+        _POINTS[(key, point)] = totals
     rows = []
-    for point, totals in zip(points, _run_points(requests, points, page_size, max_running, processes)):
+    for point in points:
+        totals = dict(_POINTS[(key, point)])
         bpt = totals.pop("kv_bytes_per_token")
         rows.append({"kv_pages": point.kv_pages, "host_ratio": point.host_ratio, "write_policy": point.write_policy,
                      "mode": point.mode, **totals, "host_gib": totals["host_tokens"] * bpt / GiB,
                      "moved_gb": (totals["written_to_host_tokens"] + totals["loaded_back_tokens"]) * bpt / GB})
-    frame = pd.DataFrame(rows)
-    _SWEEPS[key] = frame
-    return frame.copy()
+    return pd.DataFrame(rows)
 
 
 def hit_rate_frame(sweep, kv_pages: int, write_policy: str = "write_through"):
