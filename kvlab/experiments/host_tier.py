@@ -652,10 +652,16 @@ class HostPoint:
 
 
 def trace_requests(trace=None, num_requests: int | None = None) -> list:
-    """The shipped Mooncake-format trace (``data/traces/mooncake_small.jsonl``), or ``trace``, as requests."""
-    from kvlab.experiments.capacity import load
+    """The shipped Mooncake-format trace (``data/traces/mooncake_small.jsonl``), or ``trace``, as requests sorted by
+    arrival (``capacity.load``'s order), the first ``num_requests`` when given."""
+    from pathlib import Path
 
-    return load(trace, num_requests).requests
+    from kvlab.experiments.pool_sweep import EXAMPLE_TRACE
+    from kvlab.workloads.mooncake import read_records, records_to_requests
+
+    path = Path(trace) if trace is not None else EXAMPLE_TRACE
+    requests = records_to_requests(read_records(path), rid_prefix=path.stem)
+    return requests if num_requests is None else requests[:num_requests]
 
 
 def _point_totals(requests, point: HostPoint, page_size: int, max_running: int) -> dict:

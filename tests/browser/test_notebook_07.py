@@ -1,7 +1,8 @@
 """Notebook 07 (the host tier) on every surface: JupyterLab (run, step the two-tier tree widget, switch the write
 policy, Save, reload), Voila (``kvlab app 07``) and the static report page (``kvlab report --notebooks 07``). On each,
 the tree widget draws the seeded demo's tree node for node, coloured by residency, with the summary's host numbers
-equal to what is drawn, and the write-policy bars draw the numbers of the table above them."""
+equal to what is drawn, the write-policy bars draw the numbers of the table above them, and the scheduler's figures
+(hit rate against host size, finding 2's regime map) draw the tables' numbers."""
 
 from __future__ import annotations
 
@@ -34,18 +35,29 @@ NOTEBOOK = "notebooks/07_host_tier.ipynb"
 START_REQUESTS = 30  # the notebook's HostTierPanel(start_requests=30, seed=0)
 TREE = ".kvlab-host-tier-panel .kvlab-tree-fig"
 POLICY_TITLE = "Write policies on the same requests"
+CURVE_TITLE = "Hit rate against host pool size"
+REGIME_TITLE = "Hit rate lost to full eviction (the bug) with a host tier, in points"
 
 _FIGURE_BY_TITLE = """(title) => {
   const gd = [...document.querySelectorAll('.js-plotly-plot')].find(
       g => g._fullLayout && g._fullLayout.title && g._fullLayout.title.text === title);
   return gd ? gd.data.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || []),
-                                 xaxis: t.xaxis || 'x'})) : null;
+                                 z: Array.from(t.z || []).map(r => Array.from(r)), xaxis: t.xaxis || 'x'})) : null;
 }"""
 
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
     return host_tier.policy_runs()
+
+
+@pytest.fixture(scope="module")
+def sims() -> tuple:
+    """Sections 3 and 4's scheduler runs, computed here as the oracle (the notebook's tables show these numbers)."""
+    sizes = host_tier.host_sweep(kv_pages=[host_tier.CURVE_POOL_PAGES], host_ratios=host_tier.CURVE_HOST_RATIOS)
+    regimes = host_tier.host_sweep(kv_pages=host_tier.REGIME_POOL_PAGES,
+                                   host_ratios=(0.0, *host_tier.REGIME_HOST_RATIOS), policies=host_tier.POLICIES)
+    return host_tier.curve_table(sizes), host_tier.finding2_frame(regimes)
 
 
 def oracle_demo(steps: list[str], policy: str = "write_through") -> host_tier.HostTierDemo:
@@ -88,10 +100,30 @@ def check_policy_bars(page: Page, runs: dict) -> None:
         assert f"{runs[(p, 'shortfall')].hit_rate:.2%}" in text
 
 
+def _figure(page: Page, title: str) -> list[dict]:
+    page.wait_for_function(f"(t) => ({_FIGURE_BY_TITLE})(t) !== null", arg=title, timeout=300_000)
+    return page.evaluate(_FIGURE_BY_TITLE, title)
+
+
+def check_simulator_figures(page: Page, sims: tuple) -> None:
+    """The hit-rate curve draws the curve table's hit rates; the regime map's cells are finding 2's points lost, and
+    the table under it shows them."""
+    curve, finding2 = sims
+    lines = {t["name"].split(" ")[0]: t for t in _figure(page, CURVE_TITLE)}
+    for mode, column in (("shortfall", "hit rate, shortfall (the fix)"), ("full", "hit rate, full (the bug)")):
+        assert lines[mode]["y"] == pytest.approx(curve[column].round(6).tolist(), abs=1e-9), mode
+        assert lines[mode]["x"] == pytest.approx(curve["host pool (GiB)"].tolist(), abs=1e-3), mode
+    drawn = sorted(v for t in _figure(page, REGIME_TITLE) for row in t["z"] for v in row if v is not None)
+    assert drawn == pytest.approx(sorted(finding2["gap_points"].tolist()), abs=1e-9)
+    text = page.locator("body").inner_text()
+    for r in finding2.itertuples():
+        assert f"{r.hit_rate_shortfall:.2%}" in text
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_server: LabServer, artifacts: Path,
-                                                        runs):
+                                                        runs, sims):
     work = artifacts / "07_host_tier.ipynb"  # a copy: saving writes outputs into the file
     shutil.copy(lab_server.root_dir / NOTEBOOK, work)
     relpath = work.relative_to(lab_server.root_dir).as_posix()
@@ -100,6 +132,7 @@ def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_serv
     lab.wait_for_output_text(lab_page, "NOT YET")  # the exercise's starter fails its check, as it should
     before = check_tree(lab_page, oracle_demo([]))
     check_policy_bars(lab_page, runs)
+    check_simulator_figures(lab_page, sims)
     lab.wait_widget_text(lab_page, "kvlab-tree-log", f"{START_REQUESTS} of 40 requests run")
     lab.screenshot(lab_page, artifacts / "lab07_tree.png", ".kvlab-host-tier-panel")
 
@@ -126,7 +159,8 @@ def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_serv
 
 @pytest.mark.browser
 @pytest.mark.slow
-def test_voila_07_draws_the_tree_and_the_bars(voila, context: BrowserContext, artifacts: Path, runs):  # noqa: F811
+def test_voila_07_draws_the_tree_and_the_bars(voila, context: BrowserContext, artifacts: Path, runs,  # noqa: F811
+                                              sims):
     page: Page = context.new_page()
     page.goto(voila("07"), wait_until="commit")
     page.locator(".kvlab-host-tier-panel").wait_for(state="attached", timeout=300_000)
@@ -138,13 +172,14 @@ def test_voila_07_draws_the_tree_and_the_bars(voila, context: BrowserContext, ar
     check_tree(page, oracle_demo(["pressure_event"]))
     page.locator(".kvlab-check").first.wait_for(state="attached", timeout=300_000)  # the rest has run
     check_policy_bars(page, runs)
+    check_simulator_figures(page, sims)
     page.close()
 
 
 @pytest.mark.browser
 @pytest.mark.slow
 def test_report_07_page_draws_the_tree_and_the_tables_numbers(offline: BrowserContext, tmp_path: Path,  # noqa: F811
-                                                              artifacts: Path, runs):
+                                                              artifacts: Path, runs, sims):
     out = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "report", "--out", str(out), "--notebooks", "07",
                            "--device", "sim:h200", "--no-png"], capture_output=True, text=True, timeout=900,
@@ -157,6 +192,7 @@ def test_report_07_page_draws_the_tree_and_the_tables_numbers(offline: BrowserCo
     assert not figure_problems("07", figures), figures
     check_tree(page, oracle_demo([]))  # the saved widget state: the panel as the notebook left it
     check_policy_bars(page, runs)
+    check_simulator_figures(page, sims)
     assert opened.page_errors == [] and opened.off_machine == []
     lab.screenshot(page, artifacts / "report07.png")
     page.close()
