@@ -148,9 +148,9 @@ print("kvlab simulate --trace data/traces/mooncake_small.jsonl "
 assert curve["hit rate, shortfall (the fix)"].is_monotonic_increasing  # more host memory never loses hits here
 
 # %% [markdown]
-# The device pool alone holds about a quarter of the prompt tokens' prefixes when they come back; every doubling of
-# the host pool keeps more of what the device evicts, and a load-back is far cheaper than recomputing: copying a
-# 512-token page of Llama-3-8B KV (64 MiB) over PCIe takes about a millisecond.
+# Alone, the device pool serves about a quarter of the prompt tokens from its cache. Each doubling of the host pool
+# keeps more of what the device evicts, until the host holds what the trace comes back to; and a load-back is far
+# cheaper than recomputing: copying a 512-token page of Llama-3-8B KV (64 MiB) over PCIe takes about a millisecond.
 
 # %% [markdown]
 # ## 4 · Finding 2 with a host tier

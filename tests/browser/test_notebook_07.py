@@ -79,7 +79,9 @@ def check_tree(page: Page, demo: host_tier.HostTierDemo) -> list[dict]:
     assert (icicle["ids"], icicle["values"]) == ([str(i) for i in frame["id"]], [int(v) for v in frame["path_tokens"]])
     colours = [RESIDENCY_COLOURS.get(r, TREE_COLOURS["root"]) for r in frame["residency"]]
     assert icicle["marker"]["colors"] == colours
-    assert page.locator(f"{TREE} g.slice").count() >= 5  # the SVG is drawn, not just the data
+    # the SVG is drawn, not just the data (after a redraw plotly animates the slices in: wait for them)
+    page.wait_for_function("(sel) => document.querySelectorAll(sel).length >= 5", arg=f"{TREE} g.slice",
+                           timeout=30_000)
     host_only = sum(int(t) for t, r in zip(frame["tokens"], frame["residency"]) if r == "host")
     summary = page.locator(".kvlab-host-tier-panel .kvlab-tree-sizes")
     assert summary.get_attribute("data-host-only") == str(host_only)
