@@ -42,10 +42,12 @@ ENGINE = "local"  # "local": a process pool on this machine; "ray": a Ray cluste
 WORKERS = None  # local processes (None: one per core)
 RAY_ADDRESS = None  # with ENGINE = "ray": a cluster to join, e.g. "ray://head-node:10001"; None starts one here
 OUT = None  # e.g. "capacity.csv": keep the rows; a rerun skips the points already there
+HOST_RATIOS = [1, 4]  # section 5: host pools (SGLang's --hicache-ratio) beside each device pool; [] skips it
+HOST_WRITE_POLICY = "write_through"  # --hicache-write-policy for section 5
 
 # %%
 from kvlab.experiments import capacity
-from kvlab.viz.capacity_plots import CapacityPanel
+from kvlab.viz.capacity_plots import CapacityPanel, hit_rate_by_host
 
 # %% [markdown]
 # ## 1 · The sweep
@@ -108,3 +110,25 @@ print(result.cli())
 # ```python
 # result = capacity.run(TRACE_PATH, max_running=MAX_RUNNING, engine="ray", ray_address="ray://head-node:10001")
 # ```
+
+# %% [markdown]
+# ## 5 · A host tier as one more axis
+# SGLang's hierarchical cache (`--enable-hierarchical-cache`, notebook 07) keeps what the device pool evicts in a
+# host-memory pool, `--hicache-ratio` times the device pool, and loads it back on a hit. The same pools again at
+# max running 16 (or the largest you swept), each with host pools of `HOST_RATIOS` times the device pool: grey is
+# the device-only sweep above, solid the fix, dashed the bug. Host memory is cheaper than GPU memory; where a
+# curve with a host tier reaches the device-only curve's plateau at a smaller device pool, the host pool buys what
+# more GPU memory would.
+
+# %%
+host = capacity.host_axis(result, HOST_RATIOS, write_policy=HOST_WRITE_POLICY) if HOST_RATIOS else None
+hit_rate_by_host(host) if host else None
+
+# %% [markdown]
+# The hit-rate points each host pool adds over the device-only server (the fix), per device pool; then one point of
+# the axis as a command:
+
+# %%
+if host:
+    print(host.gain_points().to_string())
+    print("\n" + host.cli(result.pool_pages[0], max(HOST_RATIOS)))

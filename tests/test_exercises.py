@@ -1,4 +1,4 @@
-"""The exercises of notebooks 01, 02 and 03 (kvlab.labs): kvlab's real scenarios with a learner's function plugged in.
+"""The exercises of notebooks 01, 02, 03 and 07 (kvlab.labs): kvlab's real scenarios with a learner's function plugged in.
 
 The stubs are read from the notebooks themselves, so what a learner starts from is what is tested.
 """
@@ -11,6 +11,7 @@ import pytest
 
 from kvlab.device.measure import get_available_gpu_memory
 from kvlab.experiments import hybrid_caches, kv_pool_sizing
+from kvlab.labs import host_tier as lab07
 from kvlab.labs import hybrid_caches as lab03
 from kvlab.labs import kv_pool_sizing as lab01
 from kvlab.labs import shortfall_eviction as lab02
@@ -207,3 +208,38 @@ def test_resume_run_gives_each_query_its_path_and_the_trees_answer():
         assert query.matched_tokens == cache.match_prefix(key).device_prefix_len
         assert query.given == 0 and query.error is None
     assert any(q.matched_tokens < sum(t for t, _ in q.path) for q in queries)  # a hit past the last state
+
+
+# ---- notebook 07 ----------------------------------------------------------------------------
+
+def test_the_write_back_stub_is_the_write_through_rule_and_not_yet():
+    stub = lab07.write_back.check(_notebook_function("07_host_tier.py", "my_write_back_evict"))
+    assert not stub.ok and "NOT YET" in stub.text()
+    # the write-through rule destroys what write_back writes first: exactly the two cases with room on host
+    assert [line.ok for line in stub.lines] == [False, True, True, False, True]
+    assert all("written to host before its device slots are freed" in line.hint for line in stub.wrong)
+    assert "evicting the host-only leaf frees 250 more" in stub.lines[3].hint
+
+
+def test_the_write_back_solution_passes_and_wrong_answers_are_named():
+    solved = lab07.write_back.check(_solution_function(lab07.write_back.solution, "my_write_back_evict"))
+    assert solved.ok, solved.text()
+    always_write = lab07.write_back.check(lambda b, n, free, ev: "demote" if b else "write then demote")
+    assert [line.ok for line in always_write.lines] == [True, True, False, True, False]
+    assert "does not fit: 100 free on host and no host-only leaf to evict" in always_write.lines[2].hint
+    assert "frees only 150 more" in always_write.lines[4].hint
+    free_only = lab07.write_back.check(  # forgets that host eviction makes room
+        lambda b, n, free, ev: "demote" if b else ("write then demote" if n <= free else "destroy"))
+    assert [line.ok for line in free_only.lines] == [True, True, True, False, True]
+    typo = lab07.write_back.check(lambda *a: "evict")
+    assert not typo.ok and "answer one of 'demote', 'write then demote', 'destroy'" in typo.lines[0].hint
+    broken = lab07.write_back.check(lambda *a: 1 / 0)
+    assert not broken.ok and "ZeroDivisionError" in broken.lines[0].given
+
+
+def test_write_back_run_reports_the_real_trees_outcome_per_case():
+    seen = []
+    answers = lab07.write_back.run(lambda *case: seen.append(case) or "destroy")
+    assert [a.case for a in answers] == list(lab07.WRITE_BACK_CASES) == seen
+    assert [a.outcome for a in answers] == ["write then demote", "demote", "destroy", "write then demote", "destroy"]
+    assert [a.host_evicted_tokens for a in answers] == [0, 0, 0, 250, 150]

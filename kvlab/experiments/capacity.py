@@ -141,3 +141,66 @@ def run(trace: str | Path | None = None, *, pool_pages: Sequence[int] | None = N
     ideal = trace_stats(records).ideal_hit_rate if page_size == MOONCAKE_BLOCK_SIZE else None
     return CapacityResult(path, len(requests), page_size, policy, checked.kv_pages, tuple(sorted(checked.max_running)),
                           ideal, sweep, whole)
+
+
+# ---- a host tier (SGLang's HiCache) as one more axis ------------------------------------------------------------
+DEFAULT_HOST_RATIOS = (1.0, 4.0)  # --hicache-ratio: a host pool as big as the device pool, and four times it
+HOST_MAX_RUNNING = 16
+
+
+@dataclass(frozen=True)
+class HostAxis:
+    """Hit rate against pool size with host pools beside it (``frame``: one row per run; ``host_ratio`` 0 is the
+    device-only sweep's own rows, the others are ``host_tier.host_sweep`` runs at the same pools)."""
+
+    frame: Any
+    max_running: int
+    write_policy: str
+    host_ratios: tuple[float, ...]
+    trace: Path
+    page_size: int
+
+    def hit_rates(self):
+        """Hit rate (0-1): a row per pool (pages), a column per (host ratio, mode); ratio 0 = no host tier."""
+        table = self.frame.pivot_table(index="kv_pages", columns=["host_ratio", "mode"], values="hit_rate")
+        modes = [m for m in ("shortfall", "full") if m in table.columns.get_level_values("mode")]
+        table = table.reindex(columns=[(r, m) for r in sorted(set(table.columns.get_level_values(0))) for m in modes])
+        table.index.name = "KV pool (pages)"
+        return table
+
+    def gain_points(self):
+        """Hit-rate points a host pool adds over the device-only server (shortfall): a row per pool, a column per
+        host ratio."""
+        rates = self.hit_rates().xs("shortfall", axis=1, level="mode")
+        return (100 * rates.sub(rates[0.0], axis=0)).drop(columns=[0.0]).round(2)
+
+    def cli(self, kv_pages: int, host_ratio: float) -> str:
+        """One point of the axis as a ``kvlab simulate`` command."""
+        return (f"kvlab simulate --trace {_shown_path(self.trace)} --kv-pages {kv_pages} --page-size {self.page_size} "
+                f"--max-running {self.max_running} --hicache-ratio {host_ratio:g} "
+                f"--hicache-write-policy {self.write_policy} --json")
+
+
+def host_axis(result: CapacityResult, host_ratios: Sequence[float] = DEFAULT_HOST_RATIOS, *,
+              max_running: int | None = None, write_policy: str = "write_through",
+              processes: int = 2) -> HostAxis:
+    """``result``'s pools at one max running (default :data:`HOST_MAX_RUNNING` when swept, else the largest), run
+    again with each host ratio beside them (both eviction modes, ``write_policy``); the device-only rows come from
+    ``result`` itself."""
+    import pandas as pd
+
+    from kvlab.experiments import host_tier
+
+    running = max_running if max_running is not None else (
+        HOST_MAX_RUNNING if HOST_MAX_RUNNING in result.max_running else max(result.max_running))
+    ratios = tuple(float(r) for r in host_ratios if r)
+    if not ratios:
+        raise ValueError(f"host_ratios: give at least one ratio > 0 (--hicache-ratio), got {list(host_ratios)!r}")
+    requests = load(result.trace, None if result.whole_trace else result.num_requests).requests
+    hosted = host_tier.host_sweep(requests, kv_pages=result.pool_pages, host_ratios=ratios, policies=(write_policy,),
+                                  page_size=result.page_size, max_running=running, processes=processes)
+    device = result.curve(running)[["kv_pages", "mode", "hit_rate"]].assign(
+        host_ratio=0.0, write_policy=host_tier.DEVICE_ONLY, host_gib=0.0)
+    frame = pd.concat([device, hosted[list(device.columns) + ["loaded_back_tokens", "transfer_s"]]],
+                      ignore_index=True).fillna({"loaded_back_tokens": 0, "transfer_s": 0.0})
+    return HostAxis(frame, running, write_policy, (0.0, *ratios), result.trace, result.page_size)

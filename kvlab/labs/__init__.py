@@ -14,6 +14,7 @@ function that kvlab plugs into a real scenario).
 ``kv_pool_sizing``          notebook 01: ``measure`` (write SGLang's post-load reading)
 ``shortfall_eviction``      notebook 02: ``shortfall`` (how many tokens to ask the radix tree for)
 ``hybrid_caches``           notebook 03: ``resume`` (where a Mamba hit may resume)
+``host_tier``               notebook 07: ``write_back`` (what device eviction does to a leaf under write_back)
 ==========================  ================================================================================
 
 The labs sit above ``kvlab.experiments`` (they run its scenarios); nothing below imports them. A notebook imports
@@ -37,6 +38,7 @@ NOTEBOOK_LABS = {
     "01_kv_pool_sizing": "kvlab.labs.kv_pool_sizing",
     "02_shortfall_eviction": "kvlab.labs.shortfall_eviction",
     "03_hybrid_caches": "kvlab.labs.hybrid_caches",
+    "07_host_tier": "kvlab.labs.host_tier",
 }
 
 

@@ -1,7 +1,8 @@
 """A radix tree as a table: one row per node, for plots and for reading a tree without walking it.
 
-Works for every kvlab tree (``RadixCache``, ``SWARadixCache``, ``MambaRadixCache``); the hybrid trees'
-second component shows up in the ``state`` column (a Mamba node with or without its recurrent state, an
+Works for every kvlab tree (``RadixCache``, ``SWARadixCache``, ``MambaRadixCache``, ``HiRadixCache``); the
+two-tier tree's residency shows up in the ``residency`` column, the hybrid trees'
+second component in the ``state`` column (a Mamba node with or without its recurrent state, an
 SWA tombstone). :func:`with_evicted` lays a tree *after* an eviction over the tree *before* it, so a plot
 can keep the scale and mark what was destroyed instead of dropping it.
 """
@@ -44,7 +45,8 @@ def tree_frame(cache: BasePrefixCache, *, names: Names = None, preview_tokens: i
     token ids), and for hybrid trees: ``state`` (:data:`STATE_MAMBA`, :data:`STATE_MAMBA_TOMBSTONE`,
     :data:`STATE_SWA_TOMBSTONE` or ``""``), ``has_state`` (a Mamba node holds a recurrent state a hit
     can resume from; False elsewhere), ``mamba_slot`` (its ``MambaPool`` slot, ``<NA>`` if none) and
-    ``swa_tombstone``.
+    ``swa_tombstone``; ``residency``: on a two-tier tree (``HiRadixCache``) ``"device"``, ``"both"`` or
+    ``"host"`` (:attr:`HiTreeNode.residency`; a host-only node is never ``locked``), ``""`` on one-tier trees.
 
     ``label``: ``names[first token]`` when ``names`` is a dict (a conversation's name, say), ``names(node)``
     when it is a function, and with ``names="spans"`` where the node lies in the cached sequence,
@@ -89,12 +91,13 @@ def tree_frame(cache: BasePrefixCache, *, names: Names = None, preview_tokens: i
             else:
                 label = (names or {}).get(node.key[0]) or preview
         slot = node.mamba_value if kind == "mamba" and node is not root else None
+        residency = "" if node is root else getattr(node, "residency", "")
         rows.append(dict(id=node.id, parent_id=None if node is root else node.parent.id, tokens=len(node.key),
                          subtree_tokens=subtree[node.id], path_tokens=path[node.id], prefix_tokens=end,
                          lock_ref=node.lock_ref, status=status, last_access_time=node.last_access_time,
                          hit_count=node.hit_count, label=label, key_preview=preview, state=state,
                          has_state=slot is not None, mamba_slot=slot,
-                         swa_tombstone=kind == "swa" and bool(node.swa_tombstone)))
+                         swa_tombstone=kind == "swa" and bool(node.swa_tombstone), residency=residency))
     frame = pd.DataFrame(rows)
     frame["mamba_slot"] = pd.array(frame["mamba_slot"].tolist(), dtype="Int64")
     return frame
@@ -114,7 +117,7 @@ def with_evicted(before, after):
     out = before.copy()
     live = out["id"].isin(kept.index)
     for column in ("status", "lock_ref", "last_access_time", "hit_count", "label", "state", "has_state",
-                   "mamba_slot", "swa_tombstone"):
+                   "mamba_slot", "swa_tombstone", "residency"):
         if column in out and column in kept:
             out.loc[live, column] = kept.loc[out.loc[live, "id"], column].to_numpy()
     out.loc[~live, "status"] = EVICTED

@@ -141,3 +141,29 @@ class CapacityPanel:
     def show(self, max_running: int) -> None:
         self.curve.draw(lambda: hit_rate_curve(self.result, max_running), key=max_running)
         self.hits.value = _hits_html(self.result, max_running)
+
+
+HOST_RATIO_COLOURS = ("#7f7f7f", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e")  # no host tier first, then each ratio
+
+
+def hit_rate_by_host(axis) -> go.Figure:
+    """Hit rate against pool size (log x), a colour per host ratio (grey: no host tier), solid the fix
+    (shortfall), dashed the bug (full). ``axis``: ``capacity.host_axis(...)``."""
+    fig = go.Figure()
+    for i, ratio in enumerate(axis.host_ratios):
+        colour = HOST_RATIO_COLOURS[i % len(HOST_RATIO_COLOURS)]
+        for mode, dash, word in (("shortfall", "solid", "shortfall (the fix)"), ("full", "dash", "full (the bug)")):
+            part = axis.frame[(axis.frame["host_ratio"] == ratio) & (axis.frame["mode"] == mode)].sort_values("kv_pages")
+            if part.empty:
+                continue
+            host = "no host tier" if not ratio else f"host ratio {ratio:g}"
+            fig.add_trace(go.Scatter(
+                x=part["kv_pages"].tolist(), y=part["hit_rate"].round(6).tolist(), name=f"{host}, {word}",
+                legendgroup=host, mode="lines+markers", line=dict(color=colour, dash=dash),
+                hovertemplate=f"{host}, {word}<br>pool %{{x}} pages<br>hit rate %{{y:.2%}}<extra></extra>"))
+    fig.update_xaxes(type="log", title_text="device KV pool (pages)")
+    fig.update_yaxes(title_text="hit rate (device + host)", tickformat=".0%", rangemode="tozero")
+    fig.update_layout(title=f"Hit rate against pool size, with a host tier ({axis.write_policy}, max running "
+                            f"{axis.max_running})", height=460, legend=dict(orientation="h", y=-0.2),
+                      margin=dict(t=60, b=90))
+    return fig

@@ -238,6 +238,10 @@ TREE_HOVER = ("<b>%{label}</b><br>key %{customdata[6]}<br>%{customdata[0]:,} tok
               "(%{customdata[5]:,} from the root)<br>%{customdata[1]}, lock_ref %{customdata[2]}<br>"
               "last access %{customdata[3]}, hits %{customdata[4]}%{customdata[7]}<extra></extra>")
 _TREE_CUSTOM = ["tokens", "status", "lock_ref", "last_access_time", "hit_count", "prefix_tokens", "preview"]
+# Two-tier trees (HiRadixCache): colour by where a node's KV lives; a locked node gets a red outline instead.
+RESIDENCY_COLOURS = {"device": "#2ca02c", "both": "#1f77b4", "host": "#ff7f0e"}
+RESIDENCY_NAMES = {"device": "device only (L1)", "both": "device and host (L1 + L2)", "host": "host only (L2)"}
+LOCKED_OUTLINE = dict(width=3, color="#d62728")
 # Hybrid trees: a node holding a Mamba state is outlined; a tombstone (Mamba state or SWA KV gone) is hatched.
 STATE_OUTLINE = dict(width=3, color="#222222")
 TOMBSTONE_PATTERN = "/"
@@ -266,7 +270,9 @@ def icicle_geometry(frame: pd.DataFrame) -> dict[str, list]:
 def icicle_arrays(frame: pd.DataFrame) -> dict[str, list]:
     """The icicle's per-node arrays from a ``tree_frame`` table (the key preview from ``key_preview``, else
     ``preview``, else the label). On a hybrid tree (a non-empty ``state`` column) nodes holding a state get
-    an outline and tombstones a hatch, and the hover names the state (and its Mamba slot)."""
+    an outline and tombstones a hatch, and the hover names the state (and its Mamba slot). On a two-tier tree (a
+    non-empty ``residency`` column) the colour is the residency (:data:`RESIDENCY_COLOURS`), a locked node is
+    outlined red, and the hover names the residency."""
     preview = frame["key_preview"] if "key_preview" in frame else frame["preview"] if "preview" in frame \
         else frame["label"]
     custom = frame.assign(preview=preview)[_TREE_CUSTOM]
@@ -278,6 +284,16 @@ def icicle_arrays(frame: pd.DataFrame) -> dict[str, list]:
         customdata=[[int(r[0]), str(r[1]), int(r[2]), int(r[3]), int(r[4]), int(r[5]), str(r[6]), _state_text(rec)]
                     for r, rec in zip(custom.itertuples(index=False), records)],
     )
+    residency = [r.get("residency", "") or "" for r in records]
+    if any(residency):
+        out["colors"] = [RESIDENCY_COLOURS.get(r, TREE_COLOURS["root"]) for r in residency]
+        locked = [s == "locked" for s in frame["status"]]
+        out["line_widths"] = [LOCKED_OUTLINE["width"] if k else 0.5 for k in locked]
+        out["line_colors"] = [LOCKED_OUTLINE["color"] if k else "#ffffff" for k in locked]
+        out["patterns"] = [""] * len(records)
+        for row, r in zip(out["customdata"], residency):
+            if r:
+                row[7] = f"<br>{RESIDENCY_NAMES[r]}"
     if any(states):
         has_state = [bool(r.get("has_state", False)) for r in records]
         out["line_widths"] = [STATE_OUTLINE["width"] if h else 0.5 for h in has_state]

@@ -21,7 +21,13 @@ from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.viz import plots
 from kvlab.viz.eviction_plots import MIN_LABEL_PX
 from kvlab.viz.live import LiveFigure
-from kvlab.viz.plots import TREE_COLOURS, icicle_arrays  # noqa: F401  (icicle_arrays: kept importable here)
+from kvlab.viz.plots import (  # noqa: F401  (icicle_arrays: kept importable here)
+    LOCKED_OUTLINE,
+    RESIDENCY_COLOURS,
+    RESIDENCY_NAMES,
+    TREE_COLOURS,
+    icicle_arrays,
+)
 from kvlab.viz.widgets import show_errors
 
 
@@ -52,6 +58,11 @@ class RadixTreeWidget:
         self.summary.add_class("kvlab-tree-summary")
         legend = " ".join(f"<span style='color:{TREE_COLOURS[s]}'>■</span> {s}"
                           for s in ("locked", "evictable", "internal"))
+        if _is_two_tier(cache):  # colour is where the KV lives; locked is an outline
+            legend = " ".join(f"<span style='color:{RESIDENCY_COLOURS[r]}'>■</span> {RESIDENCY_NAMES[r]}"
+                              for r in RESIDENCY_COLOURS)
+            legend += (f" · <span style='border:2px solid {LOCKED_OUTLINE['color']};padding:0 4px'>outlined</span> "
+                       "locked (a running request's path, or a copy in flight)")
         if _is_hybrid(cache):
             legend += (" · <span style='border:2px solid #222;padding:0 4px'>outlined</span> holds a recurrent "
                        "state · <span style='background:repeating-linear-gradient(45deg,#fff,#fff 2px,#999 2px,"
@@ -127,14 +138,29 @@ def _is_hybrid(cache: Any) -> bool:
     return hasattr(cache, "mamba_pool") or hasattr(cache, "sliding_window_size")
 
 
+def _is_two_tier(cache: Any) -> bool:
+    """A ``HiRadixCache``: nodes may live on host too (``token_to_kv_pool_host``)."""
+    return hasattr(cache, "token_to_kv_pool_host")
+
+
 def summary_html(cache: Any, frame: pd.DataFrame, total_nodes: int) -> str:
-    """One line of sizes; ``data-*`` attributes carry the numbers for tests and the browser."""
+    """One line of sizes; ``data-*`` attributes carry the numbers for tests and the browser (a two-tier tree adds
+    ``data-host`` / ``data-host-only``: tokens with a host copy, and of those the ones on host only)."""
     evictable = int(cache.evictable_size()) if hasattr(cache, "evictable_size") else 0
     protected = int(cache.protected_size()) if hasattr(cache, "protected_size") else 0
     locked = int((frame["status"] == "locked").sum()) if len(frame) else 0
+    host = ""
+    if _is_two_tier(cache):
+        host_tokens = int(cache.host_size())
+        host_only = sum(len(n.key) for n in cache.nodes() if n is not cache.root_node and n.value is None)
+        host = (f" data-host='{host_tokens}' data-host-only='{host_only}'",
+                f" · host pool: {host_tokens:,} of {cache.token_to_kv_pool_host.size:,} tokens used, "
+                f"{host_only:,} of them on host only")
     return (f"<div class='kvlab-tree-sizes' data-nodes='{total_nodes}' data-evictable='{evictable}' "
-            f"data-protected='{protected}'>{total_nodes - 1:,} nodes · {evictable + protected:,} tokens cached: "
-            f"{evictable:,} evictable, {protected:,} protected (locked by running requests, {locked} nodes)</div>")
+            f"data-protected='{protected}'{host[0] if host else ''}>{total_nodes - 1:,} nodes · "
+            f"{evictable + protected:,} tokens cached{' on the device' if host else ''}: "
+            f"{evictable:,} evictable, {protected:,} protected (locked by running requests, {locked} nodes)"
+            f"{host[1] if host else ''}</div>")
 
 
 class TreeDemoPanel:
@@ -205,3 +231,29 @@ class TreeDemoPanel:
                 f"{len(self.demo.history)} steps · mode {self.demo.mode}")
         self.log.value = (f"<div data-steps='{len(self.demo.history)}'>{html.escape(head)}"
                           f"<ul style='margin:2px 0'>{rows}</ul></div>")
+
+
+class HostTierPanel(TreeDemoPanel):
+    """:class:`TreeDemoPanel` on a two-tier cache (:class:`kvlab.experiments.host_tier.HostTierDemo`): the icicle
+    is coloured by residency (device only / device and host / host only, locked outlined red) and a write-policy
+    menu (``kvlab-tree-write-policy``) starts the demo over under another ``--hicache-write-policy``."""
+
+    def __init__(self, demo: Any = None, *, start_requests: int = 0, max_nodes: int = 200,
+                 **demo_options: Any) -> None:
+        from kvlab.experiments.host_tier import POLICIES, HostTierDemo
+
+        demo = demo if demo is not None else HostTierDemo(**demo_options)
+        super().__init__(demo, start_requests=start_requests, max_nodes=max_nodes)
+        self.tree.title = "Two-tier radix cache of the demo (HiCache)"
+        self.write_policy = widgets.Dropdown(options=list(POLICIES), value=self.demo.write_policy,
+                                             description="write policy", style={"description_width": "initial"})
+        self.write_policy.add_class("kvlab-tree-write-policy")
+        self.write_policy.observe(show_errors(self.errors, self._set_policy), names="value")
+        controls = self.widget.children[0]
+        controls.children = (*controls.children, self.write_policy)
+        self.widget.add_class("kvlab-host-tier-panel")
+        self._draw()
+
+    def _set_policy(self, change) -> None:
+        self.demo.write_policy = change["new"]
+        self.reset()

@@ -1,4 +1,4 @@
-"""The teaching notebooks (00 allocator tour, 03 hybrid caches, 04 bring your own) run top to bottom in a real
+"""The teaching notebooks (00 allocator tour, 03 hybrid caches, 04 bring your own, 07 host tier) run top to bottom in a real
 JupyterLab: every code cell executes, none shows a traceback, their plotly figures render in the page, and
 lab-step checks render as ``.kvlab-check`` boxes."""
 
@@ -14,7 +14,7 @@ from .lab import LabServer
 
 ROOT = Path(__file__).resolve().parents[2]
 PLOTS = ".jp-OutputArea-output.js-plotly-plot, .jp-OutputArea-output .js-plotly-plot"
-TEACHING = ["00_caching_allocator_tour", "03_hybrid_caches", "04_bring_your_own"]
+TEACHING = ["00_caching_allocator_tour", "03_hybrid_caches", "04_bring_your_own", "07_host_tier"]
 
 # The cells that ran (an execution count in their prompt) and the code cells there are.
 _CELL_COUNTS = """() => {
@@ -57,3 +57,6 @@ def test_runs_top_to_bottom_in_jupyterlab(stem: str, lab_page: Page, lab_server:
     if stem.startswith("00"):
         checks = lab_page.locator(".kvlab-check")
         assert checks.count() >= 6, f"{checks.count()} lab-step checks shown (one per step expected)"
+    if stem.startswith("07"):  # the event icicles, the policy bars, the tree widget; the exercise's starter fails
+        assert drawn >= 3, f"only {drawn} plotly figures drew traces"
+        assert lab_page.locator(".kvlab-check.kvlab-check-fail").count() == 1

@@ -1,0 +1,833 @@
+"""The host tier (HiCache's L2) as experiments: what a pressure event does to a two-tier tree, and the write policies.
+
+SGLang's hierarchical cache keeps a device radix tree (L1) whose nodes may also, or only, live in a host pool (L2);
+kvlab's :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache` follows 0.5.16's rules (docs/semantics.md, "HiCache
+(host tier)"). Here it runs on hand-sized scripts, no scheduler:
+
+- :func:`pressure_event`: notebook 02's tree (six conversations behind a 1,024-token system prompt), a few of them
+  asked again, on a two-tier cache; then one allocation that is short of slots, evicted in either mode. Each node
+  is *demoted* (left the device, kept on host: it was backed up, or written back first under ``write_back``),
+  *destroyed* (gone from both tiers: never backed up, or the write-back found the host pool full) or untouched.
+- :func:`run_script`: chat turns through the same kind of cache, one write policy and one eviction mode: device
+  hits, host hits, tokens loaded back and written to host, what eviction destroyed, and the seconds the copies took.
+- :class:`HostTierDemo`: the tree widget's stepper (``TreeDemoPanel``) on a two-tier cache.
+
+Over-eviction (finding 2, SGLang ≤ 0.5.16's ``full`` mode) means something else here: a backed-up node evicted
+early is demoted, not lost, so it costs a load-back (and, under ``write_back``, a write) instead of a recompute —
+unless the host pool is full too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
+from kvlab.mem_cache.base_prefix_cache import EvictResult
+from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, WRITE_POLICIES
+from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiRadixCache
+from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.units import GB
+
+MODES = EVICTION_MODES  # ("shortfall", "full")
+MODE_LABELS = {"shortfall": "shortfall (the fix)", "full": "full (the bug)"}
+POLICIES = WRITE_POLICIES  # ("write_through", "write_through_selective", "write_back")
+# Llama-3-8B in bf16: 32 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes = 128 KiB of KV per token
+SIZE_PER_TOKEN_BYTES = 32 * 8 * 128 * 2 * 2
+STEP_S = 0.02  # modelled time of one request in the scripts: the clock moves this much after each one
+
+# what became of a node at an eviction (the ``fate`` column of :func:`fates_frame`)
+KEPT = "kept on the device"
+DEMOTED = "demoted: was on host too, now host only"
+WRITTEN_BACK = "written to host, then demoted"
+NOT_BACKED_UP = "destroyed: never backed up"
+HOST_FULL = "destroyed: host pool full, the write-back failed"
+HOST_EVICTED = "host copy evicted to make room"
+UNTOUCHED_HOST = "host only, untouched"
+FATES = (KEPT, UNTOUCHED_HOST, DEMOTED, WRITTEN_BACK, NOT_BACKED_UP, HOST_FULL, HOST_EVICTED)
+DESTROYED_FATES = (NOT_BACKED_UP, HOST_FULL, HOST_EVICTED)
+
+
+def make_cache(capacity_tokens: int = 4096, *, host_ratio: float = 2.0, write_policy: str = "write_through",
+               mode: str = "shortfall", size_per_token: int = SIZE_PER_TOKEN_BYTES,
+               bytes_per_s: float = DEFAULT_HOST_DEVICE_BYTES_PER_S) -> tuple[HiRadixCache, TokenToKVPoolAllocator]:
+    """A page-1 two-tier cache: a device pool of ``capacity_tokens`` slots and a host pool sized as SGLang sizes
+    it for ``--hicache-ratio host_ratio`` (``int(capacity × ratio)`` rounded up by a page). ``mode`` is also the
+    load-back's eviction rule."""
+    if write_policy not in POLICIES:
+        raise ValueError(f"write_policy must be one of {', '.join(POLICIES)}, got {write_policy!r}")
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'shortfall' (the fix) or 'full' (the bug), got {mode!r}")
+    alloc = TokenToKVPoolAllocator(capacity_tokens)
+    host = HostKVCache(capacity_tokens, size_per_token, 1, hicache_ratio=host_ratio)
+    cache = HiRadixCache(None, alloc, host, 1, write_policy=write_policy, load_back_evict_mode=mode,
+                         d2h_bytes_per_s=bytes_per_s, h2d_bytes_per_s=bytes_per_s)
+    return cache, alloc
+
+
+def evict_for(cache: HiRadixCache, num_tokens: int, mode: str) -> HiEvictResult | EvictResult:
+    """``evict_from_tree_cache`` on a two-tier cache, keeping the tree's :class:`HiEvictResult` (demoted, written
+    back, destroyed): ask for the shortfall (``"shortfall"``) or for all of ``num_tokens`` when short (``"full"``)."""
+    available = cache.token_to_kv_pool_allocator.available_size()
+    if available >= num_tokens:
+        return EvictResult()
+    shortfall = num_tokens - available
+    requested = shortfall if mode == "shortfall" else num_tokens
+    res = cache.evict(requested)
+    base = EvictResult.of(shortfall, requested, res.evicted_tokens)
+    return HiEvictResult(**base.__dict__, demoted_tokens=res.demoted_tokens,
+                         written_back_tokens=res.written_back_tokens, destroyed_tokens=res.destroyed_tokens,
+                         host_evicted_tokens=res.host_evicted_tokens)
+
+
+# ---- one pressure event ---------------------------------------------------------------------------------------------
+SYSTEM_TOKENS = 1024
+CONVERSATION_TAILS = (200, 250, 300, 400, 500, 700)  # notebook 02's six conversations
+# the order they are served in: conversations 1 and 3 are asked again (a second hit: write_through_selective
+# backs them up), so the least recently used order is 2, 1, 4, 3, 5, 6
+SCRIPT = (1, 2, 1, 3, 4, 3, 5, 6)
+EVENT_HOST_RATIO = 0.5  # a host pool of 2,049 tokens: the first three conversations fit, then it is full
+EVENT_SCENARIOS = (  # (write policy, host ratio): the rows of the notebook's figure
+    ("write_through", EVENT_HOST_RATIO),
+    ("write_through_selective", EVENT_HOST_RATIO),
+    ("write_back", EVENT_HOST_RATIO),
+    ("write_back", 0.2),  # 820 host tokens: the write-back of a third conversation does not fit
+)
+
+
+def conversation_key(conv: int) -> list[int]:
+    first = 10_000 * conv
+    return list(range(1, SYSTEM_TOKENS + 1)) + [first + t for t in range(CONVERSATION_TAILS[conv - 1])]
+
+
+def conversation_names() -> dict[int, tuple[str, str]]:
+    """First token of a node -> (long name, icicle label), as ``shortfall_eviction.conversation_tree``'s."""
+    names = {1: ("system prompt", f"system prompt: {SYSTEM_TOKENS:,}")}
+    for i, tail in enumerate(CONVERSATION_TAILS, 1):
+        names[10_000 * i] = (f"conversation {i} ({tail} tokens after the system prompt)", f"conv {i}: {tail}")
+    return names
+
+
+def serve(cache: HiRadixCache, key: Sequence[int], mode: str = "shortfall") -> ServeStep:
+    """One request straight against the two-tier cache, as SGLang's scheduler serves it: ``match_prefix``; a host
+    hit is loaded back (``init_load_back``: all or nothing, may evict in ``mode``); lock the device prefix, evict
+    for the rest (``mode``), allocate, ``insert`` the whole key, unlock; then the transfer clock moves
+    :data:`STEP_S` (copies issued so far finish, their nodes unlock). Returns what it did."""
+    alloc = cache.token_to_kv_pool_allocator
+    ctl = cache.cache_controller.totals
+    written0, loaded0 = ctl.written_tokens, ctl.loaded_tokens
+    m = cache.match_prefix(key)
+    device_hit, host_hit = m.device_prefix_len, m.host_hit_length
+    load_evict = EvictResult()
+    if host_hit:
+        lb = cache.load_back(m.last_host_node)
+        load_evict = lb.evict
+        m = cache.match_prefix(key)
+    lock = cache.lock(m.last_device_node)
+    need = len(key) - m.device_prefix_len
+    ev = evict_for(cache, need, mode)
+    kv = alloc.alloc(need)
+    if kv is None:
+        cache.unlock(lock)
+        cache.advance(STEP_S)
+        return ServeStep(len(key), device_hit, host_hit, ctl.loaded_tokens - loaded0, 0, ev, load_evict,
+                         ctl.written_tokens - written0, rejected=True)
+    cache.insert_slots(key, torch.cat([m.device_indices, kv]), prev_prefix_len=m.device_prefix_len)
+    cache.unlock(lock)
+    cache.advance(STEP_S)
+    cache.check_invariants()
+    return ServeStep(len(key), device_hit, host_hit, ctl.loaded_tokens - loaded0, need, ev, load_evict,
+                     ctl.written_tokens - written0)
+
+
+@dataclass(frozen=True)
+class ServeStep:
+    """One request of :func:`serve`. ``device_hit_tokens``: matched on the device; ``host_hit_tokens``: matched
+    on host only; ``loaded_back_tokens``: of those, loaded back (0 when the load was skipped or did not fit);
+    ``computed_tokens``: prefilled; ``evict`` / ``load_evict``: the allocation's and the load-back's eviction;
+    ``written_tokens``: host copies issued during the request."""
+
+    tokens: int
+    device_hit_tokens: int
+    host_hit_tokens: int
+    loaded_back_tokens: int
+    computed_tokens: int
+    evict: EvictResult
+    load_evict: EvictResult
+    written_tokens: int
+    rejected: bool = False
+
+
+def event_tree(write_policy: str, *, host_ratio: float = EVENT_HOST_RATIO, capacity: int = 4096):
+    """The six conversations served in :data:`SCRIPT` order on a fresh two-tier cache, every copy finished."""
+    cache, alloc = make_cache(capacity, host_ratio=host_ratio, write_policy=write_policy)
+    for conv in SCRIPT:
+        serve(cache, conversation_key(conv))
+    cache.drain()
+    cache.check_invariants()
+    return cache, alloc
+
+
+@dataclass(frozen=True)
+class HostPressureEvent:
+    """One allocation under pressure on a two-tier tree, in one eviction mode and write policy. ``fates``: one row
+    per node of the tree before the event (``fates_frame``: name, tokens, residency before and after, fate);
+    ``frame_before`` / ``frame_after``: ``tree_frame`` tables (with ``residency``) for the icicles."""
+
+    mode: str
+    write_policy: str
+    host_ratio: float
+    host_tokens: int
+    num_tokens: int
+    available_before: int
+    evict: HiEvictResult
+    fates: object  # pandas.DataFrame
+    frame_before: object
+    frame_after: object
+    written_bytes: int
+    stall_s: float
+
+    def names_with(self, fate: str) -> tuple[str, ...]:
+        return tuple(self.fates.loc[self.fates["fate"] == fate, "name"])
+
+    @property
+    def destroyed(self) -> tuple[str, ...]:
+        return tuple(self.fates.loc[self.fates["fate"].isin(DESTROYED_FATES), "name"])
+
+    @property
+    def demoted(self) -> tuple[str, ...]:
+        return tuple(self.fates.loc[self.fates["fate"].isin((DEMOTED, WRITTEN_BACK)), "name"])
+
+
+def pressure_event(mode: str, write_policy: str = "write_through", *, host_ratio: float = EVENT_HOST_RATIO,
+                   num_tokens: int = 600, capacity: int = 4096) -> HostPressureEvent:
+    """:func:`event_tree`, running requests holding all but ``num_tokens // 2`` free slots, then one allocation
+    of ``num_tokens``: evict the shortfall or all of it (``mode``), and say what became of each node."""
+    from kvlab.mem_cache.tree_view import tree_frame
+
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'shortfall' (the fix) or 'full' (the bug), got {mode!r}")
+    cache, alloc = event_tree(write_policy, host_ratio=host_ratio, capacity=capacity)
+    names = conversation_names()
+    short = {k: label for k, (_, label) in names.items()}
+    held = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
+    before = tree_frame(cache, names=short)
+    nodes_before = {n.id: (n, n.residency) for n in cache.nodes() if n is not cache.root_node}
+    available = alloc.available_size()
+    ctl = cache.cache_controller.totals
+    written0, stall0 = ctl.written_tokens, ctl.stall_s
+    result = evict_for(cache, num_tokens, mode)
+    cache.check_invariants()
+    alive = {n.id: n.residency for n in cache.nodes() if n is not cache.root_node}
+    rows = []
+    for node_id, (node, was) in nodes_before.items():
+        now = alive.get(node_id)
+        name = names.get(node.key[0], (str(node.key[0]),))[0].split(" (")[0]  # "conversation 4"
+        rows.append(dict(id=node_id, name=name, tokens=len(node.key),
+                         before=was, after=now or "gone", fate=_fate(was, now, write_policy)))
+    import pandas as pd
+
+    order = {node_id: i for i, node_id in enumerate(before["id"])}  # the tree's pre-order, as the icicle reads
+    fates = pd.DataFrame(rows).sort_values("id", key=lambda ids: ids.map(order)).reset_index(drop=True)
+    after = tree_frame(cache, names=short)
+    del held
+    return HostPressureEvent(mode, write_policy, host_ratio, cache.token_to_kv_pool_host.size, num_tokens, available,
+                             result, fates, before, after, (ctl.written_tokens - written0) * SIZE_PER_TOKEN_BYTES,
+                             ctl.stall_s - stall0)
+
+
+def _fate(before: str, after: str | None, write_policy: str) -> str:
+    if after is None:
+        if before == "host":
+            return HOST_EVICTED
+        return HOST_FULL if write_policy == "write_back" else NOT_BACKED_UP
+    if before == "host":
+        return UNTOUCHED_HOST
+    if after == "host":
+        return DEMOTED if before == "both" else WRITTEN_BACK
+    return KEPT
+
+
+def pressure_events(scenarios: Sequence[tuple[str, float]] = EVENT_SCENARIOS) -> dict:
+    """``{(write_policy, host_ratio, mode): event}`` for every scenario and both modes."""
+    return {(policy, ratio, mode): pressure_event(mode, policy, host_ratio=ratio)
+            for policy, ratio in scenarios for mode in MODES}
+
+
+def scenario_label(write_policy: str, host_ratio: float, host_tokens: int) -> str:
+    return f"{write_policy}, host pool {host_tokens:,} tokens (ratio {host_ratio:g})"
+
+
+def events_frame(events: dict):
+    """One row per (scenario, mode): the event in numbers (tokens, and the bytes the write-backs moved)."""
+    import pandas as pd
+
+    rows = []
+    for (policy, _ratio, mode), e in events.items():
+        ev = e.evict
+        rows.append({
+            "write policy": policy, "host pool (tokens)": e.host_tokens, "eviction": MODE_LABELS[mode],
+            "shortfall": ev.shortfall_tokens, "asked of the tree": ev.requested_tokens,
+            "evicted from the device": ev.evicted_tokens, "demoted (kept on host)": ev.demoted_tokens,
+            "… of which written to host first": ev.written_back_tokens, "destroyed": ev.destroyed_tokens,
+            "host copies evicted": ev.host_evicted_tokens,
+            "MB written to host": round(e.written_bytes / 1e6, 1),
+            "conversations destroyed": ", ".join(e.destroyed) or "none",
+        })
+    return pd.DataFrame(rows)
+
+
+# ---- write policies side by side ------------------------------------------------------------------------------------
+SCRIPT_DEFAULTS = dict(capacity_tokens=4096, host_ratio=2.0, num_requests=60, num_conversations=10, seed=0)
+
+
+@dataclass(frozen=True)
+class ScriptRun:
+    """:func:`run_script`'s totals (tokens unless named otherwise)."""
+
+    write_policy: str
+    mode: str
+    host_tokens: int
+    requests: int
+    prompt_tokens: int
+    device_hit_tokens: int
+    host_hit_tokens: int
+    loaded_back_tokens: int
+    computed_tokens: int
+    written_to_host_tokens: int
+    host_evicted_tokens: int
+    evicted_tokens: int
+    over_evicted_tokens: int
+    demoted_tokens: int
+    destroyed_tokens: int
+    transfer_s: float
+    stall_s: float
+    steps: tuple = field(default=(), repr=False)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens served from either tier (device hits + loaded back) over all prompt tokens."""
+        return (self.device_hit_tokens + self.loaded_back_tokens) / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def device_hit_rate(self) -> float:
+        return self.device_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def moved_gb(self) -> float:
+        """Decimal GB copied between the tiers, both directions."""
+        return (self.written_to_host_tokens + self.loaded_back_tokens) * SIZE_PER_TOKEN_BYTES / GB
+
+    def totals(self) -> dict:
+        out = {k: getattr(self, k) for k in ScriptRun.__dataclass_fields__ if k != "steps"}
+        return {**out, "hit_rate": self.hit_rate, "device_hit_rate": self.device_hit_rate, "moved_gb": self.moved_gb}
+
+
+def script_requests(*, capacity_tokens: int = 4096, num_requests: int = 60, num_conversations: int = 10,
+                    seed: int = 0) -> list[list[int]]:
+    """Seeded chat turns (``tree_demo.TreeDemo``'s: two system prompts, conversations growing turn by turn)."""
+    from kvlab.experiments.tree_demo import TreeDemo
+
+    demo = TreeDemo(capacity_tokens=capacity_tokens, num_requests=num_requests,
+                    num_conversations=num_conversations, seed=seed)
+    return [key for _, key in demo.requests]
+
+
+def run_script(write_policy: str, mode: str = "shortfall", *, capacity_tokens: int = 4096, host_ratio: float = 2.0,
+               num_requests: int = 60, num_conversations: int = 10, seed: int = 0,
+               requests: Sequence[Sequence[int]] | None = None) -> ScriptRun:
+    """Seeded chat turns through a fresh two-tier cache (:func:`serve` each), one write policy, one eviction mode."""
+    if requests is None:
+        requests = script_requests(capacity_tokens=capacity_tokens, num_requests=num_requests,
+                                   num_conversations=num_conversations, seed=seed)
+    cache, _alloc = make_cache(capacity_tokens, host_ratio=host_ratio, write_policy=write_policy, mode=mode)
+    steps = tuple(serve(cache, key, mode) for key in requests)
+    cache.drain()
+    cache.check_invariants()
+    t = cache.cache_controller.totals
+    evs = [s.evict for s in steps] + [s.load_evict for s in steps]
+    return ScriptRun(
+        write_policy, mode, cache.token_to_kv_pool_host.size, len(steps), sum(s.tokens for s in steps),
+        sum(s.device_hit_tokens for s in steps), sum(s.host_hit_tokens for s in steps),
+        sum(s.loaded_back_tokens for s in steps), sum(s.computed_tokens for s in steps), t.written_tokens,
+        cache.host_evicted_tokens, sum(e.evicted_tokens for e in evs), sum(e.over_evicted_tokens for e in evs),
+        sum(getattr(e, "demoted_tokens", 0) for e in evs), sum(getattr(e, "destroyed_tokens", 0) for e in evs),
+        t.write_s + t.load_s, t.stall_s, steps)
+
+
+POLICY_ROWS = (  # (label, ScriptRun attribute or totals key, format)
+    ("prompt tokens", "prompt_tokens", "int"),
+    ("hit on the device", "device_hit_tokens", "int"),
+    ("hit on host only", "host_hit_tokens", "int"),
+    ("… loaded back", "loaded_back_tokens", "int"),
+    ("prefilled (computed)", "computed_tokens", "int"),
+    ("hit rate (device + loaded back)", "hit_rate", "pct"),
+    ("written to host", "written_to_host_tokens", "int"),
+    ("host copies evicted", "host_evicted_tokens", "int"),
+    ("evicted from the device", "evicted_tokens", "int"),
+    ("… demoted (kept on host)", "demoted_tokens", "int"),
+    ("… destroyed", "destroyed_tokens", "int"),
+    ("GB moved between the tiers", "moved_gb", "gb"),
+    ("transfer seconds", "transfer_s", "ms"),
+)
+
+
+def policy_runs(*, modes: Sequence[str] = MODES, **options) -> dict:
+    """``{(write_policy, mode): ScriptRun}`` on the same requests."""
+    opts = {**SCRIPT_DEFAULTS, **options}
+    requests = script_requests(capacity_tokens=opts["capacity_tokens"], num_requests=opts["num_requests"],
+                               num_conversations=opts["num_conversations"], seed=opts["seed"])
+    return {(policy, mode): run_script(policy, mode, capacity_tokens=opts["capacity_tokens"],
+                                       host_ratio=opts["host_ratio"], requests=requests)
+            for mode in modes for policy in POLICIES}
+
+
+def policy_frame(runs: dict, mode: str = "shortfall"):
+    """The write policies side by side (columns) in one mode, rows in words (:data:`POLICY_ROWS`)."""
+    import pandas as pd
+
+    fmt = {"int": lambda v: f"{int(v):,}", "pct": lambda v: f"{v:.2%}", "gb": lambda v: f"{v:.3f}",
+           "ms": lambda v: f"{v * 1000:.2f} ms"}
+    cols = {}
+    for policy in POLICIES:
+        totals = runs[(policy, mode)].totals()
+        cols[policy] = [fmt[kind](totals[key]) for _, key, kind in POLICY_ROWS]
+    return pd.DataFrame(cols, index=[label for label, _, _ in POLICY_ROWS])
+
+
+def policy_numbers(runs: dict):
+    """Tidy numbers of :func:`policy_runs` (one row per policy and mode) for the figure and the tests."""
+    import pandas as pd
+
+    return pd.DataFrame([{"write_policy": p, "mode": m, **r.totals()} for (p, m), r in runs.items()])
+
+
+# ---- the tree widget's stepper ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HostDemoStep:
+    """One step of :class:`HostTierDemo` (``TreeDemoPanel`` reads ``index`` and ``text()``). ``kind``:
+    ``"request"``, ``"rejected"`` or ``"pressure"``."""
+
+    index: int
+    kind: str
+    label: str
+    num_tokens: int
+    device_hit_tokens: int
+    host_hit_tokens: int
+    loaded_back_tokens: int
+    available_before_tokens: int
+    available_after_tokens: int
+    evict: EvictResult
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.device_hit_tokens + self.loaded_back_tokens
+
+    def text(self) -> str:
+        ev = self.evict
+        if ev.requested_tokens:
+            fate = ""
+            if isinstance(ev, HiEvictResult):
+                fate = f": {ev.demoted_tokens:,} demoted to host, {ev.destroyed_tokens:,} destroyed"
+            evicted = (f", evicted {ev.evicted_tokens:,} (asked {ev.requested_tokens:,} for a shortfall of "
+                       f"{ev.shortfall_tokens:,}){fate}")
+        else:
+            evicted = ", no eviction"
+        if self.kind == "pressure":
+            return (f"#{self.index} pressure event: a batch needs {self.num_tokens:,} slots, "
+                    f"{self.available_before_tokens:,} free{evicted}")
+        verb = "rejected" if self.kind == "rejected" else "ran"
+        loaded = f", {self.loaded_back_tokens:,} loaded back from host" if self.host_hit_tokens else ""
+        return (f"#{self.index} {self.label} {verb}: {self.num_tokens:,} tokens, {self.device_hit_tokens:,} hit on "
+                f"the device{loaded}{evicted}; {self.available_after_tokens:,} slots free")
+
+
+class HostTierDemo:
+    """``tree_demo.TreeDemo``'s chat turns on a two-tier cache (``write_policy``, host pool ``host_ratio`` × the
+    device pool): a host hit is loaded back, evictions demote or destroy, the transfer clock moves
+    :data:`STEP_S` per request. Same interface as ``TreeDemo`` (``next_request``, ``pressure_event``, ``reset``,
+    ``mode``, ``history``, ``cache``, ``names``), so ``TreeDemoPanel`` steps it."""
+
+    def __init__(self, *, capacity_tokens: int = 4096, mode: str = "shortfall", write_policy: str = "write_through",
+                 host_ratio: float = 2.0, num_requests: int = 40, num_conversations: int = 8, seed: int = 0) -> None:
+        from kvlab.experiments.tree_demo import TreeDemo
+
+        if mode not in MODES:
+            raise ValueError(f"HostTierDemo: mode must be one of {MODES}, got {mode!r}")
+        if write_policy not in POLICIES:
+            raise ValueError(f"HostTierDemo: write_policy must be one of {', '.join(POLICIES)}, got {write_policy!r}")
+        plain = TreeDemo(capacity_tokens=capacity_tokens, num_requests=num_requests,
+                         num_conversations=num_conversations, seed=seed)  # validates the sizes, makes the turns
+        self.capacity_tokens = capacity_tokens
+        self.mode = mode
+        self.write_policy = write_policy
+        self.host_ratio = host_ratio
+        self.seed = seed
+        self.requests, self.names = plain.requests, plain.names
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to an empty two-tier cache (this demo's write policy) and the first request."""
+        self.cache, self.allocator = make_cache(self.capacity_tokens, host_ratio=self.host_ratio,
+                                                write_policy=self.write_policy, mode=self.mode)
+        self.history: list[HostDemoStep] = []
+        self._next = 0
+        self._running = None
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self.requests)
+
+    @property
+    def requests_run(self) -> int:
+        return self._next
+
+    def next_request(self) -> HostDemoStep:
+        """Finish the running request, serve the next one (:func:`serve`) and keep its path locked (running)."""
+        if self.done:
+            raise IndexError(f"HostTierDemo: all {len(self.requests)} requests have run; call reset()")
+        label, key = self.requests[self._next]
+        self._next += 1
+        if self._running is not None:
+            self.cache.dec_lock_ref(self._running)
+            self._running = None
+        self.cache.load_back_evict_mode = self.mode
+        available = self.allocator.available_size()
+        step = serve(self.cache, key, self.mode)
+        if not step.rejected:
+            self._running = self.cache.match_prefix(key).last_device_node
+            self.cache.inc_lock_ref(self._running)
+        return self._record("rejected" if step.rejected else "request", label, len(key), step.device_hit_tokens,
+                            step.host_hit_tokens, step.loaded_back_tokens, available, step.evict)
+
+    def pressure_event(self, shortfall_tokens: int = 256) -> HostDemoStep:
+        """A batch of other requests needs ``free + shortfall_tokens`` slots: evict in this demo's mode (backed-up
+        leaves are demoted, others destroyed or, under ``write_back``, written first), allocate, release."""
+        if shortfall_tokens < 1:
+            raise ValueError(f"pressure_event: shortfall_tokens must be >= 1, got {shortfall_tokens}")
+        available = self.allocator.available_size()
+        need = available + shortfall_tokens
+        ev = evict_for(self.cache, need, self.mode)
+        batch = self.allocator.alloc(min(need, self.allocator.available_size()))
+        if batch is not None:
+            self.allocator.free(batch)
+        self.cache.advance(STEP_S)
+        return self._record("pressure", "pressure event", need, 0, 0, 0, available, ev)
+
+    def _record(self, kind: str, label: str, num_tokens: int, device_hit: int, host_hit: int, loaded: int,
+                available: int, evict: EvictResult) -> HostDemoStep:
+        self.cache.check_invariants()
+        self.allocator.check_invariants()
+        step = HostDemoStep(len(self.history) + 1, kind, label, num_tokens, device_hit, host_hit, loaded, available,
+                            self.allocator.available_size(), evict)
+        self.history.append(step)
+        return step
+
+
+# ---- the exercise's scenario: one device leaf evicted under write_back ------------------------------------------------
+DEMOTE = "demote"  # already backed up: the device copy is freed, the node stays on host
+WRITE_THEN_DEMOTE = "write then demote"  # written to host first (the eviction waits), then as DEMOTE
+DESTROY = "destroy"  # gone from both tiers
+EVICTION_OUTCOMES = (DEMOTE, WRITE_THEN_DEMOTE, DESTROY)
+
+
+@dataclass(frozen=True)
+class LeafEviction:
+    """What a real ``HiRadixCache`` under ``write_back`` did to one device leaf of ``node_tokens`` when asked to evict
+    it: ``outcome`` (one of :data:`EVICTION_OUTCOMES`), host tokens written and host copies evicted to make room."""
+
+    backed_up: bool
+    node_tokens: int
+    host_free_tokens: int
+    host_evictable_tokens: int
+    outcome: str
+    written_tokens: int
+    host_evicted_tokens: int
+
+
+def _exact_host_pool(capacity: int, host_tokens: int, write_policy: str) -> tuple[HiRadixCache, TokenToKVPoolAllocator]:
+    """A two-tier cache whose host pool is exactly ``host_tokens`` (page 1): SGLang sizes it ``int(capacity × ratio)``
+    plus a page, so the ratio is chosen just under ``(host_tokens − 1) / capacity``."""
+    if host_tokens < 1:
+        raise ValueError(f"host pool must hold at least one token, got {host_tokens}")
+    return make_cache(capacity, host_ratio=(host_tokens - 0.5) / capacity, write_policy=write_policy)
+
+
+def write_back_leaf_eviction(backed_up: bool, node_tokens: int, host_free_tokens: int,
+                             host_evictable_tokens: int = 0, *, capacity: int = 4096) -> LeafEviction:
+    """Build a ``write_back`` cache where one unlocked device leaf of ``node_tokens`` (with a host copy already when
+    ``backed_up``) is the only eviction candidate, the host pool has ``host_free_tokens`` free and
+    ``host_evictable_tokens`` in a host-only leaf it may evict; evict ``node_tokens`` and report what happened."""
+    for name, v in (("node_tokens", node_tokens), ("host_free_tokens", host_free_tokens),
+                    ("host_evictable_tokens", host_evictable_tokens)):
+        if not isinstance(v, int) or v < 0:
+            raise ValueError(f"write_back_leaf_eviction: {name} must be an int >= 0, got {v!r}")
+    if node_tokens < 1:
+        raise ValueError(f"write_back_leaf_eviction: node_tokens must be >= 1, got {node_tokens}")
+    host_tokens = host_free_tokens + host_evictable_tokens + (node_tokens if backed_up else 0)
+    cache, alloc = _exact_host_pool(capacity, max(host_tokens, 1), "write_back")
+
+    def put(first: int, n: int):
+        key = list(range(first, first + n))
+        cache.insert(key, alloc.alloc(n))
+        return cache.match_prefix(key).last_device_node
+
+    target = put(1, node_tokens)
+    if backed_up:
+        cache.write_backup(target, write_back=True)
+    if host_evictable_tokens:
+        x = put(1_000_000, host_evictable_tokens)
+        cache.write_backup(x, write_back=True)
+        cache.drain()
+        cache.inc_lock_ref(target)
+        cache.evict(host_evictable_tokens)  # x is the only candidate: demoted, now a host-only leaf
+        cache.dec_lock_ref(target)
+    if host_tokens == 0:  # fill the one-token minimum pool with a locked node's copy: nothing free, nothing evictable
+        pin = put(2_000_000, 1)
+        cache.write_backup(pin, write_back=True)
+        cache.inc_lock_ref(pin)
+    cache.drain()
+    cache.check_invariants()
+    host = cache.token_to_kv_pool_host
+    assert host.available_size() == host_free_tokens, (host.available_size(), host_free_tokens)
+    written0, host_evicted0 = cache.cache_controller.totals.written_tokens, cache.host_evicted_tokens
+    cache.evict(node_tokens)
+    cache.check_invariants()
+    node = next((n for n in cache.nodes() if n is not cache.root_node and n.key[0] == 1), None)
+    if node is None:
+        outcome = DESTROY
+    else:
+        outcome = DEMOTE if backed_up else WRITE_THEN_DEMOTE
+        assert node.residency == "host", node
+    return LeafEviction(backed_up, node_tokens, host_free_tokens, host_evictable_tokens, outcome,
+                        cache.cache_controller.totals.written_tokens - written0,
+                        cache.host_evicted_tokens - host_evicted0)
+
+
+# ---- the scheduler with a host tier, on the shipped Mooncake-format trace -------------------------------------------
+# Each point is one ``kvlab simulate`` run (``shortfall_eviction.run``: the config ``kvlab.sweep.point`` builds, with
+# SchedulerConfig's hicache_ratio / hicache_write_policy). ``host_ratio`` 0 means no host tier (a plain RadixCache).
+TRACE_PAGE_SIZE = 512  # a Mooncake trace's hash ids are 512-token blocks
+TRACE_MAX_RUNNING = 16
+DEVICE_ONLY = "device only"  # the write_policy column of a run without a host tier
+HOST_RATIOS = (0.0, 0.5, 1.0, 2.0, 4.0)  # --hicache-ratio; 0: no host tier
+# the shipped trace's two smallest default pools (pool_sweep.default_pool_pages(requests, 512, 6)[:2]): one
+# request's worth and twice that (a sixteenth of the distinct prompt pages), where a device-only pool turns over fast
+REGIME_POOL_PAGES = (78, 157)
+REGIME_HOST_RATIOS = (1.0, 4.0)
+CURVE_POOL_PAGES = 157  # section 3's device pool
+CURVE_HOST_RATIOS = (0.0, 1.0, 2.0, 4.0, 8.0)
+NO_COST_POINTS = 0.05  # capacity.COST_FREE_POINTS: a hit-rate difference below this is "no cost"
+SIM_KEYS = ("hit_rate", "cached_prompt_tokens", "device_hit_tokens", "host_hit_tokens", "loaded_back_tokens",
+            "written_to_host_tokens", "host_evicted_tokens", "transfer_s", "evicted_tokens", "over_evicted_tokens",
+            "prompt_tokens", "sim_time_s")
+
+
+@dataclass(frozen=True, order=True)
+class HostPoint:
+    """One simulated run: device pool (pages), host ratio (0: none), write policy, eviction mode."""
+
+    kv_pages: int
+    host_ratio: float
+    write_policy: str
+    mode: str
+
+    def options(self, page_size: int, max_running: int) -> dict:
+        """``shortfall_eviction.run`` keyword arguments (and so ``kvlab simulate``'s flags, :meth:`cli_args`)."""
+        opts = dict(eviction=self.mode, page_size=page_size, kv_tokens=self.kv_pages * page_size,
+                    max_running=max_running)
+        if self.host_ratio:
+            opts.update(hicache_ratio=self.host_ratio, hicache_write_policy=self.write_policy)
+        return opts
+
+    def cli_args(self, page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING) -> list[str]:
+        args = ["--kv-pages", str(self.kv_pages), "--page-size", str(page_size), "--max-running", str(max_running),
+                "--eviction", self.mode]
+        if self.host_ratio:
+            args += ["--hicache-ratio", f"{self.host_ratio:g}", "--hicache-write-policy", self.write_policy]
+        return args
+
+
+def trace_requests(trace=None, num_requests: int | None = None) -> list:
+    """The shipped Mooncake-format trace (``data/traces/mooncake_small.jsonl``), or ``trace``, as requests sorted by
+    arrival (``capacity.load``'s order), the first ``num_requests`` when given."""
+    from pathlib import Path
+
+    from kvlab.experiments.pool_sweep import EXAMPLE_TRACE
+    from kvlab.workloads.mooncake import read_records, records_to_requests
+
+    path = Path(trace) if trace is not None else EXAMPLE_TRACE
+    requests = records_to_requests(read_records(path), rid_prefix=path.stem)
+    return requests if num_requests is None else requests[:num_requests]
+
+
+def _point_totals(requests, point: HostPoint, page_size: int, max_running: int) -> dict:
+    from kvlab.experiments.shortfall_eviction import run
+
+    result = run(requests, progress=False, **point.options(page_size, max_running))
+    totals = result.totals()
+    host_tokens = result.config.host_pool().size_tokens if point.host_ratio else 0
+    return {**{k: totals[k] for k in SIM_KEYS if k in totals}, "host_tokens": host_tokens,
+            "kv_bytes_per_token": result.config.cost.kv_bytes_per_token}
+
+
+def _run_points(requests, points: Sequence[HostPoint], page_size: int, max_running: int, processes: int) -> list:
+    if processes <= 1 or len(points) <= 1:
+        return [_point_totals(requests, p, page_size, max_running) for p in points]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_point_totals, [requests] * len(points), points, [page_size] * len(points),
+                             [max_running] * len(points)))
+
+
+_POINTS: dict = {}  # (id of the request list, point, page_size, max_running) -> totals: each run once per process
+_TRACE: list = []  # the shipped trace's requests, read once
+
+
+def host_sweep(requests=None, *, kv_pages: Sequence[int], host_ratios: Sequence[float] = HOST_RATIOS,
+               policies: Sequence[str] = ("write_through",), modes: Sequence[str] = MODES,
+               page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING, processes: int = 2):
+    """Device pool × host ratio × write policy × eviction mode on ``requests`` (default: the shipped trace). A host
+    ratio of 0 is one device-only run per pool and mode (write policy :data:`DEVICE_ONLY`). Returns a tidy frame:
+    one row per run with the point, :data:`SIM_KEYS`, ``host_tokens``, ``host_gib``, ``moved_gb`` (both
+    directions, decimal GB) and ``kv_pages``. Seeded and deterministic; each point runs once per process (a later
+    sweep that shares points with an earlier one runs only the new ones), ``processes`` at a time."""
+    import pandas as pd
+
+    from kvlab.units import GiB
+
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"write policy must be one of {', '.join(POLICIES)}, got {p!r}")
+    for r in host_ratios:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or r < 0:
+            raise ValueError(f"host ratio must be a number >= 0 (0: no host tier), got {r!r}")
+    if requests is None:
+        if not _TRACE:
+            _TRACE.extend(trace_requests())
+        requests = _TRACE
+    points = sorted({HostPoint(int(pages), float(r), DEVICE_ONLY if not r else p, m)
+                     for pages in kv_pages for r in host_ratios for p in policies for m in modes})
+    key = (id(requests), page_size, max_running)
+    todo = [p for p in points if (key, p) not in _POINTS]
+    for point, totals in zip(todo, _run_points(requests, todo, page_size, max_running, processes)):
+        _POINTS[(key, point)] = totals
+    rows = []
+    for point in points:
+        totals = dict(_POINTS[(key, point)])
+        bpt = totals.pop("kv_bytes_per_token")
+        rows.append({"kv_pages": point.kv_pages, "host_ratio": point.host_ratio, "write_policy": point.write_policy,
+                     "mode": point.mode, **totals, "host_gib": totals["host_tokens"] * bpt / GiB,
+                     "moved_gb": (totals["written_to_host_tokens"] + totals["loaded_back_tokens"]) * bpt / GB})
+    return pd.DataFrame(rows)
+
+
+def hit_rate_frame(sweep, kv_pages: int, write_policy: str = "write_through"):
+    """The rows of :func:`host_sweep` at one device pool, the device-only runs as host size 0, for
+    ``host_tier_plots.hit_rate_vs_host_size``."""
+    rows = sweep[(sweep["kv_pages"] == kv_pages) & sweep["write_policy"].isin((write_policy, DEVICE_ONLY))]
+    return rows.sort_values(["mode", "host_ratio"]).reset_index(drop=True)
+
+
+def finding2_frame(sweep):
+    """Finding 2 with a host tier, one row per (device pool, host ratio, write policy): each mode's hit rate, the
+    points full eviction loses (``gap_points``: shortfall − full), and what it costs in copies: ``extra_gb_moved``
+    and ``extra_transfer_s`` (full − shortfall), ``lost_hit_tokens`` (prompt tokens the fix served from a tier and
+    the bug computed)."""
+    import pandas as pd
+
+    keys = ["kv_pages", "host_ratio", "write_policy"]
+    fix = sweep[sweep["mode"] == "shortfall"].set_index(keys)
+    bug = sweep[sweep["mode"] == "full"].set_index(keys)
+    out = pd.DataFrame({
+        "hit_rate_shortfall": fix["hit_rate"], "hit_rate_full": bug["hit_rate"],
+        "gap_points": (100 * (fix["hit_rate"] - bug["hit_rate"])).round(4),
+        "extra_gb_moved": (bug["moved_gb"] - fix["moved_gb"]).round(4),
+        "extra_transfer_s": (bug["transfer_s"] - fix["transfer_s"]).round(6),
+        "lost_hit_tokens": fix["cached_prompt_tokens"] - bug["cached_prompt_tokens"],
+        "extra_evicted_tokens": bug["evicted_tokens"] - fix["evicted_tokens"],
+        "host_evicted_tokens_full": bug["host_evicted_tokens"],
+    })
+    return out.reset_index()
+
+
+def regime_frame(finding2, unique_prompt_pages: int):
+    """:func:`finding2_frame` in ``eviction_plots.regime_heatmap``'s shape: a group per write policy (the
+    device-only runs first), a row per host ratio, a column per device pool as a share of the trace's distinct
+    prompt pages."""
+    import pandas as pd
+
+    rows = []
+    for r in finding2.itertuples(index=False):
+        group = "device only (no host tier)" if r.write_policy == DEVICE_ONLY else f"host tier, {r.write_policy}"
+        regime = "no host tier" if r.write_policy == DEVICE_ONLY else f"host ratio {r.host_ratio:g}"
+        rows.append(dict(group=group, regime=regime, share=r.kv_pages / unique_prompt_pages,
+                         kv_tokens=r.kv_pages * TRACE_PAGE_SIZE, gap_points=r.gap_points,
+                         hit_rate_shortfall=r.hit_rate_shortfall, hit_rate_full=r.hit_rate_full,
+                         host_ratio=r.host_ratio, write_policy=r.write_policy, kv_pages=r.kv_pages))
+    frame = pd.DataFrame(rows)
+    order = {g: i for i, g in enumerate(["device only (no host tier)"] + [f"host tier, {p}" for p in POLICIES])}
+    return frame.sort_values(["group", "host_ratio", "kv_pages"], key=lambda c: c.map(order) if c.name == "group"
+                             else c).reset_index(drop=True)
+
+
+def unique_prompt_pages(requests=None, page_size: int = TRACE_PAGE_SIZE) -> int:
+    """Distinct prompt pages of ``requests`` (default: the shipped trace): what an infinite cache would hold."""
+    from kvlab.experiments.pool_sweep import unique_prompt_pages as pages
+
+    return pages(trace_requests() if requests is None else requests, page_size)
+
+
+def curve_table(sweep, kv_pages: int = CURVE_POOL_PAGES, write_policy: str = "write_through"):
+    """Section 3's numbers, one row per host size: the host pool (ratio, tokens, GiB), each mode's hit rate, tokens
+    loaded back and transfer seconds (shortfall). The figure draws the hit-rate columns."""
+    import pandas as pd
+
+    rows = hit_rate_frame(sweep, kv_pages, write_policy)
+    fix, bug = (rows[rows["mode"] == m].set_index("host_ratio") for m in ("shortfall", "full"))
+    return pd.DataFrame({
+        "host pool (tokens)": fix["host_tokens"], "host pool (GiB)": fix["host_gib"].round(3),
+        "hit rate, shortfall (the fix)": fix["hit_rate"], "hit rate, full (the bug)": bug["hit_rate"],
+        "tokens loaded back": fix["loaded_back_tokens"], "tokens written to host": fix["written_to_host_tokens"],
+        "transfer seconds": fix["transfer_s"].round(3),
+    }).rename_axis("--hicache-ratio (0: none)")
+
+
+def finding2_table(finding2):
+    """:func:`finding2_frame` in words, one row per (device pool, host tier), numbers rounded for reading."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "device pool (pages)": finding2["kv_pages"],
+        "host tier": [("none" if p == DEVICE_ONLY else f"ratio {r:g}, {p}")
+                      for r, p in zip(finding2["host_ratio"], finding2["write_policy"])],
+        "hit rate, fix": finding2["hit_rate_shortfall"].map("{:.2%}".format),
+        "hit rate, bug": finding2["hit_rate_full"].map("{:.2%}".format),
+        "points lost": finding2["gap_points"].map("{:.2f}".format),
+        "hit tokens lost": finding2["lost_hit_tokens"].map("{:,}".format),
+        "extra GB moved": finding2["extra_gb_moved"].map("{:.2f}".format),
+        "extra transfer s": finding2["extra_transfer_s"].map("{:.3f}".format),
+    })
+
+
+def finding2_verdict(finding2) -> str:
+    """Where the bug costs hits with and without a host tier, and where it costs nothing, in plain words."""
+    device = finding2[finding2["write_policy"] == DEVICE_ONLY]
+    host = finding2[finding2["write_policy"] != DEVICE_ONLY]
+    free = host[host["gap_points"].abs() < NO_COST_POINTS]
+    worst_device = device["gap_points"].max() if len(device) else 0.0
+    worst_host = host.loc[host["gap_points"].idxmax()] if len(host) else None
+    parts = [f"Without a host tier full eviction costs up to {worst_device:.2f} points of hit rate."]
+    if worst_host is not None:
+        parts.append(f"With one it costs nothing in {len(free)} of {len(host)} settings (under {NO_COST_POINTS} "
+                     f"points); the most it costs is {worst_host.gap_points:.2f} points (device pool "
+                     f"{int(worst_host.kv_pages)} pages, host ratio {worst_host.host_ratio:g}, "
+                     f"{worst_host.write_policy}).")
+        parts.append(f"Its price there is copies: up to {host['extra_gb_moved'].max():.2f} GB more moved between host "
+                     f"and device and {host['extra_transfer_s'].max():.3f} s more of transfers.")
+    return " ".join(parts)

@@ -1,0 +1,239 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 07 · The host tier: SGLang's hierarchical KV cache (HiCache)
+#
+# Notebooks 02 and 03 have one KV tier: the GPU radix tree. SGLang has three, and engineers meet them on day one:
+#
+# | tier | what it holds | where it lives in SGLang (0.5.16, `python/sglang/srt/`) | flags | in kvlab |
+# | --- | --- | --- | --- | --- |
+# | **L1**, GPU | the radix tree's KV, in the device pool | `mem_cache/radix_cache.py::RadixCache`, or `mem_cache/hiradix_cache.py::HiRadixCache` with HiCache on; slots from `mem_cache/allocator.py`, KV in `mem_cache/memory_pool.py` | `--mem-fraction-static`, `--page-size` | `kvlab.mem_cache.radix_cache`, `hiradix_cache` |
+# | **L2**, host memory | copies of tree nodes in pinned host RAM | `mem_cache/memory_pool_host.py::HostKVCache` (`pool_host/`); copies by `managers/cache_controller.py::HiCacheController` (`write`, `load`, `evict_host`) | `--enable-hierarchical-cache`, `--hicache-ratio` / `--hicache-size`, `--hicache-write-policy` | `kvlab.mem_cache.memory_pool_host`, `cache_controller` |
+# | **L3**, storage | pages by hash in a KV store or on disk | `mem_cache/hicache_storage.py::HiCacheStorage` (`HiCacheFile`), backends in `mem_cache/storage/` (`mooncake_store`, `hf3fs`, `nixl`, …); prefetch in `HiRadixCache.prefetch_from_storage` / `check_prefetch_progress` | `--hicache-storage-backend`, `--hicache-storage-prefetch-policy best_effort \| wait_complete \| timeout` | not modelled |
+#
+# A node of the two-tier tree is on the **device only**, on **both** tiers, or on the **host only**. A hit on a
+# host-only node is **loaded back** (host → device) before the request runs; a node gets a host copy when it is
+# **written** (device → host) — at once (`write_through`), on its second hit (`write_through_selective`) or only
+# when it is evicted from the device (`write_back`). kvlab's `HiRadixCache` follows SGLang 0.5.16's rules and is
+# checked against SGLang's own class (`tests/mem_cache/test_differential_hicache.py`; docs/semantics.md, "HiCache
+# (host tier)"). Copies take time on a modelled clock: bytes over host↔device bandwidth.
+#
+# **Finding 2 changes meaning here.** Up to 0.5.16 SGLang asked the tree to evict all `num_tokens` instead of the
+# shortfall (notebook 02). With a host tier a device node that is backed up is *demoted* to host, not lost: the
+# bug then costs copies (a load-back later, a write-back now) rather than recomputation — unless the host pool is
+# full too.
+
+# %%
+from kvlab.experiments import host_tier
+from kvlab.viz import host_tier_plots
+
+# %% [markdown]
+# ## 1 · One pressure event with a host tier
+# Notebook 02's tree: six conversations behind a 1,024-token system prompt, on a device pool of 4,096 tokens. They
+# are served in the order 1, 2, 1, 3, 4, 3, 5, 6: conversations 1 and 3 are asked twice, so the least recently used
+# order is 2, 1, 4, 3, 5, 6. Then an allocation needs 600 slots with 300 free: the shortfall is 300, the bug asks
+# for 600. Four scenarios, one per row below:
+#
+# - `write_through` with a host pool of 2,049 tokens (`--hicache-ratio 0.5`): every node is written as it is
+#   inserted, until the host pool is full — conversations 4, 5 and 6 found it full and were never backed up;
+# - `write_through_selective`, same pool: only what was hit twice (the system prompt, conversations 1 and 3);
+# - `write_back`, same pool: nothing is on host until eviction writes it;
+# - `write_back` with a host pool of 820 tokens (`--hicache-ratio 0.2`): the write-backs do not all fit.
+
+# %%
+events = host_tier.pressure_events()
+host_tier.events_frame(events).set_index(["write policy", "host pool (tokens)", "eviction"]).T
+
+# %% [markdown]
+# The trees as icicles, as in notebook 02, all at the scale of the tree before the event; colour is where a
+# node's KV lives. What the event destroyed (gone from both tiers) stays in place, grey and hatched.
+
+# %%
+rows = []
+for policy, ratio in host_tier.EVENT_SCENARIOS:
+    first = events[(policy, ratio, "shortfall")]
+    rows.append((host_tier.scenario_label(policy, ratio, first.host_tokens), first.frame_before,
+                 [events[(policy, ratio, mode)].frame_after for mode in host_tier.MODES]))
+host_tier_plots.host_tier_icicles(
+    rows, ["before the event", "after shortfall eviction (the fix)", "after full eviction (the bug)"])
+
+# %%
+for (policy, _ratio, mode), e in events.items():
+    print(f"{policy:24} host {e.host_tokens:>5,}  {mode:9}  demoted: {', '.join(e.demoted) or '-':32} "
+          f"destroyed: {', '.join(e.destroyed) or '-'}")
+bug, fix = events[("write_through", 0.5, "full")], events[("write_through", 0.5, "shortfall")]
+assert set(fix.destroyed) == set() and bug.evict.destroyed_tokens == 400  # conversation 4: never backed up
+wb_bug, wb_fix = events[("write_back", 0.5, "full")], events[("write_back", 0.5, "shortfall")]
+assert not wb_bug.destroyed and wb_bug.written_bytes > wb_fix.written_bytes  # the bug's cost: a bigger write
+
+# %% [markdown]
+# What to read from it:
+#
+# - **A backed-up node is demoted, not destroyed** (orange). Under `write_through` both modes demote conversations
+#   1 and 2; the bug also evicts conversation 4, which the host pool had no room to back up: that one is destroyed.
+# - **Under `write_through_selective`** only nodes hit twice have a copy; conversation 2 (hit once) is destroyed
+#   even by the fix.
+# - **Under `write_back`** nothing is lost while the host pool has room: every victim is written first. The bug's
+#   cost is the write of what it evicted too early (conversation 4: 400 tokens, 52 MB of Llama-3-8B KV) — and the
+#   eviction waits for that copy.
+# - **Once the host pool is full too** (last row), the bug destroys again: conversation 4's write-back does not fit
+#   in 820 host tokens, so it is dropped from both tiers.
+
+# %% [markdown]
+# ## 2 · Write policies side by side
+# Sixty chat turns over ten conversations (notebook 02's tree demo, seeded), served one after the other on a
+# device pool of 4,096 tokens and a host pool of twice that (`--hicache-ratio 2`), once per write policy and
+# eviction mode. Hit rate counts what was served from either tier: device hits plus tokens loaded back.
+
+# %%
+runs = host_tier.policy_runs()
+host_tier.policy_frame(runs, "shortfall")
+
+# %%
+host_tier_plots.policy_bars(host_tier.policy_numbers(runs))
+
+# %%
+for mode in host_tier.MODES:
+    wt, sel, wb = (runs[(p, mode)] for p in host_tier.POLICIES)
+    print(f"{mode:9}: write_through writes {wt.written_to_host_tokens:,} tokens and destroys {wt.destroyed_tokens:,}; "
+          f"write_through_selective writes {sel.written_to_host_tokens:,} and destroys {sel.destroyed_tokens:,}; "
+          f"write_back writes {wb.written_to_host_tokens:,} and destroys {wb.destroyed_tokens:,}")
+assert runs[("write_through", "shortfall")].hit_rate >= runs[("write_through_selective", "shortfall")].hit_rate
+
+# %% [markdown]
+# - `write_through` copies every node once, eviction or not — the most traffic — and loses nothing while the host
+#   pool has room.
+# - `write_through_selective` writes about half as much, but what was hit only once is destroyed at eviction and
+#   recomputed when it is asked again: the lowest hit rate.
+# - `write_back` writes only what leaves the device: the same hits as `write_through` with less traffic, paid for
+#   by evictions that wait for their copies.
+# - Between the modes the hit rates are equal here: with a host pool twice the device pool, what full eviction
+#   evicts early is kept on host and loaded back. The bug shows as extra device evictions and, under `write_back`,
+#   extra writes.
+
+# %% [markdown]
+# ## 3 · Hit rate against host size, on the shipped Mooncake-format trace
+# Now the scheduler (`kvlab simulate`) with a host tier: the 200 requests of `data/traces/mooncake_small.jsonl`,
+# 512-token pages, 16 running, a device pool of 157 pages (80,384 tokens: a sixteenth of what the trace's distinct
+# prompts would need), `write_through`, and host pools of 1 to 8 times the device pool (`--hicache-ratio`; 0: no
+# host tier). Host size is in GiB of Llama-3-8B KV (128 KiB per token). Hit rate counts prompt tokens served from
+# either tier.
+
+# %%
+sizes = host_tier.host_sweep(kv_pages=[host_tier.CURVE_POOL_PAGES], host_ratios=host_tier.CURVE_HOST_RATIOS)
+host_tier_plots.hit_rate_vs_host_size(host_tier.hit_rate_frame(sizes, host_tier.CURVE_POOL_PAGES))
+
+# %%
+curve = host_tier.curve_table(sizes)
+curve
+
+# %%
+print("the same runs from a shell, e.g. the largest host pool:")
+print("kvlab simulate --trace data/traces/mooncake_small.jsonl "
+      + " ".join(host_tier.HostPoint(host_tier.CURVE_POOL_PAGES, max(host_tier.CURVE_HOST_RATIOS), "write_through",
+                                     "shortfall").cli_args()) + " --json")
+assert curve["hit rate, shortfall (the fix)"].is_monotonic_increasing  # more host memory never loses hits here
+
+# %% [markdown]
+# Alone, the device pool serves about a quarter of the prompt tokens from its cache. Each doubling of the host pool
+# keeps more of what the device evicts, until the host holds what the trace comes back to; and a load-back is far
+# cheaper than recomputing: copying a 512-token page of Llama-3-8B KV (64 MiB) over PCIe takes about a millisecond.
+
+# %% [markdown]
+# ## 4 · Finding 2 with a host tier
+# Both eviction modes with HiCache on, over device pool × host ratio × write policy (the same trace; each cell two
+# runs). The number is the hit rate lost to full eviction, in points; the first panel is the device-only server of
+# notebooks 02 and 06.
+
+# %%
+regimes = host_tier.host_sweep(kv_pages=host_tier.REGIME_POOL_PAGES, host_ratios=(0.0, *host_tier.REGIME_HOST_RATIOS),
+                               policies=host_tier.POLICIES)
+finding2 = host_tier.finding2_frame(regimes)
+unique_pages = host_tier.unique_prompt_pages()
+host_tier_plots.host_regime_heatmap(host_tier.regime_frame(finding2, unique_pages))
+
+# %% [markdown]
+# What over-eviction costs once a host tier is there: the hit rate lost (points), the extra GB copied between host
+# and device (full − shortfall, both directions), the extra transfer seconds, and the prompt tokens the fix served
+# from a tier and the bug recomputed.
+
+# %%
+host_tier.finding2_table(finding2)
+
+# %%
+print(host_tier.finding2_verdict(finding2))
+
+# %% [markdown]
+# How to read it:
+#
+# - **Without a host tier** (first panel) the bug costs a few tenths of a point at these small pools (notebook 06
+#   maps the rest of the pool sizes: from about an eighth of the trace's distinct prompts on, nothing).
+# - **A host pool four times the device pool, written through, makes the bug free**: what full eviction evicts
+#   early is demoted to host and loaded back when it is asked for, so both modes hit exactly the same tokens. The
+#   bug's price there is copies only — the extra GB and transfer seconds in the table, which SGLang overlaps with
+#   compute (a load-back runs under the prefill, a write-through never blocks it).
+# - **Where the host tier is small or full too** (ratio 1, or `write_back` at the smallest pool), an early
+#   eviction can still destroy what has no host copy — a node the full host pool could not back up, or a
+#   write-back that does not fit — and the bug costs hits again, though less than without a host tier.
+# - **`write_through_selective`** costs nothing in these cells: it backs up only what was hit twice, so the host
+#   pool is not full of one-off prompts, and what the bug evicts early is the reused part that has a copy.
+
+# %%
+no_cost = finding2[(finding2["write_policy"] == "write_through") & (finding2["host_ratio"] == 4.0)]
+assert (no_cost["gap_points"] == 0).all() and (no_cost["lost_hit_tokens"] == 0).all()  # really nothing
+device_only = finding2[finding2["write_policy"] == host_tier.DEVICE_ONLY]
+assert (device_only["gap_points"] > 0).all()  # ...where the device-only server loses hits at the same pools
+
+# %% [markdown]
+# ## 5 · Exercise: device eviction under `write_back`
+# `my_write_back_evict(backed_up, node_tokens, host_free_tokens, host_evictable_tokens)` says what device
+# eviction does to one unlocked device leaf under `write_back`: `"demote"` (it has a host copy: free its device
+# slots, keep it on host), `"write then demote"` (copy it to host first) or `"destroy"` (gone from both tiers).
+# `host_free_tokens` are free in the host pool; `host_evictable_tokens` sit in a host-only leaf that host eviction
+# may free to make room. As given it is the write-through policies' rule. Fix it, then run the check: it builds
+# each case on a real `HiRadixCache` under `write_back`, evicts the leaf and compares.
+
+# %%
+def my_write_back_evict(backed_up, node_tokens, host_free_tokens, host_evictable_tokens):
+    if backed_up:
+        return "demote"  # _evict_backuped: free the device slots, keep the host copy
+    return "destroy"  # _evict_regular: what write_through does to a leaf without a host copy
+
+
+# %%
+from kvlab.labs import host_tier as lab
+
+lab.write_back.check(my_write_back_evict)
+
+# %% [markdown]
+# The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
+
+# %%
+lab.write_back.solution
+
+# %% [markdown]
+# ## 6 · Watch the two tiers as requests run
+# A two-tier cache (4,096 device tokens, a host pool twice that: SGLang's default `--hicache-ratio 2`) serving chat
+# turns. **next request** runs
+# one turn (loading back what it finds on host); **pressure event** is a batch that needs 256 slots more than are
+# free. Green nodes are on the device only, blue on both tiers, orange on host only; a red outline is a locked path.
+# Switch the write policy (the demo starts over) or the eviction mode and press **pressure event**.
+
+# %% tags=["dashboard"]
+from kvlab.viz.tree_widget import HostTierPanel
+
+host_panel = HostTierPanel(start_requests=30, seed=0)
+host_panel.widget
