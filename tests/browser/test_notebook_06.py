@@ -139,7 +139,9 @@ def test_report_06_page_draws_the_tables_numbers(offline: BrowserContext, tmp_pa
     opened = open_offline(offline, out / "html" / "06_capacity_planning.html")
     page = opened.page
     figures = page.evaluate(_INSPECT)
-    assert len(figures) == 2 and not figure_problems("06", figures), figures
+    # the curve, the colour map, and section 5's hit rate against pool size with a host tier
+    assert len(figures) == 3 and not figure_problems("06", figures), figures
+    assert any("with a host tier" in f["title"] for f in figures), figures
     check_capacity_panel(page, 256, pools, cli_cell)
     assert opened.page_errors == [] and opened.off_machine == []
     lab.screenshot(page, artifacts / "report06.png")
