@@ -143,9 +143,9 @@ curve
 
 # %%
 print("the same runs from a shell, e.g. the largest host pool:")
-print("kvlab simulate --trace data/traces/mooncake_small.jsonl "
-      + " ".join(host_tier_sweep.HostPoint(host_tier_sweep.CURVE_POOL_PAGES, max(host_tier_sweep.CURVE_HOST_RATIOS),
-                                           "write_through", "shortfall").cli_args()) + " --json")
+largest = host_tier_sweep.HostPoint(host_tier_sweep.CURVE_POOL_PAGES, max(host_tier_sweep.CURVE_HOST_RATIOS),
+                                    "write_through", "shortfall")
+print("kvlab simulate " + " ".join(largest.cli_args()) + " --json")
 assert curve["hit rate, shortfall (the fix)"].is_monotonic_increasing  # more host memory never loses hits here
 
 # %% [markdown]

@@ -16,6 +16,7 @@ are :mod:`kvlab.experiments.host_tier`'s.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -58,12 +59,35 @@ class HostPoint:
             opts.update(hicache_ratio=self.host_ratio, hicache_write_policy=self.write_policy)
         return opts
 
-    def cli_args(self, page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING) -> list[str]:
-        args = ["--kv-pages", str(self.kv_pages), "--page-size", str(page_size), "--max-running", str(max_running),
-                "--eviction", self.mode]
+    def cli_args(self, page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING, *,
+                 trace: str | os.PathLike | None = None) -> list[str]:
+        """The whole ``kvlab simulate`` command line of this point, less ``--json``: ``--trace`` (default: the
+        shipped trace, relative to the working directory when that is shorter), the pool, page size, max running,
+        eviction mode and, with a host tier, its ratio and write policy. ``--policy`` is left at its default,
+        ``lru``, as the sweep's runs leave it."""
+        from kvlab.experiments.pool_sweep import EXAMPLE_TRACE
+
+        args = ["--trace", _shown_path(EXAMPLE_TRACE if trace is None else trace), "--kv-pages", str(self.kv_pages),
+                "--page-size", str(page_size), "--max-running", str(max_running), "--eviction", self.mode]
         if self.host_ratio:
-            args += ["--hicache-ratio", f"{self.host_ratio:g}", "--hicache-write-policy", self.write_policy]
+            args += ["--hicache-ratio", _exact(self.host_ratio), "--hicache-write-policy", self.write_policy]
         return args
+
+
+def _exact(number: float) -> str:
+    """``number`` as short as it reads back exactly (``4``, ``0.5``; ``1/3`` keeps every digit)."""
+    short = f"{number:g}"
+    return short if float(short) == number else repr(float(number))
+
+
+def _shown_path(path: str | os.PathLike) -> str:
+    """``path`` relative to the working directory when that is shorter (a command to run from here), as
+    ``capacity``'s commands show it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return relative if len(relative) < len(str(path)) else str(path)
 
 
 def trace_requests(trace=None, num_requests: int | None = None) -> list:
