@@ -37,7 +37,7 @@
 # full too.
 
 # %%
-from kvlab.experiments import host_tier
+from kvlab.experiments import host_tier, host_tier_sweep
 from kvlab.viz import host_tier_plots
 
 # %% [markdown]
@@ -133,18 +133,19 @@ assert runs[("write_through", "shortfall")].hit_rate >= runs[("write_through_sel
 # either tier.
 
 # %%
-sizes = host_tier.host_sweep(kv_pages=[host_tier.CURVE_POOL_PAGES], host_ratios=host_tier.CURVE_HOST_RATIOS)
-host_tier_plots.hit_rate_vs_host_size(host_tier.hit_rate_frame(sizes, host_tier.CURVE_POOL_PAGES))
+sizes = host_tier_sweep.host_sweep(kv_pages=[host_tier_sweep.CURVE_POOL_PAGES],
+                                   host_ratios=host_tier_sweep.CURVE_HOST_RATIOS)
+host_tier_plots.hit_rate_vs_host_size(host_tier_sweep.hit_rate_frame(sizes, host_tier_sweep.CURVE_POOL_PAGES))
 
 # %%
-curve = host_tier.curve_table(sizes)
+curve = host_tier_sweep.curve_table(sizes)
 curve
 
 # %%
 print("the same runs from a shell, e.g. the largest host pool:")
-print("kvlab simulate --trace data/traces/mooncake_small.jsonl "
-      + " ".join(host_tier.HostPoint(host_tier.CURVE_POOL_PAGES, max(host_tier.CURVE_HOST_RATIOS), "write_through",
-                                     "shortfall").cli_args()) + " --json")
+largest = host_tier_sweep.HostPoint(host_tier_sweep.CURVE_POOL_PAGES, max(host_tier_sweep.CURVE_HOST_RATIOS),
+                                    "write_through", "shortfall")
+print("kvlab simulate " + " ".join(largest.cli_args()) + " --json")
 assert curve["hit rate, shortfall (the fix)"].is_monotonic_increasing  # more host memory never loses hits here
 
 # %% [markdown]
@@ -159,11 +160,12 @@ assert curve["hit rate, shortfall (the fix)"].is_monotonic_increasing  # more ho
 # notebooks 02 and 06.
 
 # %%
-regimes = host_tier.host_sweep(kv_pages=host_tier.REGIME_POOL_PAGES, host_ratios=(0.0, *host_tier.REGIME_HOST_RATIOS),
-                               policies=host_tier.POLICIES)
-finding2 = host_tier.finding2_frame(regimes)
-unique_pages = host_tier.unique_prompt_pages()
-host_tier_plots.host_regime_heatmap(host_tier.regime_frame(finding2, unique_pages))
+regimes = host_tier_sweep.host_sweep(kv_pages=host_tier_sweep.REGIME_POOL_PAGES,
+                                     host_ratios=(0.0, *host_tier_sweep.REGIME_HOST_RATIOS),
+                                     policies=host_tier_sweep.POLICIES)
+finding2 = host_tier_sweep.finding2_frame(regimes)
+unique_pages = host_tier_sweep.unique_prompt_pages()
+host_tier_plots.host_regime_heatmap(host_tier_sweep.regime_frame(finding2, unique_pages))
 
 # %% [markdown]
 # What over-eviction costs once a host tier is there: the hit rate lost (points), the extra GB copied between host
@@ -171,10 +173,10 @@ host_tier_plots.host_regime_heatmap(host_tier.regime_frame(finding2, unique_page
 # from a tier and the bug recomputed.
 
 # %%
-host_tier.finding2_table(finding2)
+host_tier_sweep.finding2_table(finding2)
 
 # %%
-print(host_tier.finding2_verdict(finding2))
+print(host_tier_sweep.finding2_verdict(finding2))
 
 # %% [markdown]
 # How to read it:
@@ -194,7 +196,7 @@ print(host_tier.finding2_verdict(finding2))
 # %%
 no_cost = finding2[(finding2["write_policy"] == "write_through") & (finding2["host_ratio"] == 4.0)]
 assert (no_cost["gap_points"] == 0).all() and (no_cost["lost_hit_tokens"] == 0).all()  # really nothing
-device_only = finding2[finding2["write_policy"] == host_tier.DEVICE_ONLY]
+device_only = finding2[finding2["write_policy"] == host_tier_sweep.DEVICE_ONLY]
 assert (device_only["gap_points"] > 0).all()  # ...where the device-only server loses hits at the same pools
 
 # %% [markdown]

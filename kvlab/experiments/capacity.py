@@ -151,7 +151,7 @@ HOST_MAX_RUNNING = 16
 @dataclass(frozen=True)
 class HostAxis:
     """Hit rate against pool size with host pools beside it (``frame``: one row per run; ``host_ratio`` 0 is the
-    device-only sweep's own rows, the others are ``host_tier.host_sweep`` runs at the same pools)."""
+    device-only sweep's own rows, the others are ``host_tier_sweep.host_sweep`` runs at the same pools)."""
 
     frame: Any
     max_running: int
@@ -189,7 +189,7 @@ def host_axis(result: CapacityResult, host_ratios: Sequence[float] = DEFAULT_HOS
     ``result`` itself."""
     import pandas as pd
 
-    from kvlab.experiments import host_tier
+    from kvlab.experiments import host_tier_sweep
 
     running = max_running if max_running is not None else (
         HOST_MAX_RUNNING if HOST_MAX_RUNNING in result.max_running else max(result.max_running))
@@ -197,10 +197,11 @@ def host_axis(result: CapacityResult, host_ratios: Sequence[float] = DEFAULT_HOS
     if not ratios:
         raise ValueError(f"host_ratios: give at least one ratio > 0 (--hicache-ratio), got {list(host_ratios)!r}")
     requests = load(result.trace, None if result.whole_trace else result.num_requests).requests
-    hosted = host_tier.host_sweep(requests, kv_pages=result.pool_pages, host_ratios=ratios, policies=(write_policy,),
-                                  page_size=result.page_size, max_running=running, processes=processes)
+    hosted = host_tier_sweep.host_sweep(requests, kv_pages=result.pool_pages, host_ratios=ratios,
+                                        policies=(write_policy,), page_size=result.page_size, max_running=running,
+                                        processes=processes)
     device = result.curve(running)[["kv_pages", "mode", "hit_rate"]].assign(
-        host_ratio=0.0, write_policy=host_tier.DEVICE_ONLY, host_gib=0.0)
+        host_ratio=0.0, write_policy=host_tier_sweep.DEVICE_ONLY, host_gib=0.0)
     frame = pd.concat([device, hosted[list(device.columns) + ["loaded_back_tokens", "transfer_s"]]],
                       ignore_index=True).fillna({"loaded_back_tokens": 0, "transfer_s": 0.0})
     return HostAxis(frame, running, write_policy, (0.0, *ratios), result.trace, result.page_size)

@@ -4,7 +4,9 @@
   per scenario (write policy, host pool), coloured by residency, what the event destroyed kept grey and hatched
   (``host_tier.pressure_events()``).
 - :func:`policy_bars`: what each write policy moved and kept, both modes (``host_tier.policy_numbers()``).
-- :func:`hit_rate_vs_host_size`: hit rate against host pool size, one line per eviction mode and series.
+- :func:`hit_rate_vs_host_size`: hit rate against host pool size, one line per eviction mode and series
+  (``host_tier_sweep.hit_rate_frame``).
+- :func:`host_regime_heatmap`: finding 2 with a host tier (``host_tier_sweep.regime_frame``).
 """
 
 from __future__ import annotations
@@ -150,8 +152,8 @@ def hit_rate_vs_host_size(frame: pd.DataFrame, title: str = "Hit rate against ho
 
 
 def host_regime_heatmap(frame: pd.DataFrame) -> go.Figure:
-    """The regime map of finding 2 with a host tier (``host_tier.regime_frame``): one panel per write policy (the
-    device-only runs first), a row per host ratio, a column per device pool; each cell the hit-rate points full
+    """The regime map of finding 2 with a host tier (``host_tier_sweep.regime_frame``): one panel per write policy
+    (the device-only runs first), a row per host ratio, a column per device pool; each cell the hit-rate points full
     eviction loses (shortfall − full). Notebook 02's ``regime_heatmap``, titled for the host tier."""
     from kvlab.viz.eviction_plots import regime_heatmap
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import BrowserContext, Page
 
-from kvlab.experiments import host_tier
+from kvlab.experiments import host_tier, host_tier_sweep
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.viz.plots import RESIDENCY_COLOURS, TREE_COLOURS
 
@@ -54,10 +54,11 @@ def runs() -> dict:
 @pytest.fixture(scope="module")
 def sims() -> tuple:
     """Sections 3 and 4's scheduler runs, computed here as the oracle (the notebook's tables show these numbers)."""
-    sizes = host_tier.host_sweep(kv_pages=[host_tier.CURVE_POOL_PAGES], host_ratios=host_tier.CURVE_HOST_RATIOS)
-    regimes = host_tier.host_sweep(kv_pages=host_tier.REGIME_POOL_PAGES,
-                                   host_ratios=(0.0, *host_tier.REGIME_HOST_RATIOS), policies=host_tier.POLICIES)
-    return host_tier.curve_table(sizes), host_tier.finding2_frame(regimes)
+    sweep = host_tier_sweep
+    sizes = sweep.host_sweep(kv_pages=[sweep.CURVE_POOL_PAGES], host_ratios=sweep.CURVE_HOST_RATIOS)
+    regimes = sweep.host_sweep(kv_pages=sweep.REGIME_POOL_PAGES, host_ratios=(0.0, *sweep.REGIME_HOST_RATIOS),
+                               policies=sweep.POLICIES)
+    return sweep.curve_table(sizes), sweep.finding2_frame(regimes)
 
 
 def oracle_demo(steps: list[str], policy: str = "write_through") -> host_tier.HostTierDemo:

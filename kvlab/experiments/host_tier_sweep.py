@@ -1,0 +1,272 @@
+"""The scheduler with a host tier (HiCache's L2) on the shipped Mooncake-format trace: notebook 07's sections 3 and 4
+and notebook 06's host axis.
+
+Each point (:class:`HostPoint`) is one ``kvlab simulate`` run (``shortfall_eviction.run``: the config
+``kvlab.sweep.point`` builds, with SchedulerConfig's hicache_ratio / hicache_write_policy), and
+:meth:`HostPoint.cli_args` is that run's command line. ``host_ratio`` 0 means no host tier (a plain RadixCache).
+
+- :func:`host_sweep`: device pool × host ratio × write policy × eviction mode, one tidy row per run;
+- :func:`hit_rate_frame`, :func:`curve_table`: hit rate against host size at one device pool;
+- :func:`finding2_frame`, :func:`finding2_table`, :func:`finding2_verdict`, :func:`regime_frame`: finding 2 with a
+  host tier, what full eviction costs in hits and in copies, as numbers, words and a regime map.
+
+The hand-sized two-tier trees (one pressure event, the write policies side by side, the demo, the exercise's leaf)
+are :mod:`kvlab.experiments.host_tier`'s.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.mem_cache.cache_controller import WRITE_POLICIES
+from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.units import GB
+
+MODES = EVICTION_MODES  # ("shortfall", "full")
+POLICIES = WRITE_POLICIES  # ("write_through", "write_through_selective", "write_back")
+TRACE_PAGE_SIZE = 512  # a Mooncake trace's hash ids are 512-token blocks
+TRACE_MAX_RUNNING = 16
+DEVICE_ONLY = "device only"  # the write_policy column of a run without a host tier
+HOST_RATIOS = (0.0, 0.5, 1.0, 2.0, 4.0)  # --hicache-ratio; 0: no host tier
+# the shipped trace's two smallest default pools (pool_sweep.default_pool_pages(requests, 512, 6)[:2]): one
+# request's worth and twice that (a sixteenth of the distinct prompt pages), where a device-only pool turns over fast
+REGIME_POOL_PAGES = (78, 157)
+REGIME_HOST_RATIOS = (1.0, 4.0)
+CURVE_POOL_PAGES = 157  # section 3's device pool
+CURVE_HOST_RATIOS = (0.0, 1.0, 2.0, 4.0, 8.0)
+NO_COST_POINTS = 0.05  # capacity.COST_FREE_POINTS: a hit-rate difference below this is "no cost"
+SIM_KEYS = ("hit_rate", "cached_prompt_tokens", "device_hit_tokens", "host_hit_tokens", "loaded_back_tokens",
+            "written_to_host_tokens", "host_evicted_tokens", "transfer_s", "evicted_tokens", "over_evicted_tokens",
+            "prompt_tokens", "sim_time_s")
+
+
+@dataclass(frozen=True, order=True)
+class HostPoint:
+    """One simulated run: device pool (pages), host ratio (0: none), write policy, eviction mode."""
+
+    kv_pages: int
+    host_ratio: float
+    write_policy: str
+    mode: str
+
+    def options(self, page_size: int, max_running: int) -> dict:
+        """``shortfall_eviction.run`` keyword arguments (and so ``kvlab simulate``'s flags, :meth:`cli_args`)."""
+        opts = dict(eviction=self.mode, page_size=page_size, kv_tokens=self.kv_pages * page_size,
+                    max_running=max_running)
+        if self.host_ratio:
+            opts.update(hicache_ratio=self.host_ratio, hicache_write_policy=self.write_policy)
+        return opts
+
+    def cli_args(self, page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING, *,
+                 trace: str | os.PathLike | None = None) -> list[str]:
+        """The whole ``kvlab simulate`` command line of this point, less ``--json``: ``--trace`` (default: the
+        shipped trace, relative to the working directory when that is shorter), the pool, page size, max running,
+        eviction mode and, with a host tier, its ratio and write policy. ``--policy`` is left at its default,
+        ``lru``, as the sweep's runs leave it."""
+        from kvlab.experiments.pool_sweep import EXAMPLE_TRACE
+
+        args = ["--trace", _shown_path(EXAMPLE_TRACE if trace is None else trace), "--kv-pages", str(self.kv_pages),
+                "--page-size", str(page_size), "--max-running", str(max_running), "--eviction", self.mode]
+        if self.host_ratio:
+            args += ["--hicache-ratio", _exact(self.host_ratio), "--hicache-write-policy", self.write_policy]
+        return args
+
+
+def _exact(number: float) -> str:
+    """``number`` as short as it reads back exactly (``4``, ``0.5``; ``1/3`` keeps every digit)."""
+    short = f"{number:g}"
+    return short if float(short) == number else repr(float(number))
+
+
+def _shown_path(path: str | os.PathLike) -> str:
+    """``path`` relative to the working directory when that is shorter (a command to run from here), as
+    ``capacity``'s commands show it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return relative if len(relative) < len(str(path)) else str(path)
+
+
+def trace_requests(trace=None, num_requests: int | None = None) -> list:
+    """The shipped Mooncake-format trace (``data/traces/mooncake_small.jsonl``), or ``trace``, as requests sorted by
+    arrival (``capacity.load``'s order), the first ``num_requests`` when given."""
+    from pathlib import Path
+
+    from kvlab.experiments.pool_sweep import EXAMPLE_TRACE
+    from kvlab.workloads.mooncake import read_records, records_to_requests
+
+    path = Path(trace) if trace is not None else EXAMPLE_TRACE
+    requests = records_to_requests(read_records(path), rid_prefix=path.stem)
+    return requests if num_requests is None else requests[:num_requests]
+
+
+def _point_totals(requests, point: HostPoint, page_size: int, max_running: int) -> dict:
+    from kvlab.experiments.shortfall_eviction import run
+
+    result = run(requests, progress=False, **point.options(page_size, max_running))
+    totals = result.totals()
+    host_tokens = result.config.host_pool().size_tokens if point.host_ratio else 0
+    return {**{k: totals[k] for k in SIM_KEYS if k in totals}, "host_tokens": host_tokens,
+            "kv_bytes_per_token": result.config.cost.kv_bytes_per_token}
+
+
+def _run_points(requests, points: Sequence[HostPoint], page_size: int, max_running: int, processes: int) -> list:
+    if processes <= 1 or len(points) <= 1:
+        return [_point_totals(requests, p, page_size, max_running) for p in points]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_point_totals, [requests] * len(points), points, [page_size] * len(points),
+                             [max_running] * len(points)))
+
+
+_POINTS: dict = {}  # (id of the request list, point, page_size, max_running) -> totals: each run once per process
+_TRACE: list = []  # the shipped trace's requests, read once
+
+
+def host_sweep(requests=None, *, kv_pages: Sequence[int], host_ratios: Sequence[float] = HOST_RATIOS,
+               policies: Sequence[str] = ("write_through",), modes: Sequence[str] = MODES,
+               page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING, processes: int = 2):
+    """Device pool × host ratio × write policy × eviction mode on ``requests`` (default: the shipped trace). A host
+    ratio of 0 is one device-only run per pool and mode (write policy :data:`DEVICE_ONLY`). Returns a tidy frame:
+    one row per run with the point, :data:`SIM_KEYS`, ``host_tokens``, ``host_gib``, ``moved_gb`` (both
+    directions, decimal GB) and ``kv_pages``. Seeded and deterministic; each point runs once per process (a later
+    sweep that shares points with an earlier one runs only the new ones), ``processes`` at a time."""
+    import pandas as pd
+
+    from kvlab.units import GiB
+
+    for p in policies:
+        if p not in POLICIES:
+            raise ValueError(f"write policy must be one of {', '.join(POLICIES)}, got {p!r}")
+    for r in host_ratios:
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or r < 0:
+            raise ValueError(f"host ratio must be a number >= 0 (0: no host tier), got {r!r}")
+    if requests is None:
+        if not _TRACE:
+            _TRACE.extend(trace_requests())
+        requests = _TRACE
+    points = sorted({HostPoint(int(pages), float(r), DEVICE_ONLY if not r else p, m)
+                     for pages in kv_pages for r in host_ratios for p in policies for m in modes})
+    key = (id(requests), page_size, max_running)
+    todo = [p for p in points if (key, p) not in _POINTS]
+    for point, totals in zip(todo, _run_points(requests, todo, page_size, max_running, processes)):
+        _POINTS[(key, point)] = totals
+    rows = []
+    for point in points:
+        totals = dict(_POINTS[(key, point)])
+        bpt = totals.pop("kv_bytes_per_token")
+        rows.append({"kv_pages": point.kv_pages, "host_ratio": point.host_ratio, "write_policy": point.write_policy,
+                     "mode": point.mode, **totals, "host_gib": totals["host_tokens"] * bpt / GiB,
+                     "moved_gb": (totals["written_to_host_tokens"] + totals["loaded_back_tokens"]) * bpt / GB})
+    return pd.DataFrame(rows)
+
+
+def hit_rate_frame(sweep, kv_pages: int, write_policy: str = "write_through"):
+    """The rows of :func:`host_sweep` at one device pool, the device-only runs as host size 0, for
+    ``host_tier_plots.hit_rate_vs_host_size``."""
+    rows = sweep[(sweep["kv_pages"] == kv_pages) & sweep["write_policy"].isin((write_policy, DEVICE_ONLY))]
+    return rows.sort_values(["mode", "host_ratio"]).reset_index(drop=True)
+
+
+def finding2_frame(sweep):
+    """Finding 2 with a host tier, one row per (device pool, host ratio, write policy): each mode's hit rate, the
+    points full eviction loses (``gap_points``: shortfall − full), and what it costs in copies: ``extra_gb_moved``
+    and ``extra_transfer_s`` (full − shortfall), ``lost_hit_tokens`` (prompt tokens the fix served from a tier and
+    the bug computed)."""
+    import pandas as pd
+
+    keys = ["kv_pages", "host_ratio", "write_policy"]
+    fix = sweep[sweep["mode"] == "shortfall"].set_index(keys)
+    bug = sweep[sweep["mode"] == "full"].set_index(keys)
+    out = pd.DataFrame({
+        "hit_rate_shortfall": fix["hit_rate"], "hit_rate_full": bug["hit_rate"],
+        "gap_points": (100 * (fix["hit_rate"] - bug["hit_rate"])).round(4),
+        "extra_gb_moved": (bug["moved_gb"] - fix["moved_gb"]).round(4),
+        "extra_transfer_s": (bug["transfer_s"] - fix["transfer_s"]).round(6),
+        "lost_hit_tokens": fix["cached_prompt_tokens"] - bug["cached_prompt_tokens"],
+        "extra_evicted_tokens": bug["evicted_tokens"] - fix["evicted_tokens"],
+        "host_evicted_tokens_full": bug["host_evicted_tokens"],
+    })
+    return out.reset_index()
+
+
+def regime_frame(finding2, unique_prompt_pages: int):
+    """:func:`finding2_frame` in ``eviction_plots.regime_heatmap``'s shape: a group per write policy (the
+    device-only runs first), a row per host ratio, a column per device pool as a share of the trace's distinct
+    prompt pages."""
+    import pandas as pd
+
+    rows = []
+    for r in finding2.itertuples(index=False):
+        group = "device only (no host tier)" if r.write_policy == DEVICE_ONLY else f"host tier, {r.write_policy}"
+        regime = "no host tier" if r.write_policy == DEVICE_ONLY else f"host ratio {r.host_ratio:g}"
+        rows.append(dict(group=group, regime=regime, share=r.kv_pages / unique_prompt_pages,
+                         kv_tokens=r.kv_pages * TRACE_PAGE_SIZE, gap_points=r.gap_points,
+                         hit_rate_shortfall=r.hit_rate_shortfall, hit_rate_full=r.hit_rate_full,
+                         host_ratio=r.host_ratio, write_policy=r.write_policy, kv_pages=r.kv_pages))
+    frame = pd.DataFrame(rows)
+    order = {g: i for i, g in enumerate(["device only (no host tier)"] + [f"host tier, {p}" for p in POLICIES])}
+    return frame.sort_values(["group", "host_ratio", "kv_pages"], key=lambda c: c.map(order) if c.name == "group"
+                             else c).reset_index(drop=True)
+
+
+def unique_prompt_pages(requests=None, page_size: int = TRACE_PAGE_SIZE) -> int:
+    """Distinct prompt pages of ``requests`` (default: the shipped trace): what an infinite cache would hold."""
+    from kvlab.experiments.pool_sweep import unique_prompt_pages as pages
+
+    return pages(trace_requests() if requests is None else requests, page_size)
+
+
+def curve_table(sweep, kv_pages: int = CURVE_POOL_PAGES, write_policy: str = "write_through"):
+    """Section 3's numbers, one row per host size: the host pool (ratio, tokens, GiB), each mode's hit rate, tokens
+    loaded back and transfer seconds (shortfall). The figure draws the hit-rate columns."""
+    import pandas as pd
+
+    rows = hit_rate_frame(sweep, kv_pages, write_policy)
+    fix, bug = (rows[rows["mode"] == m].set_index("host_ratio") for m in ("shortfall", "full"))
+    return pd.DataFrame({
+        "host pool (tokens)": fix["host_tokens"], "host pool (GiB)": fix["host_gib"].round(3),
+        "hit rate, shortfall (the fix)": fix["hit_rate"], "hit rate, full (the bug)": bug["hit_rate"],
+        "tokens loaded back": fix["loaded_back_tokens"], "tokens written to host": fix["written_to_host_tokens"],
+        "transfer seconds": fix["transfer_s"].round(3),
+    }).rename_axis("--hicache-ratio (0: none)")
+
+
+def finding2_table(finding2):
+    """:func:`finding2_frame` in words, one row per (device pool, host tier), numbers rounded for reading."""
+    import pandas as pd
+
+    return pd.DataFrame({
+        "device pool (pages)": finding2["kv_pages"],
+        "host tier": [("none" if p == DEVICE_ONLY else f"ratio {r:g}, {p}")
+                      for r, p in zip(finding2["host_ratio"], finding2["write_policy"])],
+        "hit rate, fix": finding2["hit_rate_shortfall"].map("{:.2%}".format),
+        "hit rate, bug": finding2["hit_rate_full"].map("{:.2%}".format),
+        "points lost": finding2["gap_points"].map("{:.2f}".format),
+        "hit tokens lost": finding2["lost_hit_tokens"].map("{:,}".format),
+        "extra GB moved": finding2["extra_gb_moved"].map("{:.2f}".format),
+        "extra transfer s": finding2["extra_transfer_s"].map("{:.3f}".format),
+    })
+
+
+def finding2_verdict(finding2) -> str:
+    """Where the bug costs hits with and without a host tier, and where it costs nothing, in plain words."""
+    device = finding2[finding2["write_policy"] == DEVICE_ONLY]
+    host = finding2[finding2["write_policy"] != DEVICE_ONLY]
+    free = host[host["gap_points"].abs() < NO_COST_POINTS]
+    worst_device = device["gap_points"].max() if len(device) else 0.0
+    worst_host = host.loc[host["gap_points"].idxmax()] if len(host) else None
+    parts = [f"Without a host tier full eviction costs up to {worst_device:.2f} points of hit rate."]
+    if worst_host is not None:
+        parts.append(f"With one it costs nothing in {len(free)} of {len(host)} settings (under {NO_COST_POINTS} "
+                     f"points); the most it costs is {worst_host.gap_points:.2f} points (device pool "
+                     f"{int(worst_host.kv_pages)} pages, host ratio {worst_host.host_ratio:g}, "
+                     f"{worst_host.write_policy}).")
+        parts.append(f"Its price there is copies: up to {host['extra_gb_moved'].max():.2f} GB more moved between host "
+                     f"and device and {host['extra_transfer_s'].max():.3f} s more of transfers.")
+    return " ".join(parts)
