@@ -130,13 +130,18 @@ _TRACE: list = []  # the shipped trace's requests, read once
 
 def host_sweep(requests=None, *, kv_pages: Sequence[int], host_ratios: Sequence[float] = HOST_RATIOS,
                policies: Sequence[str] = ("write_through",), modes: Sequence[str] = MODES,
-               page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING, processes: int = 2):
+               page_size: int = TRACE_PAGE_SIZE, max_running: int = TRACE_MAX_RUNNING, processes: int | None = None):
     """Device pool × host ratio × write policy × eviction mode on ``requests`` (default: the shipped trace). A host
     ratio of 0 is one device-only run per pool and mode (write policy :data:`DEVICE_ONLY`). Returns a tidy frame:
     one row per run with the point, :data:`SIM_KEYS`, ``host_tokens``, ``host_gib``, ``moved_gb`` (both
     directions, decimal GB) and ``kv_pages``. Seeded and deterministic; each point runs once per process (a later
-    sweep that shares points with an earlier one runs only the new ones), ``processes`` at a time."""
+    sweep that shares points with an earlier one runs only the new ones), ``processes`` at a time (default: one core
+    fewer than the machine has, at least one, so a browser showing the notebook keeps a core: on two cores, Voila's
+    websocket to a page whose renderer starved for 30 s closed and the rest of the notebook never ran)."""
     import pandas as pd
+
+    if processes is None:
+        processes = max(1, (os.cpu_count() or 1) - 1)
 
     from kvlab.units import GiB
 
