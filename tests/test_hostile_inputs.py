@@ -364,8 +364,19 @@ def test_a_request_table_beyond_the_machine_is_refused_within_seconds(tmp_path, 
              "req_to_token table would take 100,002 × 10,001,920 torch.int32", "lower --max-running")
 
 
-def _trace_line_json(timestamp: int) -> str:
-    return json.dumps({"timestamp": timestamp, "input_length": 1209, "output_length": 10 ** 7, "hash_ids": [0, 1, 2]})
+def _trace_line_json(timestamp: int, output_length: int = 10 ** 7) -> str:
+    return json.dumps({"timestamp": timestamp, "input_length": 1209, "output_length": output_length,
+                       "hash_ids": [0, 1, 2]})
+
+
+def test_a_request_table_beyond_the_machine_names_the_trace_line_that_sets_it(tmp_path, capsys):
+    """The refusal named the table, not the input that sized it: it names the trace file, the longest request's
+    line (blank lines counted) and its lengths."""
+    path = tmp_path / "long.jsonl"
+    path.write_text(_trace_line_json(0, 182) + "\n\n" + _trace_line_json(1) + "\n" + _trace_line_json(2, 5) + "\n")
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000"],
+             f"--trace {path}:3: request long-1, the trace's longest (prompt 1,209 + output_length 10,000,000 tokens)",
+             "req_to_token table would take 100,002 × 10,001,920 torch.int32")
 
 
 def test_a_workload_param_error_names_the_params_given(capsys):
