@@ -341,6 +341,42 @@ def test_sweep_pool_lists_empty_or_huge_are_refused_alike(value, needle, tmp_pat
     assert not (tmp_path / "s.csv").exists()
 
 
+def _unusable_outs(tmp_path: Path) -> list[tuple[Path | str, str]]:
+    plain = tmp_path / "notes.txt"
+    plain.write_text("mine")
+    (tmp_path / "rows.csv").mkdir()
+    return [
+        ("", "--out '': an empty path"),
+        (tmp_path / "new" / ("a" * 300) / "rows.csv", f"the name '{'a' * 37}...' is 300 bytes, longer than the"),
+        (tmp_path / "new" / ("b" * 300 + ".csv"), "is 304 bytes, longer than the"),
+        (plain / "rows.csv", f"{plain} is not a folder"),
+        (tmp_path / "rows.csv", "is a folder"),
+    ]
+
+
+def test_an_unusable_sweep_out_is_refused_before_any_point_runs(tmp_path, capsys):
+    """A name too long for a folder kvlab creates was found by ``mkdir`` (a raw ``[Errno 36]`` naming no flag,
+    after creating the folders above it); ``--out ''`` was called a folder. Each is refused naming --out, before
+    a point runs (no table printed, nothing created)."""
+    for out, needle in _unusable_outs(tmp_path):
+        err = _refused(capsys, ["sweep", "--trace", str(TRACE), "--kv-pages", "30,40,50", "--workers", "1",
+                                "--out", str(out)], f"--out {out}" if out else "--out ''", needle, seconds=10)
+        assert not capsys.readouterr().out, (out, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "rows.csv"]
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not any((tmp_path / "rows.csv").iterdir())
+
+
+def test_a_sweep_file_whose_folder_cannot_be_made_is_named(tmp_path):
+    """The library path (``run_sweep(out=...)``) has no command-line check in front: the ``mkdir`` error names
+    the file."""
+    from kvlab.sweep.grid import SweepError
+    from kvlab.sweep.store import open_row_file
+
+    out = tmp_path / ("a" * 300) / "rows.csv"
+    with pytest.raises(SweepError, match=r"^--out .*/rows\.csv: its folder cannot be created \(File name too long\)"):
+        open_row_file(out, write=True)
+
+
 @pytest.mark.parametrize("flag", ["--capacity", "--device-memory"])
 def test_a_replay_size_beyond_any_device_is_refused(flag, capsys):
     """10^20 bytes overflowed deep in the replay (exit 3)."""
