@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import struct
 import time
 from pathlib import Path
@@ -141,6 +142,45 @@ def test_a_log_reading_beyond_reason_is_named(log, old, new, needle, tmp_path, c
     assert old in text
     path.write_text(text.replace(old, new))
     _refused(capsys, ["explain-log", str(path)], str(path), needle)
+
+
+BEGIN, END = "Load weight begin. avail mem=78.69 GB", "type=LlamaForCausalLM, avail mem=63.65 GB"
+
+
+@pytest.mark.parametrize("zeroed, needle", [
+    ((BEGIN,), ":2: 'Load weight begin' on rank0 reads avail mem=0.00 GB, yet the weights were loaded "
+               "('Load weight end', line 3)"),
+    ((BEGIN, END), ":2: 'Load weight begin' on rank0 reads avail mem=0.00 GB"),  # was a ZeroDivisionError
+    ((END,), ":3: 'Load weight end' on rank0 reads avail mem=0.00 GB, yet a KV pool of 415,056 tokens was "
+             "allocated after it ("),
+])
+def test_a_zero_reading_of_a_server_that_started_is_refused_naming_its_line(zeroed, needle, tmp_path, capsys):
+    """0.00 GB free before loading (the weights were then loaded), or after loading on a log that shows the pool
+    allocated, cannot be: it was a ZeroDivisionError (both zero), or exit 0 with a waterfall of negative weights,
+    a negative pool budget and a computed pool of 0 tokens."""
+    text = SGLANG_LOG.read_text()
+    for old in zeroed:
+        assert old in text
+        text = text.replace(old, old.replace("78.69", "0.00").replace("63.65", "0.00"))
+    path = tmp_path / SGLANG_LOG.name
+    path.write_text(text)
+    err = _refused(capsys, ["explain-log", str(path)], f"{path}{needle}", "every number computed from it would be "
+                                                                         "meaningless")
+    assert f"{path}:6)" in err or zeroed != (END,)  # the pool's line (max_total_num_tokens)
+
+
+def test_a_zero_reading_after_load_of_a_failed_start_is_explained_without_nonsense(tmp_path, capsys):
+    """A start that stopped for want of memory (no pool lines): 0.00 GB after loading is possible; the explanation
+    is SGLang's own error, and nothing printed is inf or nan."""
+    lines = SGLANG_LOG.read_text().replace(END, END.replace("63.65", "0.00")).splitlines(keepends=True)
+    path = tmp_path / "failed.log"
+    path.write_text("".join(line for line in lines if "KV Cache" not in line and "Memory pool" not in line
+                            and "max_total_num_tokens" not in line))
+    config = REPO / "data" / "tiny-llama" / "config.json"
+    for extra in ([], ["--json"]):
+        assert main(["explain-log", str(path), "--model-config", str(config), *extra]) == 0
+        out = capsys.readouterr().out
+        assert "no_room_for_pool" in out and not re.search(r"\b(nan|inf|infinity)\b", out, re.I), out
 
 
 def test_a_very_long_log_line_is_read_in_linear_time(tmp_path, capsys):
