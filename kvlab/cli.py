@@ -335,6 +335,7 @@ def _write_tiny_checkpoint(args) -> int:
 
 def _simulate(args) -> int:
     from kvlab.experiments import shortfall_eviction
+    from kvlab.mem_cache.memory_pool import PoolTooLargeError
     from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
 
     page_size = args.page_size or default_page_size(trace=args.trace)
@@ -345,12 +346,15 @@ def _simulate(args) -> int:
     kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
     options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy,
                    **_hicache_options(args))
-    if args.compare:
-        if args.eviction is not None:
-            raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
-        arms = shortfall_eviction.compare_totals(requests, processes=1, **options)
-    else:
-        result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
+    if args.compare and args.eviction is not None:
+        raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
+    try:
+        if args.compare:
+            arms = shortfall_eviction.compare_totals(requests, processes=1, **options)
+        else:
+            result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
+    except PoolTooLargeError as exc:  # the table's columns are the longest request's tokens: name it (issue 26)
+        raise KvlabError(f"{_longest_request(args, requests)} is too long to simulate on this machine: {exc}") from None
     source = printable(args.trace) if args.trace else f"{args.workload} (seed {args.seed})"
     if args.compare:
         for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
@@ -378,6 +382,36 @@ def _simulate(args) -> int:
         shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
         print(f"  {key:<{width}}  {shown:>14}")
     return 0
+
+
+def _longest_request(args, requests) -> str:
+    """The request that sets the simulator's request-to-token table width, named by where it came from: ``--trace
+    FILE:LINE`` (its line in the file) or the workload, then its id and lengths."""
+    longest = max(requests, key=lambda r: len(r.prompt_token_ids) + max(1, r.output_len))
+    lengths = f"prompt {len(longest.prompt_token_ids):,} + output_length {longest.output_len:,} tokens"
+    if not args.trace:
+        return f"--workload {args.workload}: request {printable(longest.rid)} ({lengths})"
+    line = _record_line(args.trace, longest.rid)
+    where = f"--trace {printable(args.trace)}" + (f":{line}" if line else "")
+    return f"{where}: request {printable(longest.rid)}, the trace's longest ({lengths}),"
+
+
+def _record_line(path: str, rid: str) -> int | None:
+    """The file line of the trace record ``rid`` names (``<stem>-<index of the record>``, blank lines skipped), or
+    None when the id is not of that form."""
+    from pathlib import Path
+
+    stem, _, index = rid.rpartition("-")
+    if stem != Path(path).stem or not index.isdigit():
+        return None
+    left = int(index)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if raw.strip():
+                if not left:
+                    return lineno
+                left -= 1
+    return None
 
 
 def _hicache_options(args) -> dict:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import struct
 import time
 from pathlib import Path
@@ -141,6 +142,45 @@ def test_a_log_reading_beyond_reason_is_named(log, old, new, needle, tmp_path, c
     assert old in text
     path.write_text(text.replace(old, new))
     _refused(capsys, ["explain-log", str(path)], str(path), needle)
+
+
+BEGIN, END = "Load weight begin. avail mem=78.69 GB", "type=LlamaForCausalLM, avail mem=63.65 GB"
+
+
+@pytest.mark.parametrize("zeroed, needle", [
+    ((BEGIN,), ":2: 'Load weight begin' on rank0 reads avail mem=0.00 GB, yet the weights were loaded "
+               "('Load weight end', line 3)"),
+    ((BEGIN, END), ":2: 'Load weight begin' on rank0 reads avail mem=0.00 GB"),  # was a ZeroDivisionError
+    ((END,), ":3: 'Load weight end' on rank0 reads avail mem=0.00 GB, yet a KV pool of 415,056 tokens was "
+             "allocated after it ("),
+])
+def test_a_zero_reading_of_a_server_that_started_is_refused_naming_its_line(zeroed, needle, tmp_path, capsys):
+    """0.00 GB free before loading (the weights were then loaded), or after loading on a log that shows the pool
+    allocated, cannot be: it was a ZeroDivisionError (both zero), or exit 0 with a waterfall of negative weights,
+    a negative pool budget and a computed pool of 0 tokens."""
+    text = SGLANG_LOG.read_text()
+    for old in zeroed:
+        assert old in text
+        text = text.replace(old, old.replace("78.69", "0.00").replace("63.65", "0.00"))
+    path = tmp_path / SGLANG_LOG.name
+    path.write_text(text)
+    err = _refused(capsys, ["explain-log", str(path)], f"{path}{needle}", "every number computed from it would be "
+                                                                         "meaningless")
+    assert f"{path}:6)" in err or zeroed != (END,)  # the pool's line (max_total_num_tokens)
+
+
+def test_a_zero_reading_after_load_of_a_failed_start_is_explained_without_nonsense(tmp_path, capsys):
+    """A start that stopped for want of memory (no pool lines): 0.00 GB after loading is possible; the explanation
+    is SGLang's own error, and nothing printed is inf or nan."""
+    lines = SGLANG_LOG.read_text().replace(END, END.replace("63.65", "0.00")).splitlines(keepends=True)
+    path = tmp_path / "failed.log"
+    path.write_text("".join(line for line in lines if "KV Cache" not in line and "Memory pool" not in line
+                            and "max_total_num_tokens" not in line))
+    config = REPO / "data" / "tiny-llama" / "config.json"
+    for extra in ([], ["--json"]):
+        assert main(["explain-log", str(path), "--model-config", str(config), *extra]) == 0
+        out = capsys.readouterr().out
+        assert "no_room_for_pool" in out and not re.search(r"\b(nan|inf|infinity)\b", out, re.I), out
 
 
 def test_a_very_long_log_line_is_read_in_linear_time(tmp_path, capsys):
@@ -341,6 +381,42 @@ def test_sweep_pool_lists_empty_or_huge_are_refused_alike(value, needle, tmp_pat
     assert not (tmp_path / "s.csv").exists()
 
 
+def _unusable_outs(tmp_path: Path) -> list[tuple[Path | str, str]]:
+    plain = tmp_path / "notes.txt"
+    plain.write_text("mine")
+    (tmp_path / "rows.csv").mkdir()
+    return [
+        ("", "--out '': an empty path"),
+        (tmp_path / "new" / ("a" * 300) / "rows.csv", f"the name '{'a' * 37}...' is 300 bytes, longer than the"),
+        (tmp_path / "new" / ("b" * 300 + ".csv"), "is 304 bytes, longer than the"),
+        (plain / "rows.csv", f"{plain} is not a folder"),
+        (tmp_path / "rows.csv", "is a folder"),
+    ]
+
+
+def test_an_unusable_sweep_out_is_refused_before_any_point_runs(tmp_path, capsys):
+    """A name too long for a folder kvlab creates was found by ``mkdir`` (a raw ``[Errno 36]`` naming no flag,
+    after creating the folders above it); ``--out ''`` was called a folder. Each is refused naming --out, before
+    a point runs (no table printed, nothing created)."""
+    for out, needle in _unusable_outs(tmp_path):
+        err = _refused(capsys, ["sweep", "--trace", str(TRACE), "--kv-pages", "30,40,50", "--workers", "1",
+                                "--out", str(out)], f"--out {out}" if out else "--out ''", needle, seconds=10)
+        assert not capsys.readouterr().out, (out, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt", "rows.csv"]
+    assert (tmp_path / "notes.txt").read_text() == "mine" and not any((tmp_path / "rows.csv").iterdir())
+
+
+def test_a_sweep_file_whose_folder_cannot_be_made_is_named(tmp_path):
+    """The library path (``run_sweep(out=...)``) has no command-line check in front: the ``mkdir`` error names
+    the file."""
+    from kvlab.sweep.grid import SweepError
+    from kvlab.sweep.store import open_row_file
+
+    out = tmp_path / ("a" * 300) / "rows.csv"
+    with pytest.raises(SweepError, match=r"^--out .*/rows\.csv: its folder cannot be created \(File name too long\)"):
+        open_row_file(out, write=True)
+
+
 @pytest.mark.parametrize("flag", ["--capacity", "--device-memory"])
 def test_a_replay_size_beyond_any_device_is_refused(flag, capsys):
     """10^20 bytes overflowed deep in the replay (exit 3)."""
@@ -364,8 +440,19 @@ def test_a_request_table_beyond_the_machine_is_refused_within_seconds(tmp_path, 
              "req_to_token table would take 100,002 × 10,001,920 torch.int32", "lower --max-running")
 
 
-def _trace_line_json(timestamp: int) -> str:
-    return json.dumps({"timestamp": timestamp, "input_length": 1209, "output_length": 10 ** 7, "hash_ids": [0, 1, 2]})
+def _trace_line_json(timestamp: int, output_length: int = 10 ** 7) -> str:
+    return json.dumps({"timestamp": timestamp, "input_length": 1209, "output_length": output_length,
+                       "hash_ids": [0, 1, 2]})
+
+
+def test_a_request_table_beyond_the_machine_names_the_trace_line_that_sets_it(tmp_path, capsys):
+    """The refusal named the table, not the input that sized it: it names the trace file, the longest request's
+    line (blank lines counted) and its lengths."""
+    path = tmp_path / "long.jsonl"
+    path.write_text(_trace_line_json(0, 182) + "\n\n" + _trace_line_json(1) + "\n" + _trace_line_json(2, 5) + "\n")
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000"],
+             f"--trace {path}:3: request long-1, the trace's longest (prompt 1,209 + output_length 10,000,000 tokens)",
+             "req_to_token table would take 100,002 × 10,001,920 torch.int32")
 
 
 def test_a_workload_param_error_names_the_params_given(capsys):

@@ -174,6 +174,7 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                    what_if=()) -> Explanation:
     with_readings = [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None]
     _require_readings(log, with_readings)
+    _require_possible_readings(log, with_readings)
     version, version_source, rules = _assumed_version(log, sglang_version)
     tp, tp_source = _tp_size(log)
     dp = _setting_int(log, "dp_size", 1)
@@ -318,6 +319,35 @@ def _require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> 
     raise LogError(f"{log.path}: not an SGLang or vLLM start-up log: none of 'Load weight begin', 'Load weight end', "
                    f"'KV Cache is allocated', 'max_total_num_tokens=' (SGLang) or 'Model loading took', "
                    f"'GPU KV cache size' (vLLM) appears in its {log.n_lines} lines")
+
+
+def _require_possible_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:
+    """Refuse a reading no server that went on to start can print (issue 26: ``avail mem=0.00 GB`` was a
+    ZeroDivisionError, or a waterfall of negative weights and pools): 0 GiB free before loading weights (they
+    were then loaded), or 0 GiB free after loading on a log that goes on to show a KV pool (it was then
+    allocated). Every number kvlab computes rests on these readings, so none is printed."""
+    for r in with_readings:
+        if r.before_gib <= 0:
+            end = f"line {r.lines['end']}" if "end" in r.lines else "later"
+            raise LogError(f"{_line_of(log, r, 'begin')}: 'Load weight begin' on {r.label} reads avail mem="
+                           f"{r.before_gib:.2f} GB, yet the weights were loaded ('Load weight end', {end}): a GPU with "
+                           f"no free memory cannot hold them, so this reading is wrong (an edited or damaged log?) "
+                           f"and every number computed from it would be meaningless")
+    pool = [r for r in log.ranks.values() if (r.max_total_num_tokens or r.kv_tokens or 0) > 0]
+    for r in with_readings:
+        if r.after_gib <= 0 and pool:
+            shown = pool[0]
+            key = "tokens" if shown.max_total_num_tokens else "kv"
+            tokens = shown.max_total_num_tokens or shown.kv_tokens
+            raise LogError(f"{_line_of(log, r, 'end')}: 'Load weight end' on {r.label} reads avail mem="
+                           f"{r.after_gib:.2f} GB, yet a KV pool of {tokens:,} tokens was allocated after it "
+                           f"({_line_of(log, shown, key)}): with no free memory left it could not have been, so this "
+                           f"reading is wrong (an edited or damaged log?) and every number computed from it would "
+                           f"be meaningless")
+
+
+def _line_of(log: SGLangStartup, r: RankReadings, message: str) -> str:
+    return f"{log.path}:{r.lines[message]}" if message in r.lines else log.path
 
 
 def _rank_json(r: RankReadings) -> dict:

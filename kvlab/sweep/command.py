@@ -128,6 +128,8 @@ def check_out(path: str) -> None:
     from kvlab.sweep.grid import SweepError
     from kvlab.sweep.store import CSV_SUFFIXES, PARQUET_SUFFIXES
 
+    if not path:
+        raise SweepError("--out '': an empty path; give a .csv or .parquet file")
     target = Path(path)
     try:
         mode = target.stat().st_mode
@@ -144,10 +146,13 @@ def check_out(path: str) -> None:
         raise SweepError(f"--out {path}: unknown format {target.suffix or '(no extension)'!r}; "
                          f"use a .csv or .parquet file")
     folder = target.parent if str(target.parent) else Path(".")
-    while not folder.exists() and folder != folder.parent:  # the folders kvlab would create: the first that is
+    missing = []  # the folders kvlab would create, innermost first
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder.name)
         folder = folder.parent
     if not folder.is_dir():
         raise SweepError(f"--out {path}: {folder} is not a folder, so the file cannot be created under it")
+    _check_names(path, folder, [*reversed(missing), target.name])
     try:  # the real test (permissions, read-only mounts, root): create a file there, then remove it
         fd, probe = tempfile.mkstemp(prefix=".kvlab-out-check-", dir=folder)
     except OSError as exc:
@@ -162,6 +167,22 @@ def check_out(path: str) -> None:
                 pass
         except OSError as exc:
             raise SweepError(f"--out {path}: cannot be read and written ({exc.strerror or exc})") from None
+
+
+def _check_names(path: str, folder, names: list[str]) -> None:
+    """Refuse a name under ``folder`` (a missing folder kvlab would create, then the file) longer than the file
+    system takes, before anything is created: found when ``mkdir`` ran, it left the folders made so far."""
+    from kvlab.sweep.grid import SweepError
+
+    try:
+        longest = os.pathconf(folder, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        return
+    too_long = next((name for name in names if len(os.fsencode(name)) > longest), None)
+    if too_long is not None:
+        shown = too_long if len(too_long) <= 40 else too_long[:37] + "..."
+        raise SweepError(f"--out {path}: the name {printable(shown)!r} is {len(os.fsencode(too_long))} bytes, longer "
+                         f"than the {longest} the file system under {folder} takes; choose a shorter path")
 
 
 def main(args: argparse.Namespace) -> int:

@@ -133,9 +133,12 @@ class RowFile:
 
     def __init__(self, path: str | os.PathLike, *, write: bool = False) -> None:
         self.path = Path(path)
-        if self.path.is_dir():
-            raise SweepError(f"--out {self.path}: is a folder; give a .csv or .parquet file")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.path.is_dir():
+                raise SweepError(f"--out {self.path}: is a folder; give a .csv or .parquet file")
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # a name too long, a file on the way (kvlab sweep checks these first: check_out)
+            raise SweepError(f"--out {self.path}: its folder cannot be created ({exc.strerror or exc})") from None
         if write:
             self._lock()
         try:
