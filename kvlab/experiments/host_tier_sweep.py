@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from kvlab.mem_cache.cache_controller import WRITE_POLICIES
 from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.paths import shown_path
 from kvlab.units import GB
 
 MODES = EVICTION_MODES  # ("shortfall", "full")
@@ -67,7 +68,7 @@ class HostPoint:
         ``lru``, as the sweep's runs leave it."""
         from kvlab.experiments.pool_sweep import EXAMPLE_TRACE
 
-        args = ["--trace", _shown_path(EXAMPLE_TRACE if trace is None else trace), "--kv-pages", str(self.kv_pages),
+        args = ["--trace", shown_path(EXAMPLE_TRACE if trace is None else trace), "--kv-pages", str(self.kv_pages),
                 "--page-size", str(page_size), "--max-running", str(max_running), "--eviction", self.mode]
         if self.host_ratio:
             args += ["--hicache-ratio", _exact(self.host_ratio), "--hicache-write-policy", self.write_policy]
@@ -78,16 +79,6 @@ def _exact(number: float) -> str:
     """``number`` as short as it reads back exactly (``4``, ``0.5``; ``1/3`` keeps every digit)."""
     short = f"{number:g}"
     return short if float(short) == number else repr(float(number))
-
-
-def _shown_path(path: str | os.PathLike) -> str:
-    """``path`` relative to the working directory when that is shorter (a command to run from here), as
-    ``capacity``'s commands show it."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        return str(path)
-    return relative if len(relative) < len(str(path)) else str(path)
 
 
 def trace_requests(trace=None, num_requests: int | None = None) -> list:
