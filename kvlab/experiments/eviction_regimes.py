@@ -137,11 +137,11 @@ def regime_sweep(regimes: Sequence[Regime] = REGIMES, shares: Sequence[float] = 
                 _MEMO[(regime, kv)] = _cell(regime, kv)
                 bar.update(1)
         else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
 
-            with ProcessPoolExecutor(max_workers=min(processes, len(todo)),
-                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+            from kvlab.procs import worker_pool
+
+            with worker_pool(min(processes, len(todo))) as pool:
                 futures = {pool.submit(_cell, regime, kv): (regime, kv) for regime, kv in todo}
                 for future in as_completed(futures):
                     _MEMO[futures[future]] = future.result()

@@ -107,10 +107,9 @@ def _point_totals(requests, point: HostPoint, page_size: int, max_running: int) 
 def _run_points(requests, points: Sequence[HostPoint], page_size: int, max_running: int, processes: int) -> list:
     if processes <= 1 or len(points) <= 1:
         return [_point_totals(requests, p, page_size, max_running) for p in points]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    from kvlab.procs import worker_pool
 
-    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(processes) as pool:
         return list(pool.map(_point_totals, [requests] * len(points), points, [page_size] * len(points),
                              [max_running] * len(points)))
 

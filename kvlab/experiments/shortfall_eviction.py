@@ -332,11 +332,11 @@ def compare_totals(requests: Sequence[Request], *, processes: int = 2, progress:
                 out[mode] = _timed_totals(requests, mode, options)
                 bar.update(1)
         else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
 
-            with ProcessPoolExecutor(max_workers=min(processes, len(MODES)),
-                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+            from kvlab.procs import worker_pool
+
+            with worker_pool(min(processes, len(MODES))) as pool:
                 futures = {pool.submit(_timed_totals, requests, mode, options): mode for mode in MODES}
                 for future in as_completed(futures):
                     out[futures[future]] = future.result()
