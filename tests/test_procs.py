@@ -72,3 +72,24 @@ def _marker() -> str | None:
 def test_the_initializer_still_runs_in_each_worker():
     with worker_pool(1, _set_marker, ("ran",)) as pool:
         assert pool.submit(_marker).result(timeout=120) == "ran"
+
+
+def test_kvlab_max_workers_caps_the_pools(monkeypatch):
+    from kvlab.procs import worker_count
+    from kvlab.sweep.engine import LocalEngine
+
+    monkeypatch.delenv("KVLAB_MAX_WORKERS", raising=False)
+    assert worker_count(4) == 4 and LocalEngine(4).workers == 4
+    monkeypatch.setenv("KVLAB_MAX_WORKERS", "1")
+    assert worker_count(4) == 1 and LocalEngine(4).workers == 1
+    monkeypatch.setenv("KVLAB_MAX_WORKERS", "not a number")  # ignored, not an error inside a notebook
+    assert worker_count(3) == 3
+
+
+def test_kvlab_app_kernels_run_their_pools_in_process(monkeypatch):
+    from kvlab.app import app_env
+
+    monkeypatch.delenv("KVLAB_MAX_WORKERS", raising=False)
+    assert app_env(None)["KVLAB_MAX_WORKERS"] == "1"
+    monkeypatch.setenv("KVLAB_MAX_WORKERS", "4")  # the instructor's own setting wins
+    assert app_env(None)["KVLAB_MAX_WORKERS"] == "4"

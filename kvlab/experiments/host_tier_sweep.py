@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from kvlab.mem_cache.cache_controller import WRITE_POLICIES
 from kvlab.mem_cache.common import EVICTION_MODES
 from kvlab.paths import shown_path
+from kvlab.procs import worker_count, worker_pool
 from kvlab.units import GB
 
 MODES = EVICTION_MODES  # ("shortfall", "full")
@@ -107,7 +108,6 @@ def _point_totals(requests, point: HostPoint, page_size: int, max_running: int) 
 def _run_points(requests, points: Sequence[HostPoint], page_size: int, max_running: int, processes: int) -> list:
     if processes <= 1 or len(points) <= 1:
         return [_point_totals(requests, p, page_size, max_running) for p in points]
-    from kvlab.procs import worker_pool
 
     with worker_pool(processes) as pool:
         return list(pool.map(_point_totals, [requests] * len(points), points, [page_size] * len(points),
@@ -130,8 +130,7 @@ def host_sweep(requests=None, *, kv_pages: Sequence[int], host_ratios: Sequence[
     websocket to a page whose renderer starved for 30 s closed and the rest of the notebook never ran)."""
     import pandas as pd
 
-    if processes is None:
-        processes = max(1, (os.cpu_count() or 1) - 1)
+    processes = worker_count(max(1, (os.cpu_count() or 1) - 1) if processes is None else processes)
 
     from kvlab.units import GiB
 

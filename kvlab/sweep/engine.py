@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.procs import worker_pool
+from kvlab.procs import worker_count, worker_pool
 from kvlab.sched import RequestLike
 from kvlab.sweep.grid import SweepError
 from kvlab.sweep.point import Point, run_point
@@ -72,7 +72,7 @@ class LocalEngine:
     def __init__(self, workers: int | None = None, *, max_restarts: int = 3) -> None:
         if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
             raise SweepError(f"--workers: expected a positive integer, got {workers!r}")
-        self.workers = workers or available_cpus()
+        self.workers = worker_count(workers or available_cpus())  # 1 in a kvlab app kernel
         self.max_restarts = max_restarts
         self.restarts = 0  # pools that broke (a worker died) and were started again
         self._pool = None
