@@ -69,7 +69,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvlab.errors import KvlabError
-from kvlab.procs import die_with_parent
+from kvlab.procs import MAX_WORKERS_ENV, die_with_parent
 from kvlab.report import DEFAULT_NOTEBOOK_DIR, ReportError, select_notebooks
 from kvlab.safe_text import printable
 
@@ -224,6 +224,8 @@ def app_env(device: str | None, token: str | None = None, *, solutions: bool = F
     if token:
         env[TOKEN_ENV] = token
     env.setdefault("KVLAB_PROGRESS", "0")
+    # every page is a kernel of its own: a notebook's process pool in each would only multiply the processes
+    env.setdefault(MAX_WORKERS_ENV, "1")
     env["JUPYTER_PATH"] = os.pathsep.join(p for p in (str(SHARE_DIR), env.get("JUPYTER_PATH")) if p)
     if device:
         env["KVLAB_DEVICE"] = device

@@ -47,3 +47,12 @@ def notebook_dir() -> Path:
 def data_path(*parts: str) -> Path:
     """A shipped file: ``data_path("traces", "mooncake_small.jsonl")``."""
     return data_dir().joinpath(*parts)
+
+
+def shown_path(path: str | os.PathLike) -> str:
+    """``path`` relative to the working directory when that is shorter: how a command to run from here names it."""
+    try:
+        relative = os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+    return relative if len(relative) < len(str(path)) else str(path)

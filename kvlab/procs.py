@@ -41,4 +41,35 @@ def die_with_parent(parent_pid: int, sig: int = signal.SIGKILL) -> bool:
     return True
 
 
-__all__ = ["die_with_parent"]
+def _start_worker(parent_pid: int, initializer, initargs: tuple) -> None:
+    die_with_parent(parent_pid, signal.SIGKILL)
+    if initializer is not None:
+        initializer(*initargs)
+
+
+MAX_WORKERS_ENV = "KVLAB_MAX_WORKERS"
+
+
+def worker_count(requested: int) -> int:
+    """``requested`` worker processes, capped by ``KVLAB_MAX_WORKERS`` when set. ``kvlab app`` sets it to 1 for its
+    kernels: each attendee's page is a kernel of its own, and a notebook's pool in each would multiply the processes
+    (three per page, ~200 MB per worker) without making anything faster on a busy server."""
+    cap = os.environ.get(MAX_WORKERS_ENV, "").strip()
+    if cap.isdigit() and int(cap) >= 1:
+        return max(1, min(requested, int(cap)))
+    return requested
+
+
+def worker_pool(max_workers: int, initializer=None, initargs: tuple = ()):
+    """A ``ProcessPoolExecutor`` of spawned workers (a fresh interpreter: no copy of the parent's torch threads or
+    Jupyter kernel) that die with the process that started them, even one killed by SIGKILL. Without this, a
+    notebook kernel that dies mid-sweep (a workshop server shutting down, the out-of-memory killer) leaves its
+    workers running with no parent, ~200 MB each. ``initializer(*initargs)`` then runs in each worker."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(max_workers=max_workers, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=_start_worker, initargs=(os.getpid(), initializer, initargs))
+
+
+__all__ = ["MAX_WORKERS_ENV", "die_with_parent", "worker_count", "worker_pool"]

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from kvlab.experiments.pool_sweep import EXAMPLE_TRACE, default_pool_pages
+from kvlab.paths import shown_path
 from kvlab.sweep import Grid, SweepRun, run_sweep
 
 DEFAULT_MAX_RUNNING = (4, 16, 256)  # a server that runs few requests at once, a middling one, SGLang's scale
@@ -79,22 +80,11 @@ class CapacityResult:
     def cli(self, out: str = "capacity.csv") -> str:
         """The same sweep as a ``kvlab sweep`` command line to run from the working directory (add ``--engine ray``
         to run it on a cluster)."""
-        command = (f"kvlab sweep --trace {_shown_path(self.trace)} --kv-pages {','.join(map(str, self.pool_pages))} "
+        command = (f"kvlab sweep --trace {shown_path(self.trace)} --kv-pages {','.join(map(str, self.pool_pages))} "
                    f"--max-running {','.join(map(str, self.max_running))} --page-size {self.page_size} "
                    f"--policy {self.policy} --out {out}")
         note = f"  # on the whole trace; this sweep ran its first {self.num_requests} requests"
         return command + ("" if self.whole_trace else note)
-
-
-def _shown_path(path: Path) -> str:
-    """``path`` relative to the working directory when that is shorter (a command to run from here)."""
-    import os
-
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        return str(path)
-    return relative if len(relative) < len(str(path)) else str(path)
 
 
 class Trace(NamedTuple):
@@ -176,7 +166,7 @@ class HostAxis:
 
     def cli(self, kv_pages: int, host_ratio: float) -> str:
         """One point of the axis as a ``kvlab simulate`` command."""
-        return (f"kvlab simulate --trace {_shown_path(self.trace)} --kv-pages {kv_pages} --page-size {self.page_size} "
+        return (f"kvlab simulate --trace {shown_path(self.trace)} --kv-pages {kv_pages} --page-size {self.page_size} "
                 f"--max-running {self.max_running} --hicache-ratio {host_ratio:g} "
                 f"--hicache-write-policy {self.write_policy} --json")
 

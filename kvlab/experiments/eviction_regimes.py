@@ -19,6 +19,7 @@ from typing import Any
 
 from kvlab.experiments import shortfall_eviction
 from kvlab.paths import data_path
+from kvlab.procs import worker_count, worker_pool
 from kvlab.units import align_up
 
 TRACE_DIR = data_path("traces")
@@ -129,6 +130,7 @@ def regime_sweep(regimes: Sequence[Regime] = REGIMES, shares: Sequence[float] = 
 
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
+    processes = worker_count(processes)  # 1 in a kvlab app kernel
     cells = [(r, s, pool_tokens(r, s)) for r in regimes for s in shares]
     todo = list(dict.fromkeys((r, kv) for r, _, kv in cells if (r, kv) not in _MEMO))
     with progress_bar(total=len(todo), desc="eviction regimes", enabled=progress, unit="cell") as bar:
@@ -137,11 +139,10 @@ def regime_sweep(regimes: Sequence[Regime] = REGIMES, shares: Sequence[float] = 
                 _MEMO[(regime, kv)] = _cell(regime, kv)
                 bar.update(1)
         else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
 
-            with ProcessPoolExecutor(max_workers=min(processes, len(todo)),
-                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+
+            with worker_pool(min(processes, len(todo))) as pool:
                 futures = {pool.submit(_cell, regime, kv): (regime, kv) for regime, kv in todo}
                 for future in as_completed(futures):
                     _MEMO[futures[future]] = future.result()

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvlab.experiments.tree_demo import SteppedDemo, TreeDemo
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, WRITE_POLICIES
@@ -333,7 +334,6 @@ class ScriptRun:
 def script_requests(*, capacity_tokens: int = 4096, num_requests: int = 60, num_conversations: int = 10,
                     seed: int = 0) -> list[list[int]]:
     """Seeded chat turns (``tree_demo.TreeDemo``'s: two system prompts, conversations growing turn by turn)."""
-    from kvlab.experiments.tree_demo import TreeDemo
 
     demo = TreeDemo(capacity_tokens=capacity_tokens, num_requests=num_requests,
                     num_conversations=num_conversations, seed=seed)
@@ -449,7 +449,7 @@ class HostDemoStep:
                 f"the device{loaded}{evicted}; {self.available_after_tokens:,} slots free")
 
 
-class HostTierDemo:
+class HostTierDemo(SteppedDemo):
     """``tree_demo.TreeDemo``'s chat turns on a two-tier cache (``write_policy``, host pool ``host_ratio`` × the
     device pool): a host hit is loaded back, evictions demote or destroy, the transfer clock moves
     :data:`STEP_S` per request. Same interface as ``TreeDemo`` (``next_request``, ``pressure_event``, ``reset``,
@@ -457,8 +457,6 @@ class HostTierDemo:
 
     def __init__(self, *, capacity_tokens: int = 4096, mode: str = "shortfall", write_policy: str = "write_through",
                  host_ratio: float = 2.0, num_requests: int = 40, num_conversations: int = 8, seed: int = 0) -> None:
-        from kvlab.experiments.tree_demo import TreeDemo
-
         if mode not in MODES:
             raise ValueError(f"HostTierDemo: mode must be one of {MODES}, got {mode!r}")
         if write_policy not in POLICIES:
@@ -481,23 +479,9 @@ class HostTierDemo:
         self._next = 0
         self._running = None
 
-    @property
-    def done(self) -> bool:
-        return self._next >= len(self.requests)
-
-    @property
-    def requests_run(self) -> int:
-        return self._next
-
     def next_request(self) -> HostDemoStep:
         """Finish the running request, serve the next one (:func:`serve`) and keep its path locked (running)."""
-        if self.done:
-            raise IndexError(f"HostTierDemo: all {len(self.requests)} requests have run; call reset()")
-        label, key = self.requests[self._next]
-        self._next += 1
-        if self._running is not None:
-            self.cache.dec_lock_ref(self._running)
-            self._running = None
+        label, key = self._take_next()
         self.cache.load_back_evict_mode = self.mode
         available = self.allocator.available_size()
         step = serve(self.cache, key, self.mode)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 from kvlab.mem_cache.cache_controller import WRITE_POLICIES
 from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.paths import shown_path
+from kvlab.procs import worker_count, worker_pool
 from kvlab.units import GB
 
 MODES = EVICTION_MODES  # ("shortfall", "full")
@@ -67,7 +69,7 @@ class HostPoint:
         ``lru``, as the sweep's runs leave it."""
         from kvlab.experiments.pool_sweep import EXAMPLE_TRACE
 
-        args = ["--trace", _shown_path(EXAMPLE_TRACE if trace is None else trace), "--kv-pages", str(self.kv_pages),
+        args = ["--trace", shown_path(EXAMPLE_TRACE if trace is None else trace), "--kv-pages", str(self.kv_pages),
                 "--page-size", str(page_size), "--max-running", str(max_running), "--eviction", self.mode]
         if self.host_ratio:
             args += ["--hicache-ratio", _exact(self.host_ratio), "--hicache-write-policy", self.write_policy]
@@ -78,16 +80,6 @@ def _exact(number: float) -> str:
     """``number`` as short as it reads back exactly (``4``, ``0.5``; ``1/3`` keeps every digit)."""
     short = f"{number:g}"
     return short if float(short) == number else repr(float(number))
-
-
-def _shown_path(path: str | os.PathLike) -> str:
-    """``path`` relative to the working directory when that is shorter (a command to run from here), as
-    ``capacity``'s commands show it."""
-    try:
-        relative = os.path.relpath(path)
-    except ValueError:  # another drive (Windows)
-        return str(path)
-    return relative if len(relative) < len(str(path)) else str(path)
 
 
 def trace_requests(trace=None, num_requests: int | None = None) -> list:
@@ -116,10 +108,8 @@ def _point_totals(requests, point: HostPoint, page_size: int, max_running: int) 
 def _run_points(requests, points: Sequence[HostPoint], page_size: int, max_running: int, processes: int) -> list:
     if processes <= 1 or len(points) <= 1:
         return [_point_totals(requests, p, page_size, max_running) for p in points]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
 
-    with ProcessPoolExecutor(max_workers=processes, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with worker_pool(processes) as pool:
         return list(pool.map(_point_totals, [requests] * len(points), points, [page_size] * len(points),
                              [max_running] * len(points)))
 
@@ -140,8 +130,7 @@ def host_sweep(requests=None, *, kv_pages: Sequence[int], host_ratios: Sequence[
     websocket to a page whose renderer starved for 30 s closed and the rest of the notebook never ran)."""
     import pandas as pd
 
-    if processes is None:
-        processes = max(1, (os.cpu_count() or 1) - 1)
+    processes = worker_count(max(1, (os.cpu_count() or 1) - 1) if processes is None else processes)
 
     from kvlab.units import GiB
 

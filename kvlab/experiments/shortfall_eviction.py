@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.procs import worker_count, worker_pool
 from kvlab.sched import SimResult, simulate
 from kvlab.sweep.point import (  # noqa: F401  (DEFAULT_KV_TOKENS, default_kv_tokens, load_requests: kept here too)
     DEFAULT_KV_TOKENS,
@@ -325,6 +326,7 @@ def compare_totals(requests: Sequence[Request], *, processes: int = 2, progress:
     options.pop("eviction", None)
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
+    processes = worker_count(processes)  # 1 in a kvlab app kernel
     out: dict[str, dict] = {}
     with progress_bar(total=len(MODES), desc="eviction modes", enabled=progress, unit="mode") as bar:
         if processes == 1:
@@ -332,11 +334,10 @@ def compare_totals(requests: Sequence[Request], *, processes: int = 2, progress:
                 out[mode] = _timed_totals(requests, mode, options)
                 bar.update(1)
         else:
-            import multiprocessing
-            from concurrent.futures import ProcessPoolExecutor, as_completed
+            from concurrent.futures import as_completed
 
-            with ProcessPoolExecutor(max_workers=min(processes, len(MODES)),
-                                     mp_context=multiprocessing.get_context("spawn")) as pool:
+
+            with worker_pool(min(processes, len(MODES))) as pool:
                 futures = {pool.submit(_timed_totals, requests, mode, options): mode for mode in MODES}
                 for future in as_completed(futures):
                     out[futures[future]] = future.result()

@@ -55,7 +55,38 @@ class DemoStep:
                 f"{evicted}; {self.available_after_tokens:,} slots free")
 
 
-class TreeDemo:
+class SteppedDemo:
+    """What the step-by-step demos share: a list of ``(label, key)`` requests run one at a time, the running one's
+    path kept locked until the next starts."""
+
+    requests: list
+    _next: int
+    _running: TreeNode | None
+
+    @property
+    def done(self) -> bool:
+        return self._next >= len(self.requests)
+
+    @property
+    def requests_run(self) -> int:
+        return self._next
+
+    def _finish_running(self) -> None:
+        if self._running is not None:
+            self.cache.dec_lock_ref(self._running)
+            self._running = None
+
+    def _take_next(self) -> tuple[str, list[int]]:
+        """Unlock the running request and hand out the next ``(label, key)``."""
+        if self.done:
+            raise IndexError(f"{type(self).__name__}: all {len(self.requests)} requests have run; call reset()")
+        label, key = self.requests[self._next]
+        self._next += 1
+        self._finish_running()
+        return label, key
+
+
+class TreeDemo(SteppedDemo):
     """A small ``RadixCache`` over a ``TokenToKVPoolAllocator`` of ``capacity_tokens`` slots, and a
     seeded list of ``num_requests`` chat turns over ``num_conversations`` conversations."""
 
@@ -85,27 +116,10 @@ class TreeDemo:
         self._next = 0
         self._running: TreeNode | None = None
 
-    @property
-    def done(self) -> bool:
-        return self._next >= len(self.requests)
-
-    @property
-    def requests_run(self) -> int:
-        return self._next
-
-    def _finish_running(self) -> None:
-        if self._running is not None:
-            self.cache.dec_lock_ref(self._running)
-            self._running = None
-
     def next_request(self) -> DemoStep:
         """Finish the running request, then run the next one: match its prefix, lock it, allocate the
         rest (evicting under pressure), insert the whole sequence and keep it locked (running)."""
-        if self.done:
-            raise IndexError(f"TreeDemo: all {len(self.requests)} requests have run; call reset()")
-        label, key = self.requests[self._next]
-        self._next += 1
-        self._finish_running()
+        label, key = self._take_next()
         cache = self.cache
         available = self.allocator.available_size()
         res = match_alloc_insert(cache, key, mode=self.mode)  # the match is locked while it evicts

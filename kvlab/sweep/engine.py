@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.procs import die_with_parent
+from kvlab.procs import worker_count, worker_pool
 from kvlab.sched import RequestLike
 from kvlab.sweep.grid import SweepError
 from kvlab.sweep.point import Point, run_point
@@ -50,10 +50,9 @@ def available_cpus() -> int:
 _WORKER_STATE: dict[str, Any] = {}  # in a pool worker: the sweep's requests and extra config, set once
 
 
-def _init_worker(requests: Sequence[RequestLike], extra: dict, parent_pid: int) -> None:
-    # A worker holds ~370 MB and nothing worth saving: it dies with the sweep, even one killed by SIGKILL (its
-    # multiprocessing resource tracker then sees every end of its pipe closed and exits too).
-    die_with_parent(parent_pid, signal.SIGKILL)
+def _init_worker(requests: Sequence[RequestLike], extra: dict) -> None:
+    # A worker holds ~370 MB and nothing worth saving: worker_pool makes it die with the sweep, even one killed by
+    # SIGKILL (its multiprocessing resource tracker then sees every end of its pipe closed and exits too).
     # The parent decides what a Ctrl-C does (stop the sweep, keep the rows); a terminal's SIGINT reaches the
     # whole process group, and a worker that died of it would look like a crash to be retried.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -73,7 +72,7 @@ class LocalEngine:
     def __init__(self, workers: int | None = None, *, max_restarts: int = 3) -> None:
         if workers is not None and (not isinstance(workers, int) or isinstance(workers, bool) or workers < 1):
             raise SweepError(f"--workers: expected a positive integer, got {workers!r}")
-        self.workers = workers or available_cpus()
+        self.workers = worker_count(workers or available_cpus())  # 1 in a kvlab app kernel
         self.max_restarts = max_restarts
         self.restarts = 0  # pools that broke (a worker died) and were started again
         self._pool = None
@@ -88,17 +87,13 @@ class LocalEngine:
             for index, point in enumerate(tasks):
                 on_result(Finished(index, run_point(requests, point, **extra), os.getpid(), socket.gethostname()))
             return
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
         from concurrent.futures.process import BrokenProcessPool
 
         remaining = dict(enumerate(tasks))
         host = socket.gethostname()
         while remaining:
-            # spawn, not fork: a fresh interpreter, no copy of the parent's torch threads or Jupyter kernel
-            pool = ProcessPoolExecutor(max_workers=min(self.workers, len(remaining)),
-                                       mp_context=multiprocessing.get_context("spawn"),
-                                       initializer=_init_worker, initargs=(list(requests), extra, os.getpid()))
+            pool = worker_pool(min(self.workers, len(remaining)), _init_worker, (list(requests), extra))
             self._pool, broken, clean = pool, False, False
             try:
                 futures = [pool.submit(_pool_task, i, p) for i, p in remaining.items()]
