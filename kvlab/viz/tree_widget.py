@@ -28,7 +28,7 @@ from kvlab.viz.plots import (  # noqa: F401  (icicle_arrays: kept importable her
     TREE_COLOURS,
     icicle_arrays,
 )
-from kvlab.viz.widgets import show_errors
+from kvlab.viz.widgets import PanelShell
 
 
 class RadixTreeWidget:
@@ -168,8 +168,11 @@ class TreeDemoPanel:
 
     Buttons (CSS classes): "next request" (``kvlab-tree-next``), "pressure event"
     (``kvlab-tree-pressure``), "reset" (``kvlab-tree-reset``: back to an empty tree); the eviction mode
-    (``kvlab-tree-mode``) applies to the evictions from then on. The last steps are listed in
-    ``kvlab-tree-log``; callback errors land in ``kvlab-errors``.
+    (``kvlab-tree-mode``) applies to the evictions from then on. Laid out by
+    :class:`~kvlab.viz.widgets.PanelShell`: the controls, the busy line and the errors (``kvlab-errors``), then the
+    results (the last steps, ``kvlab-tree-log``, and the tree), greyed out (``kvlab-stale``) from a click until the
+    tree is redrawn. A step the demo refuses (no request left) leaves the tree as it is (it is still true) and
+    says why in the errors; a drawing that fails hides the results.
     """
 
     def __init__(self, demo: Any = None, *, start_requests: int = 0, max_nodes: int = 200,
@@ -189,19 +192,21 @@ class TreeDemoPanel:
         self.mode = widgets.Dropdown(options=[(MODE_LABELS[m], m) for m in EVICTION_MODES],
                                      value=self.demo.mode, description="eviction")
         self.log = widgets.HTML()
-        self.errors = widgets.Output()
+        self.shell = PanelShell([self.log, self.tree.widget])
+        self.status, self.errors = self.shell.status, self.shell.errors
         for w, css in ((self.next_button, "kvlab-tree-next"), (self.pressure_button, "kvlab-tree-pressure"),
                        (self.reset_button, "kvlab-tree-reset"), (self.mode, "kvlab-tree-mode"),
-                       (self.log, "kvlab-tree-log"), (self.errors, "kvlab-errors")):
+                       (self.log, "kvlab-tree-log")):
             w.add_class(css)
-        self.next_button.on_click(show_errors(self.errors, lambda _b: self.next_request()))
-        self.pressure_button.on_click(show_errors(self.errors, lambda _b: self.pressure_event()))
-        self.reset_button.on_click(show_errors(self.errors, lambda _b: self.reset()))
-        self.mode.observe(show_errors(self.errors, self._set_mode), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.next_button, self.pressure_button, self.reset_button,
-                                                  self.mode]), self.log, self.tree.widget, self.errors])
+        self.next_button.on_click(self.shell.guard(lambda _b: self.next_request()))
+        self.pressure_button.on_click(self.shell.guard(lambda _b: self.pressure_event()))
+        self.reset_button.on_click(self.shell.guard(lambda _b: self.reset()))
+        self.mode.observe(self.shell.guard(self._set_mode), names="value")
+        self.controls = widgets.HBox([self.next_button, self.pressure_button, self.reset_button, self.mode],
+                                     layout=widgets.Layout(flex_flow="row wrap"))
+        self.widget = self.shell.box(self.controls)
         self.widget.add_class("kvlab-tree-demo-panel")
-        self._draw()
+        self.shell.guard(self._draw)()
 
     def next_request(self):
         step = self.demo.next_request()
@@ -221,16 +226,22 @@ class TreeDemoPanel:
 
     def _set_mode(self, change) -> None:
         self.demo.mode = change["new"]
+        with self.shell.showing():
+            self._draw_log()  # the log names the mode; the tree is as it was
 
     def _draw(self, scale_tokens: int | None = None) -> None:
-        self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event")
-        self.next_button.disabled = self.demo.done
+        with self.shell.showing():
+            self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event")
+            self.next_button.disabled = self.demo.done
+            self._draw_log()
+
+    def _draw_log(self) -> None:
         steps = self.demo.history[-4:]
         rows = "".join(f"<li>{html.escape(s.text())}</li>" for s in reversed(steps))
         head = (f"{self.demo.requests_run} of {len(self.demo.requests)} requests run · "
                 f"{len(self.demo.history)} steps · mode {self.demo.mode}")
-        self.log.value = (f"<div data-steps='{len(self.demo.history)}'>{html.escape(head)}"
-                          f"<ul style='margin:2px 0'>{rows}</ul></div>")
+        self.log.value = (f"<div data-steps='{len(self.demo.history)}' data-mode='{html.escape(self.demo.mode)}'>"
+                          f"{html.escape(head)}<ul style='margin:2px 0'>{rows}</ul></div>")
 
 
 class HostTierPanel(TreeDemoPanel):
@@ -248,11 +259,10 @@ class HostTierPanel(TreeDemoPanel):
         self.write_policy = widgets.Dropdown(options=list(POLICIES), value=self.demo.write_policy,
                                              description="write policy", style={"description_width": "initial"})
         self.write_policy.add_class("kvlab-tree-write-policy")
-        self.write_policy.observe(show_errors(self.errors, self._set_policy), names="value")
-        controls = self.widget.children[0]
-        controls.children = (*controls.children, self.write_policy)
+        self.write_policy.observe(self.shell.guard(self._set_policy), names="value")
+        self.controls.children = (*self.controls.children, self.write_policy)
         self.widget.add_class("kvlab-host-tier-panel")
-        self._draw()
+        self.shell.guard(self._draw)()
 
     def _set_policy(self, change) -> None:
         self.demo.write_policy = change["new"]
