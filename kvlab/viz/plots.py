@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.units import GiB
+from kvlab.units import GiB, fmt_bytes
 from kvlab.viz.theme import TEMPLATE
 
 SERIES = (  # column, label, colour
@@ -178,7 +178,8 @@ def phase_bands(frame: pd.DataFrame, xref: str = "x", plot: tuple[float, float] 
     """Shaded rectangles for the phases of a timeline, and labels for the moments the finding turns on.
 
     Every phase is shaded (its colour is named by :func:`phase_legend`); three moments get a label on the plot:
-    ``gc.collect()`` before measuring with the memory it freed (allocated bytes at its start minus at its end),
+    ``gc.collect()`` before measuring with the memory it freed (allocated bytes at its start minus at its end, in
+    the unit its size calls for: 1.75 MiB, not 0.00 GiB),
     the post-load ``measure`` (where the pool is sized, with the free memory read), and a late collection while
     serving (:func:`late_collection`: what it frees sits idle, the pool was sized before it). The labels are laid
     out by :func:`layout_labels` for a plot ``plot`` = (width, height) pixels at its narrowest: none overlaps
@@ -194,8 +195,8 @@ def phase_bands(frame: pd.DataFrame, xref: str = "x", plot: tuple[float, float] 
         shapes.append(dict(type="rect", xref=xref, yref="paper", x0=start - 0.5, x1=stop + 0.5, y0=0, y1=1,
                            fillcolor=PHASE_COLOURS[phase], line_width=0, layer="below"))
         if phase == "gc.collect()":
-            freed = (allocated[max(start - 1, 0)] - allocated[stop]) / GiB
-            moments.append((start, stop, f"<b>gc.collect()</b><br>frees {freed:,.2f} GiB"))
+            freed = allocated[max(start - 1, 0)] - allocated[stop]
+            moments.append((start, stop, f"<b>gc.collect()</b><br>frees {fmt_bytes(freed)}"))
         elif measures and (phase, start, stop) == measures[-1]:
             read = f"<br>{free[stop] / GiB:,.2f} GiB free" if free else ""
             moments.append((start, stop, f"<b>measure</b>{read}<br>pool sized here"))
@@ -203,7 +204,7 @@ def phase_bands(frame: pd.DataFrame, xref: str = "x", plot: tuple[float, float] 
     if late is not None:
         start, stop, freed = late  # inside the serving band: labelled, not shaded again
         idle = f",<br>{free[-1] / GiB:,.2f} GiB left idle" if free else ""
-        moments.append((start, stop, f"<b>serving: gc runs late</b><br>frees {freed / GiB:,.2f} GiB after<br>"
+        moments.append((start, stop, f"<b>serving: gc runs late</b><br>frees {fmt_bytes(freed)} after<br>"
                                      f"the pool was sized{idle}"))
     labels = []
     for (*_, text), (_, spec) in zip(sorted(moments), layout_labels(moments, max(len(frame), 1), plot)):

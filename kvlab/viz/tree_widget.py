@@ -73,6 +73,7 @@ class RadixTreeWidget:
         self.widget = widgets.VBox([self.summary, self.legend, self.figure])
         self.widget.add_class("kvlab-tree-widget")
         self.frame: pd.DataFrame = pd.DataFrame()
+        self.kv_tokens = 0  # KV tokens in the tree (each node's own, device or host) at the last drawing
         self.refresh()
 
     @property
@@ -82,27 +83,34 @@ class RadixTreeWidget:
 
     def read_frame(self) -> tuple[pd.DataFrame, int]:
         """The cache as a table (``tree_frame`` plus ``preview``), cut to ``max_nodes``; and the node count."""
+        frame, total, _ = self._read()
+        return frame, total
+
+    def _read(self) -> tuple[pd.DataFrame, int, int]:
         frame = tree_frame(self.cache, names=self.names)
-        total = len(frame)
-        return frame.iloc[: self.max_nodes].reset_index(drop=True), total
+        return frame.iloc[: self.max_nodes].reset_index(drop=True), len(frame), int(frame["tokens"].sum())
 
     @property
     def cached_tokens(self) -> int:
         """Tokens of the cached sequences the last drawing shows (the root's width)."""
         return int(self.frame["path_tokens"].iloc[0]) if len(self.frame) else 0
 
-    def refresh(self, *, scale_tokens: int | None = None, gone: str = "evicted") -> None:
+    def refresh(self, *, scale_tokens: int | None = None, gone: str = "evicted", since_kv_tokens: int | None = None
+                ) -> None:
         """Read the cache again and draw the icicle, its title and the summary from it. ``scale_tokens`` keeps the
         drawing at that width (the total before an eviction): what went is a pale "``gone``" block beside the tree,
-        so the icicle does not stretch to hide how much was destroyed."""
-        frame, total = self.read_frame()
+        so the icicle does not stretch to hide how much was destroyed. The block is labelled with the KV tokens
+        that went (``since_kv_tokens``, the tree's :attr:`kv_tokens` before, minus now), not its width: a width
+        counts a shared prefix once per sequence through it."""
+        frame, total, kv_tokens = self._read()
         cut = f" · first {len(frame)} of {total} nodes" if total > len(frame) else ""
         fig = plots.radix_icicle(frame, title=f"{self.title}{cut}", height=self.height)
         readable_labels(fig)
         if scale_tokens is not None and len(frame):
-            keep_scale(fig, scale_tokens, gone)
+            keep_scale(fig, scale_tokens, gone, None if since_kv_tokens is None else since_kv_tokens - kv_tokens)
         self.figure.draw(fig)
         self.frame = frame
+        self.kv_tokens = kv_tokens
         self.summary.value = summary_html(self.cache, frame, total)
 
 
@@ -115,8 +123,10 @@ def readable_labels(fig) -> None:
     fig.update_layout(uniformtext=dict(minsize=MIN_LABEL_PX, mode="hide"))
 
 
-def keep_scale(fig, scale_tokens: int, gone: str = "evicted") -> None:
-    """Widen the icicle's root to ``scale_tokens`` with a pale block for the tokens no longer in the tree."""
+def keep_scale(fig, scale_tokens: int, gone: str = "evicted", gone_kv_tokens: int | None = None) -> None:
+    """Widen the icicle's root to ``scale_tokens`` with a pale block for the tokens no longer in the tree. The block
+    is as wide as the cached sequences' tokens that went (the icicle's unit); its label and hover give the KV tokens
+    that went (``gone_kv_tokens``) when known, else that width."""
     trace = fig.data[0]
     values = list(trace.values)
     missing = int(scale_tokens) - int(values[0])
@@ -124,9 +134,12 @@ def keep_scale(fig, scale_tokens: int, gone: str = "evicted") -> None:
         return
     values[0] += missing
     colors = list(trace.marker.colors)
+    kv = missing if gone_kv_tokens is None else int(gone_kv_tokens)
+    width = (f"<br>drawn {missing:,} tokens wide: the cached sequences through them" if gone_kv_tokens is not None
+             else "")
     trace.update(ids=[*trace.ids, "__gone__"], parents=[*trace.parents, trace.ids[0]], values=[*values, missing],
-                 labels=[*trace.labels, f"{gone}: {missing:,} tokens"],
-                 customdata=[*trace.customdata, [missing, gone, 0, 0, 0, 0, "(no longer cached)", ""]])
+                 labels=[*trace.labels, f"{gone}: {kv:,} tokens"],
+                 customdata=[*trace.customdata, [kv, gone, 0, 0, 0, 0, "(no longer cached)", width]])
     trace.marker.colors = [*colors, GONE_COLOUR]
     if trace.marker.pattern is not None and trace.marker.pattern.shape is not None:
         trace.marker.pattern.shape = [*trace.marker.pattern.shape, ""]
@@ -214,9 +227,10 @@ class TreeDemoPanel:
         return step
 
     def pressure_event(self):
-        before = self.tree.cached_tokens
+        before, kv_before = self.tree.cached_tokens, self.tree.kv_tokens
         step = self.demo.pressure_event()
-        self._draw(scale_tokens=before)  # drawn at the pre-event width: the pale block is what was evicted
+        # drawn at the pre-event width: the pale block is what was evicted, labelled with its KV tokens
+        self._draw(scale_tokens=before, since_kv_tokens=kv_before)
         return step
 
     def reset(self) -> None:
@@ -229,9 +243,10 @@ class TreeDemoPanel:
         with self.shell.showing():
             self._draw_log()  # the log names the mode; the tree is as it was
 
-    def _draw(self, scale_tokens: int | None = None) -> None:
+    def _draw(self, scale_tokens: int | None = None, since_kv_tokens: int | None = None) -> None:
         with self.shell.showing():
-            self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event")
+            self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event",
+                              since_kv_tokens=since_kv_tokens)
             self.next_button.disabled = self.demo.done
             self._draw_log()
 

@@ -73,6 +73,9 @@ def test_the_tiny_preset_puts_measure_clear_of_gc_collect():
     boxes = {text.split("</b>")[0]: box for *box, text, _ in _boxes(fig, 960)["x2"] for box in [box]}
     gc, measure = boxes["<b>gc.collect()"], boxes["<b>measure"]
     assert measure[2] <= gc[0] or gc[2] <= measure[0] or measure[3] <= gc[1] or gc[3] <= measure[1]
+    # what the tiny model's collection frees is MiB: said so, not "frees 0.00 GiB"
+    texts = [a.text for a in fig.layout.annotations]
+    assert "<b>gc.collect()</b><br>frees 1.75 MiB" in texts and not any("0.00 GiB" in t for t in texts), texts
 
 
 def test_a_single_timeline_lays_its_labels_out_too():
