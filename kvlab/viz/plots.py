@@ -9,7 +9,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.units import GiB, fmt_bytes
+from kvlab.units import GiB, fmt_bytes, fmt_signed_bytes, is_zero_text, with_sign
 from kvlab.viz.theme import TEMPLATE
 
 SERIES = (  # column, label, colour
@@ -292,8 +292,19 @@ def waterfall_trace(terms: list[tuple[str, int]]) -> go.Waterfall:
     measure = ["absolute"] + ["relative"] * (len(terms) - 1) + ["total"]
     total = round(sum(values), 4)
     return go.Waterfall(x=labels, y=values, measure=measure, textposition="outside",
-                        text=[f"{v:+.2f}" if i else f"{v:.2f}" for i, v in enumerate(values[:-1])] + [f"{total:.2f}"],
+                        text=[_term_text(i, v) for i, (_, v) in enumerate(terms)] + [f"{total:.2f}"],
                         connector=dict(line=dict(color="#999")))
+
+
+def _term_text(i: int, n_bytes: int) -> str:
+    """A waterfall bar's number, in GiB like its axis, signed as kvlab signs (``+25.69``, ``−33.32``); a term too
+    small to show in GiB in the unit its size calls for (``−1.75 MiB``), and a zero as ``0.00``: never ``-0.00``."""
+    text = f"{abs(n_bytes) / GiB:.2f}"
+    if i == 0:
+        return text
+    if is_zero_text(text):
+        return "0.00" if n_bytes == 0 else fmt_signed_bytes(n_bytes)
+    return with_sign(text, n_bytes)
 
 
 # ---- finding 2: totals and the big number ------------------------------------------------------

@@ -89,3 +89,16 @@ def test_label_size_counts_lines_and_characters_not_tags():
     w, h = plots.label_size("<b>measure</b><br>79.14 GiB free<br>pool sized here")
     assert w == len("pool sized here") * plots.LABEL_CHAR_PX + 2 * plots.LABEL_PAD_PX
     assert h == 3 * plots.LABEL_LINE_PX + 2 * plots.LABEL_PAD_PX
+
+
+def test_the_waterfall_says_a_tiny_term_in_its_unit_never_minus_zero():
+    """tiny-h100's weights (1.75 MiB) and what stays referenced (2.25 MiB) showed as "-0.00" beside "79.15";
+    they are said in MiB, and every term signed with kvlab's minus sign."""
+    from kvlab.units import MINUS
+    from kvlab.viz.widgets import budget_figure
+
+    _, with_gc = compare("tiny-h100")
+    text = list(budget_figure(with_gc).data[0].text)
+    assert text[:3] == ["79.15", f"{MINUS}1.75 MiB", f"{MINUS}2.25 MiB"] and text[3].startswith(MINUS)
+    assert not any(t.lstrip("+-" + MINUS) == "0.00" and t != "0.00" for t in text), text
+    assert plots._term_text(2, 0) == "0.00" and plots._term_text(1, 5 << 30) == "+5.00"
