@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from kvlab.viz.live import LiveFigure
 from kvlab.viz.sweep_plots import hit_rate_vs_pool
 from kvlab.viz.theme import BUG_COLOUR, FIX_COLOUR
+from kvlab.viz.widgets import PanelShell
 
 # Diverging: white where full eviction costs nothing, the bug's red where it costs, the fix's blue where the bug
 # happened to do better. Symmetric around 0 (zmid), so the colour of a cell is its sign and size.
@@ -117,7 +118,9 @@ class CapacityPanel:
     """The curve (one max running at a time, chosen from a dropdown) and the regime map, each above its table.
 
     Figures are :class:`~kvlab.viz.live.LiveFigure`s drawn whole, so JupyterLab, a reload, Voila and the
-    report's saved widget state all show the current figure; ``widget`` is what the notebook displays."""
+    report's saved widget state all show the current figure; ``widget`` is what the notebook displays. Laid out
+    by :class:`~kvlab.viz.widgets.PanelShell`: the verdict (the whole sweep's) and the menu, the busy line and
+    errors, then the results, greyed out (``kvlab-stale``) from a new max running until they are redrawn."""
 
     def __init__(self, result) -> None:
         self.result = result
@@ -133,14 +136,18 @@ class CapacityPanel:
                        (self.curve, "kvlab-capacity-curve"), (self.hits, "kvlab-capacity-hits"),
                        (self.map, "kvlab-capacity-map"), (self.loss, "kvlab-capacity-loss")):
             w.add_class(css)
-        self.running.observe(lambda change: self.show(change["new"]), names="value")
-        self.show(self.running.value)
-        self.widget = widgets.VBox([self.verdict, self.running, self.curve, self.hits, self.map, self.loss])
+        self.shell = PanelShell([self.curve, self.hits, self.map, self.loss])
+        self.status, self.errors = self.shell.status, self.shell.errors
+        self.running.observe(self.shell.guard(lambda change: self.show(change["new"])), names="value")
+        self.shell.guard(self.show)(self.running.value)
+        self.widget = self.shell.box(self.verdict, self.running)
         self.widget.add_class("kvlab-capacity-panel")
 
     def show(self, max_running: int) -> None:
-        self.curve.draw(lambda: hit_rate_curve(self.result, max_running), key=max_running)
-        self.hits.value = _hits_html(self.result, max_running)
+        """Draw the curve and its table at ``max_running`` (the map and its table stay: they cover every one)."""
+        with self.shell.showing():
+            self.curve.draw(lambda: hit_rate_curve(self.result, max_running), key=max_running)
+            self.hits.value = _hits_html(self.result, max_running)
 
 
 HOST_RATIO_COLOURS = ("#7f7f7f", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e")  # no host tier first, then each ratio

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import re
+from typing import NamedTuple
+
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvlab.units import GiB
+from kvlab.units import GiB, fmt_bytes, fmt_signed_bytes, is_zero_text, with_sign
 from kvlab.viz.theme import TEMPLATE
 
 SERIES = (  # column, label, colour
@@ -76,6 +79,83 @@ def timeline_traces(frame: pd.DataFrame, *, weights_bytes: int | None = None, sh
 
 NARROW_SPAN = 0.05  # a band narrower than this share of the events gets its label beside it, with an arrow
 
+# The timelines' labels are laid out in pixels at the narrowest the figure is drawn (TIMELINES_MIN_WIDTH_PX, the
+# panels' CSS min-width): a label is a box of fixed size anchored at a point that moves with the width, so two
+# labels that do not overlap there, in the order of their anchors, never overlap at any wider width.
+TIMELINES_MIN_WIDTH_PX = 640
+LABEL_FONT_PX = 11
+LABEL_CHAR_PX = 7.0  # at least the advance of any character of the labels at 11 px, bold included
+LABEL_LINE_PX = 15.0
+LABEL_PAD_PX = 4.0  # around the text: plotly's borderpad and a little air
+ARROW_GAP_PX = 30  # from a narrow band to the label beside it
+EDGE_PX = 6  # the top and bottom rows keep this far from the plot's edge
+
+
+class LabelBox(NamedTuple):
+    """Where a label sits in its plot at a given width: pixels from the plot area's left and top edges."""
+
+    left: float
+    top: float
+    width: float
+    height: float
+    anchor: float  # the share of the plot's width its position follows (0 left edge, 1 right edge)
+
+    def overlaps(self, other: LabelBox) -> bool:
+        return (self.left < other.left + other.width and other.left < self.left + self.width
+                and self.top < other.top + other.height and other.top < self.top + self.height)
+
+
+def label_size(text: str) -> tuple[float, float]:
+    """A label's box in pixels (width, height), from its lines (``<br>``) and their characters, tags left out."""
+    lines = [re.sub(r"<[^>]*>", "", line) for line in text.split("<br>")]
+    return (max(len(line) for line in lines) * LABEL_CHAR_PX + 2 * LABEL_PAD_PX,
+            len(lines) * LABEL_LINE_PX + 2 * LABEL_PAD_PX)
+
+
+def _label_candidates(start: int, stop: int, n: int, size: tuple[float, float], plot: tuple[float, float]):
+    """Each place a moment's label may go, in order of preference: (anchor share, pixel offset of the box's left
+    edge from the anchor, box top in pixels, how plotly anchors it). Over a wide band: centred on it, then aligned
+    to either edge; beside a narrow one: an arrow from its left, then from its right. Rows: top, below the top
+    row, bottom."""
+    width, height = size
+    frac = lambda x: (x + 0.5) / n  # noqa: E731  (the x range is [-0.5, n - 0.5])
+    centre = (start + stop) / 2
+    if (stop - start + 1) / n < NARROW_SPAN:
+        across = [(frac(centre), -ARROW_GAP_PX - width, dict(x=centre, xanchor="right", ax=-ARROW_GAP_PX)),
+                  (frac(centre), ARROW_GAP_PX, dict(x=centre, xanchor="left", ax=ARROW_GAP_PX))]
+    else:
+        across = [(frac(centre), -width / 2, dict(x=centre, xanchor="center")),
+                  (frac(start - 0.5), 0.0, dict(x=start - 0.5, xanchor="left")),
+                  (frac(stop + 0.5), -width, dict(x=stop + 0.5, xanchor="right"))]
+    rows = (EDGE_PX, EDGE_PX + 4 * LABEL_LINE_PX + 2 * LABEL_PAD_PX + 4, plot[1] - EDGE_PX - height)
+    return [(a, off, top, spec) for top in rows for a, off, spec in across]
+
+
+def layout_labels(moments: list[tuple[int, int, str]], n: int, plot: tuple[float, float]):
+    """Place each moment's label (``(start, stop, text)``, in event numbers) in a plot ``plot`` = (width, height)
+    pixels wide and high: the first candidate (:func:`_label_candidates`) inside the plot that overlaps no label
+    placed before it, with the labels' left-to-right order that of their anchors (so no wider drawing can make them
+    cross); where none fits, the one overlapping least. Returns ``(box, plotly spec)`` per moment."""
+    placed: list[LabelBox] = []
+    out = []
+    for start, stop, text in sorted(moments):
+        size = label_size(text)
+        best = None
+        for anchor, offset, top, spec in _label_candidates(start, stop, n, size, plot):
+            box = LabelBox(anchor * plot[0] + offset, top, size[0], size[1], anchor)
+            outside = max(0.0, -box.left) + max(0.0, box.left + box.width - plot[0]) + max(0.0, -box.top)
+            clash = sum(1 for other in placed if box.overlaps(other) or (
+                box.top < other.top + other.height and other.top < box.top + box.height
+                and (box.left < other.left) != (box.anchor < other.anchor) and box.anchor != other.anchor))
+            cost = (outside > 0) + clash
+            if best is None or cost < best[0]:
+                best = (cost, box, spec)
+            if cost == 0:
+                break
+        placed.append(best[1])
+        out.append((best[1], {**best[2], "y": 1 - (best[1].top + best[1].height / 2) / plot[1]}))
+    return out
+
 
 def late_collection(frame: pd.DataFrame) -> tuple[int, int, int] | None:
     """(first step, last step, bytes freed) of the collection that runs while serving — the arm that did not
@@ -93,28 +173,30 @@ def late_collection(frame: pd.DataFrame) -> tuple[int, int, int] | None:
     return falls[0], falls[-1], freed
 
 
-def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[dict]]:
+def phase_bands(frame: pd.DataFrame, xref: str = "x", plot: tuple[float, float] = (480.0, 240.0)
+                ) -> tuple[list[dict], list[dict]]:
     """Shaded rectangles for the phases of a timeline, and labels for the moments the finding turns on.
 
     Every phase is shaded (its colour is named by :func:`phase_legend`); three moments get a label on the plot:
-    ``gc.collect()`` before measuring with the memory it freed (allocated bytes at its start minus at its end),
+    ``gc.collect()`` before measuring with the memory it freed (allocated bytes at its start minus at its end, in
+    the unit its size calls for: 1.75 MiB, not 0.00 GiB),
     the post-load ``measure`` (where the pool is sized, with the free memory read), and a late collection while
-    serving (:func:`late_collection`: what it frees sits idle, the pool was sized before it). A band narrower
-    than ``NARROW_SPAN`` of the events is labelled beside it with an arrow, not over its neighbour.
+    serving (:func:`late_collection`: what it frees sits idle, the pool was sized before it). The labels are laid
+    out by :func:`layout_labels` for a plot ``plot`` = (width, height) pixels at its narrowest: none overlaps
+    another there or at any wider width; a band narrower than ``NARROW_SPAN`` of the events is labelled beside it
+    with an arrow (and a dotted line down the band), not over its neighbours.
     """
-    shapes, labels = [], []
+    shapes, moments = [], []  # moments: (start, stop, text)
     spans = [span for span in phase_spans(frame) if span[0] in PHASE_COLOURS and span[2] > span[1]]
     allocated = frame["allocated_bytes"].tolist() if len(frame) else []
     free = frame["free_bytes"].tolist() if "free_bytes" in frame and len(frame) else []
     measures = [span for span in spans if span[0] == "measure"]
-    n = max(len(frame), 1)
-    moments = []  # (start, stop, text)
     for phase, start, stop in spans:
         shapes.append(dict(type="rect", xref=xref, yref="paper", x0=start - 0.5, x1=stop + 0.5, y0=0, y1=1,
                            fillcolor=PHASE_COLOURS[phase], line_width=0, layer="below"))
         if phase == "gc.collect()":
-            freed = (allocated[max(start - 1, 0)] - allocated[stop]) / GiB
-            moments.append((start, stop, f"<b>gc.collect()</b><br>frees {freed:,.2f} GiB"))
+            freed = allocated[max(start - 1, 0)] - allocated[stop]
+            moments.append((start, stop, f"<b>gc.collect()</b><br>frees {fmt_bytes(freed)}"))
         elif measures and (phase, start, stop) == measures[-1]:
             read = f"<br>{free[stop] / GiB:,.2f} GiB free" if free else ""
             moments.append((start, stop, f"<b>measure</b>{read}<br>pool sized here"))
@@ -122,22 +204,16 @@ def phase_bands(frame: pd.DataFrame, xref: str = "x") -> tuple[list[dict], list[
     if late is not None:
         start, stop, freed = late  # inside the serving band: labelled, not shaded again
         idle = f",<br>{free[-1] / GiB:,.2f} GiB left idle" if free else ""
-        moments.append((start, stop, f"<b>serving: gc runs late</b><br>frees {freed / GiB:,.2f} GiB after<br>"
+        moments.append((start, stop, f"<b>serving: gc runs late</b><br>frees {fmt_bytes(freed)} after<br>"
                                      f"the pool was sized{idle}"))
-    previous = None  # the last label on top: a neighbour closer than a quarter of the events goes to the bottom
-    for start, stop, text in sorted(moments):
-        centre, narrow = (start + stop) / 2, (stop - start + 1) / n < NARROW_SPAN
-        lower = not narrow and previous is not None and (centre - previous) / n < 0.25
-        if not narrow:
-            previous = None if lower else centre
-        label = dict(xref=xref, yref="paper", x=centre, y=0.02 if lower else 0.98, text=text, showarrow=False,
-                     xanchor="center", yanchor="bottom" if lower else "top", align="center",
-                     font=dict(size=11, color="#333"), bgcolor="rgba(255,255,255,0.85)")
-        if narrow:  # beside the band, an arrow pointing at it, clear of its neighbours
-            shapes.append(dict(type="line", xref=xref, yref="paper", x0=(start + stop) / 2, x1=(start + stop) / 2,
-                               y0=0, y1=0.9, line=dict(color="#333", width=1, dash="dot")))
-            label.update(y=0.9, showarrow=True, arrowhead=2, arrowwidth=1.5, arrowcolor="#333", ax=-70, ay=0,
-                         xanchor="right", yanchor="middle")
+    labels = []
+    for (*_, text), (_, spec) in zip(sorted(moments), layout_labels(moments, max(len(frame), 1), plot)):
+        label = dict(xref=xref, yref="paper", text=text, showarrow=False, yanchor="middle", align="center",
+                     font=dict(size=LABEL_FONT_PX, color="#333"), bgcolor="rgba(255,255,255,0.85)", **spec)
+        if "ax" in spec:  # beside a narrow band: an arrow at the band's middle, a dotted line down it
+            shapes.append(dict(type="line", xref=xref, yref="paper", x0=spec["x"], x1=spec["x"], y0=0, y1=spec["y"],
+                               line=dict(color="#333", width=1, dash="dot")))
+            label.update(showarrow=True, arrowhead=2, arrowwidth=1.5, arrowcolor="#333", ay=0)
         labels.append(label)
     return shapes, labels
 
@@ -151,35 +227,53 @@ def phase_legend(frames: list[pd.DataFrame], y: float = -0.34) -> dict:
                 text="phases: " + " &nbsp; ".join(items), font=dict(size=12, color="#444"))
 
 
-def _add_phase_bands(fig: go.Figure, frame: pd.DataFrame, col: int | None = None) -> None:
-    shapes, labels = phase_bands(frame, "x" if not col or col == 1 else f"x{col}")
+def _add_phase_bands(fig: go.Figure, frame: pd.DataFrame, plot: tuple[float, float], col: int | None = None) -> None:
+    """The phase bands and labels of one timeline, and its x range fixed to the bands' ([-0.5, n - 0.5]: the range
+    :func:`layout_labels` assumes)."""
+    xref = "x" if not col or col == 1 else f"x{col}"
+    shapes, labels = phase_bands(frame, xref, plot)
     for shape in shapes:
         fig.add_shape(shape)
     for label in labels:
         fig.add_annotation(label)
+    fig.update_xaxes(range=[-0.5, max(len(frame), 1) - 0.5], row=1 if col else None, col=col)
+
+
+TIMELINE_HEIGHT_PX = 450
+TIMELINE_MARGIN = dict(t=60, l=60, r=20, b=110)
+TIMELINES_HEIGHT_PX = 470  # two side by side
+TIMELINES_MARGIN = dict(t=60, l=50, r=20, b=115)
+TIMELINES_SPACING = 0.04
+
+
+def _plot_px(width: int, height: int, margin: dict, share: float = 1.0) -> tuple[float, float]:
+    """(width, height) in pixels of a plot area: ``share`` of the figure's width within its margins."""
+    return share * (width - margin["l"] - margin["r"]), height - margin["t"] - margin["b"]
 
 
 def memory_timeline(frame: pd.DataFrame, title: str = "Device memory", weights_bytes: int | None = None) -> go.Figure:
     """Allocated / reserved / free across the recorded events, phases shaded."""
     fig = go.Figure(timeline_traces(frame, weights_bytes=weights_bytes))
-    _add_phase_bands(fig, frame)
+    _add_phase_bands(fig, frame, _plot_px(TIMELINES_MIN_WIDTH_PX, TIMELINE_HEIGHT_PX, TIMELINE_MARGIN))
     fig.add_annotation(phase_legend([frame]))
     fig.update_layout(title=title, xaxis_title="allocator event", yaxis_title="GiB", template=TEMPLATE,
-                      legend=dict(orientation="h", y=-0.2), margin=dict(b=110))
+                      legend=dict(orientation="h", y=-0.2), height=TIMELINE_HEIGHT_PX, margin=TIMELINE_MARGIN)
     return fig
 
 
 def memory_timelines_side_by_side(left: pd.DataFrame, right: pd.DataFrame, titles: tuple[str, str],
                                   weights_bytes: tuple[int | None, int | None] = (None, None)) -> go.Figure:
-    """Two timelines on one shared y axis: the two arms of a finding."""
-    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=titles, horizontal_spacing=0.04)
+    """Two timelines on one shared y axis: the two arms of a finding. Drawn at any width from
+    ``TIMELINES_MIN_WIDTH_PX`` up (the panels' CSS min-width), no two labels overlap."""
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, subplot_titles=titles, horizontal_spacing=TIMELINES_SPACING)
+    plot = _plot_px(TIMELINES_MIN_WIDTH_PX, TIMELINES_HEIGHT_PX, TIMELINES_MARGIN, (1 - TIMELINES_SPACING) / 2)
     for col, frame, weights in ((1, left, weights_bytes[0]), (2, right, weights_bytes[1])):
         for trace in timeline_traces(frame, weights_bytes=weights, showlegend=col == 1):
             fig.add_trace(trace, row=1, col=col)
-        _add_phase_bands(fig, frame, col)
+        _add_phase_bands(fig, frame, plot, col)
     fig.add_annotation(phase_legend([left, right], y=-0.25))
-    fig.update_layout(template=TEMPLATE, height=470, legend=dict(orientation="h", y=-0.15),
-                      margin=dict(t=60, l=50, r=20, b=115))
+    fig.update_layout(template=TEMPLATE, height=TIMELINES_HEIGHT_PX, legend=dict(orientation="h", y=-0.15),
+                      margin=TIMELINES_MARGIN)
     fig.update_yaxes(title_text="GiB", row=1, col=1)
     fig.update_xaxes(title_text="allocator event")
     return fig
@@ -198,8 +292,19 @@ def waterfall_trace(terms: list[tuple[str, int]]) -> go.Waterfall:
     measure = ["absolute"] + ["relative"] * (len(terms) - 1) + ["total"]
     total = round(sum(values), 4)
     return go.Waterfall(x=labels, y=values, measure=measure, textposition="outside",
-                        text=[f"{v:+.2f}" if i else f"{v:.2f}" for i, v in enumerate(values[:-1])] + [f"{total:.2f}"],
+                        text=[_term_text(i, v) for i, (_, v) in enumerate(terms)] + [f"{total:.2f}"],
                         connector=dict(line=dict(color="#999")))
+
+
+def _term_text(i: int, n_bytes: int) -> str:
+    """A waterfall bar's number, in GiB like its axis, signed as kvlab signs (``+25.69``, ``−33.32``); a term too
+    small to show in GiB in the unit its size calls for (``−1.75 MiB``), and a zero as ``0.00``: never ``-0.00``."""
+    text = f"{abs(n_bytes) / GiB:.2f}"
+    if i == 0:
+        return text
+    if is_zero_text(text):
+        return "0.00" if n_bytes == 0 else fmt_signed_bytes(n_bytes)
+    return with_sign(text, n_bytes)
 
 
 # ---- finding 2: totals and the big number ------------------------------------------------------

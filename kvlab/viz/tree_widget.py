@@ -28,7 +28,7 @@ from kvlab.viz.plots import (  # noqa: F401  (icicle_arrays: kept importable her
     TREE_COLOURS,
     icicle_arrays,
 )
-from kvlab.viz.widgets import show_errors
+from kvlab.viz.widgets import PanelShell
 
 
 class RadixTreeWidget:
@@ -73,6 +73,7 @@ class RadixTreeWidget:
         self.widget = widgets.VBox([self.summary, self.legend, self.figure])
         self.widget.add_class("kvlab-tree-widget")
         self.frame: pd.DataFrame = pd.DataFrame()
+        self.kv_tokens = 0  # KV tokens in the tree (each node's own, device or host) at the last drawing
         self.refresh()
 
     @property
@@ -82,27 +83,34 @@ class RadixTreeWidget:
 
     def read_frame(self) -> tuple[pd.DataFrame, int]:
         """The cache as a table (``tree_frame`` plus ``preview``), cut to ``max_nodes``; and the node count."""
+        frame, total, _ = self._read()
+        return frame, total
+
+    def _read(self) -> tuple[pd.DataFrame, int, int]:
         frame = tree_frame(self.cache, names=self.names)
-        total = len(frame)
-        return frame.iloc[: self.max_nodes].reset_index(drop=True), total
+        return frame.iloc[: self.max_nodes].reset_index(drop=True), len(frame), int(frame["tokens"].sum())
 
     @property
     def cached_tokens(self) -> int:
         """Tokens of the cached sequences the last drawing shows (the root's width)."""
         return int(self.frame["path_tokens"].iloc[0]) if len(self.frame) else 0
 
-    def refresh(self, *, scale_tokens: int | None = None, gone: str = "evicted") -> None:
+    def refresh(self, *, scale_tokens: int | None = None, gone: str = "evicted", since_kv_tokens: int | None = None
+                ) -> None:
         """Read the cache again and draw the icicle, its title and the summary from it. ``scale_tokens`` keeps the
         drawing at that width (the total before an eviction): what went is a pale "``gone``" block beside the tree,
-        so the icicle does not stretch to hide how much was destroyed."""
-        frame, total = self.read_frame()
+        so the icicle does not stretch to hide how much was destroyed. The block is labelled with the KV tokens
+        that went (``since_kv_tokens``, the tree's :attr:`kv_tokens` before, minus now), not its width: a width
+        counts a shared prefix once per sequence through it."""
+        frame, total, kv_tokens = self._read()
         cut = f" · first {len(frame)} of {total} nodes" if total > len(frame) else ""
         fig = plots.radix_icicle(frame, title=f"{self.title}{cut}", height=self.height)
         readable_labels(fig)
         if scale_tokens is not None and len(frame):
-            keep_scale(fig, scale_tokens, gone)
+            keep_scale(fig, scale_tokens, gone, None if since_kv_tokens is None else since_kv_tokens - kv_tokens)
         self.figure.draw(fig)
         self.frame = frame
+        self.kv_tokens = kv_tokens
         self.summary.value = summary_html(self.cache, frame, total)
 
 
@@ -115,8 +123,10 @@ def readable_labels(fig) -> None:
     fig.update_layout(uniformtext=dict(minsize=MIN_LABEL_PX, mode="hide"))
 
 
-def keep_scale(fig, scale_tokens: int, gone: str = "evicted") -> None:
-    """Widen the icicle's root to ``scale_tokens`` with a pale block for the tokens no longer in the tree."""
+def keep_scale(fig, scale_tokens: int, gone: str = "evicted", gone_kv_tokens: int | None = None) -> None:
+    """Widen the icicle's root to ``scale_tokens`` with a pale block for the tokens no longer in the tree. The block
+    is as wide as the cached sequences' tokens that went (the icicle's unit); its label and hover give the KV tokens
+    that went (``gone_kv_tokens``) when known, else that width."""
     trace = fig.data[0]
     values = list(trace.values)
     missing = int(scale_tokens) - int(values[0])
@@ -124,9 +134,12 @@ def keep_scale(fig, scale_tokens: int, gone: str = "evicted") -> None:
         return
     values[0] += missing
     colors = list(trace.marker.colors)
+    kv = missing if gone_kv_tokens is None else int(gone_kv_tokens)
+    width = (f"<br>drawn {missing:,} tokens wide: the cached sequences through them" if gone_kv_tokens is not None
+             else "")
     trace.update(ids=[*trace.ids, "__gone__"], parents=[*trace.parents, trace.ids[0]], values=[*values, missing],
-                 labels=[*trace.labels, f"{gone}: {missing:,} tokens"],
-                 customdata=[*trace.customdata, [missing, gone, 0, 0, 0, 0, "(no longer cached)", ""]])
+                 labels=[*trace.labels, f"{gone}: {kv:,} tokens"],
+                 customdata=[*trace.customdata, [kv, gone, 0, 0, 0, 0, "(no longer cached)", width]])
     trace.marker.colors = [*colors, GONE_COLOUR]
     if trace.marker.pattern is not None and trace.marker.pattern.shape is not None:
         trace.marker.pattern.shape = [*trace.marker.pattern.shape, ""]
@@ -168,8 +181,11 @@ class TreeDemoPanel:
 
     Buttons (CSS classes): "next request" (``kvlab-tree-next``), "pressure event"
     (``kvlab-tree-pressure``), "reset" (``kvlab-tree-reset``: back to an empty tree); the eviction mode
-    (``kvlab-tree-mode``) applies to the evictions from then on. The last steps are listed in
-    ``kvlab-tree-log``; callback errors land in ``kvlab-errors``.
+    (``kvlab-tree-mode``) applies to the evictions from then on. Laid out by
+    :class:`~kvlab.viz.widgets.PanelShell`: the controls, the busy line and the errors (``kvlab-errors``), then the
+    results (the last steps, ``kvlab-tree-log``, and the tree), greyed out (``kvlab-stale``) from a click until the
+    tree is redrawn. A step the demo refuses (no request left) leaves the tree as it is (it is still true) and
+    says why in the errors; a drawing that fails hides the results.
     """
 
     def __init__(self, demo: Any = None, *, start_requests: int = 0, max_nodes: int = 200,
@@ -189,19 +205,21 @@ class TreeDemoPanel:
         self.mode = widgets.Dropdown(options=[(MODE_LABELS[m], m) for m in EVICTION_MODES],
                                      value=self.demo.mode, description="eviction")
         self.log = widgets.HTML()
-        self.errors = widgets.Output()
+        self.shell = PanelShell([self.log, self.tree.widget])
+        self.status, self.errors = self.shell.status, self.shell.errors
         for w, css in ((self.next_button, "kvlab-tree-next"), (self.pressure_button, "kvlab-tree-pressure"),
                        (self.reset_button, "kvlab-tree-reset"), (self.mode, "kvlab-tree-mode"),
-                       (self.log, "kvlab-tree-log"), (self.errors, "kvlab-errors")):
+                       (self.log, "kvlab-tree-log")):
             w.add_class(css)
-        self.next_button.on_click(show_errors(self.errors, lambda _b: self.next_request()))
-        self.pressure_button.on_click(show_errors(self.errors, lambda _b: self.pressure_event()))
-        self.reset_button.on_click(show_errors(self.errors, lambda _b: self.reset()))
-        self.mode.observe(show_errors(self.errors, self._set_mode), names="value")
-        self.widget = widgets.VBox([widgets.HBox([self.next_button, self.pressure_button, self.reset_button,
-                                                  self.mode]), self.log, self.tree.widget, self.errors])
+        self.next_button.on_click(self.shell.guard(lambda _b: self.next_request()))
+        self.pressure_button.on_click(self.shell.guard(lambda _b: self.pressure_event()))
+        self.reset_button.on_click(self.shell.guard(lambda _b: self.reset()))
+        self.mode.observe(self.shell.guard(self._set_mode), names="value")
+        self.controls = widgets.HBox([self.next_button, self.pressure_button, self.reset_button, self.mode],
+                                     layout=widgets.Layout(flex_flow="row wrap"))
+        self.widget = self.shell.box(self.controls)
         self.widget.add_class("kvlab-tree-demo-panel")
-        self._draw()
+        self.shell.guard(self._draw)()
 
     def next_request(self):
         step = self.demo.next_request()
@@ -209,9 +227,10 @@ class TreeDemoPanel:
         return step
 
     def pressure_event(self):
-        before = self.tree.cached_tokens
+        before, kv_before = self.tree.cached_tokens, self.tree.kv_tokens
         step = self.demo.pressure_event()
-        self._draw(scale_tokens=before)  # drawn at the pre-event width: the pale block is what was evicted
+        # drawn at the pre-event width: the pale block is what was evicted, labelled with its KV tokens
+        self._draw(scale_tokens=before, since_kv_tokens=kv_before)
         return step
 
     def reset(self) -> None:
@@ -221,16 +240,23 @@ class TreeDemoPanel:
 
     def _set_mode(self, change) -> None:
         self.demo.mode = change["new"]
+        with self.shell.showing():
+            self._draw_log()  # the log names the mode; the tree is as it was
 
-    def _draw(self, scale_tokens: int | None = None) -> None:
-        self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event")
-        self.next_button.disabled = self.demo.done
+    def _draw(self, scale_tokens: int | None = None, since_kv_tokens: int | None = None) -> None:
+        with self.shell.showing():
+            self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event",
+                              since_kv_tokens=since_kv_tokens)
+            self.next_button.disabled = self.demo.done
+            self._draw_log()
+
+    def _draw_log(self) -> None:
         steps = self.demo.history[-4:]
         rows = "".join(f"<li>{html.escape(s.text())}</li>" for s in reversed(steps))
         head = (f"{self.demo.requests_run} of {len(self.demo.requests)} requests run · "
                 f"{len(self.demo.history)} steps · mode {self.demo.mode}")
-        self.log.value = (f"<div data-steps='{len(self.demo.history)}'>{html.escape(head)}"
-                          f"<ul style='margin:2px 0'>{rows}</ul></div>")
+        self.log.value = (f"<div data-steps='{len(self.demo.history)}' data-mode='{html.escape(self.demo.mode)}'>"
+                          f"{html.escape(head)}<ul style='margin:2px 0'>{rows}</ul></div>")
 
 
 class HostTierPanel(TreeDemoPanel):
@@ -248,11 +274,10 @@ class HostTierPanel(TreeDemoPanel):
         self.write_policy = widgets.Dropdown(options=list(POLICIES), value=self.demo.write_policy,
                                              description="write policy", style={"description_width": "initial"})
         self.write_policy.add_class("kvlab-tree-write-policy")
-        self.write_policy.observe(show_errors(self.errors, self._set_policy), names="value")
-        controls = self.widget.children[0]
-        controls.children = (*controls.children, self.write_policy)
+        self.write_policy.observe(self.shell.guard(self._set_policy), names="value")
+        self.controls.children = (*self.controls.children, self.write_policy)
         self.widget.add_class("kvlab-host-tier-panel")
-        self._draw()
+        self.shell.guard(self._draw)()
 
     def _set_policy(self, change) -> None:
         self.demo.write_policy = change["new"]

@@ -57,7 +57,7 @@ PANEL_CSS = """<style>
 .kvlab-errors pre,.kvlab-errors .jp-OutputArea-output{color:#721c24;background:#f8d7da;border-radius:4px;
   padding:4px 10px;white-space:pre-wrap}
 .kvlab-fig-grow{flex:1 1 520px;min-width:360px}
-.kvlab-fig-wide{min-width:640px}
+.kvlab-fig-wide{min-width:""" + str(plots.TIMELINES_MIN_WIDTH_PX) + """px}
 .kvlab-side-table{flex:0 1 auto;min-width:0;max-width:100%;overflow-x:auto}
 </style>"""
 

@@ -216,6 +216,18 @@ def open_notebook(page: Page, server: LabServer, relpath: str, timeout: float = 
     wait_kernel_idle(page, relpath, timeout)
 
 
+def open_file_browser(page: Page, timeout: float = 30_000) -> float:
+    """Open JupyterLab's left side panel on the file browser (as a workshop attendee has it) and return its width
+    in pixels once it is shown; the notebook is laid out again beside it."""
+    page.evaluate("() => window.jupyterapp.shell.activateById('filebrowser')")
+    page.wait_for_function(
+        "() => { const fb = document.querySelector('#filebrowser');"
+        " return !!fb && fb.getClientRects().length > 0 && fb.getBoundingClientRect().width > 100; }",
+        timeout=timeout, polling=100)
+    page.wait_for_timeout(300)  # the notebook panel follows the new width
+    return page.evaluate("() => document.querySelector('#filebrowser').getBoundingClientRect().width")
+
+
 def run_all(page: Page, timeout: float = 300_000, path: str | None = None) -> None:
     """Run all cells of the current notebook and wait until every cell finished and the kernel is idle.
 

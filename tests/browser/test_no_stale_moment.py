@@ -9,6 +9,11 @@
   summary) by the error, shown where the results began, not below them.
 - The static report's rendering of the same panel (``kvlab.report.render_html``) at 1280 px: nothing clipped,
   the table beside the waterfall included.
+- JupyterLab itself at 1280×720 with the file browser open (a workshop attendee's screen): notebooks 01 and 02 run,
+  and no ``.main-svg`` or table of any output reaches past its output area, the notebook or the window; no two
+  labels of notebook 01's timelines overlap (the default preset and tiny-h100, whose "measure" label covered
+  "gc.collect()" at 960 px). In 02, the tree panel's "pressure event" greys the old tree out until the new one
+  is drawn (a MutationObserver records the panel after every DOM change, as for 01 in Voila).
 
 Screenshots go to tests/browser/artifacts/<test>/.
 """
@@ -65,6 +70,61 @@ _WATCH = """() => {
 }"""
 
 
+# Every plotly layer and table of every output in a JupyterLab notebook: inside its output area, the notebook and
+# the window.
+_CLIPPED_OUTPUTS = """() => {
+  const vw = document.documentElement.clientWidth, out = [];
+  const nb = document.querySelector('.jp-NotebookPanel-notebook').getBoundingClientRect();
+  for (const area of document.querySelectorAll('.jp-OutputArea-output')) {
+    const a = area.getBoundingClientRect();
+    for (const el of area.querySelectorAll('.main-svg, table')) {
+      if (!el.getClientRects().length) continue;  // not displayed
+      const r = el.getBoundingClientRect();
+      if (r.right > Math.min(vw, nb.right, a.right) + 1 || r.left < Math.max(nb.left, a.left) - 1)
+        out.push({what: el.tagName + ' in ' + (el.parentElement.closest('[class*="kvlab-"]') || area).className,
+                  left: r.left, right: r.right, output: [a.left, a.right], notebook: [nb.left, nb.right], viewport: vw});
+    }
+  }
+  return out;
+}"""
+# Pairs of labels (plotly annotations: their background boxes) of one figure that overlap on screen.
+_OVERLAPPING_LABELS = """(sel) => {
+  const gd = document.querySelector(sel + ' .js-plotly-plot');
+  const boxes = [...gd.querySelectorAll('g.annotation')].map(g => {
+    const r = (g.querySelector('rect.bg') || g).getBoundingClientRect();
+    return {text: g.textContent, l: r.left, r: r.right, t: r.top, b: r.bottom};
+  }).filter(b => b.r > b.l && b.b > b.t);
+  const out = [];
+  for (let i = 0; i < boxes.length; i++)
+    for (let j = i + 1; j < boxes.length; j++) {
+      const p = boxes[i], q = boxes[j];
+      if (p.l < q.r - 0.5 && q.l < p.r - 0.5 && p.t < q.b - 0.5 && q.t < p.b - 0.5) out.push([p.text, q.text]);
+    }
+  return {count: boxes.length, overlaps: out};
+}"""
+# After each DOM change in the tree panel: greyed (the results, or the figure while plotly redraws), the steps the
+# log counts, and whether the drawing has the pale block of what the pressure event evicted.
+_WATCH_TREE = """() => {
+  window.__kvlab_tree = [];
+  const panel = document.querySelector('.kvlab-tree-demo-panel');
+  const snap = () => {
+    const log = panel.querySelector('.kvlab-tree-log [data-steps]');
+    const gd = panel.querySelector('.kvlab-tree-fig .js-plotly-plot');
+    const ids = gd && gd.data && gd.data[0] && gd.data[0].ids ? Array.from(gd.data[0].ids) : [];
+    window.__kvlab_tree.push({stale: panel.querySelector('.kvlab-results').classList.contains('kvlab-stale'),
+      drawing: !!panel.querySelector('.kvlab-drawing'), steps: log ? log.dataset.steps : null,
+      gone: ids.includes('__gone__'), t: performance.now()});
+  };
+  new MutationObserver(snap).observe(panel, {subtree: true, childList: true, attributes: true,
+                                             attributeFilter: ['class', 'data-steps']});
+}"""
+
+
+def _labels_apart(page: Page, sel: str = ".kvlab-timelines") -> None:
+    found = page.evaluate(_OVERLAPPING_LABELS, sel)
+    assert found["count"] >= 6 and found["overlaps"] == [], found  # each arm's labels, the titles, the legend
+
+
 def _tokens(preset: str) -> str:
     return str(kv_pool_sizing.compare(preset)[1].to_json()["max_total_num_tokens"])  # the gc arm (the default)
 
@@ -106,6 +166,7 @@ def test_voila_01_greys_out_the_old_preset_and_its_figures_fit(voila, context: B
     page.set_viewport_size({"width": 960, "height": 720})  # JupyterLab's notebook width with the side panel open
     page.wait_for_timeout(1500)  # the figures follow their container (ResizeObserver -> Plotly.Plots.resize)
     _assert_fits(page, ".kvlab-kv-pool-panel", ".kvlab-timelines")
+    _labels_apart(page)  # tiny-h100's with-gc arm: "measure" clear of "gc.collect()"
     lab.screenshot(page, artifacts / "voila01_960.png", ".kvlab-kv-pool-panel")
     page.close()
 
@@ -179,3 +240,94 @@ def test_report_page_at_1280_clips_nothing(browser: Browser, tmp_path: Path, art
         lab.screenshot(page, artifacts / "report01_panel_1280.png")
     finally:
         context.close()
+
+
+LAB_NOTEBOOKS = {  # key -> notebook, text of an output once it ran, its panels, each panel's figures
+    "01": ("notebooks/01_kv_pool_sizing.ipynb", "× larger",
+           {".kvlab-kv-pool-panel": (".kvlab-timelines", ".kvlab-waterfall")}),
+    "02": ("notebooks/02_shortfall_eviction.ipynb", "destroyed only by full eviction",
+           {".kvlab-shortfall-panel": (".kvlab-sim-gauge", ".kvlab-sim-timelines", ".kvlab-sim-bars"),
+            ".kvlab-tree-demo-panel": (".kvlab-tree-fig",)}),
+}
+
+
+def _assert_lab_fits(page: Page, panels: dict) -> None:
+    for figures in panels.values():
+        for sel in figures:
+            lab.wait_plotly(page, sel, timeout=120_000)
+    page.wait_for_timeout(1000)  # every figure laid out at its container's width
+    assert page.evaluate(_CLIPPED_OUTPUTS) == []
+    for panel in panels:
+        assert page.evaluate(_CLIPPED, panel) == [], panel
+
+
+def _window_shot(page: Page, path: Path, selector: str) -> None:
+    """The window as the attendee sees it (file browser, notebook), scrolled to ``selector``."""
+    page.locator(selector).scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    page.screenshot(path=path)
+
+
+@pytest.mark.browser
+@pytest.mark.slow
+@pytest.mark.parametrize("key", sorted(LAB_NOTEBOOKS))
+def test_lab_at_1280_with_the_file_browser_open_clips_nothing(key: str, lab_page: Page, lab_server: lab.LabServer,
+                                                              artifacts: Path):
+    notebook, ran, panels = LAB_NOTEBOOKS[key]
+    lab_page.set_viewport_size({"width": 1280, "height": 720})
+    lab.open_notebook(lab_page, lab_server, notebook)
+    assert lab.open_file_browser(lab_page) >= 150
+    lab.run_all(lab_page, timeout=600_000)
+    lab.wait_for_output_text(lab_page, ran)
+    assert lab_page.locator("#filebrowser").is_visible()  # still open beside the notebook
+    _assert_lab_fits(lab_page, panels)
+    for panel in panels:
+        name = panel.strip(".").removeprefix("kvlab-")
+        _window_shot(lab_page, artifacts / f"lab{key}_{name}_window.png", panel)
+        lab.screenshot(lab_page, artifacts / f"lab{key}_{name}.png", panel)
+    if key == "01":
+        _lab_01_tiny_preset(lab_page, artifacts)
+    else:
+        _lab_02_pressure_event_greys_the_old_tree(lab_page, artifacts)
+
+
+def _lab_01_tiny_preset(page: Page, artifacts: Path) -> None:
+    """Labels apart on the default preset, and on tiny-h100 (the issue's case), whose figures still fit."""
+    _labels_apart(page)
+    new = _tokens("tiny-h100")
+    lab.select_dropdown(page, "kvlab-preset", "tiny-h100")
+    page.wait_for_function("(n) => document.querySelector('.kvlab-verdict-box').dataset.maxTotalNumTokens === n"
+                           " && !document.querySelector('.kvlab-kv-pool-panel .kvlab-results')"
+                           ".classList.contains('kvlab-stale') && !document.querySelector('.kvlab-drawing')",
+                           arg=new, timeout=120_000, polling=100)
+    _assert_lab_fits(page, LAB_NOTEBOOKS["01"][2])
+    _labels_apart(page)
+    lab.screenshot(page, artifacts / "lab01_tiny_h100.png", ".kvlab-kv-pool-panel")
+    _window_shot(page, artifacts / "lab01_tiny_h100_window.png", ".kvlab-timelines")
+
+
+def _lab_02_pressure_event_greys_the_old_tree(page: Page, artifacts: Path) -> None:
+    """From the click on "pressure event" until the tree is redrawn, no moment shows the old tree un-greyed."""
+    steps = page.locator(".kvlab-tree-log [data-steps]").get_attribute("data-steps")
+    new = str(int(steps) + 1)
+    lab.select_dropdown(page, "kvlab-tree-mode", "full (the bug)")  # evicts more than the shortfall: a visible change
+    lab.wait_widget_text(page, "kvlab-tree-log", "mode full")
+    page.wait_for_function("() => !document.querySelector('.kvlab-tree-demo-panel .kvlab-results')"
+                           ".classList.contains('kvlab-stale')", timeout=30_000)
+    page.evaluate(_WATCH_TREE)
+    lab.click_widget(page, "kvlab-tree-pressure")
+    page.wait_for_function(
+        "(n) => { const p = document.querySelector('.kvlab-tree-demo-panel');"
+        " const gd = p.querySelector('.kvlab-tree-fig .js-plotly-plot');"
+        " return p.querySelector('.kvlab-tree-log [data-steps]').dataset.steps === n"
+        " && Array.from(gd.data[0].ids).includes('__gone__')"
+        " && !p.querySelector('.kvlab-results').classList.contains('kvlab-stale') && !p.querySelector('.kvlab-drawing'); }",
+        arg=new, timeout=60_000, polling=50)
+    page.wait_for_timeout(300)  # any late change is recorded too
+    records = page.evaluate("() => window.__kvlab_tree")
+    assert records and records[0]["stale"], records[:3]  # greyed first, before anything of the new tree
+    fresh = [r for r in records if not (r["stale"] or r["drawing"])]
+    assert all(r["steps"] == new and r["gone"] for r in fresh), records  # never the old tree un-greyed
+    last = records[-1]
+    assert not last["stale"] and not last["drawing"] and last["steps"] == new and last["gone"], last
+    lab.screenshot(page, artifacts / "lab02_after_pressure.png", ".kvlab-tree-demo-panel")

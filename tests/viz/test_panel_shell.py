@@ -82,3 +82,91 @@ def test_an_error_while_computing_a_new_setting_hides_the_results_of_the_old_one
     panel.device = None
     panel.fraction.value = 0.72
     assert panel.shell.shown and not panel.errors.outputs
+
+
+def _record_shell(shell, events: list[str], drawn: dict) -> None:
+    """Like ``_record`` for any panel: the results' greying, and each drawn widget's trait (name -> (widget,
+    trait))."""
+    def on_classes(change):
+        was, now = "kvlab-stale" in change["old"], "kvlab-stale" in change["new"]
+        if was != now:
+            events.append("stale" if now else "fresh")
+
+    shell.results.observe(on_classes, names="_dom_classes")
+    for name, (widget, trait) in drawn.items():
+        widget.observe(lambda _c, name=name: events.append(name), names=trait)
+
+
+def _layout_is_the_shells(panel) -> None:
+    """Controls, then the busy line and the errors, then the results: the errors above every result."""
+    children = list(panel.widget.children)
+    assert panel.shell.style in children and panel.status.widget in children
+    assert children.index(panel.status.widget) < children.index(panel.errors) < children.index(panel.shell.results)
+    assert "kvlab-errors" in panel.errors._dom_classes and "kvlab-results" in panel.shell.results._dom_classes
+
+
+def test_the_tree_panel_greys_the_old_tree_from_a_click_until_the_new_one_is_drawn():
+    from kvlab.viz.tree_widget import TreeDemoPanel
+
+    panel = TreeDemoPanel(start_requests=6, seed=0)
+    _layout_is_the_shells(panel)
+    assert panel.tree.widget in panel.shell.results.children and panel.log in panel.shell.results.children
+    events: list[str] = []
+    _record_shell(panel.shell, events, {"tree": (panel.tree.figure, "_widget_data"), "log": (panel.log, "value")})
+    panel.mode.value = "full"  # the log names the mode: redrawn, not left saying "shortfall"
+    assert events == ["stale", "log", "fresh"] and "data-mode='full'" in panel.log.value
+    events.clear()
+    panel.pressure_button.click()
+    assert events[0] == "stale" and events[-1] == "fresh" and {"tree", "log"} <= set(events[1:-1]), events
+    assert "__gone__" in panel.tree.figure.data[0].ids and not panel.shell.stale and panel.shell.shown
+
+
+def test_a_step_the_tree_demo_refuses_shows_at_the_top_and_leaves_the_tree_it_is_still_true():
+    from kvlab.viz.tree_widget import TreeDemoPanel
+
+    panel = TreeDemoPanel(num_requests=1)
+    panel.next_button.click()
+    ids = list(panel.tree.figure.data[0].ids)
+    panel.next_button.click()  # none left (a click that slips past the disabled button)
+    assert "all 1 requests have run" in "".join(o.get("text", "") for o in panel.errors.outputs)
+    assert panel.shell.shown and not panel.shell.stale and list(panel.tree.figure.data[0].ids) == ids
+    panel.reset_button.click()  # the next step clears the error
+    assert not panel.errors.outputs and list(panel.tree.figure.data[0].ids) == ["0"]
+
+
+def test_a_tree_drawing_that_fails_hides_the_old_tree():
+    from kvlab.viz.tree_widget import TreeDemoPanel
+
+    panel = TreeDemoPanel(start_requests=2, seed=0)
+    panel.tree.max_nodes = "many"  # a bad value set after the fact: the next drawing raises
+    panel.next_button.click()
+    assert "Traceback" in "".join(o.get("text", "") for o in panel.errors.outputs)
+    assert not panel.shell.shown and not panel.shell.stale
+
+
+def test_the_host_tier_panel_keeps_the_shell_and_its_write_policy_menu():
+    from kvlab.viz.tree_widget import HostTierPanel
+
+    panel = HostTierPanel(start_requests=3, seed=0)
+    _layout_is_the_shells(panel)
+    assert panel.write_policy in panel.controls.children
+    events: list[str] = []
+    _record_shell(panel.shell, events, {"tree": (panel.tree.figure, "_widget_data")})
+    panel.write_policy.value = "write_back"  # starts the demo over
+    assert events[0] == "stale" and "tree" in events and events[-1] == "fresh", events
+
+
+def test_the_capacity_panel_greys_the_old_curve_until_the_new_one_and_its_table_are_drawn():
+    from kvlab.experiments import capacity
+    from kvlab.viz.capacity_plots import CapacityPanel
+    from tests.viz.test_capacity_plots import TINY
+
+    panel = CapacityPanel(capacity.run(TINY, pool_pages=[7, 12], max_running=[1, 256], workers=1, progress=False))
+    _layout_is_the_shells(panel)
+    children = list(panel.widget.children)
+    assert children.index(panel.verdict) < children.index(panel.running) < children.index(panel.shell.results)
+    events: list[str] = []
+    _record_shell(panel.shell, events, {"curve": (panel.curve, "_widget_layout"), "hits": (panel.hits, "value")})
+    panel.running.value = 1
+    assert events[0] == "stale" and events[-1] == "fresh" and {"curve", "hits"} <= set(events[1:-1]), events
+    assert "max running 1" in panel.curve.figure.layout.title.text and not panel.shell.stale
