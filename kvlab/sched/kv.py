@@ -227,12 +227,12 @@ class SchedulerKV:
             req.kv_len = req.seq_len
 
     def take_decode_pages(self, batch_size: int, num_pages: int) -> list[int]:
-        """The page take of a paged decode round (``alloc_decode_pages``): ``num_pages`` page ids."""
-        pages = self.allocator.alloc_decode_pages(batch_size, num_pages)
+        """The page take of a paged decode round (``alloc_decode_page_ids``): ``num_pages`` page ids."""
+        pages = self.allocator.alloc_decode_page_ids(batch_size, num_pages)
         if pages is None:
             raise RuntimeError(f"Decode out of memory: {batch_size} requests, "
                                f"{self.allocator.available_size()} slots available")
-        return pages.tolist()
+        return pages
 
     def row(self, req: SimReq) -> torch.Tensor:
         """The request's row of ``req_to_token`` (a view: writes go to the pool)."""
