@@ -30,6 +30,7 @@ from kvlab.mem_cache.memory_pool import DeviceLike, IndexLike, MHATokenToKVPool,
 from kvlab.units import div_ceil, tokens_to_pages
 
 _I64 = torch.int64
+_SLOT_TABLE_MAX = 1 << 23  # slots: a pool up to this size keeps a page-to-slots table (64 MiB at most)
 
 
 def _as_index(x: IndexLike, device: torch.device) -> torch.Tensor:
@@ -139,6 +140,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self._page_free = torch.frombuffer(self._free_mask, dtype=torch.bool)
         self._page_pending = torch.frombuffer(self._pending_mask, dtype=torch.bool)
         self._page_offsets = torch.arange(self.page_size, dtype=_I64, device=self._index_device)
+        self._slot_table: torch.Tensor | None = None  # row p: the slots of page p (see _pages_to_tokens)
 
     @property
     def free_pages(self) -> torch.Tensor:
@@ -216,10 +218,18 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         return pages
 
     def _pages_to_tokens(self, pages: list[int]) -> torch.Tensor:
+        """Every slot of ``pages``, page by page (a new tensor). Pools up to ``_SLOT_TABLE_MAX`` slots read the rows
+        of a page-to-slots table (one gather, built on first use), larger ones compute them."""
         ps, dev = self.page_size, self._index_device
+        ids = torch.tensor(pages, dtype=_I64, device=dev)
         if ps == 1:
-            return torch.tensor(pages, dtype=_I64, device=dev)
-        return (torch.tensor(pages, dtype=_I64, device=dev)[:, None] * ps + self._page_offsets).reshape(-1)
+            return ids
+        table = self._slot_table
+        if table is None:
+            if (self.num_pages + 1) * ps > _SLOT_TABLE_MAX:
+                return (ids[:, None] * ps + self._page_offsets).reshape(-1)
+            table = self._slot_table = torch.arange((self.num_pages + 1) * ps, dtype=_I64, device=dev).view(-1, ps)
+        return table.index_select(0, ids).reshape(-1)
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slot indices (whole pages), or None if fewer are free. Takes from the head."""
