@@ -23,6 +23,7 @@ import abc
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from kvlab.errors import DoubleFreeError, InvariantError, require
@@ -39,6 +40,23 @@ def _as_index(x: IndexLike, device: torch.device) -> torch.Tensor:
             return x if x.dim() == 1 else x.reshape(-1)
         return x.to(dtype=_I64, device=device).reshape(-1)
     return torch.as_tensor(list(x), dtype=_I64, device=device).reshape(-1)
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    """A flat integer numpy view of a CPU tensor (a host copy of any other): the free path reads its indices with
+    numpy, whose calls cost a fraction of torch's on arrays this small."""
+    arr = x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
+    if arr.dtype.kind not in "iu":
+        arr = arr.astype(np.int64)
+    return arr.reshape(-1)
+
+
+def _sorted_unique(values: np.ndarray) -> list[int]:
+    """``torch.unique(values).tolist()`` (ascending, distinct), by a sort: numpy's unique hashes, slower at this size."""
+    v = np.sort(values)
+    if len(v) > 1:
+        v = v[np.concatenate(([True], v[1:] != v[:-1]))]
+    return v.tolist()
 
 
 def _as_ints(x: IndexLike) -> list[int]:
@@ -139,8 +157,7 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self._pending_mask = bytearray(n + 1)
         self._page_free = torch.frombuffer(self._free_mask, dtype=torch.bool)
         self._page_pending = torch.frombuffer(self._pending_mask, dtype=torch.bool)
-        self._page_offsets = torch.arange(self.page_size, dtype=_I64, device=self._index_device)
-        self._slot_table: torch.Tensor | None = None  # row p: the slots of page p (see _pages_to_tokens)
+        self._slot_table: np.ndarray | None = None  # row p: the slots of page p (see _page_slots)
 
     @property
     def free_pages(self) -> torch.Tensor:
@@ -217,19 +234,26 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
             mask[p] = 0
         return pages
 
-    def _pages_to_tokens(self, pages: list[int]) -> torch.Tensor:
-        """Every slot of ``pages``, page by page (a new tensor). Pools up to ``_SLOT_TABLE_MAX`` slots read the rows
-        of a page-to-slots table (one gather, built on first use), larger ones compute them."""
-        ps, dev = self.page_size, self._index_device
-        ids = torch.tensor(pages, dtype=_I64, device=dev)
+    def _page_slots(self, pages: list[int]) -> np.ndarray:
+        """Every slot of ``pages``, page by page (a new int64 array). Pools up to ``_SLOT_TABLE_MAX`` slots read the
+        rows of a page-to-slots table (one gather, built on first use), larger ones compute them."""
+        ps = self.page_size
         if ps == 1:
-            return ids
+            return np.array(pages, dtype=np.int64)
         table = self._slot_table
         if table is None:
             if (self.num_pages + 1) * ps > _SLOT_TABLE_MAX:
-                return (ids[:, None] * ps + self._page_offsets).reshape(-1)
-            table = self._slot_table = torch.arange((self.num_pages + 1) * ps, dtype=_I64, device=dev).view(-1, ps)
-        return table.index_select(0, ids).reshape(-1)
+                return (np.array(pages, dtype=np.int64)[:, None] * ps + np.arange(ps, dtype=np.int64)).reshape(-1)
+            table = self._slot_table = np.arange((self.num_pages + 1) * ps, dtype=np.int64).reshape(-1, ps)
+        return table[pages].reshape(-1)
+
+    def _index_tensor(self, arr: np.ndarray) -> torch.Tensor:
+        """An int64 index tensor on the index device (sharing ``arr``'s memory on the CPU)."""
+        out = torch.from_numpy(arr)
+        return out if self._index_device.type == "cpu" else out.to(self._index_device)
+
+    def _pages_to_tokens(self, pages: list[int]) -> torch.Tensor:
+        return self._index_tensor(self._page_slots(pages))
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slot indices (whole pages), or None if fewer are free. Takes from the head."""
@@ -295,13 +319,13 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         if isinstance(free_index, torch.Tensor):
             if free_index.numel() == 0:
                 return
-            flat = free_index.reshape(-1)
-            pages = flat.tolist() if ps == 1 else torch.unique(flat.to(_I64) // ps).tolist()
+            slots = _host(free_index)
+            pages = slots.tolist() if ps == 1 else _sorted_unique(slots // ps)
         else:
-            slots = [int(v) for v in free_index]
-            if not slots:
+            listed = [int(v) for v in free_index]
+            if not listed:
                 return
-            pages = slots if ps == 1 else sorted({s // ps for s in slots})
+            pages = listed if ps == 1 else sorted({s // ps for s in listed})
         self._release(pages, self.free_group, "free")
 
     def free_row(self, row_slots: torch.Tensor) -> None:
@@ -311,10 +335,13 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         if (n := row_slots.numel()) == 0:
             return
         ps = self.page_size
-        heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
-        if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+        if ps == 1:
+            return self.free(row_slots)
+        slots = _host(row_slots)
+        heads, tails = slots[::ps].tolist(), slots[ps - 1 :: ps].tolist()
+        if (int(slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
                 or tails != [h + ps - 1 for h in heads[: len(tails)]]):
-            return self.free(row_slots)  # page 1, empty, or not laid out as a row
+            return self.free(row_slots)  # not laid out as a row
         self._release(sorted({h // ps for h in heads}), self.free_group, "free", distinct=True)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
@@ -323,7 +350,10 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         ps = self.page_size
         if start_pos % ps:
             raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {ps})")
-        heads = _as_ints(free_index[::ps] if isinstance(free_index, torch.Tensor) else list(free_index)[::ps])
+        if isinstance(free_index, torch.Tensor):
+            heads = _host(free_index)[::ps].tolist()
+        else:
+            heads = [int(v) for v in list(free_index)[::ps]]
         if not heads:
             return
         if ps == 1:
@@ -450,21 +480,20 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         pages = self._take_page_ids(num_new_pages)
         if pages is None:
             return None
-        dev = self._index_device
-        slots = self._pages_to_tokens(pages)  # every new page's slots, in take order
-        out: list[torch.Tensor] = []
+        slots = self._page_slots(pages)  # every new page's slots, in take order
+        out: list[np.ndarray] = []
         k = 0  # new slots used so far, in batch order (whole pages)
         for p, s, loc in zip(pre, seq, last):
             cont = min(s, div_ceil(p, ps) * ps)  # phase 1: finish the page the prefix ends in
             if cont > p:
-                out.append(torch.arange(loc + 1, loc + 1 + cont - p, dtype=_I64, device=dev))
+                out.append(np.arange(loc + 1, loc + 1 + cont - p, dtype=np.int64))
             n = s - cont  # phases 2 + 3: whole new pages, then a partial one (cont is page-aligned)
             if n > 0:
                 out.append(slots[k : k + n])
                 k += tokens_to_pages(n, ps) * ps
         if not out:
-            return torch.empty(0, dtype=_I64, device=dev)
-        return out[0] if len(out) == 1 else torch.cat(out)
+            return torch.empty(0, dtype=_I64, device=self._index_device)
+        return self._index_tensor(out[0] if len(out) == 1 else np.concatenate(out))
 
     def alloc_decode_page_ids(self, batch_size: int, num_pages: int) -> list[int] | None:
         """The page take of :meth:`alloc_decode`, by count: ``num_pages`` page ids from the head of the free
