@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from kvlab.sched.decode import DecodeOutcome, ReferenceDecode
 
@@ -128,7 +128,7 @@ class FastDecode:
         last = state.last_slot
         for page_pos, page_slot in [*state.opened_pages, (end, 0)]:
             if page_pos > pos:
-                row[pos:page_pos] = torch.arange(slot, slot + page_pos - pos, dtype=torch.int32)
+                row[pos:page_pos] = np.arange(slot, slot + page_pos - pos, dtype=np.int32)
                 last = slot + page_pos - pos - 1
             pos, slot = page_pos, page_slot
         state.written_len, state.last_slot, state.opened_pages = end, last, []
