@@ -2,10 +2,12 @@
 
 For each mode it runs ``simulate`` with ``fast_decode=True`` and with ``fast_decode=False`` (the plain
 step-by-step loop the equivalence tests compare against) on the same requests, checks that the totals are
-identical, and prints each one's wall and CPU seconds and the ratio reference / fast. ``--baseline DIR`` also
-runs the fast path of another checkout of kvlab (e.g. ``git archive <commit> | tar -x -C DIR``) in a
-subprocess on the same trace, alternating with this one, and prints this tree's speed-up over it; its totals
-must be identical too.
+identical (and the per-step rows, by digest), and prints each one's wall and CPU seconds and the ratio
+reference / fast. ``--baseline DIR`` also runs the fast path of another checkout of kvlab (e.g. ``git archive
+<commit> | tar -x -C DIR``) in a subprocess on the same trace, alternating with this one, and prints this tree's
+speed-up over it; its totals and rows must be identical too. Before those, ``--baseline`` times ``kvlab simulate
+--trace ... --json`` end to end in a fresh process for each tree (start-up, trace loading, the run, the JSON, exit)
+and requires the two JSON outputs to be byte-identical. ``--hicache-ratio R`` gives every run a host pool.
 
 The default trace has the shape of Mooncake's public conversation trace
 (``make_mooncake_trace.py --preset conversation``) and the settings of issue 16:
