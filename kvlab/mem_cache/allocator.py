@@ -159,6 +159,16 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         self._page_pending = torch.frombuffer(self._pending_mask, dtype=torch.bool)
         self._slot_table: np.ndarray | None = None  # row p: the slots of page p (see _page_slots)
 
+    def __getstate__(self) -> dict:  # pickle / deepcopy: the tensor views are rebuilt over the copied bytearrays
+        state = self.__dict__.copy()
+        del state["_page_free"], state["_page_pending"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._page_free = torch.frombuffer(self._free_mask, dtype=torch.bool)
+        self._page_pending = torch.frombuffer(self._pending_mask, dtype=torch.bool)
+
     @property
     def free_pages(self) -> torch.Tensor:
         """SGLang's free list (int64 tensor, head first), built from the host list on each read."""

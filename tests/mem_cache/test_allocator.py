@@ -211,6 +211,25 @@ def test_a_pool_too_large_for_the_slot_table_hands_out_the_same_slots(monkeypatc
         x.check_invariants()
 
 
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copied_allocator_keeps_its_masks_and_their_views_together(how):
+    """The free path reads bytearray masks, the invariant checks tensor views of them: a copy shares neither with
+    the original and keeps the two in step."""
+    import copy
+    import pickle
+
+    a = PagedTokenToKVPoolAllocator(32, 4)
+    x = a.alloc(8)
+    b = pickle.loads(pickle.dumps(a)) if how == "pickle" else copy.deepcopy(a)
+    b.free(x[:4])
+    assert b.available_size() == 28 and a.available_size() == 24
+    assert bool(b._page_free[1]) and not bool(a._page_free[1])
+    b.check_invariants()
+    a.check_invariants()
+    with pytest.raises(DoubleFreeError, match="double free of page 1"):
+        b.free(x[:4])
+
+
 def test_alloc_extend_returns_none_when_pages_run_short():
     a = PagedTokenToKVPoolAllocator(8, 4)
     assert a.alloc_extend(t(0), t(0), t(9), t(9), t(-1), 9) is None
