@@ -2,10 +2,12 @@
 
 For each mode it runs ``simulate`` with ``fast_decode=True`` and with ``fast_decode=False`` (the plain
 step-by-step loop the equivalence tests compare against) on the same requests, checks that the totals are
-identical, and prints each one's wall and CPU seconds and the ratio reference / fast. ``--baseline DIR`` also
-runs the fast path of another checkout of kvlab (e.g. ``git archive <commit> | tar -x -C DIR``) in a
-subprocess on the same trace, alternating with this one, and prints this tree's speed-up over it; its totals
-must be identical too.
+identical (and the per-step rows, by digest), and prints each one's wall and CPU seconds and the ratio
+reference / fast. ``--baseline DIR`` also runs the fast path of another checkout of kvlab (e.g. ``git archive
+<commit> | tar -x -C DIR``) in a subprocess on the same trace, alternating with this one, and prints this tree's
+speed-up over it; its totals and rows must be identical too. Before those, ``--baseline`` times ``kvlab simulate
+--trace ... --json`` end to end in a fresh process for each tree (start-up, trace loading, the run, the JSON, exit)
+and requires the two JSON outputs to be byte-identical. ``--hicache-ratio R`` gives every run a host pool.
 
 The default trace has the shape of Mooncake's public conversation trace
 (``make_mooncake_trace.py --preset conversation``) and the settings of issue 16:
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -70,9 +73,11 @@ reqs = load_trace(trace)[: int(n)]
 cfg = SchedulerConfig(kv_tokens=int(kv_pages) * int(page_size), page_size=int(page_size),
                       max_running=int(max_running), eviction=mode, fast_decode=fast == "1", **extra)
 wall, cpu = time.perf_counter(), time.process_time()
-totals = simulate(reqs, cfg, progress=False).totals()
-print(json.dumps(dict(totals=totals, wall_s=time.perf_counter() - wall, cpu_s=time.process_time() - cpu,
-                      flows=flows)))
+result = simulate(reqs, cfg, progress=False)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+import hashlib
+rows = hashlib.sha256(json.dumps(result.rows, sort_keys=True).encode()).hexdigest()
+print(json.dumps(dict(totals=result.totals(), rows_sha256=rows, wall_s=wall, cpu_s=cpu, flows=flows)))
 """
 
 
@@ -86,6 +91,35 @@ def run_one(root: Path, trace: Path, mode: str, args, fast: bool, split: bool = 
     out = subprocess.run([sys.executable, "-c", _CHILD, *argv], env=env, cwd=root, check=True,
                          capture_output=True, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def run_cli(root: Path, trace: Path, mode: str, args) -> dict:
+    """``python -m kvlab simulate --trace ... --json`` end to end (start-up, trace loading, the run, the JSON) in a
+    fresh process whose kvlab is the one under ``root``: its stdout, wall seconds and CPU seconds (user + system)."""
+    env = dict(os.environ, PYTHONPATH=str(root), KVLAB_PROGRESS="0")
+    argv = [sys.executable, "-m", "kvlab", "simulate", "--trace", str(trace), "--page-size", str(args.page_size),
+            "--kv-pages", str(args.kv_pages), "--max-running", str(args.max_running), "--eviction", mode, "--json"]
+    if args.hicache_ratio:
+        argv += ["--hicache-ratio", str(args.hicache_ratio)]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    wall = time.perf_counter()
+    out = subprocess.run(argv, env=env, cwd=root, check=True, capture_output=True, text=True)
+    wall = time.perf_counter() - wall
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    return dict(stdout=out.stdout, wall_s=wall, cpu_s=cpu)
+
+
+def _first_requests(trace: Path, n: int, out: Path) -> Path:
+    """The trace's first ``n`` request lines (what ``load_trace(trace)[:n]`` reads), for the end-to-end runs."""
+    with open(trace) as src, open(out, "w") as dst:
+        kept = 0
+        for line in src:
+            if kept >= n:
+                break
+            dst.write(line)
+            kept += bool(line.strip())
+    return out
 
 
 def _preset_trace(path: Path) -> None:
@@ -105,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", default=["shortfall", "full"], choices=["shortfall", "full"])
     p.add_argument("--skip-reference", action="store_true", help="time the fast path only (no ratio)")
     p.add_argument("--baseline", type=Path, help="another kvlab checkout whose fast path to time alongside")
+    p.add_argument("--hicache-ratio", type=float, default=0.0,
+                   help="run every simulation with a HiCache host pool of R times the device pool (default: off)")
     p.add_argument("--split", action="store_true",
                    help="also time, in a third fast run, the CPU seconds spent inside the per-request tree and "
                         "allocator flows (what no scheduler change can remove)")
@@ -119,26 +155,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"settings: --page-size {args.page_size} --kv-pages {args.kv_pages} --max-running {args.max_running}"
               f"{'' if args.requests >= 1_000_000 else f' (first {args.requests} requests)'}")
         ok = True
+        config = {"hicache_ratio": args.hicache_ratio} if args.hicache_ratio else {}
+        cli_trace = trace if args.requests >= 1_000_000 else _first_requests(trace, args.requests,
+                                                                                 Path(tmp) / "first.jsonl")
         for mode in args.modes:
-            fast = run_one(root, trace, mode, args, fast=True)
+            if args.baseline:  # end to end first: `kvlab simulate --json`, this tree then the baseline
+                mine, theirs = run_cli(root, cli_trace, mode, args), run_cli(args.baseline.resolve(), cli_trace, mode, args)
+                same = mine["stdout"] == theirs["stdout"]
+                ok &= same
+                print(f"{mode:>9}: end to end (kvlab simulate --json) {mine['wall_s']:6.1f} s wall {mine['cpu_s']:6.1f} s "
+                      f"CPU · baseline {theirs['wall_s']:6.1f} s wall {theirs['cpu_s']:6.1f} s CPU · before/after "
+                      f"{theirs['wall_s'] / mine['wall_s']:.2f}x wall, {theirs['cpu_s'] / mine['cpu_s']:.2f}x CPU · "
+                      f"JSON {'byte-identical' if same else 'DIFFERS'}", flush=True)
+            fast = run_one(root, trace, mode, args, fast=True, config=config)
             line = (f"{mode:>9}: fast path {fast['wall_s']:6.1f} s wall {fast['cpu_s']:6.1f} s CPU · "
                     f"{fast['totals']['steps']:,} steps · hit rate {fast['totals']['hit_rate']:.2%}")
             if args.baseline:
-                base = run_one(args.baseline.resolve(), trace, mode, args, fast=True)
-                same = base["totals"] == fast["totals"]
+                base = run_one(args.baseline.resolve(), trace, mode, args, fast=True, config=config)
+                same = base["totals"] == fast["totals"] and base["rows_sha256"] == fast["rows_sha256"]
                 ok &= same
                 line += (f"\n{'':>11}baseline  {base['wall_s']:6.1f} s wall {base['cpu_s']:6.1f} s CPU · "
                          f"before/after (baseline / this tree's fast path) {base['wall_s'] / fast['wall_s']:.2f}x wall, "
-                         f"{base['cpu_s'] / fast['cpu_s']:.2f}x CPU · totals {'identical' if same else 'DIFFER'}")
+                         f"{base['cpu_s'] / fast['cpu_s']:.2f}x CPU · totals and rows {'identical' if same else 'DIFFER'}")
             if not args.skip_reference:
-                ref = run_one(root, trace, mode, args, fast=False)
-                same = ref["totals"] == fast["totals"]
+                ref = run_one(root, trace, mode, args, fast=False, config=config)
+                same = ref["totals"] == fast["totals"] and ref["rows_sha256"] == fast["rows_sha256"]
                 ok &= same
                 line += (f"\n{'':>11}reference {ref['wall_s']:6.1f} s wall {ref['cpu_s']:6.1f} s CPU · "
                          f"reference loop / fast path {ref['wall_s'] / fast['wall_s']:.2f}x wall, "
-                         f"{ref['cpu_s'] / fast['cpu_s']:.2f}x CPU · totals {'identical' if same else 'DIFFER'}")
+                         f"{ref['cpu_s'] / fast['cpu_s']:.2f}x CPU · totals and rows {'identical' if same else 'DIFFER'}")
             if args.split:
-                split = run_one(root, trace, mode, args, fast=True, split=True)
+                split = run_one(root, trace, mode, args, fast=True, split=True, config=config)
                 inside = sum(split["flows"].values())
                 parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(split["flows"].items(), key=lambda kv: -kv[1]))
                 line += (f"\n{'':>11}split     {inside:6.1f} s of {split['cpu_s']:.1f} s CPU "

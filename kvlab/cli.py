@@ -86,6 +86,12 @@ def _registry(module: str, name: str, needed: bool) -> Any:
     return getattr(importlib.import_module(module), name) if needed else ()
 
 
+#: ``kvlab simulate``'s choices, spelled out so that its parser (``kvlab simulate --help``, a mistyped flag) imports
+#: no torch: the registries they name live beside it. tests/test_startup.py checks each equals its registry.
+SIMULATE_EVICTION_MODES = ("shortfall", "full")  # kvlab.mem_cache.common.EVICTION_MODES
+SIMULATE_POLICIES = ("fifo", "filo", "lfu", "lru", "mru", "priority", "slru")  # sorted(evict_policy.EVICTION_POLICIES)
+SIMULATE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # cache_controller.WRITE_POLICIES
+
 #: ``kvlab sweep``'s help line, for the parser built without sweep's options (kvlab.sweep.command.add_parser's own;
 #: tests/test_startup.py checks the two agree)
 SWEEP_HELP = "run kvlab simulate over a grid of settings, on local cores or a Ray cluster"
@@ -99,9 +105,6 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     from kvlab.workloads.generators import WORKLOADS
 
     SCENARIO_PRESETS = _registry("kvlab.experiments.kv_pool_sizing", "SCENARIO_PRESETS", command in (None, "repro"))
-    EVICTION_MODES = _registry("kvlab.mem_cache.common", "EVICTION_MODES", command in (None, "simulate"))
-    EVICTION_POLICIES = _registry("kvlab.mem_cache.evict_policy", "EVICTION_POLICIES", command in (None, "simulate"))
-    WRITE_POLICIES = _registry("kvlab.mem_cache.cache_controller", "WRITE_POLICIES", command in (None, "simulate"))
     DEVICE_PRESETS = _registry("kvlab.device.spec", "DEVICE_PRESETS", command in (None, "report", "app"))
 
     parser = argparse.ArgumentParser(prog="kvlab", description="Reproduce LLM-serving KV-memory findings.")
@@ -136,7 +139,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     sim.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
     sim.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload parameter, e.g. num_groups=16 (repeatable)")
-    sim.add_argument("--eviction", choices=list(EVICTION_MODES), default=None,
+    sim.add_argument("--eviction", choices=list(SIMULATE_EVICTION_MODES), default=None,
                      help="evict the shortfall (the fix, default) or the full request (the bug)")
     sim.add_argument("--compare", action="store_true",
                      help="run both eviction modes on the same requests and print them side by side")
@@ -147,14 +150,14 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pool_size.add_argument("--kv-tokens", type=_int_at_least(1, MAX_POOL), help="KV pool size in tokens")
     pool_size.add_argument("--kv-pages", type=_int_at_least(1, MAX_POOL), help="KV pool size in pages")
     sim.add_argument("--max-running", type=_int_at_least(1, MAX_POOL), default=256, help="max running requests (default: %(default)s)")
-    sim.add_argument("--policy", choices=sorted(EVICTION_POLICIES), default="lru",
+    sim.add_argument("--policy", choices=list(SIMULATE_POLICIES), default="lru",
                      help="radix-cache eviction policy (default: %(default)s)")
     host = sim.add_mutually_exclusive_group()
     host.add_argument("--hicache-ratio", type=_hicache_number("--hicache-ratio"), default=None, metavar="R",
                       help="HiCache: add a host KV pool of R times the device pool (SGLang's --hicache-ratio)")
     host.add_argument("--hicache-size", type=_hicache_number("--hicache-size"), default=None, metavar="GIB",
                       help="HiCache: add a host KV pool of GIB GiB (SGLang's --hicache-size, which reads decimal GB)")
-    sim.add_argument("--hicache-write-policy", choices=list(WRITE_POLICIES), default=None,
+    sim.add_argument("--hicache-write-policy", choices=list(SIMULATE_WRITE_POLICIES), default=None,
                      help="HiCache write policy, with --hicache-ratio or --hicache-size (default: write_through)")
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")
 

@@ -69,3 +69,28 @@ def test_a_parser_built_for_one_command_has_its_full_options(command):
                                                (["repro", "kv-pool-sizing"], "repro")])
 def test_the_command_is_the_first_word_that_is_no_option(argv, command):
     assert _command_named(argv) == command
+
+
+def test_simulate_help_imports_no_torch():
+    out = _run_module("simulate", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "--eviction {shortfall,full}" in out.stdout
+    assert _loaded(out) == []
+
+
+def test_simulate_refuses_a_mistyped_choice_without_torch():
+    out = _run_module("simulate", "--workload", "few-shot", "--policy", "lruu")
+    assert out.returncode == 2
+    assert "--policy: invalid choice: 'lruu'" in out.stderr
+    assert _loaded(out) == []
+
+
+def test_simulate_choices_are_the_registries():
+    from kvlab.cli import SIMULATE_EVICTION_MODES, SIMULATE_POLICIES, SIMULATE_WRITE_POLICIES
+    from kvlab.mem_cache.cache_controller import WRITE_POLICIES
+    from kvlab.mem_cache.common import EVICTION_MODES
+    from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
+
+    assert SIMULATE_EVICTION_MODES == tuple(EVICTION_MODES)
+    assert SIMULATE_POLICIES == tuple(sorted(EVICTION_POLICIES))
+    assert SIMULATE_WRITE_POLICIES == tuple(WRITE_POLICIES)

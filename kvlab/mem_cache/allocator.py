@@ -1,6 +1,7 @@
 """Token-slot allocators: which KV slots are free (``sglang/srt/mem_cache/allocator/``).
 
-Free lists are int64 index tensors, as in SGLang, and the first slot (page) is never handed out::
+Free lists hold SGLang's page ids in SGLang's order (read as int64 tensors; kept as host lists, see
+:class:`BaseTokenToKVPoolAllocator`), and the first slot (page) is never handed out::
 
     slots   0 .. ps-1 | ps .. 2ps-1 | ... | size .. size+ps-1      (size + page_size rows in the pool)
     pages   0 (pad)   | 1           | ... | num_pages
@@ -22,6 +23,7 @@ import abc
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from kvlab.errors import DoubleFreeError, InvariantError, require
@@ -29,6 +31,7 @@ from kvlab.mem_cache.memory_pool import DeviceLike, IndexLike, MHATokenToKVPool,
 from kvlab.units import div_ceil, tokens_to_pages
 
 _I64 = torch.int64
+_SLOT_TABLE_MAX = 1 << 23  # slots: a pool up to this size keeps a page-to-slots table (64 MiB at most)
 
 
 def _as_index(x: IndexLike, device: torch.device) -> torch.Tensor:
@@ -37,6 +40,23 @@ def _as_index(x: IndexLike, device: torch.device) -> torch.Tensor:
             return x if x.dim() == 1 else x.reshape(-1)
         return x.to(dtype=_I64, device=device).reshape(-1)
     return torch.as_tensor(list(x), dtype=_I64, device=device).reshape(-1)
+
+
+def _host(x: torch.Tensor) -> np.ndarray:
+    """A flat integer numpy view of a CPU tensor (a host copy of any other): the free path reads its indices with
+    numpy, whose calls cost a fraction of torch's on arrays this small."""
+    arr = x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
+    if arr.dtype.kind not in "iu":
+        arr = arr.astype(np.int64)
+    return arr.reshape(-1)
+
+
+def _sorted_unique(values: np.ndarray) -> list[int]:
+    """``torch.unique(values).tolist()`` (ascending, distinct), by a sort: numpy's unique hashes, slower at this size."""
+    v = np.sort(values)
+    if len(v) > 1:
+        v = v[np.concatenate(([True], v[1:] != v[:-1]))]
+    return v.tolist()
 
 
 def _as_ints(x: IndexLike) -> list[int]:
@@ -95,7 +115,13 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
     ``size`` is in tokens; with ``page_size > 1`` it must be a whole number of pages (SGLang's configurator
     always floors it to pages; here a misfit raises ``ValueError``). ``need_sort`` stages frees in
     ``release_pages`` and sorts them in when an alloc runs short (PD mode). ``device`` places the index
-    tensors (see ``memory_pool.index_device``)."""
+    tensors handed out (see ``memory_pool.index_device``).
+
+    Differs on purpose in representation only: SGLang's free list is an int64 tensor that every free rebuilds
+    with ``torch.cat``; here the page ids live in a host list (head last, so a take from the head and a free
+    to the head are slices at the end) and the masks in bytearrays, and ``free_pages`` / ``release_pages``
+    are read (and, for tests that corrupt them, written) as tensors in SGLang's order. The ids and their order
+    are SGLang's; what a simulated step costs is a few list operations rather than a tensor rebuild."""
 
     def __init__(self, size: int, page_size: int, dtype: torch.dtype, device: DeviceLike,
                  kvcache: MHATokenToKVPool | None, need_sort: bool):
@@ -118,23 +144,56 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
 
     # -- state ---------------------------------------------------------------------------------
     def clear(self) -> None:
-        dev = self._index_device
-        self.free_pages = torch.arange(1, self.num_pages + 1, dtype=_I64, device=dev)
-        self.release_pages = torch.empty((0,), dtype=_I64, device=dev)
-        self.free_group: list[torch.Tensor] | None = None  # None: frees take effect at once
-        self.free_page_ids_group: list[torch.Tensor] = []
+        n = self.num_pages
+        self._stack: list[int] = list(range(n, 0, -1))  # the free list, head last: pages 1..n from the head
+        self._staged: list[int] = []  # release_pages (need_sort), in release order
+        self.free_group: list[list[int]] | None = None  # None: frees take effect at once
+        self.free_page_ids_group: list[list[int]] = []
         self._pending_open = False
-        # Page-granular bookkeeping kvlab adds: index 0 (padding) is neither free nor allocated.
-        self._page_free = torch.ones(self.num_pages + 1, dtype=torch.bool, device=dev)
-        self._page_free[0] = False
-        self._page_pending = torch.zeros(self.num_pages + 1, dtype=torch.bool, device=dev)
-        self._page_offsets = torch.arange(self.page_size, dtype=_I64, device=dev)
-        cpu = self._page_free.device.type == "cpu"  # numpy views share the masks' memory (host-side checks)
-        self._free_np, self._pending_np = (self._page_free.numpy(), self._page_pending.numpy()) if cpu else (None,) * 2
+        # Page-granular bookkeeping kvlab adds: index 0 (padding) is neither free nor allocated. The bytearrays
+        # are read by the free path; the tensors are views of the same bytes (the invariant checks read them).
+        self._free_mask = bytearray(b"\x01") * (n + 1)
+        self._free_mask[0] = 0
+        self._pending_mask = bytearray(n + 1)
+        self._page_free = torch.frombuffer(self._free_mask, dtype=torch.bool)
+        self._page_pending = torch.frombuffer(self._pending_mask, dtype=torch.bool)
+        self._slot_table: np.ndarray | None = None  # row p: the slots of page p (see _page_slots)
+
+    def __getstate__(self) -> dict:  # pickle / deepcopy: the tensor views are rebuilt over the copied bytearrays
+        state = self.__dict__.copy()
+        del state["_page_free"], state["_page_pending"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._page_free = torch.frombuffer(self._free_mask, dtype=torch.bool)
+        self._page_pending = torch.frombuffer(self._pending_mask, dtype=torch.bool)
+
+    @property
+    def free_pages(self) -> torch.Tensor:
+        """SGLang's free list (int64 tensor, head first), built from the host list on each read."""
+        return torch.tensor(self._stack[::-1], dtype=_I64, device=self._index_device)
+
+    @free_pages.setter
+    def free_pages(self, pages: torch.Tensor) -> None:
+        self._stack = _as_ints(pages)[::-1]
+
+    @property
+    def release_pages(self) -> torch.Tensor:
+        """Frees staged by ``need_sort`` (int64 tensor, in release order)."""
+        return torch.tensor(self._staged, dtype=_I64, device=self._index_device)
+
+    @release_pages.setter
+    def release_pages(self, pages: torch.Tensor) -> None:
+        self._staged = _as_ints(pages)
+
+    def free_list_pages(self) -> int:
+        """Pages on the free list proper (``len(free_pages)``; staged ``release_pages`` not counted)."""
+        return len(self._stack)
 
     def available_size(self) -> int:
         """Free tokens: ``(len(free_pages) + len(release_pages)) * page_size``."""
-        return (self.free_pages.shape[0] + self.release_pages.shape[0]) * self.page_size
+        return (len(self._stack) + len(self._staged)) * self.page_size
 
     def used_size(self) -> int:
         """Tokens handed out and not yet freed (pending frees of an open group count as used)."""
@@ -145,49 +204,72 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
 
     def is_allocated(self, indices: IndexLike) -> torch.Tensor:
         """Per slot index: is its page currently handed out? (Padding and out-of-range: False.)"""
-        idx = _as_index(indices, self._index_device)
+        idx = _as_index(indices, torch.device("cpu"))
         pages = idx // self.page_size
         ok = (pages >= 1) & (pages <= self.num_pages)
         out = torch.zeros_like(ok)
         out[ok] = ~self._page_free[pages[ok]]
-        return out
+        return out.to(self._index_device)
 
     def all_allocated(self, indices: torch.Tensor) -> bool:
         """``is_allocated(indices).all()``, cheaper (invariant checks call it after every op)."""
         if indices.numel() == 0:
             return True
-        pages = indices // self.page_size
+        pages = indices.cpu() // self.page_size
         if int(pages.min()) < 1 or int(pages.max()) > self.num_pages:
             return False
         return not bool(self._page_free[pages].any())
 
     # -- alloc ---------------------------------------------------------------------------------
     def merge_and_sort_free(self) -> None:
-        if self.release_pages.shape[0]:
-            self.free_pages, _ = torch.sort(torch.cat((self.free_pages, self.release_pages)))
-            self.release_pages = self.release_pages[:0]
+        if self._staged:
+            self._stack = sorted(self._stack + self._staged, reverse=True)
+            self._staged = []
 
-    def _take_pages(self, num_pages: int) -> torch.Tensor | None:
-        if num_pages > self.free_pages.shape[0]:
+    def _take_page_ids(self, num_pages: int) -> list[int] | None:
+        """``num_pages`` page ids from the head of the free list (merging staged frees when short), or None."""
+        stack = self._stack
+        if num_pages > len(stack):
             self.merge_and_sort_free()
-        if num_pages > self.free_pages.shape[0]:
-            return None
-        pages = self.free_pages[:num_pages]
-        self.free_pages = self.free_pages[num_pages:]
-        self._page_free[pages] = False
+            stack = self._stack
+            if num_pages > len(stack):
+                return None
+        if num_pages == 0:
+            return []
+        pages = stack[-num_pages:]
+        del stack[-num_pages:]
+        pages.reverse()
+        mask = self._free_mask
+        for p in pages:
+            mask[p] = 0
         return pages
 
-    def _pages_to_tokens(self, pages: torch.Tensor) -> torch.Tensor:
+    def _page_slots(self, pages: list[int]) -> np.ndarray:
+        """Every slot of ``pages``, page by page (a new int64 array). Pools up to ``_SLOT_TABLE_MAX`` slots read the
+        rows of a page-to-slots table (one gather, built on first use), larger ones compute them."""
         ps = self.page_size
         if ps == 1:
-            return pages
-        return (pages[:, None] * ps + self._page_offsets).reshape(-1)
+            return np.array(pages, dtype=np.int64)
+        table = self._slot_table
+        if table is None:
+            if (self.num_pages + 1) * ps > _SLOT_TABLE_MAX:
+                return (np.array(pages, dtype=np.int64)[:, None] * ps + np.arange(ps, dtype=np.int64)).reshape(-1)
+            table = self._slot_table = np.arange((self.num_pages + 1) * ps, dtype=np.int64).reshape(-1, ps)
+        return table[pages].reshape(-1)
+
+    def _index_tensor(self, arr: np.ndarray) -> torch.Tensor:
+        """An int64 index tensor on the index device (sharing ``arr``'s memory on the CPU)."""
+        out = torch.from_numpy(arr)
+        return out if self._index_device.type == "cpu" else out.to(self._index_device)
+
+    def _pages_to_tokens(self, pages: list[int]) -> torch.Tensor:
+        return self._index_tensor(self._page_slots(pages))
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` slot indices (whole pages), or None if fewer are free. Takes from the head."""
         if need_size < 0 or need_size % self.page_size:
             raise ValueError(f"alloc({need_size}): need a non-negative multiple of page_size {self.page_size}")
-        pages = self._take_pages(need_size // self.page_size)
+        pages = self._take_page_ids(need_size // self.page_size)
         return None if pages is None else self._pages_to_tokens(pages)
 
     def alloc_extend(self, *args, **kwargs):
@@ -197,53 +279,63 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         raise NotImplementedError("alloc_decode is only for the paged allocator (page_size > 1); use alloc(n)")
 
     # -- free ----------------------------------------------------------------------------------
-    def _check_releasable(self, pages: torch.Tensor, what: str, distinct: bool = False) -> None:
-        if (n := pages.numel()) == 0:
+    def _check_releasable(self, pages: list[int], what: str, distinct: bool = False) -> None:
+        """Raise :class:`DoubleFreeError` naming the first page (in ``pages`` order) that is padding, out of
+        range, already free or already queued in the open free group, or a page named twice."""
+        if not pages:
             return
-        if n <= 256 and self._free_np is not None:  # the common case, on host lists (numpy views of the masks)
-            pl, free, pending = pages.tolist(), self._free_np, self._pending_np
-            if (min(pl) >= 1 and max(pl) <= self.num_pages and not any(free[p] for p in pl)
-                    and not (self._pending_open and any(pending[p] for p in pl)) and (distinct or len(set(pl)) == n)):
-                return  # else the tensor checks below name the offending page
-        lo, hi = torch.aminmax(pages)
-        if int(lo) < 1 or int(hi) > self.num_pages:
-            bad = (pages < 1) | (pages > self.num_pages)
-            p = int(pages[bad][0])
-            raise DoubleFreeError(
-                f"{what}: page {p} is {'the padding page' if p == 0 else 'out of range'} "
-                f"(pages 1..{self.num_pages} are allocatable)"
-            )
-        state = self._page_free[pages]
-        if self._pending_open:  # pages are pending only from free_group_begin to the end of free_group_end
-            state |= self._page_pending[pages]
-        if bool(state.any()):
-            p = int(pages[state][0])
-            why = "already free" if bool(self._page_free[p]) else "already queued in the open free group"
-            raise DoubleFreeError(f"{what}: double free of {'slot' if self.page_size == 1 else 'page'} {p} ({why})")
-        if not distinct and len(pages) > 1 and len(torch.unique(pages)) != len(pages):
-            raise DoubleFreeError(f"{what}: the same {'slot' if self.page_size == 1 else 'page'} appears twice in one free")
+        n_pages, free = self.num_pages, self._free_mask
+        if min(pages) >= 1 and max(pages) <= n_pages:
+            if not any(free[p] for p in pages):
+                if not (self._pending_open and any(self._pending_mask[p] for p in pages)):
+                    if distinct or len(pages) == 1 or len(set(pages)) == len(pages):
+                        return
+                    raise DoubleFreeError(f"{what}: the same {'slot' if self.page_size == 1 else 'page'} "
+                                          "appears twice in one free")
+        for p in pages:
+            if p < 1 or p > n_pages:
+                raise DoubleFreeError(
+                    f"{what}: page {p} is {'the padding page' if p == 0 else 'out of range'} "
+                    f"(pages 1..{n_pages} are allocatable)"
+                )
+        for p in pages:
+            if free[p] or (self._pending_open and self._pending_mask[p]):
+                why = "already free" if free[p] else "already queued in the open free group"
+                raise DoubleFreeError(
+                    f"{what}: double free of {'slot' if self.page_size == 1 else 'page'} {p} ({why})")
 
-    def _release(self, pages: torch.Tensor, pile: list | None, what: str, distinct: bool = False) -> None:
+    def _release(self, pages: list[int], pile: list | None, what: str, distinct: bool = False) -> None:
         """Return allocated ``pages`` (``distinct``: known to be) to the free list, or queue them on ``pile``."""
         self._check_releasable(pages, what, distinct)
         if self.free_group is not None:
-            self._page_pending[pages] = True
-            pile.append(pages.clone())
+            pending = self._pending_mask
+            for p in pages:
+                pending[p] = 1
+            pile.append(list(pages))
             return
-        self._page_free[pages] = True
+        free = self._free_mask
+        for p in pages:
+            free[p] = 1
         if self.need_sort:
-            self.release_pages = torch.cat((self.release_pages, pages))
+            self._staged.extend(pages)
         elif self.page_size == 1:
-            self.free_pages = torch.cat((self.free_pages, pages))  # tail: FIFO-ish reuse
+            self._stack[0:0] = pages[::-1]  # tail: FIFO-ish reuse
         else:
-            self.free_pages = torch.cat((pages, self.free_pages))  # head: LIFO reuse
+            self._stack.extend(reversed(pages))  # head: LIFO reuse
 
     def free(self, free_index: IndexLike) -> None:
         """Free slot indices; with ``page_size > 1`` any index inside a page frees the whole page."""
-        idx = _as_index(free_index, self._index_device)
-        if idx.numel() == 0:
-            return
-        pages = idx if self.page_size == 1 else torch.unique(idx // self.page_size)
+        ps = self.page_size
+        if isinstance(free_index, torch.Tensor):
+            if free_index.numel() == 0:
+                return
+            slots = _host(free_index)
+            pages = slots.tolist() if ps == 1 else _sorted_unique(slots // ps)
+        else:
+            listed = [int(v) for v in free_index]
+            if not listed:
+                return
+            pages = listed if ps == 1 else sorted({s // ps for s in listed})
         self._release(pages, self.free_group, "free")
 
     def free_row(self, row_slots: torch.Tensor) -> None:
@@ -253,30 +345,36 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
         if (n := row_slots.numel()) == 0:
             return
         ps = self.page_size
-        heads, tails = (row_slots[::ps].tolist(), row_slots[ps - 1 :: ps].tolist()) if ps > 1 and n else ([], [])
-        if (not heads or int(row_slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
+        if ps == 1:
+            return self.free(row_slots)
+        slots = _host(row_slots)
+        heads, tails = slots[::ps].tolist(), slots[ps - 1 :: ps].tolist()
+        if (int(slots[-1]) - heads[-1] != (n - 1) % ps or any(h % ps for h in heads)
                 or tails != [h + ps - 1 for h in heads[: len(tails)]]):
-            return self.free(row_slots)  # page 1, empty, or not laid out as a row
-        pages = torch.tensor(sorted({h // ps for h in heads}), dtype=_I64, device=self._index_device)
-        self._release(pages, self.free_group, "free", distinct=True)
+            return self.free(row_slots)  # not laid out as a row
+        self._release(sorted({h // ps for h in heads}), self.free_group, "free", distinct=True)
 
     def free_segment(self, free_index: IndexLike, *, start_pos: int) -> None:
         """Free ``kv_row[start_pos : start_pos + n]`` (page-aligned start, contiguous pages): 0.5.23's free for tree
         values and rows; ``free_index[::page_size]`` names each page once, in row order (no sort, unlike free)."""
-        if start_pos % self.page_size:
-            raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {self.page_size})")
-        idx = _as_index(free_index, self._index_device)
-        if idx.numel() == 0:
+        ps = self.page_size
+        if start_pos % ps:
+            raise ValueError(f"segment start {start_pos} is not page-aligned (page_size {ps})")
+        if isinstance(free_index, torch.Tensor):
+            heads = _host(free_index)[::ps].tolist()
+        else:
+            heads = [int(v) for v in list(free_index)[::ps]]
+        if not heads:
             return
-        if self.page_size == 1:
-            self._release(idx, self.free_group, "free_segment")
+        if ps == 1:
+            self._release(heads, self.free_group, "free_segment")
         else:  # free_page_ids of the segment's pages
-            self._release(idx[:: self.page_size] // self.page_size, self.free_page_ids_group, "free_page_ids")
+            self._release([h // ps for h in heads], self.free_page_ids_group, "free_page_ids")
 
     def free_page_ids(self, page_ids: IndexLike) -> None:
         """Free exactly these pages (no dedup)."""
-        pages = _as_index(page_ids, self._index_device)
-        if pages.numel() == 0:
+        pages = _as_ints(page_ids)
+        if not pages:
             return
         pile = self.free_group if self.page_size == 1 else self.free_page_ids_group
         self._release(pages, pile, "free_page_ids")
@@ -294,20 +392,22 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
             raise RuntimeError("free_group_end() without free_group_begin()")
         piles = [self.free_group, self.free_page_ids_group]
         self.free_group, self.free_page_ids_group = None, []
+        pending = self._pending_mask
         for i, pile in enumerate(piles):
             if not pile:
                 continue
-            pages = torch.cat(pile)
+            pages = [p for part in pile for p in part]
             if self.page_size > 1 and i == 0:
-                pages = torch.unique(pages)  # SGLang re-frees the group's tokens through free()
-            self._page_pending[pages] = False
+                pages = sorted(set(pages))  # SGLang re-frees the group's tokens through free() (torch.unique)
+            for p in pages:
+                pending[p] = 0
             self._release(pages, None, "free_group_end")
         self._pending_open = False
 
     # -- invariants ----------------------------------------------------------------------------
     def check_invariants(self) -> None:
         name = type(self).__name__
-        listed = torch.cat((self.free_pages, self.release_pages))
+        listed = torch.tensor(self._stack[::-1] + self._staged, dtype=_I64)
         n_free = len(listed)
         if n_free:
             distinct = torch.unique(listed)
@@ -385,28 +485,27 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
                 raise ValueError(f"last_loc {loc} is not where a prefix of {p} tokens ends (page_size {ps})")
         if num_new_pages is None:
             num_new_pages = self.num_new_pages(pre, seq)
-        if extend_num_tokens // ps + len(pre) + 1 > self.free_pages.shape[0]:
+        if extend_num_tokens // ps + len(pre) + 1 > len(self._stack):
             self.merge_and_sort_free()  # 0.5.23 merges when its cheap bound cannot prove the fit
-        pages = self._take_pages(num_new_pages)
+        pages = self._take_page_ids(num_new_pages)
         if pages is None:
             return None
-        dev = self._index_device
-        slots = self._pages_to_tokens(pages)  # every new page's slots, in take order
-        out: list[torch.Tensor] = []
+        slots = self._page_slots(pages)  # every new page's slots, in take order
+        out: list[np.ndarray] = []
         k = 0  # new slots used so far, in batch order (whole pages)
         for p, s, loc in zip(pre, seq, last):
             cont = min(s, div_ceil(p, ps) * ps)  # phase 1: finish the page the prefix ends in
             if cont > p:
-                out.append(torch.arange(loc + 1, loc + 1 + cont - p, dtype=_I64, device=dev))
+                out.append(np.arange(loc + 1, loc + 1 + cont - p, dtype=np.int64))
             n = s - cont  # phases 2 + 3: whole new pages, then a partial one (cont is page-aligned)
             if n > 0:
                 out.append(slots[k : k + n])
                 k += tokens_to_pages(n, ps) * ps
         if not out:
-            return torch.empty(0, dtype=_I64, device=dev)
-        return out[0] if len(out) == 1 else torch.cat(out)
+            return torch.empty(0, dtype=_I64, device=self._index_device)
+        return self._index_tensor(out[0] if len(out) == 1 else np.concatenate(out))
 
-    def alloc_decode_pages(self, batch_size: int, num_pages: int) -> torch.Tensor | None:
+    def alloc_decode_page_ids(self, batch_size: int, num_pages: int) -> list[int] | None:
         """The page take of :meth:`alloc_decode`, by count: ``num_pages`` page ids from the head of the free
         list (the requests whose new token opens a page, in batch order), or None if fewer are free.
 
@@ -415,11 +514,14 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         if batch_size < 0 or num_pages < 0 or num_pages > batch_size:
             raise ValueError(f"alloc_decode_pages(batch_size={batch_size}, num_pages={num_pages}): "
                              "need 0 <= num_pages <= batch_size")
-        if batch_size > self.free_pages.shape[0]:
+        if batch_size > len(self._stack):
             self.merge_and_sort_free()
-        if num_pages == 0:  # most decode rounds: every request writes inside the page it holds
-            return self.free_pages[:0]
-        return self._take_pages(num_pages)
+        return self._take_page_ids(num_pages)
+
+    def alloc_decode_pages(self, batch_size: int, num_pages: int) -> torch.Tensor | None:
+        """:meth:`alloc_decode_page_ids` as an int64 tensor (SGLang's type)."""
+        pages = self.alloc_decode_page_ids(batch_size, num_pages)
+        return None if pages is None else torch.tensor(pages, dtype=_I64, device=self._index_device)
 
     def alloc_decode(self, seq_lens, seq_lens_cpu, last_loc) -> torch.Tensor | None:
         """One slot per request for its token at position ``seq_len - 1`` (``seq_lens`` = new lengths): a request
@@ -428,10 +530,10 @@ class PagedTokenToKVPoolAllocator(BaseTokenToKVPoolAllocator):
         ps = self.page_size
         seq, last = _as_ints(seq_lens_cpu), _as_ints(last_loc)
         need = [s % ps == 1 for s in seq]
-        pages = self.alloc_decode_pages(len(seq), self.num_decode_pages(seq))
+        pages = self.alloc_decode_page_ids(len(seq), self.num_decode_pages(seq))
         if pages is None:
             return None
-        it = iter(pages.tolist())
+        it = iter(pages)
         out = [next(it) * ps if n else loc + 1 for n, loc in zip(need, last)]
         return torch.tensor(out, dtype=_I64, device=self._index_device)
 

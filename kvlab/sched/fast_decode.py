@@ -16,7 +16,7 @@ retraction, before an invariant check). The shared parts are the reference's and
 called, not copied: the memory check and eviction (``SchedulerKV.reserve`` / ``evict``), the new-token-ratio decay,
 the retraction fallback (``ReferenceDecode.retract_and_decode``), ``SchedulerKV.finish``; the page take is
 ``SchedulerKV.take_decode_pages`` (the allocator's
-:meth:`~kvlab.mem_cache.allocator.PagedTokenToKVPoolAllocator.alloc_decode_pages`, the half of ``alloc_decode``
+:meth:`~kvlab.mem_cache.allocator.PagedTokenToKVPoolAllocator.alloc_decode_page_ids`, the half of ``alloc_decode``
 that the reference round reaches through ``alloc_paged_token_slots_decode``); the quiet rounds are written by
 ``Ledger.quiet_decode_steps``.
 """
@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import torch
+import numpy as np
 
 from kvlab.sched.decode import DecodeOutcome, ReferenceDecode
 
@@ -128,7 +128,7 @@ class FastDecode:
         last = state.last_slot
         for page_pos, page_slot in [*state.opened_pages, (end, 0)]:
             if page_pos > pos:
-                row[pos:page_pos] = torch.arange(slot, slot + page_pos - pos, dtype=torch.int32)
+                row[pos:page_pos] = np.arange(slot, slot + page_pos - pos, dtype=np.int32)
                 last = slot + page_pos - pos - 1
             pos, slot = page_pos, page_slot
         state.written_len, state.last_slot, state.opened_pages = end, last, []
@@ -162,7 +162,7 @@ class FastDecode:
                 return outcome
             kv.evict(len(running) * ps)  # alloc_paged_token_slots_decode: evict for batch_size pages
         self.ratio.decay()
-        if openers or len(running) > allocator.free_pages.shape[0]:  # else the page take takes nothing
+        if openers or len(running) > allocator.free_list_pages():  # else the page take takes nothing
             pages = kv.take_decode_pages(len(running), len(openers))
         if openers:
             for state, page in zip(openers, pages):
@@ -192,7 +192,7 @@ class FastDecode:
         counts its tokens (``Ledger.quiet_decode_steps``). Stops before the first round that is not quiet (the
         loop runs it)."""
         n, allocator = len(running), self.kv.allocator
-        if not n or allocator.available_size() < n * self.page_size or n > allocator.free_pages.shape[0]:
+        if not n or allocator.available_size() < n * self.page_size or n > allocator.free_list_pages():
             return
         d = self.ledger.decode_rounds
         last = min(self.opens[0][0] if self.opens else d + 2**62,

@@ -16,6 +16,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Sequence
 
+import numpy as np
 import torch
 
 from kvlab.errors import require
@@ -54,6 +55,9 @@ class SchedulerKV:
             self.allocator = PagedTokenToKVPoolAllocator(config.kv_tokens, ps)
         self.req_to_token_pool = ReqToTokenPool(config.max_running + 1, align_up(longest_request_tokens, ps) + ps)
         self.req_to_token = self.req_to_token_pool.req_to_token
+        # the same rows as a numpy view (same memory): the scheduler's own row reads and writes go through it,
+        # a fraction of a torch call's cost each; the tree reads the torch tensor
+        self.rows = self.req_to_token.numpy()
         self.hicache = config.hicache
         if self.hicache:
             cost = config.cost
@@ -175,12 +179,12 @@ class SchedulerKV:
 
     def alloc_extend(self, batch: Sequence[SimReq]) -> None:
         """A row per new request, the matched prefix copied into it, then slots for every ``extend_len``."""
-        ps, rows = self.page_size, self.req_to_token
+        ps, rows = self.page_size, self.rows
         if self.req_to_token_pool.alloc(batch) is None:
             raise RuntimeError("request rows exhausted (max_running too small for the batch)")
         for req in batch:  # the matched prefix's slots go into the row first
             if req.kv_len == req.prefix_len and req.prefix_len:
-                rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len]  # copy_ casts
+                rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len].numpy()  # casts
         if ps == 1:
             result = alloc_token_slots(self.tree, sum(r.extend_len for r in batch), self.eviction)
         else:
@@ -192,11 +196,10 @@ class SchedulerKV:
             raise RuntimeError(
                 f"Prefill out of memory: {sum(r.extend_len for r in batch)} tokens wanted, "
                 f"{self.allocator.available_size()} available, {self.tree.evictable_size()} evictable")
-        start = 0
+        start, out = 0, result.out_cache_loc.numpy()
         for req in batch:
-            loc = result.out_cache_loc[start : start + req.extend_len]
-            rows[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = loc  # int64 -> int32 in the copy
-            start += req.extend_len
+            rows[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = out[start : start + req.extend_len]
+            start += req.extend_len  # (int64 -> int32 in the copy)
 
     def cache_chunk(self, req: SimReq) -> None:
         """A chunked request's computed part goes into the tree (``cache_unfinished_req(chunked=True)``)."""
@@ -212,7 +215,7 @@ class SchedulerKV:
     def alloc_decode(self, running: Sequence[SimReq]) -> None:
         """One slot per running request for the KV of its last emitted token (evicting first), written into its
         row; each request's ``kv_len`` becomes its ``seq_len``."""
-        rows = self.req_to_token
+        rows = self.rows
         if self.page_size == 1:
             result = alloc_token_slots(self.tree, len(running), self.eviction)
         else:
@@ -227,16 +230,16 @@ class SchedulerKV:
             req.kv_len = req.seq_len
 
     def take_decode_pages(self, batch_size: int, num_pages: int) -> list[int]:
-        """The page take of a paged decode round (``alloc_decode_pages``): ``num_pages`` page ids."""
-        pages = self.allocator.alloc_decode_pages(batch_size, num_pages)
+        """The page take of a paged decode round (``alloc_decode_page_ids``): ``num_pages`` page ids."""
+        pages = self.allocator.alloc_decode_page_ids(batch_size, num_pages)
         if pages is None:
             raise RuntimeError(f"Decode out of memory: {batch_size} requests, "
                                f"{self.allocator.available_size()} slots available")
-        return pages.tolist()
+        return pages
 
-    def row(self, req: SimReq) -> torch.Tensor:
-        """The request's row of ``req_to_token`` (a view: writes go to the pool)."""
-        return self.req_to_token[req.req_pool_idx]
+    def row(self, req: SimReq) -> np.ndarray:
+        """The request's row of ``req_to_token``, as a numpy view (writes go to the pool)."""
+        return self.rows[req.req_pool_idx]
 
     # ---- leaving --------------------------------------------------------------------------------
     def finish(self, req: SimReq) -> None:

@@ -13,8 +13,10 @@ multi-turn prompts can hit earlier answers) or derived from its id.
 
 from __future__ import annotations
 
+import gc
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import replace
 
 import torch
@@ -84,7 +86,8 @@ class Scheduler:
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            return self._run(progress)
+            with paused_gc():
+                return self._run(progress)
         finally:
             torch.set_num_threads(threads)
 
@@ -147,5 +150,22 @@ class Scheduler:
         return SimResult(cfg, replace(totals), ledger.now_s, ledger.rows, kv.tree)
 
 
+@contextmanager
+def paused_gc() -> Iterator[None]:
+    """The cyclic garbage collector off inside, and back as it was after. A run makes hundreds of thousands of
+    rows (dicts) and tree nodes, which every collection rescans, yet leaves next to no cyclic garbage (none on the
+    12k-request conversation trace, a few hundred objects on a run with retractions), collected once the collector
+    is back on: about 8 % of the run's CPU on that trace."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def simulate(requests: Sequence[RequestLike], config: SchedulerConfig, *, progress: bool | None = None) -> SimResult:
-    return Scheduler(config, requests).run(progress=progress)
+    with paused_gc():  # the 12k requests made here are rescanned too
+        scheduler = Scheduler(config, requests)
+    return scheduler.run(progress=progress)

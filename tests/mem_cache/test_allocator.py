@@ -192,6 +192,44 @@ def test_alloc_extend_places_each_token_at_its_page_offset(ps, reqs):
     a.check_invariants()
 
 
+def test_a_pool_too_large_for_the_slot_table_hands_out_the_same_slots(monkeypatch):
+    """Pools up to _SLOT_TABLE_MAX slots gather page slots from a table, larger ones compute them: same slots."""
+    import kvlab.mem_cache.allocator as allocator_module
+
+    a = PagedTokenToKVPoolAllocator(64, 4)
+    first = a.alloc(12)
+    assert a._slot_table is not None
+    monkeypatch.setattr(allocator_module, "_SLOT_TABLE_MAX", 0)
+    b = PagedTokenToKVPoolAllocator(64, 4)
+    assert b.alloc(12).tolist() == first.tolist() == list(range(4, 16))
+    for x in (a, b):
+        x.free_segment(torch.tensor([8, 9, 10, 11, 4, 5, 6, 7]), start_pos=0)  # pages 2, 1 back to the head
+    got = [x.alloc_extend([2], [2], [12], [12], [13], 10) for x in (a, b)]  # page 3 continues, then pages 2, 1
+    assert got[0].tolist() == got[1].tolist() == [14, 15, 8, 9, 10, 11, 4, 5, 6, 7]
+    assert b._slot_table is None
+    for x in (a, b):
+        x.check_invariants()
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+def test_a_copied_allocator_keeps_its_masks_and_their_views_together(how):
+    """The free path reads bytearray masks, the invariant checks tensor views of them: a copy shares neither with
+    the original and keeps the two in step."""
+    import copy
+    import pickle
+
+    a = PagedTokenToKVPoolAllocator(32, 4)
+    x = a.alloc(8)
+    b = pickle.loads(pickle.dumps(a)) if how == "pickle" else copy.deepcopy(a)
+    b.free(x[:4])
+    assert b.available_size() == 28 and a.available_size() == 24
+    assert bool(b._page_free[1]) and not bool(a._page_free[1])
+    b.check_invariants()
+    a.check_invariants()
+    with pytest.raises(DoubleFreeError, match="double free of page 1"):
+        b.free(x[:4])
+
+
 def test_alloc_extend_returns_none_when_pages_run_short():
     a = PagedTokenToKVPoolAllocator(8, 4)
     assert a.alloc_extend(t(0), t(0), t(9), t(9), t(-1), 9) is None

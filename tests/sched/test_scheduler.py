@@ -176,3 +176,32 @@ def test_totals_keys_are_declared_once(both_modes):
     assert list(both_modes["full"].totals()) == list(TOTALS_KEYS)
     assert TOTAL_COLUMNS == RESULT_KEYS == TOTALS_KEYS[: len(RESULT_KEYS)]
     assert set(TOTALS_KEYS) - set(RESULT_KEYS) == {"eviction", "page_size", "kv_tokens", "policy"}
+
+
+@pytest.mark.parametrize("collecting", [True, False])
+def test_the_cyclic_collector_is_paused_for_the_loop_and_restored(monkeypatch, collecting):
+    """Scheduler.run pauses gc for the loop (its rows and nodes would be rescanned by every collection) and leaves
+    it as it found it, on or off; the run leaves no cyclic garbage behind (this workload makes none)."""
+    import gc
+
+    from kvlab.sched.ledger import Ledger
+
+    seen = []
+    real = Ledger.end_step
+
+    def recording(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Ledger, "end_step", recording)
+    reqs = shared_prefix(4, 4, 256, 32, 16)
+    gc.collect()
+    (gc.enable if collecting else gc.disable)()
+    try:
+        res = simulate(reqs, SchedulerConfig(kv_tokens=4096, max_running=8), progress=False)
+        assert gc.isenabled() is collecting
+    finally:
+        gc.enable()
+    assert seen and not any(seen)
+    assert res.totals()["requests"] == 16
+    assert gc.collect() == 0
