@@ -76,7 +76,7 @@ class HiTreeNode:
     staging it)."""
 
     __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_ref_counter",
-                 "last_access_time", "creation_time", "hit_count", "priority", "id")
+                 "last_access_time", "creation_time", "hit_count", "priority", "id", "_dver", "_hver")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
                  node_id: int, priority: int = 0):
@@ -92,6 +92,8 @@ class HiTreeNode:
         self.hit_count = 0
         self.priority = priority
         self.id = node_id
+        self._dver = 0  # version of this node's live entry in the device-leaf heap (HiRadixCache._dheap)
+        self._hver = 0  # ... and in the host-leaf heap (HiRadixCache._hheap)
 
     @property
     def evicted(self) -> bool:
@@ -224,6 +226,10 @@ class HiRadixCache(BaseRadixTree):
         self.protected_size_ = 0
         self.evictable_leaves: set[HiTreeNode] = set()
         self.evictable_host_leaves: set[HiTreeNode] = set()
+        # one long-lived heap per tier over its leaf set (see "the leaf indexes" below)
+        self._dheap: list = []
+        self._hheap: list = []
+        self._evicting = self._host_evicting = False
         # in-flight copies: write op -> the node it locks (None under write_back); load op -> the node it locks
         self.ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]] = {}
         self.ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]] = {}
@@ -250,20 +256,77 @@ class HiRadixCache(BaseRadixTree):
         return (self._priority_of(node), node.last_access_time, node.id)
 
     # -- the leaf indexes (device leaves, host leaves) ------------------------------------------------
+    # Each tier's evictable leaves are a set (membership) and a heap of (priority, last_access_time, id, version,
+    # node) entries kept across calls. SGLang 0.5.16 heapifies every leaf on each evict / evict_host call; here a
+    # node is pushed when it joins the set and again whenever a field of its sort key changes while it is in it
+    # (``_touch``), and an entry is live only while the node is in the set with the entry's version (lazy
+    # deletion: stale entries are skipped on pop, and the heap is rebuilt from the set when they outnumber the live
+    # ones, never during an eviction). The sort key ends in the unique node id, so pops come out in exactly the
+    # order a fresh heapify would give.
+    def _push_dev(self, node: HiTreeNode) -> None:
+        node._dver += 1
+        heap = self._dheap
+        heapq.heappush(heap, (self._priority_of(node), node.last_access_time, node.id, node._dver, node))
+        if len(heap) > 2 * len(self.evictable_leaves) + 64 and not self._evicting:
+            self._dheap = self._rebuild(self.evictable_leaves, "_dver")
+
+    def _push_host(self, node: HiTreeNode) -> None:
+        node._hver += 1
+        heap = self._hheap
+        heapq.heappush(heap, (self._priority_of(node), node.last_access_time, node.id, node._hver, node))
+        if len(heap) > 2 * len(self.evictable_host_leaves) + 64 and not self._host_evicting:
+            self._hheap = self._rebuild(self.evictable_host_leaves, "_hver")
+
+    def _rebuild(self, leaves: set[HiTreeNode], ver: str) -> list:
+        heap = []
+        for n in leaves:
+            v = getattr(n, ver) + 1
+            setattr(n, ver, v)
+            heap.append((self._priority_of(n), n.last_access_time, n.id, v, n))
+        heapq.heapify(heap)
+        return heap
+
+    def _touch(self, node: HiTreeNode) -> None:
+        """``node``'s sort key changed (access time, hit count, priority): a leaf gets a fresh heap entry."""
+        if node in self.evictable_leaves:
+            self._push_dev(node)
+        if node in self.evictable_host_leaves:
+            self._push_host(node)
+
+    def _pop_dev(self) -> HiTreeNode | None:
+        heap, leaves = self._dheap, self.evictable_leaves
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[4]
+            if entry[3] == node._dver and node in leaves:
+                return node
+        return None
+
+    def _pop_host(self) -> HiTreeNode | None:
+        heap, leaves = self._hheap, self.evictable_host_leaves
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[4]
+            if entry[3] == node._hver and node in leaves:
+                return node
+        return None
+
     def _update_leaf_status(self, node: HiTreeNode) -> None:
         """A device leaf: on the device, unlocked, and no child on the device."""
         if node.value is None or node.lock_ref > 0 or any(c.value is not None for c in node.children.values()):
             self.evictable_leaves.discard(node)
-        else:
+        elif node not in self.evictable_leaves:
             self.evictable_leaves.add(node)
+            self._push_dev(node)
 
     def _update_host_leaf_status(self, node: HiTreeNode) -> None:
         """A host leaf: host-only, unlocked, and no child with a host copy."""
         if node.value is not None or node.lock_ref > 0 or any(c.host_value is not None
                                                                 for c in node.children.values()):
             self.evictable_host_leaves.discard(node)
-        else:
+        elif node not in self.evictable_host_leaves:
             self.evictable_host_leaves.add(node)
+            self._push_host(node)
 
     # -- match ---------------------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey) -> HiMatchResult:
@@ -293,6 +356,7 @@ class HiRadixCache(BaseRadixTree):
             if child is None:
                 break
             child.last_access_time = self.clock.tick()
+            self._touch(child)
             m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
             if m < len(child.key):
                 node = self._split_node(child, m)
@@ -356,9 +420,11 @@ class HiRadixCache(BaseRadixTree):
                 break
             child.last_access_time = self.clock.tick()
             child.priority = max(child.priority, priority)
+            self._touch(child)
             m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
             node = child if m == len(child.key) else self._split_node(child, m)
-            node.priority = max(node.priority, priority)
+            if priority > node.priority:  # (a split's upper half: a new node, never a leaf)
+                node.priority = priority
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
                 node.value = _own(value[off : off + m])
                 self.evictable_size_ += m
@@ -447,6 +513,7 @@ class HiRadixCache(BaseRadixTree):
         values = []
         for node in reversed(path):
             node.last_access_time = self.clock.tick()
+            self._touch(node)
             values.append(node.value)
         return torch.cat(values) if values else self._empty
 
@@ -454,6 +521,7 @@ class HiRadixCache(BaseRadixTree):
         if self.write_policy == "write_back" or chunked:
             return
         node.hit_count += 1
+        self._touch(node)
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
@@ -470,7 +538,8 @@ class HiRadixCache(BaseRadixTree):
             host = self.cache_controller.write(node.value, node.id)
             if host is None:
                 return 0
-        node.host_value = host.clone()
+        node.host_value = host  # a fresh tensor of the host pool's (the copy's op holds the same one; neither is
+        # written in place)
         op = self.cache_controller.write_queue[-1]
         self.ongoing_write_through[id(op)] = (op, None if write_back else node)
         if not write_back:
@@ -530,14 +599,16 @@ class HiRadixCache(BaseRadixTree):
             return 0
         self._check_member(node, "inc_lock_ref", "is not on the device")
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 0:
-                self.evictable_size_ -= len(node.key)
-                self.protected_size_ += len(node.key)
-                delta -= len(node.key)
+        root, leaves, host_leaves = self.root_node, self.evictable_leaves, self.evictable_host_leaves
+        while node is not root:
+            if node.lock_ref == 0:  # a locked node is no leaf of either tier (it is never in either index)
+                n = len(node.key)
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+                delta -= n
+                leaves.discard(node)
+                host_leaves.discard(node)
             node.lock_ref += 1
-            self._update_leaf_status(node)
-            self._update_host_leaf_status(node)
             node = node.parent
         return delta
 
@@ -549,14 +620,15 @@ class HiRadixCache(BaseRadixTree):
         if node.lock_ref <= 0:
             raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 1:
-                self.evictable_size_ += len(node.key)
-                self.protected_size_ -= len(node.key)
-                delta += len(node.key)
+        root = self.root_node
+        while node is not root:
             node.lock_ref -= 1
-            self._update_leaf_status(node)
-            self._update_host_leaf_status(node)
+            if node.lock_ref == 0:  # unlocked: it may be a device leaf again (a locked node is on the device, so
+                n = len(node.key)  # never a host leaf)
+                self.evictable_size_ += n
+                self.protected_size_ -= n
+                delta += n
+                self._update_leaf_status(node)
             node = node.parent
         return delta
 
@@ -568,16 +640,32 @@ class HiRadixCache(BaseRadixTree):
         stays full, the leaf and its host-only subtree are dropped). A parent whose children all left the device
         becomes a candidate. ``HiRadixCache.evict`` -> ``_evict_write_through`` / ``_evict_write_back``."""
         num_tokens = params if isinstance(params, int) else params.num_tokens
-        heap = [(self._prio(n), n) for n in self.evictable_leaves]
-        heapq.heapify(heap)
         tally = {"demoted": 0, "written": 0, "destroyed": 0}
         host_before = self.host_evicted_tokens
         staged: list[tuple[HiTreeNode, torch.Tensor]] = []
+        kept: list[HiTreeNode] = []  # popped but still leaves (a protected subtree): candidates again next call
         evicted = 0
-        while evicted < num_tokens and heap:
-            _, x = heapq.heappop(heap)
-            if x.lock_ref > 0:
-                continue
+        self._evicting = True
+        try:
+            evicted = self._evict_loop(num_tokens, tally, staged, kept)
+        finally:
+            self._evicting = False
+            for x in kept:
+                if x in self.evictable_leaves:
+                    self._push_dev(x)
+        res = EvictResult.of(num_tokens, num_tokens, evicted)
+        return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
+                             written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
+                             host_evicted_tokens=self.host_evicted_tokens - host_before)
+
+    def _evict_loop(self, num_tokens: int, tally: dict, staged: list, kept: list) -> int:
+        """:meth:`evict`'s loop over the device-leaf heap; a parent whose children all left the device joins the
+        heap as it becomes a leaf (``_update_leaf_status``), as 0.5.16 pushes it. Returns the tokens evicted."""
+        evicted = 0
+        while evicted < num_tokens:
+            x = self._pop_dev()
+            if x is None:
+                break
             if x.host_value is not None:
                 evicted += self._evict_backuped(x)
                 tally["demoted"] += len(x.key)
@@ -594,14 +682,10 @@ class HiRadixCache(BaseRadixTree):
                 dropped = self._drop_subtree_no_host(x)
                 evicted += dropped
                 tally["destroyed"] += dropped
-            parent = x.parent
-            if parent is not self.root_node and all(c.value is None for c in parent.children.values()):
-                heapq.heappush(heap, (self._prio(parent), parent))
+            if x in self.evictable_leaves:  # not dropped (a host-protected node below it)
+                kept.append(x)
         self._flush_staged(staged)
-        res = EvictResult.of(num_tokens, num_tokens, evicted)
-        return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
-                             written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
-                             host_evicted_tokens=self.host_evicted_tokens - host_before)
+        return evicted
 
     def _flush_staged(self, staged: list[tuple[HiTreeNode, torch.Tensor]]) -> None:
         """Write-back: wait for the staged copies, then free their device slots."""
@@ -675,23 +759,28 @@ class HiRadixCache(BaseRadixTree):
         """Free the host copies of host-only leaves (never host-protected ones), in the strategy's order, until
         ``num_tokens`` are freed or none is left; the node is deleted, and a parent left childless and host-only
         becomes a candidate. Returns the host tokens freed (``HiRadixCache.evict_host``)."""
-        heap = [(self._prio(n), n) for n in self.evictable_host_leaves]
-        heapq.heapify(heap)
         freed = 0
-        while freed < num_tokens and heap:
-            _, x = heapq.heappop(heap)
-            if x is self.root_node:
-                break
-            if x.value is not None or x.host_ref_counter > 0:
-                continue
-            freed += self.cache_controller.evict_host(x.host_value)
-            parent = x.parent
-            del parent.children[self._key_of(x.key)]
-            self.evictable_host_leaves.discard(x)
-            x.host_value = None
-            self._update_host_leaf_status(parent)
-            if not parent.children and parent.value is None:
-                heapq.heappush(heap, (self._prio(parent), parent))
+        kept = []  # host-protected leaves: skipped, candidates again next call
+        self._host_evicting = True
+        try:
+            while freed < num_tokens:
+                x = self._pop_host()
+                if x is None:
+                    break
+                if x.host_ref_counter > 0:
+                    kept.append(x)
+                    continue
+                freed += self.cache_controller.evict_host(x.host_value)
+                parent = x.parent
+                del parent.children[self._key_of(x.key)]
+                self.evictable_host_leaves.discard(x)
+                x.host_value = None
+                self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
+        finally:
+            self._host_evicting = False
+            for x in kept:
+                if x in self.evictable_host_leaves:
+                    self._push_host(x)
         self.host_evicted_tokens += freed
         return freed
 
@@ -781,7 +870,8 @@ class HiRadixCache(BaseRadixTree):
         backups form a prefix from the root; lock_ref >= the children's; the evictable/protected counters equal
         the device tokens of unlocked/locked nodes; no device or host slot is cached twice, each is allocated in
         its pool, and the host pool holds exactly the tree's host copies; both leaf indexes equal a brute-force
-        recomputation; every node an in-flight copy protects is locked.
+        recomputation, and each of their leaves has a live entry with its current sort key in its tier's heap;
+        every node an in-flight copy protects is locked.
         """
         root, ps = self.root_node, self.page_size
         require(root.lock_ref == 1 and not len(root.key) and root.parent is None,
@@ -852,6 +942,17 @@ class HiRadixCache(BaseRadixTree):
                 "host-only nodes without backed-up children",
                 missing=sorted(x.id for x in host_leaves - self.evictable_host_leaves),
                 extra=sorted(x.id for x in self.evictable_host_leaves - host_leaves))
+        for tier, index, heap, ver in (("device", self.evictable_leaves, self._dheap, "_dver"),
+                                       ("host", self.evictable_host_leaves, self._hheap, "_hver")):
+            live = {}
+            for prio, last, nid, v, x in heap:
+                if x in index and v == getattr(x, ver):
+                    live[x] = (prio, last, nid)
+            for x in index:
+                want = (self._priority_of(x), x.last_access_time, x.id)
+                if live.get(x) != want:
+                    raise InvariantError(f"HiRadixCache: every {tier} leaf has a live heap entry with its current "
+                                         "sort key", node=x, heap_entry=live.get(x), expected=want)
         for op, lock_node in self.ongoing_write_through.values():
             if lock_node is not None:
                 require(lock_node.lock_ref > 0, "HiRadixCache: a node with a backup in flight is locked",

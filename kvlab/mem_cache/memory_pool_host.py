@@ -128,77 +128,116 @@ class HostKVCache:
         return self.size <= self.device_size_tokens
 
     def clear(self) -> None:
-        self.free_slots = torch.arange(self.size, dtype=_I64)
-        self.release_slots: list[torch.Tensor] = []
-        self.num_release_slots = 0
-        self.slot_used = torch.zeros(self.size, dtype=torch.bool)
+        # Page ids, not slot tensors: the free list and the staged frees are Python lists (SGLang keeps slot
+        # tensors; the order, and so every slot handed out, is the same). ``_free[_head:]`` is the free list: alloc
+        # advances ``_head`` instead of copying the tail. ``_used`` marks the pages handed out (a bytearray, and a
+        # tensor view of the same bytes for the vectorised checks).
+        self._free: list[int] = list(range(self.page_num))
+        self._head = 0
+        self._release: list[int] = []
+        self._used = bytearray(self.page_num)
+        self._used_t = torch.frombuffer(self._used, dtype=torch.uint8)
         self._run = torch.arange(self.page_size, dtype=_I64)
 
+    @property
+    def free_slots(self) -> torch.Tensor:
+        """The free list's slots, in the order ``alloc`` takes them (a copy)."""
+        return self._slots(self._free[self._head:])
+
+    @property
+    def release_slots(self) -> list[torch.Tensor]:
+        """The staged frees' slots (one tensor; empty list when none is staged)."""
+        return [self._slots(self._release)] if self._release else []
+
+    @property
+    def num_release_slots(self) -> int:
+        return len(self._release) * self.page_size
+
     def available_size(self) -> int:
-        return self.free_slots.shape[0] + self.num_release_slots
+        return (len(self._free) - self._head + len(self._release)) * self.page_size
 
     def used_size(self) -> int:
         return self.size - self.available_size()
 
+    def _slots(self, pages: list[int]) -> torch.Tensor:
+        t = torch.tensor(pages, dtype=_I64)
+        ps = self.page_size
+        return t if ps == 1 else (t[:, None] * ps + self._run).reshape(-1)
+
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` host slots (whole pages), or None if fewer are free."""
-        if need_size < 0 or need_size % self.page_size:
-            raise ValueError(f"HostKVCache.alloc({need_size}): need a non-negative multiple of page_size "
-                             f"{self.page_size}")
-        if need_size > self.available_size():
-            return None
-        if need_size > self.free_slots.shape[0] and self.num_release_slots:
-            self.free_slots = torch.cat([self.free_slots, *self.release_slots])
-            self.release_slots, self.num_release_slots = [], 0
-        out = self.free_slots[:need_size]
-        self.free_slots = self.free_slots[need_size:]
-        self.slot_used[out] = True
+        ps = self.page_size
+        if need_size < 0 or need_size % ps:
+            raise ValueError(f"HostKVCache.alloc({need_size}): need a non-negative multiple of page_size {ps}")
+        k = need_size // ps
+        head, free = self._head, self._free
+        if k > len(free) - head:
+            if k > len(free) - head + len(self._release):
+                return None
+            # the staged frees join the tail only now (SGLang's release_slots)
+            self._free = free = free[head:] + self._release
+            self._release, head = [], 0
+        pages = free[head : head + k]
+        self._head = head + k
+        used = self._used
+        for p in pages:
+            used[p] = 1
+        return self._slots(pages)
+
+    def _pages_of(self, idx: torch.Tensor, what: str) -> list[int]:
+        """The pages of ``idx`` (whole pages, each page's slots in order from its first), in order; raises
+        :class:`DoubleFreeError` naming an out-of-range slot, ValueError for slots that are not whole pages."""
+        ps = self.page_size
+        if ps == 1:
+            out = idx.tolist()
+            lo, hi = (min(out), max(out)) if out else (0, 0)
+        else:
+            out = idx[::ps].tolist()
+            lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= self.size:
+            raise DoubleFreeError(f"HostKVCache.{what}: slot out of range 0..{self.size - 1} (got {lo}..{hi})")
+        if ps > 1:
+            if idx.numel() % ps or any(f % ps for f in out) or not torch.equal(
+                    idx.view(-1, ps), torch.tensor(out, dtype=_I64)[:, None] + self._run):
+                raise ValueError(f"HostKVCache.{what}: {idx.numel()} slots are not whole pages of {ps} (each page's "
+                                 "slots in order from a multiple of page_size), which is all the host pool hands out")
+            out = [f // ps for f in out]
         return out
 
     def free(self, indices: torch.Tensor) -> int:
-        """Return host slots; raises :class:`DoubleFreeError` on a slot that is not allocated."""
+        """Return host slots (whole pages); raises :class:`DoubleFreeError` on a slot that is not allocated."""
         idx = torch.as_tensor(indices, dtype=_I64).reshape(-1)
         if idx.numel() == 0:
             return 0
-        if int(idx.min()) < 0 or int(idx.max()) >= self.size:
-            raise DoubleFreeError(f"HostKVCache.free: slot out of range 0..{self.size - 1} "
-                                  f"(got {int(idx.min())}..{int(idx.max())})")
-        if not bool(self.slot_used[idx].all()):
-            bad = idx[~self.slot_used[idx]].tolist()[:8]
+        pages = self._pages_of(idx, "free")
+        used = self._used
+        if not all(used[p] for p in pages):
+            ps = self.page_size
+            bad = [p * ps + i for p in pages if not used[p] for i in range(ps)][:8]
             raise DoubleFreeError(f"HostKVCache.free: double free of host slots {bad}")
-        if self._repeats(idx):
+        if len(set(pages)) != len(pages):
             raise DoubleFreeError("HostKVCache.free: double free of host slots repeated in one free")
-        self.slot_used[idx] = False
-        self.release_slots.append(idx.clone())
-        self.num_release_slots += idx.numel()
+        for p in pages:
+            used[p] = 0
+        self._release.extend(pages)
         return idx.numel()
-
-    def _repeats(self, idx: torch.Tensor) -> bool:
-        """Whether a slot appears twice in ``idx``. Slots that come as whole pages (each page's slots in order from
-        its first) repeat iff a page does, which is checked on the pages alone (a sort over every slot was the
-        host tier's largest cost in a simulation); anything else is checked slot by slot."""
-        ps = self.page_size
-        if ps > 1 and idx.numel() % ps == 0:
-            pages = idx.view(-1, ps)
-            firsts = pages[:, 0]
-            if bool((firsts % ps == 0).all()) and bool((pages == firsts[:, None] + self._run).all()):
-                return len(torch.unique(firsts)) != len(firsts)
-        return len(torch.unique(idx)) != len(idx)
 
     def all_allocated(self, indices: torch.Tensor) -> bool:
         if indices.numel() == 0:
             return True
         if int(indices.min()) < 0 or int(indices.max()) >= self.size:
             return False
-        return bool(self.slot_used[indices].all())
+        return bool(self._used_t[indices // self.page_size].all())
 
     def check_invariants(self) -> None:
-        """free + staged + used == size; no slot both free and used; no free slot listed twice."""
-        free = torch.cat([self.free_slots, *self.release_slots]) if self.release_slots else self.free_slots
-        require(free.numel() == self.available_size(), "HostKVCache: available_size counts the free list",
-                free=free.numel(), available=self.available_size())
-        require(len(torch.unique(free)) == free.numel(), "HostKVCache: no slot is free twice", free=free.numel())
-        used = int(self.slot_used.sum())
-        if used + free.numel() != self.size or bool(self.slot_used[free].any()):
-            raise InvariantError("HostKVCache: free + used == size, and no slot is both", used=used,
-                                 free=free.numel(), size=self.size)
+        """free + staged + used == size; no page both free and used; no free page listed twice."""
+        free = self._free[self._head:] + self._release
+        require(len(free) * self.page_size == self.available_size(), "HostKVCache: available_size counts the free list",
+                free_pages=len(free), available=self.available_size())
+        require(len(set(free)) == len(free), "HostKVCache: no page is free twice", free_pages=len(free))
+        require(all(0 <= p < self.page_num for p in free), "HostKVCache: free pages are pages of the pool",
+                free_pages=len(free), page_num=self.page_num)
+        used = sum(self._used)
+        if used + len(free) != self.page_num or any(self._used[p] for p in free):
+            raise InvariantError("HostKVCache: free + used == size, and no page is both", used_pages=used,
+                                 free_pages=len(free), page_num=self.page_num)
