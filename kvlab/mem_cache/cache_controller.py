@@ -117,14 +117,14 @@ class HiCacheController:
     def _issue(self, queue: deque, kind: str, host: torch.Tensor, device: torch.Tensor, node_id: int,
                bytes_per_s: float) -> CacheOperation:
         start = max(self.now_s, queue[-1].finish_s if queue else self.now_s)
-        op = CacheOperation(kind, host, device, node_id, start, start + self.transfer_seconds(len(host), bytes_per_s))
+        op = CacheOperation(kind, host, device, node_id, start, start + self.transfer_seconds(host.shape[0], bytes_per_s))
         queue.append(op)
         return op
 
     # -- SGLang's verbs ------------------------------------------------------------------------------
     def write(self, device_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:
         """Back up ``device_indices`` to fresh host slots; None (and nothing issued) if the host pool is full."""
-        host_indices = self.mem_pool_host.alloc(len(device_indices))
+        host_indices = self.mem_pool_host.alloc(device_indices.shape[0])
         if host_indices is None:
             self.totals.write_failures += 1
             return None
@@ -136,7 +136,7 @@ class HiCacheController:
 
     def load(self, host_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:
         """Load ``host_indices`` into fresh device slots; None (and nothing issued) if the device pool is short."""
-        device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
+        device_indices = self.mem_pool_device_allocator.alloc(host_indices.shape[0])
         if device_indices is None:
             self.totals.load_failures += 1
             return None
@@ -151,7 +151,7 @@ class HiCacheController:
         # (sorted) order as free, without its sort over every slot (an allocator without it: free)
         alloc = self.mem_pool_device_allocator
         getattr(alloc, "free_row", alloc.free)(device_indices)
-        return len(device_indices)
+        return device_indices.shape[0]
 
     def evict_host(self, host_indices: torch.Tensor) -> int:
         return self.mem_pool_host.free(host_indices)

@@ -56,6 +56,7 @@ from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, Ca
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.radix_cache import RequestFlows
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.units import align_down
 
@@ -177,7 +178,7 @@ class LoadBackResult(NamedTuple):
 _NO_EVICT = EvictResult()
 
 
-class HiRadixCache(BaseRadixTree):
+class HiRadixCache(RequestFlows, BaseRadixTree):
     """SGLang 0.5.16's ``HiRadixCache``: a radix tree over a device allocator and a host pool.
 
     ``token_to_kv_pool_host``: the L2 pool (:class:`HostKVCache`); ``write_policy``: one of
@@ -340,7 +341,7 @@ class HiRadixCache(BaseRadixTree):
         last_host = node
         host_hit = 0
         while node.value is None:
-            host_hit += len(node.host_value)
+            host_hit += len(node.key)
             node = node.parent
         while last_host.host_value is None:
             last_host = last_host.parent
@@ -348,18 +349,24 @@ class HiRadixCache(BaseRadixTree):
         return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
+        tick, ps = self.clock.tick, self.page_size
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         node = self.root_node
-        node.last_access_time = self.clock.tick()
+        node.last_access_time = tick()
         values, off = [], 0
         while off < n:
-            child = node.children.get(self._key_of(key, off))
+            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
-            child.last_access_time = self.clock.tick()
-            self._touch(child)
-            m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
-            if m < len(child.key):
-                node = self._split_node(child, m)
+            child.last_access_time = tick()
+            if child in leaves:  # _touch: its sort key changed
+                self._push_dev(child)
+            if child in host_leaves:
+                self._push_host(child)
+            ckey = child.key
+            m = len(ckey)
+            if off + m > n or ckey != key[off : off + m]:
+                node = self._split_node(child, align_down(common_prefix_len(ckey, key, off, n), ps))
                 if node.value is not None:
                     values.append(node.value)
                 break
@@ -379,9 +386,9 @@ class HiRadixCache(BaseRadixTree):
         if child.value is not None:
             upper.value = child.value[:split_len].clone()
             child.value = child.value[split_len:].clone()
-        if child.host_value is not None:
-            upper.host_value = child.host_value[:split_len].clone()
-            child.host_value = child.host_value[split_len:].clone()
+        if child.host_value is not None:  # host slots stay slices of the host pool's table (its free reads them so)
+            upper.host_value = child.host_value[:split_len]
+            child.host_value = child.host_value[split_len:]
         child.key = child.key[split_len:]
         child.parent = upper
         upper.children[self._key_of(child.key)] = child
@@ -398,12 +405,15 @@ class HiRadixCache(BaseRadixTree):
         already on the device: the caller frees its own slots for it. A matched node that is host-only takes the
         caller's slots instead (recomputed KV; the node is then on both tiers) and does not count in the return.
         Under the write-through policies a node whose hit count reaches the threshold is backed up."""
-        return self._insert(key, value, priority, chunked)[0]
-
-    def _insert(self, key: TokenKey, value: torch.Tensor | None, priority: int, chunked: bool) -> tuple[int, HiTreeNode]:
-        """:meth:`insert`, also returning the node its key ends at (the root for an empty key)."""
         key = as_tokens(key)
-        n = align_down(len(key), self.page_size)
+        return self._insert(key, align_down(len(key), self.page_size), value, priority, chunked)[0]
+
+    def _insert(self, key: array, n: int, value: torch.Tensor | None, priority: int, chunked: bool,
+                held: HiTreeNode | None = None, held_len: int = 0) -> tuple[int, HiTreeNode]:
+        """:meth:`insert` of ``key[:n]`` (``n`` page-aligned), also returning the node it ends at (the root for
+        an empty key). ``held``: the node a request holds locked, whose path spells ``key[:held_len]`` (matched or
+        inserted from its own tokens): the walk over that path does what the loop does to each node it matches
+        whole, without looking the children up or comparing their tokens again."""
         if value is None:
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
         elif not isinstance(value, torch.Tensor):
@@ -414,17 +424,43 @@ class HiRadixCache(BaseRadixTree):
         if n == 0:
             return 0, self.root_node
         node, off, prefix = self.root_node, 0, 0
+        ps, tick = self.page_size, self.clock.tick
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        count_hits = not chunked and self.write_policy != "write_back"
+        for child in (self._held_path(held, held_len) if 0 < held_len <= n else None) or ():
+            child.last_access_time = tick()  # (on the device: a locked path)
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:
+                self._push_dev(child)
+            if child in host_leaves:
+                self._push_host(child)
+            node = child
+            if count_hits:
+                self._inc_hit_count(node)
+            m = len(child.key)
+            prefix += m
+            off += m
         while off < n:
-            child = node.children.get(self._key_of(key, off))
+            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
-            child.last_access_time = self.clock.tick()
-            child.priority = max(child.priority, priority)
-            self._touch(child)
-            m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
-            node = child if m == len(child.key) else self._split_node(child, m)
-            if priority > node.priority:  # (a split's upper half: a new node, never a leaf)
-                node.priority = priority
+            child.last_access_time = tick()
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:  # _touch: its sort key changed
+                self._push_dev(child)
+            if child in host_leaves:
+                self._push_host(child)
+            ckey = child.key
+            m = len(ckey)
+            if off + m > n or ckey != key[off : off + m]:  # the key diverges (or ends) inside this edge: split it
+                m = align_down(common_prefix_len(ckey, key, off, n), ps)
+                node = self._split_node(child, m)
+                if priority > node.priority:  # (the upper half: a new node, never a leaf)
+                    node.priority = priority
+            else:
+                node = child
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
                 node.value = _own(value[off : off + m])
                 self.evictable_size_ += m
@@ -432,7 +468,8 @@ class HiRadixCache(BaseRadixTree):
                 self._update_host_leaf_status(node)
                 self._update_leaf_status(node.parent)
             else:
-                self._inc_hit_count(node, chunked)
+                if count_hits:
+                    self._inc_hit_count(node)
                 prefix += m
             off += m
         if off < n:
@@ -441,37 +478,15 @@ class HiRadixCache(BaseRadixTree):
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
-            if self.write_policy != "write_back":
-                self._inc_hit_count(leaf, chunked)
+            if count_hits:
+                self._inc_hit_count(leaf)
             node = leaf
         return prefix, node
 
     # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
-    # and runs over its own insert and match_prefix) ---------------------------------------------------------------
-    def cache_finished_req(self, req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
-        """A finished request hands its KV to the tree: ``(origin_input_ids + output_ids)[:kv_len_to_handle]``
-        (default: all but the last output token, whose KV was never computed); the page-aligned part is inserted
-        (write-through backs up what reaches its hit threshold), the caller's duplicates
-        ``row[cache_protected_len : already on the device]`` and the unaligned tail are freed, and the request's
-        lock is dropped. The caller frees the row (``common.release_kv_cache``)."""
-        origin = as_tokens(req.origin_input_ids)
-        total = len(origin) + len(req.output_ids)
-        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
-        alloc = self.token_to_kv_pool_allocator
-        free = getattr(alloc, "free_row", alloc.free)
-        protected = req.cache_protected_len
-        key_len = align_down(kv_len, self.page_size)
-        if is_insert:
-            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
-            done = self.insert(tokens[:key_len], row[:key_len], getattr(req, "priority", 0) or 0)
-            free(row[protected:done])
-        else:
-            free(row[protected:key_len])
-        free(row[key_len:])
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-            req.last_node = None
+    # and runs over its own insert and match_prefix; cache_finished_req is radix_cache.RequestFlows') ----------------
+    def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req) -> int:
+        return self._insert(tokens, key_len, row, priority, False, req.last_node, req.cache_protected_len)[0]
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         """After a prefill (chunk): insert ``fill_ids``' page-aligned KV (``chunked``: no hit counted, so no
@@ -483,39 +498,46 @@ class HiRadixCache(BaseRadixTree):
         key_len = align_down(len(tokens), self.page_size)
         alloc = self.token_to_kv_pool_allocator
         protected = req.cache_protected_len
-        done, last = self._insert(tokens, row, getattr(req, "priority", 0) or 0, chunked)
+        done, last = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, chunked, req.last_node,
+                                  protected)
         getattr(alloc, "free_row", alloc.free)(row[protected:done])
-        device_indices = self._rematch(last, key_len)
-        require(len(device_indices) == key_len, "cache_unfinished_req: the re-match finds every token just inserted "
-                "on the device", found=len(device_indices), inserted=key_len)
+        values = self._rematch(last, key_len)
+        found = sum(v.shape[0] for v in values)
+        require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted on the device",
+                found=found, inserted=key_len)
+        tail = row[key_len : len(tokens)]
+        if len(tail):
+            values.append(tail.to(_I64))
+        prefix = torch.cat(values) if values else self._empty  # the path's device slots, then the partial page
         if key_len > protected:
-            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), device_indices[protected:])
+            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), prefix[protected:key_len])
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(last)
-        tail = row[key_len : len(tokens)]
-        req.prefix_indices = torch.cat([device_indices, tail.to(_I64)]) if len(tail) else device_indices
+        req.prefix_indices = prefix
         req.last_node = last
 
-    def _rematch(self, last: HiTreeNode, key_len: int) -> torch.Tensor:
+    def _rematch(self, last: HiTreeNode, key_len: int) -> list[torch.Tensor]:
         """``match_prefix`` of the key that insert just made end at ``last``, without comparing its tokens again:
         the same walk (no split is possible, every node is on the device), the same clock reads (the root, then
-        each node from the top), the device slots of the path."""
+        each node from the top); returns the device slots of the path, node by node."""
         if key_len == 0:
-            return self._empty
+            return []
         path = []
         node = last
         while node is not self.root_node:
             path.append(node)
             node = node.parent
-        self.root_node.last_access_time = self.clock.tick()
+        tick, leaves = self.clock.tick, self.evictable_leaves
+        self.root_node.last_access_time = tick()
         values = []
         for node in reversed(path):
-            node.last_access_time = self.clock.tick()
-            self._touch(node)
+            node.last_access_time = tick()
+            if node in leaves:  # _touch (on the device: never a host leaf)
+                self._push_dev(node)
             values.append(node.value)
-        return torch.cat(values) if values else self._empty
+        return values
 
     def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
         if self.write_policy == "write_back" or chunked:
@@ -534,17 +556,16 @@ class HiRadixCache(BaseRadixTree):
             return 0
         host = self.cache_controller.write(node.value, node.id)
         if host is None:
-            self.evict_host(len(node.value))
+            self.evict_host(len(node.key))
             host = self.cache_controller.write(node.value, node.id)
             if host is None:
                 return 0
-        node.host_value = host  # a fresh tensor of the host pool's (the copy's op holds the same one; neither is
-        # written in place)
+        node.host_value = host  # the host pool's slots (the copy's op holds the same tensor; neither writes to it)
         op = self.cache_controller.write_queue[-1]
         self.ongoing_write_through[id(op)] = (op, None if write_back else node)
         if not write_back:
             self.inc_lock_ref(node)
-        return len(host)
+        return host.shape[0]
 
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
@@ -699,7 +720,7 @@ class HiRadixCache(BaseRadixTree):
 
     def _detach_backuped(self, node: HiTreeNode) -> int:
         """Make ``node`` host-only (its device slots are freed by the caller)."""
-        n = len(node.value)
+        n = len(node.key)
         self.evictable_size_ -= n
         node.value = None
         self._update_leaf_status(node)
@@ -715,7 +736,7 @@ class HiRadixCache(BaseRadixTree):
 
     def _evict_regular(self, node: HiTreeNode) -> int:
         require(not node.children, "HiRadixCache: an unbacked device leaf has no children (write-through)", node=node)
-        n = len(node.value)
+        n = len(node.key)
         self.cache_controller.evict_device(node.value)
         self._delete_leaf(node)
         return n

@@ -30,6 +30,7 @@ host memory) is :func:`auto_hicache_ratio`.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -138,6 +139,12 @@ class HostKVCache:
         self._used = bytearray(self.page_num)
         self._used_t = torch.frombuffer(self._used, dtype=torch.uint8)
         self._run = torch.arange(self.page_size, dtype=_I64)
+        # every slot tensor alloc hands out is a slice of this table, or a cat of slices registered in _issued
+        # (data pointer -> a weak reference to it and its pages), so free reads a tensor's pages back without
+        # checking its slots one by one; neither is ever written in place
+        self._table = torch.arange(self.size, dtype=_I64)
+        self._table_ptr = self._table.data_ptr()
+        self._issued: dict[int, tuple[weakref.ref, list[int]]] = {}
 
     @property
     def free_slots(self) -> torch.Tensor:
@@ -160,9 +167,29 @@ class HostKVCache:
         return self.size - self.available_size()
 
     def _slots(self, pages: list[int]) -> torch.Tensor:
-        t = torch.tensor(pages, dtype=_I64)
-        ps = self.page_size
-        return t if ps == 1 else (t[:, None] * ps + self._run).reshape(-1)
+        """The slots of ``pages``, in order: one slice of the slot table per run of consecutive pages."""
+        table, ps = self._table, self.page_size
+        if not pages:
+            return table[:0]
+        parts = []
+        start = prev = pages[0]
+        for p in pages[1:]:
+            if p != prev + 1:
+                parts.append(table[start * ps : (prev + 1) * ps])
+                start = p
+            prev = p
+        parts.append(table[start * ps : (prev + 1) * ps])
+        if len(parts) == 1:
+            return parts[0]
+        out = torch.cat(parts)
+        ptr, issued = out.data_ptr(), self._issued
+
+        def forget(ref: weakref.ref, ptr: int = ptr) -> None:
+            if issued.get(ptr, (None,))[0] is ref:
+                del issued[ptr]
+
+        issued[ptr] = (weakref.ref(out, forget), pages)
+        return out
 
     def alloc(self, need_size: int) -> torch.Tensor | None:
         """``need_size`` host slots (whole pages), or None if fewer are free."""
@@ -188,6 +215,19 @@ class HostKVCache:
         """The pages of ``idx`` (whole pages, each page's slots in order from its first), in order; raises
         :class:`DoubleFreeError` naming an out-of-range slot, ValueError for slots that are not whole pages."""
         ps = self.page_size
+        if idx.stride(0) == 1:  # what alloc handed out, or whole pages of it: read back in O(pages)
+            ptr, k = idx.data_ptr(), idx.numel()
+            start = (ptr - self._table_ptr) // 8
+            if 0 <= start and start + k <= self.size:  # a slice of the slot table
+                if not start % ps and not k % ps:
+                    return list(range(start // ps, (start + k) // ps))
+            else:
+                base = idx if idx._base is None else idx._base
+                entry = self._issued.get(base.data_ptr())
+                if entry is not None and entry[0]() is base:
+                    off = (ptr - base.data_ptr()) // 8
+                    if not off % ps and not k % ps and off + k <= base.numel():
+                        return entry[1][off // ps : (off + k) // ps]
         if ps == 1:
             out = idx.tolist()
             lo, hi = (min(out), max(out)) if out else (0, 0)
