@@ -41,7 +41,7 @@ DEFAULT_HOST_DEVICE_BYTES_PER_S = 25 * 10**9
 FINISH_TOLERANCE_S = 1e-12  # a copy finishing within this of the clock counts as finished (float sums of seconds)
 
 
-@dataclass
+@dataclass(slots=True)
 class CacheOperation:
     """One copy. ``kind``: ``"write"`` (device -> host backup) or ``"load"`` (host -> device load-back);
     ``node_id``: the tree node it acknowledges; times in seconds on the controller's clock."""
@@ -159,13 +159,17 @@ class HiCacheController:
     # -- the clock ---------------------------------------------------------------------------------
     def poll(self, now_s: float) -> None:
         """Move the clock to ``now_s`` (never back) and acknowledge every copy finished by then."""
-        if math.isnan(now_s):
+        if now_s != now_s:
             raise ValueError("poll: now_s is NaN")
-        self.now_s = max(self.now_s, now_s)
-        now = self.now_s  # 0.009 + 0.001 < 0.01 in floats: a copy due within the tolerance is done
-        for queue, acks in ((self.write_queue, self.ack_write_queue), (self.load_queue, self.ack_load_queue)):
-            while queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
-                acks.append(queue.popleft())
+        if now_s > self.now_s:
+            self.now_s = now_s
+        now, tol = self.now_s, FINISH_TOLERANCE_S  # 0.009 + 0.001 < 0.01 in floats: a copy due within tol is done
+        queue = self.write_queue
+        while queue and queue[0].finish_s - tol <= now:
+            self.ack_write_queue.append(queue.popleft())
+        queue = self.load_queue
+        while queue and queue[0].finish_s - tol <= now:
+            self.ack_load_queue.append(queue.popleft())
 
     def advance(self, seconds: float) -> None:
         if not seconds >= 0:

@@ -601,8 +601,10 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
 
     def poll(self, now_s: float) -> None:
         """Move the transfer clock to ``now_s`` and complete every copy finished by then."""
-        self.cache_controller.poll(now_s)
-        self.check_hicache_events()
+        ctl = self.cache_controller
+        ctl.poll(now_s)
+        if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
+            self.check_hicache_events()
 
     def advance(self, seconds: float) -> None:
         self.poll(self.now_s + seconds)
