@@ -124,14 +124,16 @@ class HiCacheController:
     # -- SGLang's verbs ------------------------------------------------------------------------------
     def write(self, device_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:
         """Back up ``device_indices`` to fresh host slots; None (and nothing issued) if the host pool is full."""
-        host_indices = self.mem_pool_host.alloc(device_indices.shape[0])
+        n = device_indices.shape[0]
+        host_indices = self.mem_pool_host.alloc(n)
+        totals = self.totals
         if host_indices is None:
-            self.totals.write_failures += 1
+            totals.write_failures += 1
             return None
         op = self._issue(self.write_queue, "write", host_indices, device_indices, node_id, self.d2h_bytes_per_s)
-        self.totals.written_tokens += op.num_tokens
-        self.totals.write_s += op.finish_s - op.start_s
-        self.totals.writes += 1
+        totals.written_tokens += n
+        totals.write_s += op.finish_s - op.start_s
+        totals.writes += 1
         return host_indices
 
     def load(self, host_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:

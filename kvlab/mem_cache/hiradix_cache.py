@@ -314,7 +314,13 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
 
     def _update_leaf_status(self, node: HiTreeNode) -> None:
         """A device leaf: on the device, unlocked, and no child on the device."""
-        if node.value is None or node.lock_ref > 0 or any(c.value is not None for c in node.children.values()):
+        leaf = node.value is not None and node.lock_ref <= 0
+        if leaf:
+            for c in node.children.values():
+                if c.value is not None:
+                    leaf = False
+                    break
+        if not leaf:
             self.evictable_leaves.discard(node)
         elif node not in self.evictable_leaves:
             self.evictable_leaves.add(node)
@@ -322,8 +328,13 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
 
     def _update_host_leaf_status(self, node: HiTreeNode) -> None:
         """A host leaf: host-only, unlocked, and no child with a host copy."""
-        if node.value is not None or node.lock_ref > 0 or any(c.host_value is not None
-                                                                for c in node.children.values()):
+        leaf = node.value is None and node.lock_ref <= 0
+        if leaf:
+            for c in node.children.values():
+                if c.host_value is not None:
+                    leaf = False
+                    break
+        if not leaf:
             self.evictable_host_leaves.discard(node)
         elif node not in self.evictable_host_leaves:
             self.evictable_host_leaves.add(node)

@@ -143,9 +143,12 @@ class HostKVCache:
         # every slot tensor alloc hands out is a slice of this table, or a cat of slices registered in _issued
         # (data pointer -> a weak reference to it and its pages), so free reads a tensor's pages back without
         # checking its slots one by one; neither is ever written in place
-        self._table = torch.arange(self.size, dtype=_I64)
+        # (filled page by page as alloc first reaches it: pages are first handed out in order, and an arange of a
+        # pool of millions of slots is a visible part of a short simulation)
+        self._table = torch.empty(self.size, dtype=_I64)
         self._table_np = self._table.numpy()  # the same memory: numpy concatenates slices at a third of torch's cost
         self._table_ptr = self._table.data_ptr()
+        self._filled_pages = 0  # table[: _filled_pages * page_size] holds its slot numbers
         self._issued: dict[int, tuple[weakref.ref, list[int]]] = {}
 
     @property
@@ -174,6 +177,10 @@ class HostKVCache:
         ps = self.page_size
         if not pages:
             return self._table[:0]
+        hi = max(pages) + 1
+        if hi > self._filled_pages:
+            self._table_np[self._filled_pages * ps : hi * ps] = np.arange(self._filled_pages * ps, hi * ps)
+            self._filled_pages = hi
         runs = []
         start = prev = pages[0]
         for p in pages[1:]:
@@ -250,7 +257,9 @@ class HostKVCache:
 
     def free(self, indices: torch.Tensor) -> int:
         """Return host slots (whole pages); raises :class:`DoubleFreeError` on a slot that is not allocated."""
-        idx = torch.as_tensor(indices, dtype=_I64).reshape(-1)
+        idx = indices
+        if not isinstance(idx, torch.Tensor) or idx.dtype != _I64 or idx.dim() != 1:
+            idx = torch.as_tensor(indices, dtype=_I64).reshape(-1)
         if idx.numel() == 0:
             return 0
         pages = self._pages_of(idx, "free")
