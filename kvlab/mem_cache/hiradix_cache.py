@@ -31,6 +31,11 @@ Differs on purpose:
   ``HiRadixCache.load_back``): try to allocate, and on failure evict the whole load (finding 2's bug, here).
 - Time is the cache's :class:`~kvlab.mem_cache.radix_tree.LogicalClock` (one tick wherever 0.5.16 reads
   ``time.monotonic()``); victim ties break by node id. Transfer time is a separate, modelled clock in seconds.
+- 0.5.16 heapifies every evictable leaf on each ``evict`` / ``evict_host`` call; here each tier keeps one heap of
+  its leaves across calls (a leaf is pushed again when its sort key changes, stale entries are skipped on pop), so
+  a call costs what it evicts. The victims and their order are 0.5.16's (the sort key ends in the node id).
+- Insert walks the path a request holds locked (``cache_unfinished_req`` / ``cache_finished_req``) without looking
+  its children up or comparing their tokens again; the effects on each node are the same.
 - Locking an evicted or foreign node, or unlocking an unlocked one, raises :class:`LockRefError`.
 - No storage tier (L3), prefetch, KV events, metrics, hash values or EAGLE bigram keys; ``match_prefix`` and
   ``insert`` take plain token sequences.

@@ -23,9 +23,13 @@ pool); ``alloc`` takes from the head of ``free_slots``; ``free`` stages the slot
 which join the *tail* of ``free_slots`` only when an ``alloc`` needs more than ``free_slots`` holds.
 
 Differs on purpose: a double free, an out-of-range slot or a non page-aligned request raises (SGLang
-asserts); the per-token byte size is given directly (``size_per_token``) instead of read from a device
+asserts), and so does a free of slots that are not whole pages (all the pool hands out; SGLang takes any slots);
+the per-token byte size is given directly (``size_per_token``) instead of read from a device
 pool object; 0.5.23's auto-sizing (``hicache_auto_size.py``: lower the ratio until the pools fit a fraction of
-host memory) is :func:`auto_hicache_ratio`.
+host memory) is :func:`auto_hicache_ratio`. For speed (issue 21 item 7) the free list and the staged frees are
+Python lists of page ids (``free_slots`` / ``release_slots`` read them as SGLang's slot tensors, in the same order),
+and the slot tensors ``alloc`` hands out are slices of one table of slot numbers (a concatenation of slices when
+the pages are not consecutive), so ``free`` reads their pages back without a per-slot check.
 """
 
 from __future__ import annotations
