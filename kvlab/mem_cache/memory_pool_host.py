@@ -236,12 +236,13 @@ class HostKVCache:
             if 0 <= start and start + k <= self.size:  # a slice of the slot table
                 if not start % ps and not k % ps:
                     return list(range(start // ps, (start + k) // ps))
-            else:
-                base = idx if idx._base is None else idx._base
-                entry = self._issued.get(base.data_ptr())
-                if entry is not None and entry[0]() is base:
-                    off = (ptr - base.data_ptr()) // 8
-                    if not off % ps and not k % ps and off + k <= base.numel():
+            else:  # part of a concatenation alloc made, while it lives (its memory is then nobody else's)
+                base = idx.untyped_storage().data_ptr()
+                entry = self._issued.get(base)
+                out = None if entry is None else entry[0]()
+                if out is not None:
+                    off = (ptr - base) // 8
+                    if not off % ps and not k % ps and off + k <= out.numel():
                         return entry[1][off // ps : (off + k) // ps]
         if ps == 1:
             out = idx.tolist()
