@@ -29,6 +29,7 @@ can lower. On that trace (12,031 requests, ~278,000 steps per mode) the fast pat
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -127,6 +128,35 @@ def _preset_trace(path: Path) -> None:
     import make_mooncake_trace
 
     make_mooncake_trace.main(["--out", str(path), "--preset", "conversation", "--force"])
+
+
+# -- pieces the other simulation benchmarks share (bench_hicache.py) ------------------------------------------------
+@contextlib.contextmanager
+def trace_or_preset(trace: Path | None):
+    """``trace``, or the conversation preset generated into a temporary folder for the block's duration."""
+    if trace is not None:
+        yield trace
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "conversation.jsonl"
+        _preset_trace(path)
+        yield path
+
+
+def settings_line(args, extra: str = "") -> str:
+    """The ``settings:`` line every benchmark prints first (pool, pages, running requests, requests used)."""
+    return (f"settings: --page-size {args.page_size} --kv-pages {args.kv_pages} --max-running {args.max_running}"
+            f"{'' if args.requests >= 1_000_000 else f' (first {args.requests} requests)'}{extra}")
+
+
+def timing(run: dict) -> str:
+    """One run's seconds, as every line prints them."""
+    return f"{run['wall_s']:6.1f} s wall {run['cpu_s']:6.1f} s CPU"
+
+
+def ratio(num: dict, den: dict) -> str:
+    """``num`` / ``den`` in wall and CPU seconds."""
+    return f"{num['wall_s'] / den['wall_s']:.2f}x wall, {num['cpu_s'] / den['cpu_s']:.2f}x CPU"
 
 
 def main(argv: list[str] | None = None) -> int:

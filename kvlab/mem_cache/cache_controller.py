@@ -41,7 +41,7 @@ DEFAULT_HOST_DEVICE_BYTES_PER_S = 25 * 10**9
 FINISH_TOLERANCE_S = 1e-12  # a copy finishing within this of the clock counts as finished (float sums of seconds)
 
 
-@dataclass
+@dataclass(slots=True)
 class CacheOperation:
     """One copy. ``kind``: ``"write"`` (device -> host backup) or ``"load"`` (host -> device load-back);
     ``node_id``: the tree node it acknowledges; times in seconds on the controller's clock."""
@@ -117,26 +117,28 @@ class HiCacheController:
     def _issue(self, queue: deque, kind: str, host: torch.Tensor, device: torch.Tensor, node_id: int,
                bytes_per_s: float) -> CacheOperation:
         start = max(self.now_s, queue[-1].finish_s if queue else self.now_s)
-        op = CacheOperation(kind, host, device, node_id, start, start + self.transfer_seconds(len(host), bytes_per_s))
+        op = CacheOperation(kind, host, device, node_id, start, start + self.transfer_seconds(host.shape[0], bytes_per_s))
         queue.append(op)
         return op
 
     # -- SGLang's verbs ------------------------------------------------------------------------------
     def write(self, device_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:
         """Back up ``device_indices`` to fresh host slots; None (and nothing issued) if the host pool is full."""
-        host_indices = self.mem_pool_host.alloc(len(device_indices))
+        n = device_indices.shape[0]
+        host_indices = self.mem_pool_host.alloc(n)
+        totals = self.totals
         if host_indices is None:
-            self.totals.write_failures += 1
+            totals.write_failures += 1
             return None
         op = self._issue(self.write_queue, "write", host_indices, device_indices, node_id, self.d2h_bytes_per_s)
-        self.totals.written_tokens += op.num_tokens
-        self.totals.write_s += op.finish_s - op.start_s
-        self.totals.writes += 1
+        totals.written_tokens += n
+        totals.write_s += op.finish_s - op.start_s
+        totals.writes += 1
         return host_indices
 
     def load(self, host_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:
         """Load ``host_indices`` into fresh device slots; None (and nothing issued) if the device pool is short."""
-        device_indices = self.mem_pool_device_allocator.alloc(len(host_indices))
+        device_indices = self.mem_pool_device_allocator.alloc(host_indices.shape[0])
         if device_indices is None:
             self.totals.load_failures += 1
             return None
@@ -147,8 +149,11 @@ class HiCacheController:
         return device_indices
 
     def evict_device(self, device_indices: torch.Tensor) -> int:
-        self.mem_pool_device_allocator.free(device_indices)
-        return len(device_indices)
+        # a tree value holds whole pages, each page's slots in order: free_row frees the same pages in the same
+        # (sorted) order as free, without its sort over every slot (an allocator without it: free)
+        alloc = self.mem_pool_device_allocator
+        getattr(alloc, "free_row", alloc.free)(device_indices)
+        return device_indices.shape[0]
 
     def evict_host(self, host_indices: torch.Tensor) -> int:
         return self.mem_pool_host.free(host_indices)
@@ -156,13 +161,17 @@ class HiCacheController:
     # -- the clock ---------------------------------------------------------------------------------
     def poll(self, now_s: float) -> None:
         """Move the clock to ``now_s`` (never back) and acknowledge every copy finished by then."""
-        if math.isnan(now_s):
+        if now_s != now_s:
             raise ValueError("poll: now_s is NaN")
-        self.now_s = max(self.now_s, now_s)
-        now = self.now_s  # 0.009 + 0.001 < 0.01 in floats: a copy due within the tolerance is done
-        for queue, acks in ((self.write_queue, self.ack_write_queue), (self.load_queue, self.ack_load_queue)):
-            while queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
-                acks.append(queue.popleft())
+        if now_s > self.now_s:
+            self.now_s = now_s
+        now, tol = self.now_s, FINISH_TOLERANCE_S  # 0.009 + 0.001 < 0.01 in floats: a copy due within tol is done
+        queue = self.write_queue
+        while queue and queue[0].finish_s - tol <= now:
+            self.ack_write_queue.append(queue.popleft())
+        queue = self.load_queue
+        while queue and queue[0].finish_s - tol <= now:
+            self.ack_load_queue.append(queue.popleft())
 
     def advance(self, seconds: float) -> None:
         if not seconds >= 0:

@@ -31,6 +31,11 @@ Differs on purpose:
   ``HiRadixCache.load_back``): try to allocate, and on failure evict the whole load (finding 2's bug, here).
 - Time is the cache's :class:`~kvlab.mem_cache.radix_tree.LogicalClock` (one tick wherever 0.5.16 reads
   ``time.monotonic()``); victim ties break by node id. Transfer time is a separate, modelled clock in seconds.
+- 0.5.16 heapifies every evictable leaf on each ``evict`` / ``evict_host`` call; here each tier keeps one heap of
+  its leaves across calls (a leaf is pushed again when its sort key changes, stale entries are skipped on pop), so
+  a call costs what it evicts. The victims and their order are 0.5.16's (the sort key ends in the node id).
+- Insert walks the path a request holds locked (``cache_unfinished_req`` / ``cache_finished_req``) without looking
+  its children up or comparing their tokens again; the effects on each node are the same.
 - Locking an evicted or foreign node, or unlocking an unlocked one, raises :class:`LockRefError`.
 - No storage tier (L3), prefetch, KV events, metrics, hash values or EAGLE bigram keys; ``match_prefix`` and
   ``insert`` take plain token sequences.
@@ -56,6 +61,7 @@ from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, Ca
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.radix_cache import RequestFlows
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.units import align_down
 
@@ -76,7 +82,7 @@ class HiTreeNode:
     staging it)."""
 
     __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_ref_counter",
-                 "last_access_time", "creation_time", "hit_count", "priority", "id")
+                 "last_access_time", "creation_time", "hit_count", "priority", "id", "_dver", "_hver")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
                  node_id: int, priority: int = 0):
@@ -92,6 +98,8 @@ class HiTreeNode:
         self.hit_count = 0
         self.priority = priority
         self.id = node_id
+        self._dver = 0  # version of this node's live entry in the device-leaf heap (HiRadixCache._dheap)
+        self._hver = 0  # ... and in the host-leaf heap (HiRadixCache._hheap)
 
     @property
     def evicted(self) -> bool:
@@ -175,7 +183,7 @@ class LoadBackResult(NamedTuple):
 _NO_EVICT = EvictResult()
 
 
-class HiRadixCache(BaseRadixTree):
+class HiRadixCache(RequestFlows, BaseRadixTree):
     """SGLang 0.5.16's ``HiRadixCache``: a radix tree over a device allocator and a host pool.
 
     ``token_to_kv_pool_host``: the L2 pool (:class:`HostKVCache`); ``write_policy``: one of
@@ -224,6 +232,10 @@ class HiRadixCache(BaseRadixTree):
         self.protected_size_ = 0
         self.evictable_leaves: set[HiTreeNode] = set()
         self.evictable_host_leaves: set[HiTreeNode] = set()
+        # one long-lived heap per tier over its leaf set (see "the leaf indexes" below)
+        self._dheap: list = []
+        self._hheap: list = []
+        self._evicting = self._host_evicting = False
         # in-flight copies: write op -> the node it locks (None under write_back); load op -> the node it locks
         self.ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]] = {}
         self.ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]] = {}
@@ -250,20 +262,88 @@ class HiRadixCache(BaseRadixTree):
         return (self._priority_of(node), node.last_access_time, node.id)
 
     # -- the leaf indexes (device leaves, host leaves) ------------------------------------------------
+    # Each tier's evictable leaves are a set (membership) and a heap of (priority, last_access_time, id, version,
+    # node) entries kept across calls. SGLang 0.5.16 heapifies every leaf on each evict / evict_host call; here a
+    # node is pushed when it joins the set and again whenever a field of its sort key changes while it is in it
+    # (``_touch``), and an entry is live only while the node is in the set with the entry's version (lazy
+    # deletion: stale entries are skipped on pop, and the heap is rebuilt from the set when they outnumber the live
+    # ones, never during an eviction). The sort key ends in the unique node id, so pops come out in exactly the
+    # order a fresh heapify would give.
+    def _push_dev(self, node: HiTreeNode) -> None:
+        node._dver += 1
+        heap = self._dheap
+        heapq.heappush(heap, (self._priority_of(node), node.last_access_time, node.id, node._dver, node))
+        if len(heap) > 2 * len(self.evictable_leaves) + 64 and not self._evicting:
+            self._dheap = self._rebuild(self.evictable_leaves, "_dver")
+
+    def _push_host(self, node: HiTreeNode) -> None:
+        node._hver += 1
+        heap = self._hheap
+        heapq.heappush(heap, (self._priority_of(node), node.last_access_time, node.id, node._hver, node))
+        if len(heap) > 2 * len(self.evictable_host_leaves) + 64 and not self._host_evicting:
+            self._hheap = self._rebuild(self.evictable_host_leaves, "_hver")
+
+    def _rebuild(self, leaves: set[HiTreeNode], ver: str) -> list:
+        heap = []
+        for n in leaves:
+            v = getattr(n, ver) + 1
+            setattr(n, ver, v)
+            heap.append((self._priority_of(n), n.last_access_time, n.id, v, n))
+        heapq.heapify(heap)
+        return heap
+
+    def _touch(self, node: HiTreeNode) -> None:
+        """``node``'s sort key changed (access time, hit count, priority): a leaf gets a fresh heap entry."""
+        if node in self.evictable_leaves:
+            self._push_dev(node)
+        if node in self.evictable_host_leaves:
+            self._push_host(node)
+
+    def _pop_dev(self) -> HiTreeNode | None:
+        heap, leaves = self._dheap, self.evictable_leaves
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[4]
+            if entry[3] == node._dver and node in leaves:
+                return node
+        return None
+
+    def _pop_host(self) -> HiTreeNode | None:
+        heap, leaves = self._hheap, self.evictable_host_leaves
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[4]
+            if entry[3] == node._hver and node in leaves:
+                return node
+        return None
+
     def _update_leaf_status(self, node: HiTreeNode) -> None:
         """A device leaf: on the device, unlocked, and no child on the device."""
-        if node.value is None or node.lock_ref > 0 or any(c.value is not None for c in node.children.values()):
+        leaf = node.value is not None and node.lock_ref <= 0
+        if leaf:
+            for c in node.children.values():
+                if c.value is not None:
+                    leaf = False
+                    break
+        if not leaf:
             self.evictable_leaves.discard(node)
-        else:
+        elif node not in self.evictable_leaves:
             self.evictable_leaves.add(node)
+            self._push_dev(node)
 
     def _update_host_leaf_status(self, node: HiTreeNode) -> None:
         """A host leaf: host-only, unlocked, and no child with a host copy."""
-        if node.value is not None or node.lock_ref > 0 or any(c.host_value is not None
-                                                                for c in node.children.values()):
+        leaf = node.value is None and node.lock_ref <= 0
+        if leaf:
+            for c in node.children.values():
+                if c.host_value is not None:
+                    leaf = False
+                    break
+        if not leaf:
             self.evictable_host_leaves.discard(node)
-        else:
+        elif node not in self.evictable_host_leaves:
             self.evictable_host_leaves.add(node)
+            self._push_host(node)
 
     # -- match ---------------------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey) -> HiMatchResult:
@@ -277,7 +357,7 @@ class HiRadixCache(BaseRadixTree):
         last_host = node
         host_hit = 0
         while node.value is None:
-            host_hit += len(node.host_value)
+            host_hit += len(node.key)
             node = node.parent
         while last_host.host_value is None:
             last_host = last_host.parent
@@ -285,17 +365,24 @@ class HiRadixCache(BaseRadixTree):
         return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
+        tick, ps = self.clock.tick, self.page_size
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
         node = self.root_node
-        node.last_access_time = self.clock.tick()
+        node.last_access_time = tick()
         values, off = [], 0
         while off < n:
-            child = node.children.get(self._key_of(key, off))
+            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
-            child.last_access_time = self.clock.tick()
-            m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
-            if m < len(child.key):
-                node = self._split_node(child, m)
+            child.last_access_time = tick()
+            if child in leaves:  # _touch: its sort key changed
+                self._push_dev(child)
+            if child in host_leaves:
+                self._push_host(child)
+            ckey = child.key
+            m = len(ckey)
+            if off + m > n or ckey != key[off : off + m]:
+                node = self._split_node(child, align_down(common_prefix_len(ckey, key, off, n), ps))
                 if node.value is not None:
                     values.append(node.value)
                 break
@@ -315,9 +402,9 @@ class HiRadixCache(BaseRadixTree):
         if child.value is not None:
             upper.value = child.value[:split_len].clone()
             child.value = child.value[split_len:].clone()
-        if child.host_value is not None:
-            upper.host_value = child.host_value[:split_len].clone()
-            child.host_value = child.host_value[split_len:].clone()
+        if child.host_value is not None:  # host slots stay slices of the host pool's table (its free reads them so)
+            upper.host_value = child.host_value[:split_len]
+            child.host_value = child.host_value[split_len:]
         child.key = child.key[split_len:]
         child.parent = upper
         upper.children[self._key_of(child.key)] = child
@@ -334,12 +421,15 @@ class HiRadixCache(BaseRadixTree):
         already on the device: the caller frees its own slots for it. A matched node that is host-only takes the
         caller's slots instead (recomputed KV; the node is then on both tiers) and does not count in the return.
         Under the write-through policies a node whose hit count reaches the threshold is backed up."""
-        return self._insert(key, value, priority, chunked)[0]
-
-    def _insert(self, key: TokenKey, value: torch.Tensor | None, priority: int, chunked: bool) -> tuple[int, HiTreeNode]:
-        """:meth:`insert`, also returning the node its key ends at (the root for an empty key)."""
         key = as_tokens(key)
-        n = align_down(len(key), self.page_size)
+        return self._insert(key, align_down(len(key), self.page_size), value, priority, chunked)[0]
+
+    def _insert(self, key: array, n: int, value: torch.Tensor | None, priority: int, chunked: bool,
+                held: HiTreeNode | None = None, held_len: int = 0) -> tuple[int, HiTreeNode]:
+        """:meth:`insert` of ``key[:n]`` (``n`` page-aligned), also returning the node it ends at (the root for
+        an empty key). ``held``: the node a request holds locked, whose path spells ``key[:held_len]`` (matched or
+        inserted from its own tokens): the walk over that path does what the loop does to each node it matches
+        whole, without looking the children up or comparing their tokens again."""
         if value is None:
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
         elif not isinstance(value, torch.Tensor):
@@ -350,15 +440,43 @@ class HiRadixCache(BaseRadixTree):
         if n == 0:
             return 0, self.root_node
         node, off, prefix = self.root_node, 0, 0
+        ps, tick = self.page_size, self.clock.tick
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        count_hits = not chunked and self.write_policy != "write_back"
+        for child in (self._held_path(held, held_len) if 0 < held_len <= n else None) or ():
+            child.last_access_time = tick()  # (on the device: a locked path)
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:
+                self._push_dev(child)
+            if child in host_leaves:
+                self._push_host(child)
+            node = child
+            if count_hits:
+                self._inc_hit_count(node)
+            m = len(child.key)
+            prefix += m
+            off += m
         while off < n:
-            child = node.children.get(self._key_of(key, off))
+            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
-            child.last_access_time = self.clock.tick()
-            child.priority = max(child.priority, priority)
-            m = align_down(common_prefix_len(child.key, key, off, n), self.page_size)
-            node = child if m == len(child.key) else self._split_node(child, m)
-            node.priority = max(node.priority, priority)
+            child.last_access_time = tick()
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:  # _touch: its sort key changed
+                self._push_dev(child)
+            if child in host_leaves:
+                self._push_host(child)
+            ckey = child.key
+            m = len(ckey)
+            if off + m > n or ckey != key[off : off + m]:  # the key diverges (or ends) inside this edge: split it
+                m = align_down(common_prefix_len(ckey, key, off, n), ps)
+                node = self._split_node(child, m)
+                if priority > node.priority:  # (the upper half: a new node, never a leaf)
+                    node.priority = priority
+            else:
+                node = child
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
                 node.value = _own(value[off : off + m])
                 self.evictable_size_ += m
@@ -366,7 +484,8 @@ class HiRadixCache(BaseRadixTree):
                 self._update_host_leaf_status(node)
                 self._update_leaf_status(node.parent)
             else:
-                self._inc_hit_count(node, chunked)
+                if count_hits:
+                    self._inc_hit_count(node)
                 prefix += m
             off += m
         if off < n:
@@ -375,37 +494,15 @@ class HiRadixCache(BaseRadixTree):
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
             self._update_leaf_status(leaf)
-            if self.write_policy != "write_back":
-                self._inc_hit_count(leaf, chunked)
+            if count_hits:
+                self._inc_hit_count(leaf)
             node = leaf
         return prefix, node
 
     # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
-    # and runs over its own insert and match_prefix) ---------------------------------------------------------------
-    def cache_finished_req(self, req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
-        """A finished request hands its KV to the tree: ``(origin_input_ids + output_ids)[:kv_len_to_handle]``
-        (default: all but the last output token, whose KV was never computed); the page-aligned part is inserted
-        (write-through backs up what reaches its hit threshold), the caller's duplicates
-        ``row[cache_protected_len : already on the device]`` and the unaligned tail are freed, and the request's
-        lock is dropped. The caller frees the row (``common.release_kv_cache``)."""
-        origin = as_tokens(req.origin_input_ids)
-        total = len(origin) + len(req.output_ids)
-        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
-        alloc = self.token_to_kv_pool_allocator
-        free = getattr(alloc, "free_row", alloc.free)
-        protected = req.cache_protected_len
-        key_len = align_down(kv_len, self.page_size)
-        if is_insert:
-            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
-            done = self.insert(tokens[:key_len], row[:key_len], getattr(req, "priority", 0) or 0)
-            free(row[protected:done])
-        else:
-            free(row[protected:key_len])
-        free(row[key_len:])
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-            req.last_node = None
+    # and runs over its own insert and match_prefix; cache_finished_req is radix_cache.RequestFlows') ----------------
+    def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req) -> int:
+        return self._insert(tokens, key_len, row, priority, False, req.last_node, req.cache_protected_len)[0]
 
     def cache_unfinished_req(self, req, chunked: bool = False) -> None:
         """After a prefill (chunk): insert ``fill_ids``' page-aligned KV (``chunked``: no hit counted, so no
@@ -417,43 +514,52 @@ class HiRadixCache(BaseRadixTree):
         key_len = align_down(len(tokens), self.page_size)
         alloc = self.token_to_kv_pool_allocator
         protected = req.cache_protected_len
-        done, last = self._insert(tokens, row, getattr(req, "priority", 0) or 0, chunked)
+        done, last = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, chunked, req.last_node,
+                                  protected)
         getattr(alloc, "free_row", alloc.free)(row[protected:done])
-        device_indices = self._rematch(last, key_len)
-        require(len(device_indices) == key_len, "cache_unfinished_req: the re-match finds every token just inserted "
-                "on the device", found=len(device_indices), inserted=key_len)
+        values = self._rematch(last, key_len)
+        found = sum(v.shape[0] for v in values)
+        require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted on the device",
+                found=found, inserted=key_len)
+        tail = row[key_len : len(tokens)]
+        if len(tail):
+            values.append(tail.to(_I64))
+        prefix = torch.cat(values) if values else self._empty  # the path's device slots, then the partial page
         if key_len > protected:
-            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), device_indices[protected:])
+            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), prefix[protected:key_len])
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(last)
-        tail = row[key_len : len(tokens)]
-        req.prefix_indices = torch.cat([device_indices, tail.to(_I64)]) if len(tail) else device_indices
+        req.prefix_indices = prefix
         req.last_node = last
 
-    def _rematch(self, last: HiTreeNode, key_len: int) -> torch.Tensor:
+    def _rematch(self, last: HiTreeNode, key_len: int) -> list[torch.Tensor]:
         """``match_prefix`` of the key that insert just made end at ``last``, without comparing its tokens again:
         the same walk (no split is possible, every node is on the device), the same clock reads (the root, then
-        each node from the top), the device slots of the path."""
+        each node from the top); returns the device slots of the path, node by node."""
         if key_len == 0:
-            return self._empty
+            return []
         path = []
         node = last
         while node is not self.root_node:
             path.append(node)
             node = node.parent
-        self.root_node.last_access_time = self.clock.tick()
+        tick, leaves = self.clock.tick, self.evictable_leaves
+        self.root_node.last_access_time = tick()
         values = []
         for node in reversed(path):
-            node.last_access_time = self.clock.tick()
+            node.last_access_time = tick()
+            if node in leaves:  # _touch (on the device: never a host leaf)
+                self._push_dev(node)
             values.append(node.value)
-        return torch.cat(values) if values else self._empty
+        return values
 
     def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
         if self.write_policy == "write_back" or chunked:
             return
         node.hit_count += 1
+        self._touch(node)
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
@@ -466,16 +572,16 @@ class HiRadixCache(BaseRadixTree):
             return 0
         host = self.cache_controller.write(node.value, node.id)
         if host is None:
-            self.evict_host(len(node.value))
+            self.evict_host(len(node.key))
             host = self.cache_controller.write(node.value, node.id)
             if host is None:
                 return 0
-        node.host_value = host.clone()
+        node.host_value = host  # the host pool's slots (the copy's op holds the same tensor; neither writes to it)
         op = self.cache_controller.write_queue[-1]
         self.ongoing_write_through[id(op)] = (op, None if write_back else node)
         if not write_back:
             self.inc_lock_ref(node)
-        return len(host)
+        return host.shape[0]
 
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
@@ -511,8 +617,10 @@ class HiRadixCache(BaseRadixTree):
 
     def poll(self, now_s: float) -> None:
         """Move the transfer clock to ``now_s`` and complete every copy finished by then."""
-        self.cache_controller.poll(now_s)
-        self.check_hicache_events()
+        ctl = self.cache_controller
+        ctl.poll(now_s)
+        if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
+            self.check_hicache_events()
 
     def advance(self, seconds: float) -> None:
         self.poll(self.now_s + seconds)
@@ -530,14 +638,16 @@ class HiRadixCache(BaseRadixTree):
             return 0
         self._check_member(node, "inc_lock_ref", "is not on the device")
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 0:
-                self.evictable_size_ -= len(node.key)
-                self.protected_size_ += len(node.key)
-                delta -= len(node.key)
+        root, leaves, host_leaves = self.root_node, self.evictable_leaves, self.evictable_host_leaves
+        while node is not root:
+            if node.lock_ref == 0:  # a locked node is no leaf of either tier (it is never in either index)
+                n = len(node.key)
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+                delta -= n
+                leaves.discard(node)
+                host_leaves.discard(node)
             node.lock_ref += 1
-            self._update_leaf_status(node)
-            self._update_host_leaf_status(node)
             node = node.parent
         return delta
 
@@ -549,14 +659,15 @@ class HiRadixCache(BaseRadixTree):
         if node.lock_ref <= 0:
             raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
         delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 1:
-                self.evictable_size_ += len(node.key)
-                self.protected_size_ -= len(node.key)
-                delta += len(node.key)
+        root = self.root_node
+        while node is not root:
             node.lock_ref -= 1
-            self._update_leaf_status(node)
-            self._update_host_leaf_status(node)
+            if node.lock_ref == 0:  # unlocked: it may be a device leaf again (a locked node is on the device, so
+                n = len(node.key)  # never a host leaf)
+                self.evictable_size_ += n
+                self.protected_size_ -= n
+                delta += n
+                self._update_leaf_status(node)
             node = node.parent
         return delta
 
@@ -568,16 +679,32 @@ class HiRadixCache(BaseRadixTree):
         stays full, the leaf and its host-only subtree are dropped). A parent whose children all left the device
         becomes a candidate. ``HiRadixCache.evict`` -> ``_evict_write_through`` / ``_evict_write_back``."""
         num_tokens = params if isinstance(params, int) else params.num_tokens
-        heap = [(self._prio(n), n) for n in self.evictable_leaves]
-        heapq.heapify(heap)
         tally = {"demoted": 0, "written": 0, "destroyed": 0}
         host_before = self.host_evicted_tokens
         staged: list[tuple[HiTreeNode, torch.Tensor]] = []
+        kept: list[HiTreeNode] = []  # popped but still leaves (a protected subtree): candidates again next call
         evicted = 0
-        while evicted < num_tokens and heap:
-            _, x = heapq.heappop(heap)
-            if x.lock_ref > 0:
-                continue
+        self._evicting = True
+        try:
+            evicted = self._evict_loop(num_tokens, tally, staged, kept)
+        finally:
+            self._evicting = False
+            for x in kept:
+                if x in self.evictable_leaves:
+                    self._push_dev(x)
+        res = EvictResult.of(num_tokens, num_tokens, evicted)
+        return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
+                             written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
+                             host_evicted_tokens=self.host_evicted_tokens - host_before)
+
+    def _evict_loop(self, num_tokens: int, tally: dict, staged: list, kept: list) -> int:
+        """:meth:`evict`'s loop over the device-leaf heap; a parent whose children all left the device joins the
+        heap as it becomes a leaf (``_update_leaf_status``), as 0.5.16 pushes it. Returns the tokens evicted."""
+        evicted = 0
+        while evicted < num_tokens:
+            x = self._pop_dev()
+            if x is None:
+                break
             if x.host_value is not None:
                 evicted += self._evict_backuped(x)
                 tally["demoted"] += len(x.key)
@@ -594,14 +721,10 @@ class HiRadixCache(BaseRadixTree):
                 dropped = self._drop_subtree_no_host(x)
                 evicted += dropped
                 tally["destroyed"] += dropped
-            parent = x.parent
-            if parent is not self.root_node and all(c.value is None for c in parent.children.values()):
-                heapq.heappush(heap, (self._prio(parent), parent))
+            if x in self.evictable_leaves:  # not dropped (a host-protected node below it)
+                kept.append(x)
         self._flush_staged(staged)
-        res = EvictResult.of(num_tokens, num_tokens, evicted)
-        return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
-                             written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
-                             host_evicted_tokens=self.host_evicted_tokens - host_before)
+        return evicted
 
     def _flush_staged(self, staged: list[tuple[HiTreeNode, torch.Tensor]]) -> None:
         """Write-back: wait for the staged copies, then free their device slots."""
@@ -615,7 +738,7 @@ class HiRadixCache(BaseRadixTree):
 
     def _detach_backuped(self, node: HiTreeNode) -> int:
         """Make ``node`` host-only (its device slots are freed by the caller)."""
-        n = len(node.value)
+        n = len(node.key)
         self.evictable_size_ -= n
         node.value = None
         self._update_leaf_status(node)
@@ -631,7 +754,7 @@ class HiRadixCache(BaseRadixTree):
 
     def _evict_regular(self, node: HiTreeNode) -> int:
         require(not node.children, "HiRadixCache: an unbacked device leaf has no children (write-through)", node=node)
-        n = len(node.value)
+        n = len(node.key)
         self.cache_controller.evict_device(node.value)
         self._delete_leaf(node)
         return n
@@ -675,23 +798,28 @@ class HiRadixCache(BaseRadixTree):
         """Free the host copies of host-only leaves (never host-protected ones), in the strategy's order, until
         ``num_tokens`` are freed or none is left; the node is deleted, and a parent left childless and host-only
         becomes a candidate. Returns the host tokens freed (``HiRadixCache.evict_host``)."""
-        heap = [(self._prio(n), n) for n in self.evictable_host_leaves]
-        heapq.heapify(heap)
         freed = 0
-        while freed < num_tokens and heap:
-            _, x = heapq.heappop(heap)
-            if x is self.root_node:
-                break
-            if x.value is not None or x.host_ref_counter > 0:
-                continue
-            freed += self.cache_controller.evict_host(x.host_value)
-            parent = x.parent
-            del parent.children[self._key_of(x.key)]
-            self.evictable_host_leaves.discard(x)
-            x.host_value = None
-            self._update_host_leaf_status(parent)
-            if not parent.children and parent.value is None:
-                heapq.heappush(heap, (self._prio(parent), parent))
+        kept = []  # host-protected leaves: skipped, candidates again next call
+        self._host_evicting = True
+        try:
+            while freed < num_tokens:
+                x = self._pop_host()
+                if x is None:
+                    break
+                if x.host_ref_counter > 0:
+                    kept.append(x)
+                    continue
+                freed += self.cache_controller.evict_host(x.host_value)
+                parent = x.parent
+                del parent.children[self._key_of(x.key)]
+                self.evictable_host_leaves.discard(x)
+                x.host_value = None
+                self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
+        finally:
+            self._host_evicting = False
+            for x in kept:
+                if x in self.evictable_host_leaves:
+                    self._push_host(x)
         self.host_evicted_tokens += freed
         return freed
 
@@ -781,7 +909,8 @@ class HiRadixCache(BaseRadixTree):
         backups form a prefix from the root; lock_ref >= the children's; the evictable/protected counters equal
         the device tokens of unlocked/locked nodes; no device or host slot is cached twice, each is allocated in
         its pool, and the host pool holds exactly the tree's host copies; both leaf indexes equal a brute-force
-        recomputation; every node an in-flight copy protects is locked.
+        recomputation, and each of their leaves has a live entry with its current sort key in its tier's heap;
+        every node an in-flight copy protects is locked.
         """
         root, ps = self.root_node, self.page_size
         require(root.lock_ref == 1 and not len(root.key) and root.parent is None,
@@ -852,6 +981,17 @@ class HiRadixCache(BaseRadixTree):
                 "host-only nodes without backed-up children",
                 missing=sorted(x.id for x in host_leaves - self.evictable_host_leaves),
                 extra=sorted(x.id for x in self.evictable_host_leaves - host_leaves))
+        for tier, index, heap, ver in (("device", self.evictable_leaves, self._dheap, "_dver"),
+                                       ("host", self.evictable_host_leaves, self._hheap, "_hver")):
+            live = {}
+            for prio, last, nid, v, x in heap:
+                if x in index and v == getattr(x, ver):
+                    live[x] = (prio, last, nid)
+            for x in index:
+                want = (self._priority_of(x), x.last_access_time, x.id)
+                if live.get(x) != want:
+                    raise InvariantError(f"HiRadixCache: every {tier} leaf has a live heap entry with its current "
+                                         "sort key", node=x, heap_entry=live.get(x), expected=want)
         for op, lock_node in self.ongoing_write_through.values():
             if lock_node is not None:
                 require(lock_node.lock_ref > 0, "HiRadixCache: a node with a backup in flight is locked",

@@ -59,7 +59,8 @@ from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, c
 from kvlab.units import align_down
 
 # Old import paths (``from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, ...``).
-__all__ = ["LockRefError", "LogicalClock", "MatchResult", "RadixCache", "Req", "SimpleReq", "TreeLock", "TreeNode"]
+__all__ = ["LockRefError", "LogicalClock", "MatchResult", "RadixCache", "Req", "RequestFlows", "SimpleReq", "TreeLock",
+           "TreeNode"]
 
 _I64 = torch.int64
 
@@ -143,7 +144,64 @@ class SimpleReq:
     priority: int = 0
 
 
-class RadixCache(BaseRadixTree):
+class RequestFlows:
+    """The finished-request flow of the trees with SGLang 0.5.16's classic request API (``RadixCache``, and
+    ``HiRadixCache``, which in SGLang inherits ``RadixCache.cache_finished_req`` and runs it over its own insert).
+    A tree supplies ``_insert_finished`` (its insert of ``tokens[:key_len]`` with the row's slots, returning the
+    prefix already cached) and the attributes ``BaseRadixTree`` sets."""
+
+    def _held_path(self, held, held_len: int) -> list | None:
+        """Root-to-``held`` nodes (root excluded) if ``held`` is a live, locked node whose path holds ``held_len``
+        tokens; None otherwise (the caller then walks from the root)."""
+        if held is None or held.value is None or held.lock_ref <= 0 or held is self.root_node:
+            return None
+        path, length, root = [], 0, self.root_node
+        while held is not root:
+            if held is None:
+                return None
+            path.append(held)
+            length += len(held.key)
+            held = held.parent
+        return path[::-1] if length == held_len else None
+
+    def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req: Req) -> int:
+        raise NotImplementedError
+
+    def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
+        """A finished request hands its KV to the tree (``RadixCache.cache_finished_req``).
+
+        Tokens = ``(origin_input_ids + output_ids)[:kv_len_to_handle]``; the default is all but the
+        last output token, whose KV was never computed. Inserts the page-aligned part (``_insert_finished``; the
+        two-tier tree's write-through backs up what reaches its hit threshold), frees the
+        duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
+        the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
+        Row slices go to the allocator as they are (``free_row``: one index per page).
+        """
+        origin = as_tokens(req.origin_input_ids)
+        n_out = len(req.output_ids)
+        total = len(origin) + n_out
+        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
+        alloc = self.token_to_kv_pool_allocator
+        free = getattr(alloc, "free_row", alloc.free)
+        protected = req.cache_protected_len
+        if self.disable:
+            free(row[protected:])
+            return
+        key_len = align_down(kv_len, self.page_size)
+        if is_insert:
+            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
+            done = self._insert_finished(tokens, key_len, row, getattr(req, "priority", 0) or 0, req)
+            free(row[protected:done])
+        else:
+            free(row[protected:key_len])
+        free(row[key_len:])
+        if req.last_node is not None:
+            self.dec_lock_ref(req.last_node)
+            req.last_node = None
+
+
+class RadixCache(RequestFlows, BaseRadixTree):
     """SGLang's ``RadixCache`` with the classic (0.5.16) request API and 0.5.23's insert semantics.
 
     ``token_to_kv_pool_allocator`` receives the slots of evicted leaves (``free_segment``) and the
@@ -405,52 +463,9 @@ class RadixCache(BaseRadixTree):
             node = leaf
         return prefix_len, node  # the node that ends at n (cache_unfinished_req re-matches up to it)
 
-    def _held_path(self, held: TreeNode | None, held_len: int) -> list[TreeNode] | None:
-        """Root-to-``held`` nodes (root excluded) if ``held`` is a live, locked node whose path holds ``held_len``
-        tokens; None otherwise (the caller then walks from the root)."""
-        if held is None or held.value is None or held.lock_ref <= 0 or held is self.root_node:
-            return None
-        path, length, root = [], 0, self.root_node
-        while held is not root:
-            if held is None:
-                return None
-            path.append(held)
-            length += len(held.key)
-            held = held.parent
-        return path[::-1] if length == held_len else None
-
-    # -- request flows (0.5.16 classic API) ------------------------------------------------------
-    def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
-        """A finished request hands its KV to the tree (``RadixCache.cache_finished_req``).
-
-        Tokens = ``(origin_input_ids + output_ids)[:kv_len_to_handle]``; the default is all but the
-        last output token, whose KV was never computed. Inserts the page-aligned part, frees the
-        duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
-        the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
-        Row slices go to the allocator as they are (``free_row``: one index per page).
-        """
-        origin = as_tokens(req.origin_input_ids)
-        n_out = len(req.output_ids)
-        total = len(origin) + n_out
-        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
-        alloc = self.token_to_kv_pool_allocator
-        free = getattr(alloc, "free_row", alloc.free)
-        protected = req.cache_protected_len
-        if self.disable:
-            free(row[protected:])
-            return
-        key_len = align_down(kv_len, self.page_size)
-        if is_insert:
-            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
-            done, _ = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, 0, req.last_node, protected)
-            free(row[protected:done])
-        else:
-            free(row[protected:key_len])
-        free(row[key_len:])
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-            req.last_node = None
+    # -- request flows (0.5.16 classic API): cache_finished_req is RequestFlows' ------------------------
+    def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req: Req) -> int:
+        return self._insert(tokens, key_len, row, priority, 0, req.last_node, req.cache_protected_len)[0]
 
     def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
         """After a prefill chunk: insert ``fill_ids``' page-aligned KV, free duplicates, re-point the

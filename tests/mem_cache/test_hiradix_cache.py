@@ -7,14 +7,22 @@ test_differential_hicache.py runs SGLang's own classes on random scripts, these 
 
 from __future__ import annotations
 
+import heapq
+import random
+
 import pytest
 import torch
 
 from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
 from kvlab.mem_cache import EvictParams, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, evict_from_tree_cache
+from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
+from kvlab.mem_cache.radix_cache import SimpleReq
 from kvlab.units import GiB
+
+from .hicache_script import KvlabHiRunner, path_of, random_scenario
 
 BPT = 1000  # bytes per token: a 10-token copy at 1e6 B/s takes 10 ms
 
@@ -333,3 +341,192 @@ def test_insert_slots_frees_the_callers_duplicates_and_refuses_a_state_slot():
     cache.check_invariants()
     with pytest.raises(ValueError, match="state_slot"):
         cache.insert_slots(list(range(4)), alloc.alloc(4), state_slot=0)
+
+
+# -- speed (issue 21 item 7): the long-lived leaf heaps, the held-path insert, the host pool's page lists ---------
+class PerCallHeapify(HiRadixCache):
+    """0.5.16's eviction as kvlab ran it before issue 21 item 7: a heap of every evictable leaf built on each
+    ``evict`` / ``evict_host`` call (the oracle for the long-lived heaps, which must pop the same victims)."""
+
+    def evict(self, params):
+        num_tokens = params if isinstance(params, int) else params.num_tokens
+        heap = [(self._prio(n), n) for n in self.evictable_leaves]
+        heapq.heapify(heap)
+        staged, evicted = [], 0
+        while evicted < num_tokens and heap:
+            _, x = heapq.heappop(heap)
+            if x.lock_ref > 0:
+                continue
+            if x.host_value is not None:
+                evicted += self._evict_backuped(x)
+            elif self.write_policy != "write_back":
+                evicted += self._evict_regular(x)
+            elif self.write_backup(x, write_back=True) > 0:
+                x.protect_host()
+                staged.append((x, x.value))
+                evicted += self._detach_backuped(x)
+            else:
+                self._flush_staged(staged)
+                evicted += self._drop_subtree_no_host(x)
+            parent = x.parent
+            if parent is not self.root_node and all(c.value is None for c in parent.children.values()):
+                heapq.heappush(heap, (self._prio(parent), parent))
+        self._flush_staged(staged)
+        return EvictResult.of(num_tokens, num_tokens, evicted)
+
+    def evict_host(self, num_tokens):
+        heap = [(self._prio(n), n) for n in self.evictable_host_leaves]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            _, x = heapq.heappop(heap)
+            if x.value is not None or x.host_ref_counter > 0:
+                continue
+            freed += self.cache_controller.evict_host(x.host_value)
+            parent = x.parent
+            del parent.children[self._key_of(x.key)]
+            self.evictable_host_leaves.discard(x)
+            x.host_value = None
+            self._update_host_leaf_status(parent)
+            if not parent.children and parent.value is None:
+                heapq.heappush(heap, (self._prio(parent), parent))
+        self.host_evicted_tokens += freed
+        return freed
+
+
+class PlainWalk(HiRadixCache):
+    """Insert walks every node from the root, comparing tokens (the oracle for the held-path walk)."""
+
+    def _held_path(self, held, held_len):
+        return None
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("policy", ["lru", "lfu", "mru"])
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
+def test_long_lived_heaps_evict_what_a_heap_per_call_evicts(page_size, policy, write_policy):
+    """Random scripts (device and host eviction, load-backs, locks, copies in flight) give the same record after
+    every op whether the leaves are heapified per call or kept in one heap per tier across calls."""
+    for seed in range(2):
+        sc = random_scenario(7000 + seed, page_size, policy, write_policy, n_ops=120)
+        fast = KvlabHiRunner(sc)  # check_invariants() after every op (the heaps agree with the tree)
+        oracle = KvlabHiRunner(sc, check=False)
+        c = fast.cache
+        oracle.cache = PerCallHeapify(None, oracle.alloc, oracle.host, page_size, write_policy=write_policy,
+                                      eviction_policy=policy, load_back_evict_mode="full", d2h_bytes_per_s=1e6,
+                                      h2d_bytes_per_s=1e6)
+        assert type(c) is HiRadixCache and c.load_back_evict_mode == "full"
+        for i, op in enumerate(sc["ops"]):
+            assert fast.run(op) == oracle.run(op), f"seed {seed}, op {i} {op[0]}"
+
+
+def test_check_invariants_catches_a_leaf_without_a_live_heap_entry():
+    alloc, host, cache = demoted_chain()
+    leaf = next(iter(cache.evictable_host_leaves))
+    leaf.last_access_time += 100  # its sort key changed without a fresh heap entry: it would be popped too early
+    with pytest.raises(InvariantError, match="host leaf has a live heap entry"):
+        cache.check_invariants()
+    alloc, host, cache = make()
+    serve(cache, alloc, list(range(10)))
+    cache.drain()  # the backup lands: the leaf is evictable again
+    leaf = next(iter(cache.evictable_leaves))
+    leaf.hit_count += 1  # not in the LRU key: nothing to re-push
+    cache.check_invariants()
+    cache._dheap.clear()
+    with pytest.raises(InvariantError, match="device leaf has a live heap entry"):
+        cache.check_invariants()
+
+
+def _flow(cache_cls, page_size, write_policy, seed):
+    """Requests over shared prefixes through the scheduler's request flows: match, load back, a chunked prefill
+    (``cache_unfinished_req``), the rest of the prompt, then ``cache_finished_req``; two requests in flight at a
+    time. Returns the state after every step."""
+    rng = random.Random(seed)
+    size = 64 * page_size if page_size > 1 else 96
+    alloc = TokenToKVPoolAllocator(size) if page_size == 1 else PagedTokenToKVPoolAllocator(size, page_size)
+    host = HostKVCache(size, BPT, page_size, hicache_ratio=2.0)
+    pool = ReqToTokenPool(size=4, max_context_len=128)
+    cache = cache_cls(pool, alloc, host, page_size, write_policy=write_policy, d2h_bytes_per_s=1e6,
+                      h2d_bytes_per_s=1e6)
+    roots = [[rng.randrange(1, 9) for _ in range(rng.randrange(8, 40))] for _ in range(3)]
+    states, running = [], []
+
+    def state(tag):
+        nodes = sorted((path_of(n, cache.root_node), n.residency, n.lock_ref, n.hit_count, n.last_access_time)
+                       for n in cache.nodes() if n is not cache.root_node)
+        return (tag, nodes, cache.clock.now, alloc.available_size(), host.free_slots.tolist(),
+                [r.prefix_indices.tolist() for r in running])
+
+    def make_room(n):
+        if alloc.available_size() < n:
+            cache.evict(n - alloc.available_size())
+        return alloc.alloc(n)
+
+    for i in range(14):
+        prompt = rng.choice(roots)[: rng.randrange(4, 40)] + [rng.randrange(1, 9) for _ in range(rng.randrange(1, 12))]
+        r = SimpleReq(i, origin_input_ids=prompt, output_ids=[rng.randrange(1, 9) for _ in range(rng.randrange(1, 6))])
+        pool.alloc([r])
+        m = cache.match_prefix(prompt[:-1])
+        loaded, last = cache.init_load_back(m.best_match_node)
+        prefix = torch.cat([m.device_indices, loaded])
+        cache.inc_lock_ref(last)
+        r.last_node, r.cache_protected_len = last, len(prefix)
+        kv_len = len(prompt) + len(r.output_ids) - 1  # the last output token's KV is never computed
+        new = make_room(-(-(kv_len - len(prefix)) // page_size) * page_size)  # whole pages
+        if new is None:
+            cache.dec_lock_ref(last)
+            pool.free(r)
+            continue
+        row = torch.cat([prefix, new])[:kv_len]
+        pool.write((r.req_pool_idx, slice(0, kv_len)), row.to(torch.int32))
+        cut = len(prefix) + (len(prompt) - len(prefix)) // 2
+        for fill, chunked in ((prompt[:cut], True), (prompt, False)):
+            r.fill_ids = fill
+            cache.cache_unfinished_req(r, chunked=chunked)
+            states.append(state(f"unfinished {i}"))
+        running.append(r)
+        cache.advance(0.003)
+        if len(running) > 1:
+            done = running.pop(0)
+            cache.cache_finished_req(done)
+            pool.free(done)
+            states.append(state(f"finished {done.rid}"))
+        cache.check_invariants()
+    return states
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
+def test_insert_over_a_held_path_does_what_the_walk_from_the_root_does(page_size, write_policy):
+    """``cache_unfinished_req`` / ``cache_finished_req`` skip comparing the path a request holds; every node's
+    residency, locks, hit count and access time, the clock, both pools and each request's prefix are the same as
+    when insert walks from the root."""
+    for seed in range(3):
+        fast, plain = _flow(HiRadixCache, page_size, write_policy, seed), _flow(PlainWalk, page_size, write_policy, seed)
+        assert len(fast) > 10
+        for a, b in zip(fast, plain, strict=True):
+            assert a == b
+
+
+def test_host_pool_frees_whole_pages_of_what_it_handed_out():
+    host = HostKVCache(20, 8, 4, hicache_ratio=1.0)  # 6 pages: slots 0..23
+    a, b, c = host.alloc(8), host.alloc(4), host.alloc(8)  # pages 0 1 | 2 | 3 4
+    host.free(b)
+    host.free(a[4:])  # a split half: whole pages of an allocation
+    mixed = host.alloc(12)  # page 5 (never used), then the staged 2, 1: three runs
+    assert mixed.tolist() == [*range(20, 24), *range(8, 12), *range(4, 8)]
+    assert host.available_size() == 0
+    with pytest.raises(ValueError, match="not whole pages"):
+        host.free(mixed[2:6])
+    with pytest.raises(ValueError, match="not whole pages"):
+        host.free(torch.tensor([1, 0, 2, 3]))  # a whole page's slots, out of order
+    host.free(mixed[4:8])  # page 2 of the concatenation
+    with pytest.raises(DoubleFreeError, match="double free"):
+        host.free(torch.tensor([8, 9, 10, 11]))  # the same page, as a tensor of its own
+    host.free(mixed.clone()[8:])  # page 1, from a copy: checked slot by slot
+    host.free(torch.cat([a[:4], c]))  # pages 0, 3, 4 from other tensors
+    host.free(mixed[:4])
+    assert host.available_size() == host.size
+    host.check_invariants()
+    del mixed
+    assert not host._issued  # a concatenation is forgotten when its last view goes
