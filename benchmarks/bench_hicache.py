@@ -15,13 +15,19 @@ Defaults: the conversation-shaped trace (``make_mooncake_trace.py --preset conve
 pages, 2,000 device pages, 16 running, ``--hicache-ratio 4``, ``write_through``. Timings on a shared machine are
 noisy: read the ratios, and the CPU seconds.
 
-Measured (first 1,500 requests of the conversation preset, 2,000 pages, 16 running, ratio 4, write_through,
-2 shared cores, ``--repeat 3``): see docs/hicache.md#speed for the table. Before issue 21 item 7 the HiCache run
-took 1.9-2.3x the run without; the host tier's time went to per-call heapifies of every leaf (device ``evict``
-and ``evict_host``, as 0.5.16 does), the host pool's tensor free list and its per-slot double-free check, and
-re-walking and re-comparing a request's own prefix on every insert. Now each tier keeps one heap of its leaves
-across calls (stale entries skipped on pop), the host pool's free list is page ids with slot tensors sliced from
-one table, and insert walks a request's locked path without comparing it again.
+Measured with ``python benchmarks/bench_hicache.py --trace conv.jsonl --requests 1500 --baseline <77d01da>
+--repeat 3`` (conv.jsonl: ``make_mooncake_trace.py --preset conversation``; the defaults above; 2 shared cores;
+fastest CPU seconds of 3): with HiCache 2.3 / 2.3 s against 1.9 / 1.9 s without
+(shortfall / full): 1.17x / 1.23x (target <= 1.5x); without HiCache this tree and the baseline 77d01da take the same
+time within the machine's noise (0.87x / 0.99x in that run, 1.83 against 1.79 s fastest of five alternating runs),
+totals identical. Merged with issue 22's faster allocator and scheduler (branch speed22b at d05d18d), the same run
+gave 1.7 / 1.7 s against 1.4 / 1.6 s: 1.22x / 1.10x. Before this work the HiCache run took 1.9-2.3x the run
+without: its time went to per-call heapifies of every leaf (device ``evict`` and ``evict_host``, as 0.5.16 does),
+the host pool's tensor free list and its per-slot double-free check, and re-walking and re-comparing a request's own
+prefix on every insert. Now each tier keeps one heap of its leaves across calls (stale entries skipped on pop), the
+host pool's free list is page ids with slot tensors sliced from one table, and insert walks a request's locked path
+without comparing it again. What is left is the host tier's own work: a backup per new node (host slots, a copy
+record, a lock until the copy lands), host evictions once the pool is full, load-backs, and a poll per step.
 """
 
 from __future__ import annotations
