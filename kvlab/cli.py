@@ -97,6 +97,13 @@ SIMULATE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_ba
 SWEEP_HELP = "run kvlab simulate over a grid of settings, on local cores or a Ray cluster"
 
 
+def _registered_or(names: tuple[str, ...], module: str, registry: str) -> list[str]:
+    """The live registry's names when its module is loaded already (a policy someone registered is one of them),
+    else the spelled-out ``names`` (loading it would import torch)."""
+    loaded = sys.modules.get(module)
+    return sorted(getattr(loaded, registry)) if loaded is not None else list(names)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``kvlab`` parser. ``command``: build only that subcommand's options (any other gets its name and help,
     all ``kvlab --help`` shows), so a command imports only what it uses (``kvlab --help`` no torch); None builds
@@ -150,7 +157,8 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     pool_size.add_argument("--kv-tokens", type=_int_at_least(1, MAX_POOL), help="KV pool size in tokens")
     pool_size.add_argument("--kv-pages", type=_int_at_least(1, MAX_POOL), help="KV pool size in pages")
     sim.add_argument("--max-running", type=_int_at_least(1, MAX_POOL), default=256, help="max running requests (default: %(default)s)")
-    sim.add_argument("--policy", choices=list(SIMULATE_POLICIES), default="lru",
+    sim.add_argument("--policy", choices=_registered_or(SIMULATE_POLICIES, "kvlab.mem_cache.evict_policy",
+                                                         "EVICTION_POLICIES"), default="lru",
                      help="radix-cache eviction policy (default: %(default)s)")
     host = sim.add_mutually_exclusive_group()
     host.add_argument("--hicache-ratio", type=_hicache_number("--hicache-ratio"), default=None, metavar="R",
