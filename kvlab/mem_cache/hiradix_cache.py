@@ -299,21 +299,14 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         if node in self.evictable_host_leaves:
             self._push_host(node)
 
-    def _pop_dev(self) -> HiTreeNode | None:
-        heap, leaves = self._dheap, self.evictable_leaves
+    @staticmethod
+    def _pop(heap: list, leaves: set, ver: str) -> HiTreeNode | None:
+        """The next leaf of ``leaves`` by sort key from its tier's ``heap``, skipping stale entries (an entry is live
+        while its version is the node's ``ver`` and the node is still a leaf)."""
         while heap:
             entry = heapq.heappop(heap)
             node = entry[4]
-            if entry[3] == node._dver and node in leaves:
-                return node
-        return None
-
-    def _pop_host(self) -> HiTreeNode | None:
-        heap, leaves = self._hheap, self.evictable_host_leaves
-        while heap:
-            entry = heapq.heappop(heap)
-            node = entry[4]
-            if entry[3] == node._hver and node in leaves:
+            if entry[3] == getattr(node, ver) and node in leaves:
                 return node
         return None
 
@@ -702,7 +695,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         heap as it becomes a leaf (``_update_leaf_status``), as 0.5.16 pushes it. Returns the tokens evicted."""
         evicted = 0
         while evicted < num_tokens:
-            x = self._pop_dev()
+            x = self._pop(self._dheap, self.evictable_leaves, "_dver")
             if x is None:
                 break
             if x.host_value is not None:
@@ -803,7 +796,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         self._host_evicting = True
         try:
             while freed < num_tokens:
-                x = self._pop_host()
+                x = self._pop(self._hheap, self.evictable_host_leaves, "_hver")
                 if x is None:
                     break
                 if x.host_ref_counter > 0:
