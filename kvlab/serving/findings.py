@@ -81,18 +81,28 @@ def sglang_findings(exp, log: SGLangStartup) -> list[Finding]:
 
 def _starts(log: SGLangStartup, out: list) -> None:
     """Several server starts in one file, or a message one rank printed twice with different values."""
+    out.extend(start_findings(log, marker="a server_args line", between="no new server_args line between",
+                              why="a second model loaded in the same process (a speculative draft model) or lines "
+                                  "pasted twice; kvlab uses the first, line {kept} (the target model loads first and "
+                                  "sizes the pool)"))
+
+
+def start_findings(log, *, marker: str, between: str, why: str) -> list[Finding]:
+    """The ``restarted`` and ``repeated_reading`` findings of a parsed log (SGLang's or vLLM's) with ``start_line``,
+    ``earlier_starts`` and ``repeats``: ``marker`` names the line a start begins with, ``why`` (formatted with
+    ``kept``) what a repeat may be."""
+    out = []
     if log.earlier_starts:
         spans = ", ".join(f"lines {a}–{b}" for a, b in log.earlier_starts)
         out.append(_f("restarted", "warning", f"the log holds {len(log.earlier_starts) + 1} server starts (each "
-                      f"begins with a server_args line): kvlab explains the last one, from line "
+                      f"begins with {marker}): kvlab explains the last one, from line "
                       f"{log.start_line}; {spans} are set aside", start_line=log.start_line,
                       earlier_starts=[list(span) for span in log.earlier_starts]))
     for label, anchor, kept, later in log.repeats:
         out.append(_f("repeated_reading", "warning", f"{label} printed '{anchor}' again at line {later} with "
-                      f"another value (first at line {kept}) and no new server_args line between: a second model "
-                      f"loaded in the same process (a speculative draft model) or lines pasted twice; kvlab uses the "
-                      f"first, line {kept} (the target model loads first and sizes the pool)", rank=label,
+                      f"another value (first at line {kept}) and {between}: {why.format(kept=kept)}", rank=label,
                       log_message=anchor, line_used=kept, line_set_aside=later))
+    return out
 
 
 # the readings each finding's numbers come from: a finding on a rebuilt reading is marked assumed

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from kvlab.serving.findings import start_findings
 from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import HALF_STEP
 from kvlab.serving.provenance import assumed_words, rebuilt_why
@@ -79,6 +80,9 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
                **({"reconstructed": log.reconstructed} if log.reconstructed else {}), "weights_gib": weights, "block_size": block,
                "block_size_source": "log" if log.block_size else "assumed 16 (range allows 1-64)", "terms": terms},
     )
+    exp.findings.extend(start_findings(
+        log, marker="a 'vLLM API server version' line", between="no new 'vLLM API server version' line between",
+        why="lines pasted twice, or several engines logging to one file; kvlab uses the first, line {kept}"))
     if exp.consistent is False:
         exp.findings.append(Finding("outside_interval", "warning",
                                     f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory "

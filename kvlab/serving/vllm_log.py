@@ -56,6 +56,14 @@ class VLLMStartup:
     max_model_len: int | None = None
     lines: dict[str, int] = field(default_factory=dict)
     reconstructed: dict[str, str] = field(default_factory=dict)  # kvlab.serving.provenance: rebuilt readings
+    # A log holding several server starts (a server restarted, its output appended to one file): a "vLLM API server
+    # version" line after the first pool reading begins a new start, and the last start is read (as for SGLang logs).
+    start_line: int = 1
+    earlier_starts: list[tuple[int, int]] = field(default_factory=list)  # (first, last line) of each set aside
+    # a reading printed again within one start with another value: (who, message, line kept, line set aside); the
+    # first is kept
+    repeats: list[tuple[str, str, int, int]] = field(default_factory=list)
+    _seen: dict = field(default_factory=dict, repr=False)  # (reading, rank) -> (line, value) within this start
 
 
 def looks_like_vllm(text: str) -> bool:
@@ -68,19 +76,25 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
         worker = _WORKER.search(line)
         where = f"{path}:{number}"
         rank = _reading(worker.group(1) or worker.group(2), where, "worker rank", int, 1_000_000) if worker else 0
+        if _START in line and log._seen:
+            _new_start(log, number)
         for name, pattern in _PATTERNS.items():
             m = pattern.search(line)
             if not m:
                 continue
             log.lines.setdefault(name, number)
-            if name == "weights":
-                log.weights_gib[rank] = _reading(m.group(1), where, "weights GiB", float)
-            elif name in ("available", "kv_rest"):
-                log.available_gib.setdefault(rank, _reading(m.group(1), where, "available GiB", float))
-            elif name == "tokens":
-                log.tokens = _reading(m.group(1), where, "KV cache tokens", int)
-            elif name == "blocks":
-                log.blocks = _reading(m.group(1), where, "KV cache blocks", int)
+            if name in _POOL_READINGS:
+                value = _reading(m.group(1), where, *_POOL_READINGS[name])
+                if not _first(log, name, rank, number, value):
+                    continue
+                if name == "weights":
+                    log.weights_gib[rank] = value
+                elif name in ("available", "kv_rest"):
+                    log.available_gib.setdefault(rank, value)
+                elif name == "tokens":
+                    log.tokens = value
+                else:
+                    log.blocks = value
             elif name == "concurrency":
                 log.max_model_len = _reading(m.group(1), where, "tokens per request", int)
             elif name == "version" and log.version is None:
@@ -93,6 +107,37 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
                 log.block_size = _reading(m.group(1), where, "block_size", int, 1_000_000, minimum=1)
     log.reconstructed = parse_reconstructed(text, path)
     return log
+
+
+_START = "vLLM API server version"  # printed once as `vllm serve` starts
+_POOL_READINGS = {"weights": ("weights GiB", float), "available": ("available GiB", float),
+                  "kv_rest": ("available GiB", float), "tokens": ("KV cache tokens", int),
+                  "blocks": ("KV cache blocks", int)}
+_MESSAGE = {"weights": "Model loading took", "available": "Available KV cache memory",
+            "kv_rest": "reserved for KV Cache", "tokens": "GPU KV cache size", "blocks": "# GPU blocks"}
+
+
+def _new_start(log: VLLMStartup, number: int) -> None:
+    """Line ``number`` starts the server again: set aside everything read from the current start."""
+    log.earlier_starts.append((log.start_line, number - 1))
+    log.start_line = number
+    log.version = log.tp_size = log.gpu_memory_utilization = log.block_size = None
+    log.tokens = log.blocks = log.max_model_len = None
+    log.weights_gib, log.available_gib, log.lines, log.repeats, log._seen = {}, {}, {}, [], {}
+
+
+def _first(log: VLLMStartup, name: str, rank: int, number: int, value) -> bool:
+    """Is this the reading's first line (for this worker) in this start? A later one with another value is noted
+    in ``repeats`` and not used."""
+    key = (_MESSAGE[name], rank)
+    if key not in log._seen:
+        log._seen[key] = (number, value)
+        return True
+    kept, seen = log._seen[key]
+    if value != seen:
+        log.repeats.append((f"worker rank {rank}" if name in ("weights", "available", "kv_rest") else "the engine",
+                            _MESSAGE[name], kept, number))
+    return False
 
 
 def _reading(text: str, where: str, what: str, kind: type, limit: float = 1e12, minimum: float = 0):

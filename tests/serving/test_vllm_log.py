@@ -50,3 +50,38 @@ def test_without_config_only_a_consistency_check(tmp_path, capsys):
     j = run_json(capsys, write_log(tmp_path, text))
     lo, hi = j["cell_size_range"]
     assert lo <= 131_072 <= hi and "consistency check" in j["cell_size_source"]
+
+
+def test_restarted_server_explains_the_last_start(tmp_path, capsys):
+    """Two `vllm serve` starts appended to one file (the first at gpu_memory_utilization 0.9 with 8.42 GiB, the second
+    with 20 GiB): every reading comes from the last start, and the earlier one is named, not mixed in (before,
+    "Available KV cache memory" came from the first start and the token count from the last: a false mismatch)."""
+    first = render_vllm_log("0.10.1.1", weights_gib=56.1234, available_gib=8.42, tokens=_tokens(8.42, 48_128),
+                            max_model_len=40_960, tp_size=4)
+    second = render_vllm_log("0.34.0", weights_gib=56.1234, available_gib=20.0, tokens=_tokens(20.0, 48_128),
+                             max_model_len=40_960, tp_size=4)
+    n_first = len(first.splitlines())
+    path = write_log(tmp_path, first.rstrip("\n") + "\n" + second)
+    log = parse_vllm_log(path.read_text())
+    assert log.version == "0.34.0" and set(log.available_gib.values()) == {20.0}
+    assert log.earlier_starts == [(1, n_first)] and log.start_line == n_first + 1
+    j = run_json(capsys, path, "--model-config", "qwen3-235b-a22b")
+    assert j["available_kv_cache_gib"] == 20.0 and j["max_total_num_tokens_logged"] == _tokens(20.0, 48_128)
+    assert j["consistent"] is True
+    restarted = [f for f in j["findings"] if f["id"] == "restarted"]
+    assert restarted and f"from line {n_first + 1}" in restarted[0]["message"]
+
+
+def test_repeated_reading_keeps_the_first_and_says_so(tmp_path, capsys):
+    """The pool line printed twice in one start with another value (lines pasted twice, edited): the first is used,
+    and a finding names both lines."""
+    tokens = _tokens(8.42, 48_128)
+    text = render_vllm_log("0.10.1.1", weights_gib=56.1234, available_gib=8.42, tokens=tokens, max_model_len=40_960,
+                           tp_size=4)
+    lines = text.splitlines()
+    pool = next(i for i, line in enumerate(lines) if "GPU KV cache size" in line)
+    lines.append(lines[pool].replace(f"{tokens:,}", f"{tokens * 2:,}"))
+    j = run_json(capsys, write_log(tmp_path, "\n".join(lines) + "\n"), "--model-config", "qwen3-235b-a22b")
+    assert j["max_total_num_tokens_logged"] == tokens and j["consistent"] is True
+    (rep,) = [f for f in j["findings"] if f["id"] == "repeated_reading"]
+    assert (rep["line_used"], rep["line_set_aside"]) == (pool + 1, len(lines))
