@@ -48,6 +48,9 @@ class SchedulerKV:
         ps = self.page_size = config.page_size
         self.kv_tokens = config.kv_tokens
         self.eviction = config.eviction
+        # replay a request's repeated match (same tokens, tree structure unchanged) instead of walking the tree
+        # again: a shortcut of the fast path; the reference loop walks every time, and the tests compare the two
+        self.replay_matches = config.fast_decode
         self.ledger = ledger
         if ps == 1:
             self.allocator = TokenToKVPoolAllocator(config.kv_tokens)
@@ -102,13 +105,28 @@ class SchedulerKV:
         if not req.origin_input_ids:  # token arrays: the tree matches them without a conversion
             to_array = getattr(req.prompt, "to_array", None)  # kvlab.workloads.TokenSequence has one
             req.origin_input_ids = to_array() if to_array else array("q", req.prompt)
+        tree = self.tree
+        memo = req.match_memo
+        if (memo is not None and memo[0] == tree.structure_version and self.replay_matches
+                and memo[1] == len(req.origin_input_ids) + len(req.output_ids) == len(req.fill_ids)):
+            # the same tokens matched again (fill_ids as the last match built them: outputs only grow), the tree's
+            # structure unchanged since (a waiting request that did not fit, tried again next step): the walk would
+            # visit the same nodes and find the same prefix, so only its side effects are replayed (one clock
+            # tick, the access times of the path and the root, the end node's heap entry)
+            tree.restamp_path(memo[3])
+            req.prefix_indices, req.last_node = memo[2], memo[3]
+            req.prefix_len = req.cache_protected_len = req.kv_len = memo[4]
+            return
         # a first admission matches the prompt itself (nothing mutates fill_ids in place)
         req.fill_ids = req.origin_input_ids + array("q", req.output_ids) if req.output_ids else req.origin_input_ids
         cap = align_down(len(req.fill_ids) - 1, self.page_size)
-        m = self.tree.match_prefix(req.fill_ids[:cap])
+        m = tree.match_prefix(req.fill_ids[:cap])
         req.prefix_indices = m.device_indices
         req.prefix_len = m.device_prefix_len
         req.last_node = m.last_device_node
+        if cap and not self.hicache:  # (a HiRadixCache match walks the host tier too: not replayed)
+            req.match_memo = (tree.structure_version, len(req.fill_ids), m.device_indices, m.last_device_node,
+                              m.device_prefix_len)
         req.cache_protected_len = req.prefix_len
         req.kv_len = req.prefix_len
         if self.hicache:
@@ -246,6 +264,7 @@ class SchedulerKV:
         """``release_kv_cache``: prompt + outputs cached into the tree, the row freed; noted as finished."""
         release_kv_cache(req, self.tree)  # reads origin_input_ids + output_ids (fill_ids is not needed)
         req.origin_input_ids, req.fill_ids, req.output_ids = [], [], []  # the tree holds what is worth keeping
+        req.match_memo = None
         self.ledger.note_finished()
 
     def release_retracted(self, req: SimReq) -> None:

@@ -53,6 +53,9 @@ class SimReq(SimpleReq):
     retractions: int = 0
     # fast_decode.DecodeState while the event-driven rounds run it (outputs and row not written out); None otherwise
     decode_state: object | None = None
+    # SchedulerKV.match's last result for this request: (tree structure_version after it, len(fill_ids) matched,
+    # prefix_indices, last_node, prefix_len); a match with both equal is replayed, not walked
+    match_memo: tuple | None = None
 
     @classmethod
     def of(cls, request: RequestLike) -> SimReq:

@@ -3,6 +3,7 @@ every total and the final tree must be identical, on the shipped Mooncake trace 
 random workloads (retractions, chunked prefill, every policy, both eviction modes)."""
 
 import random
+from array import array
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -126,26 +127,39 @@ def test_clipped_outputs_count_the_clip_until_they_fall_under_it(monkeypatch):
     assert_same(plain, fast)
 
 
-def test_both_paths_walk_the_same_prefix_matches(monkeypatch):
-    """The fast path skips no match walk and replays none: every ``match_prefix`` the reference loop makes
-    (keys and order), the fast path makes too, so a side effect added to the walk reaches both."""
+def test_both_paths_ask_for_the_same_prefix_matches(monkeypatch):
+    """The fast path asks for every match the reference loop asks for (same tokens, same order), so a side effect
+    added to the walk reaches both; it walks the tree for fewer of them: a waiting request matched again while the
+    tree's structure is unchanged is replayed (``SchedulerKV.match``), and the rows, tree and clock stay identical
+    (``assert_same``)."""
     from kvlab.mem_cache.radix_cache import RadixCache
+    from kvlab.sched.kv import SchedulerKV
 
-    calls: list = []
-    real = RadixCache.match_prefix
+    asked: list = []
+    walked: list = []
+    real_match, real_walk = SchedulerKV.match, RadixCache.match_prefix
 
-    def recording(self, key):
-        calls.append(bytes(key))  # the token array the walk reads
-        return real(self, key)
+    def asking(self, req):
+        asked.append(bytes(req.origin_input_ids) + bytes(array("q", req.output_ids)))
+        return real_match(self, req)
 
-    monkeypatch.setattr(RadixCache, "match_prefix", recording)
+    def walking(self, key):
+        walked.append(bytes(key))
+        return real_walk(self, key)
+
+    monkeypatch.setattr(SchedulerKV, "match", asking)
+    monkeypatch.setattr(RadixCache, "match_prefix", walking)
     reqs = load_trace(ROOT / "data/traces/mooncake_small.jsonl")
     longest = max(r.prompt_len + r.output_len for r in reqs)
     cfg = SchedulerConfig(kv_tokens=max(64, -(-2 * longest // 512)) * 512, page_size=512, max_running=64)
-    walks = {}
+    seen, results = {}, {}
     for fast in (False, True):
-        calls.clear()
-        simulate(reqs, replace(cfg, fast_decode=fast), progress=False)
-        walks[fast] = list(calls)
-    assert walks[True] == walks[False]
-    assert len(walks[False]) > len(reqs)  # waiting heads are matched again while they wait
+        asked.clear()
+        walked.clear()
+        results[fast] = simulate(reqs, replace(cfg, fast_decode=fast), progress=False)
+        seen[fast] = (list(asked), len(walked))
+    assert seen[True][0] == seen[False][0]
+    assert len(seen[False][0]) > len(reqs)  # waiting heads are matched again while they wait
+    assert seen[False][1] == len(seen[False][0])  # the reference loop walks the tree for every one
+    assert seen[True][1] < seen[False][1]  # the fast path replays some
+    assert_same(results[False], results[True])
