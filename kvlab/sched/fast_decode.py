@@ -176,8 +176,11 @@ class FastDecode:
             for state in done:
                 req = state.req
                 self._leave(req)
-                self.unclipped -= 1
-                self.finish_round_sum -= state.finish_round
+                if state.clipped:  # its unclip round passed while nothing read the future tokens (not yet popped)
+                    self.clipped -= 1
+                else:
+                    self.unclipped -= 1
+                    self.finish_round_sum -= state.finish_round
                 kv.finish(req)
             if done:
                 finished = {id(state.req) for state in done}
