@@ -14,6 +14,7 @@ from typing import NamedTuple, Protocol
 from kvlab.sched.config import RETRACT_DECODE_STEPS, SchedulerConfig
 from kvlab.sched.kv import SchedulerKV
 from kvlab.sched.ledger import Ledger
+from kvlab.sched.prefill import Blocked
 from kvlab.sched.request import SimReq
 
 
@@ -64,9 +65,12 @@ class DecodeRounds(Protocol):
     def sync(self, running: Sequence[SimReq]) -> None:
         """Write each running request's outputs and row out (before an invariant check)."""
 
-    def quiet_steps(self, running: Sequence[SimReq], waiting: int, until_s: float, max_steps: int) -> None:
+    def quiet_steps(self, running: Sequence[SimReq], waiting: int, until_s: float, max_steps: int,
+                    blocked: Blocked | None = None) -> int:
         """After a decode step, when no prefill can be scheduled: run the decode rounds in which nothing but the
-        counters moves, up to ``max_steps`` and until the clock reaches ``until_s``, one step and row each."""
+        counters moves, up to ``max_steps`` and until the clock reaches ``until_s``, one step and row each; with
+        ``blocked`` (the waiting head did not fit the budget), only while its check would fail again. Returns the
+        steps run."""
 
 
 def decode_need(reqs: Sequence[SimReq], page_size: int) -> int:
@@ -94,8 +98,9 @@ class ReferenceDecode:
     def sync(self, running: Sequence[SimReq]) -> None:
         pass  # outputs and rows are always written out
 
-    def quiet_steps(self, running: Sequence[SimReq], waiting: int, until_s: float, max_steps: int) -> None:
-        pass  # the loop runs every round
+    def quiet_steps(self, running: Sequence[SimReq], waiting: int, until_s: float, max_steps: int,
+                    blocked: Blocked | None = None) -> int:
+        return 0  # the loop runs every round
 
     def decode(self, running: list[SimReq]) -> DecodeOutcome:
         if not self.kv.reserve(decode_need(running, self.page_size)):  # check_decode_mem

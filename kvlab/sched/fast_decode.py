@@ -34,6 +34,7 @@ import numpy as np
 from kvlab.sched.decode import DecodeOutcome, ReferenceDecode
 
 if TYPE_CHECKING:
+    from kvlab.sched.prefill import Blocked
     from kvlab.sched.request import SimReq
 
 
@@ -187,24 +188,54 @@ class FastDecode:
                 running = [r for r in running if id(r) not in finished]
         return DecodeOutcome(running, [])
 
-    def quiet_steps(self, running: Sequence[SimReq], waiting: int, until_s: float, max_steps: int) -> None:
+    def quiet_steps(self, running: Sequence[SimReq], waiting: int, until_s: float, max_steps: int,
+                    blocked: Blocked | None = None) -> int:
         """Run, after a decode step, the decode rounds in which nothing but the counters moves, as the loop would
         (one step and one row each): no page opens, no request finishes, the pool holds a page per running
         request (no eviction). The loop calls this only when no prefill can be scheduled, and the rounds stop at
         ``until_s`` (the next arrival). Each such round of :meth:`decode` only decays the new-token ratio and
         counts its tokens (``Ledger.quiet_decode_steps``). Stops before the first round that is not quiet (the
-        loop runs it)."""
+        loop runs it). Returns the steps run.
+
+        ``blocked``: a request waits, and the step's admission check turned it down for the budget alone. Each
+        quiet round's step then checks it again first (``need < budget - ratio × future tokens``, with the pools
+        and tree unchanged): the rounds stop before the first check that would admit it, and before a request's
+        remaining outputs fall under the clip (that changes the future tokens). The caller replays the check's
+        match for each step run (:meth:`SchedulerKV.replay_matches_of`)."""
         n, allocator = len(running), self.kv.allocator
         if not n or allocator.available_size() < n * self.page_size or n > allocator.free_list_pages():
-            return
+            return 0
         d = self.ledger.decode_rounds
         last = min(self.opens[0][0] if self.opens else d + 2**62,
                    self.finishes[0][0] if self.finishes else d + 2**62) - 1  # stale heads only stop early
-        if d >= last:
-            return
-        steps = self.ledger.quiet_decode_steps(n, self.cost.decode_time_s(n), min(last - d, max_steps), until_s,
-                                               self.kv.sizes(), waiting)
+        limit = min(last - d, max_steps)
+        if blocked is not None:
+            # the check before round d + i reads the future tokens at round d + i - 1: no unclip may be due by then
+            limit = min(limit, (self.unclips[0][0] if self.unclips else d + 2**62) - d)
+            limit = self._still_blocked(blocked, d, limit)
+        if limit <= 0:
+            return 0
+        steps = self.ledger.quiet_decode_steps(n, self.cost.decode_time_s(n), limit, until_s, self.kv.sizes(),
+                                               waiting)
         self.ratio.decay(steps)
+        return steps
+
+    def _still_blocked(self, blocked: Blocked, d: int, limit: int) -> int:
+        """How many of the next ``limit`` steps' admission checks turn ``blocked`` down again, in a row: the
+        scheduler's arithmetic (``Scheduler._future_tokens``, ``PrefillAdder.schedule``) with the ratio decayed
+        one step per round, as :meth:`NewTokenRatio.decay` does."""
+        ratio = self.ratio
+        value, step, floor = ratio.value, ratio.decay_step, ratio.min
+        need, budget = blocked.need, blocked.budget
+        base, per_round = self.finish_round_sum + self.clip * self.clipped, self.unclipped
+        k = 0
+        while k < limit:
+            future = base - per_round * (d + k)  # FastDecode.future_tokens at round d + k
+            if need < budget - value * future:
+                break
+            k += 1
+            value = max(value - step, floor)
+        return k
 
 
 def _pop_due(heap: list, d: int):

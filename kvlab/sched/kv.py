@@ -133,6 +133,25 @@ class SchedulerKV:
             req.host_hit_len = m.host_hit_length
             req.best_match_node = m.last_host_node
 
+    def state(self) -> tuple:
+        """What a waiting request's admission check reads of the pools and tree, as one comparable value: free
+        tokens, evictable and locked tokens, and the tree's structure version."""
+        tree = self.tree
+        return self.allocator.available_size(), tree.evictable_size_, tree.protected_size_, tree.structure_version
+
+    def replayable(self, req: SimReq) -> bool:
+        """Would matching ``req`` again now be a replay (:meth:`match`'s shortcut)?"""
+        memo = req.match_memo
+        return memo is not None and self.replay_matches and memo[0] == self.tree.structure_version  # (no HiCache)
+
+    def replay_matches_of(self, req: SimReq, times: int) -> None:
+        """The side effects of matching ``req`` ``times`` more times while :meth:`replayable` (each a clock tick
+        and the path's access times): the clock moves ``times`` ticks and the path is stamped with the last."""
+        if times:
+            tree = self.tree
+            tree.clock.now += times - 1
+            tree.restamp_path(req.match_memo[3])
+
     def load_back(self, req: SimReq) -> int:
         """HiCache admission (``PrefillAdder.add_one_req`` -> ``init_load_back``): bring the request's host-only
         match back to the device, its device prefix locked meanwhile. The load allocates device slots and may

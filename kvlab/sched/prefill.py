@@ -15,6 +15,19 @@ from kvlab.sched.request import SimReq
 from kvlab.units import align_down, align_up
 
 
+class Blocked(NamedTuple):
+    """The waiting head's admission failed on the budget alone (``need < budget - offset`` was false), nothing
+    admitted: ``need`` its tokens (extend + clipped outputs + a page), ``budget`` the pool's free + evictable tokens
+    with its prefix locked, ``state`` the pools and tree (:meth:`SchedulerKV.state`) around the check. While the state
+    and the request stay, the same check fails again until the offset (new-token ratio × future tokens) falls far
+    enough: the fast decode rounds run those steps without the loop (:meth:`FastDecode.quiet_steps`)."""
+
+    req: SimReq
+    need: int
+    budget: int
+    state: tuple
+
+
 class PrefillBatch(NamedTuple):
     """The requests of one prefill step (each computes ``extend_len`` tokens) and the request whose prefill is
     chunked after this step (``None`` when none is)."""
@@ -33,6 +46,7 @@ class PrefillAdder:
     def __init__(self, config: SchedulerConfig, kv: SchedulerKV, ledger: Ledger, clip: int) -> None:
         self.config, self.kv, self.ledger, self.clip = config, kv, ledger, clip
         self.page_size = config.page_size
+        self.blocked: Blocked | None = None  # the last schedule's, when it admitted nothing for the budget alone
 
     def idle(self, waiting: Sequence[SimReq], running: Sequence[SimReq], chunked: SimReq | None) -> bool:
         """Nothing can join a batch: no chunk in progress, and nothing waits or the running batch is full."""
@@ -44,6 +58,7 @@ class PrefillAdder:
         ``future_tokens()``: the running requests' reserve (the new-token ratio times their clipped remaining
         outputs), asked only when a batch can form. Admitted requests leave ``waiting``, locked."""
         cfg, ps, kv = self.config, self.page_size, self.kv
+        self.blocked = None
         if self.idle(waiting, running, chunked):
             return _EMPTY  # the budget below has no side effect to skip
         offset = future_tokens()
@@ -68,9 +83,12 @@ class PrefillAdder:
             max_new = min(req.max_new_tokens - len(req.output_ids), self.clip)
             extend = len(req.fill_ids) - req.prefix_len
             kv.lock(req)  # temporary lock while the budget is read
-            fits = extend + max_new + ps < kv.available() + kv.evictable() - offset
+            need, budget = extend + max_new + ps, kv.available() + kv.evictable()
+            fits = need < budget - offset
             kv.unlock(req)
             if not fits:
+                if not batch and kv.replayable(req):  # (the unlock restored what the lock changed)
+                    self.blocked = Blocked(req, need, budget, kv.state())
                 break
             host_hit = req.host_hit_len  # HiCache: load the host part back now (fits counted it as new tokens)
             if host_hit and kv.load_back(req):

@@ -139,11 +139,19 @@ class Scheduler:
                 self.check_invariants()
             if ledger.step_finished:
                 bar.update(ledger.step_finished)
-            if kind == "decode" and not cfg.debug and self.prefill.idle(waiting, self.running, self.chunked):
+            if kind == "decode" and not cfg.debug:
                 # the rounds up to the next event, without the loop around them (a no-op for the reference rounds)
-                # (and before a host-tier copy completes: that unlocks nodes, which a row shows)
-                until = min(pending[0].arrival_time_s if pending else float("inf"), kv.next_transfer_s())
-                self.decoder.quiet_steps(self.running, len(waiting), until, cfg.max_steps - totals.steps)
+                # (and before a host-tier copy completes: that unlocks nodes, which a row shows): when nothing can
+                # be scheduled, or while the waiting head that this step turned down for the budget would be
+                # turned down again (the pools and tree as they were at its check)
+                idle = self.prefill.idle(waiting, self.running, self.chunked)
+                blocked = None if idle else self.prefill.blocked
+                if idle or (blocked is not None and not retracted and blocked.state == kv.state()):
+                    until = min(pending[0].arrival_time_s if pending else float("inf"), kv.next_transfer_s())
+                    steps = self.decoder.quiet_steps(self.running, len(waiting), until, cfg.max_steps - totals.steps,
+                                                     blocked)
+                    if blocked is not None:
+                        kv.replay_matches_of(blocked.req, steps)  # each step matched it again (a replay)
         bar.close()
         if kv.hicache:  # the copies still in flight land (the clock of the run is not moved)
             kv.tree.drain()

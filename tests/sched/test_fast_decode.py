@@ -128,26 +128,35 @@ def test_clipped_outputs_count_the_clip_until_they_fall_under_it(monkeypatch):
 
 
 def test_both_paths_ask_for_the_same_prefix_matches(monkeypatch):
-    """The fast path asks for every match the reference loop asks for (same tokens, same order), so a side effect
-    added to the walk reaches both; it walks the tree for fewer of them: a waiting request matched again while the
-    tree's structure is unchanged is replayed (``SchedulerKV.match``), and the rows, tree and clock stay identical
+    """The fast path asks for every match the reference loop asks for (same tokens, same order; the quiet steps
+    in which a waiting head is turned down again ask for theirs in bulk, ``SchedulerKV.replay_matches_of``), so a
+    side effect added to the walk reaches both; it walks the tree for fewer of them: a waiting request matched
+    again while the tree's structure is unchanged is replayed, and the rows, tree and clock stay identical
     (``assert_same``)."""
     from kvlab.mem_cache.radix_cache import RadixCache
     from kvlab.sched.kv import SchedulerKV
 
     asked: list = []
     walked: list = []
-    real_match, real_walk = SchedulerKV.match, RadixCache.match_prefix
+    real_match, real_walk, real_replays = SchedulerKV.match, RadixCache.match_prefix, SchedulerKV.replay_matches_of
+
+    def tokens(req):
+        return bytes(req.origin_input_ids) + bytes(array("q", req.output_ids))
 
     def asking(self, req):
-        asked.append(bytes(req.origin_input_ids) + bytes(array("q", req.output_ids)))
+        asked.append(tokens(req))
         return real_match(self, req)
+
+    def replaying(self, req, times):  # the quiet steps' admission checks, replayed in bulk
+        asked.extend([tokens(req)] * times)
+        return real_replays(self, req, times)
 
     def walking(self, key):
         walked.append(bytes(key))
         return real_walk(self, key)
 
     monkeypatch.setattr(SchedulerKV, "match", asking)
+    monkeypatch.setattr(SchedulerKV, "replay_matches_of", replaying)
     monkeypatch.setattr(RadixCache, "match_prefix", walking)
     reqs = load_trace(ROOT / "data/traces/mooncake_small.jsonl")
     longest = max(r.prompt_len + r.output_len for r in reqs)
@@ -163,3 +172,38 @@ def test_both_paths_ask_for_the_same_prefix_matches(monkeypatch):
     assert seen[False][1] == len(seen[False][0])  # the reference loop walks the tree for every one
     assert seen[True][1] < seen[False][1]  # the fast path replays some
     assert_same(results[False], results[True])
+
+
+@pytest.mark.parametrize("clip,page_size,max_running,pages,prompt,output", [
+    (3, 4, 4, 24, 40, 30), (12, 4, 2, 24, 40, 30), (12, 8, 4, 48, 120, 100), (4096, 4, 4, 24, 40, 30)])
+def test_blocked_waiting_head_quiet_steps_match_the_plain_loop(monkeypatch, clip, page_size, max_running, pages,
+                                                               prompt, output):
+    """Long outputs in a tight pool: the waiting head is turned down for the budget for many steps in a row, and the
+    fast path runs those steps in bulk (``FastDecode.quiet_steps(blocked=...)``), stopping before the check that
+    admits it (the new-token ratio decays each round) and before an output falls under the clip (a small clip makes
+    that happen inside such runs). Every row, the tree and its clock equal the reference loop's, in both modes."""
+    import kvlab.sched.config as sched_config
+    from kvlab.sched.fast_decode import FastDecode
+
+    monkeypatch.setattr(sched_config, "CLIP_MAX_NEW_TOKENS", clip)
+    bulk = []
+    real = FastDecode.quiet_steps
+
+    def counting(self, running, waiting, until_s, max_steps, blocked=None):
+        steps = real(self, running, waiting, until_s, max_steps, blocked)
+        if blocked is not None:
+            bulk.append(steps)
+        return steps
+
+    monkeypatch.setattr(FastDecode, "quiet_steps", counting)
+    for seed in range(3):
+        rng = random.Random(seed)
+        shared = tuple(rng.randrange(1, 40) for _ in range(prompt // 2))
+        reqs = [Req(f"r{i}", i * 0.002, shared[: rng.randrange(0, len(shared))]
+                    + tuple(rng.randrange(1, 40) for _ in range(rng.randrange(4, prompt))),
+                    rng.randrange(output // 4, output)) for i in range(40)]
+        cfg = SchedulerConfig(kv_tokens=pages * page_size, page_size=page_size, max_running=max_running,
+                              eviction=("shortfall", "full")[seed % 2])
+        plain, fast = run_both(reqs, cfg)
+        assert_same(plain, fast)
+    assert sum(bulk) > 0  # the bulk path ran
