@@ -108,8 +108,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The ``kvlab`` parser. ``command``: build only that subcommand's options (any other gets its name and help,
     all ``kvlab --help`` shows), so a command imports only what it uses (``kvlab --help`` no torch); None builds
     every subcommand (tests, docs)."""
-    from kvlab.app import DEFAULT_CULL_IDLE_SECONDS, DEFAULT_MAX_KERNELS
     from kvlab.workloads.generators import WORKLOADS
+
+    if command in (None, "app"):
+        from kvlab.app import DEFAULT_CULL_IDLE_SECONDS, DEFAULT_MAX_KERNELS
+    else:  # only app's parser reads them (kvlab.app loads the report's modules: ~50 ms of every other command)
+        DEFAULT_CULL_IDLE_SECONDS = DEFAULT_MAX_KERNELS = None
 
     SCENARIO_PRESETS = _registry("kvlab.experiments.kv_pool_sizing", "SCENARIO_PRESETS", command in (None, "repro"))
     DEVICE_PRESETS = _registry("kvlab.device.spec", "DEVICE_PRESETS", command in (None, "report", "app"))

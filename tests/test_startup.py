@@ -121,3 +121,14 @@ def test_simulate_as_the_process_exits_once_its_output_is_flushed(tmp_path, caps
     assert out.read_text() == capsys.readouterr().out
     if as_json:
         assert json.loads(out.read_text())["requests"] > 0
+
+
+def test_simulate_loads_neither_ipython_nor_the_app():
+    """A ``kvlab simulate`` run in a terminal loads no IPython (the progress bar asks it only when a kernel has
+    loaded it) and not kvlab.app (only app's parser reads its defaults): ~0.1 s of start-up each."""
+    code = ("import json, sys\nfrom kvlab.cli import main\n"
+            "code = main(['simulate', '--workload', 'few-shot', '--kv-tokens', '8192', '--json'])\n"
+            "print(json.dumps([code, sorted(m for m in ('IPython', 'kvlab.app', 'kvlab.report') if m in sys.modules)]),"
+            " file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert json.loads(out.stderr.strip().splitlines()[-1]) == [0, []], out.stderr
