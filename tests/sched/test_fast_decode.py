@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import SchedulerConfig, min_kv_tokens, simulate
+from kvlab.sched.result import QuietRun
 from kvlab.workloads.mooncake import CONVERSATION_TRACE_SHAPE, generate_trace, load_trace, records_to_requests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +74,10 @@ def test_conversation_shaped_trace_same_totals_as_the_reference_loop(conversatio
     cfg = SchedulerConfig(kv_tokens=-(-int(1.1 * need) // 512) * 512, page_size=512, eviction=mode, max_running=16)
     plain, fast = run_both(reqs, cfg)
     assert_same(plain, fast)
+    # the fast path wrote its quiet decode steps as QuietRun records, expanded into those same rows on reading
+    quiet = [e for e in fast.step_log if type(e) is QuietRun]
+    assert quiet and len(fast.step_log) + sum(e.steps - 1 for e in quiet) == len(plain.rows)
+    assert not any(type(e) is QuietRun for e in plain.step_log)  # the reference loop writes a dict per step
     assert plain.counts.pressure_events > 0 and plain.counts.retractions > 0
     assert (plain.counts.over_evicted_tokens > 0) == (mode == "full")
 
