@@ -154,3 +154,34 @@ def test_both_paths_walk_the_same_prefix_matches(monkeypatch):
         walks[fast] = list(calls)
     assert walks[True] == walks[False]
     assert len(walks[False]) > len(reqs)  # waiting heads are matched again while they wait
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_a_match_walks_the_input_capped_one_short_whatever_key_it_passes(monkeypatch, page_size):
+    """``SchedulerKV.match`` passes all of ``fill_ids`` (no copy) when that truncates to the same whole pages as
+    SGLang's key, ``fill_ids[:len - 1]`` page-aligned: every walk covers exactly that key's pages, and at page
+    size > 1 the shortcut is taken (a prompt that does not end at a page end)."""
+    from kvlab.mem_cache.radix_cache import RadixCache
+    from kvlab.sched.kv import SchedulerKV
+    from kvlab.units import align_down
+
+    keys, caps = [], []
+    real_walk, real_match = RadixCache.match_prefix, SchedulerKV.match
+
+    def walk(self, key):
+        keys.append(len(key))
+        return real_walk(self, key)
+
+    def match(self, req):
+        real_match(self, req)
+        caps.append(align_down(len(req.fill_ids) - 1, page_size))
+
+    monkeypatch.setattr(RadixCache, "match_prefix", walk)
+    monkeypatch.setattr(SchedulerKV, "match", match)
+    rng = random.Random(page_size)
+    reqs = [Req(f"r{i}", i * 0.01, tuple(rng.randrange(1, 9) for _ in range(rng.randrange(2, 70))), 3)
+            for i in range(40)]
+    simulate(reqs, SchedulerConfig(kv_tokens=4096, page_size=page_size, max_running=8), progress=False)
+    assert len(keys) == len(caps) >= 40
+    assert [align_down(n, page_size) for n in keys] == caps  # the pages each walk covers
+    assert any(n > cap for n, cap in zip(keys, caps)) == (page_size > 1)  # fill_ids itself, not a slice
