@@ -94,3 +94,41 @@ def test_simulate_choices_are_the_registries():
     assert SIMULATE_EVICTION_MODES == tuple(EVICTION_MODES)
     assert SIMULATE_POLICIES == tuple(sorted(EVICTION_POLICIES))
     assert SIMULATE_WRITE_POLICIES == tuple(WRITE_POLICIES)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_simulate_as_the_process_exits_once_its_output_is_flushed(tmp_path, capsys, as_json):
+    """``python -m kvlab simulate`` ends with ``os._exit`` once stdout and stderr are flushed (no teardown of the
+    run's objects, so no ``atexit`` hook runs), and its output, written to a file (block-buffered), is complete:
+    the same bytes as ``main([...])`` in this process, which returns instead."""
+    from pathlib import Path
+
+    from kvlab.cli import main
+
+    trace = Path(__file__).resolve().parent.parent / "data" / "traces" / "mooncake_small.jsonl"
+    argv = ["simulate", "--trace", str(trace), "--page-size", "16", "--kv-pages", "20000"] + (["--json"] * as_json)
+    out = tmp_path / "out.txt"
+    code = ("import atexit, runpy, sys\n"
+            "atexit.register(lambda: print('teardown ran', file=sys.stderr))\n"
+            f"sys.argv = ['kvlab', *{argv!r}]\n"
+            "runpy.run_module('kvlab', run_name='__main__', alter_sys=True)\n")
+    with open(out, "w") as stdout:
+        done = subprocess.run([sys.executable, "-c", code], stdout=stdout, stderr=subprocess.PIPE, text=True,
+                              timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "teardown ran" not in done.stderr
+    assert main(argv) == 0  # in-process: returns (a caller's process goes on)
+    assert out.read_text() == capsys.readouterr().out
+    if as_json:
+        assert json.loads(out.read_text())["requests"] > 0
+
+
+def test_simulate_loads_neither_ipython_nor_the_app():
+    """A ``kvlab simulate`` run in a terminal loads no IPython (the progress bar asks it only when a kernel has
+    loaded it) and not kvlab.app (only app's parser reads its defaults): ~0.1 s of start-up each."""
+    code = ("import json, sys\nfrom kvlab.cli import main\n"
+            "code = main(['simulate', '--workload', 'few-shot', '--kv-tokens', '8192', '--json'])\n"
+            "print(json.dumps([code, sorted(m for m in ('IPython', 'kvlab.app', 'kvlab.report') if m in sys.modules)]),"
+            " file=sys.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert json.loads(out.stderr.strip().splitlines()[-1]) == [0, []], out.stderr

@@ -42,10 +42,13 @@ def _as_index(x: IndexLike, device: torch.device) -> torch.Tensor:
     return torch.as_tensor(list(x), dtype=_I64, device=device).reshape(-1)
 
 
-def _host(x: torch.Tensor) -> np.ndarray:
-    """A flat integer numpy view of a CPU tensor (a host copy of any other): the free path reads its indices with
-    numpy, whose calls cost a fraction of torch's on arrays this small."""
-    arr = x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
+def _host(x: torch.Tensor | np.ndarray) -> np.ndarray:
+    """A flat integer numpy view of a CPU tensor (a host copy of any other; a numpy array as it is): the free path
+    reads its indices with numpy, whose calls cost a fraction of torch's on arrays this small."""
+    if isinstance(x, np.ndarray):
+        arr = x
+    else:
+        arr = x.numpy() if x.device.type == "cpu" else x.cpu().numpy()
     if arr.dtype.kind not in "iu":
         arr = arr.astype(np.int64)
     return arr.reshape(-1)
@@ -326,8 +329,8 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
     def free(self, free_index: IndexLike) -> None:
         """Free slot indices; with ``page_size > 1`` any index inside a page frees the whole page."""
         ps = self.page_size
-        if isinstance(free_index, torch.Tensor):
-            if free_index.numel() == 0:
+        if isinstance(free_index, (torch.Tensor, np.ndarray)):
+            if free_index.size == 0 if isinstance(free_index, np.ndarray) else free_index.numel() == 0:
                 return
             slots = _host(free_index)
             pages = slots.tolist() if ps == 1 else _sorted_unique(slots // ps)
@@ -338,11 +341,12 @@ class BaseTokenToKVPoolAllocator(abc.ABC):  # noqa: B024 (never instantiated; up
             pages = listed if ps == 1 else sorted({s // ps for s in listed})
         self._release(pages, self.free_group, "free")
 
-    def free_row(self, row_slots: torch.Tensor) -> None:
+    def free_row(self, row_slots: torch.Tensor | np.ndarray) -> None:
         """:meth:`free` of a row segment starting at a page-aligned position (the tree's request flows): each
         run of ``page_size`` holds one page's slots in order, so the pages are ``row_slots[::page_size] //
-        page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free."""
-        if (n := row_slots.numel()) == 0:
+        page_size`` (same pages, same order); runs whose ends do not sit at page bounds go through free.
+        ``row_slots`` may be a numpy view of the row (``ReqToTokenPool.rows``)."""
+        if (n := row_slots.size if isinstance(row_slots, np.ndarray) else row_slots.numel()) == 0:
             return
         ps = self.page_size
         if ps == 1:

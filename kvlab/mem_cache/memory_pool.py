@@ -127,6 +127,9 @@ class ReqToTokenPool:
         self.req_to_token = allocate_tensor(device, (size + 1, max_context_len), torch.int32, "req_to_token")
         if self.req_to_token.device.type != "meta":
             self.req_to_token.zero_()
+        # the same rows as a numpy view (same memory) on the CPU, else None: the request flows hand row slices to
+        # the allocator's free through it, a fraction of a torch slice's cost each
+        self.rows = self.req_to_token.numpy() if self.req_to_token.device.type == "cpu" else None
         self.req_generation = [0] * (size + 1)
         self.clear()
 

@@ -39,6 +39,7 @@ from array import array
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
@@ -167,6 +168,16 @@ class RequestFlows:
     def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req: Req) -> int:
         raise NotImplementedError
 
+    def _row_freeing(self, row: torch.Tensor, req_pool_idx: int):
+        """``(free, view)``: the allocator's free for row slices (``free_row`` when it has one) and the row as that
+        free reads it cheapest (the pool's numpy view of the same memory when there is one, else ``row``)."""
+        alloc = self.token_to_kv_pool_allocator
+        free_row = getattr(alloc, "free_row", None)
+        if free_row is None:
+            return alloc.free, row
+        rows = getattr(self.req_to_token_pool, "rows", None)
+        return free_row, (row if rows is None else rows[req_pool_idx])
+
     def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
         """A finished request hands its KV to the tree (``RadixCache.cache_finished_req``).
 
@@ -182,20 +193,20 @@ class RequestFlows:
         total = len(origin) + n_out
         kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
-        alloc = self.token_to_kv_pool_allocator
-        free = getattr(alloc, "free_row", alloc.free)
+        free, view = self._row_freeing(row, req.req_pool_idx)
+        view = view[:kv_len]
         protected = req.cache_protected_len
         if self.disable:
-            free(row[protected:])
+            free(view[protected:])
             return
         key_len = align_down(kv_len, self.page_size)
         if is_insert:
             tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
             done = self._insert_finished(tokens, key_len, row, getattr(req, "priority", 0) or 0, req)
-            free(row[protected:done])
+            free(view[protected:done])
         else:
-            free(row[protected:key_len])
-        free(row[key_len:])
+            free(view[protected:key_len])
+        free(view[key_len:])
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
             req.last_node = None
@@ -474,47 +485,55 @@ class RadixCache(RequestFlows, BaseRadixTree):
 
         The re-match replays the walk insert just made (``restamp_path`` from the node ending at the key: the
         same clock tick and access times, and no split is possible); the row is rewritten from the path's values
-        over ``[cache_protected_len, key_len)`` only, as SGLang's write does."""
+        over ``[cache_protected_len, key_len)`` only, as SGLang's write does. ``prefix_indices`` becomes the path's
+        slots then the partial page's; a request with a ``defer_prefix_indices(runs)`` method (the simulator's
+        ``SimReq``) receives those runs instead and concatenates them only if it reads ``prefix_indices``."""
         if self.disable:
             return
         tokens = as_tokens(req.fill_ids)
         n_tok = len(tokens)
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         key_len = align_down(n_tok, self.page_size)
-        alloc = self.token_to_kv_pool_allocator
+        free, view = self._row_freeing(row, req.req_pool_idx)
         protected = req.cache_protected_len
-        done, last_node = self._insert(tokens, key_len, row[:key_len], getattr(req, "priority", 0) or 0,
-                                       key_len if chunked else 0, req.last_node, protected)
-        getattr(alloc, "free_row", alloc.free)(row[protected:done])
-        values = []
+        done, last_node = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0,
+                                       key_len if chunked else 0, req.last_node, protected)  # reads row[:key_len]
+        free(view[protected:done])
+        path = []
         if key_len:  # the re-match walks exactly the path insert just made (no split): replay it upwards
             self.restamp_path(last_node)
-            node = last_node
-            while node is not self.root_node:
-                values.append(node.value)
+            node, root = last_node, self.root_node
+            while node is not root:
+                path.append(node)
                 node = node.parent
-            values.reverse()
-        found = sum(v.shape[0] for v in values)
+            path.reverse()
+        found = sum(len(node.key) for node in path)  # (each node's value is as long as its key)
         require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
                 found=found, inserted=key_len)
         pos = 0
         # req_to_token[protected:key_len] = new_indices[protected:]; a leaf this insert made holds the row's own
         # slots (copied from it), so rewriting its span changes nothing and is skipped
-        rewrite = values[:-1] if done < key_len else values
-        for v in rewrite:
-            end = pos + v.shape[0]
+        for node in path[:-1] if done < key_len else path:
+            end = pos + len(node.key)
             if end > protected:
                 lo = max(pos, protected)
-                self.req_to_token_pool.write((req.req_pool_idx, slice(lo, end)), v[lo - pos :])
+                self.req_to_token_pool.write((req.req_pool_idx, slice(lo, end)), node.value[lo - pos :])
             pos = end
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(last_node)
-        # With page_size > 1 the partial last page stays the request's (in the row, not the tree).
+        runs = [node.value for node in path]
+        # With page_size > 1 the partial last page stays the request's (in the row, not the tree): copied, as the
+        # row's later positions change
         if key_len < n_tok:
-            values.append(row[key_len:n_tok].to(_I64))
-        req.prefix_indices = torch.cat(values) if values else self._empty
+            tail = view[key_len:n_tok]
+            runs.append(torch.from_numpy(tail.astype(np.int64)) if view is not row else tail.to(_I64))
+        defer = getattr(req, "defer_prefix_indices", None)
+        if defer is not None:  # the request concatenates the runs when (if ever) it reads prefix_indices
+            defer(runs)
+        else:
+            req.prefix_indices = torch.cat(runs) if runs else self._empty
         req.last_node = last_node
 
     # -- locks ----------------------------------------------------------------------------------

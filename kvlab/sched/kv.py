@@ -119,8 +119,11 @@ class SchedulerKV:
             return
         # a first admission matches the prompt itself (nothing mutates fill_ids in place)
         req.fill_ids = req.origin_input_ids + array("q", req.output_ids) if req.output_ids else req.origin_input_ids
-        cap = align_down(len(req.fill_ids) - 1, self.page_size)
-        m = tree.match_prefix(req.fill_ids[:cap])
+        fill, ps = req.fill_ids, self.page_size
+        cap = align_down(len(fill) - 1, ps)
+        # match_prefix truncates its key to whole pages: unless fill_ids ends at a page end, all of it is the same
+        # key as fill_ids[:cap], without copying a prompt's array
+        m = tree.match_prefix(fill if align_down(len(fill), ps) == cap else fill[:cap])
         req.prefix_indices = m.device_indices
         req.prefix_len = m.device_prefix_len
         req.last_node = m.last_device_node

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+import torch
+
 from kvlab.mem_cache.radix_cache import SimpleReq
 
 
@@ -56,6 +58,26 @@ class SimReq(SimpleReq):
     # SchedulerKV.match's last result for this request: (tree structure_version after it, len(fill_ids) matched,
     # prefix_indices, last_node, prefix_len); a match with both equal is replayed, not walked
     match_memo: tuple | None = None
+
+    # ``prefix_indices`` (SimpleReq's field) is kept as the runs ``cache_unfinished_req`` hands over and concatenated
+    # on first read: the loop itself reads it only after the next match, which replaces it (about 21,000
+    # concatenations of a request's whole prefix on the 12k-request conversation trace, for nothing)
+    @property
+    def prefix_indices(self) -> torch.Tensor:
+        runs = self.__dict__.pop("_prefix_runs", None)
+        if runs is not None:
+            self.__dict__["_prefix_indices"] = torch.cat(runs) if runs else torch.empty(0, dtype=torch.int64)
+        return self.__dict__["_prefix_indices"]
+
+    @prefix_indices.setter
+    def prefix_indices(self, value: torch.Tensor) -> None:
+        self.__dict__.pop("_prefix_runs", None)
+        self.__dict__["_prefix_indices"] = value
+
+    def defer_prefix_indices(self, runs: list[torch.Tensor]) -> None:
+        """``prefix_indices = torch.cat(runs)``, done when first read (``RadixCache.cache_unfinished_req``'s
+        hook); ``runs`` must not change meanwhile (tree values and copies never do)."""
+        self.__dict__["_prefix_runs"] = runs
 
     @classmethod
     def of(cls, request: RequestLike) -> SimReq:

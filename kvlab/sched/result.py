@@ -11,7 +11,7 @@ then the four config fields a run is keyed by (:data:`CONFIG_KEYS`). The host ti
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvlab.sched.config import SchedulerConfig
 
@@ -61,13 +61,51 @@ CONFIG_KEYS = ("eviction", "page_size", "kv_tokens", "policy")  # what the run w
 TOTALS_KEYS = RESULT_KEYS + CONFIG_KEYS  # SimResult.totals(), in this order
 
 
+class QuietRun(NamedTuple):
+    """``steps`` quiet decode steps written as one record (``Ledger.quiet_decode_steps``): each one's row is
+    ``template`` with ``step`` counted on from ``first_step`` and ``time_s`` advanced by ``dt_s`` from ``start_s``
+    (the same float additions as the clock's)."""
+
+    template: dict
+    first_step: int
+    start_s: float
+    dt_s: float
+    steps: int
+
+
+def expand_rows(log: list) -> list[dict]:
+    """The per-step rows of a step log (row dicts and :class:`QuietRun` records), one dict per step."""
+    rows: list[dict] = []
+    append = rows.append
+    for entry in log:
+        if type(entry) is not QuietRun:
+            append(entry)
+            continue
+        template, step, now, dt, n = entry
+        for _ in range(n):
+            step += 1
+            now += dt
+            row = template.copy()
+            row["step"], row["time_s"] = step, now
+            append(row)
+    return rows
+
+
 @dataclass
 class SimResult:
     config: SchedulerConfig
     counts: Totals
     simulated_s: float  # time on the modelled server's clock (the cost model), not wall-clock time
-    rows: list[dict] = field(repr=False)
+    step_log: list = field(repr=False)  # Ledger.step_log: the rows as written (expanded on first read of rows)
     tree: RadixCache | HiRadixCache = field(repr=False)
+    _rows: list[dict] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def rows(self) -> list[dict]:
+        """The per-step rows, one dict per step (built on first read: ``kvlab simulate --json`` reads none)."""
+        if self._rows is None:
+            self._rows = expand_rows(self.step_log)
+        return self._rows
 
     @property
     def hit_rate(self) -> float:

@@ -155,7 +155,7 @@ class Scheduler:
         bar.close()
         if kv.hicache:  # the copies still in flight land (the clock of the run is not moved)
             kv.tree.drain()
-        return SimResult(cfg, replace(totals), ledger.now_s, ledger.rows, kv.tree)
+        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, kv.tree)
 
 
 @contextmanager

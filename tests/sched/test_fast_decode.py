@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import SchedulerConfig, min_kv_tokens, simulate
+from kvlab.sched.result import QuietRun
 from kvlab.workloads.mooncake import CONVERSATION_TRACE_SHAPE, generate_trace, load_trace, records_to_requests
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -74,6 +75,10 @@ def test_conversation_shaped_trace_same_totals_as_the_reference_loop(conversatio
     cfg = SchedulerConfig(kv_tokens=-(-int(1.1 * need) // 512) * 512, page_size=512, eviction=mode, max_running=16)
     plain, fast = run_both(reqs, cfg)
     assert_same(plain, fast)
+    # the fast path wrote its quiet decode steps as QuietRun records, expanded into those same rows on reading
+    quiet = [e for e in fast.step_log if type(e) is QuietRun]
+    assert quiet and len(fast.step_log) + sum(e.steps - 1 for e in quiet) == len(plain.rows)
+    assert not any(type(e) is QuietRun for e in plain.step_log)  # the reference loop writes a dict per step
     assert plain.counts.pressure_events > 0 and plain.counts.retractions > 0
     assert (plain.counts.over_evicted_tokens > 0) == (mode == "full")
 
@@ -207,3 +212,35 @@ def test_blocked_waiting_head_quiet_steps_match_the_plain_loop(monkeypatch, clip
         plain, fast = run_both(reqs, cfg)
         assert_same(plain, fast)
     assert sum(bulk) > 0  # the bulk path ran
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_a_match_walks_the_input_capped_one_short_whatever_key_it_passes(monkeypatch, page_size):
+    """``SchedulerKV.match`` passes all of ``fill_ids`` (no copy) when that truncates to the same whole pages as
+    SGLang's key, ``fill_ids[:len - 1]`` page-aligned: every walk covers exactly that key's pages, and at page
+    size > 1 the shortcut is taken (a prompt that does not end at a page end)."""
+    from kvlab.mem_cache.radix_cache import RadixCache
+    from kvlab.sched.kv import SchedulerKV
+    from kvlab.units import align_down
+
+    keys, caps = [], []
+    real_walk, real_match = RadixCache.match_prefix, SchedulerKV.match
+
+    def walk(self, key):
+        keys.append(len(key))
+        return real_walk(self, key)
+
+    def match(self, req):
+        real_match(self, req)
+        caps.append(align_down(len(req.fill_ids) - 1, page_size))
+
+    monkeypatch.setattr(RadixCache, "match_prefix", walk)
+    monkeypatch.setattr(SchedulerKV, "match", match)
+    rng = random.Random(page_size)
+    reqs = [Req(f"r{i}", i * 0.01, tuple(rng.randrange(1, 9) for _ in range(rng.randrange(2, 70))), 3)
+            for i in range(40)]
+    cfg = SchedulerConfig(kv_tokens=4096, page_size=page_size, max_running=8, fast_decode=False)  # walks every match
+    simulate(reqs, cfg, progress=False)
+    assert len(keys) == len(caps) >= 40
+    assert [align_down(n, page_size) for n in keys] == caps  # the pages each walk covers
+    assert any(n > cap for n, cap in zip(keys, caps)) == (page_size > 1)  # fill_ids itself, not a slice

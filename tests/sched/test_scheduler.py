@@ -205,3 +205,34 @@ def test_the_cyclic_collector_is_paused_for_the_loop_and_restored(monkeypatch, c
     assert seen and not any(seen)
     assert res.totals()["requests"] == 16
     assert gc.collect() == 0
+
+
+def test_prefix_indices_after_caching_an_unfinished_request_are_the_rows_slots_when_read_later():
+    """``cache_unfinished_req`` hands a SimReq its ``prefix_indices`` as runs (the tree path's values, then a copy
+    of the partial page) concatenated only when read: read after the row has been reused, they are still the
+    slots the row held right after the call (the tree's for whole pages, the request's own for the last one)."""
+    import torch
+
+    from kvlab.sched import Scheduler
+
+    reqs = shared_prefix(2, 3, 37, 6, 4)  # 43-token prompts: whole pages of 8 and a partial one
+    sched = Scheduler(SchedulerConfig(kv_tokens=4096, page_size=8), reqs)
+    sched.waiting.extend(sched.pending)
+    sched.pending.clear()
+    batch = sched.prefill.schedule(sched.waiting, sched.running, None, lambda: 0.0)
+    rows = sched.kv.req_to_token
+    expected = {}
+    real = sched.kv.tree.cache_unfinished_req
+
+    def recording(req, chunked=False):
+        real(req, chunked)
+        assert "_prefix_runs" in req.__dict__  # deferred, not concatenated
+        expected[req.rid] = rows[req.req_pool_idx, : len(req.fill_ids)].to(torch.int64)  # a copy
+
+    sched.kv.tree.cache_unfinished_req = recording
+    started = sched.prefill.run(batch)
+    assert len(started) == 6 and len(expected) == 6
+    rows.fill_(-1)  # the rows change (as a reused row would) before anyone reads prefix_indices
+    for req in started:
+        assert torch.equal(req.prefix_indices, expected[req.rid]), req.rid
+        assert len(req.prefix_indices) == 43 and int(req.prefix_indices.min()) > 0

@@ -84,6 +84,9 @@ def test_token_sequence_behaves_like_its_tuple(segments, data):
     assert len(ts) == n and tuple(ts) == oracle and ts.tolist() == list(oracle)
     assert ts == oracle and ts == list(oracle) and hash(ts) == hash(oracle)
     assert ts.to_array() == array("q", oracle)
+    grown = ts.to_array()  # numpy wrote it in place: no view of it is left holding its buffer
+    grown.append(7)
+    assert grown == array("q", (*oracle, 7))
     assert ts.to_numpy().tolist() == list(oracle)
     if n:
         i = data.draw(st.integers(-n, n - 1))
