@@ -69,8 +69,9 @@ class TreeNode:
     """One edge of the tree. ``value is None`` once evicted. ``children`` maps the first token
     (page_size 1) or the first page's token tuple (page_size > 1) to the child."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
-                 "hit_count", "priority", "id", "_evictable", "_hver", "_vbase", "_vstart")
+    # the match/insert walks' fields first (they share the object's first cache lines)
+    __slots__ = ("children", "key", "last_access_time", "_next", "_vbase", "_vstart", "_evictable", "priority",
+                 "hit_count", "parent", "value", "lock_ref", "creation_time", "id", "_hver")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
@@ -90,6 +91,10 @@ class TreeNode:
         # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes)
         self._vbase = value
         self._vstart = 0
+        # the child that continues this node's _vbase (value and key) where this node ends: the lower half of this
+        # node's last split, if still cached. The walks try it before the children dict (a chain of split nodes
+        # is read without a lookup per node).
+        self._next = None
 
     @property
     def evicted(self) -> bool:
@@ -233,6 +238,9 @@ class RadixCache(RequestFlows, BaseRadixTree):
         self.protected_size_ = 0
         self.evictable_leaves: set[TreeNode] = set()
         self._heap: list = []
+        # the last match walk: (key bytes, n, structure_version after it, its last node, matched tokens); insert
+        # replays it instead of walking again when nothing changed the tree's structure since (see _insert)
+        self._last_walk: tuple[bytes, int, int, TreeNode, int] | None = None
         self._empty = torch.empty(0, dtype=_I64)
 
     def _new_node(self, key: array, value: torch.Tensor, parent: TreeNode | None, priority: int = 0) -> TreeNode:
@@ -315,6 +323,16 @@ class RadixCache(RequestFlows, BaseRadixTree):
         base, start, stop = None, 0, 0  # the open run: base[start:stop]
         off = 0
         while off < n:
+            child = node._next  # the split chain's next node first: it extends the open run
+            if child is not None:
+                ckey = child.key
+                end = off + len(ckey)
+                if end <= n and ckey == key[off:end]:
+                    child.last_access_time = now
+                    node = child
+                    stop += end - off
+                    off = end
+                    continue
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
@@ -346,11 +364,13 @@ class RadixCache(RequestFlows, BaseRadixTree):
                 base, start, stop = node._vbase, node._vstart, node._vstart + m
             off += m
             runs.append(base[start:stop])
+            self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
             return runs, node, off
         if node._evictable:
             self._push(node)
         if base is not None:
             runs.append(base[start:stop])
+        self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
         return runs, node, off
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -364,6 +384,9 @@ class RadixCache(RequestFlows, BaseRadixTree):
         upper._vbase, upper._vstart = child._vbase, child._vstart
         upper.hit_count = child.hit_count
         upper.lock_ref = child.lock_ref
+        upper._next = child
+        if parent._next is child:
+            parent._next = upper
         child.key = child.key[split_len:]
         child.value = value[split_len:]
         child._vstart += split_len
@@ -408,6 +431,22 @@ class RadixCache(RequestFlows, BaseRadixTree):
         ps = self.page_size
         off = 0
         path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        last = self._last_walk
+        if (path is None and last is not None and last[2] == self.structure_version and last[1] == n
+                and last[0] == key.tobytes()):
+            # The match walk of this very key ran last and no node was made or deleted since: this walk would visit
+            # the same nodes, matched whole (that walk split where the key diverges), so it is replayed upwards from
+            # its last node (same effects, node by node) and then goes on below it.
+            node, off = last[3], last[4]
+            x, end, root = node, off, self.root_node
+            while x is not root:
+                x.last_access_time = now
+                if priority > x.priority:
+                    x.priority = priority
+                if end > inserted_len:
+                    x.hit_count += 1
+                end -= len(x.key)
+                x = x.parent
         for child in path or ():  # what the loop below does to each node it matches whole
             child.last_access_time = now
             if priority > child.priority:
@@ -421,6 +460,19 @@ class RadixCache(RequestFlows, BaseRadixTree):
         # Nodes matched whole: only the last can be an evictable leaf (each other one has the next as a child), so
         # the heap is refreshed once, after the loop, if that node stays a leaf.
         while off < n:
+            child = node._next  # the split chain's next node first (see _match_walk)
+            if child is not None:
+                ckey = child.key
+                end = off + len(ckey)
+                if end <= n and ckey == key[off:end]:
+                    child.last_access_time = now
+                    node = child
+                    if priority > child.priority:
+                        child.priority = priority
+                    off = end
+                    if end > inserted_len:
+                        child.hit_count += 1
+                    continue
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
@@ -592,6 +644,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
         self.structure_version += 1
         parent = node.parent
         del parent.children[self._child_key(node.key)]
+        if parent._next is node:
+            parent._next = None
         self.evictable_size_ -= len(node.key)
         node._evictable = False
         self.evictable_leaves.discard(node)
@@ -614,6 +668,13 @@ class RadixCache(RequestFlows, BaseRadixTree):
                     or node._vstart + len(v) > len(base)):
                 raise InvariantError("RadixCache: every node's value is the slice of its base tensor it records",
                                      node=node, vstart=node._vstart, base_len=None if base is None else len(base))
+        for node in self.nodes():  # the split chain the walks follow first: _next is the child continuing _vbase
+            stop = node._vstart + len(node.key)
+            cont = [c for c in node.children.values()
+                    if node is not self.root_node and c._vbase is node._vbase and c._vstart == stop]
+            if node._next is not (cont[0] if cont else None):
+                raise InvariantError("RadixCache: a node's _next is the child that continues its value's base tensor",
+                                     node=node, next=node._next, continuing=cont)
         leaves = {n for n in nodes if not n.lock_ref and not n.children}
         if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
             raise InvariantError("RadixCache: the evictable-leaf index holds exactly the unlocked leaves",
