@@ -246,8 +246,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
     def _new_node(self, key: array, value: torch.Tensor, parent: TreeNode | None, priority: int = 0) -> TreeNode:
         # Two ticks, as SGLang's TreeNode.__init__ reads time.monotonic() twice.
         clock = self.clock
-        last = clock.tick()
-        node = TreeNode(key, value, parent, last, clock.tick(), self._next_id, priority)
+        now = clock.now = clock.now + 2  # (clock.tick() twice, inlined)
+        node = TreeNode(key, value, parent, now - 1, now, self._next_id, priority)
         self._next_id += 1
         self.structure_version += 1
         return node
@@ -288,7 +288,13 @@ class RadixCache(RequestFlows, BaseRadixTree):
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
         runs, node, matched = self._match_walk(key, n)
-        return MatchResult(torch.cat(runs) if runs else self._empty, node, matched)  # a copy, as SGLang's
+        if len(runs) == 3:  # one run (base, start, stop): one copy of one slice, as SGLang's result is a copy
+            base, start, stop = runs
+            return MatchResult(base.narrow_copy(0, start, stop - start), node, matched)
+        if not runs:
+            return MatchResult(self._empty, node, matched)
+        return MatchResult(torch.cat([runs[i][runs[i + 1] : runs[i + 2]] for i in range(0, len(runs), 3)]),
+                           node, matched)
 
     def touch_prefix(self, key: TokenKey) -> None:
         """0.5.23: the match walk (access times, splits) without building the result."""
@@ -308,12 +314,15 @@ class RadixCache(RequestFlows, BaseRadixTree):
                 self._push(node)
             node = node.parent
 
-    def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], TreeNode, int]:
-        """(the path's KV as runs of contiguous slices, the node the match ends at, matched tokens). The values of
+    def _match_walk(self, key: array, n: int) -> tuple[list, TreeNode, int]:
+        """(the path's KV as runs of contiguous slices, flat: ``[base, start, stop, ...]`` for ``base[start:stop]``,
+        the node the match ends at, matched tokens). The values of
         consecutive nodes that are adjacent slices of one tensor (split halves) make one run: a deep chain of split
         nodes (about 33 a walk in bench_radix_cache.py) is one ``torch.cat`` input, not 33.
 
-        The hot loop of match_prefix: locals only, one child lookup per node. Only the walk's last node can be an
+        The hot loop of match_prefix: locals only; a node's split-chain child (``_next``, the next piece of the same
+        run) is tried first, with one compare and no dict lookup, else one child lookup. Only the walk's last node
+        can be an
         evictable leaf (every other one has the next as a child), so the heap is touched at most once."""
         now = self.clock.tick()
         node = self.root_node
@@ -345,7 +354,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
                     stop += end - off
                 else:
                     if base is not None:
-                        runs.append(base[start:stop])
+                        runs += (base, start, stop)
                     base, start = child._vbase, child._vstart
                     stop = start + end - off
                 off = end
@@ -360,16 +369,16 @@ class RadixCache(RequestFlows, BaseRadixTree):
                 stop += m
             else:
                 if base is not None:
-                    runs.append(base[start:stop])
+                    runs += (base, start, stop)
                 base, start, stop = node._vbase, node._vstart, node._vstart + m
             off += m
-            runs.append(base[start:stop])
+            runs += (base, start, stop)
             self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
             return runs, node, off
         if node._evictable:
             self._push(node)
         if base is not None:
-            runs.append(base[start:stop])
+            runs += (base, start, stop)
         self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
         return runs, node, off
 
@@ -504,8 +513,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
                 self._push(node)
         prefix_len = off
         if off < n:
-            new = value[off:n]
-            leaf = self._new_node(key[off:n], new.clone() if new.dtype == _I64 else new.to(_I64), node, priority)
+            new = value.narrow_copy(0, off, n - off) if value.dtype == _I64 else value[off:n].to(_I64)
+            leaf = self._new_node(key[off:n], new, node, priority)
             if n > inserted_len:
                 leaf.hit_count += 1
             node.children[self._child_key(leaf.key)] = leaf
