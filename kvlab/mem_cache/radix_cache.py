@@ -36,7 +36,9 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 import torch
@@ -65,20 +67,26 @@ __all__ = ["LockRefError", "LogicalClock", "MatchResult", "RadixCache", "Req", "
 _I64 = torch.int64
 
 
+# A childless node's ``children``: one shared, read-only empty mapping (a leaf gets its own dict with its first
+# child), so a new leaf allocates no dict.
+NO_CHILDREN: Mapping[ChildKey, TreeNode] = MappingProxyType({})
+
+
 class TreeNode:
     """One edge of the tree. ``value is None`` once evicted. ``children`` maps the first token
-    (page_size 1) or the first page's token tuple (page_size > 1) to the child."""
+    (page_size 1) or the first page's token tuple (page_size > 1) to the child (read-only
+    :data:`NO_CHILDREN` until the first child)."""
 
     # the match/insert walks' fields first (they share the object's first cache lines)
     __slots__ = ("children", "key", "last_access_time", "_next", "_vbase", "_vstart", "_evictable", "priority",
-                 "hit_count", "parent", "value", "lock_ref", "creation_time", "id", "_hver")
+                 "hit_count", "parent", "_value", "lock_ref", "creation_time", "id", "_hver")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
-        self.children: dict[ChildKey, TreeNode] = {}
+        self.children: Mapping[ChildKey, TreeNode] = NO_CHILDREN
         self.parent = parent
         self.key = key
-        self.value = value
+        self._value = value
         self.lock_ref = 0
         self.last_access_time = last_access_time
         self.creation_time = creation_time
@@ -87,8 +95,9 @@ class TreeNode:
         self.id = node_id
         self._evictable = False  # member of RadixCache.evictable_leaves
         self._hver = 0  # version of this node's live heap entry
-        # value is _vbase[_vstart : _vstart + len(value)]: a split leaves both halves views of one tensor, so the
-        # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes)
+        # value is _vbase[_vstart : _vstart + len(key)]: a split leaves both halves views of one tensor, so the
+        # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes); the view is
+        # made when ``value`` is first read (_value caches it; a split resets it), not at each split
         self._vbase = value
         self._vstart = 0
         # the child that continues this node's _vbase (value and key) where this node ends: the lower half of this
@@ -97,8 +106,21 @@ class TreeNode:
         self._next = None
 
     @property
+    def value(self) -> torch.Tensor | None:
+        """This node's KV slots (int64, one per token of ``key``); None once evicted."""
+        v = self._value
+        if v is None and self._vbase is not None:
+            v = self._value = self._vbase[self._vstart : self._vstart + len(self.key)]
+        return v
+
+    @value.setter
+    def value(self, value: torch.Tensor | None) -> None:
+        self._value = self._vbase = value
+        self._vstart = 0
+
+    @property
     def evicted(self) -> bool:
-        return self.value is None
+        return self._vbase is None
 
     def __lt__(self, other: TreeNode) -> bool:
         return self.last_access_time < other.last_access_time
@@ -270,7 +292,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
         return None
 
     def _update_leaf_status(self, node: TreeNode) -> None:
-        if node.lock_ref > 0 or node.value is None or node.children:
+        if node.lock_ref > 0 or node._vbase is None or node.children:
             if node._evictable:
                 node._evictable = False
                 self.evictable_leaves.discard(node)
@@ -387,9 +409,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
         parent = child.parent
         ck = self._child_key(child.key)
         # SGLang clones both halves; here they stay views of the one tensor (same values, no copies), so a
-        # match over a chain of split nodes reads one slice (see _match_walk)
-        value = child.value
-        upper = self._new_node(child.key[:split_len], value[:split_len], parent, child.priority)
+        # match over a chain of split nodes reads one slice (see _match_walk). Both views are made when read.
+        upper = self._new_node(child.key[:split_len], None, parent, child.priority)
         upper._vbase, upper._vstart = child._vbase, child._vstart
         upper.hit_count = child.hit_count
         upper.lock_ref = child.lock_ref
@@ -397,10 +418,10 @@ class RadixCache(RequestFlows, BaseRadixTree):
         if parent._next is child:
             parent._next = upper
         child.key = child.key[split_len:]
-        child.value = value[split_len:]
+        child._value = None
         child._vstart += split_len
         child.parent = upper
-        upper.children[self._child_key(child.key)] = child
+        upper.children = {self._child_key(child.key): child}
         parent.children[ck] = upper
         return upper
 
@@ -517,6 +538,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
             leaf = self._new_node(key[off:n], new, node, priority)
             if n > inserted_len:
                 leaf.hit_count += 1
+            if node.children is NO_CHILDREN:
+                node.children = {}
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
@@ -658,7 +681,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
         self.evictable_size_ -= len(node.key)
         node._evictable = False
         self.evictable_leaves.discard(node)
-        node.value = node._vbase = None  # (a split half may still hold the base: it is that half's memory)
+        node._value = node._vbase = None  # (a split half may still hold the base: it is that half's memory)
         self._update_leaf_status(parent)
 
     # -- invariants -----------------------------------------------------------------------------
