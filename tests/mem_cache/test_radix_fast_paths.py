@@ -3,6 +3,8 @@
 - ``insert`` right after ``match_prefix`` of the same key, with no node made or deleted in between, replays that
   match walk (``_last_walk``) instead of walking again.
 - The walks try a node's split-chain child (``_next``) before its children dict.
+- A split makes no tensors: a node's ``value`` view of its run's tensor is made when read. A leaf's ``children`` is
+  the shared read-only ``NO_CHILDREN`` until its first child.
 
 Each test runs the same operations on two trees, one of which never gets to replay a walk, and compares every
 node's fields (access and creation times, hit counts, priorities, locks, values), the counters and the victims.
@@ -18,6 +20,7 @@ import torch
 
 from kvlab.errors import InvariantError
 from kvlab.mem_cache import RadixCache
+from kvlab.mem_cache.radix_cache import NO_CHILDREN
 
 
 def snapshot(cache: RadixCache):
@@ -120,6 +123,7 @@ def test_insert_after_a_match_of_the_same_key_equals_a_fresh_walk(page_size, pol
     t.evict(10**9)  # every victim, in order, on both trees
     t.check()
     assert t.fast.total_size() == 0
+    assert len(NO_CHILDREN) == 0  # no leaf wrote into the shared mapping
     assert t.replayed > 60  # the shortcut was taken, and often
 
 
@@ -153,3 +157,26 @@ def test_split_chain_pointers_follow_splits_and_evictions():
     cache.root_node.children[1]._next = None  # a walk would then miss the chain: check_invariants says so
     with pytest.raises(InvariantError, match="_next"):
         cache.check_invariants()
+
+
+def test_split_halves_read_their_slots_as_views_of_one_tensor():
+    cache = RadixCache()
+    slots = torch.arange(100, 110)
+    cache.insert(list(range(1, 11)), slots)
+    leaf = cache.root_node.children[1]
+    assert leaf.children is NO_CHILDREN
+    with pytest.raises(TypeError):
+        leaf.children[5] = leaf  # read-only: a bug cannot give every leaf a child
+    cache.match_prefix([1, 2, 3, 4, 99])  # splits the leaf after 4 tokens
+    upper = cache.root_node.children[1]
+    lower = upper.children[5]
+    assert (upper.value.tolist(), lower.value.tolist()) == (list(range(100, 104)), list(range(104, 110)))
+    assert upper.value.dtype == lower.value.dtype == torch.int64
+    assert lower.value.data_ptr() == upper.value.data_ptr() + 4 * 8  # one tensor, not copies
+    assert upper.value is upper.value  # made once, then cached
+    cache.insert([1, 2, 3, 4, 5, 6, 50], torch.arange(200, 207))  # splits the lower half again, adds a sibling
+    cache.check_invariants()
+    assert lower.value.tolist() == list(range(106, 110)) and not lower.evicted
+    cache.evict(4)  # the oldest leaf: `lower`
+    assert lower.evicted and lower.value is None
+    cache.check_invariants()
