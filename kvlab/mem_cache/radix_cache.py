@@ -346,24 +346,27 @@ class RadixCache(RequestFlows, BaseRadixTree):
         run) is tried first, with one compare and no dict lookup, else one child lookup. Only the walk's last node
         can be an
         evictable leaf (every other one has the next as a child), so the heap is touched at most once."""
-        now = self.clock.tick()
+        clock = self.clock
+        now = clock.now = clock.now + 1  # (clock.tick(), inlined)
         node = self.root_node
         node.last_access_time = now
         ps = self.page_size
         runs = []
-        base, start, stop = None, 0, 0  # the open run: base[start:stop]
+        base, start, run_off = None, 0, 0  # the open run: base[start : start + off - run_off]
         off = 0
         while off < n:
-            child = node._next  # the split chain's next node first: it extends the open run
-            if child is not None:
+            child = node._next  # the split chain's next nodes first: they extend the open run
+            while child is not None:
                 ckey = child.key
                 end = off + len(ckey)
-                if end <= n and ckey == key[off:end]:
-                    child.last_access_time = now
-                    node = child
-                    stop += end - off
-                    off = end
-                    continue
+                if end > n or ckey != key[off:end]:
+                    break
+                child.last_access_time = now
+                node = child
+                off = end
+                child = child._next
+            if off == n:
+                break
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
@@ -371,14 +374,11 @@ class RadixCache(RequestFlows, BaseRadixTree):
             ckey = child.key
             end = off + len(ckey)
             if end <= n and ckey == key[off:end]:
-                node = child
-                if child._vbase is base and child._vstart == stop:
-                    stop += end - off
-                else:
+                if child._vbase is not base or child._vstart != start + off - run_off:
                     if base is not None:
-                        runs += (base, start, stop)
-                    base, start = child._vbase, child._vstart
-                    stop = start + end - off
+                        runs += (base, start, start + off - run_off)
+                    base, start, run_off = child._vbase, child._vstart, off
+                node = child
                 off = end
                 continue
             m = common_prefix_len(ckey, key, off, n)
@@ -387,20 +387,18 @@ class RadixCache(RequestFlows, BaseRadixTree):
             if child._evictable:  # its access time changed; the split keeps it a leaf below the new node
                 self._push(child)
             node = self._split_node(child, m)
-            if node._vbase is base and node._vstart == stop:
-                stop += m
-            else:
+            if node._vbase is not base or node._vstart != start + off - run_off:
                 if base is not None:
-                    runs += (base, start, stop)
-                base, start, stop = node._vbase, node._vstart, node._vstart + m
+                    runs += (base, start, start + off - run_off)
+                base, start, run_off = node._vbase, node._vstart, off
             off += m
-            runs += (base, start, stop)
+            runs += (base, start, start + off - run_off)
             self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
             return runs, node, off
         if node._evictable:
             self._push(node)
         if base is not None:
-            runs += (base, start, stop)
+            runs += (base, start, start + off - run_off)
         self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
         return runs, node, off
 
@@ -453,7 +451,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
         node by node without comparing its tokens again (a chunked prompt is not re-read once per chunk)."""
         if value.shape[0] < n:
             raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
-        now = self.clock.tick()
+        clock = self.clock
+        now = clock.now = clock.now + 1  # (clock.tick(), inlined)
         node = self.root_node
         node.last_access_time = now
         if priority > node.priority:
@@ -462,11 +461,13 @@ class RadixCache(RequestFlows, BaseRadixTree):
         off = 0
         path = self._held_path(held, held_len) if 0 < held_len <= n else None
         last = self._last_walk
+        walk = True
         if (path is None and last is not None and last[2] == self.structure_version and last[1] == n
                 and last[0] == key.tobytes()):
             # The match walk of this very key ran last and no node was made or deleted since: this walk would visit
             # the same nodes, matched whole (that walk split where the key diverges), so it is replayed upwards from
-            # its last node (same effects, node by node) and then goes on below it.
+            # its last node (same effects, node by node). Below that node no child starts with the key's next
+            # token or page (the match would have gone on, or split there), so the walk ends there.
             node, off = last[3], last[4]
             x, end, root = node, off, self.root_node
             while x is not root:
@@ -477,6 +478,9 @@ class RadixCache(RequestFlows, BaseRadixTree):
                     x.hit_count += 1
                 end -= len(x.key)
                 x = x.parent
+            if off == n and node._evictable:
+                self._push(node)
+            walk = False
         for child in path or ():  # what the loop below does to each node it matches whole
             child.last_access_time = now
             if priority > child.priority:
@@ -489,20 +493,25 @@ class RadixCache(RequestFlows, BaseRadixTree):
             node = child
         # Nodes matched whole: only the last can be an evictable leaf (each other one has the next as a child), so
         # the heap is refreshed once, after the loop, if that node stays a leaf.
-        while off < n:
-            child = node._next  # the split chain's next node first (see _match_walk)
-            if child is not None:
+        while walk:
+            child = node._next  # the split chain's next nodes first (see _match_walk)
+            while child is not None:
                 ckey = child.key
                 end = off + len(ckey)
-                if end <= n and ckey == key[off:end]:
-                    child.last_access_time = now
-                    node = child
-                    if priority > child.priority:
-                        child.priority = priority
-                    off = end
-                    if end > inserted_len:
-                        child.hit_count += 1
-                    continue
+                if end > n or ckey != key[off:end]:
+                    break
+                child.last_access_time = now
+                if priority > child.priority:
+                    child.priority = priority
+                if end > inserted_len:
+                    child.hit_count += 1
+                node = child
+                off = end
+                child = child._next
+            if off == n:  # the key ends at a node boundary: no leaf is added below it
+                if node._evictable:
+                    self._push(node)
+                break
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
@@ -529,9 +538,6 @@ class RadixCache(RequestFlows, BaseRadixTree):
             if child._evictable:
                 self._push(child)  # its access time changed
             break
-        else:  # the key ends at a node boundary: no leaf is added below it
-            if node._evictable:
-                self._push(node)
         prefix_len = off
         if off < n:
             new = value.narrow_copy(0, off, n - off) if value.dtype == _I64 else value[off:n].to(_I64)
