@@ -28,6 +28,10 @@ Differs on purpose:
   :class:`LockRefError` (SGLang lets ``lock_ref`` go negative).
 - ``_split_node`` leaves both halves views of the split node's value tensor (SGLang clones them): same values,
   and a chain of split nodes holds adjacent slices of one tensor, which ``match_prefix`` concatenates as one run.
+  A node's view is made when ``value`` is first read, so a split makes no tensor at all; each node links the
+  child that continues its run (``_next``), which the walks try before the children dict.
+- ``insert`` right after ``match_prefix`` of the same key, with no node made or deleted in between (a scheduler's
+  match-then-insert), replays that match walk's effects node by node instead of comparing the tokens again.
 - ``match_prefix`` / ``insert`` take plain token sequences (no ``RadixKey`` / params objects;
   no ``extra_key`` namespaces, EAGLE bigram keys, HiCache fields or KV events).
 """
