@@ -108,9 +108,10 @@ def same_results(ref, mine) -> bool:
                                                                     mine["total_size"])
 
 
-def report_rust(version: str, runs: list[dict], n: int, mine) -> bool:
+def report_rust(version: str, runs: list[dict], n: int, mine, kv_wall: float) -> bool:
     """Print the Rust-core line(s) from its runs (alternated with kvlab's; the least CPU is shown, as for kvlab, or
-    the one reply saying why it did not run); False when it ran and disagrees with kvlab."""
+    the one reply saying why it did not run); False when it ran and disagrees with kvlab. The wall-clock ratio is
+    of the shortest wall times (``kv_wall``: kvlab's), the CPU ratio of the least CPU times."""
     label = f"SGLang {version} UnifiedRadixCache (Rust core):"
     if not runs or runs[0] is None:
         print(f"{label} reference venv missing")
@@ -126,7 +127,7 @@ def report_rust(version: str, runs: list[dict], n: int, mine) -> bool:
           f"{rust['cpu_s']:.2f} s CPU), tree {rust['total_size']:,} tokens [{rust['tree_core_class']}]")
     same = all(same_results(r, mine) for r in runs)
     print(f"  results identical to kvlab: {same}")
-    wall, cpu = rust["seconds"] / mine["seconds"], rust["cpu_s"] / mine["cpu_s"]
+    wall, cpu = min(r["seconds"] for r in runs) / kv_wall, rust["cpu_s"] / mine["cpu_s"]
     ratio = min(wall, cpu)
     print(f"  kvlab / Rust core: {wall:.2f}x wall, {cpu:.2f}x CPU, best of {len(runs)} each, alternated (issue 22's "
           f"target >= {RUST_TARGET}x on both: {'met' if ratio >= RUST_TARGET else 'NOT met'})")
@@ -181,7 +182,7 @@ def main() -> None:
     ratio = kv_rate / ref_rate
     print(f"results identical (match lengths, insert prefix lengths, tree size): {same}")
     print(f"speed-up: {ratio:.1f}x (target >= {TARGET:.0f}x: {'met' if ratio >= TARGET else 'NOT met'})")
-    rust_same = True if a.no_rust else report_rust(a.sglang, rust, a.ops, mine)
+    rust_same = True if a.no_rust else report_rust(a.sglang, rust, a.ops, mine, min(r["seconds"] for r in here))
     if not same:
         raise SystemExit("kvlab and SGLang disagree on the workload")
     if not rust_same:
