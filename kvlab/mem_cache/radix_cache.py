@@ -264,7 +264,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
         self.protected_size_ = 0
         self.evictable_leaves: set[TreeNode] = set()
         self._heap: list = []
-        # the last match walk: (key bytes, n, structure_version after it, its last node, matched tokens); insert
+        # the last match walk: (the bytes of the key it read: up to its last node and the next page, n,
+        # structure_version after it, its last node, matched tokens); insert
         # replays it instead of walking again when nothing changed the tree's structure since (see _insert)
         self._last_walk: tuple[bytes, int, int, TreeNode, int] | None = None
         self._empty = torch.empty(0, dtype=_I64)
@@ -397,13 +398,15 @@ class RadixCache(RequestFlows, BaseRadixTree):
                 base, start, run_off = node._vbase, node._vstart, off
             off += m
             runs += (base, start, start + off - run_off)
-            self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
+            self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version,
+                               node, off)
             return runs, node, off
         if node._evictable:
             self._push(node)
         if base is not None:
             runs += (base, start, start + off - run_off)
-        self._last_walk = (key.tobytes(), n, self.structure_version, node, off)
+        self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version, node,
+                           off)
         return runs, node, off
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -467,11 +470,12 @@ class RadixCache(RequestFlows, BaseRadixTree):
         last = self._last_walk
         walk = True
         if (path is None and last is not None and last[2] == self.structure_version and last[1] == n
-                and last[0] == key.tobytes()):
+                and memoryview(key)[: len(last[0]) // 8].tobytes() == last[0]):
             # The match walk of this very key ran last and no node was made or deleted since: this walk would visit
             # the same nodes, matched whole (that walk split where the key diverges), so it is replayed upwards from
             # its last node (same effects, node by node). Below that node no child starts with the key's next
-            # token or page (the match would have gone on, or split there), so the walk ends there.
+            # token or page (the match would have gone on, or split there), so the walk ends there. What that walk
+            # read of the key is compared: the tokens up to its last node and the next page (not the whole key).
             node, off = last[3], last[4]
             x, end, root = node, off, self.root_node
             while x is not root:

@@ -47,7 +47,8 @@ class Twins:
 
     def insert(self, key, priority=0, inserted_len=0):
         last = self.fast._last_walk
-        if last is not None and last[2] == self.fast.structure_version and last[0] == array("q", key).tobytes():
+        if (last is not None and last[2] == self.fast.structure_version
+                and array("q", key).tobytes()[: len(last[0])] == last[0]):
             self.replayed += 1
         value = torch.arange(self.next_slot, self.next_slot + len(key), dtype=torch.int64)
         self.next_slot += len(key)
@@ -110,9 +111,10 @@ def test_insert_after_a_match_of_the_same_key_equals_a_fresh_walk(page_size, pol
         elif op < 0.7:  # a match of one key, an insert of another
             t.match(k)
             t.insert(key())
-        elif op < 0.8:  # the same tokens, the key one page longer or shorter than the match's
+        elif op < 0.8:  # the same tokens, the key one page longer or shorter than the match's, or its last changed
             t.match(k)
-            t.insert(k + [7] * page_size if rng.random() < 0.5 else k[:-page_size])
+            r = rng.random()
+            t.insert(k + [7] * page_size if r < 0.33 else k[:-page_size] if r < 0.66 else k[:-1] + [k[-1] % 49 + 1])
         elif op < 0.9 and t.locks:
             t.unlock(rng.randrange(len(t.locks)))
         else:
