@@ -28,6 +28,10 @@ Differs on purpose:
   :class:`LockRefError` (SGLang lets ``lock_ref`` go negative).
 - ``_split_node`` leaves both halves views of the split node's value tensor (SGLang clones them): same values,
   and a chain of split nodes holds adjacent slices of one tensor, which ``match_prefix`` concatenates as one run.
+  A node's view is made when ``value`` is first read, so a split makes no tensor at all; each node links the
+  child that continues its run (``_next``), which the walks try before the children dict.
+- ``insert`` right after ``match_prefix`` of the same key, with no node made or deleted in between (a scheduler's
+  match-then-insert), replays that match walk's effects node by node instead of comparing the tokens again.
 - ``match_prefix`` / ``insert`` take plain token sequences (no ``RadixKey`` / params objects;
   no ``extra_key`` namespaces, EAGLE bigram keys, HiCache fields or KV events).
 """
@@ -36,7 +40,9 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol
 
 import numpy as np
@@ -66,19 +72,26 @@ __all__ = ["LockRefError", "LogicalClock", "MatchResult", "RadixCache", "Req", "
 _I64 = torch.int64
 
 
+# A childless node's ``children``: one shared, read-only empty mapping (a leaf gets its own dict with its first
+# child), so a new leaf allocates no dict.
+NO_CHILDREN: Mapping[ChildKey, TreeNode] = MappingProxyType({})
+
+
 class TreeNode:
     """One edge of the tree. ``value is None`` once evicted. ``children`` maps the first token
-    (page_size 1) or the first page's token tuple (page_size > 1) to the child."""
+    (page_size 1) or the first page's token tuple (page_size > 1) to the child (read-only
+    :data:`NO_CHILDREN` until the first child)."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
-                 "hit_count", "priority", "id", "_evictable", "_hver", "_vbase", "_vstart")
+    # the match/insert walks' fields first (they share the object's first cache lines)
+    __slots__ = ("children", "key", "last_access_time", "_next", "_vbase", "_vstart", "_evictable", "priority",
+                 "hit_count", "parent", "_value", "lock_ref", "creation_time", "id", "_hver")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
-        self.children: dict[ChildKey, TreeNode] = {}
+        self.children: Mapping[ChildKey, TreeNode] = NO_CHILDREN
         self.parent = parent
         self.key = key
-        self.value = value
+        self._value = value
         self.lock_ref = 0
         self.last_access_time = last_access_time
         self.creation_time = creation_time
@@ -87,14 +100,32 @@ class TreeNode:
         self.id = node_id
         self._evictable = False  # member of RadixCache.evictable_leaves
         self._hver = 0  # version of this node's live heap entry
-        # value is _vbase[_vstart : _vstart + len(value)]: a split leaves both halves views of one tensor, so the
-        # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes)
+        # value is _vbase[_vstart : _vstart + len(key)]: a split leaves both halves views of one tensor, so the
+        # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes); the view is
+        # made when ``value`` is first read (_value caches it; a split resets it), not at each split
         self._vbase = value
+        self._vstart = 0
+        # the child that continues this node's _vbase (value and key) where this node ends: the lower half of this
+        # node's last split, if still cached. The walks try it before the children dict (a chain of split nodes
+        # is read without a lookup per node).
+        self._next = None
+
+    @property
+    def value(self) -> torch.Tensor | None:
+        """This node's KV slots (int64, one per token of ``key``); None once evicted."""
+        v = self._value
+        if v is None and self._vbase is not None:
+            v = self._value = self._vbase[self._vstart : self._vstart + len(self.key)]
+        return v
+
+    @value.setter
+    def value(self, value: torch.Tensor | None) -> None:
+        self._value = self._vbase = value
         self._vstart = 0
 
     @property
     def evicted(self) -> bool:
-        return self.value is None
+        return self._vbase is None
 
     def __lt__(self, other: TreeNode) -> bool:
         return self.last_access_time < other.last_access_time
@@ -244,13 +275,17 @@ class RadixCache(RequestFlows, BaseRadixTree):
         self.protected_size_ = 0
         self.evictable_leaves: set[TreeNode] = set()
         self._heap: list = []
+        # the last match walk: (the bytes of the key it read: up to its last node and the next page, n,
+        # structure_version after it, its last node, matched tokens); insert
+        # replays it instead of walking again when nothing changed the tree's structure since (see _insert)
+        self._last_walk: tuple[bytes, int, int, TreeNode, int] | None = None
         self._empty = torch.empty(0, dtype=_I64)
 
     def _new_node(self, key: array, value: torch.Tensor, parent: TreeNode | None, priority: int = 0) -> TreeNode:
         # Two ticks, as SGLang's TreeNode.__init__ reads time.monotonic() twice.
         clock = self.clock
-        last = clock.tick()
-        node = TreeNode(key, value, parent, last, clock.tick(), self._next_id, priority)
+        now = clock.now = clock.now + 2  # (clock.tick() twice, inlined)
+        node = TreeNode(key, value, parent, now - 1, now, self._next_id, priority)
         self._next_id += 1
         self.structure_version += 1
         return node
@@ -273,7 +308,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
         return None
 
     def _update_leaf_status(self, node: TreeNode) -> None:
-        if node.lock_ref > 0 or node.value is None or node.children:
+        if node.lock_ref > 0 or node._vbase is None or node.children:
             if node._evictable:
                 node._evictable = False
                 self.evictable_leaves.discard(node)
@@ -291,7 +326,13 @@ class RadixCache(RequestFlows, BaseRadixTree):
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
         runs, node, matched = self._match_walk(key, n)
-        return MatchResult(torch.cat(runs) if runs else self._empty, node, matched)  # a copy, as SGLang's
+        if len(runs) == 3:  # one run (base, start, stop): one copy of one slice, as SGLang's result is a copy
+            base, start, stop = runs
+            return MatchResult(base.narrow_copy(0, start, stop - start), node, matched)
+        if not runs:
+            return MatchResult(self._empty, node, matched)
+        return MatchResult(torch.cat([runs[i][runs[i + 1] : runs[i + 2]] for i in range(0, len(runs), 3)]),
+                           node, matched)
 
     def touch_prefix(self, key: TokenKey) -> None:
         """0.5.23: the match walk (access times, splits) without building the result."""
@@ -311,21 +352,37 @@ class RadixCache(RequestFlows, BaseRadixTree):
                 self._push(node)
             node = node.parent
 
-    def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], TreeNode, int]:
-        """(the path's KV as runs of contiguous slices, the node the match ends at, matched tokens). The values of
+    def _match_walk(self, key: array, n: int) -> tuple[list, TreeNode, int]:
+        """(the path's KV as runs of contiguous slices, flat: ``[base, start, stop, ...]`` for ``base[start:stop]``,
+        the node the match ends at, matched tokens). The values of
         consecutive nodes that are adjacent slices of one tensor (split halves) make one run: a deep chain of split
         nodes (about 33 a walk in bench_radix_cache.py) is one ``torch.cat`` input, not 33.
 
-        The hot loop of match_prefix: locals only, one child lookup per node. Only the walk's last node can be an
+        The hot loop of match_prefix: locals only; a node's split-chain child (``_next``, the next piece of the same
+        run) is tried first, with one compare and no dict lookup, else one child lookup. Only the walk's last node
+        can be an
         evictable leaf (every other one has the next as a child), so the heap is touched at most once."""
-        now = self.clock.tick()
+        clock = self.clock
+        now = clock.now = clock.now + 1  # (clock.tick(), inlined)
         node = self.root_node
         node.last_access_time = now
         ps = self.page_size
         runs = []
-        base, start, stop = None, 0, 0  # the open run: base[start:stop]
+        base, start, run_off = None, 0, 0  # the open run: base[start : start + off - run_off]
         off = 0
         while off < n:
+            child = node._next  # the split chain's next nodes first: they extend the open run
+            while child is not None:
+                ckey = child.key
+                end = off + len(ckey)
+                if end > n or ckey != key[off:end]:
+                    break
+                child.last_access_time = now
+                node = child
+                off = end
+                child = child._next
+            if off == n:
+                break
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
@@ -333,14 +390,11 @@ class RadixCache(RequestFlows, BaseRadixTree):
             ckey = child.key
             end = off + len(ckey)
             if end <= n and ckey == key[off:end]:
-                node = child
-                if child._vbase is base and child._vstart == stop:
-                    stop += end - off
-                else:
+                if child._vbase is not base or child._vstart != start + off - run_off:
                     if base is not None:
-                        runs.append(base[start:stop])
-                    base, start = child._vbase, child._vstart
-                    stop = start + end - off
+                        runs += (base, start, start + off - run_off)
+                    base, start, run_off = child._vbase, child._vstart, off
+                node = child
                 off = end
                 continue
             m = common_prefix_len(ckey, key, off, n)
@@ -349,19 +403,21 @@ class RadixCache(RequestFlows, BaseRadixTree):
             if child._evictable:  # its access time changed; the split keeps it a leaf below the new node
                 self._push(child)
             node = self._split_node(child, m)
-            if node._vbase is base and node._vstart == stop:
-                stop += m
-            else:
+            if node._vbase is not base or node._vstart != start + off - run_off:
                 if base is not None:
-                    runs.append(base[start:stop])
-                base, start, stop = node._vbase, node._vstart, node._vstart + m
+                    runs += (base, start, start + off - run_off)
+                base, start, run_off = node._vbase, node._vstart, off
             off += m
-            runs.append(base[start:stop])
+            runs += (base, start, start + off - run_off)
+            self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version,
+                               node, off)
             return runs, node, off
         if node._evictable:
             self._push(node)
         if base is not None:
-            runs.append(base[start:stop])
+            runs += (base, start, start + off - run_off)
+        self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version, node,
+                           off)
         return runs, node, off
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -369,17 +425,19 @@ class RadixCache(RequestFlows, BaseRadixTree):
         parent = child.parent
         ck = self._child_key(child.key)
         # SGLang clones both halves; here they stay views of the one tensor (same values, no copies), so a
-        # match over a chain of split nodes reads one slice (see _match_walk)
-        value = child.value
-        upper = self._new_node(child.key[:split_len], value[:split_len], parent, child.priority)
+        # match over a chain of split nodes reads one slice (see _match_walk). Both views are made when read.
+        upper = self._new_node(child.key[:split_len], None, parent, child.priority)
         upper._vbase, upper._vstart = child._vbase, child._vstart
         upper.hit_count = child.hit_count
         upper.lock_ref = child.lock_ref
+        upper._next = child
+        if parent._next is child:
+            parent._next = upper
         child.key = child.key[split_len:]
-        child.value = value[split_len:]
+        child._value = None
         child._vstart += split_len
         child.parent = upper
-        upper.children[self._child_key(child.key)] = child
+        upper.children = {self._child_key(child.key): child}
         parent.children[ck] = upper
         return upper
 
@@ -411,7 +469,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
         node by node without comparing its tokens again (a chunked prompt is not re-read once per chunk)."""
         if value.shape[0] < n:
             raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
-        now = self.clock.tick()
+        clock = self.clock
+        now = clock.now = clock.now + 1  # (clock.tick(), inlined)
         node = self.root_node
         node.last_access_time = now
         if priority > node.priority:
@@ -419,6 +478,28 @@ class RadixCache(RequestFlows, BaseRadixTree):
         ps = self.page_size
         off = 0
         path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        last = self._last_walk
+        walk = True
+        if (path is None and last is not None and last[2] == self.structure_version and last[1] == n
+                and memoryview(key)[: len(last[0]) // 8].tobytes() == last[0]):
+            # The match walk of this very key ran last and no node was made or deleted since: this walk would visit
+            # the same nodes, matched whole (that walk split where the key diverges), so it is replayed upwards from
+            # its last node (same effects, node by node). Below that node no child starts with the key's next
+            # token or page (the match would have gone on, or split there), so the walk ends there. What that walk
+            # read of the key is compared: the tokens up to its last node and the next page (not the whole key).
+            node, off = last[3], last[4]
+            x, end, root = node, off, self.root_node
+            while x is not root:
+                x.last_access_time = now
+                if priority > x.priority:
+                    x.priority = priority
+                if end > inserted_len:
+                    x.hit_count += 1
+                end -= len(x.key)
+                x = x.parent
+            if off == n and node._evictable:
+                self._push(node)
+            walk = False
         for child in path or ():  # what the loop below does to each node it matches whole
             child.last_access_time = now
             if priority > child.priority:
@@ -431,7 +512,25 @@ class RadixCache(RequestFlows, BaseRadixTree):
             node = child
         # Nodes matched whole: only the last can be an evictable leaf (each other one has the next as a child), so
         # the heap is refreshed once, after the loop, if that node stays a leaf.
-        while off < n:
+        while walk:
+            child = node._next  # the split chain's next nodes first (see _match_walk)
+            while child is not None:
+                ckey = child.key
+                end = off + len(ckey)
+                if end > n or ckey != key[off:end]:
+                    break
+                child.last_access_time = now
+                if priority > child.priority:
+                    child.priority = priority
+                if end > inserted_len:
+                    child.hit_count += 1
+                node = child
+                off = end
+                child = child._next
+            if off == n:  # the key ends at a node boundary: no leaf is added below it
+                if node._evictable:
+                    self._push(node)
+                break
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
                 break
@@ -458,15 +557,14 @@ class RadixCache(RequestFlows, BaseRadixTree):
             if child._evictable:
                 self._push(child)  # its access time changed
             break
-        else:  # the key ends at a node boundary: no leaf is added below it
-            if node._evictable:
-                self._push(node)
         prefix_len = off
         if off < n:
-            new = value[off:n]
-            leaf = self._new_node(key[off:n], new.clone() if new.dtype == _I64 else new.to(_I64), node, priority)
+            new = value.narrow_copy(0, off, n - off) if value.dtype == _I64 else value[off:n].to(_I64)
+            leaf = self._new_node(key[off:n], new, node, priority)
             if n > inserted_len:
                 leaf.hit_count += 1
+            if node.children is NO_CHILDREN:
+                node.children = {}
             node.children[self._child_key(leaf.key)] = leaf
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
@@ -611,10 +709,12 @@ class RadixCache(RequestFlows, BaseRadixTree):
         self.structure_version += 1
         parent = node.parent
         del parent.children[self._child_key(node.key)]
+        if parent._next is node:
+            parent._next = None
         self.evictable_size_ -= len(node.key)
         node._evictable = False
         self.evictable_leaves.discard(node)
-        node.value = node._vbase = None  # (a split half may still hold the base: it is that half's memory)
+        node._value = node._vbase = None  # (a split half may still hold the base: it is that half's memory)
         self._update_leaf_status(parent)
 
     # -- invariants -----------------------------------------------------------------------------
@@ -633,6 +733,13 @@ class RadixCache(RequestFlows, BaseRadixTree):
                     or node._vstart + len(v) > len(base)):
                 raise InvariantError("RadixCache: every node's value is the slice of its base tensor it records",
                                      node=node, vstart=node._vstart, base_len=None if base is None else len(base))
+        for node in self.nodes():  # the split chain the walks follow first: _next is the child continuing _vbase
+            stop = node._vstart + len(node.key)
+            cont = [c for c in node.children.values()
+                    if node is not self.root_node and c._vbase is node._vbase and c._vstart == stop]
+            if node._next is not (cont[0] if cont else None):
+                raise InvariantError("RadixCache: a node's _next is the child that continues its value's base tensor",
+                                     node=node, next=node._next, continuing=cont)
         leaves = {n for n in nodes if not n.lock_ref and not n.children}
         if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
             raise InvariantError("RadixCache: the evictable-leaf index holds exactly the unlocked leaves",
