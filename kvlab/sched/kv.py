@@ -35,7 +35,7 @@ from kvlab.mem_cache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes, Transfers
-from kvlab.sched.request import SimReq
+from kvlab.sched.request import MatchMemo, SimReq
 from kvlab.units import align_down, align_up
 
 
@@ -106,16 +106,16 @@ class SchedulerKV:
             to_array = getattr(req.prompt, "to_array", None)  # kvlab.workloads.TokenSequence has one
             req.origin_input_ids = to_array() if to_array else array("q", req.prompt)
         tree = self.tree
-        memo = req.match_memo
-        if (memo is not None and memo[0] == tree.structure_version and self.replay_matches
-                and memo[1] == len(req.origin_input_ids) + len(req.output_ids) == len(req.fill_ids)):
+        if (self.replayable(req)
+                and req.match_memo.fill_len == len(req.origin_input_ids) + len(req.output_ids) == len(req.fill_ids)):
             # the same tokens matched again (fill_ids as the last match built them: outputs only grow), the tree's
             # structure unchanged since (a waiting request that did not fit, tried again next step): the walk would
             # visit the same nodes and find the same prefix, so only its side effects are replayed (one clock
             # tick, the access times of the path and the root, the end node's heap entry)
-            tree.restamp_path(memo[3])
-            req.prefix_indices, req.last_node = memo[2], memo[3]
-            req.prefix_len = req.cache_protected_len = req.kv_len = memo[4]
+            memo = req.match_memo
+            tree.restamp_path(memo.last_node)
+            req.prefix_indices, req.last_node = memo.prefix_indices, memo.last_node
+            req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
             return
         # a first admission matches the prompt itself (nothing mutates fill_ids in place)
         req.fill_ids = req.origin_input_ids + array("q", req.output_ids) if req.output_ids else req.origin_input_ids
@@ -128,8 +128,8 @@ class SchedulerKV:
         req.prefix_len = m.device_prefix_len
         req.last_node = m.last_device_node
         if cap and not self.hicache:  # (a HiRadixCache match walks the host tier too: not replayed)
-            req.match_memo = (tree.structure_version, len(req.fill_ids), m.device_indices, m.last_device_node,
-                              m.device_prefix_len)
+            req.match_memo = MatchMemo(tree.structure_version, len(req.fill_ids), m.device_indices,
+                                       m.last_device_node, m.device_prefix_len)
         req.cache_protected_len = req.prefix_len
         req.kv_len = req.prefix_len
         if self.hicache:
@@ -145,7 +145,7 @@ class SchedulerKV:
     def replayable(self, req: SimReq) -> bool:
         """Would matching ``req`` again now be a replay (:meth:`match`'s shortcut)?"""
         memo = req.match_memo
-        return memo is not None and self.replay_matches and memo[0] == self.tree.structure_version  # (no HiCache)
+        return memo is not None and self.replay_matches and memo.version == self.tree.structure_version  # (no HiCache)
 
     def replay_matches_of(self, req: SimReq, times: int) -> None:
         """The side effects of matching ``req`` ``times`` more times while :meth:`replayable` (each a clock tick
@@ -153,7 +153,7 @@ class SchedulerKV:
         if times:
             tree = self.tree
             tree.clock.now += times - 1
-            tree.restamp_path(req.match_memo[3])
+            tree.restamp_path(req.match_memo.last_node)
 
     def load_back(self, req: SimReq) -> int:
         """HiCache admission (``PrefillAdder.add_one_req`` -> ``init_load_back``): bring the request's host-only

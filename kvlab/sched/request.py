@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -37,6 +37,17 @@ class RequestLike(Protocol):
     def output_len(self) -> int: ...
 
 
+class MatchMemo(NamedTuple):
+    """A request's last walked match (``SchedulerKV.match``): the tree's ``structure_version`` after it, the length
+    of the ``fill_ids`` it matched, and what it found."""
+
+    version: int
+    fill_len: int
+    prefix_indices: torch.Tensor
+    last_node: object
+    prefix_len: int
+
+
 @dataclass(eq=False)
 class SimReq(SimpleReq):
     """SGLang's ``Req`` fields the tree reads, plus what the simulator tracks."""
@@ -55,9 +66,8 @@ class SimReq(SimpleReq):
     retractions: int = 0
     # fast_decode.DecodeState while the event-driven rounds run it (outputs and row not written out); None otherwise
     decode_state: object | None = None
-    # SchedulerKV.match's last result for this request: (tree structure_version after it, len(fill_ids) matched,
-    # prefix_indices, last_node, prefix_len); a match with both equal is replayed, not walked
-    match_memo: tuple | None = None
+    # SchedulerKV.match's last result for this request; a match with the same version and length is replayed
+    match_memo: MatchMemo | None = None
 
     # ``prefix_indices`` (SimpleReq's field) is kept as the runs ``cache_unfinished_req`` hands over and concatenated
     # on first read: the loop itself reads it only after the next match, which replaces it (about 21,000
