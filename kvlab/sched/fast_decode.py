@@ -29,8 +29,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from kvlab.sched.decode import DecodeOutcome, ReferenceDecode
 
 if TYPE_CHECKING:
@@ -95,9 +93,8 @@ class FastDecode:
     def admit(self, req: SimReq) -> None:
         """Hand a running request (outputs and row written out) to the event-driven rounds."""
         ps, d = self.page_size, self.round
-        row = self.kv.row(req)
         outputs = len(req.output_ids)
-        state = DecodeState(req, next(self._orders), d, outputs, req.kv_len, int(row[req.kv_len - 1]))
+        state = DecodeState(req, next(self._orders), d, outputs, req.kv_len, self.kv.last_slot(req))
         req.decode_state = state
         # round d + j writes row position seq_len - 2 + j; a page opens where that is page aligned
         heapq.heappush(self.opens, (d + 1 + (-(req.seq_len - 1)) % ps, state.order, state))
@@ -124,14 +121,7 @@ class FastDecode:
             out.extend(req.planned_output[len(out) : n])
         end = req.prompt_len + n - 1  # the last output token's KV is written by the next round
         req.kv_len = end
-        row = self.kv.row(req)
-        pos, slot = state.written_len, state.last_slot + 1
-        last = state.last_slot
-        for page_pos, page_slot in [*state.opened_pages, (end, 0)]:
-            if page_pos > pos:
-                row[pos:page_pos] = np.arange(slot, slot + page_pos - pos, dtype=np.int32)
-                last = slot + page_pos - pos - 1
-            pos, slot = page_pos, page_slot
+        last = self.kv.write_decoded(req, state.written_len, state.last_slot, state.opened_pages, end)
         state.written_len, state.last_slot, state.opened_pages = end, last, []
 
     def _leave(self, req: SimReq) -> None:

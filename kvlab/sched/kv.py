@@ -277,6 +277,23 @@ class SchedulerKV:
                                f"{self.allocator.available_size()} slots available")
         return pages
 
+    def last_slot(self, req: SimReq) -> int:
+        """The slot of the request's last token with KV (row position ``kv_len - 1``)."""
+        return int(self.rows[req.req_pool_idx, req.kv_len - 1])
+
+    def write_decoded(self, req: SimReq, written_len: int, last_slot: int, opened_pages: list, end: int) -> int:
+        """Write the event-driven rounds' slots into the request's row: positions ``[written_len, end)`` follow
+        ``last_slot`` contiguously except where a page was opened (``opened_pages``: (row position, first slot)).
+        Returns the slot at position ``end - 1``."""
+        row = self.rows[req.req_pool_idx]
+        pos, slot, last = written_len, last_slot + 1, last_slot
+        for page_pos, page_slot in [*opened_pages, (end, 0)]:
+            if page_pos > pos:
+                row[pos:page_pos] = np.arange(slot, slot + page_pos - pos, dtype=np.int32)
+                last = slot + page_pos - pos - 1
+            pos, slot = page_pos, page_slot
+        return last
+
     def row(self, req: SimReq) -> np.ndarray:
         """The request's row of ``req_to_token``, as a numpy view (writes go to the pool)."""
         return self.rows[req.req_pool_idx]
@@ -298,9 +315,9 @@ class SchedulerKV:
     def release_aborted(self, req: SimReq) -> None:
         release_kv_cache(req, self.tree, is_insert=False)
 
-    def check_invariants(self, held_tokens: int) -> None:
+    def check_invariants(self, held_tokens: int, holders: Sequence[SimReq] = ()) -> None:
         """Pools and tree consistent, and every slot accounted for exactly once (``held_tokens``: what running and
-        chunked requests hold beyond the tree)."""
+        chunked requests, ``holders``, hold beyond the tree)."""
         self.allocator.check_invariants()
         self.req_to_token_pool.check_invariants()
         self.tree.check_invariants()  # HiRadixCache's covers the host pool and the copies in flight

@@ -68,6 +68,8 @@ class SimReq(SimpleReq):
     decode_state: object | None = None
     # SchedulerKV.match's last result for this request; a match with the same version and length is replayed
     match_memo: MatchMemo | None = None
+    # the page engine's (kvlab.sched.page_kv): the ids of the whole pages of prompt + planned outputs read so far
+    page_keys: object | None = None
 
     # ``prefix_indices`` (SimpleReq's field) is kept as the runs ``cache_unfinished_req`` hands over and concatenated
     # on first read: the loop itself reads it only after the next match, which replaces it (about 21,000

@@ -97,8 +97,18 @@ class SimResult:
     counts: Totals
     simulated_s: float  # time on the modelled server's clock (the cost model), not wall-clock time
     step_log: list = field(repr=False)  # Ledger.step_log: the rows as written (expanded on first read of rows)
-    tree: RadixCache | HiRadixCache = field(repr=False)
+    # the final tree, or the fast page engine (kvlab.sched.page_kv.PageKV) whose result_tree() rebuilds it as the
+    # token-level RadixCache on first read of ``tree`` (``kvlab simulate --json`` reads none)
+    tree_source: object = field(repr=False)
     _rows: list[dict] | None = field(default=None, init=False, repr=False, compare=False)
+
+    @property
+    def tree(self) -> RadixCache | HiRadixCache:
+        """The run's final tree (token keys, as the reference loop's)."""
+        build = getattr(self.tree_source, "result_tree", None)
+        if build is not None:
+            self.tree_source = build()
+        return self.tree_source
 
     @property
     def rows(self) -> list[dict]:

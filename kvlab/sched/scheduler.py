@@ -58,7 +58,14 @@ class Scheduler:
                     f"{need} tokens (prompt {prompt_len} + output {r.output_len}); raise --kv-tokens")
         self.ledger = Ledger(Totals(requests=len(requests), prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
                                     prompt_pages=sum(-(-len(r.prompt_token_ids) // ps) for r in requests)))
-        self.kv = SchedulerKV(config, longest, self.ledger)
+        # the fast path at page size > 1 without a host tier runs on the page engine (no token or slot ids); the
+        # reference loop, HiCache and page size 1 on the token-level memory
+        if config.fast_decode and ps > 1 and not config.hicache:
+            from kvlab.sched.page_kv import PageKV
+
+            self.kv: SchedulerKV | PageKV = PageKV(config, self.ledger)
+        else:
+            self.kv = SchedulerKV(config, longest, self.ledger)
         self.pending = deque(sorted((SimReq.of(r) for r in requests), key=lambda q: q.arrival_time_s))
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
@@ -73,8 +80,8 @@ class Scheduler:
     def check_invariants(self) -> None:
         """Pools and tree consistent, and every slot accounted for exactly once."""
         self.decoder.sync(self.running)
-        held = sum(r.kv_len - r.cache_protected_len for r in self.running + ([self.chunked] if self.chunked else []))
-        self.kv.check_invariants(held)
+        holders = self.running + ([self.chunked] if self.chunked else [])
+        self.kv.check_invariants(sum(r.kv_len - r.cache_protected_len for r in holders), holders)
 
     def _future_tokens(self) -> float:
         """The prefill budget's reserve for the running requests: the new-token ratio times their future tokens."""
@@ -155,7 +162,9 @@ class Scheduler:
         bar.close()
         if kv.hicache:  # the copies still in flight land (the clock of the run is not moved)
             kv.tree.drain()
-        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, kv.tree)
+        # (the page engine rebuilds its tree at token level when the result's tree is first read)
+        tree = kv if hasattr(kv, "result_tree") else kv.tree
+        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, tree)
 
 
 @contextmanager

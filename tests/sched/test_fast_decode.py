@@ -137,32 +137,37 @@ def test_both_paths_ask_for_the_same_prefix_matches(monkeypatch):
     in which a waiting head is turned down again ask for theirs in bulk, ``SchedulerKV.replay_matches_of``), so a
     side effect added to the walk reaches both; it walks the tree for fewer of them: a waiting request matched
     again while the tree's structure is unchanged is replayed, and the rows, tree and clock stay identical
-    (``assert_same``)."""
+    (``assert_same``). The fast path runs on the page engine (``PageKV`` over a ``PageRadixTree``), the reference
+    loop on the token-level memory (``SchedulerKV`` over a ``RadixCache``)."""
+    from kvlab.mem_cache.page_tree import PageRadixTree
     from kvlab.mem_cache.radix_cache import RadixCache
     from kvlab.sched.kv import SchedulerKV
+    from kvlab.sched.page_kv import PageKV
 
     asked: list = []
     walked: list = []
-    real_match, real_walk, real_replays = SchedulerKV.match, RadixCache.match_prefix, SchedulerKV.replay_matches_of
 
     def tokens(req):
-        return bytes(req.origin_input_ids) + bytes(array("q", req.output_ids))
+        return bytes(array("q", list(req.prompt) + list(req.output_ids)))
 
-    def asking(self, req):
-        asked.append(tokens(req))
-        return real_match(self, req)
+    for memory, tree in ((SchedulerKV, RadixCache), (PageKV, PageRadixTree)):
+        real_match, real_walk, real_replays = memory.match, tree.match_prefix, memory.replay_matches_of
 
-    def replaying(self, req, times):  # the quiet steps' admission checks, replayed in bulk
-        asked.extend([tokens(req)] * times)
-        return real_replays(self, req, times)
+        def asking(self, req, real_match=real_match):
+            asked.append(tokens(req))
+            return real_match(self, req)
 
-    def walking(self, key):
-        walked.append(bytes(key))
-        return real_walk(self, key)
+        def replaying(self, req, times, real_replays=real_replays):  # the quiet steps' checks, replayed in bulk
+            asked.extend([tokens(req)] * times)
+            return real_replays(self, req, times)
 
-    monkeypatch.setattr(SchedulerKV, "match", asking)
-    monkeypatch.setattr(SchedulerKV, "replay_matches_of", replaying)
-    monkeypatch.setattr(RadixCache, "match_prefix", walking)
+        def walking(self, *key, real_walk=real_walk):
+            walked.append(key)
+            return real_walk(self, *key)
+
+        monkeypatch.setattr(memory, "match", asking)
+        monkeypatch.setattr(memory, "replay_matches_of", replaying)
+        monkeypatch.setattr(tree, "match_prefix", walking)
     reqs = load_trace(ROOT / "data/traces/mooncake_small.jsonl")
     longest = max(r.prompt_len + r.output_len for r in reqs)
     cfg = SchedulerConfig(kv_tokens=max(64, -(-2 * longest // 512)) * 512, page_size=512, max_running=64)

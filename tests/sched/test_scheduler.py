@@ -216,7 +216,8 @@ def test_prefix_indices_after_caching_an_unfinished_request_are_the_rows_slots_w
     from kvlab.sched import Scheduler
 
     reqs = shared_prefix(2, 3, 37, 6, 4)  # 43-token prompts: whole pages of 8 and a partial one
-    sched = Scheduler(SchedulerConfig(kv_tokens=4096, page_size=8), reqs)
+    # the token-level memory (the reference loop's; the fast path at page size > 1 holds no slot ids)
+    sched = Scheduler(SchedulerConfig(kv_tokens=4096, page_size=8, fast_decode=False), reqs)
     sched.waiting.extend(sched.pending)
     sched.pending.clear()
     batch = sched.prefill.schedule(sched.waiting, sched.running, None, lambda: 0.0)

@@ -1,0 +1,437 @@
+"""The radix cache at page granularity, for the simulator's fast engine (``kvlab.sched.page_kv``): SGLang's paged
+``RadixCache`` (:class:`~kvlab.mem_cache.radix_cache.RadixCache` at ``page_size > 1``) with each page's tokens
+replaced by one integer, and no KV slots at all.
+
+Why this is the same tree. A paged radix cache only ever compares whole pages: children are filed by their first
+page, a key is truncated to whole pages, a split falls on a page boundary, a node's size is a whole number of pages.
+So if every distinct page content gets one id (:class:`PageKeys`, an interning table: equal tokens, equal id), the
+tree over page ids has the same nodes, the same splits and the same sizes (in pages, times the page size). Its
+operations are written here op for op as :class:`RadixCache`'s: one clock tick where it ticks (two per node made),
+the same access times, hit counts and priorities, node ids in creation order, the same ``structure_version`` bumps
+and the evictable-leaf heap keyed by ``(policy priority, last_access_time, id)``, so the victim order is the same.
+The simulator's KV slots never reach a result (only counts do), so a node holds its length, not slot ids; the
+allocator is a count of free pages (``kvlab.sched.page_kv.PageCounter``).
+
+The differential tests run the token-level reference (``SchedulerConfig(fast_decode=False)``: ``RadixCache`` over
+token ids with real slot tensors) against the engine built on this tree and compare every row, every total and
+the final tree (:meth:`PageRadixTree.to_radix_cache` rebuilds it as a token-level ``RadixCache`` for that, and for
+anything that reads a simulation's tree).
+
+No torch here: the simulator's fast engine imports none (``to_radix_cache`` imports it when called).
+"""
+
+from __future__ import annotations
+
+import heapq
+from array import array
+from collections.abc import Sequence
+
+from kvlab.errors import InvariantError, LockRefError, require
+from kvlab.mem_cache.evict_policy import get_eviction_strategy
+
+
+class LogicalClock:
+    """``time.monotonic()`` as a counter (the same clock as ``radix_tree.LogicalClock``)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self) -> None:
+        self.now = 0
+
+    def tick(self) -> int:
+        self.now += 1
+        return self.now
+
+
+def _common_pages(a: array, b: array, off: int, n: int) -> int:
+    """Length of the common prefix of ``a`` and ``b[off:n]``."""
+    lim = min(len(a), n - off)
+    i = 0
+    while i < lim and a[i] == b[off + i]:
+        i += 1
+    return i
+
+
+class PageNode:
+    """One edge: ``key`` (page ids), the fields the eviction policies read (``last_access_time``,
+    ``creation_time``, ``hit_count``, ``priority``), ``lock_ref``, and the heap bookkeeping."""
+
+    __slots__ = ("children", "key", "parent", "lock_ref", "last_access_time", "creation_time", "hit_count",
+                 "priority", "id", "evicted", "_evictable", "_hver")
+
+    def __init__(self, key: array, parent: PageNode | None, last_access_time: int, creation_time: int, node_id: int,
+                 priority: int) -> None:
+        self.children: dict[int, PageNode] = {}
+        self.key = key
+        self.parent = parent
+        self.lock_ref = 0
+        self.last_access_time = last_access_time
+        self.creation_time = creation_time
+        self.hit_count = 0
+        self.priority = priority
+        self.id = node_id
+        self.evicted = False
+        self._evictable = False
+        self._hver = 0
+
+    def __repr__(self) -> str:
+        return f"PageNode(id={self.id}, pages={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+class PageRadixTree:
+    """The paged radix cache over page ids. Sizes (``evictable_size_``, ``protected_size_``) are in pages.
+    ``eviction_policy``: a name from ``evict_policy.EVICTION_POLICIES``."""
+
+    def __init__(self, eviction_policy: str = "lru") -> None:
+        self.eviction_policy = eviction_policy.lower()
+        self._prio = get_eviction_strategy(self.eviction_policy, None).get_priority
+        self.structure_version = 1
+        self.clock = LogicalClock()
+        self._next_id = 0
+        self.root_node = self._new_node(array("q"), None, -(2**63))
+        self.root_node.lock_ref = 1
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+        self.evictable_leaves: set[PageNode] = set()
+        self._heap: list = []
+
+    def _new_node(self, key: array, parent: PageNode | None, priority: int) -> PageNode:
+        clock = self.clock
+        now = clock.now = clock.now + 2  # RadixCache._new_node: two ticks
+        node = PageNode(key, parent, now - 1, now, self._next_id, priority)
+        self._next_id += 1
+        self.structure_version += 1
+        return node
+
+    def total_size(self) -> int:
+        return self.evictable_size_ + self.protected_size_
+
+    # -- the evictable-leaf heap (RadixCache._push / _pop_victim / _update_leaf_status) ----------------
+    def _push(self, node: PageNode) -> None:
+        node._hver += 1
+        heapq.heappush(self._heap, (self._prio(node), node.last_access_time, node.id, node._hver, node))
+        if len(self._heap) > 2 * len(self.evictable_leaves) + 64:
+            self._heap = [(self._prio(n), n.last_access_time, n.id, n._hver, n) for n in self.evictable_leaves]
+            heapq.heapify(self._heap)
+
+    def _update_leaf_status(self, node: PageNode) -> None:
+        if node.lock_ref > 0 or node.evicted or node.children:
+            if node._evictable:
+                node._evictable = False
+                self.evictable_leaves.discard(node)
+        elif not node._evictable:
+            node._evictable = True
+            self.evictable_leaves.add(node)
+            self._push(node)
+
+    # -- match / insert -------------------------------------------------------------------------
+    def match_prefix(self, key: array, n: int) -> tuple[PageNode, int]:
+        """``RadixCache.match_prefix`` of the first ``n`` pages of ``key``: (the node the match ends at, pages
+        matched). Splits the node the match ends inside and stamps the path's access times."""
+        if n == 0:
+            return self.root_node, 0
+        now = self.clock.tick()
+        node = self.root_node
+        node.last_access_time = now
+        off = 0
+        while off < n:
+            child = node.children.get(key[off])
+            if child is None:
+                break
+            child.last_access_time = now
+            ckey = child.key
+            end = off + len(ckey)
+            if end <= n and ckey == key[off:end]:
+                node = child
+                off = end
+                continue
+            m = _common_pages(ckey, key, off, n)
+            if child._evictable:
+                self._push(child)
+            return self._split_node(child, m), off + m
+        if node._evictable:
+            self._push(node)
+        return node, off
+
+    def restamp_path(self, node: PageNode) -> None:
+        """``RadixCache.restamp_path``: a repeated match's side effects (one tick, the path's access times)."""
+        now = self.clock.tick()
+        while node is not None:
+            node.last_access_time = now
+            if node._evictable:
+                self._push(node)
+            node = node.parent
+
+    def _split_node(self, child: PageNode, m: int) -> PageNode:
+        parent = child.parent
+        upper = self._new_node(child.key[:m], parent, child.priority)
+        upper.hit_count = child.hit_count
+        upper.lock_ref = child.lock_ref
+        child.key = child.key[m:]
+        child.parent = upper
+        upper.children = {child.key[0]: child}
+        parent.children[upper.key[0]] = upper
+        return upper
+
+    def insert(self, key: array, n: int, priority: int = 0, inserted_len: int = 0) -> tuple[int, PageNode]:
+        """``RadixCache._insert`` of the first ``n`` pages of ``key``: (pages already cached, the node ending at
+        ``n``). ``inserted_len`` (pages): nodes ending within it are not hit-counted."""
+        now = self.clock.tick()
+        node = self.root_node
+        node.last_access_time = now
+        if priority > node.priority:
+            node.priority = priority
+        off = 0
+        while True:
+            if off == n:
+                if node._evictable:
+                    self._push(node)
+                break
+            child = node.children.get(key[off])
+            if child is None:
+                break
+            child.last_access_time = now
+            ckey = child.key
+            end = off + len(ckey)
+            if end <= n and ckey == key[off:end]:
+                node = child
+                if priority > child.priority:
+                    child.priority = priority
+                off = end
+                if end > inserted_len:
+                    child.hit_count += 1
+                continue
+            m = _common_pages(ckey, key, off, n)
+            node = self._split_node(child, m)
+            if priority > node.priority:
+                node.priority = priority
+            off += m
+            if off > inserted_len:
+                node.hit_count += 1
+            if child._evictable:
+                self._push(child)
+            break
+        prefix = off
+        if off < n:
+            leaf = self._new_node(key[off:n], node, priority)
+            if n > inserted_len:
+                leaf.hit_count += 1
+            node.children[leaf.key[0]] = leaf
+            self.evictable_size_ += n - off
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+            node = leaf
+        return prefix, node
+
+    # -- locks ----------------------------------------------------------------------------------
+    def inc_lock_ref(self, node: PageNode) -> None:
+        root = self.root_node
+        while node is not root:
+            if node.lock_ref == 0:
+                n = len(node.key)
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+                node.lock_ref = 1
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: PageNode) -> None:
+        root = self.root_node
+        if node is not root and node.lock_ref <= 0:
+            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
+        while node is not root:
+            if node.lock_ref == 1:
+                n = len(node.key)
+                self.evictable_size_ += n
+                self.protected_size_ -= n
+                node.lock_ref = 0
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref -= 1
+            node = node.parent
+
+    # -- eviction -------------------------------------------------------------------------------
+    def evict(self, pages: int) -> int:
+        """Delete whole unlocked leaves in the policy's order until ``pages`` are freed or none is left (the last
+        may overshoot). Returns the pages freed."""
+        evicted = 0
+        heap = self._heap
+        while evicted < pages:
+            while heap:
+                entry = heapq.heappop(heap)
+                x = entry[4]
+                if x._evictable and entry[3] == x._hver:
+                    break
+            else:
+                break
+            evicted += len(x.key)
+            self._delete_leaf(x)
+            heap = self._heap  # (a push may have compacted it)
+        return evicted
+
+    def _delete_leaf(self, node: PageNode) -> None:
+        self.structure_version += 1
+        parent = node.parent
+        del parent.children[node.key[0]]
+        self.evictable_size_ -= len(node.key)
+        node._evictable = False
+        self.evictable_leaves.discard(node)
+        node.evicted = True
+        self._update_leaf_status(parent)
+
+    # -- invariants and the token-level view -----------------------------------------------------
+    def nodes(self) -> list[PageNode]:
+        """Every node, the root first (pre-order)."""
+        out, stack = [], [self.root_node]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def check_invariants(self) -> None:
+        """Raise :class:`InvariantError` unless the bookkeeping is consistent: the root; children filed under their
+        first page and pointing back; non-empty keys; lock counts covering the path to the root; the size counters
+        equal to the pages of unlocked / locked nodes; the evictable-leaf index and heap equal to a recomputation."""
+        root = self.root_node
+        require(root.lock_ref == 1 and not len(root.key) and root.parent is None,
+                "PageRadixTree: the root has lock_ref 1, an empty key and no parent", lock_ref=root.lock_ref)
+        evictable = protected = 0
+        nodes = self.nodes()
+        for node in nodes:
+            locks = 0
+            for first, child in node.children.items():
+                if child.parent is not node or first != child.key[0] or child.evicted:
+                    raise InvariantError("PageRadixTree: each live child is filed under its first page and points back",
+                                         child=child, parent=node)
+                locks += child.lock_ref
+            if node is root:
+                continue
+            if not len(node.key) or node.lock_ref < max(0, locks):
+                raise InvariantError("PageRadixTree: non-empty keys, lock_ref >= the children's", node=node,
+                                     children_lock_ref=locks)
+            if node.lock_ref:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+        require((evictable, protected) == (self.evictable_size_, self.protected_size_),
+                "PageRadixTree: the size counters equal the pages of unlocked / locked nodes",
+                evictable=self.evictable_size_, protected=self.protected_size_, tree_evictable=evictable,
+                tree_protected=protected)
+        leaves = {n for n in nodes if n is not root and not n.lock_ref and not n.children}
+        if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
+            raise InvariantError("PageRadixTree: the evictable-leaf index holds exactly the unlocked leaves",
+                                 index=len(self.evictable_leaves), brute_force=len(leaves))
+        live = {entry[4]: entry[:3] for entry in self._heap if entry[4]._evictable and entry[3] == entry[4]._hver}
+        for node in leaves:
+            if live.get(node) != (self._prio(node), node.last_access_time, node.id):
+                raise InvariantError("PageRadixTree: every evictable leaf has a live heap entry with its current "
+                                     "priority", node=node, heap_entry=live.get(node))
+
+    def to_radix_cache(self, page_keys: PageKeys, kv_tokens: int):
+        """This tree as the token-level :class:`~kvlab.mem_cache.radix_cache.RadixCache` the reference run ends
+        with: the same nodes (ids, keys as tokens, access and creation times, hit counts, priorities, locks), the
+        same clock and sizes, over a fresh paged allocator of ``kv_tokens`` whose pages the nodes hold (slot ids
+        are the simulator's own and never compared)."""
+        import torch
+
+        from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator
+        from kvlab.mem_cache.radix_cache import NO_CHILDREN, RadixCache, TreeNode
+
+        ps = page_keys.page_size
+        allocator = PagedTokenToKVPoolAllocator(kv_tokens, ps)
+        cache = RadixCache(None, allocator, page_size=ps, eviction_policy=self.eviction_policy)
+        made: dict[PageNode, TreeNode] = {}
+        for node in self.nodes():  # (pre-order: a parent before its children)
+            tokens = page_keys.tokens(node.key)
+            if node is self.root_node:
+                value = torch.empty(0, dtype=torch.int64)
+            else:
+                pages = allocator._take_page_ids(len(node.key))
+                require(pages is not None, "to_radix_cache: the pool holds the tree", pages=len(node.key))
+                value = torch.tensor([p * ps + i for p in pages for i in range(ps)], dtype=torch.int64)
+            parent = made.get(node.parent)
+            twin = TreeNode(tokens, value, parent, node.last_access_time, node.creation_time, node.id, node.priority)
+            twin.hit_count, twin.lock_ref = node.hit_count, node.lock_ref
+            made[node] = twin
+            if parent is not None:
+                if parent.children is NO_CHILDREN:
+                    parent.children = {}
+                parent.children[cache._child_key(tokens)] = twin
+        cache.root_node = made[self.root_node]
+        cache.clock.now = self.clock.now
+        cache._next_id = self._next_id
+        cache.structure_version = self.structure_version
+        cache.evictable_size_ = self.evictable_size_ * ps
+        cache.protected_size_ = self.protected_size_ * ps
+        for twin in made.values():
+            if twin is not cache.root_node:
+                cache._update_leaf_status(twin)
+        return cache
+
+
+class PageKeys:
+    """Page contents to ids and back, for one run: equal tokens, equal id (the ids are dense, in first-seen order).
+
+    A page whose tokens are consecutive integers (``range(s, s + page_size)``: every whole page of a Mooncake
+    trace's hashed blocks) is known by its first token, found from a sequence's ``range`` segments without reading
+    a token; any other page by the tuple of its tokens."""
+
+    def __init__(self, page_size: int) -> None:
+        require(page_size > 1, "PageKeys: pages of more than one token", page_size=page_size)
+        self.page_size = page_size
+        self._ids: dict = {}
+        self._contents: list = []  # id -> first token (consecutive page) or the tokens' tuple
+
+    def _id(self, content) -> int:
+        ids = self._ids
+        i = ids.get(content)
+        if i is None:
+            i = ids[content] = len(self._contents)
+            self._contents.append(content)
+        return i
+
+    def of_tokens(self, tokens: Sequence[int]) -> int:
+        """The id of one page of tokens."""
+        t = tuple(tokens)
+        ps = self.page_size
+        first = t[0]
+        if t[-1] - first == ps - 1 and t == tuple(range(first, first + ps)):
+            return self._id(first)
+        return self._id(t)
+
+    def of_sequence(self, tokens: Sequence[int], pages: int) -> array:
+        """The ids of the first ``pages`` whole pages of ``tokens`` (a ``TokenSequence`` is read by segment)."""
+        ps = self.page_size
+        out = array("q")
+        segments = getattr(tokens, "segments", None)
+        if segments is None:
+            flat = tokens if isinstance(tokens, (list, tuple, array)) else list(tokens)
+            for p in range(pages):
+                out.append(self.of_tokens(flat[p * ps : (p + 1) * ps]))
+            return out
+        ends = tokens._ends
+        k, base = 0, 0
+        ident = self._id
+        for p in range(pages):
+            a = p * ps
+            while ends[k] <= a:
+                base = ends[k]
+                k += 1
+            seg = segments[k]
+            if a + ps <= ends[k] and type(seg) is range and seg.step == 1:
+                out.append(ident(seg.start + a - base))
+            else:
+                out.append(self.of_tokens(tokens[a : a + ps]))
+        return out
+
+    def tokens(self, key: Sequence[int]) -> array:
+        """The tokens of the pages ``key`` (ids), as an ``array('q')``."""
+        out = array("q")
+        ps = self.page_size
+        for i in key:
+            c = self._contents[i]
+            out.extend(range(c, c + ps) if type(c) is int else c)
+        return out

@@ -1,0 +1,285 @@
+"""The scheduler's memory at page granularity: the fast engine's :class:`PageKV`, the same flows as
+:class:`~kvlab.sched.kv.SchedulerKV` (match, extend and decode allocation, caching into the tree, eviction in the
+run's mode) with no token ids, no slot ids and no tensors.
+
+At page size P > 1 every decision of SGLang's scheduler and radix cache reads counts of tokens and pages and
+compares whole pages, never a slot id. So:
+
+- a request's tokens are its *page keys* (:class:`~kvlab.mem_cache.page_tree.PageKeys`: one id per whole page of
+  prompt + planned outputs, computed once; a prompt's partly filled last page never enters the tree);
+- the tree is a :class:`~kvlab.mem_cache.page_tree.PageRadixTree` over those keys (SGLang's paged radix cache
+  with each page as one symbol);
+- the allocator is :class:`PageCounter`, the free pages as a number (SGLang's paged allocator fails exactly
+  when the pages asked for outnumber the free ones, staged frees included);
+- a request holds ``ceil(kv_len / P)`` pages, of which the first ``cache_protected_len / P`` are the tree's.
+
+Sizes reach the scheduler in tokens, as :class:`SchedulerKV` gives them. The engine is chosen by
+:class:`~kvlab.sched.scheduler.Scheduler` for the fast path at page size > 1 without HiCache; the reference loop
+(``fast_decode=False``) keeps the token-level memory, and the tests compare the two row by row and tree by tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvlab.errors import require
+from kvlab.mem_cache.base_prefix_cache import EvictResult
+from kvlab.mem_cache.page_tree import PageKeys, PageRadixTree
+from kvlab.sched.config import SchedulerConfig
+from kvlab.sched.ledger import Ledger, PoolSizes
+from kvlab.sched.request import MatchMemo, SimReq
+
+_NOTHING = EvictResult()
+
+
+class PageCounter:
+    """The paged allocator as counts: ``free`` pages of ``pages`` (page 0, SGLang's padding page, is not counted)."""
+
+    def __init__(self, pages: int, page_size: int) -> None:
+        self.pages = self.free = pages
+        self.page_size = page_size
+
+    def available_size(self) -> int:
+        """Free tokens (SGLang: ``(len(free_pages) + len(release_pages)) * page_size``)."""
+        return self.free * self.page_size
+
+    def free_list_pages(self) -> int:
+        return self.free
+
+    def take(self, pages: int) -> bool:
+        """Hand out ``pages``; False (and nothing taken) when fewer are free."""
+        if pages > self.free:
+            return False
+        self.free -= pages
+        return True
+
+    def give(self, pages: int) -> None:
+        self.free += pages
+
+    def check_invariants(self) -> None:
+        require(0 <= self.free <= self.pages, "PageCounter: 0 <= free pages <= pool pages", free=self.free,
+                pages=self.pages)
+
+
+class PageKV:
+    """Pools and tree of one run at page granularity (:class:`SchedulerKV`'s interface; no HiCache)."""
+
+    hicache = False
+
+    def __init__(self, config: SchedulerConfig, ledger: Ledger) -> None:
+        ps = self.page_size = config.page_size
+        require(ps > 1 and not config.hicache, "PageKV: page size > 1 without a host tier", page_size=ps)
+        self.kv_tokens = config.kv_tokens
+        self.eviction = config.eviction
+        self.full = config.eviction == "full"
+        self.ledger = ledger
+        self.allocator = PageCounter(config.kv_tokens // ps, ps)
+        self.tree = PageRadixTree(config.policy)
+        self.keys = PageKeys(ps)
+        self._rows = list(range(config.max_running + 1, 0, -1))  # free request rows (ReqToTokenPool's count)
+
+    # ---- sizes (tokens) -------------------------------------------------------------------------
+    def available(self) -> int:
+        return self.allocator.free * self.page_size
+
+    def evictable(self) -> int:
+        return self.tree.evictable_size_ * self.page_size
+
+    def sizes(self) -> PoolSizes:
+        tree, ps = self.tree, self.page_size
+        return PoolSizes(self.allocator.free * ps, tree.evictable_size_ * ps, tree.protected_size_ * ps)
+
+    def state(self) -> tuple:
+        tree = self.tree
+        return self.allocator.free, tree.evictable_size_, tree.protected_size_, tree.structure_version
+
+    # ---- eviction -------------------------------------------------------------------------------
+    def evict(self, tokens: int) -> None:
+        """``evict_from_tree_cache(tree, tokens, mode)`` in pages, noted in the ledger in tokens."""
+        ps = self.page_size
+        available = self.allocator.free * ps
+        if available >= tokens:
+            return
+        shortfall = tokens - available
+        requested = tokens if self.full else shortfall
+        pages = self.tree.evict(-(-requested // ps))
+        self.allocator.free += pages  # (the tree's evict frees its leaves' pages)
+        self.ledger.note_eviction(EvictResult.of(shortfall, requested, pages * ps))
+
+    def reserve(self, tokens: int) -> bool:
+        self.evict(tokens)
+        return self.allocator.free * self.page_size >= tokens
+
+    # ---- keys -----------------------------------------------------------------------------------
+    def page_keys(self, req: SimReq, pages: int):
+        """The ids of the first ``pages`` whole pages of the request's prompt + planned outputs."""
+        keys = req.page_keys
+        if keys is None:
+            keys = req.page_keys = self.keys.of_sequence(req.prompt, len(req.prompt) // self.page_size)
+        if len(keys) < pages:  # pages reaching into the outputs (a finished or re-admitted request)
+            ps, prompt, out = self.page_size, req.prompt, req.planned_output
+            n = len(prompt)
+            for p in range(len(keys), pages):
+                a, b = p * ps, p * ps + ps
+                head = list(prompt[a:b]) if a < n else []
+                keys.append(self.keys.of_tokens(head + list(out[max(a, n) - n : b - n])))
+        return keys
+
+    # ---- prefill --------------------------------------------------------------------------------
+    def match(self, req: SimReq) -> None:
+        """``SchedulerKV.match`` in pages: the input capped one token short, whole pages; a repeated match with the
+        tree's structure unchanged is replayed (``restamp_path``)."""
+        fill_len = len(req.prompt) + len(req.output_ids)
+        tree, ps = self.tree, self.page_size
+        memo = req.match_memo
+        if memo is not None and memo.version == tree.structure_version and memo.fill_len == fill_len:
+            tree.restamp_path(memo.last_node)
+            req.last_node = memo.last_node
+            req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
+            return
+        req.fill_ids = range(fill_len)  # no tokens here: the scheduler reads only its length
+        cap = (fill_len - 1) // ps
+        node, pages = tree.match_prefix(self.page_keys(req, cap), cap)
+        req.last_node = node
+        req.prefix_len = req.cache_protected_len = req.kv_len = pages * ps
+        if cap:
+            req.match_memo = MatchMemo(tree.structure_version, fill_len, None, node, pages * ps)
+
+    def replayable(self, req: SimReq) -> bool:
+        memo = req.match_memo
+        return memo is not None and memo.version == self.tree.structure_version
+
+    def replay_matches_of(self, req: SimReq, times: int) -> None:
+        if times:
+            tree = self.tree
+            tree.clock.now += times - 1
+            tree.restamp_path(req.match_memo.last_node)
+
+    def load_back(self, req: SimReq) -> int:
+        return 0  # no host tier
+
+    def begin_step(self, now_s: float) -> None:
+        pass
+
+    def step_time(self, compute_s: float) -> float:
+        return compute_s
+
+    def next_transfer_s(self) -> float:
+        return float("inf")
+
+    def lock(self, req: SimReq) -> None:
+        self.tree.inc_lock_ref(req.last_node)
+
+    def unlock(self, req: SimReq) -> None:
+        self.tree.dec_lock_ref(req.last_node)
+
+    def alloc_extend(self, batch: Sequence[SimReq]) -> None:
+        """A row per new request, then the pages for every ``extend_len`` (SGLang's eviction first: the extend plus
+        a page per request)."""
+        ps, rows = self.page_size, self._rows
+        new = [r for r in batch if r.req_pool_idx is None]
+        if len(new) > len(rows):
+            raise RuntimeError("request rows exhausted (max_running too small for the batch)")
+        for req in new:
+            req.req_pool_idx = rows.pop()
+        extend = pages = 0
+        for r in batch:
+            extend += r.extend_len
+            pages += -(-(r.kv_len + r.extend_len) // ps) - -(-r.kv_len // ps)
+        self.evict(extend + len(batch) * ps)
+        if not self.allocator.take(pages):
+            raise RuntimeError(f"Prefill out of memory: {extend} tokens wanted, {self.available()} available, "
+                               f"{self.evictable()} evictable")
+
+    def _cache(self, req: SimReq, tokens: int, chunked: bool) -> None:
+        """``cache_unfinished_req`` of the request's first ``tokens``: insert the whole pages, free the duplicates,
+        move the lock to the node ending them (re-matched: ``restamp_path``)."""
+        tree, ps = self.tree, self.page_size
+        n = tokens // ps
+        done, last = tree.insert(self.page_keys(req, n), n, 0, n if chunked else 0)
+        protected = req.cache_protected_len // ps
+        if done > protected:
+            self.allocator.free += done - protected
+        if n:
+            tree.restamp_path(last)
+        req.cache_protected_len = n * ps
+        if req.last_node is not None:
+            tree.dec_lock_ref(req.last_node)
+        tree.inc_lock_ref(last)
+        req.last_node = last
+
+    def cache_chunk(self, req: SimReq) -> None:
+        self._cache(req, req.kv_len, True)
+
+    def cache_unfinished(self, req: SimReq) -> None:
+        self._cache(req, len(req.fill_ids), False)
+
+    # ---- decode ---------------------------------------------------------------------------------
+    def alloc_decode(self, running: Sequence[SimReq]) -> None:
+        """A page for each request whose last emitted token opens one (SGLang evicts for a page per request
+        first); each request's ``kv_len`` becomes its ``seq_len``."""
+        ps = self.page_size
+        self.evict(len(running) * ps)
+        need = sum(1 for r in running if r.seq_len % ps == 1)
+        if not self.allocator.take(need):
+            raise RuntimeError(f"Decode out of memory: {len(running)} requests, {self.available()} slots available")
+        for req in running:
+            req.kv_len = req.seq_len
+
+    def take_decode_pages(self, batch_size: int, num_pages: int) -> list[int]:
+        if not self.allocator.take(num_pages):
+            raise RuntimeError(f"Decode out of memory: {batch_size} requests, {self.available()} slots available")
+        return [0] * num_pages  # (no page ids: the event-driven rounds only count them)
+
+    def last_slot(self, req: SimReq) -> int:
+        return 0
+
+    def write_decoded(self, req: SimReq, written_len: int, last_slot: int, opened_pages: list, end: int) -> int:
+        return 0  # no rows to write
+
+    # ---- leaving --------------------------------------------------------------------------------
+    def _release(self, req: SimReq, insert: bool) -> None:
+        """``cache_finished_req`` (all but the last output token: inserted whole pages when ``insert``) and the
+        row freed: the request's own pages go back except those the tree took."""
+        tree, ps = self.tree, self.page_size
+        kv = max(0, len(req.prompt) + len(req.output_ids) - 1)
+        n = kv // ps
+        protected = req.cache_protected_len // ps
+        own = -(-kv // ps) - protected  # the pages past the tree's part of its prefix
+        if insert:  # the new leaf keeps [done, n); the duplicates [protected, done) and the tail go back
+            done, _ = tree.insert(self.page_keys(req, n), n, 0, 0)
+            own -= n - max(done, protected)
+        self.allocator.free += own
+        if req.last_node is not None:
+            tree.dec_lock_ref(req.last_node)
+            req.last_node = None
+        self._rows.append(req.req_pool_idx)
+        req.req_pool_idx = None
+
+    def finish(self, req: SimReq) -> None:
+        self._release(req, True)
+        req.fill_ids, req.output_ids = [], []
+        req.match_memo = req.page_keys = None
+        self.ledger.note_finished()
+
+    def release_retracted(self, req: SimReq) -> None:
+        self._release(req, False)
+        req.kv_len = req.prefix_len = 0
+
+    def release_aborted(self, req: SimReq) -> None:
+        self._release(req, False)
+
+    def check_invariants(self, held_tokens: int, holders: Sequence[SimReq] = ()) -> None:
+        """Tree and counter consistent, and every page accounted for once: free + cached + held by ``holders``
+        (running and chunked requests: ``ceil(kv_len / P)`` pages each, less the tree's) == the pool."""
+        self.allocator.check_invariants()
+        self.tree.check_invariants()
+        ps = self.page_size
+        held = sum(-(-r.kv_len // ps) - r.cache_protected_len // ps for r in holders)
+        require(self.allocator.free + self.tree.total_size() + held == self.allocator.pages,
+                "no page leak: free + cached + held by requests == pool pages", free=self.allocator.free,
+                cached=self.tree.total_size(), held=held, pages=self.allocator.pages)
+
+    def result_tree(self):
+        """The final tree as the token-level ``RadixCache`` the reference run ends with."""
+        return self.tree.to_radix_cache(self.keys, self.kv_tokens)
