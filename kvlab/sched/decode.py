@@ -9,13 +9,15 @@ reserves for the running requests' future tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from kvlab.sched.config import RETRACT_DECODE_STEPS, SchedulerConfig
-from kvlab.sched.kv import SchedulerKV
 from kvlab.sched.ledger import Ledger
 from kvlab.sched.prefill import Blocked
 from kvlab.sched.request import SimReq
+
+if TYPE_CHECKING:  # (the memory is SchedulerKV or the page engine's PageKV: neither is imported here)
+    from kvlab.sched.kv import SchedulerKV
 
 
 class NewTokenRatio:

@@ -6,13 +6,15 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvlab.sched.config import SchedulerConfig
-from kvlab.sched.kv import SchedulerKV
 from kvlab.sched.ledger import Ledger
 from kvlab.sched.request import SimReq
 from kvlab.units import align_down, align_up
+
+if TYPE_CHECKING:  # (the memory is SchedulerKV or the page engine's PageKV: neither is imported here)
+    from kvlab.sched.kv import SchedulerKV
 
 
 class Blocked(NamedTuple):

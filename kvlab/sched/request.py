@@ -1,20 +1,17 @@
 """What the scheduler reads of a request (:class:`RequestLike`) and what it tracks while serving one (:class:`SimReq`).
 
 ``kvlab.workloads.Request`` satisfies :class:`RequestLike`, and so does any object with the four fields (the tests
-use a small frozen dataclass). The simulator turns each into a :class:`SimReq`, which is SGLang's ``Req`` as the
-tree reads it (:class:`~kvlab.mem_cache.radix_cache.SimpleReq`) plus the scheduler's own counters.
+use a small frozen dataclass). The simulator turns each into a :class:`SimReq`, which has the fields of SGLang's
+``Req`` that the tree reads (those of :class:`~kvlab.mem_cache.radix_cache.SimpleReq`) plus the scheduler's own
+counters. Nothing here imports torch: the page engine (:mod:`kvlab.sched.page_kv`) runs without it.
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
-
-import torch
-
-from kvlab.mem_cache.radix_cache import SimpleReq
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
 
 
 class RequestLike(Protocol):
@@ -43,15 +40,24 @@ class MatchMemo(NamedTuple):
 
     version: int
     fill_len: int
-    prefix_indices: torch.Tensor
+    prefix_indices: Any  # torch.Tensor (None on the page engine, which holds no slots)
     last_node: object
     prefix_len: int
 
 
 @dataclass(eq=False)
-class SimReq(SimpleReq):
-    """SGLang's ``Req`` fields the tree reads, plus what the simulator tracks."""
+class SimReq:
+    """SGLang's ``Req`` fields the tree reads (:class:`~kvlab.mem_cache.radix_cache.Req`), plus what the simulator
+    tracks."""
 
+    rid: str | int
+    origin_input_ids: Sequence[int] = field(default_factory=list)
+    output_ids: list[int] = field(default_factory=list)
+    fill_ids: Sequence[int] = field(default_factory=list)
+    req_pool_idx: int | None = None
+    last_node: object | None = None
+    cache_protected_len: int = 0
+    priority: int = 0
     arrival_time_s: float = 0.0
     prompt: Sequence[int] = ()  # the workload's tokens; copied into origin_input_ids on first admission
     max_new_tokens: int = 1
@@ -71,22 +77,26 @@ class SimReq(SimpleReq):
     # the page engine's (kvlab.sched.page_kv): the ids of the whole pages of prompt + planned outputs read so far
     page_keys: object | None = None
 
-    # ``prefix_indices`` (SimpleReq's field) is kept as the runs ``cache_unfinished_req`` hands over and concatenated
-    # on first read: the loop itself reads it only after the next match, which replaces it (about 21,000
-    # concatenations of a request's whole prefix on the 12k-request conversation trace, for nothing)
+    # ``prefix_indices`` (the KV slots of the cached prefix, a tensor; the token-level memory's) is kept as the runs
+    # ``cache_unfinished_req`` hands over and concatenated on first read: the loop itself reads it only after the
+    # next match, which replaces it (about 21,000 concatenations of a request's whole prefix on the 12k-request
+    # conversation trace, for nothing). Never set: an empty tensor.
     @property
-    def prefix_indices(self) -> torch.Tensor:
-        runs = self.__dict__.pop("_prefix_runs", None)
-        if runs is not None:
-            self.__dict__["_prefix_indices"] = torch.cat(runs) if runs else torch.empty(0, dtype=torch.int64)
-        return self.__dict__["_prefix_indices"]
+    def prefix_indices(self):
+        d = self.__dict__
+        runs = d.pop("_prefix_runs", None)
+        if runs is not None or "_prefix_indices" not in d:
+            import torch
+
+            d["_prefix_indices"] = torch.cat(runs) if runs else torch.empty(0, dtype=torch.int64)
+        return d["_prefix_indices"]
 
     @prefix_indices.setter
-    def prefix_indices(self, value: torch.Tensor) -> None:
+    def prefix_indices(self, value) -> None:
         self.__dict__.pop("_prefix_runs", None)
         self.__dict__["_prefix_indices"] = value
 
-    def defer_prefix_indices(self, runs: list[torch.Tensor]) -> None:
+    def defer_prefix_indices(self, runs: list) -> None:
         """``prefix_indices = torch.cat(runs)``, done when first read (``RadixCache.cache_unfinished_req``'s
         hook); ``runs`` must not change meanwhile (tree values and copies never do)."""
         self.__dict__["_prefix_runs"] = runs

@@ -14,22 +14,25 @@ multi-turn prompts can hit earlier answers) or derived from its id.
 from __future__ import annotations
 
 import gc
+import sys
 from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-
-import torch
+from typing import TYPE_CHECKING
 
 import kvlab.sched.config as sched_config
 from kvlab.sched.config import SchedulerConfig, min_kv_tokens
 from kvlab.sched.decode import DecodeRounds, NewTokenRatio, ReferenceDecode
 from kvlab.sched.fast_decode import FastDecode
-from kvlab.sched.kv import SchedulerKV
 from kvlab.sched.ledger import Ledger
 from kvlab.sched.prefill import PrefillAdder
 from kvlab.sched.request import RequestLike, SimReq
 from kvlab.sched.result import SimResult, Totals
+
+if TYPE_CHECKING:
+    from kvlab.sched.kv import SchedulerKV
+    from kvlab.sched.page_kv import PageKV
 
 
 class Scheduler:
@@ -65,6 +68,8 @@ class Scheduler:
 
             self.kv: SchedulerKV | PageKV = PageKV(config, self.ledger)
         else:
+            from kvlab.sched.kv import SchedulerKV
+
             self.kv = SchedulerKV(config, longest, self.ledger)
         self.pending = deque(sorted((SimReq.of(r) for r in requests), key=lambda q: q.arrival_time_s))
         self.waiting: deque[SimReq] = deque()
@@ -90,13 +95,17 @@ class Scheduler:
     def run(self, progress: bool | None = None) -> SimResult:
         # Every tensor here is a few thousand indices: waking a second intra-op thread for each op costs
         # more than the op (a 12k-request trace ran ~6x slower with torch's default 2 threads here).
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
+        # (torch is imported by the token-level memory only; the page engine runs without it)
+        torch = sys.modules.get("torch")
+        threads = torch.get_num_threads() if torch else 0
+        if torch:
+            torch.set_num_threads(1)
         try:
             with paused_gc():
                 return self._run(progress)
         finally:
-            torch.set_num_threads(threads)
+            if torch:
+                torch.set_num_threads(threads)
 
     def _run(self, progress: bool | None) -> SimResult:
         from kvlab.progress import progress_bar
