@@ -373,25 +373,17 @@ class PageRadixTree:
 
 
 class PageKeys:
-    """Page contents to ids and back, for one run: equal tokens, equal id (the ids are dense, in first-seen order).
+    """Page contents to ids and back, for one run: equal tokens, equal id.
 
     A page whose tokens are consecutive integers (``range(s, s + page_size)``: every whole page of a Mooncake
-    trace's hashed blocks) is known by its first token, found from a sequence's ``range`` segments without reading
-    a token; any other page by the tuple of its tokens."""
+    trace's hashed blocks) has id ``s``, its first token (token ids are >= 0), read from a sequence's ``range``
+    segments without reading a token; any other page gets a negative id, interned by the tuple of its tokens."""
 
     def __init__(self, page_size: int) -> None:
         require(page_size > 1, "PageKeys: pages of more than one token", page_size=page_size)
         self.page_size = page_size
-        self._ids: dict = {}
-        self._contents: list = []  # id -> first token (consecutive page) or the tokens' tuple
-
-    def _id(self, content) -> int:
-        ids = self._ids
-        i = ids.get(content)
-        if i is None:
-            i = ids[content] = len(self._contents)
-            self._contents.append(content)
-        return i
+        self._ids: dict[tuple, int] = {}
+        self._contents: list[tuple] = []  # -1 - id -> the tokens of a page that is not consecutive
 
     def of_tokens(self, tokens: Sequence[int]) -> int:
         """The id of one page of tokens."""
@@ -399,8 +391,12 @@ class PageKeys:
         ps = self.page_size
         first = t[0]
         if t[-1] - first == ps - 1 and t == tuple(range(first, first + ps)):
-            return self._id(first)
-        return self._id(t)
+            return first
+        i = self._ids.get(t)
+        if i is None:
+            self._contents.append(t)
+            i = self._ids[t] = -len(self._contents)
+        return i
 
     def of_sequence(self, tokens: Sequence[int], pages: int) -> array:
         """The ids of the first ``pages`` whole pages of ``tokens`` (a ``TokenSequence`` is read by segment)."""
@@ -412,19 +408,22 @@ class PageKeys:
             for p in range(pages):
                 out.append(self.of_tokens(flat[p * ps : (p + 1) * ps]))
             return out
-        ends = tokens._ends
-        k, base = 0, 0
-        ident = self._id
-        for p in range(pages):
-            a = p * ps
-            while ends[k] <= a:
-                base = ends[k]
-                k += 1
-            seg = segments[k]
-            if a + ps <= ends[k] and type(seg) is range and seg.step == 1:
-                out.append(ident(seg.start + a - base))
-            else:
-                out.append(self.of_tokens(tokens[a : a + ps]))
+        base = 0
+        for seg in segments:
+            if len(out) >= pages:
+                break
+            end = base + len(seg)
+            pos = len(out) * ps  # the first token no page id covers yet
+            if pos < end:
+                if pos == base and type(seg) is range and seg.step == 1 and len(seg) >= ps:
+                    # a range segment starting at a page start: its whole pages' ids are their first tokens
+                    whole = min(len(seg) // ps, pages - len(out))
+                    out.extend(range(seg.start, seg.start + whole * ps, ps))
+                    pos += whole * ps
+                while pos < end and len(out) < pages:  # a page across segments, or of sampled tokens
+                    out.append(self.of_tokens(tokens[pos : pos + ps]))
+                    pos += ps
+            base = end
         return out
 
     def tokens(self, key: Sequence[int]) -> array:
@@ -432,6 +431,5 @@ class PageKeys:
         out = array("q")
         ps = self.page_size
         for i in key:
-            c = self._contents[i]
-            out.extend(range(c, c + ps) if type(c) is int else c)
+            out.extend(range(i, i + ps) if i >= 0 else self._contents[-1 - i])
         return out
