@@ -408,22 +408,25 @@ class PageKeys:
             for p in range(pages):
                 out.append(self.of_tokens(flat[p * ps : (p + 1) * ps]))
             return out
-        base = 0
-        for seg in segments:
-            if len(out) >= pages:
+        n = 0  # pages so far
+        for seg, end in zip(segments, tokens._ends):
+            if n >= pages:
                 break
-            end = base + len(seg)
-            pos = len(out) * ps  # the first token no page id covers yet
+            pos = n * ps  # the first token no page id covers yet
             if pos < end:
-                if pos == base and type(seg) is range and seg.step == 1 and len(seg) >= ps:
+                if pos == end - len(seg) and type(seg) is range and seg.step == 1 and end - pos >= ps:
                     # a range segment starting at a page start: its whole pages' ids are their first tokens
-                    whole = min(len(seg) // ps, pages - len(out))
-                    out.extend(range(seg.start, seg.start + whole * ps, ps))
+                    whole = min((end - pos) // ps, pages - n)
+                    if whole == 1:
+                        out.append(seg.start)
+                    else:
+                        out.extend(range(seg.start, seg.start + whole * ps, ps))
+                    n += whole
                     pos += whole * ps
-                while pos < end and len(out) < pages:  # a page across segments, or of sampled tokens
+                while pos < end and n < pages:  # a page across segments, or of sampled tokens
                     out.append(self.of_tokens(tokens[pos : pos + ps]))
+                    n += 1
                     pos += ps
-            base = end
         return out
 
     def tokens(self, key: Sequence[int]) -> array:

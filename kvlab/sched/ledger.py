@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.sched.request import SimReq
-from kvlab.sched.result import QuietRun, Totals, expand_rows
+from kvlab.sched.result import QuietRun, StepRow, Totals, expand_rows
 
 _NO_EVICTION = EvictResult()  # frozen: a step's eviction before anything was noted
 
@@ -46,10 +46,10 @@ class Ledger:
 
     def __init__(self, totals: Totals) -> None:
         self.totals = totals
-        # the rows as written: a dict per step, except a run of quiet decode steps, one QuietRun record (a run
+        # the rows as written: a StepRow per step, except a run of quiet decode steps, one QuietRun record (a run
         # makes about 180,000 quiet steps on the 12k-request conversation trace; ``kvlab simulate --json`` reads
         # none of their rows)
-        self.step_log: list[dict | QuietRun] = []
+        self.step_log: list[StepRow | QuietRun] = []
         self.now_s = 0.0
         self.decode_rounds = 0
         self.begin_step()
@@ -132,22 +132,11 @@ class Ledger:
         self.totals.aborted += 1
 
     def row(self, kind: str, prefill_tokens: int, retracted: int, sizes: PoolSizes, running: int,
-            waiting: int) -> dict:
-        """The per-step metrics row (one per step of the loop)."""
-        ev, totals, moved = self.step_evict, self.totals, self.step_transfers
-        return {
-            "step": totals.steps, "time_s": self.now_s, "kind": kind, "hit_tokens": self.step_hits,
-            "prefill_tokens": prefill_tokens, "pressure_events": self.step_pressure,
-            "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
-            "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
-            "available_tokens": sizes.available_tokens, "evictable_tokens": sizes.evictable_tokens,
-            "protected_tokens": sizes.protected_tokens, "running": running,
-            "waiting": waiting, "retracted": retracted, "finished": self.step_finished,
-            "cached_prompt_tokens": totals.cached_prompt_tokens,
-            "device_hit_tokens": self.step_hits - self.step_host_hits, "host_hit_tokens": self.step_host_hits,
-            "loaded_back_tokens": moved.loaded_back_tokens, "written_to_host_tokens": moved.written_to_host_tokens,
-            "host_evicted_tokens": moved.host_evicted_tokens, "transfer_s": moved.transfer_s,
-        }
+            waiting: int) -> StepRow:
+        """The per-step metrics row (one per step of the loop; :meth:`StepRow.as_dict` is the row dict)."""
+        return StepRow(self.totals.steps, self.now_s, kind, self.step_hits, prefill_tokens, self.step_pressure,
+                       self.step_evict, sizes, running, waiting, retracted, self.step_finished,
+                       self.totals.cached_prompt_tokens, self.step_host_hits, self.step_transfers)
 
     def end_step(self, kind: str, dt_s: float, prefill_tokens: int, retracted: int, sizes: PoolSizes,
                  running: int, waiting: int) -> None:

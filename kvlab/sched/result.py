@@ -61,12 +61,50 @@ CONFIG_KEYS = ("eviction", "page_size", "kv_tokens", "policy")  # what the run w
 TOTALS_KEYS = RESULT_KEYS + CONFIG_KEYS  # SimResult.totals(), in this order
 
 
+class StepRow(NamedTuple):
+    """One step's row as the ledger writes it (:meth:`as_dict` makes the row dict when the rows are read):
+    the step's eviction (an ``EvictResult``), pool sizes (``PoolSizes``) and host-tier traffic (``Transfers``)
+    stay the objects they are."""
+
+    step: int
+    time_s: float
+    kind: str
+    hit_tokens: int
+    prefill_tokens: int
+    pressure_events: int
+    evict: object
+    sizes: tuple
+    running: int
+    waiting: int
+    retracted: int
+    finished: int
+    cached_prompt_tokens: int
+    host_hit_tokens: int
+    moved: tuple
+
+    def as_dict(self) -> dict:
+        """The per-step metrics row (``SimResult.rows``)."""
+        ev, sizes, moved = self.evict, self.sizes, self.moved
+        return {
+            "step": self.step, "time_s": self.time_s, "kind": self.kind, "hit_tokens": self.hit_tokens,
+            "prefill_tokens": self.prefill_tokens, "pressure_events": self.pressure_events,
+            "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
+            "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
+            "available_tokens": sizes[0], "evictable_tokens": sizes[1], "protected_tokens": sizes[2],
+            "running": self.running, "waiting": self.waiting, "retracted": self.retracted, "finished": self.finished,
+            "cached_prompt_tokens": self.cached_prompt_tokens,
+            "device_hit_tokens": self.hit_tokens - self.host_hit_tokens, "host_hit_tokens": self.host_hit_tokens,
+            "loaded_back_tokens": moved[0], "written_to_host_tokens": moved[1], "host_evicted_tokens": moved[2],
+            "transfer_s": moved[3],
+        }
+
+
 class QuietRun(NamedTuple):
     """``steps`` quiet decode steps written as one record (``Ledger.quiet_decode_steps``): each one's row is
     ``template`` with ``step`` counted on from ``first_step`` and ``time_s`` advanced by ``dt_s`` from ``start_s``
     (the same float additions as the clock's)."""
 
-    template: dict
+    template: StepRow
     first_step: int
     start_s: float
     dt_s: float
@@ -74,14 +112,15 @@ class QuietRun(NamedTuple):
 
 
 def expand_rows(log: list) -> list[dict]:
-    """The per-step rows of a step log (row dicts and :class:`QuietRun` records), one dict per step."""
+    """The per-step rows of a step log (:class:`StepRow` and :class:`QuietRun` records), one dict per step."""
     rows: list[dict] = []
     append = rows.append
     for entry in log:
         if type(entry) is not QuietRun:
-            append(entry)
+            append(entry.as_dict())
             continue
         template, step, now, dt, n = entry
+        template = template.as_dict()
         for _ in range(n):
             step += 1
             now += dt

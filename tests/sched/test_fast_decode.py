@@ -78,7 +78,7 @@ def test_conversation_shaped_trace_same_totals_as_the_reference_loop(conversatio
     # the fast path wrote its quiet decode steps as QuietRun records, expanded into those same rows on reading
     quiet = [e for e in fast.step_log if type(e) is QuietRun]
     assert quiet and len(fast.step_log) + sum(e.steps - 1 for e in quiet) == len(plain.rows)
-    assert not any(type(e) is QuietRun for e in plain.step_log)  # the reference loop writes a dict per step
+    assert not any(type(e) is QuietRun for e in plain.step_log)  # the reference loop writes a row per step
     assert plain.counts.pressure_events > 0 and plain.counts.retractions > 0
     assert (plain.counts.over_evicted_tokens > 0) == (mode == "full")
 
