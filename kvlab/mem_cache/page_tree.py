@@ -408,6 +408,10 @@ class PageKeys:
             for p in range(pages):
                 out.append(self.of_tokens(flat[p * ps : (p + 1) * ps]))
             return out
+        head = segments[:pages]
+        starts = [seg.start for seg in head if type(seg) is range and seg.step == 1 and len(seg) == ps]
+        if len(starts) == pages:  # one range per page (a trace whose block size is the page size): their starts
+            return array("q", starts)
         n = 0  # pages so far
         for seg, end in zip(segments, tokens._ends):
             if n >= pages:
