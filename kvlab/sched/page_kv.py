@@ -78,6 +78,15 @@ class PageKV:
         self.keys = PageKeys(ps)
         self._rows = list(range(config.max_running + 1, 0, -1))  # free request rows (ReqToTokenPool's count)
 
+    def prepare(self, requests: Sequence[SimReq]) -> None:
+        """Before the run: each request emits placeholders (zeros) instead of its planned tokens, which move to
+        ``output_tokens``. Nothing here reads an output token but a page key reaching into the outputs, which
+        reads only that page's tokens (a trace's random outputs are drawn that far, not all 4 million)."""
+        longest = max((r.max_new_tokens for r in requests), default=0)
+        zeros = bytes(longest)  # indexing and slicing give zeros, at C speed, and one byte per token
+        for req in requests:
+            req.output_tokens, req.planned_output = req.planned_output, zeros
+
     # ---- sizes (tokens) -------------------------------------------------------------------------
     def available(self) -> int:
         return self.allocator.free * self.page_size
@@ -117,7 +126,7 @@ class PageKV:
         if keys is None:
             keys = req.page_keys = self.keys.of_sequence(req.prompt, len(req.prompt) // self.page_size)
         if len(keys) < pages:  # pages reaching into the outputs (a finished or re-admitted request)
-            ps, prompt, out = self.page_size, req.prompt, req.planned_output
+            ps, prompt, out = self.page_size, req.prompt, req.output_tokens
             n = len(prompt)
             for p in range(len(keys), pages):
                 a, b = p * ps, p * ps + ps

@@ -74,8 +74,10 @@ class SimReq:
     decode_state: object | None = None
     # SchedulerKV.match's last result for this request; a match with the same version and length is replayed
     match_memo: MatchMemo | None = None
-    # the page engine's (kvlab.sched.page_kv): the ids of the whole pages of prompt + planned outputs read so far
+    # the page engine's (kvlab.sched.page_kv): the ids of the whole pages of prompt + planned outputs read so far,
+    # and the planned output tokens (it emits placeholders: only where a page key needs them are the tokens read)
     page_keys: object | None = None
+    output_tokens: Sequence[int] = ()
 
     # ``prefix_indices`` (the KV slots of the cached prefix, a tensor; the token-level memory's) is kept as the runs
     # ``cache_unfinished_req`` hands over and concatenated on first read: the loop itself reads it only after the
@@ -128,18 +130,35 @@ def planned_output(request: RequestLike) -> Sequence[int]:
 
 
 class RandomOutput:
-    """Output tokens derived from the request id, drawn only when the request reaches decode."""
+    """Output tokens derived from the request id, drawn only when read, and only as far as read: token ``i`` is
+    drawn from the id's random byte stream at bytes ``[4i, 4i + 4)``, and a longer draw from the same seed begins
+    with the shorter one's bytes, so the tokens are the same however far each read reaches."""
 
     def __init__(self, seed: str, n: int) -> None:
-        self.seed, self.n, self._tokens = seed, n, None
+        self.seed, self.n, self._tokens = seed, n, []
 
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, i):
-        if self._tokens is None:  # 30-bit tokens >= 1, from C-level random bytes
+    def _draw(self, k: int) -> list[int]:
+        """The first ``k`` tokens at least (30-bit tokens >= 1, from C-level random bytes; each new draw at least
+        doubles what is drawn, so reading all ``n`` one by one draws O(n) bytes)."""
+        tokens = self._tokens
+        if len(tokens) < k:
             import numpy as np
 
-            raw = np.frombuffer(random.Random(self.seed).randbytes(4 * self.n), dtype=np.uint32)
-            self._tokens = ((raw >> 2) | 1).tolist()
-        return self._tokens[i]
+            k = min(self.n, max(k, 2 * len(tokens)))
+            raw = np.frombuffer(random.Random(self.seed).randbytes(4 * k), dtype=np.uint32)
+            tokens = self._tokens = ((raw >> 2) | 1).tolist()
+        return tokens
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            start, stop, step = i.indices(self.n)
+            if step < 0:
+                return self._draw(self.n)[i]
+            return self._draw(stop)[start:stop:step]  # (absolute bounds: fewer than n tokens may be drawn)
+        i = i.__index__()
+        if not -self.n <= i < self.n:
+            raise IndexError(f"output token {i} out of range for {self.n} tokens")
+        return self._draw(i + 1 if i >= 0 else self.n)[i]

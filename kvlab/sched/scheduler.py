@@ -72,6 +72,9 @@ class Scheduler:
 
             self.kv = SchedulerKV(config, longest, self.ledger)
         self.pending = deque(sorted((SimReq.of(r) for r in requests), key=lambda q: q.arrival_time_s))
+        prepare = getattr(self.kv, "prepare", None)  # the page engine's (outputs emitted as counts)
+        if prepare is not None:
+            prepare(self.pending)
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
         self.chunked: SimReq | None = None
