@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import heapq
 from array import array
+from bisect import bisect_right
 from collections.abc import Sequence
 
 from kvlab.errors import InvariantError, LockRefError, require
@@ -173,15 +174,37 @@ class PageRadixTree:
         parent.children[upper.key[0]] = upper
         return upper
 
-    def insert(self, key: array, n: int, priority: int = 0, inserted_len: int = 0) -> tuple[int, PageNode]:
+    def insert(self, key: array, n: int, priority: int = 0, inserted_len: int = 0, held: PageNode | None = None,
+               held_len: int = 0) -> tuple[int, PageNode]:
         """``RadixCache._insert`` of the first ``n`` pages of ``key``: (pages already cached, the node ending at
-        ``n``). ``inserted_len`` (pages): nodes ending within it are not hit-counted."""
+        ``n``). ``inserted_len`` (pages): nodes ending within it are not hit-counted. ``held``: a node the caller
+        holds locked whose path spells ``key[:held_len]``; the walk over that path has the same effects node by
+        node without comparing its pages (``RadixCache._insert``'s ``held``)."""
         now = self.clock.tick()
-        node = self.root_node
+        root = node = self.root_node
         node.last_access_time = now
         if priority > node.priority:
             node.priority = priority
         off = 0
+        if held is not None and 0 < held_len <= n and held.lock_ref > 0 and not held.evicted:
+            path, x = [], held
+            while x is not root:
+                path.append(x)
+                off += len(x.key)
+                x = x.parent
+            if off != held_len:  # not the path it was said to be: walk from the root
+                path, off = [], 0
+            end = 0
+            for child in reversed(path):  # what the walk below does to each node it matches whole
+                child.last_access_time = now
+                if priority > child.priority:
+                    child.priority = priority
+                end += len(child.key)
+                if end > inserted_len:
+                    child.hit_count += 1
+                if child._evictable:
+                    self._push(child)
+                node = child
         while True:
             if off == n:
                 if node._evictable:
@@ -431,6 +454,23 @@ class PageKeys:
                     out.append(self.of_tokens(tokens[pos : pos + ps]))
                     n += 1
                     pos += ps
+        return out
+
+    @staticmethod
+    def span(tokens: Sequence[int], a: int, b: int) -> list[int]:
+        """``list(tokens[a:b])`` (a ``TokenSequence`` is read from the segments it spans, not sliced)."""
+        segments = getattr(tokens, "segments", None)
+        if segments is None:
+            return list(tokens[a:b])
+        ends = tokens._ends
+        k = bisect_right(ends, a)
+        out: list[int] = []
+        while a < b and k < len(segments):
+            start = ends[k - 1] if k else 0
+            seg = segments[k]
+            out.extend(seg[a - start : min(b, ends[k]) - start])
+            a = ends[k]
+            k += 1
         return out
 
     def tokens(self, key: Sequence[int]) -> array:

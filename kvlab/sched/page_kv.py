@@ -130,7 +130,7 @@ class PageKV:
             n = len(prompt)
             for p in range(len(keys), pages):
                 a, b = p * ps, p * ps + ps
-                head = list(prompt[a:b]) if a < n else []
+                head = PageKeys.span(prompt, a, b) if a < n else []
                 keys.append(self.keys.of_tokens(head + list(out[max(a, n) - n : b - n])))
         return keys
 
@@ -205,8 +205,8 @@ class PageKV:
         move the lock to the node ending them (re-matched: ``restamp_path``)."""
         tree, ps = self.tree, self.page_size
         n = tokens // ps
-        done, last = tree.insert(self.page_keys(req, n), n, 0, n if chunked else 0)
         protected = req.cache_protected_len // ps
+        done, last = tree.insert(self.page_keys(req, n), n, 0, n if chunked else 0, req.last_node, protected)
         if done > protected:
             self.allocator.free += done - protected
         if n:
@@ -256,7 +256,7 @@ class PageKV:
         protected = req.cache_protected_len // ps
         own = -(-kv // ps) - protected  # the pages past the tree's part of its prefix
         if insert:  # the new leaf keeps [done, n); the duplicates [protected, done) and the tail go back
-            done, _ = tree.insert(self.page_keys(req, n), n, 0, 0)
+            done, _ = tree.insert(self.page_keys(req, n), n, 0, 0, req.last_node, protected)
             own -= n - max(done, protected)
         self.allocator.free += own
         if req.last_node is not None:
