@@ -321,9 +321,11 @@ def load_trace(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> list
 @contextmanager
 def _no_gc_pauses() -> Iterator[None]:
     """The cyclic garbage collector held off while a trace loads: loading makes ~10 container objects per request
-    and no reference cycle, so the collections its allocations trigger (each young one also walking every object
-    the load has made so far) find nothing, and were a third of the load time. Restored on the way out, errors
-    included; a collector already off stays off."""
+    and no reference cycle, so the collections its allocations trigger (young ones every 700 objects, older and
+    full ones as those fill) walk what the load made again and again and find nothing: about a third of the load
+    time. One collection still walks the new objects once after the load. Restored on the way out, errors
+    included; a collector already off stays off (as ``kvlab.device.measure.automatic_gc_paused``, which this layer
+    cannot import)."""
     was_on = gc.isenabled()
     gc.disable()
     try:
@@ -344,8 +346,8 @@ def _load_well_formed(path: PathLike, block_size: int, rid_prefix: str) -> list[
     Well-formed: UTF-8, one JSON object per line with no blank line and no space around it, each with valid
     fields (the checks of :func:`_fast_record`) and no key twice (one colon per key in the whole file). The
     checks run on whole columns in C-level calls (``map``, ``set``, ``min``), then one short Python loop builds
-    the requests with the trusted constructors: half the time of records then requests, most of it in the JSON
-    scanner and in the one ``range`` per distinct block."""
+    the requests with the trusted constructors: two thirds of the time of records then requests, most of it in
+    the JSON scanner, the one ``range`` per distinct block and the requests themselves."""
     with open(path, "rb") as f:
         data = f.read()
     try:
@@ -378,7 +380,7 @@ def _load_well_formed(path: PathLike, block_size: int, rid_prefix: str) -> list[
     # the requests: segment lists sliced from one flat list of every prompt's blocks, last blocks truncated
     top = max(flat)
     if top < 2 * len(flat):  # ids numbered from 0 up, as published traces and generate_trace number them: a
-        # list of every id's block (no set, no dict: a third of the time)
+        # list of every id's block (no set, no dict: half the time)
         table = list(map(range, range(0, (top + 1) * block_size, block_size),
                          range(block_size, (top + 2) * block_size, block_size)))
         segs = list(map(table.__getitem__, flat))
