@@ -132,3 +132,50 @@ def test_simulate_loads_neither_ipython_nor_the_app():
             " file=sys.stderr)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert json.loads(out.stderr.strip().splitlines()[-1]) == [0, []], out.stderr
+
+
+SIMULATE_IMPORTS = ("kvlab.cli", "kvlab.workloads", "kvlab.workloads.mooncake", "kvlab.sched.config",
+                    "kvlab.sched.ledger", "kvlab.sched.cost", "kvlab.sched.result", "kvlab.mem_cache.options",
+                    "kvlab.mem_cache.base_prefix_cache")
+
+
+def test_what_simulate_needs_imports_without_torch():
+    """The configuration, the ledger, the cost model, the result types and the trace loader import without
+    torch (about 1-1.5 s of a cold start): ``kvlab.mem_cache`` and ``kvlab.sched`` import their names on first
+    use, the choices a configuration checks live in ``kvlab.mem_cache.options``, and ``base_prefix_cache`` names
+    torch only in annotations."""
+    code = (f"import sys\nfor name in {SIMULATE_IMPORTS!r}:\n    __import__(name)\n"
+            "from kvlab.mem_cache.base_prefix_cache import EvictParams, EvictResult\n"
+            "from kvlab.mem_cache import EVICTION_MODES, WRITE_POLICIES, host_pool_size, EvictResult as E\n"
+            "assert E is EvictResult\n"
+            "from kvlab.sched import SchedulerConfig, CostModel\n"
+            "SchedulerConfig(kv_tokens=4096, hicache_ratio=2.0).host_pool()\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("package", ["kvlab.mem_cache", "kvlab.sched"])
+def test_a_lazy_package_exports_what_its_modules_define(package):
+    """Every name in ``__all__`` is the object its module defines (``from kvlab.mem_cache import RadixCache`` as
+    before), submodules are attributes, and a name that is neither is an AttributeError."""
+    import importlib
+
+    pkg = importlib.import_module(package)
+    for name in pkg.__all__:
+        assert getattr(pkg, name) is getattr(importlib.import_module(pkg._HOMES[name]), name), name
+        assert name in dir(pkg)
+    submodule = {"kvlab.mem_cache": "radix_tree", "kvlab.sched": "config"}[package]
+    assert getattr(pkg, submodule).__name__ == f"{package}.{submodule}"
+    with pytest.raises(AttributeError, match="has no attribute 'no_such_name'"):
+        pkg.no_such_name  # noqa: B018
+
+
+def test_moved_choices_are_re_exported_from_their_old_homes():
+    from kvlab.mem_cache import cache_controller, common, memory_pool_host, options
+
+    assert common.EVICTION_MODES is options.EVICTION_MODES == ("shortfall", "full")
+    assert cache_controller.WRITE_POLICIES is options.WRITE_POLICIES
+    assert memory_pool_host.host_pool_size is options.host_pool_size
+    assert memory_pool_host.HostPoolSize is options.HostPoolSize

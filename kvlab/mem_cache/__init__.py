@@ -13,51 +13,66 @@
   two-tier tree (``HiRadixCache``: write policies, demotion, host eviction, load-back).
 - ``common``: evict-then-allocate, with the shortfall / full eviction toggle, and
   ``match_alloc_insert`` (match -> lock -> evict + allocate -> insert -> free duplicates -> unlock).
+- ``options``: what a run's configuration checks against, with no torch: ``EVICTION_MODES``, ``WRITE_POLICIES``,
+  ``host_pool_size`` (re-exported from ``common``, ``cache_controller``, ``memory_pool_host``).
 
-Imports point one way: memory_pool <- allocator <- base_prefix_cache <- evict_policy, radix_tree
+Names are imported on first use (``__getattr__`` below), so ``import kvlab.mem_cache.options`` or
+``base_prefix_cache``'s result types cost no torch import. Imports point one way: options <- memory_pool_host;
+memory_pool <- allocator <- base_prefix_cache <- evict_policy, radix_tree
 <- radix_cache, swa_radix_cache <- mamba_radix_cache <- common; memory_pool_host <- cache_controller <-
 hiradix_cache (which uses base_prefix_cache, evict_policy and radix_tree, not radix_cache). Errors: ``kvlab.errors``.
 """
 
-from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
-from kvlab.mem_cache.allocator import (
-    BaseTokenToKVPoolAllocator,
-    KVAllocator,
-    PagedTokenToKVPoolAllocator,
-    SWATokenToKVPoolAllocator,
-    TokenToKVPoolAllocator,
-)
-from kvlab.mem_cache.base_prefix_cache import (
-    BasePrefixCache,
-    EvictParams,
-    EvictResult,
-    HybridEvictResult,
-    InsertResult,
-    MatchResult,
-    PrefixNode,
-    TreeLock,
-)
-from kvlab.mem_cache.cache_controller import WRITE_POLICIES, HiCacheController
-from kvlab.mem_cache.common import (
-    EVICTION_MODES,
-    AllocResult,
-    MatchAllocInsertResult,
-    alloc_paged_token_slots_decode,
-    alloc_paged_token_slots_extend,
-    alloc_token_slots,
-    ensure_mamba_capacity,
-    evict_from_tree_cache,
-    match_alloc_insert,
-    release_kv_cache,
-)
-from kvlab.mem_cache.evict_policy import EVICTION_POLICIES, EvictionStrategy, get_eviction_strategy, register_policy
-from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiMatchResult, HiRadixCache, HiTreeNode, LoadBackResult
-from kvlab.mem_cache.mamba_radix_cache import MambaEvictParams, MambaInsertResult, MambaPool, MambaRadixCache
-from kvlab.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from kvlab.mem_cache.memory_pool_host import HostKVCache, host_pool_size
-from kvlab.mem_cache.radix_cache import RadixCache, Req, SimpleReq, TreeNode
-from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock
-from kvlab.mem_cache.swa_radix_cache import HybridTreeNode, SWARadixCache, SWATreeLock
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any
+
+_EXPORTS = {  # module -> the names the package re-exports from it, imported on first use (see __getattr__)
+    "kvlab.errors": ("DoubleFreeError", "InvariantError", "LockRefError"),
+    "kvlab.mem_cache.options": ("EVICTION_MODES", "WRITE_POLICIES", "host_pool_size"),  # no torch
+    "kvlab.mem_cache.base_prefix_cache": ("BasePrefixCache", "EvictParams", "EvictResult", "HybridEvictResult",
+                                          "InsertResult", "MatchResult", "PrefixNode", "TreeLock"),  # no torch
+    "kvlab.mem_cache.allocator": ("BaseTokenToKVPoolAllocator", "KVAllocator", "PagedTokenToKVPoolAllocator",
+                                  "SWATokenToKVPoolAllocator", "TokenToKVPoolAllocator"),
+    "kvlab.mem_cache.cache_controller": ("HiCacheController",),
+    "kvlab.mem_cache.common": ("AllocResult", "MatchAllocInsertResult", "alloc_paged_token_slots_decode",
+                               "alloc_paged_token_slots_extend", "alloc_token_slots", "ensure_mamba_capacity",
+                               "evict_from_tree_cache", "match_alloc_insert", "release_kv_cache"),
+    "kvlab.mem_cache.evict_policy": ("EVICTION_POLICIES", "EvictionStrategy", "get_eviction_strategy",
+                                     "register_policy"),
+    "kvlab.mem_cache.hiradix_cache": ("HiEvictResult", "HiMatchResult", "HiRadixCache", "HiTreeNode",
+                                      "LoadBackResult"),
+    "kvlab.mem_cache.mamba_radix_cache": ("MambaEvictParams", "MambaInsertResult", "MambaPool", "MambaRadixCache"),
+    "kvlab.mem_cache.memory_pool": ("MHATokenToKVPool", "ReqToTokenPool"),
+    "kvlab.mem_cache.memory_pool_host": ("HostKVCache",),
+    "kvlab.mem_cache.radix_cache": ("RadixCache", "Req", "SimpleReq", "TreeNode"),
+    "kvlab.mem_cache.radix_tree": ("BaseRadixTree", "LogicalClock"),
+    "kvlab.mem_cache.swa_radix_cache": ("HybridTreeNode", "SWARadixCache", "SWATreeLock"),
+}
+_HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """``from kvlab.mem_cache import X`` imports X's module on first use (PEP 562), so importing one light
+    module of the package (``options``, ``base_prefix_cache``'s result types) does not import torch with the
+    pools and trees; ``kvlab.mem_cache.radix_cache`` and the other submodules work as attributes too."""
+    home = _HOMES.get(name)
+    if home is None:
+        try:
+            return import_module(f"{__name__}.{name}")  # a submodule, as the eager package had them all
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "HiCacheController",

@@ -30,15 +30,36 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-import torch
+if TYPE_CHECKING:  # torch only in annotations here, so the result types import without it (start-up)
+    import torch
 
-from kvlab.mem_cache.allocator import KVAllocator as KVAllocator  # re-exported: the allocators' protocol
-from kvlab.mem_cache.memory_pool import ReqToTokenPool
+    from kvlab.mem_cache.allocator import KVAllocator
+    from kvlab.mem_cache.memory_pool import ReqToTokenPool
 
-TokenKey = Sequence[int] | torch.Tensor  # token ids (a list, an ``array('q')``, a 1-D tensor)
-SlotIndices = Sequence[int] | torch.Tensor  # KV slot indices, one per token
+    TokenKey = Sequence[int] | torch.Tensor  # token ids (a list, an ``array('q')``, a 1-D tensor)
+    SlotIndices = Sequence[int] | torch.Tensor  # KV slot indices, one per token
+
+
+def __getattr__(name: str) -> Any:
+    """The names that need torch, made on first use (PEP 562): ``KVAllocator`` (re-exported: the allocators'
+    protocol) and the aliases :data:`TokenKey` / :data:`SlotIndices`. The trees import them; ``EvictResult`` and
+    the other result types import without torch (``kvlab simulate``'s start-up)."""
+    if name == "KVAllocator":
+        from kvlab.mem_cache.allocator import KVAllocator
+
+        value: Any = KVAllocator
+    elif name in ("TokenKey", "SlotIndices"):
+        import torch
+
+        value = Sequence[int] | torch.Tensor
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
 ChildKey = int | bytes  # a child's key in ``children``: its first token (page 1) or first page's bytes
 Priority = int | tuple[int, int]  # an eviction strategy's sort key (smaller is evicted first)
 TREE_KINDS = ("radix", "swa", "mamba")  # BasePrefixCache.kind

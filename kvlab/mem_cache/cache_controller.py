@@ -33,8 +33,8 @@ import torch
 
 from kvlab.mem_cache.base_prefix_cache import KVAllocator
 from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.options import WRITE_POLICIES as WRITE_POLICIES  # re-exported: its home is the torch-free options
 
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 # A placeholder bandwidth (bytes/s) for host<->device copies, a PCIe Gen4 x16 link's practical rate; callers that
 # price transfers pass the GPU preset's figure.
 DEFAULT_HOST_DEVICE_BYTES_PER_S = 25 * 10**9

@@ -26,9 +26,9 @@ import torch
 from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, EvictResult, HybridEvictResult
 from kvlab.mem_cache.mamba_radix_cache import MambaRadixCache
+from kvlab.mem_cache.options import EVICTION_MODES as EVICTION_MODES  # re-exported: its home is the torch-free options
 from kvlab.mem_cache.radix_cache import RadixCache, Req
 
-EVICTION_MODES = ("shortfall", "full")
 _NOTHING = EvictResult()  # frozen: the one result of every call that finds enough free slots
 
 

@@ -35,61 +35,19 @@ the pages are not consecutive), so ``free`` reads their pages back without a per
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from kvlab.errors import DoubleFreeError, InvariantError, require
+from kvlab.mem_cache.options import HostPoolSize as HostPoolSize  # re-exported: moved to the torch-free options
+from kvlab.mem_cache.options import host_pool_size as host_pool_size
 from kvlab.units import GB, GiB
 
 _I64 = torch.int64
 
 HICACHE_HOST_MEMORY_RESERVE_BYTES = 10 * GiB  # pool_host/base.py: host RAM left to the OS and other processes
 ALLOCATION_SLACK_FRACTION = 0.05  # 0.5.23 hicache_auto_size.py: page rounding, metadata, staging buffers
-
-
-@dataclass(frozen=True)
-class HostPoolSize:
-    """How :func:`host_pool_size` sized a pool. ``requested_tokens``: before page rounding; ``size_tokens``:
-    the pool (whole pages, one page more than ``requested_tokens // page_size``); ``source``: ``"ratio"`` or
-    ``"size"`` (``--hicache-size`` overrides the ratio)."""
-
-    requested_tokens: int
-    size_tokens: int
-    page_size: int
-    size_per_token: int
-    source: str
-
-    @property
-    def num_pages(self) -> int:
-        return self.size_tokens // self.page_size
-
-    @property
-    def size_bytes(self) -> int:
-        return self.size_tokens * self.size_per_token
-
-
-def host_pool_size(device_size_tokens: int, size_per_token: int, page_size: int = 1, hicache_ratio: float = 2.0,
-                   hicache_size_gb: float = 0) -> HostPoolSize:
-    """SGLang's host pool size (``HostKVCache.__init__``, 0.5.16 and 0.5.23 alike): ``hicache_size_gb`` > 0
-    (decimal GB, ``--hicache-size``) wins over ``hicache_ratio`` (``--hicache-ratio``, default 2.0)."""
-    if device_size_tokens < 0:
-        raise ValueError(f"device_size_tokens must be >= 0, got {device_size_tokens}")
-    if size_per_token <= 0:
-        raise ValueError(f"size_per_token must be > 0 bytes, got {size_per_token}")
-    if page_size < 1:
-        raise ValueError(f"page_size must be >= 1, got {page_size}")
-    if hicache_size_gb < 0:
-        raise ValueError(f"hicache_size_gb (--hicache-size) must be >= 0 GB, got {hicache_size_gb}")
-    if hicache_size_gb > 0:
-        requested, source = int(hicache_size_gb * GB // size_per_token), "size"
-    else:
-        if hicache_ratio <= 0:
-            raise ValueError(f"hicache_ratio (--hicache-ratio) must be > 0, got {hicache_ratio}")
-        requested, source = int(device_size_tokens * hicache_ratio), "ratio"
-    size = (requested // page_size + 1) * page_size
-    return HostPoolSize(requested, size, page_size, size_per_token, source)
 
 
 def auto_hicache_ratio(requested_ratio: float, device_kv_bytes: int, host_budget_bytes: int) -> float:

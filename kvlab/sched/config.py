@@ -6,9 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from kvlab.mem_cache.cache_controller import WRITE_POLICIES
-from kvlab.mem_cache.common import EVICTION_MODES
-from kvlab.mem_cache.memory_pool_host import HostPoolSize, host_pool_size
+from kvlab.mem_cache.options import EVICTION_MODES, WRITE_POLICIES, HostPoolSize, host_pool_size  # no torch
 from kvlab.sched.cost import CostModel
 from kvlab.units import GB, GiB, align_down, align_up
 

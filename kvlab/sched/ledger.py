@@ -10,11 +10,13 @@ counters moves (the event-driven decode rounds skip the loop for them, :mod:`kvl
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from kvlab.mem_cache.base_prefix_cache import EvictResult
-from kvlab.sched.request import SimReq
 from kvlab.sched.result import QuietRun, StepRow, Totals, expand_rows
+
+if TYPE_CHECKING:  # an annotation only
+    from kvlab.sched.request import SimReq
 
 _NO_EVICTION = EvictResult()  # frozen: a step's eviction before anything was noted
 

@@ -279,6 +279,28 @@ class Request:
     def prompt_len(self) -> int:
         return len(self.prompt_token_ids)
 
+    @classmethod
+    def from_checked(cls, rid: str, arrival_time_s: float, prompt_token_ids: TokenSequence, output_len: int,
+                     block_hashes: tuple | None = None, block_size: int | None = None) -> Request:
+        """Trusted constructor, with no checks (a fifth of the cost of ``Request(...)``): for a caller that built
+        every field in the form ``__post_init__`` leaves it (``arrival_time_s`` a float, ``prompt_token_ids`` a
+        non-empty :class:`TokenSequence`, ``block_hashes`` a tuple of the right length) and checked it, as the
+        trace loader does; the fields it does not take are ``None``. Input from a user goes through
+        ``Request(...)``."""
+        obj = _new(cls)
+        fields = obj.__dict__
+        fields["rid"] = rid
+        fields["arrival_time_s"] = arrival_time_s
+        fields["prompt_token_ids"] = prompt_token_ids
+        fields["output_len"] = output_len
+        fields["group_id"] = fields["session_id"] = fields["turn"] = fields["output_token_ids"] = None
+        fields["block_hashes"] = block_hashes
+        fields["block_size"] = block_size
+        return obj
+
+
+_new = object.__new__
+
 
 def requests_to_frame(requests: Sequence[Request]) -> pd.DataFrame:
     """One row per request: ``rid, arrival_time_s, prompt_len, output_len, group_id, session_id, turn``."""

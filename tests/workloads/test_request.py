@@ -115,3 +115,15 @@ def test_token_sequence_concat_shares_segments():
     lazy = TokenSequence(range(10, 20))
     assert lazy.segments == (range(10, 20),) and lazy[2:4].segments == (range(12, 14),)
     assert repr(TokenSequence(range(8))) == "TokenSequence([0, 1, 2, 3, 4, 5, ...], len=8, segments=1)"
+
+
+def test_from_checked_sets_every_field_as_the_checking_constructor_does():
+    """The trusted constructor the trace loader uses: equal to ``Request(...)`` field for field, so a field added
+    to Request without it fails here."""
+    prompt = TokenSequence.from_segments((range(512), range(1024, 1124)), (512, 612))
+    checked = Request(rid="t-0", arrival_time_s=1.5, prompt_token_ids=prompt, output_len=3, block_hashes=(0, 2),
+                      block_size=512)
+    trusted = Request.from_checked("t-0", 1.5, prompt, 3, (0, 2), 512)
+    assert trusted == checked and vars(trusted) == vars(checked)
+    assert list(vars(trusted)) == [f.name for f in dataclasses.fields(Request)]
+    assert Request.from_checked("w-1", 0.0, prompt, 0).block_hashes is None
