@@ -351,7 +351,7 @@ def _write_tiny_checkpoint(args) -> int:
 
 def _simulate(args) -> int:
     from kvlab.experiments import shortfall_eviction
-    from kvlab.mem_cache.memory_pool import PoolTooLargeError
+    from kvlab.mem_cache.options import PoolTooLargeError
     from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
 
     page_size = args.page_size or default_page_size(trace=args.trace)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kvlab.mem_cache.base_prefix_cache import EvictResult
-from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.mem_cache.options import EVICTION_MODES
 from kvlab.procs import worker_count, worker_pool
 from kvlab.sched import SimResult, simulate
 from kvlab.sweep.point import (  # noqa: F401  (DEFAULT_KV_TOKENS, default_kv_tokens, load_requests: kept here too)

@@ -22,7 +22,8 @@ from typing import Protocol
 
 import torch
 
-from kvlab.errors import DoubleFreeError, InvariantError, KvlabError, require
+from kvlab.errors import DoubleFreeError, InvariantError, require
+from kvlab.mem_cache.options import PoolTooLargeError  # noqa: F401  (raised here; defined without torch)
 from kvlab.units import GiB
 
 __all__ = ["InvariantError", "DoubleFreeError", "ReqToTokenPool", "MHATokenToKVPool", "allocate_tensor", "index_device",
@@ -57,11 +58,6 @@ def allocate_tensor(device: DeviceLike, shape: Sequence[int], dtype: torch.dtype
     if str(device) == "cpu":
         _check_fits(shape, dtype, label)
     return torch.empty(tuple(shape), dtype=dtype, device=device)
-
-
-class PoolTooLargeError(KvlabError, MemoryError):
-    """A pool table larger than this machine's memory (issue 26: torch's raw allocator message, or the machine
-    swapping); the message gives the table's shape and bytes and what sets them."""
 
 
 def _check_fits(shape: Sequence[int], dtype: torch.dtype, label: str) -> None:

@@ -2,17 +2,24 @@
 
 ``kvlab.sched.config`` and the CLI check a configuration against these without importing the pools and trees
 (torch's import is most of a cold start). Their old homes re-export them: ``common.EVICTION_MODES``,
-``cache_controller.WRITE_POLICIES``, ``memory_pool_host.HostPoolSize`` / ``host_pool_size``.
+``cache_controller.WRITE_POLICIES``, ``memory_pool_host.HostPoolSize`` / ``host_pool_size``,
+``memory_pool.PoolTooLargeError`` (which the CLI catches around any simulation).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvlab.errors import KvlabError
 from kvlab.units import GB
 
 EVICTION_MODES = ("shortfall", "full")  # common.evict_from_tree_cache's mode: SGLang >= 0.5.17, <= 0.5.16
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # HiCache's --hicache-write-policy
+
+
+class PoolTooLargeError(KvlabError, MemoryError):
+    """A pool table larger than this machine's memory (issue 26: torch's raw allocator message, or the machine
+    swapping); the message gives the table's shape and bytes and what sets them."""
 
 
 @dataclass(frozen=True)
