@@ -372,7 +372,7 @@ class PageRadixTree:
             if node is self.root_node:
                 value = torch.empty(0, dtype=torch.int64)
             else:
-                pages = allocator._take_page_ids(len(node.key))
+                pages = allocator.alloc_decode_page_ids(len(node.key), len(node.key))
                 require(pages is not None, "to_radix_cache: the pool holds the tree", pages=len(node.key))
                 value = torch.tensor([p * ps + i for p in pages for i in range(ps)], dtype=torch.int64)
             parent = made.get(node.parent)
@@ -382,7 +382,7 @@ class PageRadixTree:
             if parent is not None:
                 if parent.children is NO_CHILDREN:
                     parent.children = {}
-                parent.children[cache._child_key(tokens)] = twin
+                parent.children[cache.child_key(tokens)] = twin
         cache.root_node = made[self.root_node]
         cache.clock.now = self.clock.now
         cache._next_id = self._next_id
@@ -436,7 +436,7 @@ class PageKeys:
         if len(starts) == pages:  # one range per page (a trace whose block size is the page size): their starts
             return array("q", starts)
         n = 0  # pages so far
-        for seg, end in zip(segments, tokens._ends):
+        for seg, end in zip(segments, tokens.ends):
             if n >= pages:
                 break
             pos = n * ps  # the first token no page id covers yet
@@ -462,7 +462,7 @@ class PageKeys:
         segments = getattr(tokens, "segments", None)
         if segments is None:
             return list(tokens[a:b])
-        ends = tokens._ends
+        ends = tokens.ends
         k = bisect_right(ends, a)
         out: list[int] = []
         while a < b and k < len(segments):

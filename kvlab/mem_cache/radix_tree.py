@@ -92,6 +92,10 @@ class BaseRadixTree:
         by the tuple of its tokens; kvlab by the page's bytes (same equality, no int objects built)."""
         return key[off] if self.page_size == 1 else key[off : off + self.page_size].tobytes()
 
+    def child_key(self, key: array) -> ChildKey:
+        """The key a node whose key is ``key`` is filed under in its parent's ``children``."""
+        return self._child_key(key)
+
     def _sort_key(self, node: PrefixNode) -> int | tuple[int, ...]:
         """Children in token order: by first token, or by the first page's tokens."""
         return node.key[0] if self.page_size == 1 else tuple(node.key[: self.page_size])

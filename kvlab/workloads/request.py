@@ -92,6 +92,11 @@ class TokenSequence(Sequence[int]):
         """The shared segments (``range`` or ``tuple``), in order; empty segments are dropped."""
         return self._segments
 
+    @property
+    def ends(self) -> tuple:
+        """The cumulative lengths of :attr:`segments` (where each ends in the sequence)."""
+        return self._ends
+
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
 
