@@ -34,6 +34,10 @@ class NewTokenRatio:
     def decay(self, rounds: int = 1) -> None:
         """``rounds`` decode rounds without retraction, one decay step each (to the floor)."""
         value, step, floor = self.value, self.decay_step, self.min
+        if rounds == 1:  # (a round of the loop; the quiet runs decay many at once)
+            value -= step
+            self.value = value if value > floor else floor
+            return
         for _ in range(rounds):
             value = max(value - step, floor)
         self.value = value

@@ -18,7 +18,7 @@ from kvlab.sched.result import QuietRun, StepRow, Totals, expand_rows
 if TYPE_CHECKING:  # an annotation only
     from kvlab.sched.request import SimReq
 
-_NO_EVICTION = EvictResult()  # frozen: a step's eviction before anything was noted
+_NO_EVICTION = (0, 0, 0, 0, 0)  # a step's eviction before anything was noted (see Ledger._note)
 
 
 class PoolSizes(NamedTuple):
@@ -69,22 +69,26 @@ class Ledger:
 
     def note_eviction(self, ev: EvictResult) -> None:
         """One ``evict_from_tree_cache`` call: a pressure event when it asked the tree for anything."""
-        if not (ev.requested_tokens or ev.shortfall_tokens or ev.evicted_tokens):
-            return  # no pressure (most calls): nothing to add
+        if ev.requested_tokens or ev.shortfall_tokens or ev.evicted_tokens:  # (most calls: no pressure)
+            self._note(ev.shortfall_tokens, ev.requested_tokens, ev.evicted_tokens, ev.over_evicted_tokens,
+                       ev.overshoot_tokens)
+
+    def note_evicted(self, shortfall: int, requested: int, evicted: int) -> None:
+        """:meth:`note_eviction` of ``EvictResult.of(shortfall, requested, evicted)``, from the numbers (a pressure
+        event: ``requested > 0``)."""
+        self._note(shortfall, requested, evicted, max(0, min(evicted, requested) - shortfall),
+                   max(0, evicted - requested))
+
+    def _note(self, shortfall: int, requested: int, evicted: int, over: int, overshoot: int) -> None:
         t = self.totals
-        if ev.requested_tokens:
+        if requested:
             t.pressure_events += 1
             self.step_pressure += 1
-        t.evicted_tokens += ev.evicted_tokens
-        t.over_evicted_tokens += ev.over_evicted_tokens
-        t.overshoot_tokens += ev.overshoot_tokens
-        s = self.step_evict
-        self.step_evict = EvictResult(
-            shortfall_tokens=s.shortfall_tokens + ev.shortfall_tokens,
-            requested_tokens=s.requested_tokens + ev.requested_tokens,
-            evicted_tokens=s.evicted_tokens + ev.evicted_tokens,
-            over_evicted_tokens=s.over_evicted_tokens + ev.over_evicted_tokens,
-            overshoot_tokens=s.overshoot_tokens + ev.overshoot_tokens)
+        t.evicted_tokens += evicted
+        t.over_evicted_tokens += over
+        t.overshoot_tokens += overshoot
+        s = self.step_evict  # (shortfall, requested, evicted, over-evicted, overshoot) tokens
+        self.step_evict = (s[0] + shortfall, s[1] + requested, s[2] + evicted, s[3] + over, s[4] + overshoot)
 
     def note_first_admission(self, matched_prompt_tokens: int, page_size: int, host_tokens: int = 0) -> None:
         """A request admitted for the first time found ``matched_prompt_tokens`` of its prompt cached, of which

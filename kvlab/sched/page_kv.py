@@ -23,13 +23,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from kvlab.errors import require
-from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.page_tree import PageKeys, PageRadixTree
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.request import MatchMemo, SimReq
-
-_NOTHING = EvictResult()
 
 
 class PageCounter:
@@ -113,7 +110,7 @@ class PageKV:
         requested = tokens if self.full else shortfall
         pages = self.tree.evict(-(-requested // ps))
         self.allocator.free += pages  # (the tree's evict frees its leaves' pages)
-        self.ledger.note_eviction(EvictResult.of(shortfall, requested, pages * ps))
+        self.ledger.note_evicted(shortfall, requested, pages * ps)
 
     def reserve(self, tokens: int) -> bool:
         self.evict(tokens)

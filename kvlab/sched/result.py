@@ -63,7 +63,7 @@ TOTALS_KEYS = RESULT_KEYS + CONFIG_KEYS  # SimResult.totals(), in this order
 
 class StepRow(NamedTuple):
     """One step's row as the ledger writes it (:meth:`as_dict` makes the row dict when the rows are read):
-    the step's eviction (an ``EvictResult``), pool sizes (``PoolSizes``) and host-tier traffic (``Transfers``)
+    the step's eviction (tokens: shortfall, requested, evicted, over-evicted, overshoot), pool sizes (``PoolSizes``) and host-tier traffic (``Transfers``)
     stay the objects they are."""
 
     step: int
@@ -72,7 +72,7 @@ class StepRow(NamedTuple):
     hit_tokens: int
     prefill_tokens: int
     pressure_events: int
-    evict: object
+    evict: tuple
     sizes: tuple
     running: int
     waiting: int
@@ -88,8 +88,8 @@ class StepRow(NamedTuple):
         return {
             "step": self.step, "time_s": self.time_s, "kind": self.kind, "hit_tokens": self.hit_tokens,
             "prefill_tokens": self.prefill_tokens, "pressure_events": self.pressure_events,
-            "shortfall_tokens": ev.shortfall_tokens, "evicted_tokens": ev.evicted_tokens,
-            "over_evicted_tokens": ev.over_evicted_tokens, "overshoot_tokens": ev.overshoot_tokens,
+            "shortfall_tokens": ev[0], "evicted_tokens": ev[2], "over_evicted_tokens": ev[3],
+            "overshoot_tokens": ev[4],
             "available_tokens": sizes[0], "evictable_tokens": sizes[1], "protected_tokens": sizes[2],
             "running": self.running, "waiting": self.waiting, "retracted": self.retracted, "finished": self.finished,
             "cached_prompt_tokens": self.cached_prompt_tokens,

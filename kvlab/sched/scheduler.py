@@ -116,59 +116,72 @@ class Scheduler:
         cfg, ledger, kv, pending, waiting = self.config, self.ledger, self.kv, self.pending, self.waiting
         totals = ledger.totals
         bar = progress_bar(total=totals.requests, desc=f"simulate ({cfg.eviction})", enabled=progress, unit="req")
+        # (the loop runs once per step that is not quiet, about 66,000 times on the 12k-request conversation trace,
+        # far more on a small pool: what it calls each time is looked up once, here)
+        schedule, run_prefill, admit = self.prefill.schedule, self.prefill.run, self.decoder.admit
+        decode, quiet_steps, future_tokens = self.decoder.decode, self.decoder.quiet_steps, self._future_tokens
+        begin_step, end_step, sizes = ledger.begin_step, ledger.end_step, kv.sizes
+        prefill_time_s, decode_time_s = cfg.cost.prefill_time_s, cfg.cost.decode_time_s
+        hicache, debug, max_steps, max_running = kv.hicache, cfg.debug, cfg.max_steps, cfg.max_running
+        inf = float("inf")
         while pending or waiting or self.running or self.chunked:
-            if totals.steps >= cfg.max_steps:
-                raise RuntimeError(f"simulation did not finish in {cfg.max_steps} steps")
+            if totals.steps >= max_steps:
+                raise RuntimeError(f"simulation did not finish in {max_steps} steps")
             while pending and pending[0].arrival_time_s <= ledger.now_s:
                 waiting.append(pending.popleft())
-            if not (waiting or self.running or self.chunked):
+            running = self.running
+            if not (waiting or running or self.chunked):
                 ledger.now_s = pending[0].arrival_time_s
                 continue
-            ledger.begin_step()
-            kv.begin_step(ledger.now_s)  # HiCache: copies finished by now complete (check_hicache_events)
-            batch = self.prefill.schedule(waiting, self.running, self.chunked, self._future_tokens)
+            begin_step()
+            if hicache:
+                kv.begin_step(ledger.now_s)  # copies finished by now complete (check_hicache_events)
+            batch = schedule(waiting, running, self.chunked, future_tokens)
             retracted = 0
             if batch.reqs:
                 self.chunked = batch.chunked
-                for req in self.prefill.run(batch):
-                    self.running.append(req)
-                    self.decoder.admit(req)
+                for req in run_prefill(batch):
+                    running.append(req)
+                    admit(req)
                 computed = sum(r.extend_len for r in batch.reqs)
-                kind, dt = "prefill", cfg.cost.prefill_time_s(computed)
-            elif self.running:
-                computed, batch_size = 0, len(self.running)
-                self.running, back = self.decoder.decode(self.running)
-                waiting.extend(back)
-                retracted = len(back)
-                kind, dt = "decode", cfg.cost.decode_time_s(batch_size)
-            elif kv.next_transfer_s() < float("inf"):
+                kind, dt = "prefill", prefill_time_s(computed)
+            elif running:
+                computed, batch_size = 0, len(running)
+                running, back = decode(running)
+                self.running = running
+                if back:
+                    waiting.extend(back)
+                    retracted = len(back)
+                kind, dt = "decode", decode_time_s(batch_size)
+            elif kv.next_transfer_s() < inf:
                 # HiCache: nothing runs and nothing fits while copies in flight hold nodes locked; the server
                 # idles until the next copy lands (or the next request arrives), as SGLang's loop does
-                ledger.now_s = min(kv.next_transfer_s(), pending[0].arrival_time_s if pending else float("inf"))
+                ledger.now_s = min(kv.next_transfer_s(), pending[0].arrival_time_s if pending else inf)
                 continue
             else:
                 raise RuntimeError(
                     f"scheduler stuck: {len(waiting)} waiting request(s) cannot be admitted into a pool of "
                     f"{cfg.kv_tokens} tokens ({kv.available()} free, {kv.evictable()} evictable)")
-            if kv.hicache:
+            if hicache:
                 dt = kv.step_time(dt)
                 ledger.note_transfers(kv.step_transfers())
-            ledger.end_step(kind, dt, computed, retracted, kv.sizes(), len(self.running), len(waiting))
-            if cfg.debug:
+            end_step(kind, dt, computed, retracted, sizes(), len(running), len(waiting))
+            if debug:
                 self.check_invariants()
             if ledger.step_finished:
                 bar.update(ledger.step_finished)
-            if kind == "decode" and not cfg.debug:
+            if kind == "decode" and not debug:
                 # the rounds up to the next event, without the loop around them (a no-op for the reference rounds)
                 # (and before a host-tier copy completes: that unlocks nodes, which a row shows): when nothing can
-                # be scheduled, or while the waiting head that this step turned down for the budget would be
-                # turned down again (the pools and tree as they were at its check)
-                idle = self.prefill.idle(waiting, self.running, self.chunked)
+                # be scheduled (PrefillAdder.idle), or while the waiting head that this step turned down for the
+                # budget would be turned down again (the pools and tree as they were at its check)
+                idle = self.chunked is None and (not waiting or len(running) >= max_running)
                 blocked = None if idle else self.prefill.blocked
                 if idle or (blocked is not None and not retracted and blocked.state == kv.state()):
-                    until = min(pending[0].arrival_time_s if pending else float("inf"), kv.next_transfer_s())
-                    steps = self.decoder.quiet_steps(self.running, len(waiting), until, cfg.max_steps - totals.steps,
-                                                     blocked)
+                    until = pending[0].arrival_time_s if pending else inf
+                    if hicache:
+                        until = min(until, kv.next_transfer_s())
+                    steps = quiet_steps(running, len(waiting), until, max_steps - totals.steps, blocked)
                     if blocked is not None:
                         kv.replay_matches_of(blocked.req, steps)  # each step matched it again (a replay)
         bar.close()
