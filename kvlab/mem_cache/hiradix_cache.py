@@ -48,6 +48,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
@@ -501,30 +502,49 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         """After a prefill (chunk): insert ``fill_ids``' page-aligned KV (``chunked``: no hit counted, so no
         write-through), free the duplicates, re-match, point the row at the tree's slots from
         ``cache_protected_len`` on, and move the request's lock to the node the key ends at. A partial last page
-        stays the request's (in ``prefix_indices``, not the tree)."""
+        stays the request's (in ``prefix_indices``, not the tree).
+
+        The row is rewritten over ``[cache_protected_len, already_cached)`` only: from the prefix insert found on
+        the device on (device residency is closed under prefixes, so every later node of the path is one this
+        insert made or a host-only one that adopted the request's slots), the tree holds the row's own slots, and
+        SGLang's write of them changes nothing. ``prefix_indices`` is handed over as the path's runs to a request
+        with ``defer_prefix_indices`` (the simulator's ``SimReq``), as :class:`RadixCache` does."""
         tokens = as_tokens(req.fill_ids)
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        key_len = align_down(len(tokens), self.page_size)
-        alloc = self.token_to_kv_pool_allocator
+        n_tok = len(tokens)
+        idx = req.req_pool_idx
+        row = self.req_to_token_pool.req_to_token[idx]
+        key_len = align_down(n_tok, self.page_size)
+        free, view = self._row_freeing(row, idx)
         protected = req.cache_protected_len
         done, last = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, chunked, req.last_node,
                                   protected)
-        getattr(alloc, "free_row", alloc.free)(row[protected:done])
+        free(view[protected:done])
         values = self._rematch(last, key_len)
         found = sum(v.shape[0] for v in values)
         require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted on the device",
                 found=found, inserted=key_len)
-        tail = row[key_len : len(tokens)]
-        if len(tail):
-            values.append(tail.to(_I64))
-        prefix = torch.cat(values) if values else self._empty  # the path's device slots, then the partial page
-        if key_len > protected:
-            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), prefix[protected:key_len])
+        if done > protected:  # req_to_token[protected:done] = the tree's slots (their duplicates were just freed)
+            pos, write = 0, self.req_to_token_pool.write
+            for v in values:
+                end = pos + v.shape[0]
+                if end > protected:
+                    lo = max(pos, protected)
+                    write((idx, slice(lo, min(end, done))), v[lo - pos : min(end, done) - pos])
+                if end >= done:
+                    break
+                pos = end
+        if key_len < n_tok:  # copied: the row's later positions change
+            tail = view[key_len:n_tok]
+            values.append(torch.from_numpy(tail.astype(np.int64)) if view is not row else tail.to(_I64))
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(last)
-        req.prefix_indices = prefix
+        defer = getattr(req, "defer_prefix_indices", None)
+        if defer is not None:  # the request concatenates the path's slots when (if ever) it reads prefix_indices
+            defer(values)
+        else:
+            req.prefix_indices = torch.cat(values) if values else self._empty
         req.last_node = last
 
     def _rematch(self, last: HiTreeNode, key_len: int) -> list[torch.Tensor]:
