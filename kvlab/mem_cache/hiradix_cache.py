@@ -230,6 +230,12 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         self.reset()
 
     def reset(self) -> None:
+        # Bumped whenever anything a match walk reads changes: a node made (splits included) or deleted, a node's
+        # device or host slots set or dropped (eviction, demotion, backup, load-back, host eviction, a host-only
+        # node adopting recomputed slots). Equal versions mean a match of the same key would visit the same
+        # nodes and find the same device and host prefix, so a caller may replay its side effects
+        # (:meth:`restamp_path`). Locks (copies completing) are not read by a match.
+        self.structure_version = getattr(self, "structure_version", 0) + 1
         self.cache_controller.reset()
         self.token_to_kv_pool_host.clear()
         self.clock = LogicalClock()
@@ -255,6 +261,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
                   priority: int = 0) -> HiTreeNode:
         node = HiTreeNode(key, value, parent, self.clock, self._next_id, priority)
         self._next_id += 1
+        self.structure_version += 1
         return node
 
     def _key_of(self, key: array, off: int = 0):
@@ -356,16 +363,46 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         n = align_down(len(key), self.page_size)
         if n == 0:
             return HiMatchResult(self._empty, self.root_node, 0, self.root_node, 0)
-        values, node = self._match_walk(key, n)
-        last_host = node
-        host_hit = 0
+        values, end = self._match_walk(key, n)
+        node, last_host, host_hit = self.match_ends(end)
+        device = torch.cat(values) if values else self._empty
+        return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
+
+    def match_ends(self, end: HiTreeNode) -> tuple[HiTreeNode, HiTreeNode, int]:
+        """Where a match walk that ended at ``end`` (the deepest node it matched, on either tier) stops on each
+        tier: ``(last_device_node, last_host_node, host_hit_length)`` as :class:`HiMatchResult` names them. The
+        walk's end is ``last_host_node`` when ``host_hit_length`` is not 0, else ``last_device_node``."""
+        node, host_hit = end, 0
         while node.value is None:
             host_hit += len(node.key)
             node = node.parent
+        last_host = end
         while last_host.host_value is None:
             last_host = last_host.parent
-        device = torch.cat(values) if values else self._empty
-        return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
+        return node, last_host, host_hit
+
+    def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
+        """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
+        unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
+        and then for each node of the path, top down (``_match_walk``), so the clock moves ``times`` times the path
+        length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
+        a fresh heap entry (once: the earlier walks' entries would be stale)."""
+        path, root = [], self.root_node
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        clock = self.clock
+        now = clock.now + (times - 1) * (len(path) + 1) + 1
+        root.last_access_time = now
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        for x in reversed(path):
+            now += 1
+            x.last_access_time = now
+            if x in leaves:
+                self._push_dev(x)
+            if x in host_leaves:
+                self._push_host(x)
+        clock.now = now
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
         tick, ps = self.clock.tick, self.page_size
@@ -482,6 +519,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
                 node = child
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
                 node.value = _own(src[off : off + m])
+                self.structure_version += 1
                 self.evictable_size_ += m
                 self._update_leaf_status(node)
                 self._update_host_leaf_status(node)
@@ -598,6 +636,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             host = self.cache_controller.write(node.value, node.id)
             if host is None:
                 return 0
+        self.structure_version += 1
         node.host_value = host  # the host pool's slots (the copy's op holds the same tensor; neither writes to it)
         op = self.cache_controller.write_queue[-1]
         self.ongoing_write_through[id(op)] = (op, None if write_back else node)
@@ -763,6 +802,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         n = len(node.key)
         self.evictable_size_ -= n
         node.value = None
+        self.structure_version += 1
         self._update_leaf_status(node)
         self._update_host_leaf_status(node)
         self._update_leaf_status(node.parent)
@@ -782,6 +822,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         return n
 
     def _delete_leaf(self, node: HiTreeNode) -> None:
+        self.structure_version += 1
         del node.parent.children[self._key_of(node.key)]
         self.evictable_size_ -= len(node.key)
         self.evictable_leaves.discard(node)
@@ -798,6 +839,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             stack.extend(x.children.values())
         if any(x.host_ref_counter > 0 for x in nodes):
             return 0
+        self.structure_version += 1
         freed = 0
         for x in nodes:
             if x.host_value is not None:
@@ -832,6 +874,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
                     kept.append(x)
                     continue
                 freed += self.cache_controller.evict_host(x.host_value)
+                self.structure_version += 1
                 parent = x.parent
                 del parent.children[self._key_of(x.key)]
                 self.evictable_host_leaves.discard(x)
@@ -890,6 +933,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             return LoadBackResult(None, ev, "device_full")
         op = ctl.load_queue[-1]
         off = 0
+        self.structure_version += 1
         for x in to_load:
             x.value = device_indices[off : off + len(x.host_value)].clone()
             off += len(x.host_value)
