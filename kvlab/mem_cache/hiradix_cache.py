@@ -34,6 +34,12 @@ Differs on purpose:
 - 0.5.16 heapifies every evictable leaf on each ``evict`` / ``evict_host`` call; here each tier keeps one heap of
   its leaves across calls (a leaf is pushed again when its sort key changes, stale entries are skipped on pop), so
   a call costs what it evicts. The victims and their order are 0.5.16's (the sort key ends in the node id).
+- ``structure_version`` moves with every change a match reads (a node made or deleted, device or host slots set or
+  dropped); while it stands, a caller may replay a match of the same key instead of walking it
+  (:meth:`HiRadixCache.restamp_path`: the walk's clock reads and heap refreshes; :meth:`HiRadixCache.match_ends`: the
+  tiers' ends and the host hit). The scheduler's fast path does (``SchedulerKV.match``).
+- ``cache_unfinished_req`` hands ``prefix_indices`` over as the path's slots, concatenated when first read (a
+  request with ``defer_prefix_indices``), and rewrites the request's row only where the tree's slots differ.
 - Insert walks the path a request holds locked (``cache_unfinished_req`` / ``cache_finished_req``) without looking
   its children up or comparing their tokens again; the effects on each node are the same.
 - Locking an evicted or foreign node, or unlocking an unlocked one, raises :class:`LockRefError`.
