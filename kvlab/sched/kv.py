@@ -111,7 +111,8 @@ class SchedulerKV:
             # the same tokens matched again (fill_ids as the last match built them: outputs only grow), the tree's
             # structure unchanged since (a waiting request that did not fit, tried again next step): the walk would
             # visit the same nodes and find the same prefix, so only its side effects are replayed (one clock
-            # tick, the access times of the path and the root, the end node's heap entry)
+            # tick, a tick per node on a HiRadixCache; the access times of the path and the root; the heap entries
+            # of its leaves)
             memo = req.match_memo
             tree.restamp_path(memo.last_node)
             req.prefix_indices = memo.prefix_indices
