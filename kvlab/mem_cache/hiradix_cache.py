@@ -34,6 +34,12 @@ Differs on purpose:
 - 0.5.16 heapifies every evictable leaf on each ``evict`` / ``evict_host`` call; here each tier keeps one heap of
   its leaves across calls (a leaf is pushed again when its sort key changes, stale entries are skipped on pop), so
   a call costs what it evicts. The victims and their order are 0.5.16's (the sort key ends in the node id).
+- ``structure_version`` moves with every change a match reads (a node made or deleted, device or host slots set or
+  dropped); while it stands, a caller may replay a match of the same key instead of walking it
+  (:meth:`HiRadixCache.restamp_path`: the walk's clock reads and heap refreshes; :meth:`HiRadixCache.match_ends`: the
+  tiers' ends and the host hit). The scheduler's fast path does (``SchedulerKV.match``).
+- ``cache_unfinished_req`` hands ``prefix_indices`` over as the path's slots, concatenated when first read (a
+  request with ``defer_prefix_indices``), and rewrites the request's row only where the tree's slots differ.
 - Insert walks the path a request holds locked (``cache_unfinished_req`` / ``cache_finished_req``) without looking
   its children up or comparing their tokens again; the effects on each node are the same.
 - Locking an evicted or foreign node, or unlocking an unlocked one, raises :class:`LockRefError`.
@@ -48,6 +54,7 @@ from array import array
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
@@ -69,9 +76,18 @@ _I64 = torch.int64
 LOAD_BACK_EVICT_MODES = ("shortfall", "full")
 
 
-def _own(slots: torch.Tensor) -> torch.Tensor:
-    """A copy of ``slots`` as int64 (the tree's own, whatever the caller's dtype)."""
+def _own(slots: torch.Tensor | np.ndarray) -> torch.Tensor:
+    """A copy of ``slots`` as an int64 tensor (the tree's own, whatever the caller's dtype). A request's row is
+    int32: insert slices it as a numpy view (:func:`_slot_source`), whose conversion costs half of ``Tensor.to``'s."""
+    if isinstance(slots, np.ndarray):
+        return torch.from_numpy(slots.astype(np.int64))
     return slots.clone() if slots.dtype == _I64 else slots.to(_I64)
+
+
+def _slot_source(value: torch.Tensor) -> torch.Tensor | np.ndarray:
+    """What insert slices the caller's slots from: a CPU tensor of another dtype as its numpy view (same memory;
+    slicing it costs a fraction of a torch slice), any other as it is."""
+    return value.numpy() if value.dtype != _I64 and value.device.type == "cpu" else value
 
 
 class HiTreeNode:
@@ -220,6 +236,12 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         self.reset()
 
     def reset(self) -> None:
+        # Bumped whenever anything a match walk reads changes: a node made (splits included) or deleted, a node's
+        # device or host slots set or dropped (eviction, demotion, backup, load-back, host eviction, a host-only
+        # node adopting recomputed slots). Equal versions mean a match of the same key would visit the same
+        # nodes and find the same device and host prefix, so a caller may replay its side effects
+        # (:meth:`restamp_path`). Locks (copies completing) are not read by a match.
+        self.structure_version = getattr(self, "structure_version", 0) + 1
         self.cache_controller.reset()
         self.token_to_kv_pool_host.clear()
         self.clock = LogicalClock()
@@ -245,6 +267,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
                   priority: int = 0) -> HiTreeNode:
         node = HiTreeNode(key, value, parent, self.clock, self._next_id, priority)
         self._next_id += 1
+        self.structure_version += 1
         return node
 
     def _key_of(self, key: array, off: int = 0):
@@ -346,16 +369,46 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         n = align_down(len(key), self.page_size)
         if n == 0:
             return HiMatchResult(self._empty, self.root_node, 0, self.root_node, 0)
-        values, node = self._match_walk(key, n)
-        last_host = node
-        host_hit = 0
+        values, end = self._match_walk(key, n)
+        node, last_host, host_hit = self.match_ends(end)
+        device = torch.cat(values) if values else self._empty
+        return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
+
+    def match_ends(self, end: HiTreeNode) -> tuple[HiTreeNode, HiTreeNode, int]:
+        """Where a match walk that ended at ``end`` (the deepest node it matched, on either tier) stops on each
+        tier: ``(last_device_node, last_host_node, host_hit_length)`` as :class:`HiMatchResult` names them. The
+        walk's end is ``last_host_node`` when ``host_hit_length`` is not 0, else ``last_device_node``."""
+        node, host_hit = end, 0
         while node.value is None:
             host_hit += len(node.key)
             node = node.parent
+        last_host = end
         while last_host.host_value is None:
             last_host = last_host.parent
-        device = torch.cat(values) if values else self._empty
-        return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
+        return node, last_host, host_hit
+
+    def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
+        """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
+        unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
+        and then for each node of the path, top down (``_match_walk``), so the clock moves ``times`` times the path
+        length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
+        a fresh heap entry (once: the earlier walks' entries would be stale)."""
+        path, root = [], self.root_node
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        clock = self.clock
+        now = clock.now + (times - 1) * (len(path) + 1) + 1
+        root.last_access_time = now
+        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        for x in reversed(path):
+            now += 1
+            x.last_access_time = now
+            if x in leaves:
+                self._push_dev(x)
+            if x in host_leaves:
+                self._push_host(x)
+        clock.now = now
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
         tick, ps = self.clock.tick, self.page_size
@@ -427,9 +480,9 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             value = torch.tensor(key[:n].tolist(), dtype=_I64)
         elif not isinstance(value, torch.Tensor):
             value = torch.as_tensor(value, dtype=_I64)
-        value = value[:n]  # a request's row is int32: only the slices the tree keeps are copied to int64 (_own)
         if value.shape[0] < n:
             raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
+        src = _slot_source(value)  # a request's row is int32: only the slices the tree keeps are copied (_own)
         if n == 0:
             return 0, self.root_node
         node, off, prefix = self.root_node, 0, 0
@@ -471,7 +524,8 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             else:
                 node = child
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
-                node.value = _own(value[off : off + m])
+                node.value = _own(src[off : off + m])
+                self.structure_version += 1
                 self.evictable_size_ += m
                 self._update_leaf_status(node)
                 self._update_host_leaf_status(node)
@@ -482,7 +536,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
                 prefix += m
             off += m
         if off < n:
-            leaf = self._new_node(key[off:n], _own(value[off:n]), node, priority)
+            leaf = self._new_node(key[off:n], _own(src[off:n]), node, priority)
             node.children[self._key_of(leaf.key)] = leaf
             self.evictable_size_ += n - off
             self._update_leaf_status(node)
@@ -501,30 +555,49 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         """After a prefill (chunk): insert ``fill_ids``' page-aligned KV (``chunked``: no hit counted, so no
         write-through), free the duplicates, re-match, point the row at the tree's slots from
         ``cache_protected_len`` on, and move the request's lock to the node the key ends at. A partial last page
-        stays the request's (in ``prefix_indices``, not the tree)."""
+        stays the request's (in ``prefix_indices``, not the tree).
+
+        The row is rewritten over ``[cache_protected_len, already_cached)`` only: from the prefix insert found on
+        the device on (device residency is closed under prefixes, so every later node of the path is one this
+        insert made or a host-only one that adopted the request's slots), the tree holds the row's own slots, and
+        SGLang's write of them changes nothing. ``prefix_indices`` is handed over as the path's runs to a request
+        with ``defer_prefix_indices`` (the simulator's ``SimReq``), as :class:`RadixCache` does."""
         tokens = as_tokens(req.fill_ids)
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        key_len = align_down(len(tokens), self.page_size)
-        alloc = self.token_to_kv_pool_allocator
+        n_tok = len(tokens)
+        idx = req.req_pool_idx
+        row = self.req_to_token_pool.req_to_token[idx]
+        key_len = align_down(n_tok, self.page_size)
+        free, view = self._row_freeing(row, idx)
         protected = req.cache_protected_len
         done, last = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, chunked, req.last_node,
                                   protected)
-        getattr(alloc, "free_row", alloc.free)(row[protected:done])
+        free(view[protected:done])
         values = self._rematch(last, key_len)
         found = sum(v.shape[0] for v in values)
         require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted on the device",
                 found=found, inserted=key_len)
-        tail = row[key_len : len(tokens)]
-        if len(tail):
-            values.append(tail.to(_I64))
-        prefix = torch.cat(values) if values else self._empty  # the path's device slots, then the partial page
-        if key_len > protected:
-            self.req_to_token_pool.write((req.req_pool_idx, slice(protected, key_len)), prefix[protected:key_len])
+        if done > protected:  # req_to_token[protected:done] = the tree's slots (their duplicates were just freed)
+            pos, write = 0, self.req_to_token_pool.write
+            for v in values:
+                end = pos + v.shape[0]
+                if end > protected:
+                    lo = max(pos, protected)
+                    write((idx, slice(lo, min(end, done))), v[lo - pos : min(end, done) - pos])
+                if end >= done:
+                    break
+                pos = end
+        if key_len < n_tok:  # copied: the row's later positions change
+            tail = view[key_len:n_tok]
+            values.append(torch.from_numpy(tail.astype(np.int64)) if view is not row else tail.to(_I64))
         req.cache_protected_len = key_len
         if req.last_node is not None:
             self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(last)
-        req.prefix_indices = prefix
+        defer = getattr(req, "defer_prefix_indices", None)
+        if defer is not None:  # the request concatenates the path's slots when (if ever) it reads prefix_indices
+            defer(values)
+        else:
+            req.prefix_indices = torch.cat(values) if values else self._empty
         req.last_node = last
 
     def _rematch(self, last: HiTreeNode, key_len: int) -> list[torch.Tensor]:
@@ -569,6 +642,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             host = self.cache_controller.write(node.value, node.id)
             if host is None:
                 return 0
+        self.structure_version += 1
         node.host_value = host  # the host pool's slots (the copy's op holds the same tensor; neither writes to it)
         op = self.cache_controller.write_queue[-1]
         self.ongoing_write_through[id(op)] = (op, None if write_back else node)
@@ -734,6 +808,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         n = len(node.key)
         self.evictable_size_ -= n
         node.value = None
+        self.structure_version += 1
         self._update_leaf_status(node)
         self._update_host_leaf_status(node)
         self._update_leaf_status(node.parent)
@@ -753,6 +828,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         return n
 
     def _delete_leaf(self, node: HiTreeNode) -> None:
+        self.structure_version += 1
         del node.parent.children[self._key_of(node.key)]
         self.evictable_size_ -= len(node.key)
         self.evictable_leaves.discard(node)
@@ -769,6 +845,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             stack.extend(x.children.values())
         if any(x.host_ref_counter > 0 for x in nodes):
             return 0
+        self.structure_version += 1
         freed = 0
         for x in nodes:
             if x.host_value is not None:
@@ -803,6 +880,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
                     kept.append(x)
                     continue
                 freed += self.cache_controller.evict_host(x.host_value)
+                self.structure_version += 1
                 parent = x.parent
                 del parent.children[self._key_of(x.key)]
                 self.evictable_host_leaves.discard(x)
@@ -861,6 +939,7 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             return LoadBackResult(None, ev, "device_full")
         op = ctl.load_queue[-1]
         off = 0
+        self.structure_version += 1
         for x in to_load:
             x.value = device_indices[off : off + len(x.host_value)].clone()
             off += len(x.host_value)

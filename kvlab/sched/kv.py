@@ -111,11 +111,16 @@ class SchedulerKV:
             # the same tokens matched again (fill_ids as the last match built them: outputs only grow), the tree's
             # structure unchanged since (a waiting request that did not fit, tried again next step): the walk would
             # visit the same nodes and find the same prefix, so only its side effects are replayed (one clock
-            # tick, the access times of the path and the root, the end node's heap entry)
+            # tick, a tick per node on a HiRadixCache; the access times of the path and the root; the heap entries
+            # of its leaves)
             memo = req.match_memo
             tree.restamp_path(memo.last_node)
-            req.prefix_indices, req.last_node = memo.prefix_indices, memo.last_node
+            req.prefix_indices = memo.prefix_indices
             req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
+            if self.hicache:  # the walk's end may be host-only: the tiers' ends and the host hit, as the walk found
+                req.last_node, req.best_match_node, req.host_hit_len = tree.match_ends(memo.last_node)
+            else:
+                req.last_node = memo.last_node
             return
         # a first admission matches the prompt itself (nothing mutates fill_ids in place)
         req.fill_ids = req.origin_input_ids + array("q", req.output_ids) if req.output_ids else req.origin_input_ids
@@ -127,9 +132,10 @@ class SchedulerKV:
         req.prefix_indices = m.device_indices
         req.prefix_len = m.device_prefix_len
         req.last_node = m.last_device_node
-        if cap and not self.hicache:  # (a HiRadixCache match walks the host tier too: not replayed)
-            req.match_memo = MatchMemo(tree.structure_version, len(req.fill_ids), m.device_indices,
-                                       m.last_device_node, m.device_prefix_len)
+        if cap:  # the memo keeps the walk's end: on a HiRadixCache, below the device prefix when it hit on host
+            end = m.last_host_node if self.hicache and m.host_hit_length else m.last_device_node
+            req.match_memo = MatchMemo(tree.structure_version, len(req.fill_ids), m.device_indices, end,
+                                       m.device_prefix_len)
         req.cache_protected_len = req.prefix_len
         req.kv_len = req.prefix_len
         if self.hicache:
@@ -145,15 +151,19 @@ class SchedulerKV:
     def replayable(self, req: SimReq) -> bool:
         """Would matching ``req`` again now be a replay (:meth:`match`'s shortcut)?"""
         memo = req.match_memo
-        return memo is not None and self.replay_matches and memo.version == self.tree.structure_version  # (no HiCache)
+        return memo is not None and self.replay_matches and memo.version == self.tree.structure_version
 
     def replay_matches_of(self, req: SimReq, times: int) -> None:
         """The side effects of matching ``req`` ``times`` more times while :meth:`replayable` (each a clock tick
-        and the path's access times): the clock moves ``times`` ticks and the path is stamped with the last."""
+        and the path's access times; a tick per node too on a HiRadixCache): the clock moves as the walks would
+        and the path is stamped with the last."""
         if times:
             tree = self.tree
-            tree.clock.now += times - 1
-            tree.restamp_path(req.match_memo.last_node)
+            if self.hicache:
+                tree.restamp_path(req.match_memo.last_node, times)
+            else:
+                tree.clock.now += times - 1
+                tree.restamp_path(req.match_memo.last_node)
 
     def load_back(self, req: SimReq) -> int:
         """HiCache admission (``PrefillAdder.add_one_req`` -> ``init_load_back``): bring the request's host-only

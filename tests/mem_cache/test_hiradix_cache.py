@@ -530,3 +530,107 @@ def test_host_pool_frees_whole_pages_of_what_it_handed_out():
     host.check_invariants()
     del mixed
     assert not host._issued  # a concatenation is forgotten when its last view goes
+
+
+# -- the match replay (the simulator's fast path): structure_version and restamp_path ----------------------------
+def _full_state(cache):
+    """Everything a match reads or writes: each node's path, residency, lock, access time and hit count, the clock,
+    and the order each tier's heap would evict its leaves in."""
+    nodes = sorted((path_of(n, cache.root_node), n.residency, n.lock_ref, n.last_access_time, n.hit_count)
+                   for n in cache.nodes())
+    order = [[n.id for n in sorted(leaves, key=cache._prio)]
+             for leaves in (cache.evictable_leaves, cache.evictable_host_leaves)]
+    return nodes, cache.clock.now, order
+
+
+def _found(cache, m):
+    return (m.device_indices.tolist(), path_of(m.last_device_node, cache.root_node), m.device_prefix_len,
+            path_of(m.last_host_node, cache.root_node), m.host_hit_length)
+
+
+@pytest.mark.parametrize("page_size", [1, 4])
+@pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
+def test_a_match_repeated_while_the_structure_version_stands_is_its_replay(page_size, write_policy):
+    """Twin trees run the same random script (device and host eviction, backups, load-backs, copies landing, locks).
+    After every op both match a few of the script's keys, some of them several times: one always walks; the other,
+    while ``structure_version`` is what it was after its last walk of that key, replays it (``restamp_path`` from
+    the walk's end, ``match_ends`` for the tiers' ends) and reuses the device prefix that walk found. Whatever
+    the script did in between, what the replay reports equals the walk's, and the trees, clocks and eviction
+    orders stay equal; replays happen, with host hits among them."""
+    replayed = host_hits = 0
+    for seed in range(3):
+        sc = random_scenario(9100 + seed, page_size, "lru", write_policy, n_ops=100)
+        walker, replayer = KvlabHiRunner(sc, check=False), KvlabHiRunner(sc)
+        keys = [op[1] for op in sc["ops"] if op[0] in ("serve", "load_back", "match")]
+        rng = random.Random(seed)
+        memo = {}
+        for i, op in enumerate(sc["ops"]):
+            assert walker.run(op) == replayer.run(op), f"seed {seed}, op {i} {op[0]}"
+            for key in rng.sample(keys, min(3, len(keys))):
+                times = rng.choice([1, 1, 3])
+                for _ in range(times):
+                    walked = _found(walker.cache, walker.cache.match_prefix(key))
+                c = replayer.cache
+                k = tuple(key)
+                if k in memo and memo[k][0] == c.structure_version:
+                    _, end, indices = memo[k]
+                    c.restamp_path(end, times)
+                    dev, host, hit = c.match_ends(end)
+                    found = (indices, path_of(dev, c.root_node), len(indices), path_of(host, c.root_node), hit)
+                    replayed += 1
+                    host_hits += hit > 0
+                else:
+                    for _ in range(times):
+                        m = c.match_prefix(key)
+                    found = _found(c, m)
+                    end = m.last_host_node if m.host_hit_length else m.last_device_node
+                    memo[k] = (c.structure_version, end, found[0])
+                assert found == walked, f"seed {seed}, op {i}: replayed match of {key}"
+                assert _full_state(c) == _full_state(walker.cache), f"seed {seed}, op {i}: after matching {key}"
+            replayer.cache.check_invariants()
+    assert replayed > 50 and host_hits > 5
+
+
+def test_structure_version_moves_with_everything_a_match_reads():
+    """A new node, a split, a backup, a demotion, a load-back, a host eviction and a host-only node adopting
+    recomputed slots each change what a match walks or finds, and each moves the version; a walk that splits
+    nothing and a copy landing (a lock released) do not."""
+    alloc, host, cache = make(size=20, ratio=2.0)
+    key = list(range(12))
+    seen = [cache.structure_version]
+
+    def moved():
+        seen.append(cache.structure_version)
+        return seen[-1] != seen[-2]
+
+    cache.insert(key, alloc.alloc(12))  # a new node, its backup issued at once (write_through)
+    assert moved() and cache.root_node.children[0].host_value is not None
+    cache.drain()  # the backup lands: the node's lock goes
+    assert not moved()
+    assert cache.match_prefix(key).device_prefix_len == 12 and not moved()  # no split
+    cache.evict(12)  # demoted: host only
+    assert moved() and cache.match_prefix(key).host_hit_length == 12 and not moved()
+    m = cache.match_prefix(key)
+    assert cache.load_back(m.best_match_node).loaded_tokens == 12
+    assert moved() and cache.match_prefix(key).device_prefix_len == 12
+    cache.drain()
+    cache.evict(12)
+    assert moved()
+    assert cache.evict_host(12) == 12  # the host copy freed: the node is gone
+    assert moved() and cache.match_prefix(key).host_hit_length == 0
+    cache.insert(key, alloc.alloc(12))
+    cache.drain()
+    cache.evict(12)
+    assert moved()
+    cache.insert(key, alloc.alloc(12))  # the host-only node adopts the recomputed slots
+    assert moved() and cache.match_prefix(key).device_prefix_len == 12 and not moved()
+    cache.match_prefix(key[:6])  # splits the node
+    assert moved()
+    cache.check_invariants()
+    # write_through_selective: the second hit backs a node up, with no node made; the walk's best match node moves
+    alloc, host, cache = make(size=20, ratio=2.0, policy="write_through_selective")
+    cache.insert(key, alloc.alloc(12))
+    assert cache.match_prefix(key).best_match_node is cache.root_node
+    seen.append(cache.structure_version)
+    cache.insert(key, cache.match_prefix(key).device_indices)  # the second hit
+    assert moved() and cache.match_prefix(key).best_match_node is cache.root_node.children[0]

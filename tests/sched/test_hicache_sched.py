@@ -6,6 +6,7 @@ model's transfer time and the CLI flags."""
 import json
 import random
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,7 @@ DEVICE_ONLY = {
                  prefill_tokens_computed=4320, reprefill_tokens=0, retractions=0, aborted=0, pressure_events=33,
                  steps=170, output_tokens=432, simulated_s=1.9878, output_tokens_per_s=217.326),
 }
+ROOT = Path(__file__).resolve().parents[2]
 HOST_KEYS = ("device_hit_tokens", "host_hit_tokens", "loaded_back_tokens", "written_to_host_tokens",
              "host_evicted_tokens", "transfer_s")
 
@@ -101,6 +103,76 @@ def test_fast_rounds_stop_where_a_copy_lands():
     assert fast.rows == plain.rows and fast.totals() == plain.totals()
     protected = [row["protected_tokens"] for row in plain.rows if row["kind"] == "decode"]
     assert len(set(protected)) > 5  # locks came and went during the decode rounds
+
+
+@pytest.mark.parametrize("policy,kv_tokens,max_running,out", [
+    ("write_through", 256, 4, 40), ("write_through_selective", 384, 6, 80), ("write_back", 256, 6, 60)])
+def test_blocked_waiting_heads_are_replayed_with_host_hits_as_the_loop_matches_them(monkeypatch, policy, kv_tokens,
+                                                                                   max_running, out):
+    """Long outputs in a tight device pool: waiting heads whose prefix is partly on host only are turned down for the
+    budget step after step. The fast path replays their matches while the two-tier tree's structure version stands
+    (``HiRadixCache.restamp_path``, one step at a time and in bulk over the blocked quiet steps), reporting the
+    host hit and the load-back's end node as a walk would; rows, totals, tree and clock equal the reference loop's,
+    in both modes."""
+    replays = []
+    real = HiRadixCache.restamp_path
+
+    def recording(self, node, times=1):
+        replays.append((times, self.match_ends(node)[2]))  # (matches replayed, host-only tokens they hit)
+        return real(self, node, times)
+
+    monkeypatch.setattr(HiRadixCache, "restamp_path", recording)
+    reqs = [Req(r.rid, r.arrival_time_s, r.prompt_token_ids, out + (i % 7) * 5)
+            for i, r in enumerate(workload(groups=4, per=5, sys_len=64, q_len=16, gap=0.005))]
+    for mode in ("shortfall", "full"):
+        cfg = replace(BASE, kv_tokens=kv_tokens, max_running=max_running, eviction=mode, hicache_ratio=2,
+                      hicache_write_policy=policy)
+        replays.clear()
+        fast = run(cfg, reqs)
+        assert any(times > 1 for times, _ in replays)  # the blocked quiet steps replayed matches in bulk
+        assert sum(host > 0 for _, host in replays) > 20  # replayed matches that hit on host
+        plain = run(cfg, reqs, fast_decode=False)
+        assert fast.totals() == plain.totals()
+        assert fast.rows == plain.rows
+        assert tree_frame(fast.tree).equals(tree_frame(plain.tree))
+        assert fast.tree.clock.now == plain.tree.clock.now
+        assert fast.totals()["host_hit_tokens"] > 0
+        fast.tree.check_invariants()
+
+
+@pytest.mark.parametrize("policy,mode", [("write_through", "shortfall"), ("write_back", "full")])
+def test_a_replayed_match_loads_its_host_hit_back_at_admission(monkeypatch, policy, mode):
+    """The Mooncake sample in a tight pool (100 pages of 512, 16 running): waiting heads are admitted on a replayed
+    match (nothing the match reads changed since the check that turned them down) whose prefix is partly on host,
+    so the replay's host hit and load-back node drive the load-back; every row, the totals, the tree and its
+    clock equal the reference loop's."""
+    from kvlab.sched.kv import SchedulerKV
+    from kvlab.workloads.mooncake import load_trace
+
+    replayed, loads = {}, []
+    real_match, real_load = SchedulerKV.match, SchedulerKV.load_back
+
+    def matching(self, req):
+        replayed[id(req)] = self.replayable(req)
+        return real_match(self, req)
+
+    def loading(self, req):
+        if req.host_hit_len:
+            loads.append(replayed.get(id(req), False))
+        return real_load(self, req)
+
+    monkeypatch.setattr(SchedulerKV, "match", matching)
+    monkeypatch.setattr(SchedulerKV, "load_back", loading)
+    reqs = load_trace(ROOT / "data/traces/mooncake_small.jsonl")
+    cfg = SchedulerConfig(kv_tokens=100 * 512, page_size=512, max_running=16, eviction=mode, hicache_ratio=4,
+                          hicache_write_policy=policy)
+    fast = run(cfg, reqs)
+    assert sum(loads) > 5  # load-backs of host hits that a replayed match reported
+    plain = run(cfg, reqs, fast_decode=False)
+    assert fast.totals() == plain.totals()
+    assert fast.rows == plain.rows
+    assert tree_frame(fast.tree).equals(tree_frame(plain.tree))
+    assert fast.tree.clock.now == plain.tree.clock.now
 
 
 def test_host_tier_raises_the_hit_rate():
