@@ -20,10 +20,12 @@ The default trace has the shape of Mooncake's public conversation trace
 Timings on a shared machine are noisy: read the ratios (measured in the same run), and the CPU seconds.
 ``--split`` adds the CPU seconds spent inside the tree and allocator flows the scheduler calls once per request or
 prefill (``release_kv_cache``, ``alloc_paged_token_slots_extend``, ``cache_unfinished_req``, ``match_prefix``,
-``evict``): on the conversation-shaped trace they are ~54 % of the fast path's time (4.1 of 7.5 CPU s in shortfall
-mode; ~59 % of 17.5 s before the page-granular flows of issue 16 item 4), a floor that only faster mem_cache code
-can lower. On that trace (12,031 requests, ~278,000 steps per mode) the fast path took ~7.5 CPU s per mode against
-~15 s at 1e80ab1 (``--baseline``: 2.01x shortfall, 2.04x full) and ~35 s for the reference loop (4.7-4.8x).
+``evict``; on the page engine, ``PageKV``'s and ``PageRadixTree``'s): on the conversation-shaped trace they were
+~54 % of the fast path's time (4.1 of 7.5 CPU s in shortfall mode) before the page engine. On that trace (12,031
+requests, ~278,000 steps per mode) the fast path took ~7.5 CPU s per mode at issue 16's end against ~15 s at
+1e80ab1 (2.01x / 2.04x) and ~35 s for the reference loop; with the page engine (issue 22) ``kvlab simulate --json``
+takes 2.8 s wall end to end a mode against 15.6 / 16.2 s at 77d01da (``--baseline``: 5.49x / 5.85x), the run alone
+2.6 / 2.5 s.
 """
 
 from __future__ import annotations
@@ -70,6 +72,16 @@ if split == "1":  # CPU seconds inside the tree/allocator flows the scheduler ca
         timed(S, name)
     for name in ("cache_unfinished_req", "match_prefix", "evict"):
         timed(RadixCache, name)
+    try:  # the page engine's flows (the fast path at page size > 1 without HiCache)
+        from kvlab.sched.page_kv import PageKV
+        from kvlab.mem_cache.page_tree import PageRadixTree
+    except ImportError:  # (a baseline checkout before it)
+        PageKV = None
+    if PageKV is not None:
+        for name in ("_release", "alloc_extend", "_cache", "page_keys"):
+            timed(PageKV, name)
+        for name in ("match_prefix", "evict"):
+            timed(PageRadixTree, name)
 reqs = load_trace(trace)[: int(n)]
 cfg = SchedulerConfig(kv_tokens=int(kv_pages) * int(page_size), page_size=int(page_size),
                       max_running=int(max_running), eviction=mode, fast_decode=fast == "1", **extra)

@@ -352,6 +352,7 @@ def _write_tiny_checkpoint(args) -> int:
 def _simulate(args) -> int:
     from kvlab.experiments import shortfall_eviction
     from kvlab.mem_cache.options import PoolTooLargeError
+    from kvlab.sched.scheduler import StepLimitError
     from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
 
     page_size = args.page_size or default_page_size(trace=args.trace)
@@ -371,6 +372,9 @@ def _simulate(args) -> int:
             result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
     except PoolTooLargeError as exc:  # the table's columns are the longest request's tokens: name it (issue 26)
         raise KvlabError(f"{_longest_request(args, requests)} is too long to simulate on this machine: {exc}") from None
+    except StepLimitError as exc:  # outputs of millions of tokens: name the longest request too
+        raise KvlabError(f"{_longest_request(args, requests).rstrip(',')}: {exc}; every output token is a decode "
+                         "step") from None
     source = printable(args.trace) if args.trace else f"{args.workload} (seed {args.seed})"
     if args.compare:
         for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible

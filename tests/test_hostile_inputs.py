@@ -433,11 +433,22 @@ def test_a_logged_pool_size_that_is_no_whole_number_is_named(value, tmp_path, ca
 
 def test_a_request_table_beyond_the_machine_is_refused_within_seconds(tmp_path, capsys):
     """Requests of 10^7 output tokens at 100,000 running rows: a 4 TB request-to-token table was torch's raw
-    allocator message (or the machine swapping)."""
+    allocator message (or the machine swapping). The token-level memory has that table (HiCache runs on it; the
+    page engine, the default at page size 512, has none: next test)."""
+    path = tmp_path / "long.jsonl"
+    path.write_text("".join(_trace_line_json(i) + "\n" for i in range(2)))
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000", "--hicache-ratio", "2"],
+             "req_to_token table would take 100,002 × 10,001,920 torch.int32", "lower --max-running")
+
+
+def test_outputs_beyond_the_step_cap_end_naming_the_longest_request(tmp_path, capsys):
+    """The same requests on the page engine (no table): the run goes to the simulator's step cap in seconds (its
+    quiet decode rounds run in bulk) and ends with one line naming the trace line of the longest request."""
     path = tmp_path / "long.jsonl"
     path.write_text("".join(_trace_line_json(i) + "\n" for i in range(2)))
     _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000"],
-             "req_to_token table would take 100,002 × 10,001,920 torch.int32", "lower --max-running")
+             f"--trace {path}:1: request long-0, the trace's longest (prompt 1,209 + output_length 10,000,000 "
+             "tokens): the simulation did not finish in 10,000,000 steps", "every output token is a decode step")
 
 
 def _trace_line_json(timestamp: int, output_length: int = 10 ** 7) -> str:
@@ -450,7 +461,7 @@ def test_a_request_table_beyond_the_machine_names_the_trace_line_that_sets_it(tm
     line (blank lines counted) and its lengths."""
     path = tmp_path / "long.jsonl"
     path.write_text(_trace_line_json(0, 182) + "\n\n" + _trace_line_json(1) + "\n" + _trace_line_json(2, 5) + "\n")
-    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000"],
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000", "--hicache-ratio", "2"],
              f"--trace {path}:3: request long-1, the trace's longest (prompt 1,209 + output_length 10,000,000 tokens)",
              "req_to_token table would take 100,002 × 10,001,920 torch.int32")
 

@@ -38,6 +38,10 @@ class SchedulerConfig:
     # totals as the plain loop (fast_decode=False, the reference the tests compare against), at a cost
     # per round that grows with what happens in it rather than with the running batch.
     fast_decode: bool = True
+    # The fast path at page_size > 1 without HiCache runs on the page engine (kvlab.sched.page_kv: page ids and
+    # counts, no token or slot tensors); False keeps it on the token-level memory, the one HiCache runs on
+    # (benchmarks/bench_hicache.py compares the host tier's cost on one engine).
+    page_engine: bool = True
     max_steps: int = 10_000_000
     # HiCache (SGLang's --enable-hierarchical-cache): a host pool beside the device pool, on when one of the two
     # sizes is given (SGLang's --hicache-ratio, or --hicache-size in GiB here where SGLang reads decimal GB), sized

@@ -22,6 +22,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import kvlab.sched.config as sched_config
+from kvlab.errors import KvlabError
 from kvlab.sched.config import SchedulerConfig, min_kv_tokens
 from kvlab.sched.decode import DecodeRounds, NewTokenRatio, ReferenceDecode
 from kvlab.sched.fast_decode import FastDecode
@@ -33,6 +34,10 @@ from kvlab.sched.result import SimResult, Totals
 if TYPE_CHECKING:
     from kvlab.sched.kv import SchedulerKV
     from kvlab.sched.page_kv import PageKV
+
+
+class StepLimitError(KvlabError, RuntimeError):
+    """A run reached ``SchedulerConfig.max_steps`` before every request finished (outputs of millions of tokens)."""
 
 
 class Scheduler:
@@ -63,7 +68,7 @@ class Scheduler:
                                     prompt_pages=sum(-(-len(r.prompt_token_ids) // ps) for r in requests)))
         # the fast path at page size > 1 without a host tier runs on the page engine (no token or slot ids); the
         # reference loop, HiCache and page size 1 on the token-level memory
-        if config.fast_decode and ps > 1 and not config.hicache:
+        if config.fast_decode and config.page_engine and ps > 1 and not config.hicache:
             from kvlab.sched.page_kv import PageKV
 
             self.kv: SchedulerKV | PageKV = PageKV(config, self.ledger)
@@ -126,7 +131,7 @@ class Scheduler:
         inf = float("inf")
         while pending or waiting or self.running or self.chunked:
             if totals.steps >= max_steps:
-                raise RuntimeError(f"simulation did not finish in {max_steps} steps")
+                raise StepLimitError(f"the simulation did not finish in {max_steps:,} steps (SchedulerConfig.max_steps)")
             while pending and pending[0].arrival_time_s <= ledger.now_s:
                 waiting.append(pending.popleft())
             running = self.running
