@@ -29,9 +29,9 @@
 # grid from a shell, on this machine's cores or on a Ray cluster (section 4).
 #
 # Point the parameters at your own trace. With the defaults the notebook uses the trace shipped in `data/`, and the
-# grid (36 points) runs in under a minute on two cores. A full-size trace takes longer: the 12,031 requests of a
+# grid (36 points) runs in a few seconds on two cores. A full-size trace works too: the 12,031 requests of a
 # Mooncake-conversation-shaped trace (`python benchmarks/make_mooncake_trace.py --preset conversation`) ran the same
-# 36 points in 228 s on two cores (about 10-18 s a point), so try `NUM_REQUESTS` first, or `OUT` to keep the rows.
+# 36 points in 51 s on two cores (2-5 s a point). Set `OUT` to keep the rows: a rerun skips the points already there.
 
 # %% tags=["parameters"]
 TRACE_PATH = None  # your Mooncake-format JSONL trace; None: data/traces/mooncake_small.jsonl

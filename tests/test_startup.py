@@ -163,8 +163,10 @@ def test_a_lazy_package_exports_what_its_modules_define(package):
     import importlib
 
     pkg = importlib.import_module(package)
+    homes = {name: module for module, names in pkg._EXPORTS.items() for name in names}
+    assert set(homes) == set(pkg.__all__)
     for name in pkg.__all__:
-        assert getattr(pkg, name) is getattr(importlib.import_module(pkg._HOMES[name]), name), name
+        assert getattr(pkg, name) is getattr(importlib.import_module(homes[name]), name), name
         assert name in dir(pkg)
     submodule = {"kvlab.mem_cache": "radix_tree", "kvlab.sched": "config"}[package]
     assert getattr(pkg, submodule).__name__ == f"{package}.{submodule}"

@@ -25,8 +25,7 @@ hiradix_cache (which uses base_prefix_cache, evict_policy and radix_tree, not ra
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from kvlab.lazy import lazy_exports
 
 _EXPORTS = {  # module -> the names the package re-exports from it, imported on first use (see __getattr__)
     "kvlab.errors": ("DoubleFreeError", "InvariantError", "LockRefError"),
@@ -50,28 +49,7 @@ _EXPORTS = {  # module -> the names the package re-exports from it, imported on 
     "kvlab.mem_cache.radix_tree": ("BaseRadixTree", "LogicalClock"),
     "kvlab.mem_cache.swa_radix_cache": ("HybridTreeNode", "SWARadixCache", "SWATreeLock"),
 }
-_HOMES = {name: module for module, names in _EXPORTS.items() for name in names}
-
-
-def __getattr__(name: str) -> Any:
-    """``from kvlab.mem_cache import X`` imports X's module on first use (PEP 562), so importing one light
-    module of the package (``options``, ``base_prefix_cache``'s result types) does not import torch with the
-    pools and trees; ``kvlab.mem_cache.radix_cache`` and the other submodules work as attributes too."""
-    home = _HOMES.get(name)
-    if home is None:
-        try:
-            return import_module(f"{__name__}.{name}")  # a submodule, as the eager package had them all
-        except ModuleNotFoundError as e:
-            if e.name != f"{__name__}.{name}":
-                raise
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(import_module(home), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
 __all__ = [
