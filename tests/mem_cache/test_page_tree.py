@@ -5,7 +5,6 @@ inserts, locks, evictions under every policy): the same matched lengths, clock, 
 import random
 
 import pytest
-import torch
 from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
