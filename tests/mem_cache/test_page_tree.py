@@ -180,9 +180,15 @@ def test_page_tree_does_what_the_paged_radix_cache_does(seed, page_size, policy,
         op = rng.random()
         if op < 0.3:
             t.match(tokens(), lock=rng.random() < 0.4)
-        elif op < 0.65:
+        elif op < 0.55:
             toks = tokens()
             t.insert(toks, rng.choice([0, 0, rng.randrange(0, len(toks) // ps + 1)]), rng.choice([0, 0, 1, 5]))
+        elif op < 0.65:  # a chunked request: its first k pages, then all of them with inserted_len = k pages
+            toks = tokens()
+            k = rng.randrange(0, len(toks) // ps + 1)
+            t.insert(toks[: k * ps], 0, 0)
+            t.check()
+            t.insert(toks, k, 0)
         elif op < 0.8 and t.locked:
             t.unlock(rng.randrange(len(t.locked)))
         else:
