@@ -18,6 +18,7 @@ from kvlab.sched.page_kv import PageKV
 from kvlab.sched.request import RandomOutput
 from kvlab.sched.scheduler import Scheduler
 from kvlab.workloads import make_workload
+from kvlab.workloads.request import TokenSequence
 
 
 @dataclass(frozen=True)
@@ -86,6 +87,38 @@ def test_multi_turn_chat_hits_earlier_outputs_like_the_reference(chat, page_size
     ref, fast = run_both(chat, tight)
     assert_same(ref, fast)
     assert ref.counts.pressure_events > 0
+
+
+@dataclass(frozen=True)
+class ReqOut(Req):
+    output_token_ids: object = None
+
+
+@pytest.mark.parametrize("page_size", [2, 4, 8])
+def test_the_same_tokens_stored_as_ranges_or_tuples_hit_alike(page_size):
+    """Prompts spelling the same tokens as ``range`` segments (unaligned, continuing each other) or as tuples, and
+    a planned output that continues a range: the page engine files equal pages under one id, so it hits exactly
+    where the token-level reference does, and more than the first prompt (the later ones hit it)."""
+    def seq(*segs):
+        return TokenSequence.from_segments(segs)
+
+    base = list(range(100, 100 + 5 * page_size + 3))
+    reqs = [
+        ReqOut("a", 0.0, seq(range(100, 103), range(103, 100 + 5 * page_size + 3)), 2 * page_size,
+               output_token_ids=range(100 + 5 * page_size + 3, 100 + 7 * page_size + 3)),
+        ReqOut("b", 1.0, tuple(base) + tuple(range(100 + 5 * page_size + 3, 100 + 6 * page_size + 3)) + (7,), 3),
+        ReqOut("c", 2.0, seq(tuple(base[:page_size + 1]), range(base[page_size + 1], base[-1] + 1), (1, 2)), 3),
+    ]
+    cfg = SchedulerConfig(kv_tokens=64 * page_size, page_size=page_size, max_running=4, debug=True)
+    ref, fast = run_both(reqs, cfg)
+    assert_same(ref, fast)
+    # b (6P + 4 tokens, the first 6P + 3 consecutive) hits whole pages of those, past a's prompt (5P + 3) into its
+    # output; c (5P + 5 tokens, 5P + 3 consecutive) hits the whole pages of a's prompt
+    def whole(n):
+        return n // page_size * page_size
+
+    assert whole(6 * page_size + 3) > len(base)
+    assert fast.counts.cached_prompt_tokens == whole(6 * page_size + 3) + whole(5 * page_size + 3)
 
 
 @pytest.mark.parametrize("page_size", [2, 4])
