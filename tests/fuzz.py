@@ -37,6 +37,13 @@ EXAMPLES: dict[str, dict[str, int]] = {
     # tests/sched/test_scheduler.py, tests/sched/test_fast_decode.py: one random workload per example
     "scheduler": {"ci": 150, "long": 700, "dev": 10},
     "fast_decode": {"ci": 150, "long": 700, "dev": 10},
+    # tests/mem_cache/test_page_tree.py: PageKeys on random segmented sequences; PageRadixTree against the paged
+    # RadixCache on one random operation sequence per example
+    "page_keys": {"ci": 300, "long": 1500, "dev": 20},
+    "page_tree": {"ci": 200, "long": 1000, "dev": 15},
+    # tests/sched/test_page_engine.py: RandomOutput against a full draw; debug runs of random small workloads
+    "random_output": {"ci": 200, "long": 1000, "dev": 20},
+    "page_engine_debug": {"ci": 150, "long": 700, "dev": 10},
     # tests/serving/test_log_roundtrip.py: one rendered start-up log per example, parsed back and explained
     "log_roundtrip": {"ci": 200, "long": 1000, "dev": 20},
     # tests/device/test_replay_corpus.py: one generated snapshot pickle per example, through `kvlab replay --json`
