@@ -31,7 +31,8 @@ _EXPORTS = {  # module -> the names the package re-exports from it, imported on 
     "kvlab.errors": ("DoubleFreeError", "InvariantError", "LockRefError"),
     "kvlab.mem_cache.options": ("EVICTION_MODES", "WRITE_POLICIES", "host_pool_size"),  # no torch
     "kvlab.mem_cache.base_prefix_cache": ("BasePrefixCache", "EvictParams", "EvictResult", "HybridEvictResult",
-                                          "InsertResult", "MatchResult", "PrefixNode", "TreeLock"),  # no torch
+                                          "InsertResult", "LogicalClock", "MatchResult", "PrefixNode",
+                                          "TreeLock"),  # no torch
     "kvlab.mem_cache.allocator": ("BaseTokenToKVPoolAllocator", "KVAllocator", "PagedTokenToKVPoolAllocator",
                                   "SWATokenToKVPoolAllocator", "TokenToKVPoolAllocator"),
     "kvlab.mem_cache.cache_controller": ("HiCacheController",),
@@ -46,7 +47,7 @@ _EXPORTS = {  # module -> the names the package re-exports from it, imported on 
     "kvlab.mem_cache.memory_pool": ("MHATokenToKVPool", "ReqToTokenPool"),
     "kvlab.mem_cache.memory_pool_host": ("HostKVCache",),
     "kvlab.mem_cache.radix_cache": ("RadixCache", "Req", "SimpleReq", "TreeNode"),
-    "kvlab.mem_cache.radix_tree": ("BaseRadixTree", "LogicalClock"),
+    "kvlab.mem_cache.radix_tree": ("BaseRadixTree",),
     "kvlab.mem_cache.swa_radix_cache": ("HybridTreeNode", "SWARadixCache", "SWATreeLock"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())

@@ -65,6 +65,34 @@ Priority = int | tuple[int, int]  # an eviction strategy's sort key (smaller is 
 TREE_KINDS = ("radix", "swa", "mamba")  # BasePrefixCache.kind
 
 
+class LogicalClock:
+    """Deterministic stand-in for ``time.monotonic()``: ``tick()`` returns 1, 2, 3, ... (every tree's clock)."""
+
+    __slots__ = ("now",)
+
+    def __init__(self, start: int = 0):
+        self.now = start
+
+    def tick(self) -> int:
+        self.now += 1
+        return self.now
+
+
+def common_prefix_len(a: array, b: array, off: int, n: int) -> int:
+    """Length of the common prefix of ``a`` and ``b[off:n]`` (C-level slice compares, log steps)."""
+    lim = min(len(a), n - off)
+    if a[:lim] == b[off : off + lim]:
+        return lim
+    lo, hi = 0, lim  # a[:lo] matches, a[:hi] does not
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[off + lo : off + mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 class PrefixNode(Protocol):
     """One edge of a prefix tree, as views and eviction strategies read it (``TreeNode``,
     ``HybridTreeNode``). ``value is None`` once the node was evicted."""

@@ -28,29 +28,8 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 from kvlab.errors import InvariantError, LockRefError, require
+from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
-
-
-class LogicalClock:
-    """``time.monotonic()`` as a counter (the same clock as ``radix_tree.LogicalClock``)."""
-
-    __slots__ = ("now",)
-
-    def __init__(self) -> None:
-        self.now = 0
-
-    def tick(self) -> int:
-        self.now += 1
-        return self.now
-
-
-def _common_pages(a: array, b: array, off: int, n: int) -> int:
-    """Length of the common prefix of ``a`` and ``b[off:n]``."""
-    lim = min(len(a), n - off)
-    i = 0
-    while i < lim and a[i] == b[off + i]:
-        i += 1
-    return i
 
 
 class PageNode:
@@ -146,7 +125,7 @@ class PageRadixTree:
                 node = child
                 off = end
                 continue
-            m = _common_pages(ckey, key, off, n)
+            m = common_prefix_len(ckey, key, off, n)
             if child._evictable:
                 self._push(child)
             return self._split_node(child, m), off + m
@@ -224,7 +203,7 @@ class PageRadixTree:
                 if end > inserted_len:
                     child.hit_count += 1
                 continue
-            m = _common_pages(ckey, key, off, n)
+            m = common_prefix_len(ckey, key, off, n)
             node = self._split_node(child, m)
             if priority > node.priority:
                 node.priority = priority

@@ -4,8 +4,9 @@
 keys / children / values: how a child is filed, walking the nodes, the path's KV, membership checks
 for locks, printing, and the tree-shape invariants. ``RadixCache`` and the hybrid trees' base
 (``swa_radix_cache.HybridTreeBase``) inherit it; matching, inserting, locking and evicting stay
-with each tree, because that is where SGLang's trees differ. Also here: the logical clock and the
-token-key helpers the trees use.
+with each tree, because that is where SGLang's trees differ. Also here: the token-key helper the trees
+use (``as_tokens``); the logical clock and ``common_prefix_len`` live in the torch-free ``base_prefix_cache`` (the
+page engine's tree shares them) and are re-exported here.
 """
 
 from __future__ import annotations
@@ -16,29 +17,18 @@ from collections.abc import Iterator
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
-from kvlab.mem_cache.base_prefix_cache import (
+from kvlab.mem_cache.base_prefix_cache import (  # noqa: F401  (LogicalClock, common_prefix_len: re-exported here)
     ChildKey,
     InsertResult,
     KVAllocator,
+    LogicalClock,
     PrefixNode,
     SlotIndices,
     TokenKey,
     TreeLock,
+    common_prefix_len,
 )
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-
-
-class LogicalClock:
-    """Deterministic stand-in for ``time.monotonic()``: ``tick()`` returns 1, 2, 3, ..."""
-
-    __slots__ = ("now",)
-
-    def __init__(self, start: int = 0):
-        self.now = start
-
-    def tick(self) -> int:
-        self.now += 1
-        return self.now
 
 
 def as_tokens(key: TokenKey) -> array:
@@ -48,21 +38,6 @@ def as_tokens(key: TokenKey) -> array:
     if isinstance(key, torch.Tensor):
         key = key.tolist()
     return array("q", key)
-
-
-def common_prefix_len(a: array, b: array, off: int, n: int) -> int:
-    """Length of the common prefix of ``a`` and ``b[off:n]`` (C-level slice compares, log steps)."""
-    lim = min(len(a), n - off)
-    if a[:lim] == b[off : off + lim]:
-        return lim
-    lo, hi = 0, lim  # a[:lo] matches, a[:hi] does not
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[off + lo : off + mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class BaseRadixTree:

@@ -67,7 +67,6 @@ class PageKV:
         ps = self.page_size = config.page_size
         require(ps > 1 and not config.hicache, "PageKV: page size > 1 without a host tier", page_size=ps)
         self.kv_tokens = config.kv_tokens
-        self.eviction = config.eviction
         self.full = config.eviction == "full"
         self.ledger = ledger
         self.allocator = PageCounter(config.kv_tokens // ps, ps)
