@@ -4,44 +4,20 @@ random workloads (retractions, chunked prefill, every policy, both eviction mode
 
 import random
 from array import array
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
+from sim_twins import Req, assert_same, run_both
 
-from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import SchedulerConfig, min_kv_tokens, simulate
 from kvlab.sched.result import QuietRun
 from kvlab.workloads.mooncake import CONVERSATION_TRACE_SHAPE, generate_trace, load_trace, records_to_requests
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@dataclass(frozen=True)
-class Req:
-    rid: str
-    arrival_time_s: float
-    prompt_token_ids: tuple
-    output_len: int
-
-
-def run_both(reqs, cfg):
-    plain = simulate(reqs, replace(cfg, fast_decode=False), progress=False)
-    fast = simulate(reqs, replace(cfg, fast_decode=True), progress=False)
-    return plain, fast
-
-
-def assert_same(plain, fast):
-    assert fast.totals() == plain.totals()
-    assert len(fast.rows) == len(plain.rows)
-    for a, b in zip(plain.rows, fast.rows):
-        assert b == a, f"step {a['step']} differs"
-    assert tree_frame(fast.tree).equals(tree_frame(plain.tree))
-    assert fast.tree.clock.now == plain.tree.clock.now
-    fast.tree.check_invariants()
 
 
 @pytest.mark.slow

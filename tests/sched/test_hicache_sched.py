@@ -5,23 +5,16 @@ model's transfer time and the CLI flags."""
 
 import json
 import random
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sim_twins import Req
 
 from kvlab.cli import main
 from kvlab.mem_cache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import CostModel, SchedulerConfig, simulate
-
-
-@dataclass(frozen=True)
-class Req:
-    rid: str
-    arrival_time_s: float
-    prompt_token_ids: tuple
-    output_len: int
 
 
 def workload(seed=0, groups=6, per=6, sys_len=96, q_len=24, out=12, gap=0.02):

@@ -10,39 +10,15 @@ import pytest
 from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
+from sim_twins import Req, assert_same, run_both
 
-from kvlab.mem_cache.tree_view import tree_frame
-from kvlab.sched import SchedulerConfig, min_kv_tokens, simulate
+from kvlab.sched import SchedulerConfig, min_kv_tokens
 from kvlab.sched.kv import SchedulerKV
 from kvlab.sched.page_kv import PageKV
 from kvlab.sched.request import RandomOutput
 from kvlab.sched.scheduler import Scheduler
 from kvlab.workloads import make_workload
 from kvlab.workloads.request import TokenSequence
-
-
-@dataclass(frozen=True)
-class Req:
-    rid: str
-    arrival_time_s: float
-    prompt_token_ids: tuple
-    output_len: int
-
-
-def run_both(reqs, cfg):
-    ref = simulate(reqs, replace(cfg, fast_decode=False), progress=False)
-    fast = simulate(reqs, replace(cfg, fast_decode=True), progress=False)
-    return ref, fast
-
-
-def assert_same(ref, fast):
-    assert fast.totals() == ref.totals()
-    assert len(fast.rows) == len(ref.rows)
-    for a, b in zip(ref.rows, fast.rows):
-        assert b == a, f"step {a['step']} differs"
-    assert tree_frame(fast.tree).equals(tree_frame(ref.tree))
-    assert fast.tree.clock.now == ref.tree.clock.now
-    fast.tree.check_invariants()
 
 
 def aligned_prompt_only_hits(reqs, page_size):

@@ -1,22 +1,14 @@
 """The scheduler simulator over real pools and the radix cache: both eviction modes, invariants, bad input."""
 
 import random
-from dataclasses import dataclass
 
 import pytest
 from fuzz import fuzz_settings, record
 from hypothesis import HealthCheck, given
 from hypothesis import strategies as st
+from sim_twins import Req
 
 from kvlab.sched import SchedulerConfig, simulate
-
-
-@dataclass(frozen=True)
-class Req:
-    rid: str
-    arrival_time_s: float
-    prompt_token_ids: tuple
-    output_len: int
 
 
 def shared_prefix(groups, per, sys_len, q_len, out, seed=0):
