@@ -325,12 +325,17 @@ class SchedulerKV:
     def release_aborted(self, req: SimReq) -> None:
         release_kv_cache(req, self.tree, is_insert=False)
 
-    def check_invariants(self, held_tokens: int, holders: Sequence[SimReq] = ()) -> None:
-        """Pools and tree consistent, and every slot accounted for exactly once (``held_tokens``: what running and
-        chunked requests, ``holders``, hold beyond the tree)."""
+    def result_tree(self) -> RadixCache | HiRadixCache:
+        """The run's final tree (``SimResult.tree``)."""
+        return self.tree
+
+    def check_invariants(self, holders: Sequence[SimReq]) -> None:
+        """Pools and tree consistent, and every slot accounted for exactly once (``holders``: the running and
+        chunked requests, each holding its tokens past the tree's part of its prefix)."""
         self.allocator.check_invariants()
         self.req_to_token_pool.check_invariants()
         self.tree.check_invariants()  # HiRadixCache's covers the host pool and the copies in flight
+        held_tokens = sum(r.kv_len - r.cache_protected_len for r in holders)
         owned = self.allocator.available_size() + self.tree.total_size() + held_tokens
         # ``held`` counts tokens; a paged request's partly filled last page is a whole page of the pool, so
         # the exact count is checked at page 1.

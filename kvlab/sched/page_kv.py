@@ -274,7 +274,7 @@ class PageKV:
     def release_aborted(self, req: SimReq) -> None:
         self._release(req, False)
 
-    def check_invariants(self, held_tokens: int, holders: Sequence[SimReq] = ()) -> None:
+    def check_invariants(self, holders: Sequence[SimReq]) -> None:
         """Tree and counter consistent, and every page accounted for once: free + cached + held by ``holders``
         (running and chunked requests: ``ceil(kv_len / P)`` pages each, less the tree's) == the pool."""
         self.allocator.check_invariants()

@@ -136,18 +136,18 @@ class SimResult:
     counts: Totals
     simulated_s: float  # time on the modelled server's clock (the cost model), not wall-clock time
     step_log: list = field(repr=False)  # Ledger.step_log: the rows as written (expanded on first read of rows)
-    # the final tree, or the fast page engine (kvlab.sched.page_kv.PageKV) whose result_tree() rebuilds it as the
-    # token-level RadixCache on first read of ``tree`` (``kvlab simulate --json`` reads none)
-    tree_source: object = field(repr=False)
+    # the run's memory (kvlab.sched.kv.SchedulerKV or the page engine's PageKV), asked for its final tree when
+    # ``tree`` is first read (the page engine rebuilds it at token level; ``kvlab simulate --json`` reads none)
+    memory: object = field(repr=False)
+    _tree: RadixCache | HiRadixCache | None = field(default=None, init=False, repr=False, compare=False)
     _rows: list[dict] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def tree(self) -> RadixCache | HiRadixCache:
         """The run's final tree (token keys, as the reference loop's)."""
-        build = getattr(self.tree_source, "result_tree", None)
-        if build is not None:
-            self.tree_source = build()
-        return self.tree_source
+        if self._tree is None:
+            self._tree = self.memory.result_tree()
+        return self._tree
 
     @property
     def rows(self) -> list[dict]:

@@ -68,18 +68,16 @@ class Scheduler:
                                     prompt_pages=sum(-(-len(r.prompt_token_ids) // ps) for r in requests)))
         # the fast path at page size > 1 without a host tier runs on the page engine (no token or slot ids); the
         # reference loop, HiCache and page size 1 on the token-level memory
+        self.pending = deque(sorted((SimReq.of(r) for r in requests), key=lambda q: q.arrival_time_s))
         if config.fast_decode and config.page_engine and ps > 1 and not config.hicache:
             from kvlab.sched.page_kv import PageKV
 
             self.kv: SchedulerKV | PageKV = PageKV(config, self.ledger)
+            self.kv.prepare(self.pending)  # (its requests emit placeholders)
         else:
             from kvlab.sched.kv import SchedulerKV
 
             self.kv = SchedulerKV(config, longest, self.ledger)
-        self.pending = deque(sorted((SimReq.of(r) for r in requests), key=lambda q: q.arrival_time_s))
-        prepare = getattr(self.kv, "prepare", None)  # the page engine's (outputs emitted as counts)
-        if prepare is not None:
-            prepare(self.pending)
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
         self.chunked: SimReq | None = None
@@ -94,7 +92,7 @@ class Scheduler:
         """Pools and tree consistent, and every slot accounted for exactly once."""
         self.decoder.sync(self.running)
         holders = self.running + ([self.chunked] if self.chunked else [])
-        self.kv.check_invariants(sum(r.kv_len - r.cache_protected_len for r in holders), holders)
+        self.kv.check_invariants(holders)
 
     def _future_tokens(self) -> float:
         """The prefill budget's reserve for the running requests: the new-token ratio times their future tokens."""
@@ -192,9 +190,8 @@ class Scheduler:
         bar.close()
         if kv.hicache:  # the copies still in flight land (the clock of the run is not moved)
             kv.tree.drain()
-        # (the page engine rebuilds its tree at token level when the result's tree is first read)
-        tree = kv if hasattr(kv, "result_tree") else kv.tree
-        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, tree)
+        # (the result asks the memory for its tree when first read: the page engine rebuilds it at token level)
+        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, kv)
 
 
 @contextmanager
