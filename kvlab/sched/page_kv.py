@@ -50,9 +50,6 @@ class PageCounter:
         self.free -= pages
         return True
 
-    def give(self, pages: int) -> None:
-        self.free += pages
-
     def check_invariants(self) -> None:
         require(0 <= self.free <= self.pages, "PageCounter: 0 <= free pages <= pool pages", free=self.free,
                 pages=self.pages)
@@ -160,17 +157,8 @@ class PageKV:
             tree.clock.now += times - 1
             tree.restamp_path(req.match_memo.last_node)
 
-    def load_back(self, req: SimReq) -> int:
-        return 0  # no host tier
-
-    def begin_step(self, now_s: float) -> None:
-        pass
-
-    def step_time(self, compute_s: float) -> float:
-        return compute_s
-
     def next_transfer_s(self) -> float:
-        return float("inf")
+        return float("inf")  # no host tier (hicache is False: the loop asks nothing else of one)
 
     def lock(self, req: SimReq) -> None:
         self.tree.inc_lock_ref(req.last_node)
