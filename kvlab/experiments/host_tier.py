@@ -35,6 +35,7 @@ from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, WR
 from kvlab.mem_cache.common import EVICTION_MODES
 from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiRadixCache
 from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 from kvlab.units import GB
 
 MODES = EVICTION_MODES  # ("shortfall", "full")
@@ -77,10 +78,10 @@ def evict_for(cache: HiRadixCache, num_tokens: int, mode: str) -> HiEvictResult 
     """``evict_from_tree_cache`` on a two-tier cache, keeping the tree's :class:`HiEvictResult` (demoted, written
     back, destroyed): ask for the shortfall (``"shortfall"``) or for all of ``num_tokens`` when short (``"full"``)."""
     available = cache.token_to_kv_pool_allocator.available_size()
-    if available >= num_tokens:
+    requested = tokens_to_evict(num_tokens, available, mode)
+    if not requested:
         return EvictResult()
-    shortfall = num_tokens - available
-    requested = shortfall if mode == "shortfall" else num_tokens
+    shortfall = shortfall_tokens(num_tokens, available)
     res = cache.evict(requested)
     base = EvictResult.of(shortfall, requested, res.evicted_tokens)
     return HiEvictResult(**base.__dict__, demoted_tokens=res.demoted_tokens,

@@ -32,6 +32,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
+from kvlab.mem_cache.shortfall import over_evicted_tokens
+
 if TYPE_CHECKING:  # torch only in annotations here, so the result types import without it (start-up)
     import torch
 
@@ -188,7 +190,7 @@ class EvictResult:
             shortfall_tokens=shortfall,
             requested_tokens=requested,
             evicted_tokens=evicted,
-            over_evicted_tokens=max(0, min(evicted, requested) - shortfall),
+            over_evicted_tokens=over_evicted_tokens(evicted, requested, shortfall),
             overshoot_tokens=max(0, evicted - max(requested, swa_requested)),
             swa_shortfall_tokens=swa_shortfall,
             swa_requested_tokens=swa_requested,

@@ -2,7 +2,7 @@
 and ``allocation.py``).
 
 ``evict_from_tree_cache`` is where SGLang's eviction bug lived, and ``mode`` is the toggle that sits
-exactly there:
+exactly there (the rule itself is :func:`kvlab.mem_cache.shortfall.tokens_to_evict`, which every engine calls):
 
 - ``mode="shortfall"`` (SGLang >= 0.5.17, PR #32016): evict ``num_tokens - available``.
 - ``mode="full"`` (SGLang <= 0.5.16): evict all of ``num_tokens`` whenever ``available <
@@ -28,6 +28,7 @@ from kvlab.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, Evic
 from kvlab.mem_cache.mamba_radix_cache import MambaRadixCache
 from kvlab.mem_cache.options import EVICTION_MODES as EVICTION_MODES  # re-exported: its home is the torch-free options
 from kvlab.mem_cache.radix_cache import RadixCache, Req
+from kvlab.mem_cache.shortfall import check_mode, shortfall_tokens, tokens_to_evict
 
 _NOTHING = EvictResult()  # frozen: the one result of every call that finds enough free slots
 
@@ -44,11 +45,7 @@ def evict_from_tree_cache(tree_cache: BasePrefixCache | None, num_tokens: int, m
     (0.5.16 for ``"full"``, 0.5.17-0.5.18 for ``"shortfall"``; 0.5.23 routes the same arithmetic
     through ``allocator.evict_to_free_tokens``).
     """
-    if mode not in EVICTION_MODES:
-        raise ValueError(
-            f"evict_from_tree_cache: unknown mode {mode!r}; use 'shortfall' (SGLang >= 0.5.17) "
-            f"or 'full' (SGLang <= 0.5.16)"
-        )
+    check_mode(mode, "evict_from_tree_cache")
     if tree_cache is None or getattr(tree_cache, "disable", False):
         return EvictResult()
     allocator = tree_cache.token_to_kv_pool_allocator
@@ -57,15 +54,15 @@ def evict_from_tree_cache(tree_cache: BasePrefixCache | None, num_tokens: int, m
         swa_available = allocator.swa_available_size()
         if full_available >= num_tokens and swa_available >= num_tokens:
             return EvictResult()
-        full_short = max(0, num_tokens - full_available)
-        swa_short = max(0, num_tokens - swa_available)
+        full_short = tokens_to_evict(num_tokens, full_available)  # the SWA arm: the shortfall in both modes
+        swa_short = tokens_to_evict(num_tokens, swa_available)
         res = tree_cache.evict(EvictParams(num_tokens=full_short, swa_num_tokens=swa_short))
         return _with_hybrid(EvictResult.of(full_short, full_short, res.evicted_tokens, swa_short, swa_short), res)
     available = allocator.available_size()
-    if available >= num_tokens:
+    requested = tokens_to_evict(num_tokens, available, mode)
+    if not requested:
         return _NOTHING
-    shortfall = num_tokens - available
-    requested = shortfall if mode == "shortfall" else num_tokens
+    shortfall = shortfall_tokens(num_tokens, available)
     res = tree_cache.evict(EvictParams(num_tokens=requested))
     return _with_hybrid(EvictResult.of(shortfall, requested, res.evicted_tokens), res)
 
@@ -94,7 +91,7 @@ def ensure_mamba_capacity(tree_cache: MambaRadixCache, num_states: int) -> Evict
     if num_states < 0:
         raise ValueError(f"ensure_mamba_capacity: num_states must be >= 0, got {num_states}")
     pool = tree_cache.mamba_pool
-    short = max(0, num_states - pool.available_size())
+    short = shortfall_tokens(num_states, pool.available_size())
     if not short:
         return EvictResult()
     return tree_cache.evict(0, mamba_num=short)

@@ -70,10 +70,11 @@ from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.radix_cache import RequestFlows
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
+from kvlab.mem_cache.shortfall import EVICTION_MODES, over_evicted_tokens, shortfall_tokens, tokens_to_evict
 from kvlab.units import align_down
 
 _I64 = torch.int64
-LOAD_BACK_EVICT_MODES = ("shortfall", "full")
+LOAD_BACK_EVICT_MODES = EVICTION_MODES  # the load-back's rule is finding 2's (kvlab.mem_cache.shortfall)
 
 
 def _own(slots: torch.Tensor | np.ndarray) -> torch.Tensor:
@@ -919,18 +920,15 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
             x.protect_host()
         ctl, alloc = self.cache_controller, self.token_to_kv_pool_allocator
         ev = _NO_EVICT
-        if self.load_back_evict_mode == "shortfall":
-            available = alloc.available_size()
-            if available < n:
-                ev = self.evict(n - available)
+        available = alloc.available_size()
+        if self.load_back_evict_mode == "shortfall":  # 0.5.23: make room first, then allocate
+            if n > available:
+                ev = self._evict_for_load(n, available)
             device_indices = ctl.load(host_indices, last_hit.id)
-        else:
-            available = alloc.available_size()
+        else:  # 0.5.16: try to allocate, and on failure evict (the bug: all of n) and try again
             device_indices = ctl.load(host_indices, last_hit.id)
             if device_indices is None:
-                got = self.evict(n)
-                ev = replace(got, shortfall_tokens=max(0, n - available),
-                             over_evicted_tokens=max(0, min(got.evicted_tokens, n) - max(0, n - available)))
+                ev = self._evict_for_load(n, available)
                 device_indices = ctl.load(host_indices, last_hit.id)
         self.dec_lock_ref(ancestor)
         for x in to_load:
@@ -947,6 +945,16 @@ class HiRadixCache(RequestFlows, BaseRadixTree):
         self.inc_lock_ref(last_hit)
         self.ongoing_load_back[id(op)] = (op, last_hit)
         return LoadBackResult(device_indices, ev)
+
+    def _evict_for_load(self, n: int, available: int) -> HiEvictResult:
+        """A load-back of ``n`` tokens found ``available`` device slots free: evict what finding 2's rule asks for
+        (:func:`~kvlab.mem_cache.shortfall.tokens_to_evict` in ``load_back_evict_mode``), counted against the
+        shortfall."""
+        shortfall = shortfall_tokens(n, available)
+        requested = tokens_to_evict(n, available, self.load_back_evict_mode)
+        got = self.evict(requested)
+        return replace(got, shortfall_tokens=shortfall,
+                       over_evicted_tokens=over_evicted_tokens(got.evicted_tokens, requested, shortfall))
 
     def init_load_back(self, last_node: HiTreeNode, mem_quota: int | None = None) -> tuple[torch.Tensor, HiTreeNode]:
         """The scheduler's entry (``init_load_back``): load back if ``last_node`` is host-only; returns the loaded

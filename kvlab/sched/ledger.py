@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 from kvlab.mem_cache.base_prefix_cache import EvictResult
+from kvlab.mem_cache.shortfall import over_evicted_tokens
 from kvlab.sched.result import QuietRun, StepRow, Totals, expand_rows
 
 if TYPE_CHECKING:  # an annotation only
@@ -76,7 +77,7 @@ class Ledger:
     def note_evicted(self, shortfall: int, requested: int, evicted: int) -> None:
         """:meth:`note_eviction` of ``EvictResult.of(shortfall, requested, evicted)``, from the numbers (a pressure
         event: ``requested > 0``)."""
-        self._note(shortfall, requested, evicted, max(0, min(evicted, requested) - shortfall),
+        self._note(shortfall, requested, evicted, over_evicted_tokens(evicted, requested, shortfall),
                    max(0, evicted - requested))
 
     def _note(self, shortfall: int, requested: int, evicted: int, over: int, overshoot: int) -> None:

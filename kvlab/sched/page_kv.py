@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from kvlab.errors import require
 from kvlab.mem_cache.page_tree import PageKeys, PageRadixTree
+from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.request import MatchMemo, SimReq
@@ -64,7 +65,7 @@ class PageKV:
         ps = self.page_size = config.page_size
         require(ps > 1 and not config.hicache, "PageKV: page size > 1 without a host tier", page_size=ps)
         self.kv_tokens = config.kv_tokens
-        self.full = config.eviction == "full"
+        self.eviction = config.eviction  # finding 2's mode: "shortfall" (the fix) or "full" (the bug)
         self.ledger = ledger
         self.allocator = PageCounter(config.kv_tokens // ps, ps)
         self.tree = PageRadixTree(config.policy)
@@ -100,10 +101,10 @@ class PageKV:
         """``evict_from_tree_cache(tree, tokens, mode)`` in pages, noted in the ledger in tokens."""
         ps = self.page_size
         available = self.allocator.free * ps
-        if available >= tokens:
+        requested = tokens_to_evict(tokens, available, self.eviction)
+        if not requested:
             return
-        shortfall = tokens - available
-        requested = tokens if self.full else shortfall
+        shortfall = shortfall_tokens(tokens, available)
         pages = self.tree.evict(-(-requested // ps))
         self.allocator.free += pages  # (the tree's evict frees its leaves' pages)
         self.ledger.note_evicted(shortfall, requested, pages * ps)
