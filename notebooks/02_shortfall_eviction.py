@@ -30,6 +30,9 @@
 #
 # $$\text{evict} = \text{num\_tokens} - \text{available}$$
 #
+# In kvlab this rule is one line of one function, `kvlab/mem_cache/shortfall.py::tokens_to_evict`, and every
+# engine behind this notebook's numbers runs it (the page engine, the token-level tree, the host tier's load-back).
+#
 # Below, **shortfall (the fix)** and **full (the bug)** are the two modes of kvlab's real radix cache and
 # allocators (SGLang's names and rules) under a model of SGLang's scheduler, on the same seeded workloads.
 #
