@@ -394,6 +394,41 @@ def test_no_private_name_crosses_a_module_boundary():
     assert not stale, "PENDING_PRIVATE lists reaches that are gone: delete them\n" + "\n".join(stale)
 
 
+# ---- the scheduler's memory: one written contract ------------------------------------------------------------------
+def memory_contract_breaches() -> list[str]:
+    """Where :class:`kvlab.sched.memory.SchedulerMemory` and a memory the scheduler runs on disagree: a method
+    missing, or its parameters named or ordered otherwise (the loop's components call either memory alike)."""
+    import inspect
+
+    from kvlab.sched.kv import SchedulerKV
+    from kvlab.sched.memory import SchedulerMemory
+    from kvlab.sched.page_kv import PageKV
+
+    wanted = {name: inspect.signature(fn) for name, fn in vars(SchedulerMemory).items()
+              if callable(fn) and not name.startswith("_")}
+    breaches = []
+    for cls in (SchedulerKV, PageKV):
+        for name, sig in wanted.items():
+            have = getattr(cls, name, None)
+            if have is None:
+                breaches.append(f"{cls.__name__} has no {name}{sig}")
+            elif list(inspect.signature(have).parameters) != list(sig.parameters):
+                breaches.append(f"{cls.__name__}.{name}{inspect.signature(have)} is not {name}{sig}")
+    return breaches
+
+
+def test_both_scheduler_memories_keep_the_written_contract():
+    assert memory_contract_breaches() == []
+    from kvlab.sched import SchedulerConfig
+    from kvlab.sched.ledger import Ledger
+    from kvlab.sched.memory import SchedulerMemory
+    from kvlab.sched.page_kv import PageKV
+    from kvlab.sched.result import Totals
+
+    # the attributes too: an instance of the page engine is a SchedulerMemory (runtime_checkable)
+    assert isinstance(PageKV(SchedulerConfig(kv_tokens=4096, page_size=16), Ledger(Totals())), SchedulerMemory)
+
+
 def report() -> str:
     """The figures issue 24 asks for: circles, private reaches (those still PENDING marked) and the ten longest
     functions. ``python3 tests/test_layering.py`` prints them."""
@@ -407,6 +442,8 @@ def report() -> str:
                  f"({sum(f'{m}: {w}' in pending_private for m, _, w in reaches)} pending on other branches)")
     lines += [f"  {_where(m, line)} {w}" + (f"  [pending: {pending_private[k]}]" if (k := f"{m}: {w}")
                                             in pending_private else "") for m, line, w in reaches]
+    breaches = memory_contract_breaches()
+    lines.append(f"scheduler memory contract: {'kept by both memories' if not breaches else '; '.join(breaches)}")
     lines.append("the 10 longest functions (lines):")
     lines += [f"  {n:4d}  {where}" for n, where in longest_functions()]
     return "\n".join(lines)

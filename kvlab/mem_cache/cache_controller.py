@@ -33,12 +33,12 @@ import torch
 
 from kvlab.mem_cache.base_prefix_cache import KVAllocator
 from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.options import FINISH_TOLERANCE_S as FINISH_TOLERANCE_S  # re-exported, as WRITE_POLICIES
 from kvlab.mem_cache.options import WRITE_POLICIES as WRITE_POLICIES  # re-exported: its home is the torch-free options
 
 # A placeholder bandwidth (bytes/s) for host<->device copies, a PCIe Gen4 x16 link's practical rate; callers that
 # price transfers pass the GPU preset's figure.
 DEFAULT_HOST_DEVICE_BYTES_PER_S = 25 * 10**9
-FINISH_TOLERANCE_S = 1e-12  # a copy finishing within this of the clock counts as finished (float sums of seconds)
 
 
 @dataclass(slots=True)

@@ -2,7 +2,7 @@
 
 ``kvlab.sched.config`` and the CLI check a configuration against these without importing the pools and trees
 (torch's import is most of a cold start). Their old homes re-export them: ``common.EVICTION_MODES``,
-``cache_controller.WRITE_POLICIES``, ``memory_pool_host.HostPoolSize`` / ``host_pool_size``,
+``cache_controller.WRITE_POLICIES`` and ``FINISH_TOLERANCE_S``, ``memory_pool_host.HostPoolSize`` / ``host_pool_size``,
 ``memory_pool.PoolTooLargeError`` (which the CLI catches around any simulation).
 """
 
@@ -15,6 +15,7 @@ from kvlab.units import GB
 
 EVICTION_MODES = ("shortfall", "full")  # common.evict_from_tree_cache's mode: SGLang >= 0.5.17, <= 0.5.16
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # HiCache's --hicache-write-policy
+FINISH_TOLERANCE_S = 1e-12  # a copy finishing within this of the clock counts as finished (float sums of seconds)
 
 
 class PoolTooLargeError(KvlabError, MemoryError):

@@ -6,9 +6,9 @@ arms of finding 2, and is reported to the :class:`~kvlab.sched.ledger.Ledger`, s
 
 With HiCache on (``config.hicache``) the tree is a :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache` over a
 host pool: a match reports device and host hits, admission loads the host part back (:meth:`SchedulerKV.load_back`,
-whose own eviction follows the run's mode too), and the copies complete on the controller's clock, which the loop
-moves to the step's start (:meth:`SchedulerKV.begin_step`, SGLang's ``check_hicache_events``); a step's time and
-traffic come from :meth:`SchedulerKV.step_time` and :meth:`SchedulerKV.step_transfers`.
+whose own eviction follows the run's mode too), and the copies complete on the controller's clock, which
+:class:`~kvlab.sched.host_timing.HostTierTiming` moves to each step's start (SGLang's ``check_hicache_events``) and
+prices each step with.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ import torch
 
 from kvlab.errors import require
 from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvlab.mem_cache.cache_controller import FINISH_TOLERANCE_S
 from kvlab.mem_cache.common import (
     alloc_paged_token_slots_decode,
     alloc_paged_token_slots_extend,
@@ -34,7 +33,8 @@ from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.sched.config import SchedulerConfig
-from kvlab.sched.ledger import Ledger, PoolSizes, Transfers
+from kvlab.sched.ledger import Ledger, PoolSizes
+from kvlab.sched.memory import AllocationError, RowsExhaustedError
 from kvlab.sched.request import MatchMemo, SimReq
 from kvlab.units import align_down, align_up
 
@@ -72,9 +72,6 @@ class SchedulerKV:
                                      load_back_evict_mode=config.eviction,
                                      d2h_bytes_per_s=cost.device_to_host_bytes_per_s,
                                      h2d_bytes_per_s=cost.host_to_device_bytes_per_s)
-            self.controller = self.tree.cache_controller
-            self.step_start_s = 0.0
-            self._seen = Transfers()  # the running totals at the last step_transfers
         else:
             self.tree = RadixCache(self.req_to_token_pool, self.allocator, page_size=ps, eviction_policy=config.policy)
 
@@ -188,38 +185,6 @@ class SchedulerKV:
         req.loaded_len += res.loaded_tokens
         return res.loaded_tokens
 
-    # ---- the host tier's clock (HiCache) --------------------------------------------------------
-    def begin_step(self, now_s: float) -> None:
-        """The step starts at ``now_s``: complete the copies finished by then (``check_hicache_events``)."""
-        if self.hicache:
-            self.step_start_s = now_s
-            self.tree.poll(now_s)
-
-    def step_time(self, compute_s: float) -> float:
-        """The step's time given its compute: write-back waits before the compute, load-backs under it
-        (:meth:`CostModel.overlapped_step_s`); ``compute_s`` itself without HiCache."""
-        if not self.hicache:
-            return compute_s
-        ctl, start = self.controller, self.step_start_s
-        loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
-        return max(ctl.now_s - start + compute_s, loads)
-
-    def step_transfers(self) -> Transfers:
-        """Host-tier traffic since the last call (the step's, when called once per step)."""
-        t = self.controller.totals
-        now = Transfers(t.loaded_tokens, t.written_tokens, self.tree.host_evicted_tokens, t.write_s + t.load_s)
-        seen, self._seen = self._seen, now
-        return Transfers(*(a - b for a, b in zip(now, seen)))
-
-    def next_transfer_s(self) -> float:
-        """Before this clock time no copy completes (the quiet decode steps stop there); inf when none is in
-        flight or without HiCache. A step starting at ``t`` completes a copy iff ``t >= next_transfer_s()``."""
-        if not self.hicache:
-            return float("inf")
-        ctl = self.controller
-        heads = [q[0].finish_s for q in (ctl.write_queue, ctl.load_queue) if q]
-        return min(heads) - FINISH_TOLERANCE_S if heads else float("inf")
-
     def lock(self, req: SimReq) -> None:
         """Lock the request's matched prefix (``inc_lock_ref(req.last_node)``)."""
         self.tree.inc_lock_ref(req.last_node)
@@ -231,7 +196,7 @@ class SchedulerKV:
         """A row per new request, the matched prefix copied into it, then slots for every ``extend_len``."""
         ps, rows = self.page_size, self.rows
         if self.req_to_token_pool.alloc(batch) is None:
-            raise RuntimeError("request rows exhausted (max_running too small for the batch)")
+            raise RowsExhaustedError("request rows exhausted (max_running too small for the batch)")
         for req in batch:  # the matched prefix's slots go into the row first
             if req.kv_len == req.prefix_len and req.prefix_len:
                 rows[req.req_pool_idx, : req.prefix_len] = req.prefix_indices[: req.prefix_len].numpy()  # casts
@@ -243,7 +208,7 @@ class SchedulerKV:
                 self.tree, [r.kv_len for r in batch], [r.kv_len + r.extend_len for r in batch], last, self.eviction)
         self.ledger.note_eviction(result.evict)
         if result.out_cache_loc is None:
-            raise RuntimeError(
+            raise AllocationError(
                 f"Prefill out of memory: {sum(r.extend_len for r in batch)} tokens wanted, "
                 f"{self.allocator.available_size()} available, {self.tree.evictable_size()} evictable")
         start, out = 0, result.out_cache_loc.numpy()
@@ -273,7 +238,7 @@ class SchedulerKV:
             result = alloc_paged_token_slots_decode(self.tree, [r.seq_len for r in running], last, self.eviction)
         self.ledger.note_eviction(result.evict)
         if result.out_cache_loc is None:
-            raise RuntimeError(f"Decode out of memory: {len(running)} requests, "
+            raise AllocationError(f"Decode out of memory: {len(running)} requests, "
                                f"{self.allocator.available_size()} slots available")
         for req, loc in zip(running, result.out_cache_loc.tolist()):
             rows[req.req_pool_idx, req.seq_len - 1] = loc  # KV of the last emitted token
@@ -283,7 +248,7 @@ class SchedulerKV:
         """The page take of a paged decode round (``alloc_decode_page_ids``): ``num_pages`` page ids."""
         pages = self.allocator.alloc_decode_page_ids(batch_size, num_pages)
         if pages is None:
-            raise RuntimeError(f"Decode out of memory: {batch_size} requests, "
+            raise AllocationError(f"Decode out of memory: {batch_size} requests, "
                                f"{self.allocator.available_size()} slots available")
         return pages
 

@@ -27,6 +27,7 @@ from kvlab.mem_cache.page_tree import PageKeys, PageRadixTree
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
+from kvlab.sched.memory import AllocationError, RowsExhaustedError
 from kvlab.sched.request import MatchMemo, SimReq
 
 
@@ -58,8 +59,6 @@ class PageCounter:
 
 class PageKV:
     """Pools and tree of one run at page granularity (:class:`SchedulerKV`'s interface; no HiCache)."""
-
-    hicache = False
 
     def __init__(self, config: SchedulerConfig, ledger: Ledger) -> None:
         ps = self.page_size = config.page_size
@@ -158,9 +157,6 @@ class PageKV:
             tree.clock.now += times - 1
             tree.restamp_path(req.match_memo.last_node)
 
-    def next_transfer_s(self) -> float:
-        return float("inf")  # no host tier (hicache is False: the loop asks nothing else of one)
-
     def lock(self, req: SimReq) -> None:
         self.tree.inc_lock_ref(req.last_node)
 
@@ -173,7 +169,7 @@ class PageKV:
         ps, rows = self.page_size, self._rows
         new = [r for r in batch if r.req_pool_idx is None]
         if len(new) > len(rows):
-            raise RuntimeError("request rows exhausted (max_running too small for the batch)")
+            raise RowsExhaustedError("request rows exhausted (max_running too small for the batch)")
         for req in new:
             req.req_pool_idx = rows.pop()
         extend = pages = 0
@@ -182,7 +178,7 @@ class PageKV:
             pages += -(-(r.kv_len + r.extend_len) // ps) - -(-r.kv_len // ps)
         self.evict(extend + len(batch) * ps)
         if not self.allocator.take(pages):
-            raise RuntimeError(f"Prefill out of memory: {extend} tokens wanted, {self.available()} available, "
+            raise AllocationError(f"Prefill out of memory: {extend} tokens wanted, {self.available()} available, "
                                f"{self.evictable()} evictable")
 
     def _cache(self, req: SimReq, tokens: int, chunked: bool) -> None:
@@ -216,13 +212,13 @@ class PageKV:
         self.evict(len(running) * ps)
         need = sum(1 for r in running if r.seq_len % ps == 1)
         if not self.allocator.take(need):
-            raise RuntimeError(f"Decode out of memory: {len(running)} requests, {self.available()} slots available")
+            raise AllocationError(f"Decode out of memory: {len(running)} requests, {self.available()} slots available")
         for req in running:
             req.kv_len = req.seq_len
 
     def take_decode_pages(self, batch_size: int, num_pages: int) -> list[int]:
         if not self.allocator.take(num_pages):
-            raise RuntimeError(f"Decode out of memory: {batch_size} requests, {self.available()} slots available")
+            raise AllocationError(f"Decode out of memory: {batch_size} requests, {self.available()} slots available")
         return [0] * num_pages  # (no page ids: the event-driven rounds only count them)
 
     def last_slot(self, req: SimReq) -> int:

@@ -5,8 +5,9 @@ One loop, as ``managers/scheduler.py::Scheduler.event_loop_normal``: admit arriv
 or the same rounds event by event, :mod:`kvlab.sched.fast_decode`); finished requests are cached into the tree.
 The components share one view of memory (:mod:`kvlab.sched.kv`, where the eviction mode, the only switch between
 the two arms of finding 2, is applied to every ``evict_from_tree_cache`` call) and one record of the run
-(:mod:`kvlab.sched.ledger`: totals, clock, per-step rows). With HiCache on, the memory view moves the host tier's
-copy clock to each step's start and prices the step's copies (:mod:`kvlab.sched.cost`). kvlab differs on purpose: time comes from
+(:mod:`kvlab.sched.ledger`: totals, clock, per-step rows); the memory's contract is
+:class:`kvlab.sched.memory.SchedulerMemory`. The host tier's copy clock (HiCache) is one more component,
+:mod:`kvlab.sched.host_timing`, called alike with or without a host tier. kvlab differs on purpose: time comes from
 :class:`~kvlab.sched.cost.CostModel`, and output tokens are the request's own (a trace or workload may fix them so
 multi-turn prompts can hit earlier answers) or derived from its id.
 """
@@ -19,21 +20,18 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import kvlab.sched.config as sched_config
 from kvlab.errors import KvlabError
 from kvlab.sched.config import SchedulerConfig, min_kv_tokens
 from kvlab.sched.decode import DecodeRounds, NewTokenRatio, ReferenceDecode
 from kvlab.sched.fast_decode import FastDecode
+from kvlab.sched.host_timing import HostTierTiming, NoHostTier
 from kvlab.sched.ledger import Ledger
+from kvlab.sched.memory import SchedulerMemory, SchedulerStuckError
 from kvlab.sched.prefill import PrefillAdder
 from kvlab.sched.request import RequestLike, SimReq
 from kvlab.sched.result import SimResult, Totals
-
-if TYPE_CHECKING:
-    from kvlab.sched.kv import SchedulerKV
-    from kvlab.sched.page_kv import PageKV
 
 
 class StepLimitError(KvlabError, RuntimeError):
@@ -72,12 +70,14 @@ class Scheduler:
         if config.fast_decode and config.page_engine and ps > 1 and not config.hicache:
             from kvlab.sched.page_kv import PageKV
 
-            self.kv: SchedulerKV | PageKV = PageKV(config, self.ledger)
+            self.kv: SchedulerMemory = PageKV(config, self.ledger)
             self.kv.prepare(self.pending)  # (its requests emit placeholders)
         else:
             from kvlab.sched.kv import SchedulerKV
 
             self.kv = SchedulerKV(config, longest, self.ledger)
+        # the host tier's copy clock and step prices (HiCache), or the same calls doing nothing: the loop asks both
+        self.host: NoHostTier = HostTierTiming(self.kv.tree, self.ledger) if config.hicache else NoHostTier()
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
         self.chunked: SimReq | None = None
@@ -125,7 +125,8 @@ class Scheduler:
         decode, quiet_steps, future_tokens = self.decoder.decode, self.decoder.quiet_steps, self._future_tokens
         begin_step, end_step, sizes = ledger.begin_step, ledger.end_step, kv.sizes
         prefill_time_s, decode_time_s = cfg.cost.prefill_time_s, cfg.cost.decode_time_s
-        hicache, debug, max_steps, max_running = kv.hicache, cfg.debug, cfg.max_steps, cfg.max_running
+        host, debug, max_steps, max_running = self.host, cfg.debug, cfg.max_steps, cfg.max_running
+        host_begin_step, host_end_step, next_transfer_s = host.begin_step, host.end_step, host.next_transfer_s
         inf = float("inf")
         while pending or waiting or self.running or self.chunked:
             if totals.steps >= max_steps:
@@ -137,8 +138,7 @@ class Scheduler:
                 ledger.now_s = pending[0].arrival_time_s
                 continue
             begin_step()
-            if hicache:
-                kv.begin_step(ledger.now_s)  # copies finished by now complete (check_hicache_events)
+            host_begin_step(ledger.now_s)  # HiCache: copies finished by now complete (check_hicache_events)
             batch = schedule(waiting, running, self.chunked, future_tokens)
             retracted = 0
             if batch.reqs:
@@ -156,18 +156,16 @@ class Scheduler:
                     waiting.extend(back)
                     retracted = len(back)
                 kind, dt = "decode", decode_time_s(batch_size)
-            elif kv.next_transfer_s() < inf:
+            elif next_transfer_s() < inf:
                 # HiCache: nothing runs and nothing fits while copies in flight hold nodes locked; the server
                 # idles until the next copy lands (or the next request arrives), as SGLang's loop does
-                ledger.now_s = min(kv.next_transfer_s(), pending[0].arrival_time_s if pending else inf)
+                ledger.now_s = min(next_transfer_s(), pending[0].arrival_time_s if pending else inf)
                 continue
             else:
-                raise RuntimeError(
+                raise SchedulerStuckError(
                     f"scheduler stuck: {len(waiting)} waiting request(s) cannot be admitted into a pool of "
                     f"{cfg.kv_tokens} tokens ({kv.available()} free, {kv.evictable()} evictable)")
-            if hicache:
-                dt = kv.step_time(dt)
-                ledger.note_transfers(kv.step_transfers())
+            dt = host_end_step(dt)  # HiCache: the copies' share of the step, and its traffic noted
             end_step(kind, dt, computed, retracted, sizes(), len(running), len(waiting))
             if debug:
                 self.check_invariants()
@@ -181,15 +179,12 @@ class Scheduler:
                 idle = self.chunked is None and (not waiting or len(running) >= max_running)
                 blocked = None if idle else self.prefill.blocked
                 if idle or (blocked is not None and not retracted and blocked.state == kv.state()):
-                    until = pending[0].arrival_time_s if pending else inf
-                    if hicache:
-                        until = min(until, kv.next_transfer_s())
+                    until = min(pending[0].arrival_time_s if pending else inf, next_transfer_s())
                     steps = quiet_steps(running, len(waiting), until, max_steps - totals.steps, blocked)
                     if blocked is not None:
                         kv.replay_matches_of(blocked.req, steps)  # each step matched it again (a replay)
         bar.close()
-        if kv.hicache:  # the copies still in flight land (the clock of the run is not moved)
-            kv.tree.drain()
+        host.finish()  # HiCache: the copies still in flight land (the clock of the run is not moved)
         # (the result asks the memory for its tree when first read: the page engine rebuilds it at token level)
         return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, kv)
 

@@ -1,0 +1,80 @@
+"""The host tier's part of a step (HiCache), as one component the loop calls the same way with or without it.
+
+SGLang's loop completes the copies finished by a step's start (``check_hicache_events``), and a step's time is its
+compute plus what the copies add: a write-back waits before the compute, load-backs run under it
+(:meth:`~kvlab.sched.cost.CostModel.overlapped_step_s`). :class:`HostTierTiming` keeps that clock for a run with a
+host tier; :class:`NoHostTier` is the same four calls for a run without one (the step's time is its compute, and no
+copy is ever in flight), so the loop has no HiCache branch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from kvlab.mem_cache.options import FINISH_TOLERANCE_S
+from kvlab.sched.ledger import Ledger, Transfers
+
+if TYPE_CHECKING:
+    from kvlab.mem_cache.hiradix_cache import HiRadixCache
+
+_INF = float("inf")
+
+
+class NoHostTier:
+    """No host tier: nothing to complete at a step's start, the step takes its compute time, no copy in flight."""
+
+    def begin_step(self, now_s: float) -> None:
+        """(Nothing is in flight.)"""
+
+    def end_step(self, compute_s: float) -> float:
+        return compute_s
+
+    def next_transfer_s(self) -> float:
+        return _INF
+
+    def finish(self) -> None:
+        """(Nothing is in flight.)"""
+
+
+class HostTierTiming(NoHostTier):
+    """The copy clock of a run's :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache`: moved to each step's start,
+    each step priced with its copies and its traffic noted in the ledger."""
+
+    def __init__(self, tree: HiRadixCache, ledger: Ledger) -> None:
+        self.tree = tree
+        self.controller = tree.cache_controller
+        self.ledger = ledger
+        self.step_start_s = 0.0
+        self._seen = Transfers()  # the controller's running totals at the last step's end
+
+    def begin_step(self, now_s: float) -> None:
+        """The step starts at ``now_s``: complete the copies finished by then (``check_hicache_events``)."""
+        self.step_start_s = now_s
+        self.tree.poll(now_s)
+
+    def end_step(self, compute_s: float) -> float:
+        """The step's time given its compute (write-back waits before it, load-backs under it); its host-tier
+        traffic goes into the ledger."""
+        ctl, start = self.controller, self.step_start_s
+        loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
+        step_s = max(ctl.now_s - start + compute_s, loads)
+        self.ledger.note_transfers(self._transfers())
+        return step_s
+
+    def _transfers(self) -> Transfers:
+        """Host-tier traffic since the last call (the step's, when called once per step)."""
+        t = self.controller.totals
+        now = Transfers(t.loaded_tokens, t.written_tokens, self.tree.host_evicted_tokens, t.write_s + t.load_s)
+        seen, self._seen = self._seen, now
+        return Transfers(*(a - b for a, b in zip(now, seen)))
+
+    def next_transfer_s(self) -> float:
+        """Before this clock time no copy completes (the quiet decode steps stop there); inf when none is in
+        flight. A step starting at ``t`` completes a copy iff ``t >= next_transfer_s()``."""
+        ctl = self.controller
+        heads = [q[0].finish_s for q in (ctl.write_queue, ctl.load_queue) if q]
+        return min(heads) - FINISH_TOLERANCE_S if heads else _INF
+
+    def finish(self) -> None:
+        """The copies still in flight land (the run's clock is not moved)."""
+        self.tree.drain()
