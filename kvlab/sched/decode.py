@@ -31,15 +31,17 @@ class NewTokenRatio:
         self.decay_step = (self.init - self.min) / config.new_token_ratio_decay_steps
         self.value = self.init
 
+    def decayed(self, value: float) -> float:
+        """The ratio one decode round without retraction after ``value``: one decay step lower, to the floor (the
+        one place the decay is written; :meth:`decay` and the fast path's look-ahead both use it)."""
+        value -= self.decay_step
+        return value if value > self.min else self.min
+
     def decay(self, rounds: int = 1) -> None:
         """``rounds`` decode rounds without retraction, one decay step each (to the floor)."""
-        value, step, floor = self.value, self.decay_step, self.min
-        if rounds == 1:  # (a round of the loop; the quiet runs decay many at once)
-            value -= step
-            self.value = value if value > floor else floor
-            return
+        value, decayed = self.value, self.decayed
         for _ in range(rounds):
-            value = max(value - step, floor)
+            value = decayed(value)
         self.value = value
 
     def after_retraction(self, kept: Sequence[SimReq]) -> None:

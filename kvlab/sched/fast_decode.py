@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvlab.sched.decode import DecodeOutcome, ReferenceDecode
+from kvlab.sched.prefill import fits_budget
 
 if TYPE_CHECKING:
     from kvlab.sched.prefill import Blocked
@@ -214,17 +215,16 @@ class FastDecode:
         """How many of the next ``limit`` steps' admission checks turn ``blocked`` down again, in a row: the
         scheduler's arithmetic (``Scheduler._future_tokens``, ``PrefillAdder.schedule``) with the ratio decayed
         one step per round, as :meth:`NewTokenRatio.decay` does."""
-        ratio = self.ratio
-        value, step, floor = ratio.value, ratio.decay_step, ratio.min
+        value, decayed = self.ratio.value, self.ratio.decayed
         need, budget = blocked.need, blocked.budget
         base, per_round = self.finish_round_sum + self.clip * self.clipped, self.unclipped
         k = 0
         while k < limit:
             future = base - per_round * (d + k)  # FastDecode.future_tokens at round d + k
-            if need < budget - value * future:
+            if fits_budget(need, budget, value * future):
                 break
             k += 1
-            value = max(value - step, floor)
+            value = decayed(value)
         return k
 
 

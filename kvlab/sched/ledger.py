@@ -145,6 +145,11 @@ class Ledger:
                        self.step_evict, sizes, running, waiting, retracted, self.step_finished,
                        self.totals.cached_prompt_tokens, self.step_host_hits, self.step_transfers)
 
+    def advance_to(self, now_s: float) -> None:
+        """Nothing runs until ``now_s`` (the next arrival, or the next host-tier copy to land): the clock jumps there.
+        The ledger owns the clock: only this, :meth:`end_step` and :meth:`quiet_decode_steps` move it."""
+        self.now_s = now_s
+
     def end_step(self, kind: str, dt_s: float, prefill_tokens: int, retracted: int, sizes: PoolSizes,
                  running: int, waiting: int) -> None:
         """Close the step: the clock advances by ``dt_s``, the step is counted and its row appended."""

@@ -17,6 +17,14 @@ if TYPE_CHECKING:  # (the memory is SchedulerKV or the page engine's PageKV: nei
     from kvlab.sched.kv import SchedulerKV
 
 
+def fits_budget(need: int, budget: int, reserve: float) -> bool:
+    """SGLang's admission check (``PrefillAdder.add_one_req``): a request of ``need`` tokens joins when they fit in
+    the pool's free + evictable ``budget`` less the running requests' ``reserve`` (the new-token ratio times their
+    future tokens, plus what this batch already took). The one place it is written: the loop's admission and the
+    fast path's "still turned down" look-ahead (:meth:`FastDecode.quiet_steps`) both ask it."""
+    return need < budget - reserve
+
+
 class Blocked(NamedTuple):
     """The waiting head's admission failed on the budget alone (``need < budget - offset`` was false), nothing
     admitted: ``need`` its tokens (extend + clipped outputs + a page), ``budget`` the pool's free + evictable tokens
@@ -86,7 +94,7 @@ class PrefillAdder:
             extend = len(req.fill_ids) - req.prefix_len
             kv.lock(req)  # temporary lock while the budget is read
             need, budget = extend + max_new + ps, kv.available() + kv.evictable()
-            fits = need < budget - offset
+            fits = fits_budget(need, budget, offset)
             kv.unlock(req)
             if not fits:
                 if not batch and kv.replayable(req):  # (the unlock restored what the lock changed)

@@ -114,79 +114,92 @@ class Scheduler:
                 torch.set_num_threads(threads)
 
     def _run(self, progress: bool | None) -> SimResult:
+        """The loop: arrivals join the queue; a prefill batch if one forms, else a decode round; the step closes
+        in the ledger; after a decode round, the quiet rounds up to the next event run in bulk."""
         from kvlab.progress import progress_bar
 
-        cfg, ledger, kv, pending, waiting = self.config, self.ledger, self.kv, self.pending, self.waiting
-        totals = ledger.totals
+        cfg, ledger, pending, waiting = self.config, self.ledger, self.pending, self.waiting
+        totals, max_steps = ledger.totals, cfg.max_steps
         bar = progress_bar(total=totals.requests, desc=f"simulate ({cfg.eviction})", enabled=progress, unit="req")
-        # (the loop runs once per step that is not quiet, about 66,000 times on the 12k-request conversation trace,
-        # far more on a small pool: what it calls each time is looked up once, here)
-        schedule, run_prefill, admit = self.prefill.schedule, self.prefill.run, self.decoder.admit
-        decode, quiet_steps, future_tokens = self.decoder.decode, self.decoder.quiet_steps, self._future_tokens
-        begin_step, end_step, sizes = ledger.begin_step, ledger.end_step, kv.sizes
-        prefill_time_s, decode_time_s = cfg.cost.prefill_time_s, cfg.cost.decode_time_s
-        host, debug, max_steps, max_running = self.host, cfg.debug, cfg.max_steps, cfg.max_running
-        host_begin_step, host_end_step, next_transfer_s = host.begin_step, host.end_step, host.next_transfer_s
-        inf = float("inf")
+        # (about 66,000 steps on the 12k-request conversation trace, far more on a small pool: what each step calls
+        # is looked up once, here)
+        begin_step, end_step, sizes, host = ledger.begin_step, ledger.end_step, self.kv.sizes, self.host
+        prefill, decode, quiet = self._prefill, self._decode, self._quiet_rounds
         while pending or waiting or self.running or self.chunked:
             if totals.steps >= max_steps:
                 raise StepLimitError(f"the simulation did not finish in {max_steps:,} steps (SchedulerConfig.max_steps)")
             while pending and pending[0].arrival_time_s <= ledger.now_s:
                 waiting.append(pending.popleft())
-            running = self.running
-            if not (waiting or running or self.chunked):
-                ledger.now_s = pending[0].arrival_time_s
+            if not (waiting or self.running or self.chunked):
+                ledger.advance_to(pending[0].arrival_time_s)
                 continue
             begin_step()
-            host_begin_step(ledger.now_s)  # HiCache: copies finished by now complete (check_hicache_events)
-            batch = schedule(waiting, running, self.chunked, future_tokens)
-            retracted = 0
-            if batch.reqs:
-                self.chunked = batch.chunked
-                for req in run_prefill(batch):
-                    running.append(req)
-                    admit(req)
-                computed = sum(r.extend_len for r in batch.reqs)
-                kind, dt = "prefill", prefill_time_s(computed)
-            elif running:
-                computed, batch_size = 0, len(running)
-                running, back = decode(running)
-                self.running = running
-                if back:
-                    waiting.extend(back)
-                    retracted = len(back)
-                kind, dt = "decode", decode_time_s(batch_size)
-            elif next_transfer_s() < inf:
-                # HiCache: nothing runs and nothing fits while copies in flight hold nodes locked; the server
-                # idles until the next copy lands (or the next request arrives), as SGLang's loop does
-                ledger.now_s = min(next_transfer_s(), pending[0].arrival_time_s if pending else inf)
+            host.begin_step(ledger.now_s)  # HiCache: copies finished by now complete (check_hicache_events)
+            step = prefill() or decode()
+            if step is None:
+                self._wait_for_copies()
                 continue
-            else:
-                raise SchedulerStuckError(
-                    f"scheduler stuck: {len(waiting)} waiting request(s) cannot be admitted into a pool of "
-                    f"{cfg.kv_tokens} tokens ({kv.available()} free, {kv.evictable()} evictable)")
-            dt = host_end_step(dt)  # HiCache: the copies' share of the step, and its traffic noted
-            end_step(kind, dt, computed, retracted, sizes(), len(running), len(waiting))
-            if debug:
+            kind, compute_s, computed, retracted = step
+            dt = host.end_step(compute_s)  # HiCache: the copies' share of the step, and its traffic noted
+            end_step(kind, dt, computed, retracted, sizes(), len(self.running), len(waiting))
+            if cfg.debug:
                 self.check_invariants()
             if ledger.step_finished:
                 bar.update(ledger.step_finished)
-            if kind == "decode" and not debug:
-                # the rounds up to the next event, without the loop around them (a no-op for the reference rounds)
-                # (and before a host-tier copy completes: that unlocks nodes, which a row shows): when nothing can
-                # be scheduled (PrefillAdder.idle), or while the waiting head that this step turned down for the
-                # budget would be turned down again (the pools and tree as they were at its check)
-                idle = self.chunked is None and (not waiting or len(running) >= max_running)
-                blocked = None if idle else self.prefill.blocked
-                if idle or (blocked is not None and not retracted and blocked.state == kv.state()):
-                    until = min(pending[0].arrival_time_s if pending else inf, next_transfer_s())
-                    steps = quiet_steps(running, len(waiting), until, max_steps - totals.steps, blocked)
-                    if blocked is not None:
-                        kv.replay_matches_of(blocked.req, steps)  # each step matched it again (a replay)
+            if kind == "decode" and not cfg.debug:
+                quiet(retracted)
         bar.close()
         host.finish()  # HiCache: the copies still in flight land (the clock of the run is not moved)
         # (the result asks the memory for its tree when first read: the page engine rebuilds it at token level)
-        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, kv)
+        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, self.kv)
+
+    def _prefill(self) -> tuple | None:
+        """A prefill step if a batch forms: (kind, compute seconds, tokens computed, retracted)."""
+        batch = self.prefill.schedule(self.waiting, self.running, self.chunked, self._future_tokens)
+        if not batch.reqs:
+            return None
+        self.chunked = batch.chunked
+        for req in self.prefill.run(batch):
+            self.running.append(req)
+            self.decoder.admit(req)
+        computed = sum(r.extend_len for r in batch.reqs)
+        return "prefill", self.config.cost.prefill_time_s(computed), computed, 0
+
+    def _decode(self) -> tuple | None:
+        """A decode round for every running request, if any runs (retracted ones go back to waiting)."""
+        batch_size = len(self.running)
+        if not batch_size:
+            return None
+        self.running, back = self.decoder.decode(self.running)
+        self.waiting.extend(back)
+        return "decode", self.config.cost.decode_time_s(batch_size), 0, len(back)
+
+    def _wait_for_copies(self) -> None:
+        """Nothing runs and nothing fits. With HiCache, copies in flight may hold nodes locked: the server idles
+        until the next copy lands (or the next request arrives), as SGLang's loop does. Else it is stuck (a bug:
+        every request was checked to fit the pool before the run)."""
+        land_s = self.host.next_transfer_s()
+        if land_s == float("inf"):
+            kv = self.kv
+            raise SchedulerStuckError(
+                f"scheduler stuck: {len(self.waiting)} waiting request(s) cannot be admitted into a pool of "
+                f"{self.config.kv_tokens} tokens ({kv.available()} free, {kv.evictable()} evictable)")
+        self.ledger.advance_to(min(land_s, self.pending[0].arrival_time_s if self.pending else land_s))
+
+    def _quiet_rounds(self, retracted: int) -> None:
+        """After a decode step: the rounds up to the next event, without the loop around them (a no-op for the
+        reference rounds), and before a host-tier copy completes (that unlocks nodes, which a row shows). They run
+        when nothing can join a batch (:meth:`PrefillAdder.idle`), or while the waiting head this step turned down
+        for the budget alone would be turned down again (the pools and tree as they were at its check)."""
+        running, waiting, pending = self.running, self.waiting, self.pending
+        nothing_joins = self.prefill.idle(waiting, running, self.chunked)
+        blocked = None if nothing_joins else self.prefill.blocked
+        if nothing_joins or (blocked is not None and not retracted and blocked.state == self.kv.state()):
+            until = min(pending[0].arrival_time_s if pending else float("inf"), self.host.next_transfer_s())
+            steps = self.decoder.quiet_steps(running, len(waiting), until,
+                                             self.config.max_steps - self.ledger.totals.steps, blocked)
+            if blocked is not None:
+                self.kv.replay_matches_of(blocked.req, steps)  # each step matched it again (a replay)
 
 
 @contextmanager
