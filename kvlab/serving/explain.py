@@ -20,11 +20,14 @@ from kvlab.serving.provenance import assumed_words
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import MAX_PARALLEL, LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
+    KNOWN_RANGE,
+    READ_VERSIONS,
     ROPE_RESERVE_SINCE,
     at_least,
     cell_rule,
     default_mem_fraction,
     expert_map_segment_bytes,
+    is_known,
     nearest_read,
     parse_version,
     rope_reserve_for_config,
@@ -43,7 +46,7 @@ OPTION_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8_e4
 
 def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None, str, str | None]:
     if given:
-        parse_version(given)
+        _check_given_version(given)
         return given, "--sglang-version", nearest_read(given)
     if log.version:
         return log.version, log.version_source, nearest_read(log.version)
@@ -51,6 +54,19 @@ def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None,
         floor = max(log.format_hints, key=parse_version)
         return None, f"not printed; its line formats first appear in sglang {floor}", floor
     return None, "not printed", None
+
+
+def _check_given_version(given: str) -> None:
+    """A LogError naming --sglang-version and its value where kvlab does not know that version (KNOWN_RANGE)."""
+    shown = given if len(given) <= 40 else given[:37] + "..."
+    try:
+        known = is_known(given)
+    except ValueError as exc:
+        raise LogError(f"--sglang-version {shown}: {exc}") from None
+    if not known:
+        raise LogError(f"--sglang-version {shown}: outside the SGLang versions kvlab knows, {KNOWN_RANGE} (the "
+                       f"releases whose start-up lines and pool rules it read; earlier ones print no memory readings): "
+                       f"for a newer release pass {READ_VERSIONS[-1]}, the newest rules kvlab has")
 
 
 #: the largest max_total_tokens or context_length kvlab takes from a log (tokens)
