@@ -12,7 +12,7 @@ import pytest
 from kvlab.cli import main
 from kvlab.model.hf_config import FIELD_LIMITS, MAX_JSON_DEPTH, PRESET_DIR
 from kvlab.serving.sglang_versions import READ_VERSIONS
-from tests.test_hostile_inputs import SGLANG_LOG, _refused
+from tests.test_hostile_inputs import SGLANG_LOG, VLLM_LOG, _refused
 
 LLAMA = json.loads((PRESET_DIR / "llama-3.1-8b.json").read_text())  # the model SGLANG_LOG was rendered for
 MLA = json.loads((PRESET_DIR / "deepseek-v2-lite.json").read_text())  # read only where kv_lora_rank is set
@@ -138,3 +138,46 @@ def test_a_key_given_twice_on_one_log_line_is_refused_naming_the_line(old, new, 
     path = tmp_path / "server.log"
     path.write_text(text.replace(old, new))
     _refused(capsys, ["explain-log", str(path)], f"{path}:{line}: {needle}: which one the server ran with is unclear")
+
+
+# ---- the rest of explain-log, probed: numbers on log lines, long flag values --------------------------------------
+
+@pytest.mark.parametrize("value, needle", [
+    ("9" * 400, "context_len must be from 1 to 1,000,000,000,000"),  # was exit 3 (OverflowError in the RoPE term)
+    ("99999999999999999999", "context_len must be from 1 to 1,000,000,000,000"),  # was taken as read
+    ("0", "context_len=0: context_len must be from 1"),
+    ("-1", "context_len=-1: context_len must be from 1"),
+])
+def test_a_context_len_on_the_pool_line_beyond_reason_is_named(value, needle, tmp_path, capsys):
+    path = tmp_path / "server.log"
+    path.write_text(SGLANG_LOG.read_text().replace("context_len=131072", f"context_len={value}"))
+    _refused(capsys, ["explain-log", str(path), "--model-config", "llama-3.1-8b"], f"{path}:6: ", needle)
+
+
+@pytest.mark.parametrize("old, new, needle", [
+    ("Model loading took 32.86 GiB", "Model loading took -1 GiB", ":3: 'Model loading took' line without a readable"),
+    ("Available KV cache memory: 39.6 GiB", "Available KV cache memory: nan GiB",
+     ":4: 'Available KV cache memory' line without a readable number"),
+    ("GPU KV cache size: 518,992 tokens", "GPU KV cache size: 5,18,,992 tokens",
+     ":11: 'GPU KV cache size' line without a readable number"),  # was read as 518,992 with the commas dropped
+])
+def test_a_vllm_reading_line_without_a_readable_number_is_named_not_skipped(old, new, needle, tmp_path, capsys):
+    """Rank 0's line edited: it was skipped, and the other workers' readings explained the log without a word."""
+    text = VLLM_LOG.read_text()
+    assert old in text
+    path = tmp_path / "vllm.log"
+    path.write_text(text.replace(old, new, 1))
+    _refused(capsys, ["explain-log", str(path), "--model-config", "llama-3.1-70b"], f"{path}{needle}")
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--gpu", "x" * 100_000], "--gpu 'xxxxxxxx"),
+    (["--gpu", "h100-80g", "--what-if", "gpu=" + "x" * 100_000], "--what-if 'gpu=xxxx"),
+    (["--what-if", "kv_cache_dtype=" + "y" * 100_000], "--what-if 'kv_cache_dtype=yyy"),
+    (["--what-if", "z" * 100_000 + "=1"], "unknown key 'zzz"),
+    (["--sglang-version", "0." * 50_000], "--sglang-version 0.0."),
+    (["--gpu", "h100-80g", "--compare-engines", "--vllm-version", "v" * 100_000], "--vllm-version 'vvv"),
+])
+def test_a_huge_flag_value_is_named_and_cut(argv, needle, capsys):
+    err = _refused(capsys, ["explain-log", str(SGLANG_LOG), "--model-config", "llama-3.1-8b", *argv], needle)
+    assert len(err) < 500, err[:600]

@@ -134,12 +134,16 @@ def _int_or(value: str | None, default: int | None, where: str, name: str) -> in
 
 
 def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:
-    """An integer from the 'max_total_num_tokens=…, name=…' line, None where the line lacks it."""
-    return _int_or(log.tokens_fields.get(name), None, log.where("tokens"), name)
+    """An integer from the 'max_total_num_tokens=…, name=…' line, None where the line lacks it; out of its range
+    (``_SETTING_RANGES``) a LogError naming the line."""
+    number = _int_or(log.tokens_fields.get(name), None, log.where("tokens"), name)
+    low, high = _SETTING_RANGES.get(name, (-(10 ** 18), 10 ** 18))
+    return _bounded(number, low, high, f"{log.where('tokens')}: {name}={log.tokens_fields.get(name)}", name)
 
 
 _SETTING_RANGES = {"dp_size": (1, MAX_PARALLEL), "pp_size": (1, MAX_PARALLEL), "page_size": (1, 1_048_576),
                    "max_total_tokens": (1, MAX_LOG_TOKENS), "context_length": (1, MAX_LOG_TOKENS),
+                   "context_len": (1, MAX_LOG_TOKENS), "chunked_prefill_size": (-1, MAX_LOG_TOKENS),
                    "speculative_num_steps": (0, MAX_PARALLEL), "speculative_num_draft_tokens": (0, MAX_PARALLEL)}
 
 
