@@ -109,7 +109,7 @@ def test_a_given_sglang_version_outside_the_known_range_is_refused(version, caps
              f"--sglang-version {version}: outside the SGLang versions kvlab knows, 0.1.17 to {READ_VERSIONS[-1]}")
 
 
-@pytest.mark.parametrize("version", ["0.1.17", "0.4.8", READ_VERSIONS[-1]])
+@pytest.mark.parametrize("version", ["0.1.17", "0.4.8", READ_VERSIONS[-1], READ_VERSIONS[-1] + ".post1"])
 def test_a_given_sglang_version_in_the_range_is_used(version, capsys):
     assert _explain(capsys, str(SGLANG_LOG), "--sglang-version", version)["version"] == version
 

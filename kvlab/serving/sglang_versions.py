@@ -46,8 +46,9 @@ KNOWN_RANGE = f"{EXPLAINED_SINCE} to {READ_VERSIONS[-1]}"
 
 
 def is_known(version: str) -> bool:
-    """Whether ``version`` lies in the range kvlab read (:data:`KNOWN_RANGE`)."""
-    return parse_version(EXPLAINED_SINCE) <= parse_version(version) <= parse_version(READ_VERSIONS[-1])
+    """Whether ``version`` lies in the range kvlab read (:data:`KNOWN_RANGE`; the newest one's post releases too)."""
+    key = parse_version(version)
+    return parse_version(EXPLAINED_SINCE) <= key and key[:3] <= parse_version(READ_VERSIONS[-1])[:3]
 
 
 def nearest_read(version: str) -> str:
