@@ -266,6 +266,7 @@ def _log_probes(tmp: Path) -> list[Probe]:
     deep = _w(tmp / "configs" / "deep.json", '{"a":' * 50_000 + "1" + "}" * 50_000)
     out.append(Probe("wrong-type", "explain-log --model-config: nested 50,000 deep",
                      ["explain-log", str(SGLANG_LOG), "--model-config", str(deep)], (deep.name,)))
+    out += _log_probes_issue37(tmp, config, qwen_log)
     for value in ("tp=1e20", "tp=" + "9" * 30, "tp=0", "mem_fraction_static=2", "mem_fraction_static=nan", "bogus=1",
                   "gpu=\U0001f4a5", "kv_cache_dtype=int3", "tp"):
         out.append(Probe("out-of-range", f"explain-log --what-if {value[:20]}",
@@ -275,6 +276,43 @@ def _log_probes(tmp: Path) -> list[Probe]:
                         ("--sglang-version", "99.x"), ("--kv-cache-dtype", "int3"), ("--model-config", "no-such")):
         out.append(Probe("out-of-range", f"explain-log {flag} {value}", ["explain-log", str(SGLANG_LOG), flag, value],
                          (flag, value)))
+    return out
+
+
+def _log_probes_issue37(tmp: Path, config: dict, qwen_log: Path) -> list[Probe]:
+    """Issue 37's explain-log categories: a config value nested past what any config nests (json reads it, later
+    walks would not), counts beyond any model (each was a per-layer loop that never ended), an SGLang version kvlab
+    does not know, a key given twice on one log line, and vLLM reading lines whose number cannot be read."""
+    out = []
+    for n, (key, value) in enumerate((("quantization_config", "[" * 40 + "]" * 40), ("rope_scaling", "[" * 900 + "]" * 900),
+                                      ("vocab_size", "9" * 5000))):
+        text = json.dumps(config)[:-1] + f', "{key}": {value}}}'
+        p = _w(tmp / "configs" / f"deep37-{n}" / "config.json", text)
+        out.append(Probe("wrong-type", f"explain-log --model-config: {key} = {value[:12]}...",
+                         ["explain-log", str(qwen_log), "--model-config", str(p)], (key,)))
+    for n, (key, value) in enumerate((("num_hidden_layers", 10 ** 12), ("num_hidden_layers", 10 ** 9),
+                                      ("num_experts", 10 ** 9), ("hidden_size", 10 ** 11), ("vocab_size", 10 ** 11),
+                                      ("head_dim", 10 ** 9), ("intermediate_size", 10 ** 11))):
+        p = _w(tmp / "configs" / f"huge37-{n}" / "config.json", json.dumps({**config, key: value}))
+        out.append(Probe("oversized", f"explain-log --model-config: {key} = {value:.0e}",
+                         ["explain-log", str(qwen_log), "--model-config", str(p), "--what-if", "tp=8"], (key,)))
+    for version in ("0.0.0", "0.1.14", "99.0.0"):
+        out.append(Probe("out-of-range", f"explain-log --sglang-version {version}",
+                         ["explain-log", str(SGLANG_LOG), "--sglang-version", version], ("--sglang-version", version)))
+    text = SGLANG_LOG.read_text()
+    for n, (old, new) in enumerate((("tp_size=1,", "tp_size=1, tp_size=2,"),
+                                    ("context_len=131072", "context_len=131072, context_len=5"))):
+        p = _w(tmp / "logs" / f"twice37-{n}.log", text.replace(old, new))
+        out.append(Probe("duplicate", f"explain-log: {new[:40]} on one line", ["explain-log", str(p)], (p.name,)))
+    vllm = REPO / "data" / "examples" / "server_logs" / "llama-3.1-70b-4xh100-vllm-0.34.0.log"
+    for n, (old, new) in enumerate((("Model loading took 32.86", "Model loading took -1"),
+                                    ("Available KV cache memory: 39.6", "Available KV cache memory: nan"),
+                                    ("context_len=131072", "context_len=" + "9" * 400))):
+        p = _w(tmp / "logs" / f"unread37-{n}.log", (vllm if "context" not in old else SGLANG_LOG).read_text()
+               .replace(old, new, 1))
+        out.append(Probe("oversized" if "9" * 9 in new else "wrong-type", f"explain-log: {new[:40]}",
+                         ["explain-log", str(p), "--model-config", "llama-3.1-70b" if "context" not in old
+                          else "llama-3.1-8b"], (p.name,)))
     return out
 
 

@@ -28,6 +28,7 @@ only the weights or the context length use (``hidden_size``, ``num_attention_hea
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -75,17 +76,72 @@ def resolve_config_path(source: str | Path) -> Path:
     )
 
 
+#: how deep a config.json may nest its values (the top-level object is level 1): Hugging Face configs nest a few
+#: levels (``text_config.rope_scaling``, ``quantization_config.config_groups.group_0.weights``), and a value kvlab
+#: read must stay shallow enough for every later walk (repr, json.dumps, comparisons) to finish without recursing out
+MAX_JSON_DEPTH = 32
+# a JSON string (escapes included), or one of the characters that shape the nesting
+_JSON_TOKENS = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}:,]')
+
+
+def too_deep(text: str, limit: int = MAX_JSON_DEPTH) -> list | None:
+    """The path (``["quantization_config", "a", 0]``: keys and indexes) of the first value of the JSON ``text`` that
+    opens an object or array deeper than ``limit`` levels; None where none does. A scan of the text, no recursion."""
+    path: list = []  # per open container: the key (object) or index (array) being read
+    last_string = ""
+    for m in _JSON_TOKENS.finditer(text):
+        token = m.group()
+        if token in ("{", "["):
+            if len(path) >= limit:
+                return path
+            path.append(0 if token == "[" else "")
+        elif token in ("}", "]"):
+            if path:
+                path.pop()
+        elif token == ":" and path:
+            path[-1] = last_string
+        elif token == "," and path and isinstance(path[-1], int):
+            path[-1] += 1
+        elif token[0] == '"':
+            last_string = token[1:-1]
+    return None
+
+
+def _nested_too_deep(origin: str | Path, path: list | None) -> ConfigError:
+    """The error for a config nested past MAX_JSON_DEPTH, naming its top-level field and where it goes too deep."""
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path or ()).lstrip(".")
+    where = where if len(where) <= 80 else where[:77] + "..."
+    named = f"field {path[0]!r:.60} is" if path and isinstance(path[0], str) else "its values are"
+    return ConfigError(f"{origin}: {named} nested more than {MAX_JSON_DEPTH} levels deep" + (f" (at {where})" if where
+                       else "") + ": not a Hugging Face config.json (they nest a few levels)")
+
+
 def read_config_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+        text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not a text file (expected a Hugging Face config.json)") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: JSON nested too deeply to read (not a Hugging Face config.json)") from None
+    return config_json_from_text(text, path)
+
+
+def config_json_from_text(text: str, origin: str | Path) -> dict:
+    """The JSON object of a config.json's ``text``; a ConfigError naming ``origin`` (and the line, or the field) where
+    it is no JSON, is nested deeper than MAX_JSON_DEPTH, or is no object."""
+    deep = too_deep(text)
+    if deep is not None:
+        raise _nested_too_deep(origin, deep)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{origin}:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
+    except RecursionError:  # the scan above counts as json does; this stays as a second guard
+        raise _nested_too_deep(origin, None) from None
+    except ValueError:  # Python reads no integer of more than 4,300 digits
+        key = re.search(r'"([^"\\]{0,80})"\s*:\s*-?\d{4000}', text)
+        raise ConfigError(f"{origin}: {f'field {key.group(1)!r} holds' if key else 'it holds'} a number of more "
+                          f"than 4,300 digits: not a Hugging Face config.json") from None
     if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object (a Hugging Face config.json), got {type(data).__name__}")
+        raise ConfigError(f"{origin}: expected a JSON object (a Hugging Face config.json), got {type(data).__name__}")
     return data
 
 
@@ -99,6 +155,30 @@ def load_model_config(source: str | Path, *, kv_cache_dtype: str = "auto", name:
     return config_from_dict(data, name=name, origin=str(path), kv_cache_dtype=kv_cache_dtype)
 
 
+#: the largest value kvlab takes for a count or a size in a config.json: no model comes near it (the largest
+#: released ones in the comments), and a value past it would make a loop over the layers, or a sum over the weight
+#: shapes, run for minutes or hours; a field not listed here is bounded by MAX_FIELD
+FIELD_LIMITS = {
+    "num_hidden_layers": 1_024,  # 126 (Llama 3.1 405B)
+    "first_k_dense_replace": 1_024,
+    "hidden_size": 262_144,  # 16,384 (Llama 3.1 405B)
+    "num_attention_heads": 4_096,  # 128 (DeepSeek-V3, Llama 3.1 405B)
+    "num_key_value_heads": 4_096,
+    "head_dim": 16_384,  # 256 (Gemma)
+    "qk_rope_head_dim": 16_384,  # 64 (DeepSeek-V3)
+    "qk_nope_head_dim": 16_384,  # 128
+    "v_head_dim": 16_384,  # 128
+    "kv_lora_rank": 65_536,  # 512
+    "q_lora_rank": 65_536,  # 1,536
+    "vocab_size": 16_777_216,  # 262,144 (Gemma 3)
+    "intermediate_size": 4_194_304,  # 53,248 (Llama 3.1 405B)
+    "moe_intermediate_size": 4_194_304,
+    "shared_expert_intermediate_size": 4_194_304,
+    "num_experts": 16_384,  # 512 (Qwen3-Next)
+    "num_experts_per_tok": 16_384,
+    "n_shared_experts": 16_384,
+    "max_position_embeddings": 1 << 32,  # 10,485,760 (Llama 4 Scout)
+}
 MAX_FIELD = 10**12
 
 
@@ -135,8 +215,12 @@ class _Fields:
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be an integer >= {minimum}, "
                               f"got {value!r:.60}")
-        if value > MAX_FIELD:  # no model has a dimension, count or length near 10**12; a bigger one overflows sums
-            raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be at most {MAX_FIELD:,}, got {value!r:.60}")
+        limit = FIELD_LIMITS.get(key, MAX_FIELD)
+        if value > limit:
+            digits = str(value)
+            shown = f"{value:,}" if len(digits) <= 30 else f"{digits[:20]}... ({len(digits)} digits)"
+            raise ConfigError(f"{self.origin}: field '{self.prefix}{alias}' must be at most {limit:,} (beyond any "
+                              f"model: kvlab stops there), got {shown}")
         return value
 
 
@@ -147,13 +231,13 @@ def _weight_dtype(data: dict, f: _Fields, notes: list[str]) -> str:
         raw = "bfloat16"
     dtype = _TORCH_DTYPES.get(str(raw).removeprefix("torch."))
     if dtype is None:
-        raise ConfigError(f"{f.origin}: field 'torch_dtype' must be one of {sorted(_TORCH_DTYPES)}, got {raw!r}")
+        raise ConfigError(f"{f.origin}: field 'torch_dtype' must be one of {sorted(_TORCH_DTYPES)}, got {raw!r:.60}")
     quant = data.get("quantization_config") or {}
     method = quant.get("quant_method") if isinstance(quant, dict) else None
     if method == "fp8":
         return "fp8"
     if method:
-        notes.append(f"weights quantized with {method!r}: kvlab's weight bytes assume {dtype}, not the "
+        notes.append(f"weights quantized with {method!r:.60}: kvlab's weight bytes assume {dtype}, not the "
                      f"quantized size (the KV cell size does not depend on it)")
     return dtype
 
@@ -240,14 +324,16 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
         missing.remove("intermediate_size")  # every layer is MoE: no dense MLP width to know
         inter = 0
     shared = f.int("n_shared_experts", default=0, minimum=0)
-    if not shared and data.get("shared_expert_intermediate_size") and moe_inter:
-        shared = max(1, round(data["shared_expert_intermediate_size"] / moe_inter))
+    shared_inter = f.int("shared_expert_intermediate_size", default=0, minimum=0)
+    if not shared and shared_inter and moe_inter:
+        shared = max(1, round(shared_inter / moe_inter))
     if experts:
         notes.append(f"MoE: {experts} experts, {f.int('num_experts_per_tok', default=0, minimum=0)} per token")
     window = data.get("sliding_window") if data.get("use_sliding_window", True) is not False else None
-    if isinstance(window, int) and window > 0:
+    window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
+    if window:
         kinds = data.get("layer_types") or []
-        sliding = sum(1 for k in kinds if "sliding" in str(k))
+        sliding = sum(1 for k in kinds if "sliding" in str(k)) if isinstance(kinds, list) else 0
         notes.append(f"sliding window {window}" + (f" on {sliding} of {layers} layers" if sliding else "")
                      + ": SGLang still sizes the pool per full-context token unless it runs the model as "
                        "hybrid SWA, which kvlab does not model")
@@ -267,7 +353,7 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
         num_experts=experts, num_experts_per_tok=f.int("num_experts_per_tok", default=0, minimum=0),
         moe_intermediate_size=moe_inter, num_shared_experts=shared,
         first_k_dense_layers=f.int("first_k_dense_replace", default=0, minimum=0),
-        sliding_window=window if isinstance(window, int) and window > 0 else 0,
+        sliding_window=window,
         description=str(meta.get("description", arch)), source=origin, notes=tuple(notes), missing=tuple(missing),
     )
 

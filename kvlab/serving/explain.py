@@ -20,11 +20,14 @@ from kvlab.serving.provenance import assumed_words
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import MAX_PARALLEL, LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
+    KNOWN_RANGE,
+    READ_VERSIONS,
     ROPE_RESERVE_SINCE,
     at_least,
     cell_rule,
     default_mem_fraction,
     expert_map_segment_bytes,
+    is_known,
     nearest_read,
     parse_version,
     rope_reserve_for_config,
@@ -43,7 +46,7 @@ OPTION_DTYPE_BYTES = {"bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "fp8_e4
 
 def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None, str, str | None]:
     if given:
-        parse_version(given)
+        _check_given_version(given)
         return given, "--sglang-version", nearest_read(given)
     if log.version:
         return log.version, log.version_source, nearest_read(log.version)
@@ -51,6 +54,19 @@ def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None,
         floor = max(log.format_hints, key=parse_version)
         return None, f"not printed; its line formats first appear in sglang {floor}", floor
     return None, "not printed", None
+
+
+def _check_given_version(given: str) -> None:
+    """A LogError naming --sglang-version and its value where kvlab does not know that version (KNOWN_RANGE)."""
+    shown = given if len(given) <= 40 else given[:37] + "..."
+    try:
+        known = is_known(given)
+    except ValueError as exc:
+        raise LogError(f"--sglang-version {shown}: {exc}") from None
+    if not known:
+        raise LogError(f"--sglang-version {shown}: outside the SGLang versions kvlab knows, {KNOWN_RANGE} (the "
+                       f"releases whose start-up lines and pool rules it read; earlier ones print no memory readings): "
+                       f"for a newer release pass {READ_VERSIONS[-1]}, the newest rules kvlab has")
 
 
 #: the largest max_total_tokens or context_length kvlab takes from a log (tokens)
@@ -118,12 +134,16 @@ def _int_or(value: str | None, default: int | None, where: str, name: str) -> in
 
 
 def _tokens_field_int(log: SGLangStartup, name: str) -> int | None:
-    """An integer from the 'max_total_num_tokens=…, name=…' line, None where the line lacks it."""
-    return _int_or(log.tokens_fields.get(name), None, log.where("tokens"), name)
+    """An integer from the 'max_total_num_tokens=…, name=…' line, None where the line lacks it; out of its range
+    (``_SETTING_RANGES``) a LogError naming the line."""
+    number = _int_or(log.tokens_fields.get(name), None, log.where("tokens"), name)
+    low, high = _SETTING_RANGES.get(name, (-(10 ** 18), 10 ** 18))
+    return _bounded(number, low, high, f"{log.where('tokens')}: {name}={log.tokens_fields.get(name)}", name)
 
 
 _SETTING_RANGES = {"dp_size": (1, MAX_PARALLEL), "pp_size": (1, MAX_PARALLEL), "page_size": (1, 1_048_576),
                    "max_total_tokens": (1, MAX_LOG_TOKENS), "context_length": (1, MAX_LOG_TOKENS),
+                   "context_len": (1, MAX_LOG_TOKENS), "chunked_prefill_size": (-1, MAX_LOG_TOKENS),
                    "speculative_num_steps": (0, MAX_PARALLEL), "speculative_num_draft_tokens": (0, MAX_PARALLEL)}
 
 

@@ -22,7 +22,7 @@ from kvlab.serving.engine_compare import torch_total
 from kvlab.serving.pool import cell_from_logged_sizes
 from kvlab.serving.result import Finding
 from kvlab.serving.sglang_log import SGLangStartup
-from kvlab.serving.sglang_versions import at_least, parse_version, reading_gaps
+from kvlab.serving.sglang_versions import KNOWN_RANGE, at_least, is_known, parse_version, reading_gaps
 from kvlab.units import GiB
 
 CONTEXT_GIB = 0.5  # a CUDA context and library workspaces, before anything is loaded (order of magnitude)
@@ -39,6 +39,10 @@ def sglang_findings(exp, log: SGLangStartup) -> list[Finding]:
     if exp.version is None:
         out.append(_f("version_assumed", "info", f"SGLang version {exp.version_source}: the rules of sglang "
                       f"{exp.rules_version or 'today'} were applied; pass --sglang-version to choose"))
+    elif not is_known(exp.version):  # printed by the log (--sglang-version is refused outside the range)
+        out.append(_f("version_unknown", "warning", f"SGLang {exp.version} ({exp.version_source}) is outside the "
+                      f"versions kvlab knows, {KNOWN_RANGE}: the rules of sglang {exp.rules_version} were applied; "
+                      f"pass --sglang-version to choose", version=exp.version, rules_version=exp.rules_version))
     if exp.fraction_from_default:
         out.append(_f("default_fraction", "info", f"mem_fraction_static is this version's default, not printed in "
                       f"the log: {exp.mem_fraction_static_source}"))

@@ -10,7 +10,7 @@ def resolve_gpu(name: str | None, log_gpu_name: str | None) -> tuple[DeviceSpec 
     if name:
         spec = DEVICE_PRESETS.get(name) or find_device_spec(name)
         if spec is None:
-            raise LogError(f"--gpu {name!r}: not a kvlab GPU preset or a known product name; presets: "
+            raise LogError(f"--gpu {name[:60]!r}: not a kvlab GPU preset or a known product name; presets: "
                            f"{', '.join(sorted(DEVICE_PRESETS))}")
         return spec, f"--gpu {name}"
     if log_gpu_name:

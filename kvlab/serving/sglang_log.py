@@ -145,15 +145,28 @@ def split_top_level(text: str) -> list[str]:
     return [item for item in items if item]
 
 
-def _server_args(line: str) -> dict[str, str]:
+def _server_args(line: str, where: str) -> dict[str, str]:
     body = line.split("ServerArgs(", 1)[1]
     body = body[: body.rfind(")")] if ")" in body else body
-    fields = {}
+    pairs = []
     for item in split_top_level(body):
         key, sep, value = item.partition("=")
         key = key.strip().lstrip(". ")  # pasted excerpts elide fields with "..."
         if sep and re.fullmatch(r"[A-Za-z_]\w*", key):
-            fields[key] = value.strip().rstrip(". ").strip().strip("'\"")
+            pairs.append((key, value.strip().rstrip(". ").strip().strip("'\"")))
+    return _once_each(pairs, where, "server_args")
+
+
+def _once_each(pairs, where: str, what: str) -> dict[str, str]:
+    """``pairs`` (key, value) as a dict; a LogError naming ``where`` (file:line), the key and both values where a key
+    comes twice. SGLang prints each field of a line once: a second one is an edited or spliced line, and which value
+    the server ran with is unclear (a trace key given twice is refused the same way)."""
+    fields: dict[str, str] = {}
+    for key, value in pairs:
+        if key in fields:
+            raise LogError(f"{where}: {what} gives {key!r} twice ({key}={_cut(fields[key])}, then "
+                           f"{key}={_cut(value)}): which one the server ran with is unclear")
+        fields[key] = value
     return fields
 
 
@@ -188,7 +201,7 @@ def _new_start(log: SGLangStartup, number: int) -> None:
 
 def _read_line(log: SGLangStartup, line: str, number: int) -> None:
     if "ServerArgs(" in line:
-        fields = _server_args(line)
+        fields = _server_args(line, f"{log.path}:{number}")
         if log.server_args_line is not None:
             if fields == log.server_args and not log.ranks:
                 return  # the same line twice, nothing between: a copy, not a new start
@@ -284,8 +297,9 @@ def _store(log: SGLangStartup, rank: RankReadings, name: str, m: re.Match, line:
             log.kv_dtype = m.group("dtype")
     elif name == "tokens":
         rank.max_total_num_tokens = count(m.group(1))
-        for key, value in _PAIRS.findall(line[m.end():]):
-            log.tokens_fields.setdefault(key, value.removesuffix(" GB"))
+        pairs = [(key, value.removesuffix(" GB")) for key, value in _PAIRS.findall(line[m.end():])]
+        for key, value in _once_each(pairs, where, "the max_total_num_tokens line").items():
+            log.tokens_fields.setdefault(key, value)
 
 
 def _cut(text: str) -> str:

@@ -33,10 +33,22 @@ def parse_version(text: str) -> tuple:
     """``"0.4.2.post3"`` -> (0, 4, 2, 1, 3); rc/dev sort before the release, post after."""
     m = _VERSION.match(str(text).strip())
     if not m:
-        raise ValueError(f"not an SGLang version: {text!r} (expected e.g. 0.4.7 or 0.4.2.post3)")
+        raise ValueError(f"not an SGLang version: {str(text)!r:.60} (expected e.g. 0.4.7 or 0.4.2.post3)")
     major, minor, patch, tag, n = m.groups()
     rank = {"dev": -3, "a": -2, "b": -2, "rc": -1, None: 0, "post": 1}[tag]
     return int(major), int(minor), int(patch), rank, int(n or 0)
+
+
+#: the first release whose start-up log prints the memory readings explain-log needs (0.1.14 printed none): with the
+#: newest read release, the range of versions kvlab knows
+EXPLAINED_SINCE = "0.1.17"
+KNOWN_RANGE = f"{EXPLAINED_SINCE} to {READ_VERSIONS[-1]}"
+
+
+def is_known(version: str) -> bool:
+    """Whether ``version`` lies in the range kvlab read (:data:`KNOWN_RANGE`; the newest one's post releases too)."""
+    key = parse_version(version)
+    return parse_version(EXPLAINED_SINCE) <= key and key[:3] <= parse_version(READ_VERSIONS[-1])[:3]
 
 
 def nearest_read(version: str) -> str:

@@ -69,7 +69,9 @@ MARGIN_FRACTION = 0.75  # KV_CACHE_MARGIN_FRACTION (0.34.0)
 def _key(version: str) -> tuple[int, ...]:
     m = _VERSION.match(str(version).strip())
     if not m:
-        raise BudgetError(f"vLLM version {version!r}: expected e.g. 0.10.1.1 or 0.34.0")
+        # a log's version is read by a pattern that only matches versions: a bad one is the flag's
+        raise BudgetError(f"--vllm-version {str(version)[:40]!r}: not a vLLM version (expected e.g. 0.10.1.1 or "
+                          f"0.34.0)")
     return tuple(int(g or 0) for g in m.groups())
 
 

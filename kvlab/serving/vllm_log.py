@@ -31,9 +31,9 @@ _WORKER = re.compile(r"\((?:VllmWorker|Worker)[^)]*?rank=(\d+)[^)]*\)|\(Worker_T
 _PATTERNS = {
     "weights": re.compile(r"(?:Model loading took|Loading model weights took) (\d+(?:\.\d+)?) (?:GiB|GB)"),
     "available": re.compile(r"Available KV cache memory: (\d+(?:\.\d+)?) GiB"),
-    "tokens": re.compile(r"KV cache size: ([\d,]+) tokens"),
+    "tokens": re.compile(r"KV cache size: (\d{1,3}(?:,\d{3})+|\d+) tokens"),  # vLLM prints {:,}
     "blocks": re.compile(r"# GPU blocks: (\d+)"),
-    "concurrency": re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: (\d+(?:\.\d+)?)x"),
+    "concurrency": re.compile(r"Maximum concurrency for (\d{1,3}(?:,\d{3})+|\d+) tokens per request: (\d+(?:\.\d+)?)x"),
     "version": re.compile(r"(?:vLLM API server version|LLM engine \(v|vLLM version:?)\s*v?(\d+\.\d+\.\d+(?:\.\w+)?)"),
     "tp": re.compile(r"tensor_parallel_size['\"]?[=:]\s*(\d+)"),
     "util": re.compile(r"gpu_memory_utilization['\"]?[=:]\s*(\d*\.\d+)|gpu_memory_utilization \((\d*\.\d+)\)"),
@@ -81,6 +81,7 @@ def parse_vllm_log(text: str, path: str = "<log>") -> VLLMStartup:
         for name, pattern in _PATTERNS.items():
             m = pattern.search(line)
             if not m:
+                _unread(name, line, where)
                 continue
             log.lines.setdefault(name, number)
             if name in _POOL_READINGS:
@@ -115,6 +116,20 @@ _POOL_READINGS = {"weights": ("weights GiB", float), "available": ("available Gi
                   "blocks": ("KV cache blocks", int)}
 _MESSAGE = {"weights": "Model loading took", "available": "Available KV cache memory",
             "kv_rest": "reserved for KV Cache", "tokens": "GPU KV cache size", "blocks": "# GPU blocks"}
+
+
+# vLLM's own messages for the readings a pool is recomputed from (and the context length): a line carrying one
+# without a number kvlab can read is an error naming the line, never skipped (as for an SGLang log's messages)
+_ANCHORS = {"weights": ("Model loading took", "Loading model weights took"), "available": ("Available KV cache memory",),
+            "kv_rest": ("reserved for KV Cache is",), "tokens": ("GPU KV cache size",), "blocks": ("# GPU blocks:",),
+            "concurrency": ("Maximum concurrency for",)}
+
+
+def _unread(name: str, line: str, where: str) -> None:
+    """A LogError naming ``where`` if ``line`` carries reading ``name``'s message but ``_PATTERNS`` read no number."""
+    anchor = next((a for a in _ANCHORS.get(name, ()) if a in line), None)
+    if anchor is not None:
+        raise LogError(f"{where}: '{anchor}' line without a readable number: {line.strip()[:160]!r}")
 
 
 def _new_start(log: VLLMStartup, number: int) -> None:

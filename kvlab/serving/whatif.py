@@ -31,21 +31,27 @@ class WhatIfError(KvlabError, ValueError):
     """A what-if kvlab cannot apply; the message names it."""
 
 
+def _cut(item: str) -> str:
+    """A what-if as its errors show it: a long one cut (a 100,000-character GPU name is no message)."""
+    return item if len(item) <= 60 else item[:57] + "..."
+
+
 def parse_what_if(item: str) -> tuple[str, str]:
     key, sep, value = item.partition("=")
+    item = _cut(item)
     if not sep or not value.strip():
         raise WhatIfError(f"--what-if {item!r}: expected KEY=VALUE, e.g. mem_fraction_static=0.9")
     if key.strip() not in KEYS:
-        raise WhatIfError(f"--what-if {item!r}: unknown key {key.strip()!r}; keys: mem_fraction_static, "
+        raise WhatIfError(f"--what-if {item!r}: unknown key {key.strip()[:40]!r}; keys: mem_fraction_static, "
                           f"kv_cache_dtype, tp, gpu")
     key, value = KEYS[key.strip()], value.strip()
     if key == "tp" and value.isdecimal() and (len(value.lstrip("0")) > 6 or int(value) > MAX_PARALLEL):
-        raise WhatIfError(f"--what-if {item[:60]!r}: tp must be from 1 to {MAX_PARALLEL:,}")
+        raise WhatIfError(f"--what-if {item!r}: tp must be from 1 to {MAX_PARALLEL:,}")
     return key, value
 
 
 def apply_what_ifs(exp, items) -> list[WhatIfResult]:
-    return [_one(exp, *parse_what_if(item), item) for item in items]
+    return [_one(exp, *parse_what_if(item), _cut(item)) for item in items]
 
 
 def _one(exp, key: str, value: str, item: str) -> WhatIfResult:

@@ -101,7 +101,7 @@ def test_from_the_vllm_side(capsys):
 @pytest.mark.parametrize("args,match", [
     (["--compare-engines"], "needs the GPU"),
     (["--gpu", "h100-80g", "--compare-engines", "--vllm-log", "/nonexistent/vllm.log"], "--vllm-log /nonexistent"),
-    (["--gpu", "h100-80g", "--compare-engines", "--vllm-version", "new"], "vLLM version 'new'"),
+    (["--gpu", "h100-80g", "--compare-engines", "--vllm-version", "new"], "--vllm-version 'new': not a vLLM version"),
 ])
 def test_bad_comparison_input(capsys, args, match):
     code, out, err = run_cli(capsys, SGLANG_LOG, "--model-config", CONFIG, *args)

@@ -119,7 +119,7 @@ def test_activation_estimate_grows_with_its_inputs():
 @pytest.mark.parametrize("call,match", [
     (lambda: _vllm("0.10.1.1", util=0.0), "gpu_memory_utilization must be in (0, 1]"),
     (lambda: _vllm("0.10.1.1", util=1.5), "gpu_memory_utilization must be in (0, 1]"),
-    (lambda: vllm_rule("latest"), "vLLM version 'latest'"),
+    (lambda: vllm_rule("latest"), "--vllm-version 'latest': not a vLLM version"),
     (lambda: Amount(-1.0, "weights from the log"), "weights from the log: a memory amount"),
     (lambda: Amount(float("nan"), "activation"), "activation: a memory amount"),
     (lambda: tokens_in(1.0, 0, 16), "cell size and block size must be positive"),
