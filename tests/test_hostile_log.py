@@ -103,10 +103,18 @@ def test_the_bound_itself_is_explained_within_seconds(tmp_path, capsys):
 
 # ---- item 5: an SGLang version kvlab does not know -------------------------------------------------------------
 
-@pytest.mark.parametrize("version", ["0.0.0", "0.1.14", "0.5.24", "99.0.0"])
-def test_a_given_sglang_version_outside_the_known_range_is_refused(version, capsys):
+@pytest.mark.parametrize("version", ["0.0.0", "0.1.14"])
+def test_a_given_sglang_version_older_than_the_known_range_is_refused(version, capsys):
     _refused(capsys, ["explain-log", str(SGLANG_LOG), "--sglang-version", version],
-             f"--sglang-version {version}: outside the SGLang versions kvlab knows, 0.1.17 to {READ_VERSIONS[-1]}")
+             f"--sglang-version {version}: older than any SGLang version kvlab knows, 0.1.17 to {READ_VERSIONS[-1]}")
+
+
+@pytest.mark.parametrize("version", ["0.5.24", "99.0.0"])
+def test_a_given_sglang_version_newer_than_kvlab_read_is_explained_with_the_newest_rules_and_says_so(version, capsys):
+    data = _explain(capsys, str(SGLANG_LOG), "--sglang-version", version)
+    found = {f["id"]: f for f in data["findings"]}
+    assert data["version"] == version
+    assert f"the rules of sglang {READ_VERSIONS[-1]} were applied" in found["version_unknown"]["message"]
 
 
 @pytest.mark.parametrize("version", ["0.1.17", "0.4.8", READ_VERSIONS[-1], READ_VERSIONS[-1] + ".post1"])

@@ -20,14 +20,15 @@ from kvlab.serving.provenance import assumed_words
 from kvlab.serving.result import Explanation
 from kvlab.serving.sglang_log import MAX_PARALLEL, LogError, RankReadings, SGLangStartup, parse_sglang_log
 from kvlab.serving.sglang_versions import (
+    EXPLAINED_SINCE,
     KNOWN_RANGE,
-    READ_VERSIONS,
     ROPE_RESERVE_SINCE,
     at_least,
     cell_rule,
     default_mem_fraction,
     expert_map_segment_bytes,
     is_known,
+    is_newer_than_read,
     nearest_read,
     parse_version,
     rope_reserve_for_config,
@@ -57,16 +58,17 @@ def _assumed_version(log: SGLangStartup, given: str | None) -> tuple[str | None,
 
 
 def _check_given_version(given: str) -> None:
-    """A LogError naming --sglang-version and its value where kvlab does not know that version (KNOWN_RANGE)."""
+    """A LogError naming --sglang-version and its value where it is no version or one older than any kvlab can
+    explain (their logs print no memory readings). A release newer than the newest kvlab read is taken: the newest
+    rules apply, and the findings say so (``version_unknown``)."""
     shown = given if len(given) <= 40 else given[:37] + "..."
     try:
         known = is_known(given)
     except ValueError as exc:
         raise LogError(f"--sglang-version {shown}: {exc}") from None
-    if not known:
-        raise LogError(f"--sglang-version {shown}: outside the SGLang versions kvlab knows, {KNOWN_RANGE} (the "
-                       f"releases whose start-up lines and pool rules it read; earlier ones print no memory readings): "
-                       f"for a newer release pass {READ_VERSIONS[-1]}, the newest rules kvlab has")
+    if not known and not is_newer_than_read(given):
+        raise LogError(f"--sglang-version {shown}: older than any SGLang version kvlab knows, {KNOWN_RANGE} (releases "
+                       f"before {EXPLAINED_SINCE} print no memory readings to explain)")
 
 
 #: the largest max_total_tokens or context_length kvlab takes from a log (tokens)

@@ -51,6 +51,11 @@ def is_known(version: str) -> bool:
     return parse_version(EXPLAINED_SINCE) <= key and key[:3] <= parse_version(READ_VERSIONS[-1])[:3]
 
 
+def is_newer_than_read(version: str) -> bool:
+    """Whether ``version`` is a release after the newest one kvlab read (its rules are then the newest's)."""
+    return parse_version(version)[:3] > parse_version(READ_VERSIONS[-1])[:3]
+
+
 def nearest_read(version: str) -> str:
     """The read version whose rules apply to ``version`` (the nearest read one at or below it)."""
     key = parse_version(version)
