@@ -11,7 +11,6 @@ view — live JupyterLab, a reload, Voila, the static report — draws the same 
 from __future__ import annotations
 
 import html
-import json
 
 import ipywidgets as widgets
 import plotly.graph_objects as go
@@ -279,7 +278,7 @@ class ServerPanel:
 
     # ---- the controller ----------------------------------------------------------------------------
     def model_config(self):
-        from kvlab.model.hf_config import ConfigError, config_from_dict, load_model_config
+        from kvlab.model.hf_config import config_from_dict, config_json_from_text, load_model_config
         from kvlab.serving.examples import DATA_DIR
 
         if self.model.value != PASTED:
@@ -288,12 +287,7 @@ class ServerPanel:
         text = self.config_text.value.strip()
         if not text:
             return None
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"pasted config.json:{exc.lineno}:{exc.colno}: not valid JSON ({exc.msg})") from None
-        if not isinstance(data, dict):
-            raise ConfigError("pasted config.json: expected a JSON object (a Hugging Face config.json)")
+        data = config_json_from_text(text, "pasted config.json")  # (no JSON, too deep, no object: named)
         return config_from_dict(data, name=str(data.get("_name_or_path") or "pasted config"),
                                 origin="pasted config.json")
 

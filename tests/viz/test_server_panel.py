@@ -84,6 +84,7 @@ def test_uploaded_log(panel):
 @pytest.mark.parametrize("field,value,match", [
     ("log_text", "hello\n", "kvlab: error: the log: not an SGLang or vLLM start-up log"),
     ("config_text", "{not json", "kvlab: error: pasted config.json:1:2: not valid JSON"),
+    ("config_text", '{"a": ' + "[" * 5000 + "]" * 5000 + "}", "kvlab: error: pasted config.json: field 'a' is nested"),
 ])
 def test_bad_input_shows_one_line(panel, field, value, match):
     panel.example.value = EXAMPLES[0].name
