@@ -27,7 +27,13 @@ export KVLAB_REQUIRE_BROWSER="${KVLAB_REQUIRE_BROWSER:-1}"
 # Lint first (rules in pyproject.toml's [tool.ruff]): a lint error fails the run before the long tests start.
 python3 -m ruff check
 set +e
-python3 -m pytest "${pytest_args[@]}"
+# Every core, one worker each (pytest-xdist); tests sharing a session fixture stay on one worker
+# (tests/conftest.py::_xdist_group). `-n 0` (or `-p no:xdist`) runs them in this one process.
+parallel=(-n auto --dist loadgroup)
+for arg in "${pytest_args[@]}"; do
+  case "$arg" in -n|-n*|--numprocesses*|no:xdist) parallel=() ;; esac
+done
+python3 -m pytest "${parallel[@]}" "${pytest_args[@]}"
 rc=$?
 set -e
 if [ "$rc" = 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi

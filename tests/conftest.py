@@ -83,6 +83,40 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"fuzz profile: {fuzz.profile()} ({fuzz.ENV}; counts in tests/fuzz.py)"
 
 
+# ---- parallel workers (pytest-xdist; scripts/test.sh runs ``-n auto --dist loadgroup``) ----------------------------
+def _xdist_group(item: pytest.Item) -> str | None:
+    """Tests that share an expensive session fixture run on one worker, in one group: the browser tests (one
+    JupyterLab, one built report), the Ray tests (one local cluster) and the headless notebook runs (each notebook
+    executed once per session). Every other test goes to whichever worker is free."""
+    if item.get_closest_marker("browser"):
+        return "browser"
+    if "ray_cluster" in getattr(item, "fixturenames", ()):
+        return "ray"
+    if Path(item.path).parent.name == "notebooks":
+        return "notebooks"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = _xdist_group(item)
+        if group:
+            item.add_marker(pytest.mark.xdist_group(group))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker hands its fuzz counts to the controller, which prints them (pytest_testnodedown)."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["kvlab_fuzz_ran"] = dict(fuzz.ran)
+
+
+@pytest.hookimpl(optionalhook=True)  # (an xdist hook: without xdist nothing calls it)
+def pytest_testnodedown(node, error) -> None:
+    for suite, count in getattr(node, "workeroutput", {}).get("kvlab_fuzz_ran", {}).items():
+        fuzz.ran[suite] = fuzz.ran.get(suite, 0) + count
+
+
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """How many random sequences each fuzz suite ran (counted as they start, not the configured number)."""
     if not fuzz.ran:
