@@ -35,7 +35,7 @@ from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
-from kvlab.sched.request import MatchMemo, SimReq
+from kvlab.sched.request import HostTierState, MatchMemo, SimReq
 from kvlab.units import align_down, align_up
 
 
@@ -115,7 +115,8 @@ class SchedulerKV:
             req.prefix_indices = memo.prefix_indices
             req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
             if self.hicache:  # the walk's end may be host-only: the tiers' ends and the host hit, as the walk found
-                req.last_node, req.best_match_node, req.host_hit_len = tree.match_ends(memo.last_node)
+                host = _host(req)
+                req.last_node, host.best_match_node, host.hit_len = tree.match_ends(memo.last_node)
             else:
                 req.last_node = memo.last_node
             return
@@ -136,8 +137,8 @@ class SchedulerKV:
         req.cache_protected_len = req.prefix_len
         req.kv_len = req.prefix_len
         if self.hicache:
-            req.host_hit_len = m.host_hit_length
-            req.best_match_node = m.last_host_node
+            host = _host(req)
+            host.hit_len, host.best_match_node = m.host_hit_length, m.last_host_node
 
     def state(self) -> tuple:
         """What a waiting request's admission check reads of the pools and tree, as one comparable value: free
@@ -169,20 +170,21 @@ class SchedulerKV:
         success the request's prefix grows by the loaded tokens and ends at the loaded node (locked by the load
         until its copy lands). Returns the tokens loaded (0: nothing on host, under SGLang's 10-token threshold,
         or no room even after eviction: the host part is then computed again)."""
-        if not req.host_hit_len:
+        host = req.host
+        if host is None or not host.hit_len:
             return 0
         tree = self.tree
         tree.inc_lock_ref(req.last_node)
-        res = tree.load_back(req.best_match_node)
+        res = tree.load_back(host.best_match_node)
         tree.dec_lock_ref(req.last_node)
         self.ledger.note_eviction(res.evict)
-        req.host_hit_len = 0
+        host.hit_len = 0
         if res.device_indices is None:
             return 0
         req.prefix_indices = torch.cat([req.prefix_indices, res.device_indices])
-        req.last_node = req.best_match_node
+        req.last_node = host.best_match_node
         req.prefix_len = req.cache_protected_len = req.kv_len = int(req.prefix_indices.shape[0])
-        req.loaded_len += res.loaded_tokens
+        host.loaded_len += res.loaded_tokens
         return res.loaded_tokens
 
     def lock(self, req: SimReq) -> None:
@@ -311,3 +313,11 @@ class SchedulerKV:
         require(self.tree.evictable_size() + self.tree.protected_size() == self.tree.total_size(),
                 "evictable + protected == cached", evictable=self.tree.evictable_size(),
                 protected=self.tree.protected_size(), cached=self.tree.total_size())
+
+
+def _host(req: SimReq) -> HostTierState:
+    """The request's host-tier state, made on its first match with a host tier."""
+    host = req.host
+    if host is None:
+        host = req.host = HostTierState()
+    return host

@@ -28,7 +28,7 @@ from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
-from kvlab.sched.request import MatchMemo, SimReq
+from kvlab.sched.request import MatchMemo, PageState, SimReq
 
 
 class PageCounter:
@@ -73,12 +73,12 @@ class PageKV:
 
     def prepare(self, requests: Sequence[SimReq]) -> None:
         """Before the run: each request emits placeholders (zeros) instead of its planned tokens, which move to
-        ``output_tokens``. Nothing here reads an output token but a page key reaching into the outputs, which
+        its :class:`~kvlab.sched.request.PageState`. Nothing here reads an output token but a page key reaching into the outputs, which
         reads only that page's tokens (a trace's random outputs are drawn that far, not all 4 million)."""
         longest = max((r.max_new_tokens for r in requests), default=0)
         zeros = bytes(longest)  # indexing and slicing give zeros, at C speed, and one byte per token
         for req in requests:
-            req.output_tokens, req.planned_output = req.planned_output, zeros
+            req.page, req.planned_output = PageState(req.planned_output), zeros
 
     # ---- sizes (tokens) -------------------------------------------------------------------------
     def available(self) -> int:
@@ -115,11 +115,12 @@ class PageKV:
     # ---- keys -----------------------------------------------------------------------------------
     def page_keys(self, req: SimReq, pages: int):
         """The ids of the first ``pages`` whole pages of the request's prompt + planned outputs."""
-        keys = req.page_keys
+        state = req.page
+        keys = state.keys
         if keys is None:
-            keys = req.page_keys = self.keys.of_sequence(req.prompt, len(req.prompt) // self.page_size)
+            keys = state.keys = self.keys.of_sequence(req.prompt, len(req.prompt) // self.page_size)
         if len(keys) < pages:  # pages reaching into the outputs (a finished or re-admitted request)
-            ps, prompt, out = self.page_size, req.prompt, req.output_tokens
+            ps, prompt, out = self.page_size, req.prompt, state.output_tokens
             n = len(prompt)
             for p in range(len(keys), pages):
                 a, b = p * ps, p * ps + ps
@@ -249,7 +250,7 @@ class PageKV:
     def finish(self, req: SimReq) -> None:
         self._release(req, True)
         req.fill_ids, req.output_ids = [], []
-        req.match_memo = req.page_keys = None
+        req.match_memo = req.page.keys = None
         self.ledger.note_finished()
 
     def release_retracted(self, req: SimReq) -> None:

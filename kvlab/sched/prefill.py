@@ -100,8 +100,8 @@ class PrefillAdder:
                 if not batch and kv.replayable(req):  # (the unlock restored what the lock changed)
                     self.blocked = Blocked(req, need, budget, kv.state())
                 break
-            host_hit = req.host_hit_len  # HiCache: load the host part back now (fits counted it as new tokens)
-            if host_hit and kv.load_back(req):
+            host = req.host  # HiCache: load the host part back now (fits counted it as new tokens)
+            if host is not None and host.hit_len and kv.load_back(req):
                 extend = len(req.fill_ids) - req.prefix_len
             chunks = align_up(extend, ps) > rem_chunk
             if chunks:
@@ -120,8 +120,9 @@ class PrefillAdder:
             if not req.admitted:
                 req.admitted = True
                 hit = min(req.prefix_len, req.prompt_len)
-                self.ledger.note_first_admission(hit, ps, host_tokens=min(req.loaded_len, hit))
-            req.loaded_len = 0
+                self.ledger.note_first_admission(hit, ps, host_tokens=min(host.loaded_len, hit) if host else 0)
+            if host is not None:
+                host.loaded_len = 0
             batch.append(req)
             if chunks:
                 chunked = req

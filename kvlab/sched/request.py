@@ -45,6 +45,25 @@ class MatchMemo(NamedTuple):
     prefix_len: int
 
 
+@dataclass(slots=True, eq=False)
+class HostTierState:
+    """A request's HiCache state (the token-level memory with a host tier, :class:`~kvlab.sched.kv.SchedulerKV`)."""
+
+    hit_len: int = 0  # matched on host only at the last match (loaded back at admission)
+    best_match_node: object | None = None  # where that load-back ends (HiMatchResult.last_host_node)
+    loaded_len: int = 0  # tokens loaded back for it since its last admission (its host hits)
+
+
+@dataclass(slots=True, eq=False)
+class PageState:
+    """A request's page-engine state (:class:`~kvlab.sched.page_kv.PageKV`): the ids of the whole pages of prompt +
+    planned outputs read so far, and the planned output tokens (the request emits placeholders: only where a page key
+    needs them are the tokens read)."""
+
+    output_tokens: Sequence[int] = ()
+    keys: list | None = None
+
+
 @dataclass(eq=False)
 class SimReq:
     """SGLang's ``Req`` fields the tree reads (:class:`~kvlab.mem_cache.radix_cache.Req`), plus what the simulator
@@ -63,21 +82,17 @@ class SimReq:
     max_new_tokens: int = 1
     planned_output: Sequence[int] = ()
     prefix_len: int = 0  # matched at the last admission (on the device, then with what was loaded back)
-    host_hit_len: int = 0  # HiCache: matched on host only at the last match (loaded back at admission)
-    best_match_node: object | None = None  # HiCache: where that load-back ends (HiMatchResult.last_host_node)
-    loaded_len: int = 0  # HiCache: tokens loaded back for it since its last admission (its host hits)
     kv_len: int = 0  # tokens of fill_ids whose KV is in the row
     extend_len: int = 0  # tokens this prefill chunk computes
     admitted: bool = False
     retractions: int = 0
     # fast_decode.DecodeState while the event-driven rounds run it (outputs and row not written out); None otherwise
     decode_state: object | None = None
-    # SchedulerKV.match's last result for this request; a match with the same version and length is replayed
+    # either memory's last match for this request; a match with the same version and length is replayed
     match_memo: MatchMemo | None = None
-    # the page engine's (kvlab.sched.page_kv): the ids of the whole pages of prompt + planned outputs read so far,
-    # and the planned output tokens (it emits placeholders: only where a page key needs them are the tokens read)
-    page_keys: object | None = None
-    output_tokens: Sequence[int] = ()
+    # each engine's own state, in its own typed slot (None where that engine does not run the request)
+    host: HostTierState | None = None  # the host tier's (HiCache)
+    page: PageState | None = None  # the page engine's
 
     # ``prefix_indices`` (the KV slots of the cached prefix, a tensor; the token-level memory's) is kept as the runs
     # ``cache_unfinished_req`` hands over and concatenated on first read: the loop itself reads it only after the

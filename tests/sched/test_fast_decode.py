@@ -123,8 +123,8 @@ def test_both_paths_ask_for_the_same_prefix_matches(monkeypatch):
     asked: list = []
     walked: list = []
 
-    def tokens(req):  # (the page engine emits placeholders: its planned tokens are output_tokens)
-        out = req.output_tokens[: len(req.output_ids)] if req.output_tokens else req.output_ids
+    def tokens(req):  # (the page engine emits placeholders: its planned tokens are in its PageState)
+        out = req.page.output_tokens[: len(req.output_ids)] if req.page is not None else req.output_ids
         return bytes(array("q", list(req.prompt) + list(out)))
 
     for memory, tree in ((SchedulerKV, RadixCache), (PageKV, PageRadixTree)):

@@ -150,7 +150,7 @@ def test_a_replayed_match_loads_its_host_hit_back_at_admission(monkeypatch, poli
         return real_match(self, req)
 
     def loading(self, req):
-        if req.host_hit_len:
+        if req.host is not None and req.host.hit_len:
             loads.append(replayed.get(id(req), False))
         return real_load(self, req)
 

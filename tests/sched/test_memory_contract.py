@@ -28,7 +28,9 @@ def _memories(max_running: int):
     reqs = [SimReq.of(Req(f"r{i}", 0.0, tuple(range(100 * i, 100 * i + 20)), 4)) for i in range(4)]
     for r in reqs:
         r.extend_len = 20
-    return (PageKV(cfg, Ledger(Totals())), SchedulerKV(cfg, 64, Ledger(Totals()))), reqs
+    page = PageKV(cfg, Ledger(Totals()))
+    page.prepare(reqs)  # (as the scheduler does when it chooses the page engine; the token-level memory ignores it)
+    return (page, SchedulerKV(cfg, 64, Ledger(Totals()))), reqs
 
 
 @pytest.mark.parametrize("which", [0, 1], ids=["page engine", "token-level memory"])
