@@ -22,11 +22,12 @@ it has no size in the snapshot but its request, so its block size is estimated w
 from __future__ import annotations
 
 import gc
-import io
 import math
 import os
 import pickle
+import reprlib
 import stat
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ from kvlab.device.events import ACTIONS
 from kvlab.device.snapshot_keys import SnapshotKeyWarning as SnapshotKeyWarning  # re-exported
 from kvlab.device.snapshot_keys import warn_unknown_keys
 from kvlab.errors import KvlabError
+from kvlab.input_limits import check_size, reading
 from kvlab.paths import data_path
 from kvlab.units import KiB, MiB
 
@@ -68,7 +70,11 @@ TIMELINE_COLUMNS = (
 )
 
 
-MAX_SNAPSHOT_BYTES = 8 << 30  # a real snapshot with a million-event history and stacks is a few hundred MB
+# The objects a pickle may build per byte of its file: the real and generated snapshots build 0.02 to 0.15 (dense
+# events without stacks), a crafted pickle of empty dicts 0.5 (40 M of them took 3.7 GB). Small files get a floor.
+PICKLE_OBJECTS_PER_BYTE = 0.25
+PICKLE_OBJECTS_FLOOR = 1 << 20
+_OBJECTS_PER_BYTE_AT_MOST = 2  # what one byte of a pickle can build: an opcode of one byte makes one object
 
 
 class SnapshotError(KvlabError, ValueError):
@@ -98,12 +104,51 @@ class _SnapshotUnpickler(pickle.Unpickler):
         )
 
     def persistent_load(self, pid):
-        shown = repr(pid)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise SnapshotError(
-            f"{self._source}: refused persistent id {shown}: not a torch memory snapshot, which has none "
+            f"{self._source}: refused persistent id {_shown(pid)}: not a torch memory snapshot, which has none "
             "(torch.save checkpoints have them: read those with torch.load(weights_only=True))"
         )
+
+
+class _BoundedPickleInput:
+    """A pickle's bytes as the file the C unpickler reads, which asks for more each time its buffer runs dry
+    (every frame of 64 KiB, or 128 KiB without frames): each time, the objects built so far (the process's
+    allocated blocks, ``sys.getallocatedblocks``) plus the most the bytes it asks for can build must stay within
+    :attr:`bound`, or the load stops there with a :class:`SnapshotError` naming the bound. So a small file cannot
+    build tens of millions of objects before the snapshot is even checked (issue 37: 3.7 GB and 17 s)."""
+
+    def __init__(self, data: bytes, source: str):
+        self._bytes, self._data, self._pos, self._source = data, memoryview(data), 0, source
+        self.bound = max(PICKLE_OBJECTS_FLOOR, int(len(data) * PICKLE_OBJECTS_PER_BYTE))
+        self._start = sys.getallocatedblocks()
+
+    def _take(self, n: int | None, *, advance: bool = True) -> bytes:
+        end = len(self._data) if n is None or n < 0 else min(self._pos + n, len(self._data))
+        built = sys.getallocatedblocks() - self._start
+        if built + (end - self._pos) * _OBJECTS_PER_BYTE_AT_MOST > self.bound:
+            raise _fail(self._source, "", f"the pickle built {built:,} objects from its first {self._pos:,} bytes "
+                        f"and could build more than the {self.bound:,} kvlab allows a file of {len(self._data):,} "
+                        f"bytes ({PICKLE_OBJECTS_PER_BYTE:g} per byte; a torch snapshot builds under 0.15): refused "
+                        "before the rest is loaded")
+        chunk = bytes(self._data[self._pos:end])
+        if advance:
+            self._pos = end
+        return chunk
+
+    def read(self, n: int = -1) -> bytes:
+        return self._take(n)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._take(max(n, 1), advance=False)
+
+    def readinto(self, buffer) -> int:
+        chunk = self._take(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+    def readline(self) -> bytes:
+        newline = self._bytes.find(b"\n", self._pos)
+        return self._take(None if newline < 0 else newline + 1 - self._pos)
 
 
 def load_snapshot_pickle(path: str | os.PathLike) -> Any:
@@ -111,23 +156,24 @@ def load_snapshot_pickle(path: str | os.PathLike) -> Any:
 
     Only plain data is admitted (see :class:`_SnapshotUnpickler`); a pickle that names a global or a
     persistent id raises :class:`SnapshotError` naming the file and the refused ``module.name``, and
-    nothing in it has run. Other unreadable content raises :class:`SnapshotError` too (not a pickle
-    file)."""
+    nothing in it has run. A file too large for the memory this machine has is refused before it is read
+    (:mod:`kvlab.input_limits`), and a pickle that builds more objects than its size explains is refused while it
+    loads (:class:`_BoundedPickleInput`). Other unreadable content raises :class:`SnapshotError` too (not a
+    pickle file)."""
     source = str(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    with open(path, "rb") as f, reading(path, source):
+        status = os.fstat(f.fileno())
+        if not stat.S_ISREG(status.st_mode):
             raise _fail(source, "", "not a regular file (a FIFO, socket or device); give the snapshot file")
-        if size > MAX_SNAPSHOT_BYTES:
-            raise _fail(source, "", f"{size:,} bytes, more than the {MAX_SNAPSHOT_BYTES:,} kvlab reads")
-        data = f.read()  # a regular file of a known, capped size
-    try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short instead of allocating
-        return _SnapshotUnpickler(io.BytesIO(data), source).load()
-    except SnapshotError:
-        raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
-            KeyError, OverflowError, RecursionError, MemoryError) as exc:
-        raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {str(exc)[:200]})") from None
+        check_size(path, source, "snapshot", status.st_size)
+        data = f.read()  # a regular file of a known size that fits in memory
+        try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short instead of allocating
+            return _SnapshotUnpickler(_BoundedPickleInput(data, source), source).load()
+        except SnapshotError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
+                KeyError, OverflowError, RecursionError) as exc:
+            raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
 def _fail(source: str, where: str, message: str) -> SnapshotError:
@@ -481,9 +527,14 @@ def _shared(source: str, where: str) -> SnapshotError:
                                 "stand for billions of entries")
 
 
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
+
+
 def _shown(value: Any) -> str:
-    """``value`` for an error message: its repr cut to 60 characters, with its type unless it is plain."""
-    text = repr(value)
+    """``value`` for an error message: its repr cut to 60 characters and 3 levels of nesting (a value nested a
+    million deep is shown, never a RecursionError), with its type unless it is plain."""
+    text = _SHORT.repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return text if value is None or type(value) in (str, int, float, bool) else f"{type(value).__name__} {text}"
 
