@@ -167,12 +167,12 @@ def load_snapshot_pickle(path: str | os.PathLike) -> Any:
             raise _fail(source, "", "not a regular file (a FIFO, socket or device); give the snapshot file")
         check_size(path, source, "snapshot", status.st_size)
         data = f.read()  # a regular file of a known size that fits in memory
-        try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short instead of allocating
+        try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short, or fails to allocate
             return _SnapshotUnpickler(_BoundedPickleInput(data, source), source).load()
         except SnapshotError:
             raise
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
-                KeyError, OverflowError, RecursionError) as exc:
+                KeyError, OverflowError, RecursionError, MemoryError) as exc:
             raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {str(exc)[:200]})") from None
 
 
@@ -451,11 +451,13 @@ def _validate(raw: Any, source: str) -> None:
                 if key in block:
                     _require_int(block[key], source, f"{where}.{key}")
             normalise_state(block["state"], source, f"{where}.state")
+        _check_segment(seg, source, f"segments[{i}]")
     _check_overlaps(raw["segments"], source)
     _check_settings(raw.get("allocator_settings"), source)
     traces = raw.get("device_traces", [])
     if not isinstance(traces, list):
         raise _fail(source, "device_traces", f"expected a list, got {type(traces).__name__}")
+    _check_devices(raw["segments"], traces, source)
     for d, trace in enumerate(traces):
         if not isinstance(trace, list):
             raise _fail(source, f"device_traces[{d}]", f"expected a list, got {type(trace).__name__}")
@@ -473,6 +475,85 @@ def _validate(raw: Any, source: str) -> None:
                         and max(size, addr, stream) < 1 << 64 and type(time_us) is int and 0 <= time_us < 1 << 63:
                     continue
             _check_entry(entry, source, f"device_traces[{d}][{k}]")
+        _check_trace_order(trace, source, f"device_traces[{d}]")
+
+
+SEGMENT_TYPES = ("small", "large")
+
+
+def _check_segment(seg: Mapping, source: str, where: str) -> None:
+    """What torch's own segments always are: a pool of ``small`` or ``large``, ``is_expandable`` a bool, at least one
+    byte, and blocks inside it; a snapshot that says otherwise contradicts itself and is refused naming the field
+    (it was replayed without a note, issue 37)."""
+    if seg["segment_type"] not in SEGMENT_TYPES or type(seg["segment_type"]) is not str:
+        raise _fail(source, f"{where}.segment_type", f"expected one of {SEGMENT_TYPES}, got {_shown(seg['segment_type'])}")
+    if type(seg.get("is_expandable", False)) is not bool:
+        raise _fail(source, f"{where}.is_expandable", f"expected True or False, got {_shown(seg['is_expandable'])}")
+    if seg["total_size"] == 0:
+        raise _fail(source, f"{where}.total_size", "0 bytes: a segment holds at least one block (torch never records "
+                                                   "an empty one)")
+    start, end = seg["address"], seg["address"] + seg["total_size"]
+    addr = start
+    for j, block in enumerate(seg["blocks"]):
+        addr = block.get("address", addr)
+        if addr < start or (not seg.get("is_expandable", False) and addr + block["size"] > end):
+            field = "address" if addr < start or addr >= end else "size"
+            raise _fail(source, f"{where}.blocks[{j}].{field}", f"block {addr:#x} + {block['size']:,} B lies outside "
+                        f"its segment {start:#x} + {seg['total_size']:,} B")
+        addr += block["size"]
+
+
+def _check_devices(segments: list, traces: list, source: str) -> None:
+    """torch writes one trace per device (``device_traces[d]``): a segment of a device beyond them contradicts it."""
+    if not traces:
+        return
+    for i, seg in enumerate(segments):
+        if seg.get("device", 0) >= len(traces):
+            known = "device 0 only" if len(traces) == 1 else f"devices 0 to {len(traces) - 1}"
+            raise _fail(source, f"segments[{i}].device", f"device {seg['device']}, but device_traces holds one trace "
+                        f"per device, for {known}")
+
+
+def _check_trace_order(trace: list, source: str, where: str) -> None:
+    """A block's events come in torch's order: alloc, (free_requested,) free_completed of the same size. A trace may
+    begin with an older block's free (the history is a ring buffer), but it never allocates an address still
+    allocated, frees one twice, frees other bytes than it allocated, or frees a block in a segment it allocated
+    (or mapped) with nothing allocated there since: each is refused naming the event."""
+    live: dict[int, tuple[int, int]] = {}  # addr -> (event index of its alloc, size)
+    freed: dict[int, int] = {}  # addr -> event index of its free_completed
+    fresh: list[tuple[int, int, int]] = []  # (start, end, event index): segments the trace allocated, still held
+    for k, entry in enumerate(trace):
+        action, addr, size = entry["action"], entry.get("addr"), entry["size"]
+        if action in ("segment_alloc", "segment_map"):
+            fresh.append((addr, addr + size, k))
+        elif action in ("segment_free", "segment_unmap"):
+            fresh = [f for f in fresh if not addr <= f[0] < addr + size]
+        elif action == "alloc":
+            if addr in live:
+                raise _fail(source, f"{where}[{k}]", f"alloc at {addr:#x} while the block event {live[addr][0]} "
+                            "allocated there is not freed: the trace contradicts itself")
+            live[addr] = (k, size)
+            freed.pop(addr, None)
+        elif action in ("free_requested", "free_completed"):
+            _check_free(entry, k, live, freed, fresh, source, where)
+
+
+def _check_free(entry: Mapping, k: int, live: dict, freed: dict, fresh: list, source: str, where: str) -> None:
+    action, addr, size = entry["action"], entry["addr"], entry["size"]
+    if addr in freed:
+        raise _fail(source, f"{where}[{k}]", f"{action} at {addr:#x}, which event {freed[addr]} freed already "
+                    "with no alloc between: the trace contradicts itself")
+    if addr not in live:  # a block older than the history: its segment cannot be one the trace made
+        segment = next((f for f in fresh if f[0] <= addr < f[1]), None)
+        if segment is not None:
+            raise _fail(source, f"{where}[{k}]", f"{action} at {addr:#x} before any alloc there: event "
+                        f"{segment[2]} allocated its segment {segment[0]:#x} empty, so no block was there to free")
+    if action == "free_completed":
+        alloc = live.pop(addr, None)
+        if alloc is not None and alloc[1] != size:
+            raise _fail(source, f"{where}[{k}].size", f"free_completed of {size:,} B at {addr:#x}, but event "
+                        f"{alloc[0]} allocated {alloc[1]:,} B there: the trace contradicts itself")
+        freed[addr] = k
 
 
 def _check_overlaps(segments: list, source: str) -> None:
