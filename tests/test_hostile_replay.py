@@ -170,6 +170,18 @@ def test_a_deeply_nested_value_is_named_not_a_recursion_error(where, field, kind
     _refused(_main(capsys, ["replay", str(path)]), f"{path}: {where}.{field}: ", f"{kind} {'[[[' if kind == 'list' else '((('}")
 
 
+def test_a_deeply_nested_tuple_as_a_key_does_not_crash_the_process(tmp_path):
+    """hash() of a tuple recurses in C: one nested 300,000 deep as a dict key was a segmentation fault while the
+    pickle loaded. Now it loads where the stack holds it, and the unknown key is shown cut short."""
+    data = pickle.dumps(RAW, protocol=2)
+    top = data.index(b"}") + 1  # the top-level dict, opened first
+    path = tmp_path / "deep-key.pickle"
+    path.write_bytes(data[:top] + b"K\x01" + b"\x85" * 300_000 + b"K\x02s" + data[top:])
+    run = _cli(["replay", str(path)])
+    assert run.returncode == 0, (run.returncode, run.stderr[-2000:])
+    assert f"kvlab: warning: {path}: ignoring keys kvlab does not know (top level: ((((...),),),))" in run.stderr
+
+
 # ---- items 5 and 8: snapshots that contradict themselves ------------------------------------------------------
 
 def _grow_last_block(s):

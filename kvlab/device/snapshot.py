@@ -28,7 +28,7 @@ import pickle
 import reprlib
 import stat
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,7 +151,7 @@ class _BoundedPickleInput:
         return self._take(None if newline < 0 else newline + 1 - self._pos)
 
 
-def load_snapshot_pickle(path: str | os.PathLike) -> Any:
+def load_snapshot_pickle(path: str | os.PathLike, then: Callable[[Any], Any] | None = None) -> Any:
     """The object in a ``_dump_snapshot`` pickle, read without running code from it.
 
     Only plain data is admitted (see :class:`_SnapshotUnpickler`); a pickle that names a global or a
@@ -159,7 +159,8 @@ def load_snapshot_pickle(path: str | os.PathLike) -> Any:
     nothing in it has run. A file too large for the memory this machine has is refused before it is read
     (:mod:`kvlab.input_limits`), and a pickle that builds more objects than its size explains is refused while it
     loads (:class:`_BoundedPickleInput`). Other unreadable content raises :class:`SnapshotError` too (not a
-    pickle file)."""
+    pickle file). ``then``: called on the object, where the object's nesting cannot overflow the stack
+    (:func:`_where_deep_tuples_fit`); its result is returned."""
     source = str(path)
     with open(path, "rb") as f, reading(path, source):
         status = os.fstat(f.fileno())
@@ -168,12 +169,53 @@ def load_snapshot_pickle(path: str | os.PathLike) -> Any:
         check_size(path, source, "snapshot", status.st_size)
         data = f.read()  # a regular file of a known size that fits in memory
         try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short, or fails to allocate
-            return _SnapshotUnpickler(_BoundedPickleInput(data, source), source).load()
+            def load():
+                obj = _SnapshotUnpickler(_BoundedPickleInput(data, source), source).load()
+                return obj if then is None else then(obj)
+
+            return _where_deep_tuples_fit(load, data)
         except SnapshotError:
             raise
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
                 KeyError, OverflowError, RecursionError, MemoryError) as exc:
             raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+_MAIN_STACK_TUPLES = 50_000  # tuples nested in one another that hashing one on the main thread's 8 MiB stack takes
+_STACK_PER_TUPLE = 128  # bytes of C stack per level of hash(): 150,000 levels overflowed 8 MiB
+_TUPLE_OPCODES = (b"\x85", b"\x86", b"\x87", b"t")  # TUPLE1, TUPLE2, TUPLE3, TUPLE: one level each at most
+
+
+def _where_deep_tuples_fit(call: Callable[[], Any], data: bytes) -> Any:
+    """``call()``, where hashing the most deeply nested tuple the pickle ``data`` can build cannot overflow the C
+    stack: ``hash()`` of a tuple recurses into its items in C, below Python's recursion limit, so a tuple nested
+    150,000 deep as a dict key crashed the process while it loaded (a segmentation fault, not an error). Each
+    level takes a tuple opcode, so their count bounds the depth: under :data:`_MAIN_STACK_TUPLES` (a real
+    snapshot of 2 MB has 3,500 of those bytes) here, else in a thread whose stack holds that depth (reserved
+    address space, used only as deep as the tuples go)."""
+    depth = sum(map(data.count, _TUPLE_OPCODES))
+    if depth < _MAIN_STACK_TUPLES:
+        return call()
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread as it is
+            outcome["error"] = exc
+
+    previous = threading.stack_size(-(-(depth * _STACK_PER_TUPLE + (16 << 20)) // 65536) * 65536)
+    try:
+        worker = threading.Thread(target=run, name="kvlab-snapshot-load", daemon=True)  # Ctrl-C ends the process
+        worker.start()
+    finally:
+        threading.stack_size(previous)
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _fail(source: str, where: str, message: str) -> SnapshotError:
@@ -657,13 +699,15 @@ def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any] | list) ->
     anything that does not follow torch's schema, or the refused ``module.name`` for a pickle that
     names a global."""
     if isinstance(path_or_dict, (Mapping, list)):
-        raw, source = path_or_dict, "snapshot dict" if isinstance(path_or_dict, Mapping) else "segment list"
-    else:
-        path = Path(path_or_dict)
-        source = str(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{source}: snapshot file not found")
-        raw = load_snapshot_pickle(path)
+        return _checked(path_or_dict, "snapshot dict" if isinstance(path_or_dict, Mapping) else "segment list")
+    path = Path(path_or_dict)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: snapshot file not found")
+    return load_snapshot_pickle(path, then=lambda raw: _checked(raw, str(path)))
+
+
+def _checked(raw: Any, source: str) -> Snapshot:
+    """The snapshot of a loaded object, validated; its unknown keys warned about."""
     raw, kind = _as_snapshot_dict(raw, source)
     _validate(raw, source)
     warn_unknown_keys(raw, source)
