@@ -25,7 +25,6 @@ import gc
 import math
 import os
 import pickle
-import reprlib
 import stat
 import sys
 from collections.abc import Callable, Mapping
@@ -38,7 +37,7 @@ import pandas as pd
 from kvlab.device.caching_allocator import round_size
 from kvlab.device.events import ACTIONS
 from kvlab.device.snapshot_keys import SnapshotKeyWarning as SnapshotKeyWarning  # re-exported
-from kvlab.device.snapshot_keys import warn_unknown_keys
+from kvlab.device.snapshot_keys import short_repr, warn_unknown_keys
 from kvlab.errors import KvlabError
 from kvlab.input_limits import check_size, reading
 from kvlab.paths import data_path
@@ -650,14 +649,10 @@ def _shared(source: str, where: str) -> SnapshotError:
                                 "stand for billions of entries")
 
 
-_SHORT = reprlib.Repr()
-_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
-
-
 def _shown(value: Any) -> str:
     """``value`` for an error message: its repr cut to 60 characters and 3 levels of nesting (a value nested a
     million deep is shown, never a RecursionError), with its type unless it is plain."""
-    text = _SHORT.repr(value)
+    text = short_repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return text if value is None or type(value) in (str, int, float, bool) else f"{type(value).__name__} {text}"
 

@@ -74,9 +74,15 @@ _SHORT = reprlib.Repr()
 _SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
 
 
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to 3 levels of nesting and about 60 characters a string: a value nested a million deep
+    is shown, never a RecursionError."""
+    return _SHORT.repr(value)
+
+
 def _key_text(key: Any) -> str:
     """A key as the warning shows it: a str as it is, anything else (a tuple nested a million deep) cut short."""
-    return key if isinstance(key, str) else _SHORT.repr(key)
+    return key if isinstance(key, str) else short_repr(key)
 
 
 def warn_unknown_keys(raw: Mapping[str, Any], source: str) -> dict[str, list[str]]:
