@@ -704,18 +704,26 @@ _FILE_INPUTS = (
 )
 
 
+#: the file inputs read whole into memory, and their kind in kvlab.input_limits.EXPANSION
+_READ_WHOLE = {"snapshot": "snapshot", "trace": "trace", "log": "log", "vllm_log": "log", "model_config": "config"}
+
+
 def check_inputs(args: argparse.Namespace) -> None:
     """Refuse a folder where a file goes (and a file where a folder goes), and anything that is not a regular
-    file (a FIFO blocks forever, ``/dev/zero`` never ends), naming the flag. A missing path is left to the
-    reader, whose message says what it looked for (``--model-config`` also takes a preset name)."""
+    file (a FIFO blocks forever, ``/dev/zero`` never ends), naming the flag; and a file too large to read in the
+    memory this machine has (kvlab.input_limits). A missing path is left to the reader, whose message says what it
+    looked for (``--model-config`` also takes a preset name)."""
     import stat
+
+    from kvlab.input_limits import check_size
 
     for command, attr, shown, kind in _FILE_INPUTS:
         path = getattr(args, attr, None) if args.command == command else None
         if not path:
             continue
         try:
-            mode = os.stat(path).st_mode
+            status = os.stat(path)
+            mode = status.st_mode
         except (FileNotFoundError, NotADirectoryError):
             continue
         except OSError as exc:
@@ -727,6 +735,8 @@ def check_inputs(args: argparse.Namespace) -> None:
             raise KvlabError(f"{name}: is a file, not a folder; give the folder holding the notebooks")
         if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
             raise KvlabError(f"{name}: is not a regular file (a FIFO, socket or device); give a {kind}")
+        if stat.S_ISREG(mode) and attr in _READ_WHOLE:
+            check_size(path, name, _READ_WHOLE[attr], status.st_size)
 
 
 def _command_named(argv: list[str]) -> str:

@@ -57,7 +57,8 @@ BAD_OUTCOMES = ("traceback", "hang", "data_lost", "process_left")
 
 @dataclass
 class Probe:
-    category: str  # special-file, oversized, wrong-type, duplicate, out-of-range, output-path, hostile-pickle, mutated
+    category: str  # special-file, sparse-file, oversized, wrong-type, duplicate, out-of-range, output-path,
+    # hostile-pickle, deep-nesting, contradictory, mutated
     what: str
     argv: list[str]
     names: tuple[str, ...]  # any of these in an error line names the input
@@ -140,7 +141,67 @@ def _snapshot_probes(tmp: Path) -> list[Probe]:
                              (flag,)))
     out.append(Probe("oversized", "replay --device 10^20", ["replay", str(SNAPSHOT), "--device", "9" * 20],
                      ("--device",)))
+    for value in ("", ",,,", "max_split_size_mb=99999999999999999999", "max_split_size_mb=\u00b2"):
+        out.append(Probe("out-of-range", f"replay --what-if {value[:40]!r}", ["replay", str(SNAPSHOT), "--what-if",
+                                                                              value], ("--what-if",)))
+    return out + _deep_snapshots(tmp, raw) + _contradictory_snapshots(tmp, raw) + _sparse_probes(tmp)
+
+
+def _deep_snapshots(tmp: Path, raw: dict) -> list[Probe]:
+    """A value nested 200,000 deep (lists or tuples, built with opcodes: pickle.dumps would recurse) in a field."""
+    out = []
+    nodes = {"address": lambda s: s["segments"][0], "state": lambda s: s["segments"][0]["blocks"][0],
+             "time_us": lambda s: s["device_traces"][0][0]}
+    for key, node in nodes.items():
+        for kind, nested in (("list", b"(" * 200_000 + b"K\x01" + b"l" * 200_000),
+                             ("tuple", b"K\x01" + b"\x85" * 200_000)):
+            obj = pickle.loads(pickle.dumps(raw))
+            node(obj)[key] = "NESTED-HERE"
+            data = pickle.dumps(obj, protocol=2).replace(b"X\x0b\x00\x00\x00NESTED-HERE", nested)
+            p = _w(tmp / "snapshots" / f"deep-{key}-{kind}.pickle", data)
+            out.append(Probe("deep-nesting", f"replay: {key} = a {kind} nested 200,000 deep", ["replay", str(p)],
+                             (p.name,)))
     return out
+
+
+def _contradictory_snapshots(tmp: Path, raw: dict) -> list[Probe]:
+    """Snapshots that contradict themselves (issue 37): each was replayed with exit 0 and no note."""
+    def seg(key, value):
+        return lambda s: s["segments"][0].__setitem__(key, value)
+
+    def move(trace, frm, to):
+        trace.insert(to, trace.pop(frm))
+
+    changes = {
+        "a block beyond its segment's end": lambda s: s["segments"][0]["blocks"][-1].__setitem__(
+            "size", s["segments"][0]["blocks"][-1]["size"] + 4096),
+        "a block outside every segment": lambda s: s["segments"][0]["blocks"][0].__setitem__("address", 0x1000),
+        "a free before its alloc": lambda s: [move(s["device_traces"][0], 10, 6) for _ in range(2)],
+        "a free twice": lambda s: s["device_traces"][0].insert(11, dict(s["device_traces"][0][10])),
+        "segments of another device": lambda s: [g.__setitem__("device", 1) for g in s["segments"]],
+        "total_size 0": seg("total_size", 0), "segment_type 7": seg("segment_type", 7),
+        "segment_type None": seg("segment_type", None), "is_expandable 'yes'": seg("is_expandable", "yes"),
+        "is_expandable 1": seg("is_expandable", 1), "is_expandable 'False'": seg("is_expandable", "False"),
+    }
+    out = []
+    for n, (what, change) in enumerate(changes.items()):
+        obj = pickle.loads(pickle.dumps(raw))
+        change(obj)
+        p = _w(tmp / "snapshots" / f"contradiction{n}.pickle", pickle.dumps(obj, protocol=4))
+        out.append(Probe("contradictory", f"replay: {what}", ["replay", str(p)], (p.name,)))
+    return out
+
+
+def _sparse_probes(tmp: Path) -> list[Probe]:
+    """A 4 GiB sparse file (no disk used) given to each reader that reads a file whole: MemoryError, exit 3, in
+    issue 37; refused by size now, naming the flag, size and limit."""
+    path = tmp / "special" / "sparse-4gib"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(4 << 30)
+    argvs = (["replay", str(path)], ["simulate", "--trace", str(path)], ["sweep", "--trace", str(path)],
+             ["explain-log", str(path)])
+    return [Probe("sparse-file", f"{argv[0]} on a 4 GiB sparse file", argv, (path.name,)) for argv in argvs]
 
 
 def _trace_line(**change) -> str:

@@ -22,12 +22,12 @@ it has no size in the snapshot but its request, so its block size is estimated w
 from __future__ import annotations
 
 import gc
-import io
 import math
 import os
 import pickle
 import stat
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,9 @@ import pandas as pd
 from kvlab.device.caching_allocator import round_size
 from kvlab.device.events import ACTIONS
 from kvlab.device.snapshot_keys import SnapshotKeyWarning as SnapshotKeyWarning  # re-exported
-from kvlab.device.snapshot_keys import warn_unknown_keys
+from kvlab.device.snapshot_keys import short_repr, warn_unknown_keys
 from kvlab.errors import KvlabError
+from kvlab.input_limits import check_size, reading
 from kvlab.paths import data_path
 from kvlab.units import KiB, MiB
 
@@ -68,7 +69,11 @@ TIMELINE_COLUMNS = (
 )
 
 
-MAX_SNAPSHOT_BYTES = 8 << 30  # a real snapshot with a million-event history and stacks is a few hundred MB
+# The objects a pickle may build per byte of its file: the real and generated snapshots build 0.02 to 0.15 (dense
+# events without stacks), a crafted pickle of empty dicts 0.5 (40 M of them took 3.7 GB). Small files get a floor.
+PICKLE_OBJECTS_PER_BYTE = 0.25
+PICKLE_OBJECTS_FLOOR = 1 << 20
+_OBJECTS_PER_BYTE_AT_MOST = 2  # what one byte of a pickle can build: an opcode of one byte makes one object
 
 
 class SnapshotError(KvlabError, ValueError):
@@ -98,36 +103,118 @@ class _SnapshotUnpickler(pickle.Unpickler):
         )
 
     def persistent_load(self, pid):
-        shown = repr(pid)
-        shown = shown if len(shown) <= 60 else shown[:57] + "..."
         raise SnapshotError(
-            f"{self._source}: refused persistent id {shown}: not a torch memory snapshot, which has none "
+            f"{self._source}: refused persistent id {_shown(pid)}: not a torch memory snapshot, which has none "
             "(torch.save checkpoints have them: read those with torch.load(weights_only=True))"
         )
 
 
-def load_snapshot_pickle(path: str | os.PathLike) -> Any:
+class _BoundedPickleInput:
+    """A pickle's bytes as the file the C unpickler reads, which asks for more each time its buffer runs dry
+    (every frame of 64 KiB, or 128 KiB without frames): each time, the objects built so far (the process's
+    allocated blocks, ``sys.getallocatedblocks``) plus the most the bytes it asks for can build must stay within
+    :attr:`bound`, or the load stops there with a :class:`SnapshotError` naming the bound. So a small file cannot
+    build tens of millions of objects before the snapshot is even checked (issue 37: 3.7 GB and 17 s)."""
+
+    def __init__(self, data: bytes, source: str):
+        self._bytes, self._data, self._pos, self._source = data, memoryview(data), 0, source
+        self.bound = max(PICKLE_OBJECTS_FLOOR, int(len(data) * PICKLE_OBJECTS_PER_BYTE))
+        self._start = sys.getallocatedblocks()
+
+    def _take(self, n: int | None, *, advance: bool = True) -> bytes:
+        end = len(self._data) if n is None or n < 0 else min(self._pos + n, len(self._data))
+        built = sys.getallocatedblocks() - self._start
+        if built + (end - self._pos) * _OBJECTS_PER_BYTE_AT_MOST > self.bound:
+            raise _fail(self._source, "", f"the pickle built {built:,} objects from its first {self._pos:,} bytes "
+                        f"and could build more than the {self.bound:,} kvlab allows a file of {len(self._data):,} "
+                        f"bytes ({PICKLE_OBJECTS_PER_BYTE:g} per byte; a torch snapshot builds under 0.15): refused "
+                        "before the rest is loaded")
+        chunk = bytes(self._data[self._pos:end])
+        if advance:
+            self._pos = end
+        return chunk
+
+    def read(self, n: int = -1) -> bytes:
+        return self._take(n)
+
+    def peek(self, n: int = 0) -> bytes:
+        return self._take(max(n, 1), advance=False)
+
+    def readinto(self, buffer) -> int:
+        chunk = self._take(len(buffer))
+        buffer[:len(chunk)] = chunk
+        return len(chunk)
+
+    def readline(self) -> bytes:
+        newline = self._bytes.find(b"\n", self._pos)
+        return self._take(None if newline < 0 else newline + 1 - self._pos)
+
+
+def load_snapshot_pickle(path: str | os.PathLike, then: Callable[[Any], Any] | None = None) -> Any:
     """The object in a ``_dump_snapshot`` pickle, read without running code from it.
 
     Only plain data is admitted (see :class:`_SnapshotUnpickler`); a pickle that names a global or a
     persistent id raises :class:`SnapshotError` naming the file and the refused ``module.name``, and
-    nothing in it has run. Other unreadable content raises :class:`SnapshotError` too (not a pickle
-    file)."""
+    nothing in it has run. A file too large for the memory this machine has is refused before it is read
+    (:mod:`kvlab.input_limits`), and a pickle that builds more objects than its size explains is refused while it
+    loads (:class:`_BoundedPickleInput`). Other unreadable content raises :class:`SnapshotError` too (not a
+    pickle file). ``then``: called on the object, where the object's nesting cannot overflow the stack
+    (:func:`_where_deep_tuples_fit`); its result is returned."""
     source = str(path)
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+    with open(path, "rb") as f, reading(path, source):
+        status = os.fstat(f.fileno())
+        if not stat.S_ISREG(status.st_mode):
             raise _fail(source, "", "not a regular file (a FIFO, socket or device); give the snapshot file")
-        if size > MAX_SNAPSHOT_BYTES:
-            raise _fail(source, "", f"{size:,} bytes, more than the {MAX_SNAPSHOT_BYTES:,} kvlab reads")
-        data = f.read()  # a regular file of a known, capped size
-    try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short instead of allocating
-        return _SnapshotUnpickler(io.BytesIO(data), source).load()
-    except SnapshotError:
-        raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
-            KeyError, OverflowError, RecursionError, MemoryError) as exc:
-        raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {str(exc)[:200]})") from None
+        check_size(path, source, "snapshot", status.st_size)
+        data = f.read()  # a regular file of a known size that fits in memory
+        try:  # from memory: a length field larger than the file (FRAME, BINBYTES8) reads short, or fails to allocate
+            def load():
+                obj = _SnapshotUnpickler(_BoundedPickleInput(data, source), source).load()
+                return obj if then is None else then(obj)
+
+            return _where_deep_tuples_fit(load, data)
+        except SnapshotError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, ImportError, IndexError,
+                KeyError, OverflowError, RecursionError, MemoryError) as exc:
+            raise _fail(source, "", f"not a pickle file ({type(exc).__name__}: {str(exc)[:200]})") from None
+
+
+_MAIN_STACK_TUPLES = 50_000  # tuples nested in one another that hashing one on the main thread's 8 MiB stack takes
+_STACK_PER_TUPLE = 128  # bytes of C stack per level of hash(): 150,000 levels overflowed 8 MiB
+_TUPLE_OPCODES = (b"\x85", b"\x86", b"\x87", b"t")  # TUPLE1, TUPLE2, TUPLE3, TUPLE: one level each at most
+
+
+def _where_deep_tuples_fit(call: Callable[[], Any], data: bytes) -> Any:
+    """``call()``, where hashing the most deeply nested tuple the pickle ``data`` can build cannot overflow the C
+    stack: ``hash()`` of a tuple recurses into its items in C, below Python's recursion limit, so a tuple nested
+    150,000 deep as a dict key crashed the process while it loaded (a segmentation fault, not an error). Each
+    level takes a tuple opcode, so their count bounds the depth: under :data:`_MAIN_STACK_TUPLES` (a real
+    snapshot of 2 MB has 3,500 of those bytes) here, else in a thread whose stack holds that depth (reserved
+    address space, used only as deep as the tuples go)."""
+    depth = sum(map(data.count, _TUPLE_OPCODES))
+    if depth < _MAIN_STACK_TUPLES:
+        return call()
+    import threading
+
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as exc:  # handed to the caller's thread as it is
+            outcome["error"] = exc
+
+    previous = threading.stack_size(-(-(depth * _STACK_PER_TUPLE + (16 << 20)) // 65536) * 65536)
+    try:
+        worker = threading.Thread(target=run, name="kvlab-snapshot-load", daemon=True)  # Ctrl-C ends the process
+        worker.start()
+    finally:
+        threading.stack_size(previous)
+    worker.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
 
 
 def _fail(source: str, where: str, message: str) -> SnapshotError:
@@ -405,11 +492,13 @@ def _validate(raw: Any, source: str) -> None:
                 if key in block:
                     _require_int(block[key], source, f"{where}.{key}")
             normalise_state(block["state"], source, f"{where}.state")
+        _check_segment(seg, source, f"segments[{i}]")
     _check_overlaps(raw["segments"], source)
     _check_settings(raw.get("allocator_settings"), source)
     traces = raw.get("device_traces", [])
     if not isinstance(traces, list):
         raise _fail(source, "device_traces", f"expected a list, got {type(traces).__name__}")
+    _check_devices(raw["segments"], traces, source)
     for d, trace in enumerate(traces):
         if not isinstance(trace, list):
             raise _fail(source, f"device_traces[{d}]", f"expected a list, got {type(trace).__name__}")
@@ -427,6 +516,85 @@ def _validate(raw: Any, source: str) -> None:
                         and max(size, addr, stream) < 1 << 64 and type(time_us) is int and 0 <= time_us < 1 << 63:
                     continue
             _check_entry(entry, source, f"device_traces[{d}][{k}]")
+        _check_trace_order(trace, source, f"device_traces[{d}]")
+
+
+SEGMENT_TYPES = ("small", "large")
+
+
+def _check_segment(seg: Mapping, source: str, where: str) -> None:
+    """What torch's own segments always are: a pool of ``small`` or ``large``, ``is_expandable`` a bool, at least one
+    byte, and blocks inside it; a snapshot that says otherwise contradicts itself and is refused naming the field
+    (it was replayed without a note, issue 37)."""
+    if seg["segment_type"] not in SEGMENT_TYPES or type(seg["segment_type"]) is not str:
+        raise _fail(source, f"{where}.segment_type", f"expected one of {SEGMENT_TYPES}, got {_shown(seg['segment_type'])}")
+    if type(seg.get("is_expandable", False)) is not bool:
+        raise _fail(source, f"{where}.is_expandable", f"expected True or False, got {_shown(seg['is_expandable'])}")
+    if seg["total_size"] == 0:
+        raise _fail(source, f"{where}.total_size", "0 bytes: a segment holds at least one block (torch never records "
+                                                   "an empty one)")
+    start, end = seg["address"], seg["address"] + seg["total_size"]
+    addr = start
+    for j, block in enumerate(seg["blocks"]):
+        addr = block.get("address", addr)
+        if addr < start or (not seg.get("is_expandable", False) and addr + block["size"] > end):
+            field = "address" if addr < start or addr >= end else "size"
+            raise _fail(source, f"{where}.blocks[{j}].{field}", f"block {addr:#x} + {block['size']:,} B lies outside "
+                        f"its segment {start:#x} + {seg['total_size']:,} B")
+        addr += block["size"]
+
+
+def _check_devices(segments: list, traces: list, source: str) -> None:
+    """torch writes one trace per device (``device_traces[d]``): a segment of a device beyond them contradicts it."""
+    if not traces:
+        return
+    for i, seg in enumerate(segments):
+        if seg.get("device", 0) >= len(traces):
+            known = "device 0 only" if len(traces) == 1 else f"devices 0 to {len(traces) - 1}"
+            raise _fail(source, f"segments[{i}].device", f"device {seg['device']}, but device_traces holds one trace "
+                        f"per device, for {known}")
+
+
+def _check_trace_order(trace: list, source: str, where: str) -> None:
+    """A block's events come in torch's order: alloc, (free_requested,) free_completed of the same size. A trace may
+    begin with an older block's free (the history is a ring buffer), but it never allocates an address still
+    allocated, frees one twice, frees other bytes than it allocated, or frees a block in a segment it allocated
+    (or mapped) with nothing allocated there since: each is refused naming the event."""
+    live: dict[int, tuple[int, int]] = {}  # addr -> (event index of its alloc, size)
+    freed: dict[int, int] = {}  # addr -> event index of its free_completed
+    fresh: list[tuple[int, int, int]] = []  # (start, end, event index): segments the trace allocated, still held
+    for k, entry in enumerate(trace):
+        action, addr, size = entry["action"], entry.get("addr"), entry["size"]
+        if action in ("segment_alloc", "segment_map"):
+            fresh.append((addr, addr + size, k))
+        elif action in ("segment_free", "segment_unmap"):
+            fresh = [f for f in fresh if not addr <= f[0] < addr + size]
+        elif action == "alloc":
+            if addr in live:
+                raise _fail(source, f"{where}[{k}]", f"alloc at {addr:#x} while the block event {live[addr][0]} "
+                            "allocated there is not freed: the trace contradicts itself")
+            live[addr] = (k, size)
+            freed.pop(addr, None)
+        elif action in ("free_requested", "free_completed"):
+            _check_free(entry, k, live, freed, fresh, source, where)
+
+
+def _check_free(entry: Mapping, k: int, live: dict, freed: dict, fresh: list, source: str, where: str) -> None:
+    action, addr, size = entry["action"], entry["addr"], entry["size"]
+    if addr in freed:
+        raise _fail(source, f"{where}[{k}]", f"{action} at {addr:#x}, which event {freed[addr]} freed already "
+                    "with no alloc between: the trace contradicts itself")
+    if addr not in live:  # a block older than the history: its segment cannot be one the trace made
+        segment = next((f for f in fresh if f[0] <= addr < f[1]), None)
+        if segment is not None:
+            raise _fail(source, f"{where}[{k}]", f"{action} at {addr:#x} before any alloc there: event "
+                        f"{segment[2]} allocated its segment {segment[0]:#x} empty, so no block was there to free")
+    if action == "free_completed":
+        alloc = live.pop(addr, None)
+        if alloc is not None and alloc[1] != size:
+            raise _fail(source, f"{where}[{k}].size", f"free_completed of {size:,} B at {addr:#x}, but event "
+                        f"{alloc[0]} allocated {alloc[1]:,} B there: the trace contradicts itself")
+        freed[addr] = k
 
 
 def _check_overlaps(segments: list, source: str) -> None:
@@ -482,8 +650,9 @@ def _shared(source: str, where: str) -> SnapshotError:
 
 
 def _shown(value: Any) -> str:
-    """``value`` for an error message: its repr cut to 60 characters, with its type unless it is plain."""
-    text = repr(value)
+    """``value`` for an error message: its repr cut to 60 characters and 3 levels of nesting (a value nested a
+    million deep is shown, never a RecursionError), with its type unless it is plain."""
+    text = short_repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return text if value is None or type(value) in (str, int, float, bool) else f"{type(value).__name__} {text}"
 
@@ -525,13 +694,15 @@ def read_snapshot(path_or_dict: str | os.PathLike | Mapping[str, Any] | list) ->
     anything that does not follow torch's schema, or the refused ``module.name`` for a pickle that
     names a global."""
     if isinstance(path_or_dict, (Mapping, list)):
-        raw, source = path_or_dict, "snapshot dict" if isinstance(path_or_dict, Mapping) else "segment list"
-    else:
-        path = Path(path_or_dict)
-        source = str(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"{source}: snapshot file not found")
-        raw = load_snapshot_pickle(path)
+        return _checked(path_or_dict, "snapshot dict" if isinstance(path_or_dict, Mapping) else "segment list")
+    path = Path(path_or_dict)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: snapshot file not found")
+    return load_snapshot_pickle(path, then=lambda raw: _checked(raw, str(path)))
+
+
+def _checked(raw: Any, source: str) -> Snapshot:
+    """The snapshot of a loaded object, validated; its unknown keys warned about."""
     raw, kind = _as_snapshot_dict(raw, source)
     _validate(raw, source)
     warn_unknown_keys(raw, source)

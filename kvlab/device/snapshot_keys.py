@@ -9,6 +9,7 @@ was found) and is otherwise ignored: a newer torch may add fields, and reading t
 
 from __future__ import annotations
 
+import reprlib
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -66,7 +67,22 @@ def unknown_keys(raw: Mapping[str, Any]) -> dict[str, list[str]]:
     found["device_traces[][]"] = trace_keys - TRACE_KEYS
     settings = raw.get("allocator_settings")
     found["allocator_settings"] = set(settings) - SETTINGS_KEYS if isinstance(settings, Mapping) else set()
-    return {where: sorted(map(str, keys)) for where, keys in found.items() if keys}
+    return {where: sorted(map(_key_text, keys)) for where, keys in found.items() if keys}
+
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, 60, 60
+
+
+def short_repr(value: Any) -> str:
+    """``repr(value)`` cut to 3 levels of nesting and about 60 characters a string: a value nested a million deep
+    is shown, never a RecursionError."""
+    return _SHORT.repr(value)
+
+
+def _key_text(key: Any) -> str:
+    """A key as the warning shows it: a str as it is, anything else (a tuple nested a million deep) cut short."""
+    return key if isinstance(key, str) else short_repr(key)
 
 
 def warn_unknown_keys(raw: Mapping[str, Any], source: str) -> dict[str, list[str]]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from kvlab.input_limits import reading
 from kvlab.model.config import ModelConfig
 from kvlab.serving.cell import config_cell
 from kvlab.serving.findings import sglang_findings
@@ -393,9 +394,10 @@ def explain_log(path, *, model_config: ModelConfig | None = None, mem_fraction_s
                 sglang_version=None, kv_cache_dtype=None, what_if=()) -> Explanation:
     """Explain the start-up log at ``path`` (SGLang or vLLM, told apart by their messages)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
-        raise LogError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
-    return explain_text(text, str(path), model_config=model_config, mem_fraction_static=mem_fraction_static, gpu=gpu,
-                        sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)
+    with reading(path):  # a MemoryError names the file (kvlab.input_limits)
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+            raise LogError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
+        return explain_text(text, str(path), model_config=model_config, mem_fraction_static=mem_fraction_static,
+                            gpu=gpu, sglang_version=sglang_version, kv_cache_dtype=kv_cache_dtype, what_if=what_if)

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kvlab.errors import KvlabError
+from kvlab.input_limits import reading
 from kvlab.units import div_ceil
 from kvlab.workloads.request import Request, TokenSequence
 
@@ -311,7 +312,7 @@ def load_trace(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> list
     """
     _check_block_size(block_size)
     _check_path(path)
-    with _no_gc_pauses():
+    with _no_gc_pauses(), reading(path):  # a MemoryError names the file (kvlab.input_limits)
         fast = _load_well_formed(path, block_size, Path(path).stem)
         if fast is not None:
             return fast

@@ -162,8 +162,9 @@ def test_bad_input_is_one_line_and_exit_2(capsys, tmp_path, snapshot_file, case)
     else:
         path = snapshot_file
         extra, expected = {
-            "bad-what-if": (["--what-if", "expandable_segments=maybe"], "--what-if 'expandable_segments=maybe': bad "
-                                                                       "value for expandable_segments"),
+            "bad-what-if": (["--what-if", "expandable_segments=maybe"], "--what-if 'expandable_segments=maybe': "
+                                                                       "expandable_segments takes True or False, not "
+                                                                       "'maybe'"),
             "unmodelled-what-if": (["--what-if", "garbage_collection_threshold=0.6"], "unknown or unmodelled key "
                                                                                      "'garbage_collection_threshold'"),
             "bad-capacity": (["--capacity", "lots"], "size 'lots': expected a number with an optional unit"),

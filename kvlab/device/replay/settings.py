@@ -86,33 +86,51 @@ def settings_json(config: AllocatorConfig) -> dict:
     }
 
 
+MAX_SPLIT_SIZE_MB = MAX_SIZE_BYTES // MiB  # the largest max_split_size_mb a what-if takes (1 PiB, as sizes)
+MAX_DIVISIONS = 1 << 16  # as a snapshot's recorded roundup_power2_divisions
+_EXPECTED = {"expandable_segments": "True or False",
+             "max_split_size_mb": f"a whole number of MiB from 20 to {MAX_SPLIT_SIZE_MB:,}, or -1 / unlimited / none",
+             "roundup_power2_divisions": f"0 or a power of 2 under {MAX_DIVISIONS:,}"}
+
+
 def parse_what_if(text: str, base: AllocatorConfig) -> AllocatorConfig:
-    """``KEY=VALUE[,KEY=VALUE...]`` (``:`` works too, as in PYTORCH_CUDA_ALLOC_CONF) over ``base``."""
+    """``KEY=VALUE[,KEY=VALUE...]`` (``:`` works too, as in PYTORCH_CUDA_ALLOC_CONF) over ``base``. A scenario
+    that names no setting (``''``, ``,,,``) and a value out of range are refused naming the flag, key and value."""
     kwargs: dict[str, Any] = {"max_split_size_bytes": base.max_split_size_bytes,
                               "expandable_segments": base.expandable_segments,
                               "roundup_power2_divisions": base.roundup_power2_divisions}
     given: dict[str, str] = {}  # key -> the item that set it: a key given twice is refused, never last-wins
     for item in filter(None, (part.strip() for part in str(text).split(","))):
         key, sep, value = (p.strip() for p in (re.split(r"([=:])", item, maxsplit=1) + ["", ""])[:3])
-        low = value.lower()
         if not sep or not value:
             raise ValueError(f"--what-if {item!r}: expected KEY=VALUE with KEY one of {', '.join(WHAT_IF_KEYS)}")
         if key in given:
             raise ValueError(f"--what-if {text!r}: {key!r} given twice ({given[key]!r} and {item!r}); give each "
                              "key once per scenario (another --what-if is another scenario)")
-        given[key] = item
-        if key == "expandable_segments" and low in _TRUE | _FALSE:
-            kwargs["expandable_segments"] = low in _TRUE
-        elif key == "max_split_size_mb" and (low.isdigit() or low in ("-1", "unlimited", "none")):
-            kwargs["max_split_size_bytes"] = int(low) * MiB if low.isdigit() else None
-        elif key == "roundup_power2_divisions" and low.isdigit():
-            kwargs["roundup_power2_divisions"] = int(low) or None
-        elif key in WHAT_IF_KEYS:
-            raise ValueError(f"--what-if {item!r}: bad value for {key}")
-        else:
+        if key not in WHAT_IF_KEYS:
             raise ValueError(f"--what-if {item!r}: unknown or unmodelled key {key!r}; expected one of "
                              f"{', '.join(WHAT_IF_KEYS)}")
+        given[key] = item
+        kwargs.update(_what_if_value(key, value, item))
+    if not given:
+        raise ValueError(f"--what-if {text!r}: names no setting; give KEY=VALUE with KEY one of "
+                         f"{', '.join(WHAT_IF_KEYS)} (one scenario per --what-if)")
     try:
         return AllocatorConfig(**kwargs)
     except ValueError as exc:
         raise ValueError(f"--what-if {text!r}: {exc}") from None
+
+
+def _what_if_value(key: str, value: str, item: str) -> dict[str, Any]:
+    """The config field ``KEY=VALUE`` sets; a value that is not one (``²`` is no ASCII digit) refused naming them."""
+    low = value.lower()
+    number = int(low) if re.fullmatch(r"[0-9]{1,20}", low) else None
+    if key == "expandable_segments" and low in _TRUE | _FALSE:
+        return {"expandable_segments": low in _TRUE}
+    if key == "max_split_size_mb" and low in ("-1", "unlimited", "none"):
+        return {"max_split_size_bytes": None}
+    if key == "max_split_size_mb" and number is not None and number <= MAX_SPLIT_SIZE_MB:
+        return {"max_split_size_bytes": number * MiB}
+    if key == "roundup_power2_divisions" and number is not None and number < MAX_DIVISIONS:
+        return {"roundup_power2_divisions": number or None}
+    raise ValueError(f"--what-if {item!r}: {key} takes {_EXPECTED[key]}, not {value[:40]!r}")
