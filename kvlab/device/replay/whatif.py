@@ -235,6 +235,8 @@ def replay_with_what_ifs(path: str | os.PathLike | Snapshot, device: int | None 
     ``expandable_segments=True``). Returns ``(ReplayResult, [WhatIf, ...])``; no what-ifs without history."""
     capacity = parse_size(capacity) if isinstance(capacity, str) else capacity
     device_memory = parse_size(device_memory) if isinstance(device_memory, str) else device_memory
+    for text in what_ifs or ():  # a bad what-if is named before the replay runs (its values do not need the settings)
+        parse_what_if(text, AllocatorConfig())
     result = replay_snapshot(path, device, device_memory=device_memory)
     configs = [(text, parse_what_if(text, result.settings)) for text in (what_ifs or DEFAULT_WHAT_IFS)]
     if not result.has_history:
