@@ -27,9 +27,9 @@ export KVLAB_REQUIRE_BROWSER="${KVLAB_REQUIRE_BROWSER:-1}"
 # Lint first (rules in pyproject.toml's [tool.ruff]): a lint error fails the run before the long tests start.
 python3 -m ruff check
 set +e
-# Every core, one worker each (pytest-xdist); tests sharing a session fixture stay on one worker
-# (tests/conftest.py::_xdist_group). `-n 0` (or `-p no:xdist`) runs them in this one process.
-parallel=(-n auto --dist loadgroup)
+# Every core, one worker each (pytest-xdist); a file's tests, and the tests sharing a session fixture, stay on one
+# worker (tests/conftest.py::xdist_unit). `-n 0` (or `-p no:xdist`) runs them in this one process.
+parallel=(-n auto)
 for arg in "${pytest_args[@]}"; do
   case "$arg" in -n|-n*|--numprocesses*|no:xdist) parallel=() ;; esac
 done

@@ -83,25 +83,30 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"fuzz profile: {fuzz.profile()} ({fuzz.ENV}; counts in tests/fuzz.py)"
 
 
-# ---- parallel workers (pytest-xdist; scripts/test.sh runs ``-n auto --dist loadgroup``) ----------------------------
-def _xdist_group(item: pytest.Item) -> str | None:
-    """Tests that share an expensive session fixture run on one worker, in one group: the browser tests (one
-    JupyterLab, one built report), the Ray tests (one local cluster) and the headless notebook runs (each notebook
-    executed once per session). Every other test goes to whichever worker is free."""
-    if item.get_closest_marker("browser"):
-        return "browser"
-    if "ray_cluster" in getattr(item, "fixturenames", ()):
-        return "ray"
-    if Path(item.path).parent.name == "notebooks":
-        return "notebooks"
-    return None
+# ---- parallel workers (pytest-xdist; scripts/test.sh runs ``-n auto``) ---------------------------------------------
+#: Folders and files whose tests share an expensive session fixture: they run on one worker, as one unit (the browser
+#: tests: one JupyterLab, one built report; the headless notebook runs: each notebook executed once per session; the
+#: Ray tests: one local cluster).
+XDIST_GROUPS = {"tests/browser/": "browser", "tests/notebooks/": "notebooks", "tests/sweep/test_ray.py": "ray"}
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        group = _xdist_group(item)
-        if group:
-            item.add_marker(pytest.mark.xdist_group(group))
+def xdist_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its group, or else its file (so a module's fixtures are made once)."""
+    path = nodeid.split("::", 1)[0]
+    return next((group for prefix, group in XDIST_GROUPS.items() if path.startswith(prefix)), path)
+
+
+@pytest.hookimpl(optionalhook=True)  # (an xdist hook: without xdist nothing calls it)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's scope scheduling with :func:`xdist_unit` as the scope. (Its ``loadgroup`` marks the groups in node
+    ids, which pytest 9.2 no longer reads: xdist 3.8's groups are silently ignored there.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class KvlabUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(nodeid)
+
+    return KvlabUnits(config, log)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
