@@ -337,9 +337,35 @@ def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False, noteboo
     path no report writes; a report folder the ``planned`` files go into that is a link or not a folder; a
     ``notebook_dir`` that is ``out`` or one of its report folders; and any of the ``planned`` files (paths relative
     to ``out``) that exists and is not proven kvlab's: the report never writes over a file it did not write."""
+    out, manifest = check_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned)
+    if manifest is not None:  # ours: delete only what it proves it wrote
+        for relative in list(manifest.files):
+            manifest.remove_owned(relative)
+        manifest.remove_empty_folders()
+    taken = [p for p in planned if (out / p).exists() or (out / p).is_symlink()]
+    if taken:
+        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
+        raise ReportError(f"--out {out}: {shown} already there and not written by kvlab report (or changed since); "
+                          f"kvlab never writes over a file it did not write: move it away or choose another "
+                          f"directory")
+    out.mkdir(parents=True, exist_ok=True)
+    # what was proven is gone; a file someone changed is theirs now; a folder the report made and still holds
+    # someone's file stays the report's (removed once empty)
+    Manifest(out, folders=manifest.folders if manifest is not None else ()).save()
+    return out
+
+
+def check_out_dir(out: str | os.PathLike[str], *, force: bool = False,
+                  notebook_dir: str | os.PathLike[str] | None = None,
+                  planned: Sequence[str] = ()) -> tuple[Path, Manifest | None]:
+    """``prepare_out_dir``'s refusals that need nothing deleted first, touching nothing: the resolved ``out`` and
+    its manifest (``None`` when there is none)."""
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
+    base = next(p for p in out.parents if p.exists()) if not out.exists() else out
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise ReportError(f"--out {out}: cannot be created ({base} is {'not a folder' if not base.is_dir() else 'not writable'})")
     if notebook_dir is not None:
         for target in (out, *(out / name for name in OUTPUT_FOLDERS)):
             if _same_dir(Path(notebook_dir), target):
@@ -357,21 +383,7 @@ def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False, noteboo
             what = "a link" if folder.is_symlink() else "not a folder"
             raise ReportError(f"--out {out}: {name} there is {what}; kvlab report writes only inside its own "
                               f"folder, never through a link: move it away or choose another directory")
-    if manifest is not None:  # ours: delete only what it proves it wrote
-        for relative in list(manifest.files):
-            manifest.remove_owned(relative)
-        manifest.remove_empty_folders()
-    taken = [p for p in planned if (out / p).exists() or (out / p).is_symlink()]
-    if taken:
-        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
-        raise ReportError(f"--out {out}: {shown} already there and not written by kvlab report (or changed since); "
-                          f"kvlab never writes over a file it did not write: move it away or choose another "
-                          f"directory")
-    out.mkdir(parents=True, exist_ok=True)
-    # what was proven is gone; a file someone changed is theirs now; a folder the report made and still holds
-    # someone's file stays the report's (removed once empty)
-    Manifest(out, folders=manifest.folders if manifest is not None else ()).save()
-    return out
+    return out, manifest
 
 
 def planned_files(sources: Sequence[Path], *, pngs: bool) -> list[str]:
@@ -775,10 +787,11 @@ def build_report(out: str | os.PathLike[str], *, device: str = "auto", notebooks
         try:
             start = time.perf_counter()
             sources = select_notebooks(Path(notebook_dir), notebooks)
+            planned = planned_files(sources, pngs=pngs)
+            check_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned)  # --out first, as before
             for source in sources:
                 read_notebook(source)  # NotebookFormatError (a ValueError) naming it
             resolved = resolve_device_name(device)
-            planned = planned_files(sources, pngs=pngs)
             out_dir = prepare_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned)
             manifest = Manifest.read(out_dir) or Manifest(out_dir)
             manifest.make_folders([name for name in OUTPUT_FOLDERS if any(p.startswith(f"{name}/") for p in planned)])
