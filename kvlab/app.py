@@ -31,8 +31,10 @@ arrives at once and each cell's outputs appear as the cell finishes, where plain
 whole notebook has run. Cells run in page order, so ``kvlab app`` serves a reordered copy
 (:func:`dashboard_notebook`): the title, then the cells tagged ``dashboard`` (the live panel: a cell that runs on
 its own, importing what it uses), then the rest of the notebook. The copy is written to a temporary folder that
-``kvlab app`` deletes when it stops. Voila serves that folder (``Voila.root_dir``) while its kernel manager
-starts kernels in the notebook's own folder (``MappingKernelManager.root_dir``: Voila asks for a kernel at the
+``kvlab app`` deletes when it stops, under the notebook's name with control characters written as escapes (Voila
+prints it). The notebook is read as ``kvlab report`` reads it (:func:`kvlab.notebook_exec.read_notebook`): a FIFO,
+a device or a file without cells is refused by name before Voila starts. Voila serves that folder
+(``Voila.root_dir``) while its kernel manager starts kernels in the notebook's own folder (``MappingKernelManager.root_dir``: Voila asks for a kernel at the
 notebook's path relative to the root, and the kernel manager resolves that against its own root), so relative
 paths in the notebook mean what they mean in JupyterLab.
 
