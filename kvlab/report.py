@@ -14,9 +14,10 @@
     DIR/.kvlab-report               the manifest: every file this report wrote, with its SHA-256
 
 Every notebook is read first (``kvlab.notebook_exec.read_notebook``: a FIFO, a device, a notebook without cells or
-nested too deep is refused by name before anything is written). Notebooks run through ``kvlab.notebook_exec`` (the test suite's executor too): in their own folder as cwd (as in
-JupyterLab) with ``KVLAB_DEVICE`` set in an injected first cell (tag ``injected-env``), so ``--device`` reaches
-``kvlab.device.resolve_device_name`` inside the kernel. ``PLOTLY_RENDERER=plotly_mimetype+notebook`` makes
+nested too deep is refused by name before anything is written). Notebooks run through ``kvlab.notebook_exec``
+(the test suite's executor too): in their own folder as cwd (as in JupyterLab) with ``KVLAB_DEVICE`` set in an
+injected first cell (tag ``injected-env``), so ``--device`` reaches ``kvlab.device.resolve_device_name`` inside the
+kernel. ``PLOTLY_RENDERER=plotly_mimetype+notebook`` makes
 ``fig.show()`` leave an HTML output (with plotly.js) that nbconvert can render; live FigureWidgets need a
 kernel and show in the page as their static fallback only. ``KVLAB_STATIC=1`` tells panels the page is static
 (``kvlab.viz.wording``): no hint asks a reader to move a control. One line per notebook goes to stderr as it
@@ -28,9 +29,9 @@ What is deleted and overwritten: only files the manifest proves a report wrote (
 reached inside ``DIR`` without a link, and then the report's folders it made itself if they are left empty; never
 a file someone changed or put there since, never a folder the report did not make. A manifest that names a path
 a report never writes (absolute, ``..``, deeper than ``DIR/notebooks/x``) is refused before anything is deleted,
-and so is a report folder that is a link (the report would write through it). A directory that holds no manifest and is
-not empty needs ``--force``, which lets the report write *beside* the files there, never over one: a file the
-report would write that exists and is not proven kvlab's stops the report before anything runs, naming it.
+and so is a report folder that is a link (the report would write through it). A directory that holds no manifest
+and is not empty needs ``--force``, which lets the report write *beside* the files there, never over one: a file
+the report would write that exists and is not proven kvlab's stops the report before anything runs, naming it.
 ``--force`` marks nothing as kvlab's but the files it then writes. The notebooks' own folder
 (``--notebook-dir``) is never one the report writes into (``DIR``, ``DIR/notebooks``, ``DIR/html``,
 ``DIR/figures``).
