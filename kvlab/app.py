@@ -31,8 +31,10 @@ arrives at once and each cell's outputs appear as the cell finishes, where plain
 whole notebook has run. Cells run in page order, so ``kvlab app`` serves a reordered copy
 (:func:`dashboard_notebook`): the title, then the cells tagged ``dashboard`` (the live panel: a cell that runs on
 its own, importing what it uses), then the rest of the notebook. The copy is written to a temporary folder that
-``kvlab app`` deletes when it stops. Voila serves that folder (``Voila.root_dir``) while its kernel manager
-starts kernels in the notebook's own folder (``MappingKernelManager.root_dir``: Voila asks for a kernel at the
+``kvlab app`` deletes when it stops, under the notebook's name with control characters written as escapes (Voila
+prints it). The notebook is read as ``kvlab report`` reads it (:func:`kvlab.notebook_exec.read_notebook`): a FIFO,
+a device or a file without cells is refused by name before Voila starts. Voila serves that folder
+(``Voila.root_dir``) while its kernel manager starts kernels in the notebook's own folder (``MappingKernelManager.root_dir``: Voila asks for a kernel at the
 notebook's path relative to the root, and the kernel manager resolves that against its own root), so relative
 paths in the notebook mean what they mean in JupyterLab.
 
@@ -150,26 +152,35 @@ def dashboard_notebook(nb):
     return nb
 
 
-def write_dashboard(notebook: Path, folder: Path) -> Path:
-    """Write ``notebook`` in dashboard order to ``folder`` (same file name); returns the copy's path."""
-    import nbformat
+def read_dashboard_source(notebook: Path):
+    """``notebook`` read as ``kvlab report`` reads it (:func:`kvlab.notebook_exec.read_notebook`: a FIFO, a device,
+    a file without cells or nested too deep is refused by name), as an :class:`AppError`."""
+    from kvlab.notebook_exec import NotebookFormatError, read_notebook
 
     try:
-        nb = nbformat.read(notebook, as_version=4)
-    except (OSError, ValueError) as exc:  # nbformat's NotJSONError and validation errors are ValueErrors
-        raise AppError(f"kvlab app: cannot read {notebook}: {type(exc).__name__}: {exc}") from None
-    page = Path(folder) / notebook.name
-    nbformat.write(dashboard_notebook(nb), page)
+        return read_notebook(notebook)
+    except NotebookFormatError as exc:
+        raise AppError(f"kvlab app: {exc}") from None
+
+
+def write_dashboard(notebook: Path, folder: Path, nb=None) -> Path:
+    """Write ``notebook`` (or ``nb``, already read from it) in dashboard order to ``folder``; returns the copy's
+    path. The copy's name is the notebook's with control characters written as escapes
+    (:func:`kvlab.safe_text.printable`): Voila prints it on the terminal."""
+    import nbformat
+
+    page = Path(folder) / printable(notebook.name)
+    nbformat.write(dashboard_notebook(nb if nb is not None else read_dashboard_source(notebook)), page)
     return page
 
 
 @contextlib.contextmanager
-def dashboard_folder(notebook: Path) -> Iterator[Path]:
-    """The dashboard copy of ``notebook`` in a temporary folder (mode 0700), deleted on exit (if the Voila
-    process has not removed it already); yields the copy's path."""
+def dashboard_folder(notebook: Path, nb=None) -> Iterator[Path]:
+    """The dashboard copy of ``notebook`` (or of ``nb``, read from it) in a temporary folder (mode 0700), deleted
+    on exit (if the Voila process has not removed it already); yields the copy's path."""
     folder = tempfile.mkdtemp(prefix="kvlab-app-")
     try:
-        yield write_dashboard(notebook, Path(folder))
+        yield write_dashboard(notebook, Path(folder), nb)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -391,7 +402,8 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
     except ImportError:
         raise AppError("voila is not installed: pip install voila (or pip install -e .)") from None
     notebook = find_notebook(key, notebook_dir)
-    with _StopRequests() as stops, dashboard_folder(notebook) as page:  # handler first: no signal is lost
+    nb = read_dashboard_source(notebook)  # before any handler or folder: a FIFO or a broken file is refused now
+    with _StopRequests() as stops, dashboard_folder(notebook, nb) as page:  # handler first: no signal is lost
         # kvlab opens the browser itself: Voila's own launcher opens the URL without the token (a login page)
         cmd = voila_command(notebook, page=page, port=port, open_browser=False,
                             cull_idle_seconds=cull_idle_seconds, max_kernels=max_kernels,

@@ -285,12 +285,16 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
 
 def _report(args) -> int:
-    from kvlab.report import build_report
+    from kvlab.report import ReportStopped, build_report
 
     only = args.notebooks  # a list of names (argtypes.name_list), or None for all
     extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
-    report = build_report(args.out, device=args.device, notebooks=only, force=args.force, pngs=not args.no_png,
-                          **extra)  # ReportError, ValueError, OSError: main() reports them
+    try:
+        report = build_report(args.out, device=args.device, notebooks=only, force=args.force, pngs=not args.no_png,
+                              **extra)  # ReportError, ValueError, OSError: main() reports them
+    except ReportStopped as stop:  # SIGINT, SIGTERM, SIGHUP: what was written, and 128 + the signal
+        print(f"kvlab: {printable(stop.message)}", file=sys.stderr)
+        return stop.exit_status
     for run in report.runs:
         state = "ok" if run.ok else "FAILED"
         print(f"  {printable(run.name):<32} {state:>6}  {run.seconds:6.1f} s")

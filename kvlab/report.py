@@ -13,18 +13,25 @@
                                     from notebook outputs), the devices named
     DIR/.kvlab-report               the manifest: every file this report wrote, with its SHA-256
 
-Notebooks run through ``kvlab.notebook_exec`` (the test suite's executor too): in their own folder as cwd (as in
-JupyterLab) with ``KVLAB_DEVICE`` set in an injected first cell (tag ``injected-env``), so ``--device`` reaches
-``kvlab.device.resolve_device_name`` inside the kernel. ``PLOTLY_RENDERER=plotly_mimetype+notebook`` makes
+Every notebook is read first (``kvlab.notebook_exec.read_notebook``: a FIFO, a device, a notebook without cells or
+nested too deep is refused by name before anything is written). Notebooks run through ``kvlab.notebook_exec``
+(the test suite's executor too): in their own folder as cwd (as in JupyterLab) with ``KVLAB_DEVICE`` set in an
+injected first cell (tag ``injected-env``), so ``--device`` reaches ``kvlab.device.resolve_device_name`` inside the
+kernel. ``PLOTLY_RENDERER=plotly_mimetype+notebook`` makes
 ``fig.show()`` leave an HTML output (with plotly.js) that nbconvert can render; live FigureWidgets need a
 kernel and show in the page as their static fallback only. ``KVLAB_STATIC=1`` tells panels the page is static
 (``kvlab.viz.wording``): no hint asks a reader to move a control. One line per notebook goes to stderr as it
-finishes (``[3/8] 02_shortfall_eviction … 31 s``; ``KVLAB_PROGRESS=0`` silences them).
+finishes (``[3/8] 02_shortfall_eviction … 31 s``; ``KVLAB_PROGRESS=0`` silences them). SIGINT, SIGTERM or
+SIGHUP stops the report (the kernel killed, the partial copy kept): :class:`ReportStopped` says what was written,
+and every file written so far is in the manifest, so the next report clears it.
 
 What is deleted and overwritten: only files the manifest proves a report wrote (same path, same SHA-256 now),
-never a folder, never a file someone changed or put there since. A directory that holds no manifest and is
-not empty needs ``--force``, which lets the report write *beside* the files there, never over one: a file the
-report would write that exists and is not proven kvlab's stops the report before anything runs, naming it.
+reached inside ``DIR`` without a link, and then the report's folders it made itself if they are left empty; never
+a file someone changed or put there since, never a folder the report did not make. A manifest that names a path
+a report never writes (absolute, ``..``, deeper than ``DIR/notebooks/x``) is refused before anything is deleted,
+and so is a report folder that is a link (the report would write through it). A directory that holds no manifest
+and is not empty needs ``--force``, which lets the report write *beside* the files there, never over one: a file
+the report would write that exists and is not proven kvlab's stops the report before anything runs, naming it.
 ``--force`` marks nothing as kvlab's but the files it then writes. The notebooks' own folder
 (``--notebook-dir``) is never one the report writes into (``DIR``, ``DIR/notebooks``, ``DIR/html``,
 ``DIR/figures``).
@@ -46,6 +53,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvlab.paths import notebook_dir
+from kvlab.safe_text import printable
+from kvlab.stop_signals import Stopped, stop_on_signals
 from kvlab.units import (
     DIFFERENCE,
     DIFFERENCE_HEADER,
@@ -56,10 +65,12 @@ from kvlab.units import (
     fmt_signed_int,
 )
 
-MARKER = ".kvlab-report"  # the manifest (JSON): {"kvlab_report_manifest": 1, "files": {relative path: sha256}}
+MARKER = ".kvlab-report"  # the manifest (JSON): {"kvlab_report_manifest": 1, "files": {relative path: sha256},
+# "folders": [the report folders it made]}
 MANIFEST_FORMAT = 1
 _LEGACY_MARKER = "written by `kvlab report`; this directory may be overwritten by the next one\n"  # kvlab <= this
 OUTPUT_FOLDERS = ("notebooks", "html", "figures")
+MAX_MANIFEST_BYTES = 16 * MiB  # a report's manifest is a few kB
 DEFAULT_NOTEBOOK_DIR = notebook_dir()  # the checkout's notebooks/, a wheel's copy or KVLAB_NOTEBOOK_DIR
 # The headline numbers are those the notebooks show (tests/test_report.py reads the notebooks' own calls):
 # finding 1 is notebook 01 §1, the PR's setup on its simulated devices, plus §4 on a CUDA device when the
@@ -70,6 +81,14 @@ SUMMARY_GPU_PRESET = "llama-8b-l4"
 
 class ReportError(RuntimeError):
     """Bad arguments or an output directory kvlab must not touch."""
+
+
+class ReportStopped(Stopped):
+    """A signal stopped the report; ``message`` says what was written (every file of it is in the manifest)."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        super().__init__(signum)
+        self.message = message
 
 
 @dataclass
@@ -124,11 +143,12 @@ def select_notebooks(notebook_dir: Path = DEFAULT_NOTEBOOK_DIR, only: Sequence[s
     return chosen
 
 
-def _sha256(path: Path) -> str | None:
-    """The SHA-256 of a regular file (not through a symlink); ``None`` for anything else."""
+def _sha256(path: Path | str, dir_fd: int | None = None) -> str | None:
+    """The SHA-256 of a regular file (not through a symlink, relative to ``dir_fd`` if given); ``None`` for
+    anything else (a FIFO is opened without blocking, then refused)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+    except (OSError, ValueError):
         return None
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
@@ -139,12 +159,28 @@ def _sha256(path: Path) -> str | None:
     return digest.hexdigest()
 
 
-class Manifest:
-    """``DIR/.kvlab-report``: the files a report wrote in ``DIR`` (relative path → SHA-256), rewritten after each
-    file is recorded, so an interrupted report still proves what it wrote."""
+def _entry_problem(relative: object) -> str | None:
+    """Why a manifest's file entry is not a path a report writes inside its folder (``None`` when it is one):
+    a report writes ``NAME`` and ``FOLDER/NAME`` (FOLDER one of ``OUTPUT_FOLDERS``), nothing else."""
+    if not isinstance(relative, str) or not relative or "\0" in relative:
+        return "not a file name"
+    parts = relative.split("/")
+    if relative.startswith("/"):
+        return "an absolute path"
+    if ".." in parts:
+        return "a path out of the folder"
+    if "" in parts or "." in parts or len(parts) > 2 or (len(parts) == 2 and parts[0] not in OUTPUT_FOLDERS) \
+            or relative == MARKER:
+        return "a path no report writes"
+    return None
 
-    def __init__(self, out_dir: Path, files: dict[str, str] | None = None) -> None:
-        self.out_dir, self.files = out_dir, dict(files or {})
+
+class Manifest:
+    """``DIR/.kvlab-report``: the files a report wrote in ``DIR`` (relative path → SHA-256) and the report folders
+    it made, rewritten after each file is recorded, so an interrupted report still proves what it wrote."""
+
+    def __init__(self, out_dir: Path, files: dict[str, str] | None = None, folders: Sequence[str] = ()) -> None:
+        self.out_dir, self.files, self.folders = out_dir, dict(files or {}), list(folders)
 
     @property
     def path(self) -> Path:
@@ -153,31 +189,100 @@ class Manifest:
     @classmethod
     def read(cls, out_dir: Path) -> Manifest | None:
         """The manifest of ``out_dir``; ``None`` when there is none. A marker of an older kvlab (which ``--force``
-        could write into any folder) proves nothing: an empty manifest. Anything else there is refused."""
+        could write into any folder) proves nothing: an empty manifest. Anything else there is refused, and so
+        is a manifest naming a path a report never writes (outside ``out_dir``, through ``..``): nothing is
+        deleted on its word."""
         path = out_dir / MARKER
         if not path.exists() and not path.is_symlink():
             return None
-        try:
-            text = path.read_text(encoding="utf-8") if path.is_file() and not path.is_symlink() else None
-        except (OSError, UnicodeDecodeError):
-            text = None
+        text = _read_small(path)
         if text == _LEGACY_MARKER:
             return cls(out_dir)
         try:
             data = json.loads(text) if text is not None else None
-        except ValueError:
+        except (ValueError, RecursionError):
             data = None
         files = data.get("files") if isinstance(data, dict) and data.get("kvlab_report_manifest") == MANIFEST_FORMAT \
             else None
-        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+        folders = data.get("folders", []) if isinstance(data, dict) else None
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()) \
+                or not isinstance(folders, list):
             raise ReportError(f"--out {out_dir}: {MARKER} there is not a kvlab report manifest; kvlab does not write "
                               f"over it: choose another directory")
-        return cls(out_dir, files)
+        bad = [(entry, why) for entry in files if (why := _entry_problem(entry))]
+        bad += [(entry, "not a report folder") for entry in folders if entry not in OUTPUT_FOLDERS]
+        if bad:
+            shown = ", ".join(f"{entry!r} ({why})" for entry, why in bad[:3]) + (
+                f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+            raise ReportError(f"--out {out_dir}: {MARKER} lists {shown}: a kvlab report writes only inside its "
+                              f"folder and never lists that; nothing was deleted. Remove {MARKER} if the folder "
+                              f"is yours, or choose another directory")
+        return cls(out_dir, files, folders)
+
+    def _open_folder(self, relative: str) -> tuple[int, str]:
+        """A descriptor of the folder holding ``relative`` (reached from ``out_dir`` without following a link)
+        and the file's name in it; OSError when a folder on the way is a link or missing."""
+        *folders, name = relative.split("/")
+        fd = os.open(self.out_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            for folder in folders:
+                inner = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                os.close(fd)
+                fd = inner
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, name
 
     def owns(self, relative: str) -> bool:
-        """Whether the file at ``relative`` is one this manifest proves a report wrote (unchanged since)."""
+        """Whether the file at ``relative`` is one this manifest proves a report wrote (unchanged since), reached
+        inside ``out_dir`` without a link."""
+        return self._owned(relative, remove=False)
+
+    def remove_owned(self, relative: str) -> bool:
+        """Delete the file at ``relative`` if :meth:`owns` it; whether it did."""
+        return self._owned(relative, remove=True)
+
+    def _owned(self, relative: str, *, remove: bool) -> bool:
         recorded = self.files.get(relative)
-        return recorded is not None and _sha256(self.out_dir / relative) == recorded
+        if recorded is None or _entry_problem(relative):
+            return False
+        try:
+            fd, name = self._open_folder(relative)
+        except OSError:
+            return False
+        try:
+            if _sha256(name, dir_fd=fd) != recorded:
+                return False
+            if remove:
+                os.unlink(name, dir_fd=fd)
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)
+
+    def remove_empty_folders(self) -> None:
+        """Remove each report folder this manifest says a report made, if it is empty now (never a link); the ones
+        left stay recorded."""
+        kept = []
+        for name in self.folders:
+            try:
+                os.rmdir(self.out_dir / name)  # a link is no directory to rmdir: ENOTDIR, left alone
+            except FileNotFoundError:
+                continue
+            except OSError:
+                kept.append(name)
+        self.folders = kept
+
+    def make_folders(self, names: Sequence[str]) -> None:
+        """Create the report folders ``names`` that do not exist, recording them as the report's own."""
+        for name in names:
+            folder = self.out_dir / name
+            if not folder.exists() and not folder.is_symlink():
+                folder.mkdir()
+                self.folders.append(name)
+        self.save()
 
     def record(self, *paths: Path | None) -> None:
         for path in paths:
@@ -187,8 +292,10 @@ class Manifest:
         self.save()
 
     def save(self) -> None:
-        data = json.dumps({"kvlab_report_manifest": MANIFEST_FORMAT, "files": dict(sorted(self.files.items()))},
-                          indent=1) + "\n"
+        content: dict = {"kvlab_report_manifest": MANIFEST_FORMAT, "files": dict(sorted(self.files.items()))}
+        if self.folders:
+            content["folders"] = sorted(set(self.folders))
+        data = json.dumps(content, indent=1) + "\n"
         fd, tmp = tempfile.mkstemp(dir=self.out_dir, prefix=f"{MARKER}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -201,6 +308,21 @@ class Manifest:
             raise
 
 
+def _read_small(path: Path) -> str | None:
+    """The text of the regular file ``path`` (not through a link) if it is at most ``MAX_MANIFEST_BYTES``."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or os.fstat(fd).st_size > MAX_MANIFEST_BYTES:
+            return None
+        try:
+            return f.read(MAX_MANIFEST_BYTES + 1).decode("utf-8")
+        except (OSError, UnicodeDecodeError):
+            return None
+
+
 def _same_dir(a: Path, b: Path) -> bool:
     try:
         return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
@@ -211,13 +333,40 @@ def _same_dir(a: Path, b: Path) -> bool:
 def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False, notebook_dir: str | os.PathLike[str] | None = None,
                     planned: Sequence[str] = ()) -> Path:
     """Create ``out``, or clear a previous report in it: the files its manifest proves a report wrote (unchanged
-    since), and then the report's folders if they are left empty; nothing else. Refuses any other existing non-empty
-    directory unless ``force``; a path that is a file; a ``notebook_dir`` that is ``out`` or one of its report
-    folders; and any of the ``planned`` files (paths relative to ``out``) that exists and is not proven kvlab's:
-    the report never writes over a file it did not write."""
+    since, reached without a link), and then the report folders it made if they are left empty; nothing else.
+    Refuses any other existing non-empty directory unless ``force``; a path that is a file; a manifest naming a
+    path no report writes; a report folder the ``planned`` files go into that is a link or not a folder; a
+    ``notebook_dir`` that is ``out`` or one of its report folders; and any of the ``planned`` files (paths relative
+    to ``out``) that exists and is not proven kvlab's: the report never writes over a file it did not write."""
+    out, manifest = check_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned)
+    if manifest is not None:  # ours: delete only what it proves it wrote
+        for relative in list(manifest.files):
+            manifest.remove_owned(relative)
+        manifest.remove_empty_folders()
+    taken = [p for p in planned if (out / p).exists() or (out / p).is_symlink()]
+    if taken:
+        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
+        raise ReportError(f"--out {out}: {shown} already there and not written by kvlab report (or changed since); "
+                          f"kvlab never writes over a file it did not write: move it away or choose another "
+                          f"directory")
+    out.mkdir(parents=True, exist_ok=True)
+    # what was proven is gone; a file someone changed is theirs now; a folder the report made and still holds
+    # someone's file stays the report's (removed once empty)
+    Manifest(out, folders=manifest.folders if manifest is not None else ()).save()
+    return out
+
+
+def check_out_dir(out: str | os.PathLike[str], *, force: bool = False,
+                  notebook_dir: str | os.PathLike[str] | None = None,
+                  planned: Sequence[str] = ()) -> tuple[Path, Manifest | None]:
+    """``prepare_out_dir``'s refusals that need nothing deleted first, touching nothing: the resolved ``out`` and
+    its manifest (``None`` when there is none)."""
     out = Path(out).resolve()
     if out.exists() and not out.is_dir():
         raise ReportError(f"--out {out}: exists and is not a directory")
+    base = next(p for p in out.parents if p.exists()) if not out.exists() else out
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise ReportError(f"--out {out}: cannot be created ({base} is {'not a folder' if not base.is_dir() else 'not writable'})")
     if notebook_dir is not None:
         for target in (out, *(out / name for name in OUTPUT_FOLDERS)):
             if _same_dir(Path(notebook_dir), target):
@@ -229,23 +378,13 @@ def prepare_out_dir(out: str | os.PathLike[str], *, force: bool = False, noteboo
         raise ReportError(f"--out {out}: directory exists and is not a previous kvlab report "
                           f"(no {MARKER} file in it); choose another directory or pass --force "
                           f"(which writes beside the files there, never over one)")
-    if manifest is not None:  # ours: delete only what it proves it wrote
-        for relative in list(manifest.files):
-            if manifest.owns(relative):
-                (out / relative).unlink()
-        for name in OUTPUT_FOLDERS:
-            if (out / name).is_dir() and not (out / name).is_symlink():
-                with contextlib.suppress(OSError):
-                    (out / name).rmdir()  # only when empty
-    taken = [p for p in planned if (out / p).exists() or (out / p).is_symlink()]
-    if taken:
-        shown = ", ".join(taken[:5]) + (f" and {len(taken) - 5} more" if len(taken) > 5 else "")
-        raise ReportError(f"--out {out}: {shown} already there and not written by kvlab report (or changed since); "
-                          f"kvlab never writes over a file it did not write: move it away or choose another "
-                          f"directory")
-    out.mkdir(parents=True, exist_ok=True)
-    Manifest(out).save()  # what was proven is gone; a file someone changed is theirs now
-    return out
+    for name in sorted({p.split("/")[0] for p in planned if "/" in p}):
+        folder = out / name
+        if folder.is_symlink() or (folder.exists() and not folder.is_dir()):
+            what = "a link" if folder.is_symlink() else "not a folder"
+            raise ReportError(f"--out {out}: {name} there is {what}; kvlab report writes only inside its own "
+                              f"folder, never through a link: move it away or choose another directory")
+    return out, manifest
 
 
 def planned_files(sources: Sequence[Path], *, pngs: bool) -> list[str]:
@@ -637,30 +776,67 @@ def build_report(out: str | os.PathLike[str], *, device: str = "auto", notebooks
                  notebook_dir: str | os.PathLike[str] = DEFAULT_NOTEBOOK_DIR, force: bool = False,
                  pngs: bool = True, progress: bool | None = None, timeout: int = 900) -> Report:
     """Run everything and write the site. A failing notebook is recorded (``report.failures``), the others
-    still run, and the index marks it failed; the caller decides the exit status."""
+    still run, and the index marks it failed; the caller decides the exit status. Every notebook is read (and
+    refused by name when unreadable) before anything is written. A signal stops it: :class:`ReportStopped`."""
     from kvlab.device import resolve_device_name
+    from kvlab.notebook_exec import read_notebook
 
-    start = time.perf_counter()
-    sources = select_notebooks(Path(notebook_dir), notebooks)
-    resolved = resolve_device_name(device)
-    out_dir = prepare_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned_files(sources, pngs=pngs))
-    manifest = Manifest(out_dir)
-    report = Report(out_dir=out_dir, device=resolved)
     if progress is None:
         progress = os.environ.get("KVLAB_PROGRESS", "1") != "0"
-    say = _progress_line if progress else (lambda _line: None)
+    report, manifest, sources, planned = None, None, [], []
+    with stop_on_signals():
+        try:
+            start = time.perf_counter()
+            sources = select_notebooks(Path(notebook_dir), notebooks)
+            planned = planned_files(sources, pngs=pngs)
+            check_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned)  # --out first, as before
+            for source in sources:
+                read_notebook(source)  # NotebookFormatError (a ValueError) naming it
+            resolved = resolve_device_name(device)
+            out_dir = prepare_out_dir(out, force=force, notebook_dir=notebook_dir, planned=planned)
+            manifest = Manifest.read(out_dir) or Manifest(out_dir)
+            manifest.make_folders([name for name in OUTPUT_FOLDERS if any(p.startswith(f"{name}/") for p in planned)])
+            report = Report(out_dir=out_dir, device=resolved)
+            _write_report(report, manifest, sources, pngs=pngs, timeout=timeout,
+                          say=_progress_line if progress else (lambda _line: None))
+            report.seconds = time.perf_counter() - start
+            manifest.record(write_index(report))
+        except Stopped as stop:
+            raise ReportStopped(stop.signum, _record_when_stopped(stop, report, manifest, planned, len(sources))) \
+                from None
+    return report
+
+
+def _record_when_stopped(stop: Stopped, report: Report | None, manifest: Manifest | None, planned: Sequence[str],
+                         total: int) -> str:
+    """Record in the manifest every file the stopped report wrote (all of ``planned`` that exists: none did before
+    it started), and say so in a sentence."""
+    if manifest is None:
+        return f"report stopped by {stop.name} before it wrote anything"
+    written = [manifest.out_dir / p for p in planned
+               if (manifest.out_dir / p).is_file() and not (manifest.out_dir / p).is_symlink()]
+    manifest.record(*written)
+    index = "" if (manifest.out_dir / "index.html") in written else "; no index.html yet"
+    return (f"report stopped by {stop.name} after {len(report.runs) if report else 0} of {total} notebook(s): the {len(written)} "
+            f"file(s) written so far in {manifest.out_dir} are listed in its {MARKER}, so the next report into it "
+            f"clears them{index}")
+
+
+def _write_report(report: Report, manifest: Manifest, sources: Sequence[Path], *, pngs: bool, timeout: int,
+                  say) -> None:
+    """Everything but the index: plotly.js, the notebooks, summary.json and the PNGs, each recorded as written."""
     from kvlab.viz.export import plotly_js as read_plotly_js  # lazy: the core never imports plotly
 
+    out_dir, resolved = report.out_dir, report.device
     plotly_js = read_plotly_js()
     shared_js = out_dir / PLOTLY_JS_FILE
-    shared_js.parent.mkdir(parents=True, exist_ok=True)
     shared_js.write_text(plotly_js, encoding="utf-8")
     manifest.record(shared_js)
     for number, source in enumerate(sources, start=1):
         run = execute_one(source, out_dir, resolved, timeout=timeout, plotly_js=plotly_js)
         manifest.record(run.executed_path, run.html_path)
         report.runs.append(run)
-        say(f"[{number}/{len(sources)}] {source.stem} … {run.seconds:.0f} s" + ("" if run.ok else " FAILED"))
+        say(f"[{number}/{len(sources)}] {printable(source.stem)} … {run.seconds:.0f} s" + ("" if run.ok else " FAILED"))
     step = time.perf_counter()
     report.summary, arms, comparison = compute_summary(resolved)
     report.summary["notebooks"] = {r.name: {"ok": r.ok, "seconds": round(r.seconds, 2), "error": r.error}
@@ -685,6 +861,3 @@ def build_report(out: str | os.PathLike[str], *, device: str = "auto", notebooks
         manifest.record(*report.pngs)
         say(f"[figures] {len(report.pngs)} PNG{'s' if len(report.pngs) != 1 else ''} … "
             f"{time.perf_counter() - step:.0f} s")
-    report.seconds = time.perf_counter() - start
-    manifest.record(write_index(report))
-    return report

@@ -404,6 +404,7 @@ def _report_app_probes(tmp: Path) -> list[Probe]:
     out.append(Probe("wrong-type", "report on a notebook JSON without cells",
                      ["report", "--notebook-dir", str(nbdir), "--no-png", "--force", "--out", str(tmp / "rep-nocells")],
                      ("01_nocells",)))
+    out += _report_manifest_probes(tmp) + _notebook_file_probes(tmp)
     for argv, names in ((["--port", "70000"], ("--port",)), (["--port", "0"], ("--port",)),
                         (["--port", "-1"], ("--port",)), (["--port", "x"], ("--port",)),
                         (["--device", "\U0001f4a5"], ("--device",)), (["99"], ("99",)),
@@ -413,6 +414,59 @@ def _report_app_probes(tmp: Path) -> list[Probe]:
                         (["--notebook-dir", str(tmp / "special" / "fifo")], ("--notebook-dir",))):
         out.append(Probe("out-of-range" if "--notebook-dir" not in argv else "special-file",
                          f"app {' '.join(argv)[:40]}", ["app", *argv, "--no-browser"], names))
+    return out
+
+
+def _report_manifest_probes(tmp: Path) -> list[Probe]:
+    """Report folders whose manifest (``.kvlab-report``) names a file outside the folder (``../``, absolute) or
+    inside a report folder that is a link: the report must delete nothing there (issue 37)."""
+    nbdir = _w(tmp / "nbs-ok" / "01_tiny.ipynb", json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                              "nbformat_minor": 5})).parent
+    out = []
+    for what, name in (("a ../ entry", "beside"), ("an absolute entry", "absolute"),
+                       ("a linked notebooks/ folder", "linked")):
+        case = tmp / "manifests" / name
+        precious = _w(case / "victim" / "precious.txt", "a user's file\n")
+        site = case / "site"
+        entry = {"a ../ entry": "../victim/precious.txt", "an absolute entry": str(precious)}.get(
+            what, "notebooks/precious.txt")
+        _w(site / ".kvlab-report", json.dumps({"kvlab_report_manifest": 1, "files": {
+            entry: hashlib.sha256(precious.read_bytes()).hexdigest()}}))
+        if "linked" in what and not (site / "notebooks").is_symlink():
+            (site / "notebooks").symlink_to(precious.parent)
+        out.append(Probe("output-path", f"report --out a folder whose manifest has {what}",
+                         ["report", "--notebook-dir", str(nbdir), "--no-png", "--out", str(site)],
+                         (".kvlab-report", "notebooks"), protect=(precious,)))
+    return out
+
+
+def _notebook_file_probes(tmp: Path) -> list[Probe]:
+    """Notebooks ``report`` and ``app`` cannot read: a FIFO (it hung both), /dev/zero, JSON nested 50,000 deep
+    (exit 3), no ``cells`` under a name with a terminal escape (exit 3 in app; the name must be shown escaped)."""
+    def folder(name: str, make) -> Path:
+        path = tmp / "notebook-files" / name.split("_", 1)[1].split(".")[0] / name
+        if not path.exists() and not path.is_symlink():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            make(path)
+        return path
+
+    fifo = folder("01_fifo.ipynb", os.mkfifo)
+    deep = folder("01_deep.ipynb", lambda p: p.write_text('{"cells": [], "metadata": ' + '{"a": ' * 50_000 + "1"
+                                                          + "}" * 50_000 + ', "nbformat": 4}'))
+    zero = folder("01_zero.ipynb", lambda p: p.symlink_to("/dev/zero"))
+    escaped = folder("01_\x1b[2Jnocells.ipynb", lambda p: p.write_text(json.dumps({"nbformat": 4, "metadata": {}})))
+    shown = "01_\\x1b[2Jnocells"  # as kvlab.safe_text.printable writes it: the raw escape names nothing
+    out = []
+    for command, cases in (("report", ((fifo, "a FIFO"), (deep, "JSON nested 50,000 deep"), (zero, "/dev/zero"))),
+                           ("app", ((fifo, "a FIFO"), (escaped, "no cells, an escape in its name"),
+                                    (deep, "JSON nested 50,000 deep")))):
+        for path, what in cases:
+            argv = ["report", "--no-png", "--out", str(tmp / f"rep-{path.stem}")] if command == "report" else \
+                ["app", "01", "--no-browser"]
+            out.append(Probe("notebook-file", f"{command} on a notebook that is {what}",
+                             [*argv, "--notebook-dir", str(path.parent)],
+                             (shown,) if path == escaped else (path.name,),
+                             protect=(path,) if path in (deep, escaped) else ()))
     return out
 
 

@@ -234,6 +234,20 @@ def start_app(tmp_path: Path) -> Iterator[Callable[..., App]]:
                     os.kill(p.pid, signal.SIGKILL)
 
 
+def test_a_notebook_name_with_terminal_escapes_reaches_the_terminal_escaped(start_app, tmp_path: Path):
+    """Voila logged the dashboard copy's name raw ("Notebook 01_ESC[2J… is not trusted" cleared the screen): the
+    copy is named with its control characters written as escapes, as kvlab's own lines name it."""
+    folder = tmp_path / "nbs"
+    folder.mkdir()
+    (folder / "01_\x1b[2Jsmoke.ipynb").write_bytes((FIXTURES / "smoke.ipynb").read_bytes())
+    app = start_app(notebook="01", notebook_dir=folder)
+    app.load_page()
+    log = app.stop(signal.SIGTERM)
+    assert app.process.returncode == 0, log
+    assert "\x1b" not in log, [line for line in log.splitlines() if "\x1b" in line]
+    assert "serving 01_\\x1b[2Jsmoke.ipynb at" in log
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP], ids=["SIGTERM", "SIGINT", "SIGHUP"])
 def test_a_signal_stops_voila_and_every_kernel_and_frees_the_port(start_app, sig: signal.Signals):
     app = start_app()
