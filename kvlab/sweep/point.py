@@ -141,6 +141,9 @@ def parse_workload_params(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
+        if key == "seed":  # make_workload's own argument, one flag for it (it was a TypeError, issue 37)
+            raise ValueError(f"--workload-param {item[:60]}: the seed is no workload parameter; give it as --seed "
+                             f"{value[:40] or 'N'}")
         if key in params:
             raise ValueError(f"--workload-param {key!r} given twice ({params[key]!r} and {value!r}): give it once")
         try:
