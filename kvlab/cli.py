@@ -352,6 +352,7 @@ def _write_tiny_checkpoint(args) -> int:
 def _simulate(args) -> int:
     from kvlab.experiments import shortfall_eviction
     from kvlab.mem_cache.options import PoolTooLargeError
+    from kvlab.sched.config import check_pool, request_extent
     from kvlab.sched.scheduler import StepLimitError
     from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
 
@@ -361,6 +362,7 @@ def _simulate(args) -> int:
         raise ValueError("--workload-param applies to --workload, not to --trace")
     requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
     kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
+    check_pool(request_extent(requests), page_size=page_size, kv_tokens=kv_tokens, **_pool_flags(args, page_size))
     options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy,
                    **_hicache_options(args))
     if args.compare and args.eviction is not None:
@@ -402,6 +404,20 @@ def _simulate(args) -> int:
         shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
         print(f"  {key:<{width}}  {shown:>14}")
     return 0
+
+
+def _pool_flags(args, page_size: int) -> dict:
+    """How ``kvlab simulate``'s page size and pool were given, for :func:`kvlab.sched.config.check_pool`'s messages:
+    the flag and value the user typed, or the default that stood in for it."""
+    page = (f"--page-size {args.page_size}" if args.page_size
+            else f"the default page size {page_size}{' (of --trace)' if args.trace else ''}")
+    if args.kv_pages is not None:
+        pool = f"--kv-pages {args.kv_pages}"
+    elif args.kv_tokens is not None:
+        pool = f"--kv-tokens {args.kv_tokens}"
+    else:
+        pool = "the default pool (no --kv-tokens or --kv-pages: 4 × (the longest request + one page), at least 32,768)"
+    return {"page_flag": page, "pool_flag": pool}
 
 
 def _longest_request(args, requests) -> str:

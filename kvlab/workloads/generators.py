@@ -25,7 +25,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
-from kvlab.workloads.bounds import Amount, WorkloadSize, check_size, lengths_size, product, total
+from kvlab.workloads.bounds import (
+    Amount,
+    WorkloadSize,
+    WorkloadTooLarge,
+    check_size,
+    lengths_size,
+    product,
+    total,
+)
 from kvlab.workloads.request import Request, TokenSequence
 
 Workload = Callable[..., "list[Request]"]
@@ -68,7 +76,8 @@ def make_workload(name: str, seed: int = 0, **overrides: Any) -> list[Request]:
             raise
         # the defaults are valid, so an override is at fault: say which were given (issue 26: the message named
         # only the generator's own argument)
-        raise ValueError(f"workload {name!r} with {given[:200]}: {exc}") from None
+        kind = WorkloadTooLarge if isinstance(exc, WorkloadTooLarge) else ValueError
+        raise kind(f"workload {name!r} with {given[:200]}: {exc}") from None
     if len(requests) == 0:
         raise ValueError(f"workload {name!r} with {given} (seed {seed}) yields no requests")
     # the built-in generators check their sizes before they draw; one added with register_workload is held to the
