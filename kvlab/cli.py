@@ -219,7 +219,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     data_kinds = data.add_subparsers(dest="kind", required=True)
     tiny = data_kinds.add_parser("tiny-checkpoint", help="write the tiny model's safetensors checkpoint")
     tiny.add_argument("--out", default="data/tiny-llama", help="output directory (default: %(default)s)")
-    tiny.add_argument("--seed", type=int, default=0)
+    # torch's generator takes seeds in [-2^63, 2^64 - 1] (kvlab.model.checkpoint.MIN_SEED/MAX_SEED; issue 37: 10^20
+    # was "Overflow when unpacking long long")
+    tiny.add_argument("--seed", type=_int_at_least(-(2 ** 63), 2 ** 64 - 1), default=0,
+                      help="weights seed, an integer from -2^63 to 2^64 - 1 (default: %(default)s)")
     tiny.add_argument("--force", action="store_true", help="overwrite an existing checkpoint")
 
     report = commands.add_parser(
