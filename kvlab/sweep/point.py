@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from kvlab.sched import RESULT_KEYS, RequestLike, SchedulerConfig, simulate
-from kvlab.sched.config import MAX_POOL_TOKENS  # noqa: F401  (kept importable here)
 from kvlab.units import align_up
 
 DEFAULT_KV_TOKENS = 32_768
