@@ -357,7 +357,7 @@ def _simulate(args) -> int:
     from kvlab.mem_cache.options import PoolTooLargeError
     from kvlab.sched.config import check_pool, request_extent
     from kvlab.sched.scheduler import StepLimitError
-    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
+    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens, scheduler_config
 
     page_size = args.page_size or default_page_size(trace=args.trace)
     overrides = parse_workload_params(args.workload_param)
@@ -370,6 +370,13 @@ def _simulate(args) -> int:
                    **_hicache_options(args))
     if args.compare and args.eviction is not None:
         raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
+    if _hicache_options(args):  # the host pool it makes, checked (as each sweep point's) before anything runs
+        try:
+            scheduler_config(**options)
+        except ValueError as exc:
+            given = (f"--hicache-ratio {args.hicache_ratio:g}" if args.hicache_ratio is not None
+                     else f"--hicache-size {args.hicache_size:g}")
+            raise ValueError(f"{given} with a device pool of {kv_tokens:,} tokens: {exc}") from None
     try:
         if args.compare:
             arms = shortfall_eviction.compare_totals(requests, processes=1, **options)

@@ -110,6 +110,7 @@ def test_workload_param_seed_points_to_the_seed_flag(command, capsys):
     (["--page-size", "512", "--kv-pages", "200000"], "--kv-pages 200000 at --page-size 512 is 102,400,000 tokens",
      "kv_tokens="),
     (["--kv-tokens", "100"], "--kv-tokens 100 at the default page size 1", "kv_tokens="),
+    (["--kv-tokens", "1000000", "--hicache-ratio", "1000"], "--hicache-ratio 1000", "Traceback"),
 ])
 @pytest.mark.parametrize("command", ["simulate", "sweep"])
 def test_pool_errors_name_the_flag_given(command, argv, named, not_named, capsys):
