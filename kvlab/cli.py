@@ -219,7 +219,10 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     data_kinds = data.add_subparsers(dest="kind", required=True)
     tiny = data_kinds.add_parser("tiny-checkpoint", help="write the tiny model's safetensors checkpoint")
     tiny.add_argument("--out", default="data/tiny-llama", help="output directory (default: %(default)s)")
-    tiny.add_argument("--seed", type=int, default=0)
+    # torch's generator takes seeds in [-2^63, 2^64 - 1] (kvlab.model.checkpoint.MIN_SEED/MAX_SEED; issue 37: 10^20
+    # was "Overflow when unpacking long long")
+    tiny.add_argument("--seed", type=_int_at_least(-(2 ** 63), 2 ** 64 - 1), default=0,
+                      help="weights seed, an integer from -2^63 to 2^64 - 1 (default: %(default)s)")
     tiny.add_argument("--force", action="store_true", help="overwrite an existing checkpoint")
 
     report = commands.add_parser(
@@ -356,8 +359,9 @@ def _write_tiny_checkpoint(args) -> int:
 def _simulate(args) -> int:
     from kvlab.experiments import shortfall_eviction
     from kvlab.mem_cache.options import PoolTooLargeError
+    from kvlab.sched.config import check_pool, request_extent
     from kvlab.sched.scheduler import StepLimitError
-    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens
+    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens, scheduler_config
 
     page_size = args.page_size or default_page_size(trace=args.trace)
     overrides = parse_workload_params(args.workload_param)
@@ -365,10 +369,18 @@ def _simulate(args) -> int:
         raise ValueError("--workload-param applies to --workload, not to --trace")
     requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
     kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
+    check_pool(request_extent(requests), page_size=page_size, kv_tokens=kv_tokens, **_pool_flags(args, page_size))
     options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy,
                    **_hicache_options(args))
     if args.compare and args.eviction is not None:
         raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
+    if _hicache_options(args):  # the host pool it makes, checked (as each sweep point's) before anything runs
+        try:
+            scheduler_config(**options)
+        except ValueError as exc:
+            given = (f"--hicache-ratio {args.hicache_ratio:g}" if args.hicache_ratio is not None
+                     else f"--hicache-size {args.hicache_size:g}")
+            raise ValueError(f"{given} with a device pool of {kv_tokens:,} tokens: {exc}") from None
     try:
         if args.compare:
             arms = shortfall_eviction.compare_totals(requests, processes=1, **options)
@@ -406,6 +418,20 @@ def _simulate(args) -> int:
         shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
         print(f"  {key:<{width}}  {shown:>14}")
     return 0
+
+
+def _pool_flags(args, page_size: int) -> dict:
+    """How ``kvlab simulate``'s page size and pool were given, for :func:`kvlab.sched.config.check_pool`'s messages:
+    the flag and value the user typed, or the default that stood in for it."""
+    page = (f"--page-size {args.page_size}" if args.page_size
+            else f"the default page size {page_size}{' (of --trace)' if args.trace else ''}")
+    if args.kv_pages is not None:
+        pool = f"--kv-pages {args.kv_pages}"
+    elif args.kv_tokens is not None:
+        pool = f"--kv-tokens {args.kv_tokens}"
+    else:
+        pool = "the default pool (no --kv-tokens or --kv-pages: 4 × (the longest request + one page), at least 32,768)"
+    return {"page_flag": page, "pool_flag": pool}
 
 
 def _longest_request(args, requests) -> str:

@@ -250,6 +250,41 @@ def _trace_probes(tmp: Path) -> list[Probe]:
         out.append(Probe("duplicate" if value == "num_groups=4" else "out-of-range", f"simulate --workload-param "
                          f"{value[:30]}", ["simulate", "--workload", "generated-shared-prefix", *params],
                          ("--workload-param", value.split("=")[0] or "--workload-param")))
+    return out + _huge_workload_probes(tmp)
+
+
+# issue 37: each was a MemoryError (exit 3) or ran past 60 s; each must now be refused in seconds, naming a parameter
+HUGE_WORKLOADS = (
+    ("generated-shared-prefix", "num_groups=1000000", "vocab_size=1000000"),
+    ("generated-shared-prefix", "num_groups=1000", "prompts_per_group=1000"),
+    ("generated-shared-prefix", "prompts_per_group=1000000"),
+    ("generated-shared-prefix", "output_len=1000000"),
+    ("multi-turn-chat", "turns=1000000"),
+    ("multi-turn-chat", "turns=20000", "num_sessions=1", "user_len=1", "output_len=0"),
+    ("few-shot", "num_requests=1000000"),
+    ("few-shot", "num_examples=1000000", "example_len=1", "num_requests=1000"),
+)
+
+
+def _huge_workload_probes(tmp: Path) -> list[Probe]:
+    """Generated workloads and a trace beyond the simulator's bounds (kvlab.workloads.bounds), the seed given as a
+    workload parameter, and page sizes and pools the user's flag must be named for."""
+    out = []
+    for command in ("simulate", "sweep"):
+        for name, *params in HUGE_WORKLOADS:
+            argv = [command, "--workload", name, *(x for p in params for x in ("--workload-param", p))]
+            out.append(Probe("oversized", f"{command} {name} {' '.join(params)}", argv,
+                             tuple(p.split("=")[0] for p in params)))
+        out.append(Probe("duplicate", f"{command} --workload-param seed=5",
+                         [command, "--workload", "few-shot", "--workload-param", "seed=5"], ("--workload-param", "--seed")))
+        for flags in (["--page-size", "10000"], ["--page-size", "67108864"], ["--page-size", "512", "--kv-pages",
+                                                                              "200000"]):
+            out.append(Probe("out-of-range", f"{command} {' '.join(flags)}", [command, "--workload", "few-shot", *flags],
+                             (" ".join(flags[-2:]),)))
+    p = _w(tmp / "traces" / "outputs-4e7.jsonl", "".join(_trace_line(timestamp=i, output_length=10 ** 7) + "\n"
+                                                          for i in range(4)))
+    out.append(Probe("oversized", "simulate: four requests of 10^7 output tokens", ["simulate", "--trace", str(p)],
+                     (p.name,)))
     return out
 
 

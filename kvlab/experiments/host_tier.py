@@ -25,9 +25,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from kvlab.experiments.arguments import HelperArgumentError, check_event_tokens, check_int, check_number
 from kvlab.experiments.tree_demo import SteppedDemo, TreeDemo
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import EvictResult
@@ -36,6 +38,7 @@ from kvlab.mem_cache.common import EVICTION_MODES
 from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiRadixCache
 from kvlab.mem_cache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
+from kvlab.sched.config import MAX_HICACHE
 from kvlab.units import GB
 
 MODES = EVICTION_MODES  # ("shortfall", "full")
@@ -57,6 +60,14 @@ FATES = (KEPT, UNTOUCHED_HOST, DEMOTED, WRITTEN_BACK, NOT_BACKED_UP, HOST_FULL, 
 DESTROYED_FATES = (NOT_BACKED_UP, HOST_FULL, HOST_EVICTED)
 
 
+# the largest hand-sized caches and scripts the helpers take (the notebook's: 4,096 slots, a host pool of 2x, 60
+# requests): far beyond them, and within seconds
+MAX_CAPACITY_TOKENS = 1 << 20
+MAX_HOST_TOKENS = 1 << 24
+MAX_SCRIPT_REQUESTS = 500
+MAX_SCRIPT_TOKENS = 1 << 19  # num_requests × a quarter of capacity_tokens (the longest a conversation grows)
+
+
 def make_cache(capacity_tokens: int = 4096, *, host_ratio: float = 2.0, write_policy: str = "write_through",
                mode: str = "shortfall", size_per_token: int = SIZE_PER_TOKEN_BYTES,
                bytes_per_s: float = DEFAULT_HOST_DEVICE_BYTES_PER_S) -> tuple[HiRadixCache, TokenToKVPoolAllocator]:
@@ -67,6 +78,12 @@ def make_cache(capacity_tokens: int = 4096, *, host_ratio: float = 2.0, write_po
         raise ValueError(f"write_policy must be one of {', '.join(POLICIES)}, got {write_policy!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be 'shortfall' (the fix) or 'full' (the bug), got {mode!r}")
+    check_int("make_cache", "capacity_tokens", capacity_tokens, 1, MAX_CAPACITY_TOKENS, "a hand-sized cache")
+    check_number("make_cache", "host_ratio", host_ratio, MAX_HICACHE["hicache_ratio"], "SGLang's --hicache-ratio")
+    if capacity_tokens * host_ratio > MAX_HOST_TOKENS:
+        raise HelperArgumentError(f"make_cache(capacity_tokens={capacity_tokens}, host_ratio={host_ratio!r}): a host "
+                                  f"pool of {int(capacity_tokens * host_ratio):,} tokens; at most {MAX_HOST_TOKENS:,} "
+                                  "in a hand-sized cache")
     alloc = TokenToKVPoolAllocator(capacity_tokens)
     host = HostKVCache(capacity_tokens, size_per_token, 1, hicache_ratio=host_ratio)
     cache = HiRadixCache(None, alloc, host, 1, write_policy=write_policy, load_back_evict_mode=mode,
@@ -216,7 +233,9 @@ def pressure_event(mode: str, write_policy: str = "write_through", *, host_ratio
 
     if mode not in MODES:
         raise ValueError(f"mode must be 'shortfall' (the fix) or 'full' (the bug), got {mode!r}")
+    check_int("pressure_event", "capacity", capacity, 1, MAX_CAPACITY_TOKENS, "a hand-sized cache")
     cache, alloc = event_tree(write_policy, host_ratio=host_ratio, capacity=capacity)
+    check_event_tokens("pressure_event", num_tokens, capacity, alloc.available_size())
     names = conversation_names()
     short = {k: label for k, (_, label) in names.items()}
     held = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
@@ -346,6 +365,7 @@ def run_script(write_policy: str, mode: str = "shortfall", *, capacity_tokens: i
                requests: Sequence[Sequence[int]] | None = None) -> ScriptRun:
     """Seeded chat turns through a fresh two-tier cache (:func:`serve` each), one write policy, one eviction mode."""
     if requests is None:
+        _check_script("run_script", capacity_tokens, num_requests, num_conversations)
         requests = script_requests(capacity_tokens=capacity_tokens, num_requests=num_requests,
                                    num_conversations=num_conversations, seed=seed)
     cache, _alloc = make_cache(capacity_tokens, host_ratio=host_ratio, write_policy=write_policy, mode=mode)
@@ -361,6 +381,19 @@ def run_script(write_policy: str, mode: str = "shortfall", *, capacity_tokens: i
         cache.host_evicted_tokens, sum(e.evicted_tokens for e in evs), sum(e.over_evicted_tokens for e in evs),
         sum(getattr(e, "demoted_tokens", 0) for e in evs), sum(getattr(e, "destroyed_tokens", 0) for e in evs),
         t.write_s + t.load_s, t.stall_s, steps)
+
+
+def _check_script(helper: str, capacity_tokens: Any, num_requests: Any, num_conversations: Any) -> None:
+    """The seeded script's sizes: counts within :data:`MAX_SCRIPT_REQUESTS`, and its prompts (each up to a quarter
+    of the pool) within :data:`MAX_SCRIPT_TOKENS`, so a script runs in seconds."""
+    check_int(helper, "capacity_tokens", capacity_tokens, 1, MAX_CAPACITY_TOKENS, "a hand-sized cache")
+    for name, value in (("num_requests", num_requests), ("num_conversations", num_conversations)):
+        check_int(helper, name, value, 1, MAX_SCRIPT_REQUESTS, "a script that runs in seconds")
+    if num_requests * (capacity_tokens // 4) > MAX_SCRIPT_TOKENS:
+        raise HelperArgumentError(
+            f"{helper}(num_requests={num_requests}, capacity_tokens={capacity_tokens}): prompts of up to "
+            f"num_requests × capacity_tokens / 4 = {num_requests * (capacity_tokens // 4):,} tokens; at most "
+            f"{MAX_SCRIPT_TOKENS:,}, a script that runs in seconds")
 
 
 POLICY_ROWS = (  # (label, ScriptRun attribute or totals key, format)

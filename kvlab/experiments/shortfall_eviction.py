@@ -385,10 +385,13 @@ def conversation_tree(capacity: int = 4096):
 def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) -> PressureEvent:
     """A hand-sized tree of named cached prefixes, then one allocation of ``num_tokens`` when the
     pool has some, but not enough, free slots; report what the eviction destroyed."""
+    from kvlab.experiments.arguments import check_event_tokens, check_int
     from kvlab.mem_cache.common import evict_from_tree_cache
     from kvlab.mem_cache.tree_view import tree_frame
 
+    check_int("pressure_event", "capacity", capacity, 1, 1 << 20, "a hand-sized tree")
     tree, alloc, labels = conversation_tree(capacity)
+    check_event_tokens("pressure_event", num_tokens, capacity, alloc.available_size())
     names = {k: long for k, (long, _) in labels.items() if k != 1}
     short = {k: label for k, (_, label) in labels.items()}
     filler = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest

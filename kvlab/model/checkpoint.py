@@ -108,10 +108,17 @@ class SafetensorsCheckpoint:
         return f"<SafetensorsCheckpoint {self.path}>"
 
 
+MIN_SEED, MAX_SEED = -(2 ** 63), 2 ** 64 - 1  # what torch.Generator.manual_seed takes
+
+
 def write_checkpoint(directory: str | Path, config: ModelConfig, *, seed: int = 0) -> Path:
-    """Write a random-weight safetensors checkpoint for ``config`` (small configs only) + config.json."""
+    """Write a random-weight safetensors checkpoint for ``config`` (small configs only) + config.json. ``seed``: an
+    int in [:data:`MIN_SEED`, :data:`MAX_SEED`], the range torch's generator takes (checked before anything is
+    written)."""
     from safetensors.torch import save_file
 
+    if type(seed) is not int or not MIN_SEED <= seed <= MAX_SEED:
+        raise ValueError(f"seed must be an integer from {MIN_SEED} to {MAX_SEED} (torch's generator), got {seed!r}")
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     generator = torch.Generator().manual_seed(seed)

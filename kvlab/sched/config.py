@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from kvlab.mem_cache.options import EVICTION_MODES, WRITE_POLICIES, HostPoolSize, host_pool_size  # no torch
 from kvlab.sched.cost import CostModel
@@ -16,6 +17,9 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 # simulator keeps a flag per host slot)
 MAX_HOST_POOL_TOKENS = 1 << 27  # a flag and an index per host slot: about 1.2 GB of simulator state
 MAX_HICACHE = {"hicache_ratio": 1000.0, "hicache_size_gib": 65_536.0}
+#: the largest pool the simulator takes: 2^26 tokens is about 1.3 GB of its state and far beyond any real pool
+#: (2^27 took 2.6 GB; 10^20 was a traceback, issue 26)
+MAX_POOL_TOKENS = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,9 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.kv_tokens > MAX_POOL_TOKENS:
+            raise ValueError(f"kv_tokens={self.kv_tokens} is more than the {MAX_POOL_TOKENS:,} (2^26) tokens the "
+                             "simulator takes")
         if self.kv_tokens % self.page_size:
             raise ValueError(
                 f"kv_tokens={self.kv_tokens} is not a multiple of page_size={self.page_size}: "
@@ -109,3 +116,61 @@ def min_kv_tokens(prompt_len: int, output_len: int, page_size: int = 1) -> int:
     hold = align_up(prompt_len + out, page_size) + page_size
     admit = align_up(prompt_len + min(out, CLIP_MAX_NEW_TOKENS) + page_size + 1, page_size)
     return max(hold, admit)
+
+
+
+class Extent(NamedTuple):
+    """The two requests that need the largest pool at any page size (:func:`min_kv_tokens`'s two terms): the
+    longest prompt + output, and the longest prompt + output as admission counts it (at most
+    ``CLIP_MAX_NEW_TOKENS`` of the output). Each is ``(rid, prompt_len, output_len)``."""
+
+    hold: tuple
+    admit: tuple
+
+
+def request_extent(requests) -> Extent:
+    """The :class:`Extent` of ``requests`` (one pass; every pool and page size is then checked in O(1))."""
+    def key(r, clip):
+        return len(r.prompt_token_ids) + min(max(1, r.output_len), clip)
+
+    hold = max(requests, key=lambda r: key(r, math.inf))
+    admit = max(requests, key=lambda r: key(r, CLIP_MAX_NEW_TOKENS))
+    return Extent(*((r.rid, len(r.prompt_token_ids), r.output_len) for r in (hold, admit)))
+
+
+def pool_need(prompt_len: int, output_len: int, page_size: int) -> tuple[int, str]:
+    """:func:`min_kv_tokens` and how it comes about, page rounding included, e.g. "48 pages of 64 = 3,072 tokens:
+    prompt 1,344 + output 1,664 = 3,008 tokens are 47 pages of 64, plus one padding page"."""
+    out, ps = max(1, output_len), page_size
+    need = min_kv_tokens(prompt_len, output_len, ps)
+    total = f"{need // ps:,} pages of {ps} = {need:,} tokens" if ps > 1 else f"{need:,} tokens"
+    if need == align_up(prompt_len + out, ps) + ps:
+        pages = f" are {align_up(prompt_len + out, ps) // ps:,} pages of {ps}," if ps > 1 else ""
+        return need, (f"{total}: prompt {prompt_len:,} + output {out:,} = {prompt_len + out:,} tokens{pages} plus "
+                      f"one padding {'page' if ps > 1 else 'token'}")
+    counted = min(out, CLIP_MAX_NEW_TOKENS)
+    clip = f" (at most {CLIP_MAX_NEW_TOKENS:,} counted)" if out > CLIP_MAX_NEW_TOKENS else ""
+    return need, (f"{total}: to be admitted, prompt {prompt_len:,} + output {counted:,}{clip} + one page ({ps}) "
+                  f"must be less than the pool, so the pool is at least {prompt_len + counted + ps + 1:,} tokens"
+                  f"{', in whole pages' if ps > 1 else ''}")
+
+
+def check_pool(extent: Extent, *, page_size: int, kv_tokens: int, page_flag: str, pool_flag: str,
+               chunked_prefill_size: int = SchedulerConfig.chunked_prefill_size) -> None:
+    """Whether a run of requests of ``extent`` can start at this page size and pool: the one check ``kvlab
+    simulate`` and every point of ``kvlab sweep`` go through before anything runs. A ``ValueError`` names each
+    setting as the user gave it: ``page_flag`` ("--page-size 10000", "page size 1 (the default)") and
+    ``pool_flag`` ("--kv-pages 30", "the default pool")."""
+    if page_size > chunked_prefill_size:
+        raise ValueError(f"{page_flag}: a page must fit in one prefill chunk (chunked_prefill_size), so at most "
+                         f"{chunked_prefill_size:,} tokens")
+    if kv_tokens > MAX_POOL_TOKENS:
+        raise ValueError(f"{pool_flag} at {page_flag} is {kv_tokens:,} tokens: at most {MAX_POOL_TOKENS:,} (2^26)")
+    if kv_tokens % page_size:
+        raise ValueError(f"{pool_flag} is not a whole number of pages at {page_flag}: use "
+                         f"{align_down(kv_tokens, page_size) or page_size:,} or {align_up(kv_tokens, page_size):,} "
+                         "tokens")
+    rid, need, why = max(((r[0], *pool_need(r[1], r[2], page_size)) for r in extent), key=lambda t: t[1])
+    if kv_tokens < need:
+        raise ValueError(f"{pool_flag} at {page_flag} ({kv_tokens:,} tokens) is smaller than one request: {rid!r} "
+                         f"needs {why}")

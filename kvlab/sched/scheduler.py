@@ -23,7 +23,7 @@ from dataclasses import replace
 
 import kvlab.sched.config as sched_config
 from kvlab.errors import KvlabError
-from kvlab.sched.config import SchedulerConfig, min_kv_tokens
+from kvlab.sched.config import SchedulerConfig, min_kv_tokens, pool_need
 from kvlab.sched.decode import DecodeRounds, NewTokenRatio, ReferenceDecode
 from kvlab.sched.fast_decode import FastDecode
 from kvlab.sched.host_timing import HostTierTiming, NoHostTier
@@ -59,9 +59,8 @@ class Scheduler:
                 raise ValueError(f"request {r.rid!r}: the prompt must have at least 1 token and the output "
                                  f"a non-negative length (got {prompt_len} and {r.output_len})")
             if min_kv_tokens(prompt_len, r.output_len, ps) > config.kv_tokens:
-                raise ValueError(
-                    f"KV pool of {config.kv_tokens} tokens is smaller than one request: {r.rid!r} needs "
-                    f"{need} tokens (prompt {prompt_len} + output {r.output_len}); raise --kv-tokens")
+                raise ValueError(f"KV pool of {config.kv_tokens:,} tokens is smaller than one request: {r.rid!r} "
+                                 f"needs {pool_need(prompt_len, r.output_len, ps)[1]}; raise kv_tokens")
         self.ledger = Ledger(Totals(requests=len(requests), prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
                                     prompt_pages=sum(-(-len(r.prompt_token_ids) // ps) for r in requests)))
         # the fast path at page size > 1 without a host tier runs on the page engine (no token or slot ids); the

@@ -131,34 +131,41 @@ class Grid:
         return (default_kv_tokens(requests, page_size),)
 
     def points(self, requests: Sequence[RequestLike]) -> list[Point]:
-        """Every point in grid order, after checking that each can run: a pool of whole pages that holds the
-        longest request alone. Raises :class:`SweepError` naming the first value that cannot."""
-        from kvlab.sched import min_kv_tokens
+        """Every point in grid order, after checking that each can run, with the check ``kvlab simulate`` makes
+        (:func:`kvlab.sched.config.check_pool`: a page that fits a prefill chunk, a pool of whole pages within the
+        simulator's bound that holds the longest request alone; then the point's whole ``SchedulerConfig``).
+        Raises :class:`SweepError` naming the first value that cannot."""
+        from kvlab.sched.config import check_pool, request_extent
 
         grid = self.checked()
         if not requests:
             raise SweepError("no requests to sweep")
-        points = []
+        extent = request_extent(requests)
         for page_size in grid.page_sizes:
-            longest = max(requests, key=lambda r: min_kv_tokens(len(r.prompt_token_ids), r.output_len, page_size))
-            need = min_kv_tokens(len(longest.prompt_token_ids), longest.output_len, page_size)
             for kv in grid.pools(requests, page_size):
-                if kv % page_size:
-                    raise SweepError(f"--kv-tokens {kv} is not a whole number of pages at --page-size {page_size}")
-                if kv < need:
-                    given = (f"--kv-pages {kv // page_size}" if grid.kv_pages is not None else f"--kv-tokens {kv}")
-                    raise SweepError(
-                        f"{given} at --page-size {page_size} ({kv:,} tokens) is smaller than one request: "
-                        f"{longest.rid!r} needs {need // page_size:,} pages ({need:,} tokens: prompt "
-                        f"{len(longest.prompt_token_ids):,} + output {longest.output_len:,}, page-aligned, plus "
-                        f"the padding page)")
-        for eviction in grid.evictions:
-            for policy in grid.policies:
-                for page_size in grid.page_sizes:
-                    for max_running in grid.max_running:
-                        for kv in grid.pools(requests, page_size):
-                            for ratio in grid.hicache_ratios:
-                                # the write policy is read only with a host tier: ratio 0 is one point
-                                for wp in grid.hicache_write_policies if ratio else grid.hicache_write_policies[:1]:
-                                    points.append(Point(eviction, policy, page_size, max_running, kv, ratio, wp))
+                pool = (f"--kv-pages {kv // page_size}" if grid.kv_pages is not None else
+                        f"--kv-tokens {kv}" if grid.kv_tokens is not None else "the default pool")
+                try:
+                    check_pool(extent, page_size=page_size, kv_tokens=kv, page_flag=f"--page-size {page_size}",
+                               pool_flag=pool)
+                except ValueError as exc:
+                    raise SweepError(str(exc)) from None
+        points = [Point(eviction, policy, page_size, max_running, kv, ratio, wp)
+                  for eviction in grid.evictions for policy in grid.policies for page_size in grid.page_sizes
+                  for max_running in grid.max_running for kv in grid.pools(requests, page_size)
+                  for ratio in grid.hicache_ratios
+                  # the write policy is read only with a host tier: ratio 0 is one point
+                  for wp in (grid.hicache_write_policies if ratio else grid.hicache_write_policies[:1])]
+        for point in points:  # every other setting as SchedulerConfig checks it for kvlab simulate
+            try:
+                point.config()
+            except ValueError as exc:
+                raise SweepError(f"the point {_settings(point)}: {exc}") from None
         return points
+
+
+def _settings(point: Point) -> str:
+    """A point's settings as sweep flags, for an error naming it."""
+    host = f" --hicache-ratio {point.hicache_ratio:g}" if point.hicache_ratio else ""
+    return (f"--page-size {point.page_size} --kv-tokens {point.kv_tokens} --max-running {point.max_running}"
+            f"{host}")

@@ -49,24 +49,15 @@ def default_kv_tokens(requests: Sequence[RequestLike], page_size: int) -> int:
     return align_up(max(DEFAULT_KV_TOKENS, 4 * (longest + page_size)), page_size)
 
 
-#: the largest pool the simulator takes: 2^26 tokens is about 1.3 GB of its state and far beyond any real pool
-#: (2^27 took 2.6 GB; 10^20 was a traceback, issue 26)
-MAX_POOL_TOKENS = 1 << 26
-
-
 def pool_tokens(requests: Sequence[RequestLike], page_size: int, *, kv_tokens: int | None = None,
                 kv_pages: int | None = None) -> int:
-    """The pool in tokens from ``--kv-tokens`` or ``--kv-pages`` (at most one), else :func:`default_kv_tokens`."""
+    """The pool in tokens from ``--kv-tokens`` or ``--kv-pages`` (at most one), else :func:`default_kv_tokens`.
+    Whether it can run is :func:`kvlab.sched.config.check_pool`'s to say (``kvlab simulate`` and every sweep point
+    go through it; ``SchedulerConfig`` refuses a pool beyond ``MAX_POOL_TOKENS`` for any other caller)."""
     if kv_tokens is not None and kv_pages is not None:
         raise ValueError(f"give the pool in tokens or in pages, not both (kv_tokens={kv_tokens}, kv_pages={kv_pages})")
     if kv_pages is not None:
-        tokens = kv_pages * page_size
-        if tokens > MAX_POOL_TOKENS:
-            raise ValueError(f"--kv-pages {kv_pages} of {page_size} tokens is {tokens:,} tokens: "
-                             f"at most {MAX_POOL_TOKENS:,} (2^26) tokens")
-        return tokens
-    if kv_tokens is not None and kv_tokens > MAX_POOL_TOKENS:
-        raise ValueError(f"--kv-tokens {kv_tokens}: at most {MAX_POOL_TOKENS:,} (2^26)")
+        return kv_pages * page_size
     return kv_tokens if kv_tokens is not None else default_kv_tokens(requests, page_size)
 
 
@@ -141,6 +132,9 @@ def parse_workload_params(items: list[str]) -> dict:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ValueError(f"--workload-param {item!r}: expected KEY=VALUE")
+        if key == "seed":  # make_workload's own argument, one flag for it (it was a TypeError, issue 37)
+            raise ValueError(f"--workload-param {item[:60]}: the seed is no workload parameter; give it as --seed "
+                             f"{value[:40] or 'N'}")
         if key in params:
             raise ValueError(f"--workload-param {key!r} given twice ({params[key]!r} and {value!r}): give it once")
         try:

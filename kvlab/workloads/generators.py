@@ -25,6 +25,15 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from kvlab.workloads.bounds import (
+    Amount,
+    WorkloadSize,
+    WorkloadTooLarge,
+    check_size,
+    lengths_size,
+    product,
+    total,
+)
 from kvlab.workloads.request import Request, TokenSequence
 
 Workload = Callable[..., "list[Request]"]
@@ -47,7 +56,9 @@ def make_workload(name: str, seed: int = 0, **overrides: Any) -> list[Request]:
 
     An unknown name or an override the generator does not take raises ``ValueError`` listing what exists, and
     so does a workload that yields no request (the built-in ones refuse counts below 1 themselves; this also
-    covers generators added with :func:`register_workload`).
+    covers generators added with :func:`register_workload`). A workload beyond the simulator's bounds
+    (:mod:`kvlab.workloads.bounds`, the same as a trace's) raises ``WorkloadTooLarge`` naming the parameters, the
+    size they make and the limit; the built-in generators refuse it before drawing a token.
     """
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; known workloads: {', '.join(WORKLOADS)}")
@@ -65,9 +76,14 @@ def make_workload(name: str, seed: int = 0, **overrides: Any) -> list[Request]:
             raise
         # the defaults are valid, so an override is at fault: say which were given (issue 26: the message named
         # only the generator's own argument)
-        raise ValueError(f"workload {name!r} with {given[:200]}: {exc}") from None
+        kind = WorkloadTooLarge if isinstance(exc, WorkloadTooLarge) else ValueError
+        raise kind(f"workload {name!r} with {given[:200]}: {exc}") from None
     if len(requests) == 0:
         raise ValueError(f"workload {name!r} with {given} (seed {seed}) yields no requests")
+    # the built-in generators check their sizes before they draw; one added with register_workload is held to the
+    # same bounds here, before a simulation starts
+    check_size(lengths_size([len(r.prompt_token_ids) for r in requests], [r.output_len for r in requests]),
+               f"workload {name!r} with {given[:200]}")
     return requests
 
 
@@ -169,6 +185,7 @@ def generated_shared_prefix(num_groups: int = 64, prompts_per_group: int = 16, s
         raise ValueError("system_prompt_len + question_len must be >= 1 (a prompt needs a token)")
     if isinstance(range_ratio, bool) or not isinstance(range_ratio, (int, float)) or not 0 <= range_ratio <= 1:
         raise ValueError(f"range_ratio must be a number in [0, 1], got {range_ratio!r}")
+    check_size(_gsp_size(num_groups, prompts_per_group, system_prompt_len, question_len, output_len))
     num_slots = num_groups * prompts_per_group
     assignment = _group_assignment(seed, num_groups, prompts_per_group, group_distribution, zipf_alpha)
 
@@ -195,6 +212,19 @@ def generated_shared_prefix(num_groups: int = 64, prompts_per_group: int = 16, s
     arrivals = _arrival_times(seed, num_slots, request_rate)
     return [Request(rid=rid, arrival_time_s=t, prompt_token_ids=prompt, output_len=out, group_id=group)
             for t, (rid, prompt, out, group) in zip(arrivals, specs)]
+
+
+def _gsp_size(groups: int, per_group: int, system_len: int, question_len: int, output_len: int) -> WorkloadSize:
+    """The most :func:`generated_shared_prefix` can make (lengths drawn below their maxima make less)."""
+    n = groups * per_group
+    return WorkloadSize(
+        requests=product(("num_groups", groups), ("prompts_per_group", per_group)),
+        longest_prompt=total(("system_prompt_len", system_len), ("question_len", question_len)),
+        longest_output=Amount(output_len, "output_len"),
+        prompt_tokens=product(("requests", n), ("(system_prompt_len + question_len)", system_len + question_len)),
+        output_tokens=product(("requests", n), ("output_len", output_len)),
+        held_tokens=total(("num_groups × system_prompt_len", groups * system_len),
+                          ("requests × question_len", n * question_len)))
 
 
 def _group_assignment(seed: int, num_groups: int, prompts_per_group: int, distribution: str,
@@ -238,6 +268,7 @@ def multi_turn_chat(num_sessions: int = 64, turns: int = 4, system_prompt_len: i
     if isinstance(think_time_s, bool) or not isinstance(think_time_s, (int, float)) or not (
             math.isfinite(think_time_s) and think_time_s >= 0):
         raise ValueError(f"think_time_s must be a finite number >= 0, got {think_time_s!r}")
+    check_size(_chat_size(num_sessions, turns, system_prompt_len, user_len, output_len))
     _need_vocab(vocab_size, num_sessions, "sessions")
     rng = _stream(seed, "tokens")
     think = _stream(seed, "think")
@@ -259,6 +290,23 @@ def multi_turn_chat(num_sessions: int = 64, turns: int = 4, system_prompt_len: i
     return out
 
 
+def _chat_size(sessions: int, turns: int, system_len: int, user_len: int, output_len: int) -> WorkloadSize:
+    """What :func:`multi_turn_chat` makes: turn ``k``'s prompt is the system prompt, ``k + 1`` messages and ``k``
+    outputs, held as ``2k + 2`` pieces."""
+    turn_len = user_len + output_len
+    per_session = turns * system_len + turns * (turns + 1) // 2 * user_len + turns * (turns - 1) // 2 * output_len
+    return WorkloadSize(
+        requests=product(("num_sessions", sessions), ("turns", turns)),
+        longest_prompt=Amount(system_len + turns * user_len + (turns - 1) * output_len,
+                              "system_prompt_len + turns × user_len + (turns - 1) × output_len"),
+        longest_output=Amount(output_len, "output_len"),
+        prompt_tokens=Amount(sessions * per_session, "every turn's whole history, num_sessions × (turns × "
+                                                     "system_prompt_len + turns² / 2 × (user_len + output_len))"),
+        output_tokens=product(("num_sessions", sessions), ("turns", turns), ("output_len", output_len)),
+        held_tokens=total(("num_sessions × turns × (user_len + output_len)", sessions * turns * turn_len),
+                          ("num_sessions × turns × (turns + 1) pieces", sessions * turns * (turns + 1))))
+
+
 @register_workload("few-shot")
 def few_shot(num_requests: int = 256, num_examples: int = 5, example_len: int = 256, question_len: int = 64,
              output_len: int = 32, seed: int = 0, request_rate: float = INF,
@@ -274,6 +322,7 @@ def few_shot(num_requests: int = 256, num_examples: int = 5, example_len: int = 
                             ("example_len", example_len, 0), ("question_len", question_len, 1),
                             ("output_len", output_len, 0)):
         _check_int(name, value, lo)
+    check_size(_few_shot_size(num_requests, num_examples, example_len, question_len, output_len))
     _need_vocab(vocab_size, num_requests, "questions")
     rng = _stream(seed, "tokens")
     prefix = TokenSequence()
@@ -286,3 +335,17 @@ def few_shot(num_requests: int = 256, num_examples: int = 5, example_len: int = 
     return [Request(rid=f"few-shot-{i}", arrival_time_s=t, prompt_token_ids=prefix + q, output_len=n,
                     group_id="few-shot")
             for i, (t, q, n) in enumerate(zip(arrivals, questions, out_lens))]
+
+
+def _few_shot_size(n: int, examples: int, example_len: int, question_len: int, output_len: int) -> WorkloadSize:
+    """What :func:`few_shot` makes: each prompt holds the shared examples as ``num_examples`` pieces."""
+    prompt_len = examples * example_len + question_len
+    return WorkloadSize(
+        requests=Amount(n, "num_requests"),
+        longest_prompt=Amount(prompt_len, "num_examples × example_len + question_len"),
+        longest_output=Amount(output_len, "output_len"),
+        prompt_tokens=product(("num_requests", n), ("(num_examples × example_len + question_len)", prompt_len)),
+        output_tokens=product(("num_requests", n), ("output_len", output_len)),
+        held_tokens=total(("num_examples × example_len", examples * example_len),
+                          ("num_requests × question_len", n * question_len),
+                          ("num_requests × num_examples pieces", n * examples)))

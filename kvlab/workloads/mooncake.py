@@ -46,6 +46,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from kvlab.errors import KvlabError
 from kvlab.input_limits import reading
 from kvlab.units import div_ceil
+from kvlab.workloads.bounds import MAX_LENGTH, check_size, lengths_size
 from kvlab.workloads.request import Request, TokenSequence
 
 if TYPE_CHECKING:
@@ -99,9 +100,9 @@ def _show(value: Any) -> str:
 
 
 # Upper bounds on a record's numbers: a timestamp within ~300 years of the trace's start, and no request longer
-# than 10M tokens (the longest context any model offers), so no record asks for unbounded work or overflows
+# than 10M tokens (MAX_LENGTH, kvlab.workloads.bounds: the longest context any model offers), so no record asks for
+# unbounded work or overflows; the whole trace is held to the same bounds as a generated workload (check_size)
 MAX_TIMESTAMP_MS = 10 ** 13
-MAX_LENGTH = 10 ** 7
 
 
 def _int_field(where: str, name: str, value: Any, minimum: int, unit: str = "", maximum: int = MAX_LENGTH) -> int:
@@ -316,7 +317,14 @@ def load_trace(path: PathLike, *, block_size: int = MOONCAKE_BLOCK_SIZE) -> list
         fast = _load_well_formed(path, block_size, Path(path).stem)
         if fast is not None:
             return fast
-        return _to_requests(read_records(path, block_size=block_size), block_size, Path(path).stem)
+        records = read_records(path, block_size=block_size)
+        _check_records_size(records, str(path))
+        return _to_requests(records, block_size, Path(path).stem)
+
+
+def _check_records_size(records: Sequence[MooncakeRecord], where: str) -> None:
+    """Refuse records beyond the simulator's bounds (kvlab.workloads.bounds), naming ``where``."""
+    check_size(lengths_size([r.input_length for r in records], [r.output_length for r in records], "records"), where)
 
 
 @contextmanager
@@ -372,6 +380,7 @@ def _load_well_formed(path: PathLike, block_size: int, rid_prefix: str) -> list[
             and min(ts) >= 0 and max(ts) <= MAX_TIMESTAMP_MS and min(n_in) >= 1 and max(n_in) <= MAX_LENGTH
             and min(n_out) >= 0 and max(n_out) <= MAX_LENGTH):
         return None
+    check_size(lengths_size(n_in, n_out, "records"), str(path))  # before a request is built
     n_blocks = tuple(map(len, ids))
     if n_blocks != tuple(map(operator.floordiv, map(operator.add, n_in, repeat(block_size - 1)), repeat(block_size))):
         return None
@@ -407,6 +416,7 @@ def records_to_requests(records: Iterable[MooncakeRecord | Mapping], *,
     """Like :func:`load_trace` for in-memory records (``MooncakeRecord`` or mappings with the JSON keys)."""
     _check_block_size(block_size)
     checked = [_coerce(r, f"records[{i}]", block_size) for i, r in enumerate(records)]
+    _check_records_size(checked, "records")
     return _to_requests(checked, block_size, rid_prefix)
 
 

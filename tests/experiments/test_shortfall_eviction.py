@@ -54,7 +54,7 @@ def test_done_when_default_generated_shared_prefix(capsys):
     [
         (["--workload", "few-shot", "--kv-tokens", "100"], "smaller than one request"),
         (["--workload", "few-shot", "--workload-param", "bogus=1"], "has no parameter 'bogus'"),
-        (["--workload", "few-shot", "--page-size", "16", "--kv-tokens", "50008"], "not a multiple of page_size=16"),
+        (["--workload", "few-shot", "--page-size", "16", "--kv-tokens", "50008"], "--kv-tokens 50008 is not a whole number of pages at --page-size 16"),
         (["--trace", "/nonexistent/trace.jsonl"], "/nonexistent/trace.jsonl: trace file not found"),
         (["--trace", "/"], "--trace /: is a folder, not a file"),
     ],

@@ -105,7 +105,9 @@ def test_bad_config(kwargs, match):
 def test_a_pool_one_token_short_of_admission_is_refused_up_front():
     # page 1: 57 + 6 tokens fit a 64-token pool, but admission wants 57 + 6 + 1 < free + evictable <= 64
     reqs = [Req("edge", 0.0, tuple(range(1, 58)), 6)]
-    with pytest.raises(ValueError, match="smaller than one request: 'edge' needs 63 tokens"):
+    # the message's numbers agree with the pool it refuses (issue 37: it said "needs 63 tokens" of a 64-token pool)
+    with pytest.raises(ValueError, match=r"KV pool of 64 tokens is smaller than one request: 'edge' needs 65 tokens: "
+                                         r"to be admitted, prompt 57 \+ output 6 \+ one page \(1\) must be less"):
         simulate(reqs, SchedulerConfig(kv_tokens=64), progress=False)
     res = simulate(reqs, SchedulerConfig(kv_tokens=65), progress=False)  # one more token: it runs
     assert res.counts.output_tokens == 6
@@ -113,8 +115,28 @@ def test_a_pool_one_token_short_of_admission_is_refused_up_front():
 
 def test_pool_smaller_than_one_request():
     reqs = [Req("big", 0.0, tuple(range(1, 200)), 10)]
-    with pytest.raises(ValueError, match="smaller than one request: 'big' needs 209 tokens"):
+    with pytest.raises(ValueError, match="smaller than one request: 'big' needs 211 tokens"):
         simulate(reqs, SchedulerConfig(kv_tokens=128), progress=False)
+
+
+@pytest.mark.parametrize(("prompt", "output", "page_size"), [(1344, 1664, 64), (2062, 117, 512), (199, 10, 1),
+                                                              (57, 6, 1), (3000, 9000, 64), (100, 0, 16)])
+def test_the_pool_refusal_says_the_page_rounding_and_its_numbers_agree(prompt, output, page_size):
+    """Issue 37: "KV pool of 3072 tokens is smaller than one request: … needs 3008 tokens". The pool named as
+    needed is the smallest that runs the request, and the message shows it in pages of the page size."""
+    import re
+
+    from kvlab.sched.config import min_kv_tokens
+
+    need = min_kv_tokens(prompt, output, page_size)
+    reqs = [Req("r", 0.0, tuple(range(1, prompt + 1)), output)]
+    with pytest.raises(ValueError) as refused:
+        simulate(reqs, SchedulerConfig(kv_tokens=need - page_size, page_size=page_size), progress=False)
+    shown = f"{need // page_size:,} pages of {page_size} = {need:,} tokens" if page_size > 1 else f"{need:,} tokens"
+    assert f"'r' needs {shown}: " in str(refused.value), str(refused.value)
+    numbers = [int(n.replace(",", "")) for n in re.findall(r"\d[\d,]*", str(refused.value).split(": ", 1)[1])]
+    assert max(numbers) == need  # no larger number than the one it asks for, none that contradicts it
+    assert simulate(reqs, SchedulerConfig(kv_tokens=need, page_size=page_size), progress=False).counts.requests == 1
 
 
 def test_totals_are_typed_and_the_json_keeps_its_keys(both_modes):
