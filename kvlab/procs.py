@@ -5,6 +5,12 @@ asks the kernel (``prctl(PR_SET_PDEATHSIG)``) to be signalled when the thread th
 pool workers get SIGKILL (they hold nothing worth saving), Voila gets SIGTERM (it shuts its kernels down and
 ``kvlab app``'s clean-up runs there). Elsewhere than Linux this does nothing; the parents' own signal handling
 is then what stops their children.
+
+A child that starts children of its own (a local Ray cluster: its raylet starts ``ray::DashboardAgent`` and
+``ray::RuntimeEnvAgent``, which outlive a raylet killed under them) needs more: :func:`reaped` marks every process
+started inside it (the mark is an environment variable, which their own children inherit) and a small reaper
+process kills every marked process when the block ends or when the process that started them dies, even by
+``kill -9``.
 """
 
 from __future__ import annotations
@@ -12,7 +18,11 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import subprocess
 import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 _PR_SET_PDEATHSIG = 1
 
@@ -72,4 +82,68 @@ def worker_pool(max_workers: int, initializer=None, initargs: tuple = ()):
                                initializer=_start_worker, initargs=(os.getpid(), initializer, initargs))
 
 
-__all__ = ["MAX_WORKERS_ENV", "die_with_parent", "worker_count", "worker_pool"]
+REAP_ENV = "KVLAB_REAP_MARK"
+
+# The reaper: waits for its stdin to close (the block ended, or its parent died), then SIGKILLs every process whose
+# environment carries the mark, again until none is left (one may be starting another), for at most 10 s. SIGKILL:
+# Ray's agents ignore SIGTERM, and a marked process holds nothing worth saving. Plain Python (no kvlab import), in a
+# session of its own, so that the terminal's Ctrl-C or hang-up does not end it before it has done its work.
+_REAPER = r"""
+import os, signal, sys, time
+mark, spared = ("%s=" % sys.argv[1] + sys.argv[2] + "\0").encode(), {os.getpid(), int(sys.argv[3])}
+sys.stdin.buffer.read()
+def marked():
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) not in spared:
+            try:
+                with open("/proc/%s/environ" % entry, "rb") as f:
+                    if mark in b"\0" + f.read():
+                        yield int(entry)
+            except OSError:
+                pass
+end = time.monotonic() + 10
+while time.monotonic() < end:
+    found = 0
+    for pid in marked():
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                if f.read().rpartition(")")[2].split()[0] in "ZX":
+                    continue
+            os.kill(pid, signal.SIGKILL)
+            found += 1
+        except OSError:
+            pass
+    if not found:
+        break
+    time.sleep(0.2)
+"""
+
+
+@contextmanager
+def reaped() -> Iterator[None]:
+    """Every process started inside the block, and each one those start, is killed when the block ends, or when this
+    process dies without ending it (``kill -9``, the out-of-memory killer). Linux only (it reads ``/proc``);
+    elsewhere the block just runs."""
+    if not os.path.isdir("/proc/self"):
+        yield
+        return
+    mark = uuid.uuid4().hex
+    reaper = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER, REAP_ENV, mark, str(os.getpid())],
+                              stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+    before = os.environ.get(REAP_ENV)
+    os.environ[REAP_ENV] = mark
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(REAP_ENV, None)
+        else:
+            os.environ[REAP_ENV] = before
+        reaper.stdin.close()  # the reaper's signal to start
+        try:
+            reaper.wait(timeout=15)
+        except subprocess.TimeoutExpired:  # pragma: no cover - it gives up after 10 s itself
+            reaper.kill()
+
+
+__all__ = ["MAX_WORKERS_ENV", "REAP_ENV", "die_with_parent", "reaped", "worker_count", "worker_pool"]
