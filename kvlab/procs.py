@@ -91,11 +91,18 @@ REAP_ENV = "KVLAB_REAP_MARK"
 _REAPER = r"""
 import os, signal, sys, time
 mark, spared = ("%s=" % sys.argv[1] + sys.argv[2] + "\0").encode(), {os.getpid(), int(sys.argv[3])}
+def stat(pid):  # the fields after the command name: state is [0], the start time [19]
+    with open("/proc/%s/stat" % pid) as f:
+        return f.read().rpartition(")")[2].split()
+born = int(stat("self")[19])  # a marked process starts after the reaper: older ones are not read
 sys.stdin.buffer.read()
 def marked():
     for entry in os.listdir("/proc"):
         if entry.isdigit() and int(entry) not in spared:
             try:
+                fields = stat(entry)
+                if fields[0] in "ZX" or int(fields[19]) < born:
+                    continue
                 with open("/proc/%s/environ" % entry, "rb") as f:
                     if mark in b"\0" + f.read():
                         yield int(entry)
@@ -106,9 +113,6 @@ while time.monotonic() < end:
     found = 0
     for pid in marked():
         try:
-            with open("/proc/%d/stat" % pid) as f:
-                if f.read().rpartition(")")[2].split()[0] in "ZX":
-                    continue
             os.kill(pid, signal.SIGKILL)
             found += 1
         except OSError:

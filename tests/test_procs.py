@@ -116,6 +116,16 @@ time.sleep(600)
 """
 
 
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), while it runs; None once it is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads /proc (Linux)")
 @pytest.mark.parametrize("end", ["sigkill", "block"])
 def test_what_a_reaped_block_started_goes_with_it(end):
@@ -125,10 +135,11 @@ def test_what_a_reaped_block_started_goes_with_it(end):
     env = {**os.environ, "PYTHONPATH": REPO_ROOT}
     parent = subprocess.Popen([sys.executable, "-c", REAPED_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               text=True, env=env)
-    orphan = 0
+    orphan, born = 0, None
     try:
         orphan = int(parent.stdout.readline())
-        assert _alive(orphan)
+        born = _start_time(orphan)
+        assert born is not None
         if end == "sigkill":
             parent.send_signal(signal.SIGKILL)
             parent.wait(timeout=30)
@@ -137,13 +148,13 @@ def test_what_a_reaped_block_started_goes_with_it(end):
             parent.stdin.flush()
             assert parent.stdout.readline() == "left the block\n"
             assert parent.poll() is None  # the block's end reaps what it started, not the process itself
-        deadline = time.monotonic() + 10
-        while _alive(orphan) and time.monotonic() < deadline:
+        deadline = time.monotonic() + 15
+        while _start_time(orphan) == born and time.monotonic() < deadline:
             time.sleep(0.1)
-        left = _alive(orphan)
+        left = _start_time(orphan) == born
     finally:
         if parent.poll() is None:
             parent.kill()
-        if orphan and _alive(orphan):
+        if orphan and _start_time(orphan) == born:
             os.kill(orphan, signal.SIGKILL)
     assert not left, f"a process started inside reaped() outlived it ({end}): {orphan}"
