@@ -7,10 +7,9 @@ pool workers get SIGKILL (they hold nothing worth saving), Voila gets SIGTERM (i
 is then what stops their children.
 
 A child that starts children of its own (a local Ray cluster: its raylet starts ``ray::DashboardAgent`` and
-``ray::RuntimeEnvAgent``, which outlive a raylet killed under them) needs more: :func:`reaped` marks every process
-started inside it (the mark is an environment variable, which their own children inherit) and a small reaper
-process kills every marked process when the block ends or when the process that started them dies, even by
-``kill -9``.
+``ray::RuntimeEnvAgent``, which outlive a raylet killed under them) needs more: inside :func:`reaped`, a small
+reaper process notes the descendants started, and marks them too (an environment variable, which their own children
+inherit); it kills them when the block ends or when the process that started them dies, even by ``kill -9``.
 """
 
 from __future__ import annotations
@@ -84,41 +83,57 @@ def worker_pool(max_workers: int, initializer=None, initargs: tuple = ()):
 
 REAP_ENV = "KVLAB_REAP_MARK"
 
-# The reaper: waits for its stdin to close (the block ended, or its parent died), then SIGKILLs every process whose
-# environment carries the mark, again until none is left (one may be starting another), for at most 10 s. SIGKILL:
-# Ray's agents ignore SIGTERM, and a marked process holds nothing worth saving. Plain Python (no kvlab import), in a
-# session of its own, so that the terminal's Ctrl-C or hang-up does not end it before it has done its work.
+# The reaper: while its parent lives, it notes the parent's descendants started after the reaper, once a second, by
+# pid and start time (a process may rewrite the memory /proc shows as its environment, as Ray's agents do when they
+# set their titles). When its stdin closes (the block ended, or the parent died) it SIGKILLs what it noted, every
+# process started after it that carries the mark in its environment, and their children, again until none is left,
+# for at most 10 s. SIGKILL: Ray's agents ignore SIGTERM, and none of these holds anything worth saving. Plain Python
+# (no kvlab import), in a session of its own, so that the terminal's Ctrl-C or hang-up does not end it early.
 _REAPER = r"""
-import os, signal, sys, time
-mark, spared = ("%s=" % sys.argv[1] + sys.argv[2] + "\0").encode(), {os.getpid(), int(sys.argv[3])}
-def stat(pid):  # the fields after the command name: state is [0], the start time [19]
-    with open("/proc/%s/stat" % pid) as f:
-        return f.read().rpartition(")")[2].split()
-born = int(stat("self")[19])  # a marked process starts after the reaper: older ones are not read
-sys.stdin.buffer.read()
-def marked():
+import os, select, signal, sys, time
+mark, parent = ("%s=" % sys.argv[1] + sys.argv[2] + "\0").encode(), int(sys.argv[3])
+def table():  # pid -> (state, parent, start time) of every process
+    found = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) not in spared:
+        try:
+            with open("/proc/%s/stat" % entry) as f:
+                fields = f.read().rpartition(")")[2].split()
+            found[int(entry)] = (fields[0], int(fields[1]), int(fields[19]))
+        except (OSError, ValueError):
+            pass
+    return found
+def below(procs, roots):  # (pid, start) of the live processes under ``roots``
+    found, frontier = set(), set(roots)
+    while frontier:
+        frontier = {pid for pid, (state, ppid, _) in procs.items() if ppid in frontier and state not in "ZX"}
+        found |= {(pid, procs[pid][2]) for pid in frontier}
+    return found
+def marked(procs):
+    for pid, (state, _, start) in procs.items():
+        if state not in "ZX" and start >= born and pid not in (os.getpid(), parent):
             try:
-                fields = stat(entry)
-                if fields[0] in "ZX" or int(fields[19]) < born:
-                    continue
-                with open("/proc/%s/environ" % entry, "rb") as f:
+                with open("/proc/%d/environ" % pid, "rb") as f:
                     if mark in b"\0" + f.read():
-                        yield int(entry)
+                        yield pid, start
             except OSError:
                 pass
+born, noted = table()[os.getpid()][2], set()
+while not select.select([sys.stdin], [], [], 1.0)[0] or sys.stdin.buffer.read1(4096):
+    noted |= {(pid, start) for pid, start in below(table(), {parent}) if start >= born and pid != os.getpid()}
 end = time.monotonic() + 10
 while time.monotonic() < end:
-    found = 0
-    for pid in marked():
+    procs = table()
+    doomed = {(pid, start) for pid, start in noted if procs.get(pid, ("X",))[0] not in "ZX" and procs[pid][2] == start}
+    doomed |= set(marked(procs))
+    doomed |= below(procs, {pid for pid, _ in doomed})
+    doomed = {(pid, start) for pid, start in doomed if pid not in (os.getpid(), parent)}
+    if not doomed:
+        break
+    for pid, _ in doomed:
         try:
             os.kill(pid, signal.SIGKILL)
-            found += 1
         except OSError:
             pass
-    if not found:
-        break
     time.sleep(0.2)
 """
 
