@@ -313,6 +313,7 @@ def _sweep_probes(tmp: Path) -> list[Probe]:
             ("a path under a file (user.csv/x.csv)", user / "x.csv", (user,)),
             ("a file in a read-only folder", readonly / "x.csv", ()), ("a folder", folder, (user,)),
             ("a user file with a parquet name", notes, (notes,)), ("a FIFO", tmp / "special" / "fifo", ())]
+    outs += _linked_outs(folder)
     root = os.geteuid() == 0  # root writes into a read-only folder: then that probe is no bad input
     for what, path, protect in outs:
         out.append(Probe("output-path", f"sweep --out {what}", [*base, "--kv-pages", "30", "--out", str(path)],
@@ -321,6 +322,28 @@ def _sweep_probes(tmp: Path) -> list[Probe]:
         out.append(Probe("special-file", f"sweep --trace on {what}", ["sweep", "--trace", str(p), "--kv-pages", "30"],
                          (p.name,)))
     return out
+
+
+def _linked_outs(folder: Path) -> list[tuple[str, Path, tuple[Path, ...]]]:
+    """``--out`` paths that are links (issue 37): a symlink to a sweep's own CSV (a file the sweep would add to), a
+    dangling symlink, a symlink to a folder, a hard link to a sweep CSV. Each must leave the link and its target as
+    they were (a dangling link's target must not appear)."""
+    from kvlab.sweep.store import COLUMNS
+
+    sweep_csv = _w(folder / "sweep-rows.csv", ",".join(COLUMNS) + "\n")
+    shared = _w(folder / "shared-rows.csv", ",".join(COLUMNS) + "\n")
+    links = {"to-sweep-csv.csv": sweep_csv, "dangling.csv": folder / "elsewhere" / "made.csv",
+             "to-folder.csv": folder / "readonly"}
+    for name, target in links.items():
+        if not (folder / name).is_symlink():
+            (folder / name).symlink_to(target)
+    hard = folder / "hard-link.csv"
+    if not hard.exists():
+        os.link(shared, hard)
+    return [("a symlink to a sweep CSV", folder / "to-sweep-csv.csv", (folder / "to-sweep-csv.csv", sweep_csv)),
+            ("a dangling symlink", folder / "dangling.csv", (folder / "dangling.csv", links["dangling.csv"])),
+            ("a symlink to a folder", folder / "to-folder.csv", (folder / "to-folder.csv",)),
+            ("a hard link to a sweep CSV", hard, (hard, shared))]
 
 
 def _log_probes(tmp: Path) -> list[Probe]:

@@ -93,3 +93,68 @@ def test_kvlab_app_kernels_run_their_pools_in_process(monkeypatch):
     assert app_env(None)["KVLAB_MAX_WORKERS"] == "1"
     monkeypatch.setenv("KVLAB_MAX_WORKERS", "4")  # the instructor's own setting wins
     assert app_env(None)["KVLAB_MAX_WORKERS"] == "4"
+
+
+# A parent that, inside kvlab.procs.reaped(), starts a child that starts a grandchild and exits (as Ray's raylet starts
+# its agents): the grandchild is in a session of its own, ignores SIGTERM and has no parent left to die with. The
+# parent prints the grandchild's pid and waits to be killed; a second line "end" asks it to leave the block instead.
+REAPED_PARENT = r"""
+import os, subprocess, sys, time
+from kvlab.procs import reaped
+
+ORPHAN = ("import os, signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+          "p = subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+          "signal.SIG_IGN); time.sleep(600)'], start_new_session=True, stdout=subprocess.DEVNULL, "
+          "stderr=subprocess.DEVNULL); "
+          "print(p.pid, flush=True)")
+with reaped():
+    child = subprocess.run([sys.executable, "-c", ORPHAN], capture_output=True, text=True, check=True)
+    print(child.stdout.strip(), flush=True)
+    sys.stdin.readline()
+print("left the block", flush=True)
+time.sleep(600)
+"""
+
+
+def _start_time(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot), while it runs; None once it is gone (or a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/environ"), reason="reads /proc (Linux)")
+@pytest.mark.parametrize("end", ["sigkill", "block"])
+def test_what_a_reaped_block_started_goes_with_it(end):
+    """:func:`kvlab.procs.reaped` (what a sweep's local Ray cluster runs in): a process started inside the block,
+    even one its own child started and left in another session ignoring SIGTERM, is gone when the block ends and
+    when the process that started it is killed with SIGKILL."""
+    env = {**os.environ, "PYTHONPATH": REPO_ROOT}
+    parent = subprocess.Popen([sys.executable, "-c", REAPED_PARENT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env)
+    orphan, born = 0, None
+    try:
+        orphan = int(parent.stdout.readline())
+        born = _start_time(orphan)
+        assert born is not None
+        if end == "sigkill":
+            parent.send_signal(signal.SIGKILL)
+            parent.wait(timeout=30)
+        else:
+            parent.stdin.write("end\n")
+            parent.stdin.flush()
+            assert parent.stdout.readline() == "left the block\n"
+            assert parent.poll() is None  # the block's end reaps what it started, not the process itself
+        deadline = time.monotonic() + 15
+        while _start_time(orphan) == born and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = _start_time(orphan) == born
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+        if orphan and _start_time(orphan) == born:
+            os.kill(orphan, signal.SIGKILL)
+    assert not left, f"a process started inside reaped() outlived it ({end}): {orphan}"

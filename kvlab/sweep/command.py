@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import sys
 from contextlib import contextmanager
@@ -78,13 +79,21 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
                 hicache_write_policies=parse_list(args.hicache_write_policy, "--hicache-write-policy")).checked()
 
 
+class _Stopped(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the sweep is (as Ctrl-C raises :class:`KeyboardInterrupt`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 @contextmanager
 def _sigterm_interrupts():
     """SIGTERM and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does (rows kept, workers stopped) instead
     of killing this process. (SIGKILL cannot be caught: the pool's workers then die with it, see
-    :func:`kvlab.procs.die_with_parent`.)"""
+    :func:`kvlab.procs.die_with_parent`, and a Ray cluster started here, see :func:`kvlab.procs.reaped`.)"""
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
+        raise _Stopped(signum)
 
     previous = {}
     try:
@@ -98,6 +107,29 @@ def _sigterm_interrupts():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def _rows_in(out: str) -> int:
+    """How many rows the sweep file ``out`` holds now (0 when there is none, or it cannot be read)."""
+    from kvlab.sweep.grid import SweepError
+    from kvlab.sweep.store import open_row_file
+
+    try:
+        return len(open_row_file(out).rows) if os.path.isfile(out) else 0
+    except (SweepError, OSError):
+        return 0
+
+
+def _stopped_message(stop: KeyboardInterrupt, computed: int, out: str | None, rows_before: int) -> str:
+    """The line a stopped sweep ends with: what stopped it, the rows written and where, and how to go on."""
+    what = f"stopped by {signal.Signals(stop.signum).name}" if isinstance(stop, _Stopped) else "interrupted"
+    if out is None:
+        return f"kvlab: sweep {what} after {computed} points (no --out: no row was kept)"
+    rows = _rows_in(out)
+    command = " ".join(shlex.quote(printable(word)) for word in sys.argv[1:]) if sys.argv[1:2] == ["sweep"] else ""
+    again = f": kvlab {command}" if command else ""
+    return (f"kvlab: sweep {what}: {rows - rows_before} new rows written to {printable(out)} ({rows} in all); "
+            f"to resume, run the same command again{again}")
 
 
 def _print_table(rows: list[dict]) -> None:
@@ -117,8 +149,8 @@ def _shown(column: str, value) -> str:
 
 def check_out(path: str) -> None:
     """Refuse an ``--out`` that cannot be written before any worker starts (or any request is loaded),
-    naming the flag, the path and why: a folder or a device where a file goes, a missing or read-only
-    folder. The folder must take new files too: the finished sweep is written beside the file and renamed
+    naming the flag, the path and why: a symbolic or hard link, a folder or a device where a file goes, a missing
+    or read-only folder. The folder must take new files too: the finished sweep is written beside the file and renamed
     over it."""
     import errno
     import stat
@@ -126,10 +158,11 @@ def check_out(path: str) -> None:
     from pathlib import Path
 
     from kvlab.sweep.grid import SweepError
-    from kvlab.sweep.store import CSV_SUFFIXES, PARQUET_SUFFIXES
+    from kvlab.sweep.store import CSV_SUFFIXES, PARQUET_SUFFIXES, refuse_links
 
     if not path:
         raise SweepError("--out '': an empty path; give a .csv or .parquet file")
+    refuse_links(path)  # a symbolic or hard link: the sweep would replace it with a file of its own
     target = Path(path)
     try:
         mode = target.stat().st_mode
@@ -189,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
     from kvlab.sweep.point import load_requests, parse_workload_params, source_label
     from kvlab.sweep.run import run_sweep
 
-    new_rows = []
+    new_rows, rows_before = [], 0
     try:
         overrides = parse_workload_params(args.workload_param)
         if overrides and args.trace:
@@ -197,16 +230,16 @@ def main(args: argparse.Namespace) -> int:
         grid = grid_from_args(args)  # a bad list fails before the requests are even loaded
         if args.out is not None:
             check_out(args.out)  # and an --out that cannot be written, before any worker starts
+            rows_before = _rows_in(args.out)
         requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
         source = source_label(workload=args.workload, trace=args.trace, overrides=overrides)
         with _sigterm_interrupts():
             run = run_sweep(requests, grid, source=source, seed=args.seed, engine=args.engine, workers=args.workers,
                             ray_address=args.ray_address, out=args.out,
                             on_row=lambda row, done: new_rows.append(row))
-    except KeyboardInterrupt:
-        where = f"; they are in {printable(args.out)}: run the same command again to resume" if args.out else ""
-        print(f"kvlab: sweep interrupted after {len(new_rows)} new points{where}", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as stop:
+        print(_stopped_message(stop, len(new_rows), args.out, rows_before), file=sys.stderr)
+        return 128 + stop.signum if isinstance(stop, _Stopped) else 130
     if args.json:
         print(json.dumps(list(run.rows), indent=2))
         print(run.cost(), file=sys.stderr)

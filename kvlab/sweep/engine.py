@@ -8,6 +8,7 @@ that dies mid-point loses nothing: the local pool is restarted and the points no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.procs import worker_count, worker_pool
+from kvlab.procs import reaped, worker_count, worker_pool
 from kvlab.sched import RequestLike
 from kvlab.sweep.grid import SweepError
 from kvlab.sweep.point import Point, run_point
@@ -166,39 +167,72 @@ class RayEngine:
         self.address, self.workers, self.max_retries = address, workers, max_retries
 
     def run(self, requests: Sequence[RequestLike], tasks: Sequence[Point], extra: dict, on_result: OnResult) -> None:
-        ray = self.ray
-        started = not ray.is_initialized()
-        if started:
-            import logging
+        if self.ray.is_initialized():
+            self._run_tasks(requests, tasks, extra, on_result, cancel=True)
+            return
+        with contextlib.ExitStack() as stack:
+            if not self.address:  # a cluster started here ends with the sweep, even with a sweep killed by SIGKILL
+                stack.enter_context(reaped())
+            self._init()
+            stack.callback(self.ray.shutdown)
+            # a cluster started here stops its tasks when it shuts down; cancelling them first races with tasks
+            # that are finishing (Ray 2.60 then aborts the driver: "Tried to complete task that was not pending")
+            self._run_tasks(requests, tasks, extra, on_result, cancel=bool(self.address))
 
-            options = dict(include_dashboard=False, logging_level=logging.WARNING)
-            try:
-                if self.address:
-                    check_reachable(self.address)  # Ray itself retries an address nobody answers at for minutes
-                    ray.init(address=self.address, **options)
-                else:
-                    ray.init(num_cpus=self.workers, **options)
-            except ConnectionError as exc:
-                raise SweepError(f"--ray-address {self.address}: cannot join a Ray cluster there ({exc})") from None
+    def _init(self) -> None:
+        """Join the cluster at ``address``, or start a local one, keeping this process's signal handlers: Ray's
+        driver installs its own for SIGTERM (a C++ stack dump, then death by the signal), which would replace the
+        sweep's (stop, keep the rows, say how to resume)."""
+        import logging
+
+        ray = self.ray
+        options = dict(include_dashboard=False, logging_level=logging.WARNING)
+        handlers = _python_handlers()
         try:
-            self.workers = int(ray.cluster_resources().get("CPU", 0)) or self.workers  # what the tasks share
-            box = [ray.put((list(requests), extra))]
-            task = ray.remote(num_cpus=1, max_retries=self.max_retries)(_ray_task)
-            key = uuid.uuid4().hex
-            pending = {task.remote(key, box, i, p): i for i, p in enumerate(tasks)}
-            try:
-                while pending:
-                    done, _ = ray.wait(list(pending), num_returns=1)
-                    for ref in done:
-                        del pending[ref]
-                        index, totals, pid, host = ray.get(ref)
-                        on_result(Finished(index, totals, pid, host))
-            finally:
-                for ref in pending:  # interrupted or failed: the cluster stops the rest
-                    ray.cancel(ref, force=True)
+            if self.address:
+                check_reachable(self.address)  # Ray itself retries an address nobody answers at for minutes
+                ray.init(address=self.address, **options)
+            else:
+                ray.init(num_cpus=self.workers, **options)
+        except ConnectionError as exc:
+            raise SweepError(f"--ray-address {self.address}: cannot join a Ray cluster there ({exc})") from None
         finally:
-            if started:
-                ray.shutdown()
+            _restore_handlers(handlers)
+
+    def _run_tasks(self, requests: Sequence[RequestLike], tasks: Sequence[Point], extra: dict, on_result: OnResult,
+                   *, cancel: bool) -> None:
+        ray = self.ray
+        self.workers = int(ray.cluster_resources().get("CPU", 0)) or self.workers  # what the tasks share
+        box = [ray.put((list(requests), extra))]
+        task = ray.remote(num_cpus=1, max_retries=self.max_retries)(_ray_task)
+        key = uuid.uuid4().hex
+        pending = {task.remote(key, box, i, p): i for i, p in enumerate(tasks)}
+        try:
+            while pending:
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for ref in done:
+                    del pending[ref]
+                    index, totals, pid, host = ray.get(ref)
+                    on_result(Finished(index, totals, pid, host))
+        finally:
+            for ref in pending if cancel else ():  # interrupted or failed: a cluster that stays up stops the rest
+                ray.cancel(ref, force=True)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _python_handlers() -> dict:
+    return {sig: signal.getsignal(sig) for sig in _SIGNALS}
+
+
+def _restore_handlers(handlers: dict) -> None:
+    """Install ``handlers`` (:func:`signal.getsignal`'s) again: a C library may have replaced them underneath Python,
+    which still reports its own. Only the main thread may set handlers; elsewhere this does nothing."""
+    with contextlib.suppress(ValueError):
+        for sig, handler in handlers.items():
+            if handler is not None:  # None: set from C before Python started; nothing of Python's to put back
+                signal.signal(sig, handler)
 
 
 def check_reachable(address: str, timeout_s: float = 5.0) -> None:

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import errno
 import fcntl
 import io
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -96,6 +98,53 @@ def _new_file_mode(path: Path) -> int:
         return 0o666 & ~umask
 
 
+def refuse_links(path: str | os.PathLike) -> None:
+    """Refuse an ``--out`` that is a symbolic link (to a file, a folder or nothing) or a file with other hard links:
+    a sweep replaces its file when it completes, which would turn the link into a file of its own (and a dangling
+    link would first have its target created wherever it points). Raises :class:`SweepError` naming the path."""
+    try:
+        info = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    except OSError:
+        return  # not readable: the checks that open the file say why
+    if stat.S_ISLNK(info.st_mode):
+        _refuse_link(path)
+    if stat.S_ISREG(info.st_mode) and info.st_nlink > 1:
+        _refuse_hard_link(path, info.st_nlink)
+
+
+def _refuse_link(path) -> None:
+    try:
+        target = f" to {os.readlink(path)}"
+    except OSError:
+        target = ""
+    raise SweepError(f"--out {path}: is a symbolic link{target}; kvlab writes no output through a link (it would "
+                     f"replace the link with a file): give the real file's path instead")
+
+
+def _refuse_hard_link(path, links: int) -> None:
+    raise SweepError(f"--out {path}: has {links} hard links (the same file under other names); a sweep "
+                     f"replaces its file when it completes, which would split them: give a file with one name "
+                     f"(copy it first)")
+
+
+def _open_own_file(path: Path, flags: int) -> int:
+    """``os.open`` that never follows a link at ``path`` (``O_NOFOLLOW``) and refuses a file with other hard links
+    (``fstat`` of what was opened): :func:`refuse_links`, at the moment the file is opened."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW, 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # a link, put there since the first check
+            _refuse_link(path)
+        raise
+    links = os.fstat(fd).st_nlink
+    if links > 1:
+        os.close(fd)
+        _refuse_hard_link(path, links)
+    return fd
+
+
 def _replace_atomically(path: Path, write: Callable[[BinaryIO], None], lock: bool) -> int | None:
     """``write(file)`` into a fresh temporary file beside ``path``, then rename it over ``path``: readers (and a kill)
     see the old file or the new one, whole. With ``lock``, the new file is ``flock``-ed before it takes ``path``'s
@@ -133,6 +182,7 @@ class RowFile:
 
     def __init__(self, path: str | os.PathLike, *, write: bool = False) -> None:
         self.path = Path(path)
+        refuse_links(self.path)  # before anything is created or followed
         try:
             if self.path.is_dir():
                 raise SweepError(f"--out {self.path}: is a folder; give a .csv or .parquet file")
@@ -150,7 +200,7 @@ class RowFile:
     def _lock(self) -> None:
         while True:
             existed = self.path.exists()
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = _open_own_file(self.path, os.O_RDWR | os.O_CREAT)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -158,7 +208,7 @@ class RowFile:
                 raise SweepError(f"--out {self.path}: another kvlab sweep is writing to this file; wait for it to "
                                  f"finish (then rerun to add this grid's points) or choose another --out") from None
             try:
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                same = os.path.samestat(os.fstat(fd), os.lstat(self.path))
             except FileNotFoundError:
                 same = False
             if same:  # not a file that a writer finishing just now replaced under our feet
@@ -224,7 +274,7 @@ class CsvRowFile(RowFile):
         return buffer.getvalue().encode("utf-8")
 
     def append(self, row: dict, ordered: Callable[[], list[dict]]) -> None:
-        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        fd = _open_own_file(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
         try:
             line = self._line([row[c] for c in COLUMNS])
             if os.fstat(fd).st_size == 0:
