@@ -16,10 +16,10 @@ import os
 import shlex
 import signal
 import sys
-from contextlib import contextmanager
 
 from kvlab.argtypes import positive_int
 from kvlab.safe_text import printable
+from kvlab.stop_signals import Stopped, stop_on_signals
 from kvlab.sweep.engine import ENGINES
 from kvlab.sweep.grid import Grid, parse_list
 
@@ -79,36 +79,6 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
                 hicache_write_policies=parse_list(args.hicache_write_policy, "--hicache-write-policy")).checked()
 
 
-class _Stopped(KeyboardInterrupt):
-    """SIGTERM or SIGHUP, raised where the sweep is (as Ctrl-C raises :class:`KeyboardInterrupt`)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-@contextmanager
-def _sigterm_interrupts():
-    """SIGTERM and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does (rows kept, workers stopped) instead
-    of killing this process. (SIGKILL cannot be caught: the pool's workers then die with it, see
-    :func:`kvlab.procs.die_with_parent`, and a Ray cluster started here, see :func:`kvlab.procs.reaped`.)"""
-    def interrupt(signum, frame):
-        raise _Stopped(signum)
-
-    previous = {}
-    try:
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, interrupt)
-    except ValueError:  # not the main thread: leave signals alone
-        yield
-        return
-    try:
-        yield
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-
-
 def _rows_in(out: str) -> int:
     """How many rows the sweep file ``out`` holds now (0 when there is none, or it cannot be read)."""
     from kvlab.sweep.grid import SweepError
@@ -122,7 +92,8 @@ def _rows_in(out: str) -> int:
 
 def _stopped_message(stop: KeyboardInterrupt, computed: int, out: str | None, rows_before: int) -> str:
     """The line a stopped sweep ends with: what stopped it, the rows written and where, and how to go on."""
-    what = f"stopped by {signal.Signals(stop.signum).name}" if isinstance(stop, _Stopped) else "interrupted"
+    stopped = isinstance(stop, Stopped) and stop.signum != signal.SIGINT
+    what = f"stopped by {stop.name}" if stopped else "interrupted"
     if out is None:
         return f"kvlab: sweep {what} after {computed} points (no --out: no row was kept)"
     rows = _rows_in(out)
@@ -233,13 +204,16 @@ def main(args: argparse.Namespace) -> int:
             rows_before = _rows_in(args.out)
         requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
         source = source_label(workload=args.workload, trace=args.trace, overrides=overrides)
-        with _sigterm_interrupts():
+        # SIGTERM and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does: rows kept, workers stopped, a line on
+        # what was written. (SIGKILL cannot be caught: the pool's workers then die with it, kvlab.procs.die_with_parent,
+        # and so does a Ray cluster started here, kvlab.procs.reaped.)
+        with stop_on_signals():
             run = run_sweep(requests, grid, source=source, seed=args.seed, engine=args.engine, workers=args.workers,
                             ray_address=args.ray_address, out=args.out,
                             on_row=lambda row, done: new_rows.append(row))
     except KeyboardInterrupt as stop:
         print(_stopped_message(stop, len(new_rows), args.out, rows_before), file=sys.stderr)
-        return 128 + stop.signum if isinstance(stop, _Stopped) else 130
+        return stop.exit_status if isinstance(stop, Stopped) else 130
     if args.json:
         print(json.dumps(list(run.rows), indent=2))
         print(run.cost(), file=sys.stderr)
