@@ -6,7 +6,7 @@ errors that mean kvlab itself is wrong, never the user: ``InvariantError`` (what
 ``check_invariants()`` raises when the bookkeeping is inconsistent), ``DoubleFreeError`` and
 ``LockRefError`` (misuse of the KV memory API by kvlab's own code). The CLI never reports a ``KvlabBug``
 as a user error: like any unexpected exception it prints one line, saves the traceback and exits 3
-(kvlab/cli.py ``main``). The bugs keep their builtin bases (``AssertionError``, ``ValueError``,
+(kvlab/cli/__init__.py ``main``). The bugs keep their builtin bases (``AssertionError``, ``ValueError``,
 ``RuntimeError``) so code that catches those still catches them. Invariant checks never use ``assert``: ``python -O`` strips asserts, and a check that
 vanishes under ``-O`` is no check. ``require`` is the one way they test a rule.
 """

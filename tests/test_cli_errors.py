@@ -1,4 +1,4 @@
-"""The CLI's one error mapping (kvlab/cli.py ``main``): a user error is ``kvlab: error:`` and exit 2; a kvlab bug
+"""The CLI's one error mapping (kvlab/cli/__init__.py ``main``): a user error is ``kvlab: error:`` and exit 2; a kvlab bug
 (a ``KvlabBug`` such as a double free, or any unexpected exception) is one line naming the command and its input,
 the path of the saved traceback, and exit 3 -- never a traceback on the terminal, never reported as the user's
 mistake."""

@@ -1,4 +1,4 @@
-"""``kvlab sweep``: the command line over :func:`kvlab.sweep.run_sweep` (kvlab/cli.py adds the subcommand here).
+"""``kvlab sweep``: the command line over :func:`kvlab.sweep.run_sweep` (kvlab/cli/__init__.py adds the subcommand here).
 
     kvlab sweep (--trace FILE | --workload NAME) [--seed N] [--workload-param KEY=VALUE ...]
                 [--kv-pages LIST | --kv-tokens LIST] [--eviction shortfall,full] [--policy LIST]

@@ -1,6 +1,6 @@
 """One grid point: one ``kvlab simulate`` run, and the one code path that builds it.
 
-``kvlab simulate`` (kvlab/cli.py), :func:`kvlab.experiments.shortfall_eviction.run` and every sweep point build
+``kvlab simulate`` (kvlab/cli/simulate.py), :func:`kvlab.experiments.shortfall_eviction.run` and every sweep point build
 their requests with :func:`load_requests`, their pool with :func:`pool_tokens` and their
 :class:`~kvlab.sched.SchedulerConfig` with :func:`scheduler_config`, so a sweep row is exactly what
 ``kvlab simulate --json`` prints for the same settings.

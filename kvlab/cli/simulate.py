@@ -1,0 +1,192 @@
+"""``kvlab simulate``: finding 2 on a workload or a Mooncake-format trace, one eviction mode or both, with or
+without HiCache's host tier."""
+
+from __future__ import annotations
+
+import json
+
+import kvlab.cli.flags as flags
+from kvlab.argtypes import int_at_least as _int_at_least
+from kvlab.argtypes import positive_int as _positive_int
+from kvlab.cli.output import print_compare
+from kvlab.errors import KvlabError
+from kvlab.safe_text import printable
+
+#: ``kvlab simulate``'s choices, spelled out so that its parser (``kvlab simulate --help``, a mistyped flag) imports
+#: no torch: the registries they name live beside it. tests/test_startup.py checks each equals its registry.
+SIMULATE_EVICTION_MODES = ("shortfall", "full")  # kvlab.mem_cache.options.EVICTION_MODES
+SIMULATE_POLICIES = ("fifo", "filo", "lfu", "lru", "mru", "priority", "slru")  # sorted(evict_policy.EVICTION_POLICIES)
+SIMULATE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # options.WRITE_POLICIES
+
+
+def add_parser(commands, command: str | None) -> None:
+    """``kvlab simulate``'s options."""
+    from kvlab.workloads.generators import WORKLOADS
+
+    sim = commands.add_parser(
+        "simulate", help="finding 2: run a workload through the scheduler with shortfall or full eviction",
+        description="Simulate SGLang's scheduler and radix cache on a workload or a Mooncake-format trace.")
+    source = sim.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", help="Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids)")
+    source.add_argument("--workload", choices=list(WORKLOADS),
+                        help="seeded synthetic workload")
+    sim.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
+    sim.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a workload parameter, e.g. num_groups=16 (repeatable)")
+    sim.add_argument("--eviction", choices=list(SIMULATE_EVICTION_MODES), default=None,
+                     help="evict the shortfall (the fix, default) or the full request (the bug)")
+    sim.add_argument("--compare", action="store_true",
+                     help="run both eviction modes on the same requests and print them side by side")
+    sim.add_argument("--page-size", type=_positive_int, default=None,
+                     help="KV page size in tokens (default: 1; 512 for --trace, one page per hash block)")
+    pool_size = sim.add_mutually_exclusive_group()
+    # 2^26 tokens (about 1.3 GB of simulator state) is far beyond any real pool; 2^27 took 2.6 GB
+    pool_size.add_argument("--kv-tokens", type=_int_at_least(1, flags.MAX_POOL), help="KV pool size in tokens")
+    pool_size.add_argument("--kv-pages", type=_int_at_least(1, flags.MAX_POOL), help="KV pool size in pages")
+    sim.add_argument("--max-running", type=_int_at_least(1, flags.MAX_POOL), default=256, help="max running requests (default: %(default)s)")
+    sim.add_argument("--policy", choices=flags.registered_or(SIMULATE_POLICIES, "kvlab.mem_cache.evict_policy",
+                                                         "EVICTION_POLICIES"), default="lru",
+                     help="radix-cache eviction policy (default: %(default)s)")
+    host = sim.add_mutually_exclusive_group()
+    host.add_argument("--hicache-ratio", type=flags.hicache_number("--hicache-ratio"), default=None, metavar="R",
+                      help="HiCache: add a host KV pool of R times the device pool (SGLang's --hicache-ratio)")
+    host.add_argument("--hicache-size", type=flags.hicache_number("--hicache-size"), default=None, metavar="GIB",
+                      help="HiCache: add a host KV pool of GIB GiB (SGLang's --hicache-size, which reads decimal GB)")
+    sim.add_argument("--hicache-write-policy", choices=list(SIMULATE_WRITE_POLICIES), default=None,
+                     help="HiCache write policy, with --hicache-ratio or --hicache-size (default: write_through)")
+    sim.add_argument("--json", action="store_true", help="print the totals as JSON")
+
+
+def run(args) -> int:
+    from kvlab.experiments import shortfall_eviction
+    from kvlab.mem_cache.options import PoolTooLargeError
+    from kvlab.sched.config import check_pool, request_extent
+    from kvlab.sched.scheduler import StepLimitError
+    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens, scheduler_config
+
+    page_size = args.page_size or default_page_size(trace=args.trace)
+    overrides = parse_workload_params(args.workload_param)
+    if overrides and args.trace:
+        raise ValueError("--workload-param applies to --workload, not to --trace")
+    requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
+    kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
+    check_pool(request_extent(requests), page_size=page_size, kv_tokens=kv_tokens, **_pool_flags(args, page_size))
+    options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy,
+                   **_hicache_options(args))
+    if args.compare and args.eviction is not None:
+        raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
+    if _hicache_options(args):  # the host pool it makes, checked (as each sweep point's) before anything runs
+        try:
+            scheduler_config(**options)
+        except ValueError as exc:
+            given = (f"--hicache-ratio {args.hicache_ratio:g}" if args.hicache_ratio is not None
+                     else f"--hicache-size {args.hicache_size:g}")
+            raise ValueError(f"{given} with a device pool of {kv_tokens:,} tokens: {exc}") from None
+    try:
+        if args.compare:
+            arms = shortfall_eviction.compare_totals(requests, processes=1, **options)
+        else:
+            result = shortfall_eviction.run(requests, eviction=args.eviction or "shortfall", **options)
+    except PoolTooLargeError as exc:  # the table's columns are the longest request's tokens: name it (issue 26)
+        raise KvlabError(f"{_longest_request(args, requests)} is too long to simulate on this machine: {exc}") from None
+    except StepLimitError as exc:  # outputs of millions of tokens: name the longest request too
+        raise KvlabError(f"{_longest_request(args, requests).rstrip(',')}: {exc}; every output token is a decode "
+                         "step") from None
+    source = printable(args.trace) if args.trace else f"{args.workload} (seed {args.seed})"
+    if args.compare:
+        for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
+            totals.pop("wall_s", None)
+            totals.pop("cpu_s", None)
+        shortfall, full = arms["shortfall"], arms["full"]
+        title = (f"simulate --compare · {source} · page size {page_size} · KV pool {shortfall['kv_tokens']:,} tokens"
+                 f" · policy {shortfall['policy']}")
+        print_compare(title, ("full", "the bug", full), ("shortfall", "the fix", shortfall),
+                       skip=("eviction", "page_size", "kv_tokens", "policy"), as_json=args.json,
+                       percent=("hit_rate",))
+        return 0
+    totals = result.totals()
+    if args.json:
+        print(json.dumps(totals, indent=2))
+        return 0
+    print(f"simulate · {source} · eviction {totals['eviction']} · page size {page_size} · "
+          f"KV pool {totals['kv_tokens']:,} tokens · policy {totals['policy']}")
+    if result.config.hicache:
+        print(f"host tier (HiCache) · {_host_tier_line(result.config)}")
+    width = max(map(len, totals))
+    for key, value in totals.items():
+        if key in ("eviction", "page_size", "kv_tokens", "policy"):
+            continue
+        shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
+        print(f"  {key:<{width}}  {shown:>14}")
+    return 0
+
+
+def _pool_flags(args, page_size: int) -> dict:
+    """How ``kvlab simulate``'s page size and pool were given, for :func:`kvlab.sched.config.check_pool`'s messages:
+    the flag and value the user typed, or the default that stood in for it."""
+    page = (f"--page-size {args.page_size}" if args.page_size
+            else f"the default page size {page_size}{' (of --trace)' if args.trace else ''}")
+    if args.kv_pages is not None:
+        pool = f"--kv-pages {args.kv_pages}"
+    elif args.kv_tokens is not None:
+        pool = f"--kv-tokens {args.kv_tokens}"
+    else:
+        pool = "the default pool (no --kv-tokens or --kv-pages: 4 × (the longest request + one page), at least 32,768)"
+    return {"page_flag": page, "pool_flag": pool}
+
+
+def _longest_request(args, requests) -> str:
+    """The request that sets the simulator's request-to-token table width, named by where it came from: ``--trace
+    FILE:LINE`` (its line in the file) or the workload, then its id and lengths."""
+    longest = max(requests, key=lambda r: len(r.prompt_token_ids) + max(1, r.output_len))
+    lengths = f"prompt {len(longest.prompt_token_ids):,} + output_length {longest.output_len:,} tokens"
+    if not args.trace:
+        return f"--workload {args.workload}: request {printable(longest.rid)} ({lengths})"
+    line = _record_line(args.trace, longest.rid)
+    where = f"--trace {printable(args.trace)}" + (f":{line}" if line else "")
+    return f"{where}: request {printable(longest.rid)}, the trace's longest ({lengths}),"
+
+
+def _record_line(path: str, rid: str) -> int | None:
+    """The file line of the trace record ``rid`` names (``<stem>-<index of the record>``, blank lines skipped), or
+    None when the id is not of that form."""
+    from pathlib import Path
+
+    stem, _, index = rid.rpartition("-")
+    if stem != Path(path).stem or not index.isdigit():
+        return None
+    left = int(index)
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            if raw.strip():
+                if not left:
+                    return lineno
+                left -= 1
+    return None
+
+
+def _hicache_options(args) -> dict:
+    """The ``SchedulerConfig`` fields of ``--hicache-ratio`` / ``--hicache-size`` / ``--hicache-write-policy``."""
+    if args.hicache_ratio is None and args.hicache_size is None:
+        if args.hicache_write_policy is not None:
+            raise ValueError(f"--hicache-write-policy {args.hicache_write_policy} needs a host tier: give "
+                             "--hicache-ratio R or --hicache-size GIB")
+        return {}
+    options = {"hicache_write_policy": args.hicache_write_policy or "write_through"}
+    if args.hicache_ratio is not None:
+        options["hicache_ratio"] = args.hicache_ratio
+    else:
+        options["hicache_size_gib"] = args.hicache_size
+    return options
+
+
+def _host_tier_line(config) -> str:
+    """What ``kvlab simulate`` says of the host tier: its size as SGLang sizes it, the write policy, the link."""
+    from kvlab.units import fmt_bytes
+
+    pool, cost = config.host_pool(), config.cost
+    given = (f"--hicache-ratio {config.hicache_ratio:g}" if config.hicache_ratio is not None
+             else f"--hicache-size {config.hicache_size_gib:g} GiB")
+    return (f"{given}: {pool.size_tokens:,} host tokens ({fmt_bytes(pool.size_bytes)} at "
+            f"{cost.kv_bytes_per_token:,} B/token) · write policy {config.hicache_write_policy} · host link "
+            f"{cost.host_to_device_bytes_per_s / 1e9:g} GB/s")
