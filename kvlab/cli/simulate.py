@@ -94,20 +94,29 @@ def run(args) -> int:
                          "step") from None
     source = printable(args.trace) if args.trace else f"{args.workload} (seed {args.seed})"
     if args.compare:
-        for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
-            totals.pop("wall_s", None)
-            totals.pop("cpu_s", None)
-        shortfall, full = arms["shortfall"], arms["full"]
-        title = (f"simulate --compare · {source} · page size {page_size} · KV pool {shortfall['kv_tokens']:,} tokens"
-                 f" · policy {shortfall['policy']}")
-        print_compare(title, ("full", "the bug", full), ("shortfall", "the fix", shortfall),
-                       skip=("eviction", "page_size", "kv_tokens", "policy"), as_json=args.json,
-                       percent=("hit_rate",))
-        return 0
+        _print_arms(arms, source, page_size, as_json=args.json)
+    elif args.json:
+        print(json.dumps(result.totals(), indent=2))
+    else:
+        _print_run(result, source, page_size)
+    return 0
+
+
+def _print_arms(arms: dict, source: str, page_size: int, *, as_json: bool) -> None:
+    """``--compare``: the bug's totals, the fix's and fix − bug."""
+    for totals in arms.values():  # wall-clock figures differ run to run: keep the JSON reproducible
+        totals.pop("wall_s", None)
+        totals.pop("cpu_s", None)
+    shortfall, full = arms["shortfall"], arms["full"]
+    title = (f"simulate --compare · {source} · page size {page_size} · KV pool {shortfall['kv_tokens']:,} tokens"
+             f" · policy {shortfall['policy']}")
+    print_compare(title, ("full", "the bug", full), ("shortfall", "the fix", shortfall),
+                  skip=("eviction", "page_size", "kv_tokens", "policy"), as_json=as_json, percent=("hit_rate",))
+
+
+def _print_run(result, source: str, page_size: int) -> None:
+    """One run's totals, a line each."""
     totals = result.totals()
-    if args.json:
-        print(json.dumps(totals, indent=2))
-        return 0
     print(f"simulate · {source} · eviction {totals['eviction']} · page size {page_size} · "
           f"KV pool {totals['kv_tokens']:,} tokens · policy {totals['policy']}")
     if result.config.hicache:
@@ -118,7 +127,6 @@ def run(args) -> int:
             continue
         shown = f"{value:.2%}" if key == "hit_rate" else (f"{value:,}" if isinstance(value, int) else f"{value:,.2f}")
         print(f"  {key:<{width}}  {shown:>14}")
-    return 0
 
 
 def _pool_flags(args, page_size: int) -> dict:

@@ -76,15 +76,12 @@ class PrefillAdder:
         batch: list[SimReq] = []
 
         if chunked is not None:  # add_chunked_req: the chunk in progress goes first
-            req = chunked
-            remaining = len(req.fill_ids) - req.kv_len
-            take = remaining if remaining <= rem_chunk else align_down(rem_chunk, ps)
-            req.extend_len = take
-            offset += align_up(take, ps) + ps
-            rem_input -= align_up(take, ps)
-            rem_chunk -= align_up(take, ps)
-            batch.append(req)
-            chunked = None if take == remaining else req
+            took = self._next_chunk(chunked, rem_chunk)
+            offset += took + ps
+            rem_input -= took
+            rem_chunk -= took
+            batch.append(chunked)
+            chunked = None if chunked.extend_len == len(chunked.fill_ids) - chunked.kv_len else chunked
         while waiting and chunked is None and rem_input > 0 and rem_chunk > 0:
             if len(running) + len(batch) >= cfg.max_running:
                 break
@@ -127,6 +124,14 @@ class PrefillAdder:
             if chunks:
                 chunked = req
         return PrefillBatch(batch, chunked)
+
+    def _next_chunk(self, req: SimReq, rem_chunk: int) -> int:
+        """The chunked request's next chunk (``add_chunked_req``): the rest of its prompt if it fits the chunk budget,
+        else the budget's whole pages. Sets its ``extend_len``; returns the tokens the chunk takes (page aligned)."""
+        ps = self.page_size
+        remaining = len(req.fill_ids) - req.kv_len
+        req.extend_len = remaining if remaining <= rem_chunk else align_down(rem_chunk, ps)
+        return align_up(req.extend_len, ps)
 
     def run(self, batch: PrefillBatch) -> list[SimReq]:
         """Allocate and compute the batch: each request but the chunked one emits its first token, then finishes
