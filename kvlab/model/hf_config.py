@@ -256,63 +256,68 @@ def _kv_dtype(kv_cache_dtype: str, weight_dtype: str, origin: str, notes: list[s
     return name
 
 
-def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str = "auto") -> ModelConfig:
-    notes: list[str] = []
-    meta = data.get("kvlab") if isinstance(data.get("kvlab"), dict) else {}
-    prefix = ""
-    if not _Fields(data, origin).has("num_hidden_layers") and isinstance(data.get("text_config"), dict):
-        text = dict(data["text_config"])
-        notes.append("multimodal config: the language model's text_config owns the KV cache; vision encoder "
-                     "memory is not modelled")
-        for key in ("torch_dtype", "dtype", "quantization_config"):
-            text.setdefault(key, data.get(key))
-        data, prefix = text, "text_config."
-    f = _Fields(data, origin, prefix)
-    missing: list[str] = []
-    layers = f.int("num_hidden_layers", why="needed for the KV cell size")
-    hidden = f.optional("hidden_size", missing)
-    heads = f.optional("num_attention_heads", missing)
-    mla = data.get("kv_lora_rank") is not None
-    if mla:
-        kv_heads = heads or 1  # one latent per token and layer: MLA's cell does not count heads
-        kv_lora_rank = f.int("kv_lora_rank", why="MLA latent size")
-        qk_rope = f.int("qk_rope_head_dim", why="MLA caches kv_lora_rank + qk_rope_head_dim per token and layer")
-        qk_nope = f.optional("qk_nope_head_dim", missing) or 0
-        v_head_dim = f.int("v_head_dim", default=qk_nope, minimum=0)
-        head_dim = qk_nope + qk_rope
-        notes.append(f"MLA: one latent of {kv_lora_rank} + {qk_rope} per token and layer, not split by TP")
+def _language_model(data: dict, origin: str, notes: list[str]) -> tuple[dict, str]:
+    """The part of ``data`` that owns the KV cache (a multimodal config's text_config) and its field prefix."""
+    if _Fields(data, origin).has("num_hidden_layers") or not isinstance(data.get("text_config"), dict):
+        return data, ""
+    text = dict(data["text_config"])
+    notes.append("multimodal config: the language model's text_config owns the KV cache; vision encoder "
+                 "memory is not modelled")
+    for key in ("torch_dtype", "dtype", "quantization_config"):
+        text.setdefault(key, data.get(key))
+    return text, "text_config."
+
+
+def _mla_shape(f: _Fields, heads: int | None, missing: list[str], notes: list[str]) -> tuple[int, ...]:
+    """MLA's cache shape: (kv_heads, head_dim, kv_lora_rank, qk_rope, qk_nope, v_head_dim)."""
+    kv_heads = heads or 1  # one latent per token and layer: MLA's cell does not count heads
+    kv_lora_rank = f.int("kv_lora_rank", why="MLA latent size")
+    qk_rope = f.int("qk_rope_head_dim", why="MLA caches kv_lora_rank + qk_rope_head_dim per token and layer")
+    qk_nope = f.optional("qk_nope_head_dim", missing) or 0
+    v_head_dim = f.int("v_head_dim", default=qk_nope, minimum=0)
+    notes.append(f"MLA: one latent of {kv_lora_rank} + {qk_rope} per token and layer, not split by TP")
+    return kv_heads, qk_nope + qk_rope, kv_lora_rank, qk_rope, qk_nope, v_head_dim
+
+
+def _kv_heads(f: _Fields, heads: int | None, notes: list[str]) -> int:
+    """The number of KV heads of an MHA/GQA/MQA model, checked to divide the attention heads."""
+    origin, prefix = f.origin, f.prefix
+    if f.has("num_key_value_heads"):
+        kv_heads = f.int("num_key_value_heads")
+    elif f.data.get("multi_query") is True:
+        kv_heads = 1
+        notes.append("multi_query: one KV head")
+    elif heads is not None:
+        kv_heads = heads
+        notes.append("no num_key_value_heads: MHA, as transformers assumes (KV heads = attention heads)")
     else:
-        kv_lora_rank = qk_rope = qk_nope = 0
-        if f.has("num_key_value_heads"):
-            kv_heads = f.int("num_key_value_heads")
-        elif data.get("multi_query") is True:
-            kv_heads = 1
-            notes.append("multi_query: one KV head")
-        elif heads is not None:
-            kv_heads = heads
-            notes.append("no num_key_value_heads: MHA, as transformers assumes (KV heads = attention heads)")
-        else:
-            raise ConfigError(f"{origin}: field '{prefix}num_key_value_heads' is missing, and so is "
-                              f"'{prefix}num_attention_heads' (MHA takes one from the other): needed for the KV "
-                              f"cell size")
-        if heads is not None and (kv_heads > heads or heads % kv_heads):
-            raise ConfigError(f"{origin}: field '{prefix}num_key_value_heads' = {kv_heads} must divide "
-                              f"num_attention_heads = {heads}")
-        if data.get("head_dim") is not None:
-            head_dim = f.int("head_dim")
-        elif hidden is None or heads is None:
-            lacking = " and ".join(f"'{prefix}{k}'" for k, v in (("hidden_size", hidden),
-                                                                  ("num_attention_heads", heads)) if v is None)
-            raise ConfigError(f"{origin}: field '{prefix}head_dim' is missing, and so is {lacking} to derive it "
-                              f"from (head_dim = hidden_size / num_attention_heads): needed for the KV cell size")
-        else:
-            if hidden % heads:
-                raise ConfigError(f"{origin}: no field '{prefix}head_dim', and hidden_size {hidden} is not a "
-                                  f"multiple of num_attention_heads {heads}")
-            head_dim = hidden // heads
-        v_head_dim = 0
-    context = f.optional("max_position_embeddings", missing)
-    vocab = f.optional("vocab_size", missing)
+        raise ConfigError(f"{origin}: field '{prefix}num_key_value_heads' is missing, and so is "
+                          f"'{prefix}num_attention_heads' (MHA takes one from the other): needed for the KV "
+                          f"cell size")
+    if heads is not None and (kv_heads > heads or heads % kv_heads):
+        raise ConfigError(f"{origin}: field '{prefix}num_key_value_heads' = {kv_heads} must divide "
+                          f"num_attention_heads = {heads}")
+    return kv_heads
+
+
+def _head_dim(f: _Fields, hidden: int | None, heads: int | None) -> int:
+    """``head_dim`` as given, else hidden_size / num_attention_heads."""
+    origin, prefix = f.origin, f.prefix
+    if f.data.get("head_dim") is not None:
+        return f.int("head_dim")
+    if hidden is None or heads is None:
+        lacking = " and ".join(f"'{prefix}{k}'" for k, v in (("hidden_size", hidden),
+                                                              ("num_attention_heads", heads)) if v is None)
+        raise ConfigError(f"{origin}: field '{prefix}head_dim' is missing, and so is {lacking} to derive it "
+                          f"from (head_dim = hidden_size / num_attention_heads): needed for the KV cell size")
+    if hidden % heads:
+        raise ConfigError(f"{origin}: no field '{prefix}head_dim', and hidden_size {hidden} is not a "
+                          f"multiple of num_attention_heads {heads}")
+    return hidden // heads
+
+
+def _moe_shape(f: _Fields, missing: list[str], notes: list[str]) -> tuple[int, int | None, int, int]:
+    """The MLP widths: (num_experts, intermediate_size, moe_intermediate_size, num_shared_experts)."""
     experts = f.int("num_experts", default=0, minimum=0)
     moe_inter = f.int("moe_intermediate_size", default=0, minimum=0)
     inter = f.optional("intermediate_size", missing, minimum=0)
@@ -329,6 +334,11 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
         shared = max(1, round(shared_inter / moe_inter))
     if experts:
         notes.append(f"MoE: {experts} experts, {f.int('num_experts_per_tok', default=0, minimum=0)} per token")
+    return experts, inter, moe_inter, shared
+
+
+def _sliding_window(data: dict, layers: int, notes: list[str]) -> int:
+    """The sliding window (0 for none), with a note on how SGLang sizes the pool for it."""
     window = data.get("sliding_window") if data.get("use_sliding_window", True) is not False else None
     window = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 0
     if window:
@@ -337,11 +347,40 @@ def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str 
         notes.append(f"sliding window {window}" + (f" on {sliding} of {layers} layers" if sliding else "")
                      + ": SGLang still sizes the pool per full-context token unless it runs the model as "
                        "hybrid SWA, which kvlab does not model")
-    weight_dtype = _weight_dtype(data, f, notes)
+    return window
+
+
+def _architecture(data: dict, origin: str) -> str:
+    """The model's architecture name (architectures[0], else model_type)."""
     archs = data.get("architectures") or []
     arch = archs[0] if isinstance(archs, list) and archs else data.get("model_type", "")
     if not isinstance(arch, str):  # a name, nothing else: it is matched by prefix below
         raise ConfigError(f"{origin}: architectures[0] / model_type must be a string, got {arch!r:.60}")
+    return arch
+
+
+def config_from_dict(data: dict, *, name: str, origin: str, kv_cache_dtype: str = "auto") -> ModelConfig:
+    notes: list[str] = []
+    meta = data.get("kvlab") if isinstance(data.get("kvlab"), dict) else {}
+    data, prefix = _language_model(data, origin, notes)
+    f = _Fields(data, origin, prefix)
+    missing: list[str] = []
+    layers = f.int("num_hidden_layers", why="needed for the KV cell size")
+    hidden = f.optional("hidden_size", missing)
+    heads = f.optional("num_attention_heads", missing)
+    mla = data.get("kv_lora_rank") is not None
+    if mla:
+        kv_heads, head_dim, kv_lora_rank, qk_rope, qk_nope, v_head_dim = _mla_shape(f, heads, missing, notes)
+    else:
+        kv_lora_rank = qk_rope = qk_nope = v_head_dim = 0
+        kv_heads = _kv_heads(f, heads, notes)
+        head_dim = _head_dim(f, hidden, heads)
+    context = f.optional("max_position_embeddings", missing)
+    vocab = f.optional("vocab_size", missing)
+    experts, inter, moe_inter, shared = _moe_shape(f, missing, notes)
+    window = _sliding_window(data, layers, notes)
+    weight_dtype = _weight_dtype(data, f, notes)
+    arch = _architecture(data, origin)
     return ModelConfig(
         name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv_heads,
         head_dim=head_dim, intermediate_size=inter, vocab_size=vocab, context_len=context,
