@@ -110,31 +110,22 @@ def _arm_boundaries(frame: pd.DataFrame) -> list[tuple[int, str]]:
     return [(i, arm) for i, arm in enumerate(arms) if i == 0 or arms[i - 1] != arm]
 
 
-def state_history(run, title: str | None = None, active: int | None = None) -> go.Figure:
-    """The segment map after every action of ``run`` (a ``StepRun``) on a slider, above the
-    step's memory timeline with a dashed line at the chosen state. The slider starts at
-    ``active`` (default: the run's focus state, the one its facts are read at). The bar axis
-    keeps one range for all states (the largest segment, or the run's ``view_bytes`` when it sets
-    one, in KiB below 1 MiB) so sizes compare across the slider.
-    A run with several arms (orders, expandable off / on: each on a fresh allocator) gets a
-    dotted separator and the arm's name on the timeline.
-
-    ``fig.layout.meta["states"]`` lists, per state, the indices of its bar traces in ``fig.data``
-    (the timeline traces come after all bars and are always visible)."""
+def _active_state(run, active: int | None) -> int:
+    """The index of the state the slider starts at: ``active`` checked and made non-negative."""
     states = run.states
     if active is None:
-        active = run.focus_index
-    elif not -len(states) <= active < len(states):
+        return run.focus_index
+    if not -len(states) <= active < len(states):
         raise ValueError(f"state_history(active={active!r}): run {run.key!r} has {len(states)} states "
                          f"(0..{len(states) - 1}, or negative to count from the last)")
-    else:
-        active = range(len(states))[active]
-    title = title or f"Allocator state history · {run.key} · {run.device_name}"
-    fig = make_subplots(rows=2, cols=1, row_heights=[0.6, 0.4], vertical_spacing=0.16)
-    view_bytes = getattr(run, "view_bytes", None)
-    unit_bytes, unit = (KiB, "KiB") if view_bytes is not None and view_bytes < MiB else (MiB, "MiB")
+    return range(len(states))[active]
+
+
+def _add_state_bars(fig: go.Figure, states, active: int, unit_bytes: int) -> tuple[list[list[int]], float]:
+    """Add every state's bars to the top row (only ``active``'s visible): each state's trace indices, and
+    the widest bar end in ``unit_bytes``."""
     groups: list[list[int]] = []
-    widest = 0.0  # in unit_bytes
+    widest = 0.0
     for i, state in enumerate(states):
         first = len(fig.data)
         for trace in block_traces(state.snapshot, unit_bytes):
@@ -142,10 +133,13 @@ def state_history(run, title: str | None = None, active: int | None = None) -> g
             fig.add_trace(trace, row=1, col=1)
             widest = max([widest, *(b + x for b, x in zip(trace.base, trace.x))])
         groups.append(list(range(first, len(fig.data))))
-    n_bars = len(fig.data)
-    timeline = timeline_traces(run.timeline)
-    for trace in timeline:
-        fig.add_trace(trace, row=2, col=1)
+    return groups, widest
+
+
+def _slider_steps(run, title: str, groups: list[list[int]], n_bars: int, n_timeline: int) -> list[dict]:
+    """One slider step per state: its bars (and the timeline) visible, its caption, its marker on the
+    timeline and the arms' separators and names."""
+    states = run.states
     arms = _arm_boundaries(run.timeline)
     arm_shapes = [dict(type="line", xref="x2", yref="y2 domain", x0=i - 0.5, x1=i - 0.5, y0=0, y1=1,
                        line=dict(color="#555", width=1, dash="dot")) for i, _ in arms[1:]]
@@ -165,13 +159,47 @@ def state_history(run, title: str | None = None, active: int | None = None) -> g
 
     steps = []
     for i, (state, group) in enumerate(zip(states, groups)):
-        visible = [False] * n_bars + [True] * len(timeline)
+        visible = [False] * n_bars + [True] * n_timeline
         for index in group:
             visible[index] = True
         steps.append(dict(method="update", label=str(i + 1),
                           args=[{"visible": visible},
                                 {"title.text": f"{title}<br><sub>{_caption(i, len(states), state)}</sub>",
                                  "shapes": marker(state.timeline_index), "annotations": note(state)}]))
+    return steps
+
+
+def _bar_axis(view_bytes: int | None, unit_bytes: int, unit: str, widest: float) -> tuple[list[float], str]:
+    """The bar row's x range and title: zoomed to ``view_bytes`` when the run sets it, else the widest bar."""
+    if view_bytes is not None:
+        return [0, view_bytes / unit_bytes], (f"offset in segment ({unit}) · zoomed to the first "
+                                              f"{fmt_bytes(view_bytes)}; double-click to see the whole segment")
+    return [0, max(widest, 1.0) * 1.02], f"offset in segment ({unit}) · blocks: live / pending free / free"
+
+
+def state_history(run, title: str | None = None, active: int | None = None) -> go.Figure:
+    """The segment map after every action of ``run`` (a ``StepRun``) on a slider, above the
+    step's memory timeline with a dashed line at the chosen state. The slider starts at
+    ``active`` (default: the run's focus state, the one its facts are read at). The bar axis
+    keeps one range for all states (the largest segment, or the run's ``view_bytes`` when it sets
+    one, in KiB below 1 MiB) so sizes compare across the slider.
+    A run with several arms (orders, expandable off / on: each on a fresh allocator) gets a
+    dotted separator and the arm's name on the timeline.
+
+    ``fig.layout.meta["states"]`` lists, per state, the indices of its bar traces in ``fig.data``
+    (the timeline traces come after all bars and are always visible)."""
+    states = run.states
+    active = _active_state(run, active)
+    title = title or f"Allocator state history · {run.key} · {run.device_name}"
+    fig = make_subplots(rows=2, cols=1, row_heights=[0.6, 0.4], vertical_spacing=0.16)
+    view_bytes = getattr(run, "view_bytes", None)
+    unit_bytes, unit = (KiB, "KiB") if view_bytes is not None and view_bytes < MiB else (MiB, "MiB")
+    groups, widest = _add_state_bars(fig, states, active, unit_bytes)
+    n_bars = len(fig.data)
+    timeline = timeline_traces(run.timeline)
+    for trace in timeline:
+        fig.add_trace(trace, row=2, col=1)
+    steps = _slider_steps(run, title, groups, n_bars, len(timeline))
     shown = steps[active]["args"][1] if steps else {"title.text": title, "shapes": [], "annotations": []}
     fig.update_layout(
         barmode="overlay", template=TEMPLATE, height=640, title=dict(text=shown["title.text"]),
@@ -180,13 +208,7 @@ def state_history(run, title: str | None = None, active: int | None = None) -> g
         margin=dict(t=90, l=60, r=20, b=60), meta={"states": groups},
     )
     fig.update_yaxes(autorange="reversed", title_text="segment", row=1, col=1)
-    if view_bytes is not None:
-        x_range = [0, view_bytes / unit_bytes]
-        x_title = (f"offset in segment ({unit}) · zoomed to the first {fmt_bytes(view_bytes)}; "
-                   "double-click to see the whole segment")
-    else:
-        x_range = [0, max(widest, 1.0) * 1.02]
-        x_title = f"offset in segment ({unit}) · blocks: live / pending free / free"
+    x_range, x_title = _bar_axis(view_bytes, unit_bytes, unit, widest)
     fig.update_xaxes(title_text=x_title, row=1, col=1, range=x_range)
     # ticks at the states' marker events, numbered as on the slider
     fig.update_xaxes(title_text="allocator event (ticks: the states on the slider)", row=2, col=1,
