@@ -192,6 +192,46 @@ def _logged_cell(log: SGLangStartup, rank: RankReadings, page: int) -> tuple[int
     return None
 
 
+def _sglang_cell(log: SGLangStartup, model_config: ModelConfig | None, rule, tp: int, attn_tp: int,
+                 kv: tuple[int | None, str], low_rank: RankReadings, page: int) -> tuple[int, int, int, str, int | None]:
+    """The cell size: (cell, low, high, where it came from, KV dtype bytes), from the config where one is given,
+    else from the log's own K/V sizes."""
+    dtype_bytes, dtype_source = kv
+    if model_config is None:
+        logged = _logged_cell(log, low_rank, page)
+        if logged is None:
+            raise LogError(f"{log.path}: no cell size: the log prints no 'KV Cache is allocated' sizes and no "
+                           f"config was given: pass --model-config CONFIG (a config.json, its folder, or a preset)")
+        return (*logged, dtype_bytes)
+    if dtype_bytes is None:
+        dtype_bytes = model_config.kv_dtype_bytes
+    mla_on = {"no": False, "flag": log.setting("enable_mla")[0] == "True",
+              "default": log.setting("disable_mla")[0] != "True"}[rule.mla]
+    cell = config_cell(model_config, rule, attn_tp, dtype_bytes, mla_on, log.path)
+    source = (f"config {model_config.source or model_config.name}: {model_config.attention.upper()} cell at "
+              f"{'attention ' if attn_tp != tp else ''}TP {attn_tp}, {dtype_bytes}-byte KV ({dtype_source}), "
+              f"sglang {rule.read} formula")
+    return cell, cell, cell, source, dtype_bytes
+
+
+def _logged_tokens(log: SGLangStartup) -> int | None:
+    """The smallest pool size in tokens any rank logged, or None."""
+    logged = [r.max_total_num_tokens if r.max_total_num_tokens is not None else r.kv_tokens
+              for r in log.ranks.values()]
+    logged = [t for t in logged if t is not None]
+    return min(logged) if logged else None
+
+
+def _kv_sizes_check(exp: Explanation, log: SGLangStartup, low_rank: RankReadings, pool: Pool) -> None:
+    """With a config, also record what the log's own K/V sizes allow (the check without a config)."""
+    if exp.model_config is not None and (kv_sizes := _logged_cell(log, low_rank, pool.page_size)) is not None:
+        _, kv_lo, kv_hi, _ = kv_sizes
+        exp.extra["kv_sizes_cell_range"] = [kv_lo, kv_hi]
+        exp.extra["kv_sizes_computed_range"] = list(sglang_tokens_range(
+            pool.before_gib, pool.after_gib, pool.mem_fraction_static, kv_lo, kv_hi, pool.page_size,
+            pool.max_total_tokens))
+
+
 def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = None, mem_fraction_static=None,
                    gpu: str | None = None, sglang_version: str | None = None, kv_cache_dtype: str | None = None,
                    what_if=()) -> Explanation:
@@ -211,38 +251,20 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
     after = min(r.after_gib for r in with_readings)
     rule = cell_rule(version or rules)
     attn_tp = max(1, tp // dp) if flags["dp_attention"] and rule.attn_tp else tp
-    dtype_bytes, dtype_source = _kv_bytes(log, model_config, rule, kv_cache_dtype)
     low_rank = min(with_readings, key=lambda r: r.after_gib)
-    if model_config is not None:
-        if dtype_bytes is None:
-            dtype_bytes = model_config.kv_dtype_bytes
-        mla_on = {"no": False, "flag": log.setting("enable_mla")[0] == "True",
-                  "default": log.setting("disable_mla")[0] != "True"}[rule.mla]
-        cell = config_cell(model_config, rule, attn_tp, dtype_bytes, mla_on, log.path)
-        cell_lo = cell_hi = cell
-        cell_source = (f"config {model_config.source or model_config.name}: {model_config.attention.upper()} cell at "
-                       f"{'attention ' if attn_tp != tp else ''}TP {attn_tp}, {dtype_bytes}-byte KV ({dtype_source}), "
-                       f"sglang {rule.read} formula")
-    else:
-        logged = _logged_cell(log, low_rank, page)
-        if logged is None:
-            raise LogError(f"{log.path}: no cell size: the log prints no 'KV Cache is allocated' sizes and no "
-                           f"config was given: pass --model-config CONFIG (a config.json, its folder, or a preset)")
-        cell, cell_lo, cell_hi, cell_source = logged
+    cell, cell_lo, cell_hi, cell_source, dtype_bytes = _sglang_cell(
+        log, model_config, rule, tp, attn_tp, _kv_bytes(log, model_config, rule, kv_cache_dtype), low_rank, page)
     post_load, uncounted = _post_load_terms(log, model_config, version or rules)
     pre_load = _pre_load_terms(log, version or rules, tp)
     used_before = before + sum(t["bytes"] for t in pre_load) / GiB
     used_after = after - sum(t["bytes"] for t in post_load) / GiB
     pool = Pool(used_before, used_after, fraction, cell, page, cap)
-    logged_tokens = [r.max_total_num_tokens if r.max_total_num_tokens is not None else r.kv_tokens
-                     for r in log.ranks.values()]
-    logged_tokens = [t for t in logged_tokens if t is not None]
     context = _tokens_field_int(log, "context_len")
     exp = Explanation(
         log_path=log.path, engine="sglang", version=version, version_source=version_source, rules_version=rules,
         tp_size=tp, tp_size_source=tp_source, mem_fraction_static=fraction, mem_fraction_static_source=fraction_source,
         avail_before_load_gib=before, avail_after_load_gib=after, cell_size_bytes=cell, cell_size_source=cell_source,
-        cell_range=(cell_lo, cell_hi), max_total_num_tokens_logged=min(logged_tokens) if logged_tokens else None,
+        cell_range=(cell_lo, cell_hi), max_total_num_tokens_logged=_logged_tokens(log),
         max_total_num_tokens_computed=pool.tokens,
         computed_range=sglang_tokens_range(used_before, used_after, fraction, cell_lo, cell_hi, page, cap), pool=pool,
         ranks=[_rank_json(r) for r in log.ranks.values()], gpu=device.name if device else log.gpu_name,
@@ -255,12 +277,7 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                "max_total_tokens_cap": cap, "rocm": log.rocm, **flags,
                **({"uncounted_terms": uncounted} if uncounted else {})},
     )
-    if model_config is not None and (kv_sizes := _logged_cell(log, low_rank, page)) is not None:
-        # what the log's own K/V sizes allow: the check without a config (text says which check changed)
-        _, kv_lo, kv_hi, _ = kv_sizes
-        exp.extra["kv_sizes_cell_range"] = [kv_lo, kv_hi]
-        exp.extra["kv_sizes_computed_range"] = list(sglang_tokens_range(used_before, used_after, fraction, kv_lo,
-                                                                        kv_hi, page, cap))
+    _kv_sizes_check(exp, log, low_rank, pool)
     exp.assumed = {name: assumed_words(name, {"free_before_load": before, "free_after_load": after}[name])
                    for name in _marks(log.reconstructed, ("free_before_load", "free_after_load"))}
     if log.reconstructed:
