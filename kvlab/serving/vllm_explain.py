@@ -13,6 +13,52 @@ from kvlab.serving.vllm_log import VLLMStartup
 from kvlab.units import GiB
 
 
+def _vllm_cell(log: VLLMStartup, model_config, tp: int, avail: float, logged: int | None,
+               block: int) -> tuple[int, int, int, str]:
+    """The cell size: (cell, low, high, where it came from), from the config where one is given, else from
+    the available KV memory over the logged token count."""
+    if model_config is not None:
+        heads = max(1, model_config.num_kv_heads // tp)
+        if model_config.attention == "mla":
+            cell = (model_config.kv_lora_rank + model_config.qk_rope_head_dim) * model_config.num_layers * \
+                model_config.kv_dtype_bytes
+        else:
+            cell = heads * (model_config.head_dim + (model_config.v_head_dim or model_config.head_dim)) * \
+                model_config.num_layers * model_config.kv_dtype_bytes
+        return cell, cell, cell, f"config {model_config.source or model_config.name} at TP {tp}, " \
+                                 f"{model_config.kv_dtype} KV"
+    if not logged:
+        raise LogError(f"{log.path}: no pool size in the log and no config: pass --model-config CONFIG")
+    cell = round(avail * GiB / logged)
+    if cell < 1:
+        raise LogError(f"{log.path}: {avail} GiB of KV memory for {logged:,} tokens is under one byte per token: "
+                       f"the log's readings disagree")
+    cell_lo, cell_hi = int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
+    return cell, cell_lo, cell_hi, ("from the log's available KV memory over its token count (no config given: "
+                                    "only a consistency check)")
+
+
+def _vllm_assumed(log: VLLMStartup, weights: float | None, avail: float, avail_rank) -> dict[str, str]:
+    """{reading: words} for the readings kvlab rebuilt from a damaged log."""
+    assumed = {}
+    if weights is not None and rebuilt_why(log.reconstructed, "model_loading",
+                                           min(log.weights_gib, key=log.weights_gib.get)):
+        assumed["model_loading"] = assumed_words("model_loading", weights)
+    if rebuilt_why(log.reconstructed, "available", avail_rank):
+        assumed["available"] = assumed_words("available", avail)
+    return assumed
+
+
+def _vllm_terms(weights: float | None, avail: float, tokens: int, cell: int, assumed: dict) -> list[WaterfallTerm]:
+    """The waterfall: weights, available KV memory and the KV pool, each with the rebuilt readings it rests on."""
+    rests = {"weights": ("model_loading",), "available": ("available",), "kv_pool": ("available",)}
+    return [WaterfallTerm(key, name, gib, how, tuple(assumed[r] for r in rests[key] if r in assumed))
+            for key, name, gib, how in (
+                ("weights", "model weights (per worker)", weights, "'Model loading took'"),
+                ("available", "available KV cache memory", avail, "requested − non-KV memory (vLLM's profile)"),
+                ("kv_pool", "KV pool", round(tokens * cell / GiB, 4), f"{tokens:,} tokens × {cell:,} B"))]
+
+
 def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
     if what_if:
         raise LogError(f"{log.path}: --what-if is implemented for SGLang logs only")
@@ -29,25 +75,7 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         raise LogError(f"{log.path}: 'Available KV cache memory: {avail} GiB' is not a pool kvlab can recompute "
                        f"(expected a positive size under a million GiB)")
     tp = log.tp_size or 1 + max(log.available_gib)
-    if model_config is not None:
-        heads = max(1, model_config.num_kv_heads // tp)
-        if model_config.attention == "mla":
-            cell = (model_config.kv_lora_rank + model_config.qk_rope_head_dim) * model_config.num_layers * \
-                model_config.kv_dtype_bytes
-        else:
-            cell = heads * (model_config.head_dim + (model_config.v_head_dim or model_config.head_dim)) * \
-                model_config.num_layers * model_config.kv_dtype_bytes
-        cell_lo = cell_hi = cell
-        source = f"config {model_config.source or model_config.name} at TP {tp}, {model_config.kv_dtype} KV"
-    elif logged:
-        cell = round(avail * GiB / logged)
-        if cell < 1:
-            raise LogError(f"{log.path}: {avail} GiB of KV memory for {logged:,} tokens is under one byte per token: "
-                           f"the log's readings disagree")
-        cell_lo, cell_hi = int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
-        source = "from the log's available KV memory over its token count (no config given: only a consistency check)"
-    else:
-        raise LogError(f"{log.path}: no pool size in the log and no config: pass --model-config CONFIG")
+    cell, cell_lo, cell_hi, source = _vllm_cell(log, model_config, tp, avail, logged, block)
     tokens = int(avail * GiB // (block * cell)) * block
     lo = int((avail - HALF_STEP) * GiB // (64 * cell_hi)) * 64 if log.block_size is None else \
         int((avail - HALF_STEP) * GiB // (block * cell_hi)) * block
@@ -55,18 +83,8 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
         int((avail + HALF_STEP) * GiB // (block * cell_lo)) * block
     device, gpu_source = resolve_gpu(gpu, None)
     weights = min(log.weights_gib.values()) if log.weights_gib else None
-    assumed = {}
-    if weights is not None and rebuilt_why(log.reconstructed, "model_loading",
-                                           min(log.weights_gib, key=log.weights_gib.get)):
-        assumed["model_loading"] = assumed_words("model_loading", weights)
-    if rebuilt_why(log.reconstructed, "available", avail_rank):
-        assumed["available"] = assumed_words("available", avail)
-    rests = {"weights": ("model_loading",), "available": ("available",), "kv_pool": ("available",)}
-    terms = [WaterfallTerm(key, name, gib, how, tuple(assumed[r] for r in rests[key] if r in assumed))
-             for key, name, gib, how in (
-                 ("weights", "model weights (per worker)", weights, "'Model loading took'"),
-                 ("available", "available KV cache memory", avail, "requested − non-KV memory (vLLM's profile)"),
-                 ("kv_pool", "KV pool", round(tokens * cell / GiB, 4), f"{tokens:,} tokens × {cell:,} B"))]
+    assumed = _vllm_assumed(log, weights, avail, avail_rank)
+    terms = _vllm_terms(weights, avail, tokens, cell, assumed)
     exp = Explanation(
         log_path=log.path, engine="vllm", version=log.version, version_source="log" if log.version else "not printed",
         rules_version=None, tp_size=tp, tp_size_source="log config" if log.tp_size else "workers printed",
