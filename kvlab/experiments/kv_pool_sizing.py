@@ -238,6 +238,38 @@ def _as_reading(value: MemoryReading | int, ranks: list[Device]) -> MemoryReadin
         gc_collected=False, empty_cache=False)
 
 
+def _post_load_reading(ranks: list[Device], measure, gc_before_measure: bool, empty_cache: bool) -> MemoryReading:
+    """The free memory after the load: ``measure``'s reading, else SGLang's (its collection in a phase of its own)."""
+    if measure is not None:
+        return _as_reading(measure(list(ranks)), ranks)
+    with contextlib.ExitStack() as phases:  # the collection's frees land in a phase of their own
+        for d in ranks if gc_before_measure else ():
+            phases.enter_context(d.recorder.phase("gc.collect()"))
+        return get_available_gpu_memory(ranks, empty_cache=empty_cache, gc_collect=gc_before_measure)
+
+
+def _size_and_allocate(ranks: list[Device], scenario: KVPoolScenario, pre: MemoryReading, reading: MemoryReading,
+                       fraction: float, cell: int) -> tuple[KVBudget | None, list, str | None]:
+    """SGLang's KV budget from the two readings and the pool allocated on every rank: (budget, pools, error),
+    the error being no KV memory left or a pool that does not fit."""
+    budget = error = None
+    try:
+        budget = kv_budget(
+            pre_model_load_bytes=pre.free_bytes, available_bytes=reading.free_bytes,
+            mem_fraction_static=fraction, cell_size_bytes=cell, context_len=scenario.context_len,
+            page_size=scenario.page_size,
+        )
+    except NoKVMemoryError as exc:
+        error = str(exc)
+    pools = []
+    if budget:
+        try:
+            pools = [_allocate_kv_pool(d, scenario.model_config, budget.max_total_num_tokens, scenario) for d in ranks]
+        except torch.OutOfMemoryError as exc:
+            pools, error = [], f"KV pool of {budget.max_total_num_tokens:,} tokens does not fit: {exc}"
+    return budget, pools, error
+
+
 def run(
     scenario: KVPoolScenario | str = SGLANG_PR_4XH200,
     *,
@@ -274,28 +306,8 @@ def run(
             d.mark("before load")
         pre = get_available_gpu_memory(ranks, empty_cache=True, gc_collect=False)
         reports = [_load_rank(d, scenario, r) for r, d in enumerate(ranks)]
-        if measure is None:
-            with contextlib.ExitStack() as phases:  # the collection's frees land in a phase of their own
-                for d in ranks if gc_before_measure else ():
-                    phases.enter_context(d.recorder.phase("gc.collect()"))
-                reading = get_available_gpu_memory(ranks, empty_cache=empty_cache, gc_collect=gc_before_measure)
-        else:
-            reading = _as_reading(measure(list(ranks)), ranks)
-        budget = error = None
-        try:
-            budget = kv_budget(
-                pre_model_load_bytes=pre.free_bytes, available_bytes=reading.free_bytes,
-                mem_fraction_static=fraction, cell_size_bytes=cell, context_len=scenario.context_len,
-                page_size=scenario.page_size,
-            )
-        except NoKVMemoryError as exc:
-            error = str(exc)
-        pools = []
-        if budget:
-            try:
-                pools = [_allocate_kv_pool(d, config, budget.max_total_num_tokens, scenario) for d in ranks]
-            except torch.OutOfMemoryError as exc:
-                pools, error = [], f"KV pool of {budget.max_total_num_tokens:,} tokens does not fit: {exc}"
+        reading = _post_load_reading(ranks, measure, gc_before_measure, empty_cache)
+        budget, pools, error = _size_and_allocate(ranks, scenario, pre, reading, fraction, cell)
         with ranks[0].phase("serving"):
             gc.collect()  # a live server's collector runs sooner or later
             ranks[0].empty_cache()
