@@ -168,54 +168,64 @@ class ModelConfig:
         for i in range(self.num_layers):
             p = f"model.layers.{i}."
             add(p + "input_layernorm.weight", (h,), None, norm_dt)
-            if self.attention == "mla":
-                q_head = self.qk_nope_head_dim + self.qk_rope_head_dim
-                if self.q_lora_rank:
-                    add(p + "self_attn.q_a_proj.weight", (self.q_lora_rank, h), None)
-                    add(p + "self_attn.q_a_layernorm.weight", (self.q_lora_rank,), None, norm_dt)
-                    add(p + "self_attn.q_b_proj.weight", (self.num_attention_heads * q_head, self.q_lora_rank), 0)
-                else:
-                    add(p + "self_attn.q_proj.weight", (self.num_attention_heads * q_head, h), 0)
-                add(p + "self_attn.kv_a_proj_with_mqa.weight", (self.kv_lora_rank + self.qk_rope_head_dim, h), None)
-                add(p + "self_attn.kv_a_layernorm.weight", (self.kv_lora_rank,), None, norm_dt)
-                add(
-                    p + "self_attn.kv_b_proj.weight",
-                    (self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank),
-                    0,
-                )
-                add(p + "self_attn.o_proj.weight", (h, self.num_attention_heads * self.v_head_dim), 1)
-            else:
-                q_rows = self.num_attention_heads * self.head_dim
-                kv_rows = self.num_kv_heads * self.head_dim
-                add(
-                    p + "self_attn.qkv_proj.weight",
-                    (q_rows + 2 * kv_rows, h),
-                    0,
-                    pieces=(("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)),
-                )
-                if self.qk_norm:
-                    add(p + "self_attn.q_norm.weight", (self.head_dim,), None, norm_dt)
-                    add(p + "self_attn.k_norm.weight", (self.head_dim,), None, norm_dt)
-                add(p + "self_attn.o_proj.weight", (h, q_rows), 1)
+            self._add_attention_weights(add, p, norm_dt)
             add(p + "post_attention_layernorm.weight", (h,), None, norm_dt)
-            if self.num_experts and i >= self.first_k_dense_layers:
-                e, mi = self.num_experts, self.moe_intermediate_size
-                add(p + "mlp.gate.weight", (e, h), None, norm_dt)
-                add(p + "mlp.experts.w13_weight", (e, 2 * mi, h), 1)
-                add(p + "mlp.experts.w2_weight", (e, h, mi), 2)
-                if self.num_shared_experts:
-                    si = mi * self.num_shared_experts
-                    add(p + "mlp.shared_experts.gate_up_proj.weight", (2 * si, h), 0,
-                        pieces=(("gate_proj", si), ("up_proj", si)))
-                    add(p + "mlp.shared_experts.down_proj.weight", (h, si), 1)
-            else:
-                mi = self.intermediate_size
-                add(p + "mlp.gate_up_proj.weight", (2 * mi, h), 0, pieces=(("gate_proj", mi), ("up_proj", mi)))
-                add(p + "mlp.down_proj.weight", (h, mi), 1)
+            self._add_mlp_weights(add, p, i, norm_dt)
         add("model.norm.weight", (h,), None, norm_dt)
         if not self.tie_word_embeddings and not self.is_eagle_draft:
             add("lm_head.weight", (self.vocab_size, h), 0)
         return specs
+
+    def _add_attention_weights(self, add, p: str, norm_dt: torch.dtype) -> None:
+        """One layer's attention weights (MLA's low-rank projections, or the fused QKV), in load order."""
+        h = self.hidden_size
+        if self.attention == "mla":
+            q_head = self.qk_nope_head_dim + self.qk_rope_head_dim
+            if self.q_lora_rank:
+                add(p + "self_attn.q_a_proj.weight", (self.q_lora_rank, h), None)
+                add(p + "self_attn.q_a_layernorm.weight", (self.q_lora_rank,), None, norm_dt)
+                add(p + "self_attn.q_b_proj.weight", (self.num_attention_heads * q_head, self.q_lora_rank), 0)
+            else:
+                add(p + "self_attn.q_proj.weight", (self.num_attention_heads * q_head, h), 0)
+            add(p + "self_attn.kv_a_proj_with_mqa.weight", (self.kv_lora_rank + self.qk_rope_head_dim, h), None)
+            add(p + "self_attn.kv_a_layernorm.weight", (self.kv_lora_rank,), None, norm_dt)
+            add(
+                p + "self_attn.kv_b_proj.weight",
+                (self.num_attention_heads * (self.qk_nope_head_dim + self.v_head_dim), self.kv_lora_rank),
+                0,
+            )
+            add(p + "self_attn.o_proj.weight", (h, self.num_attention_heads * self.v_head_dim), 1)
+        else:
+            q_rows = self.num_attention_heads * self.head_dim
+            kv_rows = self.num_kv_heads * self.head_dim
+            add(
+                p + "self_attn.qkv_proj.weight",
+                (q_rows + 2 * kv_rows, h),
+                0,
+                pieces=(("q_proj", q_rows), ("k_proj", kv_rows), ("v_proj", kv_rows)),
+            )
+            if self.qk_norm:
+                add(p + "self_attn.q_norm.weight", (self.head_dim,), None, norm_dt)
+                add(p + "self_attn.k_norm.weight", (self.head_dim,), None, norm_dt)
+            add(p + "self_attn.o_proj.weight", (h, q_rows), 1)
+
+    def _add_mlp_weights(self, add, p: str, i: int, norm_dt: torch.dtype) -> None:
+        """One layer's MLP weights (the experts and shared experts of a MoE layer, or the dense MLP)."""
+        h = self.hidden_size
+        if self.num_experts and i >= self.first_k_dense_layers:
+            e, mi = self.num_experts, self.moe_intermediate_size
+            add(p + "mlp.gate.weight", (e, h), None, norm_dt)
+            add(p + "mlp.experts.w13_weight", (e, 2 * mi, h), 1)
+            add(p + "mlp.experts.w2_weight", (e, h, mi), 2)
+            if self.num_shared_experts:
+                si = mi * self.num_shared_experts
+                add(p + "mlp.shared_experts.gate_up_proj.weight", (2 * si, h), 0,
+                    pieces=(("gate_proj", si), ("up_proj", si)))
+                add(p + "mlp.shared_experts.down_proj.weight", (h, si), 1)
+        else:
+            mi = self.intermediate_size
+            add(p + "mlp.gate_up_proj.weight", (2 * mi, h), 0, pieces=(("gate_proj", mi), ("up_proj", mi)))
+            add(p + "mlp.down_proj.weight", (h, mi), 1)
 
     def num_parameters(self) -> int:
         total = 0
