@@ -140,17 +140,12 @@ def _space_bytes(device_bytes: int | None, page: int) -> int:
     return div_ceil(device_bytes + device_bytes // 8, page) * page if device_bytes else UNBOUNDED_SPACE_BYTES
 
 
-def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorConfig, *,
-               device_bytes: int | None = None, tails: Mapping[int, int] | None = None) -> Seed:
-    """The state before ``trace[0]`` given the final ``segments`` of the same device (default pool).
-    ``device_bytes`` is the device's total memory: an expandable segment's address space is 1 1/8 of it
-    (rounded up to its pages, as torch's ``ExpandableSegment``); unknown (None), the last segment's space
-    is taken as unbounded. ``tails`` gives the least tail of an otherwise ambiguous block (learned by
-    kvlab.device.replay.fidelity)."""
-    notes: list[str] = []
-    live: dict[int, list] = {}  # addr -> [size | None, requested, stream, pending]
-    whole: dict[int, tuple[int, str, int]] = {}  # non-expandable segments: addr -> (size, pool, stream)
-    mapped: list[list] = []  # expandable: [start, end, pool, stream]
+def _final_state(segments: list[Mapping]) -> tuple[dict[int, list], dict[int, tuple], list[list]]:
+    """From the final segments: the live blocks (addr -> [size, requested, stream, pending]), the whole
+    segments (addr -> (size, pool, stream)) and the expandable mapped ranges ([start, end, pool, stream])."""
+    live: dict[int, list] = {}
+    whole: dict[int, tuple[int, str, int]] = {}
+    mapped: list[list] = []
     for seg in segments:
         if seg.get("is_expandable"):
             mapped.append([seg["address"], seg["address"] + seg["total_size"], seg["segment_type"], seg["stream"]])
@@ -159,7 +154,11 @@ def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorC
         for addr, size, requested, state in segment_blocks(seg):
             if state != "inactive":
                 live[addr] = [size, requested, seg["stream"], state in PENDING_STATES]
-    final_mapped = [list(r) for r in mapped]
+    return live, whole, mapped
+
+
+def _rewind(trace: list[Mapping], live: dict[int, list], whole: dict[int, tuple], mapped: list[list]) -> int:
+    """Undo the trace, last event first, on the final state; the number of allocs it does not explain."""
     unmatched = 0
     for e in reversed(trace):
         action = e["action"]
@@ -180,12 +179,11 @@ def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorC
             _subtract(mapped, e["addr"], e["size"])
         elif action == "segment_unmap":
             mapped.append([e["addr"], e["addr"] + e["size"], None, e.get("stream", 0)])
-    if unmatched:
-        notes.append(f"{unmatched} alloc events name an address the final state does not explain")
+    return unmatched
 
-    seed_segments = [SeedSegment(a, s, p, st, False, s, [[a, a + s]]) for a, (s, p, st) in whole.items()]
-    seed_segments += _expandable_segments(mapped, final_mapped, trace, notes, device_bytes)
-    seed_segments.sort(key=lambda s: s.addr)
+
+def _place_blocks(live: dict[int, list], seed_segments: list[SeedSegment]) -> list[SeedBlock]:
+    """Put each live block into the segment it lies in (sorted by address); return those in none."""
     starts = [s.addr for s in seed_segments]
     orphans = []
     for addr in sorted(live):
@@ -197,6 +195,27 @@ def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorC
             seg.blocks.append(block)
         else:
             orphans.append(block)
+    return orphans
+
+
+def infer_seed(segments: list[Mapping], trace: list[Mapping], config: AllocatorConfig, *,
+               device_bytes: int | None = None, tails: Mapping[int, int] | None = None) -> Seed:
+    """The state before ``trace[0]`` given the final ``segments`` of the same device (default pool).
+    ``device_bytes`` is the device's total memory: an expandable segment's address space is 1 1/8 of it
+    (rounded up to its pages, as torch's ``ExpandableSegment``); unknown (None), the last segment's space
+    is taken as unbounded. ``tails`` gives the least tail of an otherwise ambiguous block (learned by
+    kvlab.device.replay.fidelity)."""
+    notes: list[str] = []
+    live, whole, mapped = _final_state(segments)
+    final_mapped = [list(r) for r in mapped]
+    unmatched = _rewind(trace, live, whole, mapped)
+    if unmatched:
+        notes.append(f"{unmatched} alloc events name an address the final state does not explain")
+
+    seed_segments = [SeedSegment(a, s, p, st, False, s, [[a, a + s]]) for a, (s, p, st) in whole.items()]
+    seed_segments += _expandable_segments(mapped, final_mapped, trace, notes, device_bytes)
+    seed_segments.sort(key=lambda s: s.addr)
+    orphans = _place_blocks(live, seed_segments)
     if orphans:
         notes.append(f"{len(orphans)} blocks live at the start lie in no segment kvlab could rebuild; their frees "
                      "are skipped")
@@ -231,13 +250,8 @@ def _evidence(trace: list[Mapping], segments: list[SeedSegment], config: Allocat
     return ends
 
 
-def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict], notes: list[str],
-                         device_bytes: int | None) -> list[SeedSegment]:
-    """The mapped ranges at the start as expandable segments. Segments do not interleave, so consecutive
-    ranges of one (pool, stream) in address order are one segment. It is based at the lowest address it
-    maps at the start or inside the trace below that (a ``segment_map`` belongs to the pool of the
-    allocation it precedes); its address space runs to the next segment's base, and is at most 1 1/8 of
-    ``device_bytes`` (rounded up to whole pages; unknown: unbounded)."""
+def _map_owners(trace: list[dict]) -> list[tuple[int, tuple]]:
+    """(address, (pool, stream)) of each ``segment_map`` in the trace: the pool of the allocation it precedes."""
     maps: list[tuple[int, tuple]] = []
     pending: list[int] = []
     for e in trace:
@@ -247,6 +261,12 @@ def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict
             key = ("small" if round_size(e["size"]) <= SMALL_SIZE_BYTES else "large", e.get("stream", 0))
             maps += [(addr, key) for addr in pending]
             pending = []
+    return maps
+
+
+def _group_ranges(mapped: list[list], final: list[list], trace: list[dict], notes: list[str],
+                  device_bytes: int | None) -> list[list]:
+    """The mapped ranges in address order, consecutive ones of one (pool, stream) grouped: [key, ranges] each."""
     instances: list[list] = []  # [key, ranges]
     widest = _space_bytes(device_bytes, LARGE_BUFFER_BYTES)
     for start, stop, pool, stream in sorted(mapped):
@@ -262,38 +282,67 @@ def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict
                 ranges.append([start, stop])
         else:
             instances.append([(pool, stream), [[start, stop]]])
+    return instances
+
+
+def _page_bytes(pool: str) -> int:
+    """An expandable segment's page size in ``pool``."""
+    return SMALL_BUFFER_BYTES if pool == "small" else LARGE_BUFFER_BYTES
+
+
+def _split_off(ranges: list[list], base: int, end: int, page: int) -> list[list]:
+    """Cut from ``ranges`` (a segment based at ``base``, its space ending at ``end``) the pages that belong to
+    another segment of the same pool, and return them ([] if none)."""
+    cut = next((j for j, (start, stop) in enumerate(ranges)
+                if stop > end or (start - base) % page or (stop - base) % page), None)
+    if cut is None:
+        return []
+    start, stop = ranges[cut]
+    if (start - base) % page or start >= end:
+        rest = ranges[cut:]
+        del ranges[cut:]
+    elif stop > end:  # a range running past the end: split it there
+        rest = [[end, stop]] + ranges[cut + 1:]
+        ranges[cut][1] = end
+        del ranges[cut + 1:]
+    else:  # ends inside a page: the pages after it start another segment
+        rest = ranges[cut + 1:]
+        del ranges[cut + 1:]
+    return rest
+
+
+def _segment_bases(instances: list[list], maps: list[tuple[int, tuple]], device_bytes: int | None) -> list[int]:
+    """Each group's base address, splitting off (into ``instances``) the pages past a full segment's space."""
     bases = []
     k = 0
     while k < len(instances):  # instances may grow: a full segment's mapped pages run on into the next one's
         key, ranges = instances[k]
-        page = SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES
+        page = _page_bytes(key[0])
         space = _space_bytes(device_bytes, page)
         floor = instances[k - 1][1][-1][1] if k else 0
         base = min([a for a, owner in maps if owner == key and floor <= a < ranges[0][0]] + [ranges[0][0]])
         if ranges[0][0] >= base + space or (ranges[0][0] - base) % page:  # that mapping is another segment's
             base = ranges[0][0]
-        end = base + space
-        cut = next((j for j, (start, stop) in enumerate(ranges)
-                    if stop > end or (start - base) % page or (stop - base) % page), None)
-        if cut is not None:  # the pages from there on belong to another segment of the same pool
-            start, stop = ranges[cut]
-            if (start - base) % page or start >= end:
-                rest = ranges[cut:]
-                del ranges[cut:]
-            elif stop > end:  # a range running past the end: split it there
-                rest = [[end, stop]] + ranges[cut + 1:]
-                ranges[cut][1] = end
-                del ranges[cut + 1:]
-            else:  # ends inside a page: the pages after it start another segment
-                rest = ranges[cut + 1:]
-                del ranges[cut + 1:]
-            if rest:
-                instances.insert(k + 1, [key, rest])
+        rest = _split_off(ranges, base, base + space, page)
+        if rest:
+            instances.insert(k + 1, [key, rest])
         bases.append(base)
         k += 1
+    return bases
+
+
+def _expandable_segments(mapped: list[list], final: list[list], trace: list[dict], notes: list[str],
+                         device_bytes: int | None) -> list[SeedSegment]:
+    """The mapped ranges at the start as expandable segments. Segments do not interleave, so consecutive
+    ranges of one (pool, stream) in address order are one segment. It is based at the lowest address it
+    maps at the start or inside the trace below that (a ``segment_map`` belongs to the pool of the
+    allocation it precedes); its address space runs to the next segment's base, and is at most 1 1/8 of
+    ``device_bytes`` (rounded up to whole pages; unknown: unbounded)."""
+    instances = _group_ranges(mapped, final, trace, notes, device_bytes)
+    bases = _segment_bases(instances, _map_owners(trace), device_bytes)
     out = []
     for k, (key, ranges) in enumerate(instances):
-        base, page = bases[k], SMALL_BUFFER_BYTES if key[0] == "small" else LARGE_BUFFER_BYTES
+        base, page = bases[k], _page_bytes(key[0])
         space = _space_bytes(device_bytes, page)
         limit = min(bases[k + 1], base + space) if k + 1 < len(bases) else base + space
         end = base + (limit - base) // page * page
