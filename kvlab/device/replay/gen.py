@@ -59,6 +59,23 @@ def _size(rng: random.Random, large_share: float) -> int:
 _DEFAULT_CONFIG = AllocatorConfig()  # frozen: safe to share as a default
 
 
+def _final_snapshot(model: CachingAllocatorModel, trace: list, deferred: list[tuple[int, object]],
+                    pending_spelling: str, device_index: int, with_settings: bool) -> dict:
+    """The model's snapshot at the end, its deferred frees shown pending and ``trace`` as the device's trace."""
+    model.recorder = None
+    snap = model.snapshot()
+    pending = {block.addr for _, block in deferred}
+    for seg in snap["segments"]:
+        for block in seg["blocks"]:
+            if block["address"] in pending:
+                block["state"] = pending_spelling
+                seg["allocated_size"] -= block["size"]
+    snap["device_traces"] = [[] for _ in range(device_index)] + [trace]
+    if not with_settings:
+        del snap["allocator_settings"]
+    return snap
+
+
 def generate(n_events: int, *, seed: int = 0, config: AllocatorConfig = _DEFAULT_CONFIG, streams=(0,),
              deferred_fraction: float = 0.0, empty_cache_every: int = 0, total_bytes: int = 80 * GiB,
              live_bytes: int = 8 * GiB, large_share: float = 0.1, drop_first: int = 0, with_time: bool = True,
@@ -111,17 +128,8 @@ def generate(n_events: int, *, seed: int = 0, config: AllocatorConfig = _DEFAULT
                     model.free(live.pop(rng.randrange(len(live))))
                     mark()
         mark()
-    model.recorder = None
-    snap = model.snapshot()
-    pending = {block.addr for _, block in deferred}
-    for seg in snap["segments"]:
-        for block in seg["blocks"]:
-            if block["address"] in pending:
-                block["state"] = pending_spelling
-                seg["allocated_size"] -= block["size"]
-    snap["device_traces"] = [[] for _ in range(device_index)] + [recorder.entries[drop_first:]]
-    if not with_settings:
-        del snap["allocator_settings"]
+    snap = _final_snapshot(model, recorder.entries[drop_first:], deferred, pending_spelling, device_index,
+                           with_settings)
     before = drop_first - 1
     return Generated(snap, allocated[drop_first:], reserved[drop_first:],
                      allocated[before] if before >= 0 else 0, reserved[before] if before >= 0 else 0)
