@@ -160,41 +160,8 @@ class ServerPanel:
     """Paste or upload a log and a config, or pick an example; the pool explained, compared and what-iffed."""
 
     def __init__(self, example: str | None = "qwen3-235b-fp8-4xh100-sglang-0.4.9") -> None:
-        from kvlab.device.spec import DEVICE_PRESETS
-        from kvlab.model.hf_config import preset_names
-        from kvlab.serving.examples import EXAMPLES, QWEN_FP8
-
-        self._examples = {e.name: e for e in EXAMPLES}
-        self.example = widgets.Dropdown(options=[PASTED, *self._examples], value=example or PASTED,
-                                        description="example log", style={"description_width": "initial"},
-                                        layout=widgets.Layout(width="460px"))
-        self.log_text = widgets.Textarea(placeholder="paste an SGLang or vLLM start-up log here",
-                                         layout=widgets.Layout(width="100%", height="140px"))
-        self.log_upload = widgets.FileUpload(accept=".log,.txt", multiple=False, description="upload log")
-        self.vllm_text = widgets.Textarea(placeholder="optional: the vLLM log of the same model, for the comparison",
-                                          layout=widgets.Layout(width="100%", height="70px"))
-        self.model = widgets.Dropdown(options=[QWEN_FP8, *preset_names(), PASTED], value=QWEN_FP8,
-                                      description="model config", style={"description_width": "initial"},
-                                      layout=widgets.Layout(width="460px"))
-        self.config_text = widgets.Textarea(placeholder="or paste a config.json (then pick '(pasted or uploaded)')",
-                                            layout=widgets.Layout(width="100%", height="70px"))
-        self.config_upload = widgets.FileUpload(accept=".json", multiple=False, description="upload config.json")
-        self.gpu = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG, description="GPU")
-        style = {"description_width": "initial"}
-        self.fraction = widgets.FloatSlider(value=0.88, min=0.5, max=0.97, step=0.01, description="what if: "
-                                            "mem_fraction_static", continuous_update=False, style=style,
-                                            layout=widgets.Layout(width="420px"))
-        self.kv_dtype = widgets.Dropdown(options=KV_DTYPES, value="auto", description="what if: KV dtype", style=style)
-        self.tp = widgets.Dropdown(options=TP_SIZES, value=1, description="what if: TP", style=style)
-        self.gpu_whatif = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG,
-                                           description="what if: GPU", style=style)
-        for w, css in ((self.example, "kvlab-example"), (self.log_text, "kvlab-log-text"),
-                       (self.log_upload, "kvlab-log-upload"), (self.vllm_text, "kvlab-vllm-text"),
-                       (self.model, "kvlab-model"), (self.config_text, "kvlab-config-text"),
-                       (self.config_upload, "kvlab-config-upload"), (self.gpu, "kvlab-gpu"),
-                       (self.fraction, "kvlab-whatif-fraction"), (self.kv_dtype, "kvlab-whatif-dtype"),
-                       (self.tp, "kvlab-whatif-tp"), (self.gpu_whatif, "kvlab-whatif-gpu")):
-            w.add_class(css)
+        self._make_inputs(example)
+        self._make_what_if_controls()
         self.summary, self.findings = widgets.HTML(), widgets.HTML()
         self.waterfall, self.engines, self.gap, self.what_ifs = LiveFigure(), LiveFigure(), LiveFigure(), LiveFigure()
         for w, css in ((self.summary, "kvlab-summary"), (self.findings, "kvlab-findings"),
@@ -215,6 +182,55 @@ class ServerPanel:
         self.widget.add_class("kvlab-server-panel")
         self.explanation = self.comparison = None
         self._quiet = False
+        self._observe_inputs()
+        self.shell.guard(self._load_example)()
+
+    def _make_inputs(self, example: str | None) -> None:
+        """The input widgets: the example or pasted / uploaded log, the vLLM log, the model config, the GPU."""
+        from kvlab.device.spec import DEVICE_PRESETS
+        from kvlab.model.hf_config import preset_names
+        from kvlab.serving.examples import EXAMPLES, QWEN_FP8
+
+        self._examples = {e.name: e for e in EXAMPLES}
+        self.example = widgets.Dropdown(options=[PASTED, *self._examples], value=example or PASTED,
+                                        description="example log", style={"description_width": "initial"},
+                                        layout=widgets.Layout(width="460px"))
+        self.log_text = widgets.Textarea(placeholder="paste an SGLang or vLLM start-up log here",
+                                         layout=widgets.Layout(width="100%", height="140px"))
+        self.log_upload = widgets.FileUpload(accept=".log,.txt", multiple=False, description="upload log")
+        self.vllm_text = widgets.Textarea(placeholder="optional: the vLLM log of the same model, for the comparison",
+                                          layout=widgets.Layout(width="100%", height="70px"))
+        self.model = widgets.Dropdown(options=[QWEN_FP8, *preset_names(), PASTED], value=QWEN_FP8,
+                                      description="model config", style={"description_width": "initial"},
+                                      layout=widgets.Layout(width="460px"))
+        self.config_text = widgets.Textarea(placeholder="or paste a config.json (then pick '(pasted or uploaded)')",
+                                            layout=widgets.Layout(width="100%", height="70px"))
+        self.config_upload = widgets.FileUpload(accept=".json", multiple=False, description="upload config.json")
+        self.gpu = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG, description="GPU")
+        for w, css in ((self.example, "kvlab-example"), (self.log_text, "kvlab-log-text"),
+                       (self.log_upload, "kvlab-log-upload"), (self.vllm_text, "kvlab-vllm-text"),
+                       (self.model, "kvlab-model"), (self.config_text, "kvlab-config-text"),
+                       (self.config_upload, "kvlab-config-upload"), (self.gpu, "kvlab-gpu")):
+            w.add_class(css)
+
+    def _make_what_if_controls(self) -> None:
+        """The what-if controls: mem_fraction_static, KV dtype, TP and GPU."""
+        from kvlab.device.spec import DEVICE_PRESETS
+
+        style = {"description_width": "initial"}
+        self.fraction = widgets.FloatSlider(value=0.88, min=0.5, max=0.97, step=0.01, description="what if: "
+                                            "mem_fraction_static", continuous_update=False, style=style,
+                                            layout=widgets.Layout(width="420px"))
+        self.kv_dtype = widgets.Dropdown(options=KV_DTYPES, value="auto", description="what if: KV dtype", style=style)
+        self.tp = widgets.Dropdown(options=TP_SIZES, value=1, description="what if: TP", style=style)
+        self.gpu_whatif = widgets.Dropdown(options=[FROM_LOG, *sorted(DEVICE_PRESETS)], value=FROM_LOG,
+                                           description="what if: GPU", style=style)
+        for w, css in ((self.fraction, "kvlab-whatif-fraction"), (self.kv_dtype, "kvlab-whatif-dtype"),
+                       (self.tp, "kvlab-whatif-tp"), (self.gpu_whatif, "kvlab-whatif-gpu")):
+            w.add_class(css)
+
+    def _observe_inputs(self) -> None:
+        """Wire the inputs: the example and uploads load, every other change redraws (greyed, errors at the top)."""
         self._on_change = self.shell.guard(self._handle_change)  # greyed from the first change, errors at the top
         self.example.observe(self.shell.guard(self._load_example), names="value")
         self.log_upload.observe(self.shell.guard(self._uploaded_log), names="value")
@@ -222,7 +238,6 @@ class ServerPanel:
         for w in (self.log_text, self.vllm_text, self.model, self.config_text, self.gpu, self.fraction, self.kv_dtype,
                   self.tp, self.gpu_whatif):
             w.observe(self._on_change, names="value")
-        self.shell.guard(self._load_example)()
 
     # ---- inputs ------------------------------------------------------------------------------------
     def _load_example(self, change=None) -> None:
