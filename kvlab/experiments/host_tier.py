@@ -13,6 +13,10 @@ kvlab's :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache` follows 0.5.16's ru
 - :class:`HostTierDemo`: the tree widget's stepper (``TreeDemoPanel``) on a two-tier cache.
 - :func:`write_back_leaf_eviction`: the exercise's scenario, one device leaf evicted under ``write_back``.
 
+This module holds the scripts (:func:`run_script`, :func:`policy_runs`) and re-exports the rest: the cache and
+:func:`serve` are :mod:`kvlab.experiments.host_tier_cache`'s, the pressure event
+:mod:`kvlab.experiments.host_tier_events`'s, the stepper and the exercise :mod:`kvlab.experiments.host_tier_demo`'s.
+
 The scheduler with a host tier on the shipped trace (hit rate against host size, finding 2's regime map) is
 :mod:`kvlab.experiments.host_tier_sweep`.
 
@@ -27,283 +31,52 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from kvlab.experiments.arguments import HelperArgumentError, check_event_tokens, check_int, check_number
-from kvlab.experiments.tree_demo import SteppedDemo, TreeDemo
-from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
-from kvlab.mem_cache.base_prefix_cache import EvictResult
-from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, WRITE_POLICIES
-from kvlab.mem_cache.common import EVICTION_MODES
-from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiRadixCache
-from kvlab.mem_cache.memory_pool_host import HostKVCache
-from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
-from kvlab.sched.config import MAX_HICACHE
+from kvlab.experiments.arguments import HelperArgumentError, check_int
+from kvlab.experiments.host_tier_cache import MAX_CAPACITY_TOKENS as MAX_CAPACITY_TOKENS  # re-exported
+from kvlab.experiments.host_tier_cache import MAX_HOST_TOKENS as MAX_HOST_TOKENS  # re-exported
+from kvlab.experiments.host_tier_cache import MAX_SCRIPT_REQUESTS as MAX_SCRIPT_REQUESTS  # re-exported
+from kvlab.experiments.host_tier_cache import MAX_SCRIPT_TOKENS as MAX_SCRIPT_TOKENS  # re-exported
+from kvlab.experiments.host_tier_cache import MODE_LABELS as MODE_LABELS  # re-exported
+from kvlab.experiments.host_tier_cache import MODES as MODES  # re-exported
+from kvlab.experiments.host_tier_cache import POLICIES as POLICIES  # re-exported
+from kvlab.experiments.host_tier_cache import SIZE_PER_TOKEN_BYTES as SIZE_PER_TOKEN_BYTES  # re-exported
+from kvlab.experiments.host_tier_cache import STEP_S as STEP_S  # re-exported
+from kvlab.experiments.host_tier_cache import ServeStep as ServeStep  # re-exported
+from kvlab.experiments.host_tier_cache import evict_for as evict_for  # re-exported
+from kvlab.experiments.host_tier_cache import make_cache as make_cache  # re-exported
+from kvlab.experiments.host_tier_cache import serve as serve  # re-exported
+from kvlab.experiments.host_tier_demo import DEMOTE as DEMOTE  # re-exported
+from kvlab.experiments.host_tier_demo import DESTROY as DESTROY  # re-exported
+from kvlab.experiments.host_tier_demo import EVICTION_OUTCOMES as EVICTION_OUTCOMES  # re-exported
+from kvlab.experiments.host_tier_demo import WRITE_THEN_DEMOTE as WRITE_THEN_DEMOTE  # re-exported
+from kvlab.experiments.host_tier_demo import HostDemoStep as HostDemoStep  # re-exported
+from kvlab.experiments.host_tier_demo import HostTierDemo as HostTierDemo  # re-exported
+from kvlab.experiments.host_tier_demo import LeafEviction as LeafEviction  # re-exported
+from kvlab.experiments.host_tier_demo import write_back_leaf_eviction as write_back_leaf_eviction  # re-exported
+from kvlab.experiments.host_tier_events import CONVERSATION_TAILS as CONVERSATION_TAILS  # re-exported
+from kvlab.experiments.host_tier_events import DEMOTED as DEMOTED  # re-exported
+from kvlab.experiments.host_tier_events import DESTROYED_FATES as DESTROYED_FATES  # re-exported
+from kvlab.experiments.host_tier_events import EVENT_HOST_RATIO as EVENT_HOST_RATIO  # re-exported
+from kvlab.experiments.host_tier_events import EVENT_SCENARIOS as EVENT_SCENARIOS  # re-exported
+from kvlab.experiments.host_tier_events import FATES as FATES  # re-exported
+from kvlab.experiments.host_tier_events import HOST_EVICTED as HOST_EVICTED  # re-exported
+from kvlab.experiments.host_tier_events import HOST_FULL as HOST_FULL  # re-exported
+from kvlab.experiments.host_tier_events import KEPT as KEPT  # re-exported
+from kvlab.experiments.host_tier_events import NOT_BACKED_UP as NOT_BACKED_UP  # re-exported
+from kvlab.experiments.host_tier_events import SCRIPT as SCRIPT  # re-exported
+from kvlab.experiments.host_tier_events import SYSTEM_TOKENS as SYSTEM_TOKENS  # re-exported
+from kvlab.experiments.host_tier_events import UNTOUCHED_HOST as UNTOUCHED_HOST  # re-exported
+from kvlab.experiments.host_tier_events import WRITTEN_BACK as WRITTEN_BACK  # re-exported
+from kvlab.experiments.host_tier_events import HostPressureEvent as HostPressureEvent  # re-exported
+from kvlab.experiments.host_tier_events import conversation_key as conversation_key  # re-exported
+from kvlab.experiments.host_tier_events import conversation_names as conversation_names  # re-exported
+from kvlab.experiments.host_tier_events import event_tree as event_tree  # re-exported
+from kvlab.experiments.host_tier_events import events_frame as events_frame  # re-exported
+from kvlab.experiments.host_tier_events import pressure_event as pressure_event  # re-exported
+from kvlab.experiments.host_tier_events import pressure_events as pressure_events  # re-exported
+from kvlab.experiments.host_tier_events import scenario_label as scenario_label  # re-exported
+from kvlab.experiments.tree_demo import TreeDemo
 from kvlab.units import GB
-
-MODES = EVICTION_MODES  # ("shortfall", "full")
-MODE_LABELS = {"shortfall": "shortfall (the fix)", "full": "full (the bug)"}
-POLICIES = WRITE_POLICIES  # ("write_through", "write_through_selective", "write_back")
-# Llama-3-8B in bf16: 32 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes = 128 KiB of KV per token
-SIZE_PER_TOKEN_BYTES = 32 * 8 * 128 * 2 * 2
-STEP_S = 0.02  # modelled time of one request in the scripts: the clock moves this much after each one
-
-# what became of a node at an eviction (the ``fate`` column of :func:`fates_frame`)
-KEPT = "kept on the device"
-DEMOTED = "demoted: was on host too, now host only"
-WRITTEN_BACK = "written to host, then demoted"
-NOT_BACKED_UP = "destroyed: never backed up"
-HOST_FULL = "destroyed: host pool full, the write-back failed"
-HOST_EVICTED = "host copy evicted to make room"
-UNTOUCHED_HOST = "host only, untouched"
-FATES = (KEPT, UNTOUCHED_HOST, DEMOTED, WRITTEN_BACK, NOT_BACKED_UP, HOST_FULL, HOST_EVICTED)
-DESTROYED_FATES = (NOT_BACKED_UP, HOST_FULL, HOST_EVICTED)
-
-
-# the largest hand-sized caches and scripts the helpers take (the notebook's: 4,096 slots, a host pool of 2x, 60
-# requests): far beyond them, and within seconds
-MAX_CAPACITY_TOKENS = 1 << 20
-MAX_HOST_TOKENS = 1 << 24
-MAX_SCRIPT_REQUESTS = 500
-MAX_SCRIPT_TOKENS = 1 << 19  # num_requests × a quarter of capacity_tokens (the longest a conversation grows)
-
-
-def make_cache(capacity_tokens: int = 4096, *, host_ratio: float = 2.0, write_policy: str = "write_through",
-               mode: str = "shortfall", size_per_token: int = SIZE_PER_TOKEN_BYTES,
-               bytes_per_s: float = DEFAULT_HOST_DEVICE_BYTES_PER_S) -> tuple[HiRadixCache, TokenToKVPoolAllocator]:
-    """A page-1 two-tier cache: a device pool of ``capacity_tokens`` slots and a host pool sized as SGLang sizes
-    it for ``--hicache-ratio host_ratio`` (``int(capacity × ratio)`` rounded up by a page). ``mode`` is also the
-    load-back's eviction rule."""
-    if write_policy not in POLICIES:
-        raise ValueError(f"write_policy must be one of {', '.join(POLICIES)}, got {write_policy!r}")
-    if mode not in MODES:
-        raise ValueError(f"mode must be 'shortfall' (the fix) or 'full' (the bug), got {mode!r}")
-    check_int("make_cache", "capacity_tokens", capacity_tokens, 1, MAX_CAPACITY_TOKENS, "a hand-sized cache")
-    check_number("make_cache", "host_ratio", host_ratio, MAX_HICACHE["hicache_ratio"], "SGLang's --hicache-ratio")
-    if capacity_tokens * host_ratio > MAX_HOST_TOKENS:
-        raise HelperArgumentError(f"make_cache(capacity_tokens={capacity_tokens}, host_ratio={host_ratio!r}): a host "
-                                  f"pool of {int(capacity_tokens * host_ratio):,} tokens; at most {MAX_HOST_TOKENS:,} "
-                                  "in a hand-sized cache")
-    alloc = TokenToKVPoolAllocator(capacity_tokens)
-    host = HostKVCache(capacity_tokens, size_per_token, 1, hicache_ratio=host_ratio)
-    cache = HiRadixCache(None, alloc, host, 1, write_policy=write_policy, load_back_evict_mode=mode,
-                         d2h_bytes_per_s=bytes_per_s, h2d_bytes_per_s=bytes_per_s)
-    return cache, alloc
-
-
-def evict_for(cache: HiRadixCache, num_tokens: int, mode: str) -> HiEvictResult | EvictResult:
-    """``evict_from_tree_cache`` on a two-tier cache, keeping the tree's :class:`HiEvictResult` (demoted, written
-    back, destroyed): ask for the shortfall (``"shortfall"``) or for all of ``num_tokens`` when short (``"full"``)."""
-    available = cache.token_to_kv_pool_allocator.available_size()
-    requested = tokens_to_evict(num_tokens, available, mode)
-    if not requested:
-        return EvictResult()
-    shortfall = shortfall_tokens(num_tokens, available)
-    res = cache.evict(requested)
-    base = EvictResult.of(shortfall, requested, res.evicted_tokens)
-    return HiEvictResult(**base.__dict__, demoted_tokens=res.demoted_tokens,
-                         written_back_tokens=res.written_back_tokens, destroyed_tokens=res.destroyed_tokens,
-                         host_evicted_tokens=res.host_evicted_tokens)
-
-
-# ---- one pressure event ---------------------------------------------------------------------------------------------
-SYSTEM_TOKENS = 1024
-CONVERSATION_TAILS = (200, 250, 300, 400, 500, 700)  # notebook 02's six conversations
-# the order they are served in: conversations 1 and 3 are asked again (a second hit: write_through_selective
-# backs them up), so the least recently used order is 2, 1, 4, 3, 5, 6
-SCRIPT = (1, 2, 1, 3, 4, 3, 5, 6)
-EVENT_HOST_RATIO = 0.5  # a host pool of 2,049 tokens: the first three conversations fit, then it is full
-EVENT_SCENARIOS = (  # (write policy, host ratio): the rows of the notebook's figure
-    ("write_through", EVENT_HOST_RATIO),
-    ("write_through_selective", EVENT_HOST_RATIO),
-    ("write_back", EVENT_HOST_RATIO),
-    ("write_back", 0.2),  # 820 host tokens: the write-back of a third conversation does not fit
-)
-
-
-def conversation_key(conv: int) -> list[int]:
-    first = 10_000 * conv
-    return list(range(1, SYSTEM_TOKENS + 1)) + [first + t for t in range(CONVERSATION_TAILS[conv - 1])]
-
-
-def conversation_names() -> dict[int, tuple[str, str]]:
-    """First token of a node -> (long name, icicle label), as ``shortfall_eviction.conversation_tree``'s."""
-    names = {1: ("system prompt", f"system prompt: {SYSTEM_TOKENS:,}")}
-    for i, tail in enumerate(CONVERSATION_TAILS, 1):
-        names[10_000 * i] = (f"conversation {i} ({tail} tokens after the system prompt)", f"conv {i}: {tail}")
-    return names
-
-
-def serve(cache: HiRadixCache, key: Sequence[int], mode: str = "shortfall") -> ServeStep:
-    """One request straight against the two-tier cache, as SGLang's scheduler serves it: ``match_prefix``; a host
-    hit is loaded back (``init_load_back``: all or nothing, may evict in ``mode``); lock the device prefix, evict
-    for the rest (``mode``), allocate, ``insert`` the whole key, unlock; then the transfer clock moves
-    :data:`STEP_S` (copies issued so far finish, their nodes unlock). Returns what it did."""
-    alloc = cache.token_to_kv_pool_allocator
-    ctl = cache.cache_controller.totals
-    written0, loaded0 = ctl.written_tokens, ctl.loaded_tokens
-    m = cache.match_prefix(key)
-    device_hit, host_hit = m.device_prefix_len, m.host_hit_length
-    load_evict = EvictResult()
-    if host_hit:
-        lb = cache.load_back(m.last_host_node)
-        load_evict = lb.evict
-        m = cache.match_prefix(key)
-    lock = cache.lock(m.last_device_node)
-    need = len(key) - m.device_prefix_len
-    ev = evict_for(cache, need, mode)
-    kv = alloc.alloc(need)
-    if kv is None:
-        cache.unlock(lock)
-        cache.advance(STEP_S)
-        return ServeStep(len(key), device_hit, host_hit, ctl.loaded_tokens - loaded0, 0, ev, load_evict,
-                         ctl.written_tokens - written0, rejected=True)
-    cache.insert_slots(key, torch.cat([m.device_indices, kv]), prev_prefix_len=m.device_prefix_len)
-    cache.unlock(lock)
-    cache.advance(STEP_S)
-    cache.check_invariants()
-    return ServeStep(len(key), device_hit, host_hit, ctl.loaded_tokens - loaded0, need, ev, load_evict,
-                     ctl.written_tokens - written0)
-
-
-@dataclass(frozen=True)
-class ServeStep:
-    """One request of :func:`serve`. ``device_hit_tokens``: matched on the device; ``host_hit_tokens``: matched
-    on host only; ``loaded_back_tokens``: of those, loaded back (0 when the load was skipped or did not fit);
-    ``computed_tokens``: prefilled; ``evict`` / ``load_evict``: the allocation's and the load-back's eviction;
-    ``written_tokens``: host copies issued during the request."""
-
-    tokens: int
-    device_hit_tokens: int
-    host_hit_tokens: int
-    loaded_back_tokens: int
-    computed_tokens: int
-    evict: EvictResult
-    load_evict: EvictResult
-    written_tokens: int
-    rejected: bool = False
-
-
-def event_tree(write_policy: str, *, host_ratio: float = EVENT_HOST_RATIO, capacity: int = 4096):
-    """The six conversations served in :data:`SCRIPT` order on a fresh two-tier cache, every copy finished."""
-    cache, alloc = make_cache(capacity, host_ratio=host_ratio, write_policy=write_policy)
-    for conv in SCRIPT:
-        serve(cache, conversation_key(conv))
-    cache.drain()
-    cache.check_invariants()
-    return cache, alloc
-
-
-@dataclass(frozen=True)
-class HostPressureEvent:
-    """One allocation under pressure on a two-tier tree, in one eviction mode and write policy. ``fates``: one row
-    per node of the tree before the event (``fates_frame``: name, tokens, residency before and after, fate);
-    ``frame_before`` / ``frame_after``: ``tree_frame`` tables (with ``residency``) for the icicles."""
-
-    mode: str
-    write_policy: str
-    host_ratio: float
-    host_tokens: int
-    num_tokens: int
-    available_before: int
-    evict: HiEvictResult
-    fates: object  # pandas.DataFrame
-    frame_before: object
-    frame_after: object
-    written_bytes: int
-    stall_s: float
-
-    def names_with(self, fate: str) -> tuple[str, ...]:
-        return tuple(self.fates.loc[self.fates["fate"] == fate, "name"])
-
-    @property
-    def destroyed(self) -> tuple[str, ...]:
-        return tuple(self.fates.loc[self.fates["fate"].isin(DESTROYED_FATES), "name"])
-
-    @property
-    def demoted(self) -> tuple[str, ...]:
-        return tuple(self.fates.loc[self.fates["fate"].isin((DEMOTED, WRITTEN_BACK)), "name"])
-
-
-def pressure_event(mode: str, write_policy: str = "write_through", *, host_ratio: float = EVENT_HOST_RATIO,
-                   num_tokens: int = 600, capacity: int = 4096) -> HostPressureEvent:
-    """:func:`event_tree`, running requests holding all but ``num_tokens // 2`` free slots, then one allocation
-    of ``num_tokens``: evict the shortfall or all of it (``mode``), and say what became of each node."""
-    from kvlab.mem_cache.tree_view import tree_frame
-
-    if mode not in MODES:
-        raise ValueError(f"mode must be 'shortfall' (the fix) or 'full' (the bug), got {mode!r}")
-    check_int("pressure_event", "capacity", capacity, 1, MAX_CAPACITY_TOKENS, "a hand-sized cache")
-    cache, alloc = event_tree(write_policy, host_ratio=host_ratio, capacity=capacity)
-    check_event_tokens("pressure_event", num_tokens, capacity, alloc.available_size())
-    names = conversation_names()
-    short = {k: label for k, (_, label) in names.items()}
-    held = alloc.alloc(alloc.available_size() - num_tokens // 2)  # running requests hold the rest
-    before = tree_frame(cache, names=short)
-    nodes_before = {n.id: (n, n.residency) for n in cache.nodes() if n is not cache.root_node}
-    available = alloc.available_size()
-    ctl = cache.cache_controller.totals
-    written0, stall0 = ctl.written_tokens, ctl.stall_s
-    result = evict_for(cache, num_tokens, mode)
-    cache.check_invariants()
-    alive = {n.id: n.residency for n in cache.nodes() if n is not cache.root_node}
-    rows = []
-    for node_id, (node, was) in nodes_before.items():
-        now = alive.get(node_id)
-        name = names.get(node.key[0], (str(node.key[0]),))[0].split(" (")[0]  # "conversation 4"
-        rows.append(dict(id=node_id, name=name, tokens=len(node.key),
-                         before=was, after=now or "gone", fate=_fate(was, now, write_policy)))
-    import pandas as pd
-
-    order = {node_id: i for i, node_id in enumerate(before["id"])}  # the tree's pre-order, as the icicle reads
-    fates = pd.DataFrame(rows).sort_values("id", key=lambda ids: ids.map(order)).reset_index(drop=True)
-    after = tree_frame(cache, names=short)
-    del held
-    return HostPressureEvent(mode, write_policy, host_ratio, cache.token_to_kv_pool_host.size, num_tokens, available,
-                             result, fates, before, after, (ctl.written_tokens - written0) * SIZE_PER_TOKEN_BYTES,
-                             ctl.stall_s - stall0)
-
-
-def _fate(before: str, after: str | None, write_policy: str) -> str:
-    if after is None:
-        if before == "host":
-            return HOST_EVICTED
-        return HOST_FULL if write_policy == "write_back" else NOT_BACKED_UP
-    if before == "host":
-        return UNTOUCHED_HOST
-    if after == "host":
-        return DEMOTED if before == "both" else WRITTEN_BACK
-    return KEPT
-
-
-def pressure_events(scenarios: Sequence[tuple[str, float]] = EVENT_SCENARIOS) -> dict:
-    """``{(write_policy, host_ratio, mode): event}`` for every scenario and both modes."""
-    return {(policy, ratio, mode): pressure_event(mode, policy, host_ratio=ratio)
-            for policy, ratio in scenarios for mode in MODES}
-
-
-def scenario_label(write_policy: str, host_ratio: float, host_tokens: int) -> str:
-    return f"{write_policy}, host pool {host_tokens:,} tokens (ratio {host_ratio:g})"
-
-
-def events_frame(events: dict):
-    """One row per (scenario, mode): the event in numbers (tokens, and the bytes the write-backs moved)."""
-    import pandas as pd
-
-    rows = []
-    for (policy, _ratio, mode), e in events.items():
-        ev = e.evict
-        rows.append({
-            "write policy": policy, "host pool (tokens)": e.host_tokens, "eviction": MODE_LABELS[mode],
-            "shortfall": ev.shortfall_tokens, "asked of the tree": ev.requested_tokens,
-            "evicted from the device": ev.evicted_tokens, "demoted (kept on host)": ev.demoted_tokens,
-            "… of which written to host first": ev.written_back_tokens, "destroyed": ev.destroyed_tokens,
-            "host copies evicted": ev.host_evicted_tokens,
-            "MB written to host": round(e.written_bytes / 1e6, 1),
-            "conversations destroyed": ", ".join(e.destroyed) or "none",
-        })
-    return pd.DataFrame(rows)
-
 
 # ---- write policies side by side ------------------------------------------------------------------------------------
 SCRIPT_DEFAULTS = dict(capacity_tokens=4096, host_ratio=2.0, num_requests=60, num_conversations=10, seed=0)
@@ -441,189 +214,3 @@ def policy_numbers(runs: dict):
     import pandas as pd
 
     return pd.DataFrame([{"write_policy": p, "mode": m, **r.totals()} for (p, m), r in runs.items()])
-
-
-# ---- the tree widget's stepper ------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class HostDemoStep:
-    """One step of :class:`HostTierDemo` (``TreeDemoPanel`` reads ``index`` and ``text()``). ``kind``:
-    ``"request"``, ``"rejected"`` or ``"pressure"``."""
-
-    index: int
-    kind: str
-    label: str
-    num_tokens: int
-    device_hit_tokens: int
-    host_hit_tokens: int
-    loaded_back_tokens: int
-    available_before_tokens: int
-    available_after_tokens: int
-    evict: EvictResult
-
-    @property
-    def cached_tokens(self) -> int:
-        return self.device_hit_tokens + self.loaded_back_tokens
-
-    def text(self) -> str:
-        ev = self.evict
-        if ev.requested_tokens:
-            fate = ""
-            if isinstance(ev, HiEvictResult):
-                fate = f": {ev.demoted_tokens:,} demoted to host, {ev.destroyed_tokens:,} destroyed"
-            evicted = (f", evicted {ev.evicted_tokens:,} (asked {ev.requested_tokens:,} for a shortfall of "
-                       f"{ev.shortfall_tokens:,}){fate}")
-        else:
-            evicted = ", no eviction"
-        if self.kind == "pressure":
-            return (f"#{self.index} pressure event: a batch needs {self.num_tokens:,} slots, "
-                    f"{self.available_before_tokens:,} free{evicted}")
-        verb = "rejected" if self.kind == "rejected" else "ran"
-        loaded = f", {self.loaded_back_tokens:,} loaded back from host" if self.host_hit_tokens else ""
-        return (f"#{self.index} {self.label} {verb}: {self.num_tokens:,} tokens, {self.device_hit_tokens:,} hit on "
-                f"the device{loaded}{evicted}; {self.available_after_tokens:,} slots free")
-
-
-class HostTierDemo(SteppedDemo):
-    """``tree_demo.TreeDemo``'s chat turns on a two-tier cache (``write_policy``, host pool ``host_ratio`` × the
-    device pool): a host hit is loaded back, evictions demote or destroy, the transfer clock moves
-    :data:`STEP_S` per request. Same interface as ``TreeDemo`` (``next_request``, ``pressure_event``, ``reset``,
-    ``mode``, ``history``, ``cache``, ``names``), so ``TreeDemoPanel`` steps it."""
-
-    def __init__(self, *, capacity_tokens: int = 4096, mode: str = "shortfall", write_policy: str = "write_through",
-                 host_ratio: float = 2.0, num_requests: int = 40, num_conversations: int = 8, seed: int = 0) -> None:
-        if mode not in MODES:
-            raise ValueError(f"HostTierDemo: mode must be one of {MODES}, got {mode!r}")
-        if write_policy not in POLICIES:
-            raise ValueError(f"HostTierDemo: write_policy must be one of {', '.join(POLICIES)}, got {write_policy!r}")
-        plain = TreeDemo(capacity_tokens=capacity_tokens, num_requests=num_requests,
-                         num_conversations=num_conversations, seed=seed)  # validates the sizes, makes the turns
-        self.capacity_tokens = capacity_tokens
-        self.mode = mode
-        self.write_policy = write_policy
-        self.host_ratio = host_ratio
-        self.seed = seed
-        self.requests, self.names = plain.requests, plain.names
-        self.reset()
-
-    def reset(self) -> None:
-        """Back to an empty two-tier cache (this demo's write policy) and the first request."""
-        self.cache, self.allocator = make_cache(self.capacity_tokens, host_ratio=self.host_ratio,
-                                                write_policy=self.write_policy, mode=self.mode)
-        self.history: list[HostDemoStep] = []
-        self._next = 0
-        self._running = None
-
-    def next_request(self) -> HostDemoStep:
-        """Finish the running request, serve the next one (:func:`serve`) and keep its path locked (running)."""
-        label, key = self._take_next()
-        self.cache.load_back_evict_mode = self.mode
-        available = self.allocator.available_size()
-        step = serve(self.cache, key, self.mode)
-        if not step.rejected:
-            self._running = self.cache.match_prefix(key).last_device_node
-            self.cache.inc_lock_ref(self._running)
-        return self._record("rejected" if step.rejected else "request", label, len(key), step.device_hit_tokens,
-                            step.host_hit_tokens, step.loaded_back_tokens, available, step.evict)
-
-    def pressure_event(self, shortfall_tokens: int = 256) -> HostDemoStep:
-        """A batch of other requests needs ``free + shortfall_tokens`` slots: evict in this demo's mode (backed-up
-        leaves are demoted, others destroyed or, under ``write_back``, written first), allocate, release."""
-        if shortfall_tokens < 1:
-            raise ValueError(f"pressure_event: shortfall_tokens must be >= 1, got {shortfall_tokens}")
-        available = self.allocator.available_size()
-        need = available + shortfall_tokens
-        ev = evict_for(self.cache, need, self.mode)
-        batch = self.allocator.alloc(min(need, self.allocator.available_size()))
-        if batch is not None:
-            self.allocator.free(batch)
-        self.cache.advance(STEP_S)
-        return self._record("pressure", "pressure event", need, 0, 0, 0, available, ev)
-
-    def _record(self, kind: str, label: str, num_tokens: int, device_hit: int, host_hit: int, loaded: int,
-                available: int, evict: EvictResult) -> HostDemoStep:
-        self.cache.check_invariants()
-        self.allocator.check_invariants()
-        step = HostDemoStep(len(self.history) + 1, kind, label, num_tokens, device_hit, host_hit, loaded, available,
-                            self.allocator.available_size(), evict)
-        self.history.append(step)
-        return step
-
-
-# ---- the exercise's scenario: one device leaf evicted under write_back ------------------------------------------------
-DEMOTE = "demote"  # already backed up: the device copy is freed, the node stays on host
-WRITE_THEN_DEMOTE = "write then demote"  # written to host first (the eviction waits), then as DEMOTE
-DESTROY = "destroy"  # gone from both tiers
-EVICTION_OUTCOMES = (DEMOTE, WRITE_THEN_DEMOTE, DESTROY)
-
-
-@dataclass(frozen=True)
-class LeafEviction:
-    """What a real ``HiRadixCache`` under ``write_back`` did to one device leaf of ``node_tokens`` when asked to evict
-    it: ``outcome`` (one of :data:`EVICTION_OUTCOMES`), host tokens written and host copies evicted to make room."""
-
-    backed_up: bool
-    node_tokens: int
-    host_free_tokens: int
-    host_evictable_tokens: int
-    outcome: str
-    written_tokens: int
-    host_evicted_tokens: int
-
-
-def _exact_host_pool(capacity: int, host_tokens: int, write_policy: str) -> tuple[HiRadixCache, TokenToKVPoolAllocator]:
-    """A two-tier cache whose host pool is exactly ``host_tokens`` (page 1): SGLang sizes it ``int(capacity × ratio)``
-    plus a page, so the ratio is chosen just under ``(host_tokens − 1) / capacity``."""
-    if host_tokens < 1:
-        raise ValueError(f"host pool must hold at least one token, got {host_tokens}")
-    return make_cache(capacity, host_ratio=(host_tokens - 0.5) / capacity, write_policy=write_policy)
-
-
-def write_back_leaf_eviction(backed_up: bool, node_tokens: int, host_free_tokens: int,
-                             host_evictable_tokens: int = 0, *, capacity: int = 4096) -> LeafEviction:
-    """Build a ``write_back`` cache where one unlocked device leaf of ``node_tokens`` (with a host copy already when
-    ``backed_up``) is the only eviction candidate, the host pool has ``host_free_tokens`` free and
-    ``host_evictable_tokens`` in a host-only leaf it may evict; evict ``node_tokens`` and report what happened."""
-    for name, v in (("node_tokens", node_tokens), ("host_free_tokens", host_free_tokens),
-                    ("host_evictable_tokens", host_evictable_tokens)):
-        if not isinstance(v, int) or v < 0:
-            raise ValueError(f"write_back_leaf_eviction: {name} must be an int >= 0, got {v!r}")
-    if node_tokens < 1:
-        raise ValueError(f"write_back_leaf_eviction: node_tokens must be >= 1, got {node_tokens}")
-    host_tokens = host_free_tokens + host_evictable_tokens + (node_tokens if backed_up else 0)
-    cache, alloc = _exact_host_pool(capacity, max(host_tokens, 1), "write_back")
-
-    def put(first: int, n: int):
-        key = list(range(first, first + n))
-        cache.insert(key, alloc.alloc(n))
-        return cache.match_prefix(key).last_device_node
-
-    target = put(1, node_tokens)
-    if backed_up:
-        cache.write_backup(target, write_back=True)
-    if host_evictable_tokens:
-        x = put(1_000_000, host_evictable_tokens)
-        cache.write_backup(x, write_back=True)
-        cache.drain()
-        cache.inc_lock_ref(target)
-        cache.evict(host_evictable_tokens)  # x is the only candidate: demoted, now a host-only leaf
-        cache.dec_lock_ref(target)
-    if host_tokens == 0:  # fill the one-token minimum pool with a locked node's copy: nothing free, nothing evictable
-        pin = put(2_000_000, 1)
-        cache.write_backup(pin, write_back=True)
-        cache.inc_lock_ref(pin)
-    cache.drain()
-    cache.check_invariants()
-    host = cache.token_to_kv_pool_host
-    assert host.available_size() == host_free_tokens, (host.available_size(), host_free_tokens)
-    written0, host_evicted0 = cache.cache_controller.totals.written_tokens, cache.host_evicted_tokens
-    cache.evict(node_tokens)
-    cache.check_invariants()
-    node = next((n for n in cache.nodes() if n is not cache.root_node and n.key[0] == 1), None)
-    if node is None:
-        outcome = DESTROY
-    else:
-        outcome = DEMOTE if backed_up else WRITE_THEN_DEMOTE
-        assert node.residency == "host", node
-    return LeafEviction(backed_up, node_tokens, host_free_tokens, host_evictable_tokens, outcome,
-                        cache.cache_controller.totals.written_tokens - written0,
-                        cache.host_evicted_tokens - host_evicted0)

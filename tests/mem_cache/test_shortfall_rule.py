@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 from sim_twins import Req
 
 import kvlab.experiments.host_tier as host_tier
+import kvlab.experiments.host_tier_cache as host_tier_cache
 import kvlab.mem_cache.common as common
 import kvlab.mem_cache.hiradix_cache as hiradix_cache
 import kvlab.sched.page_kv as page_kv
@@ -86,8 +87,8 @@ CALLERS = {  # caller module: a run whose over-eviction it decides
     "token-level memory (evict_from_tree_cache)": (common, lambda mode: _run(kv_tokens=2048, page_size=1,
                                                                              eviction=mode)),
     "host tier's load-back (HiRadixCache)": (hiradix_cache, lambda mode: _load_back(mode)),
-    "notebook 07's pressure event (evict_for)": (
-        host_tier, lambda mode: {"over_evicted_tokens": host_tier.pressure_event(mode).evict.over_evicted_tokens}),
+    "notebook 07's pressure event (evict_for)": (  # evict_for is host_tier_cache's (host_tier re-exports it)
+        host_tier_cache, lambda mode: {"over_evicted_tokens": host_tier.pressure_event(mode).evict.over_evicted_tokens}),
 }
 
 
