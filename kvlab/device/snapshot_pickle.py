@@ -16,7 +16,7 @@ from kvlab.input_limits import check_size, reading
 # The objects a pickle may build per byte of its file: the real and generated snapshots build 0.02 to 0.15 (dense
 # events without stacks), a crafted pickle of empty dicts 0.5 (40 M of them took 3.7 GB). Small files get a floor.
 PICKLE_OBJECTS_PER_BYTE = 0.25
-PICKLE_OBJECTS_FLOOR = 1 << 20
+PICKLE_OBJECTS_FLOOR = 1_048_576  # 2^20 objects (a count, not bytes)
 _OBJECTS_PER_BYTE_AT_MOST = 2  # what one byte of a pickle can build: an opcode of one byte makes one object
 
 

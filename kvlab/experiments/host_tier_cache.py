@@ -30,7 +30,7 @@ STEP_S = 0.02  # modelled time of one request in the scripts: the clock moves th
 
 # the largest hand-sized caches and scripts the helpers take (the notebook's: 4,096 slots, a host pool of 2x, 60
 # requests): far beyond them, and within seconds
-MAX_CAPACITY_TOKENS = 1 << 20
+MAX_CAPACITY_TOKENS = 1_048_576  # 2^20 tokens
 MAX_HOST_TOKENS = 1 << 24
 MAX_SCRIPT_REQUESTS = 500
 MAX_SCRIPT_TOKENS = 1 << 19  # num_requests × a quarter of capacity_tokens (the longest a conversation grows)

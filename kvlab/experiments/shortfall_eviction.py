@@ -389,7 +389,7 @@ def pressure_event(mode: str, *, num_tokens: int = 600, capacity: int = 4096) ->
     from kvlab.mem_cache.common import evict_from_tree_cache
     from kvlab.mem_cache.tree_view import tree_frame
 
-    check_int("pressure_event", "capacity", capacity, 1, 1 << 20, "a hand-sized tree")
+    check_int("pressure_event", "capacity", capacity, 1, 1_048_576, "a hand-sized tree")  # 2^20 tokens
     tree, alloc, labels = conversation_tree(capacity)
     check_event_tokens("pressure_event", num_tokens, capacity, alloc.available_size())
     names = {k: long for k, (long, _) in labels.items() if k != 1}

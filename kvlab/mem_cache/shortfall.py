@@ -10,7 +10,7 @@ kvlab calls it:
 - ``kvlab/sched/page_kv.py::PageKV.evict`` (the page engine: the README headline, notebook 02's panel and
   ``kvlab simulate``),
 - ``HiRadixCache.load_back`` (the host tier's load-back into a short device pool),
-- ``kvlab/experiments/host_tier.py::evict_for`` (notebook 07's pressure events).
+- ``kvlab/experiments/host_tier_cache.py::evict_for`` (notebook 07's pressure events).
 
 :func:`over_evicted_tokens` is the one piece of arithmetic that measures the bug's damage. Torch-free: the page
 engine imports it without torch.

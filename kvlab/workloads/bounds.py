@@ -27,7 +27,7 @@ from kvlab.errors import KvlabError
 
 MAX_LENGTH = 10 ** 7
 MAX_REQUESTS = 1 << 18  # 262,144
-MAX_PROMPT_TOKENS = 1 << 30  # 1,073,741,824
+MAX_PROMPT_TOKENS = 1_073_741_824  # 2^30 tokens
 MAX_OUTPUT_TOKENS = 1 << 25  # 33,554,432
 MAX_HELD_TOKENS = 1 << 24  # 16,777,216: about 600 MB of Python ints
 

@@ -78,17 +78,23 @@ def test_generated_snapshots_replay_exactly(case, seed):
     assert all(0 < t - m <= result.seed.ambiguous_blocks * MiB for _, m, t in off)
 
 
+def move_block(trace: list, k: int, by: int) -> None:
+    """Tamper with a recording consistently: the block allocated at event ``k`` went ``by`` bytes further, its frees
+    too (a free of an address nothing was allocated at is a contradiction the reader refuses)."""
+    addr = trace[k]["addr"]
+    for entry in trace[k:]:
+        if entry["addr"] == addr and entry["action"] in ("alloc", "free_requested", "free_completed"):
+            if entry["action"] == "alloc" and entry is not trace[k]:
+                break
+            entry["addr"] += by
+
+
 def test_a_tampered_recording_diverges_where_it_was_tampered():
     made = generate(1500, seed=3)
     raw = copy.deepcopy(made.snapshot)
     trace = raw["device_traces"][0]
     k = next(i for i, e in enumerate(trace) if i > 600 and e["action"] == "alloc" and e["size"] > 2 * MiB)
-    addr = trace[k]["addr"]
-    for entry in trace[k:]:  # the recording says the block went elsewhere (its frees too: a consistent trace)
-        if entry["addr"] == addr and entry["action"] in ("alloc", "free_requested", "free_completed"):
-            if entry["action"] == "alloc" and entry is not trace[k]:
-                break
-            entry["addr"] += 512
+    move_block(trace, k, 512)
     result = replay_snapshot(raw)
     assert result.checks["block_addresses_equal"] is False and not result.exact
     first = result.first_divergence

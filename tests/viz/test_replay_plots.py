@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 
+from device.test_replay import move_block
+
 from kvlab.device.replay.fidelity import replay_snapshot, state_at
 from kvlab.device.replay.gen import generate
 from kvlab.device.replay.whatif import replay_with_what_ifs
@@ -30,7 +32,7 @@ def test_side_by_side_draws_every_event_and_marks_a_divergence():
     assert not fig.layout.shapes  # exact: no divergence line
     raw = copy.deepcopy(made.snapshot)
     k = next(i for i, e in enumerate(raw["device_traces"][0]) if i > 300 and e["action"] == "alloc")
-    raw["device_traces"][0][k]["addr"] += 512
+    move_block(raw["device_traces"][0], k, 512)
     shapes = recorded_vs_modelled(replay_snapshot(raw)).layout.shapes
     assert len(shapes) == 2 and {s.x0 for s in shapes} == {k}
 
