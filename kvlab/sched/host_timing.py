@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S
+from kvlab.sched.cost import CostModel
 from kvlab.sched.ledger import Ledger, Transfers
 
 if TYPE_CHECKING:
     from kvlab.mem_cache.hiradix_cache import HiRadixCache
 
 _INF = float("inf")
+overlapped_step_s = CostModel.overlapped_step_s  # the overlap rule: write-back waits before the compute, loads under it
 
 
 class NoHostTier:
@@ -57,7 +59,7 @@ class HostTierTiming(NoHostTier):
         traffic goes into the ledger."""
         ctl, start = self.controller, self.step_start_s
         loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
-        step_s = max(ctl.now_s - start + compute_s, loads)
+        step_s = overlapped_step_s(compute_s, stall_s=ctl.now_s - start, load_s=loads)
         self.ledger.note_transfers(self._transfers())
         return step_s
 
