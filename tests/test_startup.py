@@ -87,9 +87,9 @@ def test_simulate_refuses_a_mistyped_choice_without_torch():
 
 def test_simulate_choices_are_the_registries():
     from kvlab.cli import SIMULATE_EVICTION_MODES, SIMULATE_POLICIES, SIMULATE_WRITE_POLICIES
-    from kvlab.mem_cache.cache_controller import WRITE_POLICIES
     from kvlab.mem_cache.common import EVICTION_MODES
     from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
+    from kvlab.mem_cache.hicache.cache_controller import WRITE_POLICIES
 
     assert SIMULATE_EVICTION_MODES == tuple(EVICTION_MODES)
     assert SIMULATE_POLICIES == tuple(sorted(EVICTION_POLICIES))

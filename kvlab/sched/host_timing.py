@@ -15,7 +15,7 @@ from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 from kvlab.sched.ledger import Ledger, Transfers
 
 if TYPE_CHECKING:
-    from kvlab.mem_cache.hiradix_cache import HiRadixCache
+    from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 
 _INF = float("inf")
 
@@ -37,7 +37,7 @@ class NoHostTier:
 
 
 class HostTierTiming(NoHostTier):
-    """The copy clock of a run's :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache`: moved to each step's start,
+    """The copy clock of a run's :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`: moved to each step's start,
     each step priced with its copies and its traffic noted in the ledger."""
 
     def __init__(self, tree: HiRadixCache, ledger: Ledger) -> None:

@@ -16,9 +16,9 @@ import torch
 from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
 from kvlab.mem_cache import EvictParams, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, evict_from_tree_cache
 from kvlab.mem_cache.base_prefix_cache import EvictResult
-from kvlab.mem_cache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
 from kvlab.mem_cache.radix_cache import SimpleReq
 from kvlab.units import GiB
 
