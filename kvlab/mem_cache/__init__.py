@@ -1,12 +1,13 @@
 """SGLang's KV memory subsystem, re-implemented with SGLang's names so learners can grep upstream.
 
 - ``memory_pool``: ``ReqToTokenPool`` (request rows), ``MHATokenToKVPool`` (per-layer K/V buffers).
-- ``allocator``: which KV slots are free (``TokenToKVPoolAllocator``, ``PagedTokenToKVPoolAllocator``,
-  ``SWATokenToKVPoolAllocator``, all kept to one protocol, ``KVAllocator``).
+- ``allocator`` / ``swa_allocator``: which KV slots are free (``TokenToKVPoolAllocator``,
+  ``PagedTokenToKVPoolAllocator``; ``SWATokenToKVPoolAllocator``: all kept to one protocol, ``KVAllocator``).
 - ``base_prefix_cache``: the contract every prefix cache keeps (``BasePrefixCache``) and its
   request/result types (``MatchResult``, ``InsertResult``, ``EvictParams``, ``EvictResult``).
 - ``radix_tree``: the tree mechanics the three trees share (``BaseRadixTree``).
-- ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction.
+- ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction; ``request_flows``: the
+  request API the token trees share (``Req``, ``SimpleReq``, ``cache_finished_req`` / ``cache_unfinished_req``).
 - ``swa_radix_cache`` / ``mamba_radix_cache``: hybrid trees (SWA tombstones; recurrent-state slots).
 - ``hicache/``: HiCache's host tier (L2), one module per upstream file: the host pool (``memory_pool_host``:
   ``HostKVCache``, sized as SGLang sizes it), copies timed on a modelled clock (``cache_controller``:
@@ -20,9 +21,9 @@
 
 Names are imported on first use (``__getattr__`` below), so ``import kvlab.mem_cache.options`` or
 ``base_prefix_cache``'s result types cost no torch import. Imports point one way: options <- hicache.memory_pool_host;
-memory_pool <- allocator <- base_prefix_cache <- evict_policy, radix_tree
+memory_pool <- allocator <- swa_allocator, base_prefix_cache <- evict_policy, radix_tree <- request_flows
 <- radix_cache, swa_radix_cache <- mamba_radix_cache <- common; hicache (``memory_pool_host`` <- ``cache_controller``
-<- ``hiradix_cache``, which uses base_prefix_cache, evict_policy, radix_tree and radix_cache's request flows).
+<- ``hiradix_cache``, which uses base_prefix_cache, evict_policy, radix_tree and request_flows).
 Errors: ``kvlab.errors``.
 """
 
@@ -37,7 +38,8 @@ _EXPORTS = {  # module -> the names the package re-exports from it, imported on 
                                           "InsertResult", "LogicalClock", "MatchResult", "PrefixNode",
                                           "TreeLock"),  # no torch
     "kvlab.mem_cache.allocator": ("BaseTokenToKVPoolAllocator", "KVAllocator", "PagedTokenToKVPoolAllocator",
-                                  "SWATokenToKVPoolAllocator", "TokenToKVPoolAllocator"),
+                                  "TokenToKVPoolAllocator"),
+    "kvlab.mem_cache.swa_allocator": ("SWATokenToKVPoolAllocator",),
     "kvlab.mem_cache.hicache.cache_controller": ("HiCacheController",),
     "kvlab.mem_cache.common": ("AllocResult", "MatchAllocInsertResult", "alloc_paged_token_slots_decode",
                                "alloc_paged_token_slots_extend", "alloc_token_slots", "ensure_mamba_capacity",
@@ -50,7 +52,8 @@ _EXPORTS = {  # module -> the names the package re-exports from it, imported on 
     "kvlab.mem_cache.mamba_radix_cache": ("MambaEvictParams", "MambaInsertResult", "MambaPool", "MambaRadixCache"),
     "kvlab.mem_cache.memory_pool": ("MHATokenToKVPool", "ReqToTokenPool"),
     "kvlab.mem_cache.hicache.memory_pool_host": ("HostKVCache",),
-    "kvlab.mem_cache.radix_cache": ("RadixCache", "Req", "SimpleReq", "TreeNode"),
+    "kvlab.mem_cache.radix_cache": ("RadixCache", "TreeNode"),
+    "kvlab.mem_cache.request_flows": ("Req", "SimpleReq"),
     "kvlab.mem_cache.radix_tree": ("BaseRadixTree",),
     "kvlab.mem_cache.swa_radix_cache": ("HybridTreeNode", "SWARadixCache", "SWATreeLock"),
 }

@@ -19,7 +19,7 @@ from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.radix_cache import SimpleReq
+from kvlab.mem_cache.request_flows import SimpleReq
 from kvlab.units import GiB
 
 from .hicache_script import KvlabHiRunner, path_of, random_scenario

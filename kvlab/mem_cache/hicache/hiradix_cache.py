@@ -71,8 +71,8 @@ from kvlab.mem_cache.hicache.results import HiEvictResult, HiMatchResult, LoadBa
 from kvlab.mem_cache.hicache.tier_moves import TierMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.radix_cache import RequestFlows
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
+from kvlab.mem_cache.request_flows import RequestFlows
 from kvlab.mem_cache.shortfall import EVICTION_MODES
 from kvlab.units import align_down
 
@@ -362,7 +362,7 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         return prefix, node
 
     # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
-    # and runs over its own insert and match_prefix; cache_finished_req is radix_cache.RequestFlows') ----------------
+    # and runs over its own insert and match_prefix; cache_finished_req is request_flows.RequestFlows') -------------
     def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req) -> int:
         return self._insert(tokens, key_len, row, priority, False, req.last_node, req.cache_protected_len)[0]
 
