@@ -38,7 +38,6 @@ Differs on purpose:
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -81,8 +80,8 @@ class TreeNode:
     :data:`NO_CHILDREN` until the first child)."""
 
     # the match/insert walks' fields first (they share the object's first cache lines)
-    __slots__ = ("children", "key", "last_access_time", "_next", "_vbase", "_vstart", "_evictable", "priority",
-                 "hit_count", "parent", "_value", "lock_ref", "creation_time", "id", "_hver")
+    __slots__ = ("children", "key", "last_access_time", "_next", "_vbase", "_vstart", "priority", "hit_count",
+                 "parent", "_value", "lock_ref", "creation_time", "id")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
@@ -96,8 +95,6 @@ class TreeNode:
         self.hit_count = 0
         self.priority = priority
         self.id = node_id
-        self._evictable = False  # member of RadixCache.evictable_leaves
-        self._hver = 0  # version of this node's live heap entry
         # value is _vbase[_vstart : _vstart + len(key)]: a split leaves both halves views of one tensor, so the
         # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes); the view is
         # made when ``value`` is first read (_value caches it; a split resets it), not at each split
@@ -157,15 +154,10 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
     def reset(self) -> None:
         # Bumped by every node created or deleted (splits included): equal versions mean a match walk
         # would visit the same nodes, so a caller may replay its side effects (``restamp_path``).
-        self.structure_version = getattr(self, "structure_version", 0) + 1
+        self._reset_core(self._prio)  # (tree_core: a new structure_version, the leaf index, the counters)
         self.clock = LogicalClock()
-        self._next_id = 0
         self.root_node = self._new_node(array("q"), torch.empty(0, dtype=_I64), None, priority=-(2**63))
         self.root_node.lock_ref = 1  # never evictable, never counted
-        self.evictable_size_ = 0
-        self.protected_size_ = 0
-        self.evictable_leaves: set[TreeNode] = set()
-        self._heap: list = []
         # the last match walk: (the bytes of the key it read: up to its last node and the next page, n,
         # structure_version after it, its last node, matched tokens); insert
         # replays it instead of walking again when nothing changed the tree's structure since (see _insert)
@@ -176,37 +168,9 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
         # Two ticks, as SGLang's TreeNode.__init__ reads time.monotonic() twice.
         clock = self.clock
         now = clock.now = clock.now + 2  # (clock.tick() twice, inlined)
-        node = TreeNode(key, value, parent, now - 1, now, self._next_id, priority)
-        self._next_id += 1
-        self.structure_version += 1
-        return node
+        return TreeNode(key, value, parent, now - 1, now, self._register_node(), priority)
 
-    # -- the evictable-leaf index ---------------------------------------------------------------
-    def _push(self, node: TreeNode) -> None:
-        node._hver += 1
-        heapq.heappush(self._heap, (self._prio(node), node.last_access_time, node.id, node._hver, node))
-        if len(self._heap) > 2 * len(self.evictable_leaves) + 64:
-            self._heap = [(self._prio(n), n.last_access_time, n.id, n._hver, n) for n in self.evictable_leaves]
-            heapq.heapify(self._heap)
-
-    def _pop_victim(self) -> TreeNode | None:
-        heap = self._heap
-        while heap:
-            entry = heapq.heappop(heap)
-            node = entry[4]
-            if node._evictable and entry[3] == node._hver:
-                return node
-        return None
-
-    def _update_leaf_status(self, node: TreeNode) -> None:
-        if node.lock_ref > 0 or node._vbase is None or node.children:
-            if node._evictable:
-                node._evictable = False
-                self.evictable_leaves.discard(node)
-        elif not node._evictable:
-            node._evictable = True
-            self.evictable_leaves.add(node)
-            self._push(node)
+    # -- the evictable-leaf index: tree_core's (LeafIndex: leaf_index.push / touch / pop; _update_leaf_status) ---------
 
     # -- match / insert -------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey) -> MatchResult:
@@ -237,10 +201,12 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
         changed since (``structure_version`` equal): one clock tick, the access time of ``node`` and
         its ancestors (root included), and their evictable-leaf heap entries refreshed."""
         now = self.clock.tick()
+        index = self.leaf_index
+        leaves = index.leaves
         while node is not None:
             node.last_access_time = now
-            if node._evictable:
-                self._push(node)
+            if node in leaves:
+                index.push(node)
             node = node.parent
 
     def _match_walk(self, key: array, n: int) -> tuple[list, TreeNode, int]:
@@ -291,8 +257,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
             m = common_prefix_len(ckey, key, off, n)
             if ps > 1:
                 m = align_down(m, ps)
-            if child._evictable:  # its access time changed; the split keeps it a leaf below the new node
-                self._push(child)
+            self.leaf_index.touch(child)  # its access time changed; the split keeps it a leaf below the new node
             node = self._split_node(child, m)
             if node._vbase is not base or node._vstart != start + off - run_off:
                 if base is not None:
@@ -303,8 +268,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
             self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version,
                                node, off)
             return runs, node, off
-        if node._evictable:
-            self._push(node)
+        self.leaf_index.touch(node)
         if base is not None:
             runs += (base, start, start + off - run_off)
         self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version, node,
@@ -370,6 +334,8 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
         off = 0
         path = self._held_path(held, held_len) if 0 < held_len <= n else None
         last = self._last_walk
+        index = self.leaf_index
+        leaves = index.leaves
         walk = True
         if (path is None and last is not None and last[2] == self.structure_version and last[1] == n
                 and memoryview(key)[: len(last[0]) // 8].tobytes() == last[0]):
@@ -388,8 +354,8 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
                     x.hit_count += 1
                 end -= len(x.key)
                 x = x.parent
-            if off == n and node._evictable:
-                self._push(node)
+            if off == n:
+                self.leaf_index.touch(node)
             walk = False
         for child in path or ():  # what the loop below does to each node it matches whole
             child.last_access_time = now
@@ -398,8 +364,8 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
             off += len(child.key)
             if off > inserted_len:
                 child.hit_count += 1
-            if child._evictable:
-                self._push(child)
+            if child in leaves:
+                index.push(child)
             node = child
         # Nodes matched whole: only the last can be an evictable leaf (each other one has the next as a child), so
         # the heap is refreshed once, after the loop, if that node stays a leaf.
@@ -419,8 +385,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
                 off = end
                 child = child._next
             if off == n:  # the key ends at a node boundary: no leaf is added below it
-                if node._evictable:
-                    self._push(node)
+                index.touch(node)
                 break
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
@@ -445,8 +410,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
             off += m
             if off > inserted_len:
                 node.hit_count += 1
-            if child._evictable:
-                self._push(child)  # its access time changed
+            index.touch(child)  # its access time changed
             break
         prefix_len = off
         if off < n:
@@ -467,48 +431,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
     def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req: Req) -> int:
         return self._insert(tokens, key_len, row, priority, 0, req.last_node, req.cache_protected_len)[0]
 
-    # -- locks ----------------------------------------------------------------------------------
-    def inc_lock_ref(self, node: TreeNode) -> int:
-        """Lock ``node`` and its ancestors (not the root). Returns the evictable-size delta (<= 0)."""
-        if self.disable or node is self.root_node:
-            return 0
-        self._check_member(node, "inc_lock_ref")
-        delta = 0
-        root = self.root_node
-        while node is not root:
-            if node.lock_ref == 0:
-                n = len(node.key)
-                self.evictable_size_ -= n
-                self.protected_size_ += n
-                delta -= n
-                node.lock_ref = 1
-                self._update_leaf_status(node)
-            else:
-                node.lock_ref += 1
-            node = node.parent
-        return delta
-
-    def dec_lock_ref(self, node: TreeNode) -> int:
-        """Undo one ``inc_lock_ref(node)``. Returns the evictable-size delta (>= 0)."""
-        if self.disable or node is self.root_node:
-            return 0
-        self._check_member(node, "dec_lock_ref")
-        if node.lock_ref <= 0:
-            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
-        delta = 0
-        root = self.root_node
-        while node is not root:
-            if node.lock_ref == 1:
-                n = len(node.key)
-                self.evictable_size_ += n
-                self.protected_size_ -= n
-                delta += n
-                node.lock_ref = 0
-                self._update_leaf_status(node)
-            else:
-                node.lock_ref -= 1
-            node = node.parent
-        return delta
+    # -- locks: tree_core's inc_lock_ref / dec_lock_ref (refusing an evicted or foreign node: _lock_guard) --
 
     # -- eviction -------------------------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> EvictResult:
@@ -528,7 +451,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
         evicted = 0
         if not self.disable:
             while evicted < target:
-                x = self._pop_victim()
+                x = self.leaf_index.pop()
                 if x is None:
                     break
                 if allocator is not None:
@@ -539,14 +462,11 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
                               params.swa_num_tokens, params.swa_num_tokens)
 
     def _delete_leaf(self, node: TreeNode) -> None:
-        self.structure_version += 1
+        self._drop_leaf(node)
         parent = node.parent
         del parent.children[self._child_key(node.key)]
         if parent._next is node:
             parent._next = None
-        self.evictable_size_ -= len(node.key)
-        node._evictable = False
-        self.evictable_leaves.discard(node)
         node._value = node._vbase = None  # (a split half may still hold the base: it is that half's memory)
         self._update_leaf_status(parent)
 
@@ -573,19 +493,4 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
             if node._next is not (cont[0] if cont else None):
                 raise InvariantError("RadixCache: a node's _next is the child that continues its value's base tensor",
                                      node=node, next=node._next, continuing=cont)
-        leaves = {n for n in nodes if not n.lock_ref and not n.children}
-        if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
-            raise InvariantError("RadixCache: the evictable-leaf index holds exactly the unlocked leaves",
-                                 index=len(self.evictable_leaves), brute_force=len(leaves),
-                                 missing=sorted(n.id for n in leaves - self.evictable_leaves),
-                                 extra=sorted(n.id for n in self.evictable_leaves - leaves),
-                                 unflagged=sorted(n.id for n in leaves if not n._evictable))
-        live = {}
-        for prio, last, nid, ver, node in self._heap:
-            if node._evictable and ver == node._hver:
-                live[node] = (prio, last, nid)
-        for node in leaves:
-            if live.get(node) != (self._prio(node), node.last_access_time, node.id):
-                raise InvariantError("RadixCache: every evictable leaf has a live heap entry with its current priority",
-                                     node=node, heap_entry=live.get(node),
-                                     expected=(self._prio(node), node.last_access_time, node.id))
+        self._check_leaf_index(nodes, "RadixCache")

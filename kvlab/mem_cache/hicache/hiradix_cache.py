@@ -56,7 +56,7 @@ from array import array
 import numpy as np
 import torch
 
-from kvlab.errors import LockRefError, require
+from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import KVAllocator, TokenKey
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.cache_controller import (
@@ -74,6 +74,7 @@ from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.request_flows import RequestFlows
 from kvlab.mem_cache.shortfall import EVICTION_MODES
+from kvlab.mem_cache.tree_core import LeafIndex
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -136,23 +137,15 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         # node adopting recomputed slots). Equal versions mean a match of the same key would visit the same
         # nodes and find the same device and host prefix, so a caller may replay its side effects
         # (:meth:`restamp_path`). Locks (copies completing) are not read by a match.
-        self.structure_version = getattr(self, "structure_version", 0) + 1
+        self._reset_core(self._priority_of)  # (tree_core: a new version, the device-leaf index, the counters)
         self.cache_controller.reset()
         self.token_to_kv_pool_host.clear()
         self.clock = LogicalClock()
-        self._next_id = 0
         self._empty = torch.empty(0, dtype=_I64)
         self.root_node = self._new_node(array("q"), self._empty, None, priority=-(2**63))
         self.root_node.host_value = self._empty  # the root counts as backed up (SGLang: host_value = [])
         self.root_node.lock_ref = 1
-        self.evictable_size_ = 0
-        self.protected_size_ = 0
-        self.evictable_leaves: set[HiTreeNode] = set()
-        self.evictable_host_leaves: set[HiTreeNode] = set()
-        # one long-lived heap per tier over its leaf set (see "the leaf indexes" below)
-        self._dheap: list = []
-        self._hheap: list = []
-        self._evicting = self._host_evicting = False
+        self.host_leaf_index = LeafIndex(self._priority_of)  # the host tier's (tree_core's LeafIndex, as the device's)
         # in-flight copies: write op -> the node it locks (None under write_back); load op -> the node it locks
         self.ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]] = {}
         self.ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]] = {}
@@ -160,21 +153,10 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
 
     def _new_node(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None,
                   priority: int = 0) -> HiTreeNode:
-        node = HiTreeNode(key, value, parent, self.clock, self._next_id, priority)
-        self._next_id += 1
-        self.structure_version += 1
-        return node
+        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
 
     def _key_of(self, key: array, off: int = 0):
         return key[off] if self.page_size == 1 else key[off : off + self.page_size].tobytes()
-
-    def nodes(self):
-        """Every node, the root first (depth-first)."""
-        stack = [self.root_node]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
 
     # -- match ---------------------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey) -> HiMatchResult:
@@ -215,19 +197,21 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         clock = self.clock
         now = clock.now + (times - 1) * (len(path) + 1) + 1
         root.last_access_time = now
-        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
         for x in reversed(path):
             now += 1
             x.last_access_time = now
             if x in leaves:
-                self._push_dev(x)
+                dev.push(x)
             if x in host_leaves:
-                self._push_host(x)
+                host.push(x)
         clock.now = now
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
         tick, ps = self.clock.tick, self.page_size
-        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
         node = self.root_node
         node.last_access_time = tick()
         values, off = [], 0
@@ -237,9 +221,9 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
                 break
             child.last_access_time = tick()
             if child in leaves:  # _touch: its sort key changed
-                self._push_dev(child)
+                dev.push(child)
             if child in host_leaves:
-                self._push_host(child)
+                host.push(child)
             ckey = child.key
             m = len(ckey)
             if off + m > n or ckey != key[off : off + m]:
@@ -302,16 +286,17 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
             return 0, self.root_node
         node, off, prefix = self.root_node, 0, 0
         ps, tick = self.page_size, self.clock.tick
-        leaves, host_leaves = self.evictable_leaves, self.evictable_host_leaves
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
         count_hits = not chunked and self.write_policy != "write_back"
         for child in (self._held_path(held, held_len) if 0 < held_len <= n else None) or ():
             child.last_access_time = tick()  # (on the device: a locked path)
             if priority > child.priority:
                 child.priority = priority
             if child in leaves:
-                self._push_dev(child)
+                dev.push(child)
             if child in host_leaves:
-                self._push_host(child)
+                host.push(child)
             node = child
             if count_hits:
                 self._inc_hit_count(node)
@@ -326,9 +311,9 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
             if priority > child.priority:
                 child.priority = priority
             if child in leaves:  # _touch: its sort key changed
-                self._push_dev(child)
+                dev.push(child)
             if child in host_leaves:
-                self._push_host(child)
+                host.push(child)
             ckey = child.key
             m = len(ckey)
             if off + m > n or ckey != key[off : off + m]:  # the key diverges (or ends) inside this edge: split it
@@ -426,13 +411,14 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         while node is not self.root_node:
             path.append(node)
             node = node.parent
-        tick, leaves = self.clock.tick, self.evictable_leaves
+        tick, dev = self.clock.tick, self.leaf_index
+        leaves = dev.leaves
         self.root_node.last_access_time = tick()
         values = []
         for node in reversed(path):
             node.last_access_time = tick()
             if node in leaves:  # _touch (on the device: never a host leaf)
-                self._push_dev(node)
+                dev.push(node)
             values.append(node.value)
         return values
 
@@ -444,45 +430,8 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
-    # -- locks ---------------------------------------------------------------------------------------
-    def inc_lock_ref(self, node: HiTreeNode) -> int:
-        """Lock ``node`` and its ancestors against device eviction. Returns the evictable-size delta (<= 0)."""
-        if node is self.root_node:
-            return 0
-        self._check_member(node, "inc_lock_ref", "is not on the device")
-        delta = 0
-        root, leaves, host_leaves = self.root_node, self.evictable_leaves, self.evictable_host_leaves
-        while node is not root:
-            if node.lock_ref == 0:  # a locked node is no leaf of either tier (it is never in either index)
-                n = len(node.key)
-                self.evictable_size_ -= n
-                self.protected_size_ += n
-                delta -= n
-                leaves.discard(node)
-                host_leaves.discard(node)
-            node.lock_ref += 1
-            node = node.parent
-        return delta
-
-    def dec_lock_ref(self, node: HiTreeNode) -> int:
-        """Undo one ``inc_lock_ref(node)``. Returns the evictable-size delta (>= 0)."""
-        if node is self.root_node:
-            return 0
-        self._check_member(node, "dec_lock_ref", "is not on the device")
-        if node.lock_ref <= 0:
-            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
-        delta = 0
-        root = self.root_node
-        while node is not root:
-            node.lock_ref -= 1
-            if node.lock_ref == 0:  # unlocked: it may be a device leaf again (a locked node is on the device, so
-                n = len(node.key)  # never a host leaf)
-                self.evictable_size_ += n
-                self.protected_size_ -= n
-                delta += n
-                self._update_leaf_status(node)
-            node = node.parent
-        return delta
+    # -- locks: tree_core's inc_lock_ref / dec_lock_ref (a locked node is on the device, so never a host leaf) -------
+    gone_words = "is not on the device"  # (BaseRadixTree._lock_guard: only a device node is locked)
 
     # -- sizes and views -----------------------------------------------------------------------------
     def host_size(self) -> int:

@@ -12,7 +12,8 @@ from kvlab.errors import InvariantError, require
 
 
 class HiInvariants:
-    """``check_invariants`` of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin)."""
+    """``check_invariants`` of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin): what both
+    tiers' nodes hold, on top of the tree core's checks (root, size counters, each tier's leaf index)."""
 
     # -- invariants ----------------------------------------------------------------------------------
     def check_invariants(self) -> None:
@@ -27,10 +28,8 @@ class HiInvariants:
         every node an in-flight copy protects is locked.
         """
         root, ps = self.root_node, self.page_size
-        require(root.lock_ref == 1 and not len(root.key) and root.parent is None,
-                "HiRadixCache: root has lock_ref 1, an empty key and no parent", lock_ref=root.lock_ref)
-        evictable = protected = 0
-        dev, host, nodes = [], [], []
+        self._check_root("HiRadixCache")
+        dev, host, nodes, on_device = [], [], [], []
         for node in self.nodes():
             child_locks = 0
             for ck, child in node.children.items():
@@ -60,20 +59,14 @@ class HiInvariants:
                 require(node.lock_ref == 0, "HiRadixCache: a host-only node is unlocked", node=node)
             else:
                 dev.append(node.value)
-                if node.lock_ref:
-                    protected += k
-                else:
-                    evictable += k
+                on_device.append(node)
             if node.host_value is not None:
                 host.append(node.host_value)
                 if (self.write_policy != "write_back" and node.parent is not root
                         and node.parent.host_value is None):
                     raise InvariantError("HiRadixCache: write-through backups form a prefix from the root",
                                          node=node, parent=node.parent)
-        require((evictable, protected) == (self.evictable_size_, self.protected_size_),
-                "HiRadixCache: counters evictable/protected match the device tokens of unlocked/locked nodes",
-                evictable=self.evictable_size_, protected=self.protected_size_, tree_evictable=evictable,
-                tree_protected=protected)
+        self._check_sizes(on_device, "HiRadixCache")  # (device tokens only)
         for tier, slots, pool in (("device", dev, self.token_to_kv_pool_allocator),
                                   ("host", host, self.token_to_kv_pool_host)):
             flat = torch.cat(slots) if slots else self._empty
@@ -85,27 +78,14 @@ class HiInvariants:
         require(host_tokens == self.token_to_kv_pool_host.used_size(),
                 "HiRadixCache: the host pool holds exactly the tree's host copies", tree=host_tokens,
                 pool_used=self.token_to_kv_pool_host.used_size())
-        leaves = {x for x in nodes if x.value is not None and not x.lock_ref
-                  and all(c.value is None for c in x.children.values())}
-        require(leaves == self.evictable_leaves, "HiRadixCache: the device-leaf index holds exactly the unlocked "
-                "device leaves", missing=sorted(x.id for x in leaves - self.evictable_leaves),
-                extra=sorted(x.id for x in self.evictable_leaves - leaves))
-        host_leaves = {x for x in nodes if x.value is None and all(c.host_value is None for c in x.children.values())}
-        require(host_leaves == self.evictable_host_leaves, "HiRadixCache: the host-leaf index holds exactly the "
-                "host-only nodes without backed-up children",
-                missing=sorted(x.id for x in host_leaves - self.evictable_host_leaves),
-                extra=sorted(x.id for x in self.evictable_host_leaves - host_leaves))
-        for tier, index, heap, ver in (("device", self.evictable_leaves, self._dheap, "dev_heap_ver"),
-                                       ("host", self.evictable_host_leaves, self._hheap, "host_heap_ver")):
-            live = {}
-            for prio, last, nid, v, x in heap:
-                if x in index and v == getattr(x, ver):
-                    live[x] = (prio, last, nid)
-            for x in index:
-                want = (self._priority_of(x), x.last_access_time, x.id)
-                if live.get(x) != want:
-                    raise InvariantError(f"HiRadixCache: every {tier} leaf has a live heap entry with its current "
-                                         "sort key", node=x, heap_entry=live.get(x), expected=want)
+        self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
+                              "HiRadixCache: the device-leaf index holds exactly the unlocked device leaves",
+                              "HiRadixCache: every device leaf has a live heap entry with its current sort key")
+        self.host_leaf_index.check({x for x in nodes if x.value is None
+                                    and all(c.host_value is None for c in x.children.values())},
+                                   "HiRadixCache: the host-leaf index holds exactly the host-only nodes without "
+                                   "backed-up children",
+                                   "HiRadixCache: every host leaf has a live heap entry with its current sort key")
         for op, lock_node in self.ongoing_write_through.values():
             if lock_node is not None:
                 require(lock_node.lock_ref > 0, "HiRadixCache: a node with a backup in flight is locked",

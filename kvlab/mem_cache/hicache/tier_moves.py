@@ -117,14 +117,13 @@ class TierMoves:
         staged: list[tuple[HiTreeNode, torch.Tensor]] = []
         kept: list[HiTreeNode] = []  # popped but still leaves (a protected subtree): candidates again next call
         evicted = 0
-        self._evicting = True
+        self.leaf_index.frozen = True  # no rebuild while popped leaves wait in ``kept``
         try:
             evicted = self._evict_loop(num_tokens, tally, staged, kept)
         finally:
-            self._evicting = False
+            self.leaf_index.frozen = False
             for x in kept:
-                if x in self.evictable_leaves:
-                    self._push_dev(x)
+                self.leaf_index.touch(x)
         res = EvictResult.of(num_tokens, num_tokens, evicted)
         return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
                              written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
@@ -135,7 +134,7 @@ class TierMoves:
         heap as it becomes a leaf (``_update_leaf_status``), as 0.5.16 pushes it. Returns the tokens evicted."""
         evicted = 0
         while evicted < num_tokens:
-            x = self._pop(self._dheap, self.evictable_leaves, "dev_heap_ver")
+            x = self.leaf_index.pop()
             if x is None:
                 break
             if x.host_value is not None:
@@ -194,10 +193,8 @@ class TierMoves:
         return n
 
     def _delete_leaf(self, node: HiTreeNode) -> None:
-        self.structure_version += 1
+        self._drop_leaf(node)  # (tree_core: the structure version, the counters, the device-leaf index)
         del node.parent.children[self._key_of(node.key)]
-        self.evictable_size_ -= len(node.key)
-        self.evictable_leaves.discard(node)
         node.value = None
         self._update_leaf_status(node.parent)
 
@@ -222,8 +219,8 @@ class TierMoves:
                 freed += len(x.value)
                 self.evictable_size_ -= len(x.value)
                 x.value = None
-            self.evictable_leaves.discard(x)
-            self.evictable_host_leaves.discard(x)
+            self.leaf_index.discard(x)
+            self.host_leaf_index.discard(x)
         del top.parent.children[self._key_of(top.key)]
         self._update_leaf_status(top.parent)
         self._update_host_leaf_status(top.parent)
@@ -236,10 +233,10 @@ class TierMoves:
         becomes a candidate. Returns the host tokens freed (``HiRadixCache.evict_host``)."""
         freed = 0
         kept = []  # host-protected leaves: skipped, candidates again next call
-        self._host_evicting = True
+        self.host_leaf_index.frozen = True
         try:
             while freed < num_tokens:
-                x = self._pop(self._hheap, self.evictable_host_leaves, "host_heap_ver")
+                x = self.host_leaf_index.pop()
                 if x is None:
                     break
                 if x.host_ref_counter > 0:
@@ -249,14 +246,13 @@ class TierMoves:
                 self.structure_version += 1
                 parent = x.parent
                 del parent.children[self._key_of(x.key)]
-                self.evictable_host_leaves.discard(x)
+                self.host_leaf_index.discard(x)
                 x.host_value = None
                 self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
         finally:
-            self._host_evicting = False
+            self.host_leaf_index.frozen = False
             for x in kept:
-                if x in self.evictable_host_leaves:
-                    self._push_host(x)
+                self.host_leaf_index.touch(x)
         self.host_evicted_tokens += freed
         return freed
 
@@ -305,6 +301,7 @@ class TierMoves:
         self.structure_version += 1
         for x in to_load:
             x.value = device_indices[off : off + len(x.host_value)].clone()
+            self.host_leaf_index.discard(x)  # on the device again: no host leaf (and locked below)
             off += len(x.host_value)
         self.evictable_size_ += n
         self.inc_lock_ref(last_hit)

@@ -22,8 +22,7 @@ class HiTreeNode:
     staging it)."""
 
     __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_ref_counter",
-                 "last_access_time", "creation_time", "hit_count", "priority", "id", "dev_heap_ver",
-                 "host_heap_ver")
+                 "last_access_time", "creation_time", "hit_count", "priority", "id")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
                  node_id: int, priority: int = 0):
@@ -39,8 +38,6 @@ class HiTreeNode:
         self.hit_count = 0
         self.priority = priority
         self.id = node_id
-        self.dev_heap_ver = 0  # version of this node's live entry in the device-leaf heap (HiRadixCache._dheap)
-        self.host_heap_ver = 0  # ... and in the host-leaf heap (HiRadixCache._hheap)
 
     @property
     def evicted(self) -> bool:
