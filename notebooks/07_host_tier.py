@@ -20,8 +20,8 @@
 #
 # | tier | what it holds | where it lives in SGLang (0.5.16, `python/sglang/srt/`) | flags | in kvlab |
 # | --- | --- | --- | --- | --- |
-# | **L1**, GPU | the radix tree's KV, in the device pool | `mem_cache/radix_cache.py::RadixCache`, or `mem_cache/hiradix_cache.py::HiRadixCache` with HiCache on; slots from `mem_cache/allocator.py`, KV in `mem_cache/memory_pool.py` | `--mem-fraction-static`, `--page-size` | `kvlab.mem_cache.radix_cache`, `hiradix_cache` |
-# | **L2**, host memory | copies of tree nodes in pinned host RAM | `mem_cache/memory_pool_host.py::HostKVCache` (`pool_host/`); copies by `managers/cache_controller.py::HiCacheController` (`write`, `load`, `evict_host`) | `--enable-hierarchical-cache`, `--hicache-ratio` / `--hicache-size`, `--hicache-write-policy` | `kvlab.mem_cache.memory_pool_host`, `cache_controller` |
+# | **L1**, GPU | the radix tree's KV, in the device pool | `mem_cache/radix_cache.py::RadixCache`, or `mem_cache/hiradix_cache.py::HiRadixCache` with HiCache on; slots from `mem_cache/allocator.py`, KV in `mem_cache/memory_pool.py` | `--mem-fraction-static`, `--page-size` | `kvlab.mem_cache.radix_cache`, `kvlab.mem_cache.hicache.hiradix_cache` |
+# | **L2**, host memory | copies of tree nodes in pinned host RAM | `mem_cache/memory_pool_host.py::HostKVCache` (`pool_host/`); copies by `managers/cache_controller.py::HiCacheController` (`write`, `load`, `evict_host`) | `--enable-hierarchical-cache`, `--hicache-ratio` / `--hicache-size`, `--hicache-write-policy` | `kvlab.mem_cache.hicache.memory_pool_host`, `cache_controller` |
 # | **L3**, storage | pages by hash in a KV store or on disk | `mem_cache/hicache_storage.py::HiCacheStorage` (`HiCacheFile`), backends in `mem_cache/storage/` (`mooncake_store`, `hf3fs`, `nixl`, …); prefetch in `HiRadixCache.prefetch_from_storage` / `check_prefetch_progress` | `--hicache-storage-backend`, `--hicache-storage-prefetch-policy best_effort \| wait_complete \| timeout` | not modelled |
 #
 # A node of the two-tier tree is on the **device only**, on **both** tiers, or on the **host only**. A hit on a

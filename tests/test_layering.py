@@ -285,13 +285,31 @@ def _names_defined_in(tree: ast.Module) -> set[str]:
     return names
 
 
+def _instances_of_imported_classes(tree: ast.Module, imports: list[Import], module: str) -> dict[str, str]:
+    """Local names the module binds to a new object of a class it imports from another kvlab module
+    (``cache = RadixCache(...)``) -> ``kvlab.x.Class``."""
+    classes = {imp.local: f"{imp.module}.{imp.name}" for imp in imports
+               if imp.name and imp.module in MODULES and imp.module != module and imp.name[:1].isupper()}
+    made = {}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+                and node.value.func.id in classes):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    made[target.id] = classes[node.value.func.id]
+    return made
+
+
 def private_reaches() -> list[tuple[str, int, str]]:
     """(module, line, what it reaches) for every private name one kvlab module takes from another:
 
     - ``from kvlab.x import _name`` -> ``kvlab.x._name``;
     - ``mod._name`` where ``mod`` is another kvlab module bound by an import of the file (``import kvlab.x as
       mod``, ``from kvlab import x``, ``import kvlab.x`` then ``kvlab.x._name``) -> ``kvlab.x._name``;
-    - ``obj._name`` on anything but ``self`` / ``cls`` when the module itself never defines ``_name`` (so it
+    - ``obj._name`` where ``obj`` is a name the module binds to a new object of a class imported from another kvlab
+      module (``cache = RadixCache(...)``, then ``cache._next_id``) -> ``kvlab.x.Class._name``, whether or not the
+      module defines a ``_name`` of its own;
+    - ``obj._name`` on anything else but ``self`` / ``cls`` when the module itself never defines ``_name`` (so it
       belongs to an object of another module's class) -> the expression, e.g. ``sched._retract``. This one is
       a heuristic: it misses a reach whose name the module happens to define too.
     """
@@ -301,6 +319,7 @@ def private_reaches() -> list[tuple[str, int, str]]:
         defined = _names_defined_in(tree)
         modules_bound = {imp.local: imp.bound_to for imp in imports if imp.bound_to}
         outside_kvlab = {imp.local for imp in imports if imp.module.split(".")[0] != "kvlab"}
+        instances = _instances_of_imported_classes(tree, imports, module)
         for imp in imports:
             if imp.name and _is_private(imp.name) and imp.module in MODULES and imp.module != module:
                 found.add((module, imp.line, f"{imp.module}.{imp.name}"))
@@ -313,6 +332,8 @@ def private_reaches() -> list[tuple[str, int, str]]:
             if target in MODULES:
                 if target != module:
                     found.add((module, node.lineno, f"{target}.{node.attr}"))
+            elif chain in instances:
+                found.add((module, node.lineno, f"{instances[chain]}.{node.attr}"))
             elif (chain not in ("self", "cls") and node.attr not in defined and node.attr not in NAMEDTUPLE_API
                   and head not in outside_kvlab):
                 found.add((module, node.lineno, ast.unparse(node)))

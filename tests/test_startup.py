@@ -87,9 +87,9 @@ def test_simulate_refuses_a_mistyped_choice_without_torch():
 
 def test_simulate_choices_are_the_registries():
     from kvlab.cli import SIMULATE_EVICTION_MODES, SIMULATE_POLICIES, SIMULATE_WRITE_POLICIES
-    from kvlab.mem_cache.cache_controller import WRITE_POLICIES
     from kvlab.mem_cache.common import EVICTION_MODES
     from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
+    from kvlab.mem_cache.hicache.cache_controller import WRITE_POLICIES
 
     assert SIMULATE_EVICTION_MODES == tuple(EVICTION_MODES)
     assert SIMULATE_POLICIES == tuple(sorted(EVICTION_POLICIES))
@@ -175,7 +175,8 @@ def test_a_lazy_package_exports_what_its_modules_define(package):
 
 
 def test_moved_choices_are_re_exported_from_their_old_homes():
-    from kvlab.mem_cache import cache_controller, common, memory_pool_host, options
+    from kvlab.mem_cache import common, options
+    from kvlab.mem_cache.hicache import cache_controller, memory_pool_host
 
     assert common.EVICTION_MODES is options.EVICTION_MODES == ("shortfall", "full")
     assert cache_controller.WRITE_POLICIES is options.WRITE_POLICIES

@@ -1,7 +1,7 @@
 """The host tier (HiCache's L2) as experiments: what a pressure event does to a two-tier tree, and the write policies.
 
 SGLang's hierarchical cache keeps a device radix tree (L1) whose nodes may also, or only, live in a host pool (L2);
-kvlab's :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache` follows 0.5.16's rules (docs/semantics.md, "HiCache
+kvlab's :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` follows 0.5.16's rules (docs/semantics.md, "HiCache
 (host tier)"). Here it runs on hand-sized scripts, no scheduler:
 
 - :func:`pressure_event`: notebook 02's tree (six conversations behind a 1,024-token system prompt), a few of them

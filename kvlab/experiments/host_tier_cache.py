@@ -13,10 +13,10 @@ import torch
 from kvlab.experiments.arguments import HelperArgumentError, check_int, check_number
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import EvictResult
-from kvlab.mem_cache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, WRITE_POLICIES
 from kvlab.mem_cache.common import EVICTION_MODES
-from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiRadixCache
-from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.hicache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, WRITE_POLICIES
+from kvlab.mem_cache.hicache.hiradix_cache import HiEvictResult, HiRadixCache
+from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 from kvlab.sched.config import MAX_HICACHE
 

@@ -9,7 +9,7 @@ from kvlab.experiments.host_tier_cache import MODES, POLICIES, STEP_S, evict_for
 from kvlab.experiments.tree_demo import SteppedDemo, TreeDemo
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import EvictResult
-from kvlab.mem_cache.hiradix_cache import HiEvictResult, HiRadixCache
+from kvlab.mem_cache.hicache.hiradix_cache import HiEvictResult, HiRadixCache
 
 
 # ---- the tree widget's stepper ------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from kvlab.experiments.host_tier_cache import (
     make_cache,
     serve,
 )
-from kvlab.mem_cache.hiradix_cache import HiEvictResult
+from kvlab.mem_cache.hicache.hiradix_cache import HiEvictResult
 
 # what became of a node at an eviction (the ``fate`` column of :func:`fates_frame`)
 KEPT = "kept on the device"

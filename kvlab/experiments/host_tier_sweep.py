@@ -20,8 +20,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from kvlab.mem_cache.cache_controller import WRITE_POLICIES
 from kvlab.mem_cache.common import EVICTION_MODES
+from kvlab.mem_cache.hicache.cache_controller import WRITE_POLICIES
 from kvlab.paths import shown_path
 from kvlab.procs import worker_count, worker_pool
 from kvlab.units import GB

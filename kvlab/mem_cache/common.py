@@ -23,12 +23,13 @@ from typing import NamedTuple
 
 import torch
 
-from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import BasePrefixCache, EvictParams, EvictResult, HybridEvictResult
 from kvlab.mem_cache.mamba_radix_cache import MambaRadixCache
 from kvlab.mem_cache.options import EVICTION_MODES as EVICTION_MODES  # re-exported: its home is the torch-free options
-from kvlab.mem_cache.radix_cache import RadixCache, Req
+from kvlab.mem_cache.radix_cache import RadixCache
+from kvlab.mem_cache.request_flows import Req
 from kvlab.mem_cache.shortfall import check_mode, shortfall_tokens, tokens_to_evict
+from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
 
 _NOTHING = EvictResult()  # frozen: the one result of every call that finds enough free slots
 

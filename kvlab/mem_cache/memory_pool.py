@@ -37,7 +37,7 @@ class TensorFactory(Protocol):
 
 
 class RowHolder(Protocol):
-    """Anything that holds a request row (``radix_cache.Req``, the scheduler's requests)."""
+    """Anything that holds a request row (``request_flows.Req``, the scheduler's requests)."""
 
     req_pool_idx: int | None
 
@@ -109,7 +109,7 @@ class ReqToTokenPool:
     :class:`DoubleFreeError` (SGLang would silently hand the row out twice).
 
     ``alloc(reqs)`` binds rows to request objects (anything with a ``req_pool_idx`` attribute,
-    see ``radix_cache.Req``); ``alloc_rows(n)`` / ``free_rows(rows)`` work on bare row ids.
+    see ``request_flows.Req``); ``alloc_rows(n)`` / ``free_rows(rows)`` work on bare row ids.
     """
 
     def __init__(

@@ -22,22 +22,22 @@ No torch here: the simulator's fast engine imports none (``to_radix_cache`` impo
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
 
-from kvlab.errors import InvariantError, LockRefError, require
+from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
+from kvlab.mem_cache.tree_core import TreeCore
 
 
 class PageNode:
     """One edge: ``key`` (page ids), the fields the eviction policies read (``last_access_time``,
-    ``creation_time``, ``hit_count``, ``priority``), ``lock_ref``, and the heap bookkeeping."""
+    ``creation_time``, ``hit_count``, ``priority``), ``lock_ref``, and ``evicted``."""
 
     __slots__ = ("children", "key", "parent", "lock_ref", "last_access_time", "creation_time", "hit_count",
-                 "priority", "id", "evicted", "_evictable", "_hver")
+                 "priority", "id", "evicted")
 
     def __init__(self, key: array, parent: PageNode | None, last_access_time: int, creation_time: int, node_id: int,
                  priority: int) -> None:
@@ -51,58 +51,29 @@ class PageNode:
         self.priority = priority
         self.id = node_id
         self.evicted = False
-        self._evictable = False
-        self._hver = 0
 
     def __repr__(self) -> str:
         return f"PageNode(id={self.id}, pages={len(self.key)}, lock_ref={self.lock_ref})"
 
 
-class PageRadixTree:
+class PageRadixTree(TreeCore):
     """The paged radix cache over page ids. Sizes (``evictable_size_``, ``protected_size_``) are in pages.
-    ``eviction_policy``: a name from ``evict_policy.EVICTION_POLICIES``."""
+    ``eviction_policy``: a name from ``evict_policy.EVICTION_POLICIES``. The leaf index and heap, the lock walk with
+    its counters, ``nodes()`` and the structure version are :class:`~kvlab.mem_cache.tree_core.TreeCore`'s, as
+    ``RadixCache``'s are; the walks are this tree's."""
 
     def __init__(self, eviction_policy: str = "lru") -> None:
         self.eviction_policy = eviction_policy.lower()
         self._prio = get_eviction_strategy(self.eviction_policy, None).get_priority
-        self.structure_version = 1
+        self._reset_core(self._prio)
         self.clock = LogicalClock()
-        self._next_id = 0
         self.root_node = self._new_node(array("q"), None, -(2**63))
         self.root_node.lock_ref = 1
-        self.evictable_size_ = 0
-        self.protected_size_ = 0
-        self.evictable_leaves: set[PageNode] = set()
-        self._heap: list = []
 
     def _new_node(self, key: array, parent: PageNode | None, priority: int) -> PageNode:
         clock = self.clock
         now = clock.now = clock.now + 2  # RadixCache._new_node: two ticks
-        node = PageNode(key, parent, now - 1, now, self._next_id, priority)
-        self._next_id += 1
-        self.structure_version += 1
-        return node
-
-    def total_size(self) -> int:
-        return self.evictable_size_ + self.protected_size_
-
-    # -- the evictable-leaf heap (RadixCache._push / _pop_victim / _update_leaf_status) ----------------
-    def _push(self, node: PageNode) -> None:
-        node._hver += 1
-        heapq.heappush(self._heap, (self._prio(node), node.last_access_time, node.id, node._hver, node))
-        if len(self._heap) > 2 * len(self.evictable_leaves) + 64:
-            self._heap = [(self._prio(n), n.last_access_time, n.id, n._hver, n) for n in self.evictable_leaves]
-            heapq.heapify(self._heap)
-
-    def _update_leaf_status(self, node: PageNode) -> None:
-        if node.lock_ref > 0 or node.evicted or node.children:
-            if node._evictable:
-                node._evictable = False
-                self.evictable_leaves.discard(node)
-        elif not node._evictable:
-            node._evictable = True
-            self.evictable_leaves.add(node)
-            self._push(node)
+        return PageNode(key, parent, now - 1, now, self._register_node(), priority)
 
     # -- match / insert -------------------------------------------------------------------------
     def match_prefix(self, key: array, n: int) -> tuple[PageNode, int]:
@@ -113,6 +84,7 @@ class PageRadixTree:
         now = self.clock.tick()
         node = self.root_node
         node.last_access_time = now
+        index, leaves = self.leaf_index, self._leaves
         off = 0
         while off < n:
             child = node.children.get(key[off])
@@ -126,20 +98,21 @@ class PageRadixTree:
                 off = end
                 continue
             m = common_prefix_len(ckey, key, off, n)
-            if child._evictable:
-                self._push(child)
+            if child in leaves:
+                index.push(child)
             return self._split_node(child, m), off + m
-        if node._evictable:
-            self._push(node)
+        if node in leaves:
+            index.push(node)
         return node, off
 
     def restamp_path(self, node: PageNode) -> None:
         """``RadixCache.restamp_path``: a repeated match's side effects (one tick, the path's access times)."""
         now = self.clock.tick()
+        index, leaves = self.leaf_index, self._leaves
         while node is not None:
             node.last_access_time = now
-            if node._evictable:
-                self._push(node)
+            if node in leaves:
+                index.push(node)
             node = node.parent
 
     def _split_node(self, child: PageNode, m: int) -> PageNode:
@@ -165,6 +138,8 @@ class PageRadixTree:
         if priority > node.priority:
             node.priority = priority
         off = 0
+        index = self.leaf_index
+        leaves = index.leaves
         if held is not None and 0 < held_len <= n and held.lock_ref > 0 and not held.evicted:
             path, x = [], held
             while x is not root:
@@ -181,13 +156,13 @@ class PageRadixTree:
                 end += len(child.key)
                 if end > inserted_len:
                     child.hit_count += 1
-                if child._evictable:
-                    self._push(child)
+                if child in leaves:
+                    index.push(child)
                 node = child
         while True:
             if off == n:
-                if node._evictable:
-                    self._push(node)
+                if node in leaves:
+                    index.push(node)
                 break
             child = node.children.get(key[off])
             if child is None:
@@ -210,8 +185,8 @@ class PageRadixTree:
             off += m
             if off > inserted_len:
                 node.hit_count += 1
-            if child._evictable:
-                self._push(child)
+            if child in leaves:
+                index.push(child)
             break
         prefix = off
         if off < n:
@@ -225,84 +200,38 @@ class PageRadixTree:
             node = leaf
         return prefix, node
 
-    # -- locks ----------------------------------------------------------------------------------
-    def inc_lock_ref(self, node: PageNode) -> None:
-        root = self.root_node
-        while node is not root:
-            if node.lock_ref == 0:
-                n = len(node.key)
-                self.evictable_size_ -= n
-                self.protected_size_ += n
-                node.lock_ref = 1
-                self._update_leaf_status(node)
-            else:
-                node.lock_ref += 1
-            node = node.parent
-
-    def dec_lock_ref(self, node: PageNode) -> None:
-        root = self.root_node
-        if node is not root and node.lock_ref <= 0:
-            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
-        while node is not root:
-            if node.lock_ref == 1:
-                n = len(node.key)
-                self.evictable_size_ += n
-                self.protected_size_ -= n
-                node.lock_ref = 0
-                self._update_leaf_status(node)
-            else:
-                node.lock_ref -= 1
-            node = node.parent
+    # -- locks: tree_core's inc_lock_ref / dec_lock_ref ----------------------------------------------------------
 
     # -- eviction -------------------------------------------------------------------------------
     def evict(self, pages: int) -> int:
         """Delete whole unlocked leaves in the policy's order until ``pages`` are freed or none is left (the last
         may overshoot). Returns the pages freed."""
         evicted = 0
-        heap = self._heap
+        pop = self.leaf_index.pop
         while evicted < pages:
-            while heap:
-                entry = heapq.heappop(heap)
-                x = entry[4]
-                if x._evictable and entry[3] == x._hver:
-                    break
-            else:
+            x = pop()
+            if x is None:
                 break
             evicted += len(x.key)
             self._delete_leaf(x)
-            heap = self._heap  # (a push may have compacted it)
         return evicted
 
     def _delete_leaf(self, node: PageNode) -> None:
-        self.structure_version += 1
+        self._drop_leaf(node)
         parent = node.parent
         del parent.children[node.key[0]]
-        self.evictable_size_ -= len(node.key)
-        node._evictable = False
-        self.evictable_leaves.discard(node)
         node.evicted = True
         self._update_leaf_status(parent)
 
     # -- invariants and the token-level view -----------------------------------------------------
-    def nodes(self) -> list[PageNode]:
-        """Every node, the root first (pre-order)."""
-        out, stack = [], [self.root_node]
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
-
     def check_invariants(self) -> None:
         """Raise :class:`InvariantError` unless the bookkeeping is consistent: the root; children filed under their
         first page and pointing back; non-empty keys; lock counts covering the path to the root; the size counters
         equal to the pages of unlocked / locked nodes; the evictable-leaf index and heap equal to a recomputation."""
         root = self.root_node
-        require(root.lock_ref == 1 and not len(root.key) and root.parent is None,
-                "PageRadixTree: the root has lock_ref 1, an empty key and no parent", lock_ref=root.lock_ref)
-        evictable = protected = 0
-        nodes = self.nodes()
-        for node in nodes:
+        self._check_root("PageRadixTree")
+        nodes = []
+        for node in self.nodes():
             locks = 0
             for first, child in node.children.items():
                 if child.parent is not node or first != child.key[0] or child.evicted:
@@ -314,23 +243,9 @@ class PageRadixTree:
             if not len(node.key) or node.lock_ref < max(0, locks):
                 raise InvariantError("PageRadixTree: non-empty keys, lock_ref >= the children's", node=node,
                                      children_lock_ref=locks)
-            if node.lock_ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-        require((evictable, protected) == (self.evictable_size_, self.protected_size_),
-                "PageRadixTree: the size counters equal the pages of unlocked / locked nodes",
-                evictable=self.evictable_size_, protected=self.protected_size_, tree_evictable=evictable,
-                tree_protected=protected)
-        leaves = {n for n in nodes if n is not root and not n.lock_ref and not n.children}
-        if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
-            raise InvariantError("PageRadixTree: the evictable-leaf index holds exactly the unlocked leaves",
-                                 index=len(self.evictable_leaves), brute_force=len(leaves))
-        live = {entry[4]: entry[:3] for entry in self._heap if entry[4]._evictable and entry[3] == entry[4]._hver}
-        for node in leaves:
-            if live.get(node) != (self._prio(node), node.last_access_time, node.id):
-                raise InvariantError("PageRadixTree: every evictable leaf has a live heap entry with its current "
-                                     "priority", node=node, heap_entry=live.get(node))
+            nodes.append(node)
+        self._check_sizes(nodes, "PageRadixTree")
+        self._check_leaf_index(nodes, "PageRadixTree")
 
     def to_radix_cache(self, page_keys: PageKeys, kv_tokens: int):
         """This tree as the token-level :class:`~kvlab.mem_cache.radix_cache.RadixCache` the reference run ends
@@ -362,15 +277,11 @@ class PageRadixTree:
                 if parent.children is NO_CHILDREN:
                     parent.children = {}
                 parent.children[cache.child_key(tokens)] = twin
-        cache.root_node = made[self.root_node]
+        cache.adopt(made[self.root_node], self._next_id)  # (files each node's leaf status)
         cache.clock.now = self.clock.now
-        cache._next_id = self._next_id
         cache.structure_version = self.structure_version
         cache.evictable_size_ = self.evictable_size_ * ps
         cache.protected_size_ = self.protected_size_ * ps
-        for twin in made.values():
-            if twin is not cache.root_node:
-                cache._update_leaf_status(twin)
         return cache
 
 

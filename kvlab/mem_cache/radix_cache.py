@@ -38,18 +38,13 @@ Differs on purpose:
 
 from __future__ import annotations
 
-import heapq
 from array import array
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
 
-import numpy as np
 import torch
 
-from kvlab.errors import InvariantError, LockRefError, require
-from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
+from kvlab.errors import InvariantError, LockRefError
 from kvlab.mem_cache.base_prefix_cache import (
     ChildKey,
     EvictParams,
@@ -63,11 +58,13 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
+from kvlab.mem_cache.request_flows import RadixRequestFlows, Req
+from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
 from kvlab.units import align_down
 
-# Old import paths (``from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, ...``).
-__all__ = ["LockRefError", "LogicalClock", "MatchResult", "RadixCache", "Req", "RequestFlows", "SimpleReq", "TreeLock",
-           "TreeNode"]
+# Old import paths (``from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, ...``); the request API
+# (``Req``, ``SimpleReq``, the request flows) is in request_flows.py.
+__all__ = ["LockRefError", "LogicalClock", "MatchResult", "RadixCache", "TreeLock", "TreeNode"]
 
 _I64 = torch.int64
 
@@ -83,8 +80,8 @@ class TreeNode:
     :data:`NO_CHILDREN` until the first child)."""
 
     # the match/insert walks' fields first (they share the object's first cache lines)
-    __slots__ = ("children", "key", "last_access_time", "_next", "_vbase", "_vstart", "_evictable", "priority",
-                 "hit_count", "parent", "_value", "lock_ref", "creation_time", "id", "_hver")
+    __slots__ = ("children", "key", "last_access_time", "_next", "_vbase", "_vstart", "priority", "hit_count",
+                 "parent", "_value", "lock_ref", "creation_time", "id")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: TreeNode | None,
                  last_access_time: int, creation_time: int, node_id: int, priority: int = 0):
@@ -98,8 +95,6 @@ class TreeNode:
         self.hit_count = 0
         self.priority = priority
         self.id = node_id
-        self._evictable = False  # member of RadixCache.evictable_leaves
-        self._hver = 0  # version of this node's live heap entry
         # value is _vbase[_vstart : _vstart + len(key)]: a split leaves both halves views of one tensor, so the
         # values of a chain of split nodes are one slice (match_prefix concatenates runs, not nodes); the view is
         # made when ``value`` is first read (_value caches it; a split resets it), not at each split
@@ -136,114 +131,7 @@ class TreeNode:
         return f"TreeNode(id={self.id}, key={head}{more} ({len(self.key)}), lock_ref={self.lock_ref})"
 
 
-class Req(Protocol):
-    """What ``cache_finished_req`` / ``cache_unfinished_req`` read and write on a request
-    (SGLang 0.5.16's ``schedule_batch.Req`` fields of the same names).
-
-    - ``rid``: id, only for messages.
-    - ``origin_input_ids``, ``output_ids``: prompt and generated tokens (finished path).
-    - ``fill_ids``: tokens whose KV is in the row so far (unfinished path, after a chunk).
-    - ``req_pool_idx``: its row in ``ReqToTokenPool.req_to_token``.
-    - ``prefix_indices``: KV slots of the cached prefix (written by ``cache_unfinished_req``).
-    - ``last_node``: the tree node its prefix ends at; the request holds one lock on it.
-    - ``cache_protected_len``: row positions ``[0, cache_protected_len)`` belong to the tree
-      (matched or already inserted); the request must not free them.
-    - ``priority`` (optional, default 0): passed to ``insert`` for the ``priority`` policy.
-    """
-
-    rid: str | int
-    origin_input_ids: list[int]
-    output_ids: list[int]
-    fill_ids: list[int]
-    req_pool_idx: int | None
-    prefix_indices: torch.Tensor
-    last_node: TreeNode | None
-    cache_protected_len: int
-
-
-@dataclass
-class SimpleReq:
-    """A minimal concrete :class:`Req` (tests, notebooks, the simulator's starting point)."""
-
-    rid: str | int
-    origin_input_ids: list[int]
-    output_ids: list[int] = field(default_factory=list)
-    fill_ids: list[int] = field(default_factory=list)
-    req_pool_idx: int | None = None
-    prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=_I64))
-    last_node: TreeNode | None = None
-    cache_protected_len: int = 0
-    priority: int = 0
-
-
-class RequestFlows:
-    """The finished-request flow of the trees with SGLang 0.5.16's classic request API (``RadixCache``, and
-    ``HiRadixCache``, which in SGLang inherits ``RadixCache.cache_finished_req`` and runs it over its own insert).
-    A tree supplies ``_insert_finished`` (its insert of ``tokens[:key_len]`` with the row's slots, returning the
-    prefix already cached) and the attributes ``BaseRadixTree`` sets."""
-
-    def _held_path(self, held, held_len: int) -> list | None:
-        """Root-to-``held`` nodes (root excluded) if ``held`` is a live, locked node whose path holds ``held_len``
-        tokens; None otherwise (the caller then walks from the root)."""
-        if held is None or held.value is None or held.lock_ref <= 0 or held is self.root_node:
-            return None
-        path, length, root = [], 0, self.root_node
-        while held is not root:
-            if held is None:
-                return None
-            path.append(held)
-            length += len(held.key)
-            held = held.parent
-        return path[::-1] if length == held_len else None
-
-    def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req: Req) -> int:
-        raise NotImplementedError
-
-    def _row_freeing(self, row: torch.Tensor, req_pool_idx: int):
-        """``(free, view)``: the allocator's free for row slices (``free_row`` when it has one) and the row as that
-        free reads it cheapest (the pool's numpy view of the same memory when there is one, else ``row``)."""
-        alloc = self.token_to_kv_pool_allocator
-        free_row = getattr(alloc, "free_row", None)
-        if free_row is None:
-            return alloc.free, row
-        rows = getattr(self.req_to_token_pool, "rows", None)
-        return free_row, (row if rows is None else rows[req_pool_idx])
-
-    def cache_finished_req(self, req: Req, is_insert: bool = True, kv_len_to_handle: int | None = None) -> None:
-        """A finished request hands its KV to the tree (``RadixCache.cache_finished_req``).
-
-        Tokens = ``(origin_input_ids + output_ids)[:kv_len_to_handle]``; the default is all but the
-        last output token, whose KV was never computed. Inserts the page-aligned part (``_insert_finished``; the
-        two-tier tree's write-through backs up what reaches its hit threshold), frees the
-        duplicates ``row[cache_protected_len : already_cached]`` and the unaligned tail, and drops
-        the request's lock. The caller then frees the row (``common.release_kv_cache`` does both).
-        Row slices go to the allocator as they are (``free_row``: one index per page).
-        """
-        origin = as_tokens(req.origin_input_ids)
-        n_out = len(req.output_ids)
-        total = len(origin) + n_out
-        kv_len = max(0, total - 1) if kv_len_to_handle is None else len(range(total)[:kv_len_to_handle])
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx, :kv_len]
-        free, view = self._row_freeing(row, req.req_pool_idx)
-        view = view[:kv_len]
-        protected = req.cache_protected_len
-        if self.disable:
-            free(view[protected:])
-            return
-        key_len = align_down(kv_len, self.page_size)
-        if is_insert:
-            tokens = origin if key_len <= len(origin) else origin + as_tokens(req.output_ids)
-            done = self._insert_finished(tokens, key_len, row, getattr(req, "priority", 0) or 0, req)
-            free(view[protected:done])
-        else:
-            free(view[protected:key_len])
-        free(view[key_len:])
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-            req.last_node = None
-
-
-class RadixCache(RequestFlows, BaseRadixTree):
+class RadixCache(RadixRequestFlows, BaseRadixTree):
     """SGLang's ``RadixCache`` with the classic (0.5.16) request API and 0.5.23's insert semantics.
 
     ``token_to_kv_pool_allocator`` receives the slots of evicted leaves (``free_segment``) and the
@@ -266,15 +154,10 @@ class RadixCache(RequestFlows, BaseRadixTree):
     def reset(self) -> None:
         # Bumped by every node created or deleted (splits included): equal versions mean a match walk
         # would visit the same nodes, so a caller may replay its side effects (``restamp_path``).
-        self.structure_version = getattr(self, "structure_version", 0) + 1
+        self._reset_core(self._prio)  # (tree_core: a new structure_version, the leaf index, the counters)
         self.clock = LogicalClock()
-        self._next_id = 0
         self.root_node = self._new_node(array("q"), torch.empty(0, dtype=_I64), None, priority=-(2**63))
         self.root_node.lock_ref = 1  # never evictable, never counted
-        self.evictable_size_ = 0
-        self.protected_size_ = 0
-        self.evictable_leaves: set[TreeNode] = set()
-        self._heap: list = []
         # the last match walk: (the bytes of the key it read: up to its last node and the next page, n,
         # structure_version after it, its last node, matched tokens); insert
         # replays it instead of walking again when nothing changed the tree's structure since (see _insert)
@@ -285,37 +168,9 @@ class RadixCache(RequestFlows, BaseRadixTree):
         # Two ticks, as SGLang's TreeNode.__init__ reads time.monotonic() twice.
         clock = self.clock
         now = clock.now = clock.now + 2  # (clock.tick() twice, inlined)
-        node = TreeNode(key, value, parent, now - 1, now, self._next_id, priority)
-        self._next_id += 1
-        self.structure_version += 1
-        return node
+        return TreeNode(key, value, parent, now - 1, now, self._register_node(), priority)
 
-    # -- the evictable-leaf index ---------------------------------------------------------------
-    def _push(self, node: TreeNode) -> None:
-        node._hver += 1
-        heapq.heappush(self._heap, (self._prio(node), node.last_access_time, node.id, node._hver, node))
-        if len(self._heap) > 2 * len(self.evictable_leaves) + 64:
-            self._heap = [(self._prio(n), n.last_access_time, n.id, n._hver, n) for n in self.evictable_leaves]
-            heapq.heapify(self._heap)
-
-    def _pop_victim(self) -> TreeNode | None:
-        heap = self._heap
-        while heap:
-            entry = heapq.heappop(heap)
-            node = entry[4]
-            if node._evictable and entry[3] == node._hver:
-                return node
-        return None
-
-    def _update_leaf_status(self, node: TreeNode) -> None:
-        if node.lock_ref > 0 or node._vbase is None or node.children:
-            if node._evictable:
-                node._evictable = False
-                self.evictable_leaves.discard(node)
-        elif not node._evictable:
-            node._evictable = True
-            self.evictable_leaves.add(node)
-            self._push(node)
+    # -- the evictable-leaf index: tree_core's (LeafIndex: leaf_index.push / touch / pop; _update_leaf_status) ---------
 
     # -- match / insert -------------------------------------------------------------------------
     def match_prefix(self, key: TokenKey) -> MatchResult:
@@ -346,10 +201,12 @@ class RadixCache(RequestFlows, BaseRadixTree):
         changed since (``structure_version`` equal): one clock tick, the access time of ``node`` and
         its ancestors (root included), and their evictable-leaf heap entries refreshed."""
         now = self.clock.tick()
+        index = self.leaf_index
+        leaves = index.leaves
         while node is not None:
             node.last_access_time = now
-            if node._evictable:
-                self._push(node)
+            if node in leaves:
+                index.push(node)
             node = node.parent
 
     def _match_walk(self, key: array, n: int) -> tuple[list, TreeNode, int]:
@@ -400,8 +257,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
             m = common_prefix_len(ckey, key, off, n)
             if ps > 1:
                 m = align_down(m, ps)
-            if child._evictable:  # its access time changed; the split keeps it a leaf below the new node
-                self._push(child)
+            self.leaf_index.touch(child)  # its access time changed; the split keeps it a leaf below the new node
             node = self._split_node(child, m)
             if node._vbase is not base or node._vstart != start + off - run_off:
                 if base is not None:
@@ -412,8 +268,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
             self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version,
                                node, off)
             return runs, node, off
-        if node._evictable:
-            self._push(node)
+        self.leaf_index.touch(node)
         if base is not None:
             runs += (base, start, start + off - run_off)
         self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version, node,
@@ -479,6 +334,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
         off = 0
         path = self._held_path(held, held_len) if 0 < held_len <= n else None
         last = self._last_walk
+        index = self.leaf_index
+        leaves = index.leaves
         walk = True
         if (path is None and last is not None and last[2] == self.structure_version and last[1] == n
                 and memoryview(key)[: len(last[0]) // 8].tobytes() == last[0]):
@@ -497,8 +354,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
                     x.hit_count += 1
                 end -= len(x.key)
                 x = x.parent
-            if off == n and node._evictable:
-                self._push(node)
+            if off == n:
+                self.leaf_index.touch(node)
             walk = False
         for child in path or ():  # what the loop below does to each node it matches whole
             child.last_access_time = now
@@ -507,8 +364,8 @@ class RadixCache(RequestFlows, BaseRadixTree):
             off += len(child.key)
             if off > inserted_len:
                 child.hit_count += 1
-            if child._evictable:
-                self._push(child)
+            if child in leaves:
+                index.push(child)
             node = child
         # Nodes matched whole: only the last can be an evictable leaf (each other one has the next as a child), so
         # the heap is refreshed once, after the loop, if that node stays a leaf.
@@ -528,8 +385,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
                 off = end
                 child = child._next
             if off == n:  # the key ends at a node boundary: no leaf is added below it
-                if node._evictable:
-                    self._push(node)
+                index.touch(node)
                 break
             child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
             if child is None:
@@ -554,8 +410,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
             off += m
             if off > inserted_len:
                 node.hit_count += 1
-            if child._evictable:
-                self._push(child)  # its access time changed
+            index.touch(child)  # its access time changed
             break
         prefix_len = off
         if off < n:
@@ -572,110 +427,11 @@ class RadixCache(RequestFlows, BaseRadixTree):
             node = leaf
         return prefix_len, node  # the node that ends at n (cache_unfinished_req re-matches up to it)
 
-    # -- request flows (0.5.16 classic API): cache_finished_req is RequestFlows' ------------------------
+    # -- request flows (0.5.16 classic API): request_flows.RadixRequestFlows' over this insert ---------------
     def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req: Req) -> int:
         return self._insert(tokens, key_len, row, priority, 0, req.last_node, req.cache_protected_len)[0]
 
-    def cache_unfinished_req(self, req: Req, chunked: bool = False) -> None:
-        """After a prefill chunk: insert ``fill_ids``' page-aligned KV, free duplicates, re-point the
-        row at the tree's slots, and move the request's lock to the new last node
-        (``RadixCache.cache_unfinished_req``). ``chunked=True`` counts no hits (0.5.16).
-
-        The re-match replays the walk insert just made (``restamp_path`` from the node ending at the key: the
-        same clock tick and access times, and no split is possible); the row is rewritten from the path's values
-        over ``[cache_protected_len, key_len)`` only, as SGLang's write does. ``prefix_indices`` becomes the path's
-        slots then the partial page's; a request with a ``defer_prefix_indices(runs)`` method (the simulator's
-        ``SimReq``) receives those runs instead and concatenates them only if it reads ``prefix_indices``."""
-        if self.disable:
-            return
-        tokens = as_tokens(req.fill_ids)
-        n_tok = len(tokens)
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        key_len = align_down(n_tok, self.page_size)
-        free, view = self._row_freeing(row, req.req_pool_idx)
-        protected = req.cache_protected_len
-        done, last_node = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0,
-                                       key_len if chunked else 0, req.last_node, protected)  # reads row[:key_len]
-        free(view[protected:done])
-        path = []
-        if key_len:  # the re-match walks exactly the path insert just made (no split): replay it upwards
-            self.restamp_path(last_node)
-            node, root = last_node, self.root_node
-            while node is not root:
-                path.append(node)
-                node = node.parent
-            path.reverse()
-        found = sum(len(node.key) for node in path)  # (each node's value is as long as its key)
-        require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted",
-                found=found, inserted=key_len)
-        pos = 0
-        # req_to_token[protected:key_len] = new_indices[protected:]; a leaf this insert made holds the row's own
-        # slots (copied from it), so rewriting its span changes nothing and is skipped
-        for node in path[:-1] if done < key_len else path:
-            end = pos + len(node.key)
-            if end > protected:
-                lo = max(pos, protected)
-                self.req_to_token_pool.write((req.req_pool_idx, slice(lo, end)), node.value[lo - pos :])
-            pos = end
-        req.cache_protected_len = key_len
-        if req.last_node is not None:
-            self.dec_lock_ref(req.last_node)
-        self.inc_lock_ref(last_node)
-        runs = [node.value for node in path]
-        # With page_size > 1 the partial last page stays the request's (in the row, not the tree): copied, as the
-        # row's later positions change
-        if key_len < n_tok:
-            tail = view[key_len:n_tok]
-            runs.append(torch.from_numpy(tail.astype(np.int64)) if view is not row else tail.to(_I64))
-        defer = getattr(req, "defer_prefix_indices", None)
-        if defer is not None:  # the request concatenates the runs when (if ever) it reads prefix_indices
-            defer(runs)
-        else:
-            req.prefix_indices = torch.cat(runs) if runs else self._empty
-        req.last_node = last_node
-
-    # -- locks ----------------------------------------------------------------------------------
-    def inc_lock_ref(self, node: TreeNode) -> int:
-        """Lock ``node`` and its ancestors (not the root). Returns the evictable-size delta (<= 0)."""
-        if self.disable or node is self.root_node:
-            return 0
-        self._check_member(node, "inc_lock_ref")
-        delta = 0
-        root = self.root_node
-        while node is not root:
-            if node.lock_ref == 0:
-                n = len(node.key)
-                self.evictable_size_ -= n
-                self.protected_size_ += n
-                delta -= n
-                node.lock_ref = 1
-                self._update_leaf_status(node)
-            else:
-                node.lock_ref += 1
-            node = node.parent
-        return delta
-
-    def dec_lock_ref(self, node: TreeNode) -> int:
-        """Undo one ``inc_lock_ref(node)``. Returns the evictable-size delta (>= 0)."""
-        if self.disable or node is self.root_node:
-            return 0
-        self._check_member(node, "dec_lock_ref")
-        if node.lock_ref <= 0:
-            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
-        delta = 0
-        root = self.root_node
-        while node is not root:
-            if node.lock_ref == 1:
-                n = len(node.key)
-                self.evictable_size_ += n
-                self.protected_size_ -= n
-                delta += n
-                node.lock_ref = 0
-                self._update_leaf_status(node)
-            else:
-                node.lock_ref -= 1
-            node = node.parent
-        return delta
+    # -- locks: tree_core's inc_lock_ref / dec_lock_ref (refusing an evicted or foreign node: _lock_guard) --
 
     # -- eviction -------------------------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> EvictResult:
@@ -695,7 +451,7 @@ class RadixCache(RequestFlows, BaseRadixTree):
         evicted = 0
         if not self.disable:
             while evicted < target:
-                x = self._pop_victim()
+                x = self.leaf_index.pop()
                 if x is None:
                     break
                 if allocator is not None:
@@ -706,14 +462,11 @@ class RadixCache(RequestFlows, BaseRadixTree):
                               params.swa_num_tokens, params.swa_num_tokens)
 
     def _delete_leaf(self, node: TreeNode) -> None:
-        self.structure_version += 1
+        self._drop_leaf(node)
         parent = node.parent
         del parent.children[self._child_key(node.key)]
         if parent._next is node:
             parent._next = None
-        self.evictable_size_ -= len(node.key)
-        node._evictable = False
-        self.evictable_leaves.discard(node)
         node._value = node._vbase = None  # (a split half may still hold the base: it is that half's memory)
         self._update_leaf_status(parent)
 
@@ -740,19 +493,4 @@ class RadixCache(RequestFlows, BaseRadixTree):
             if node._next is not (cont[0] if cont else None):
                 raise InvariantError("RadixCache: a node's _next is the child that continues its value's base tensor",
                                      node=node, next=node._next, continuing=cont)
-        leaves = {n for n in nodes if not n.lock_ref and not n.children}
-        if leaves != self.evictable_leaves or any(not n._evictable for n in leaves):
-            raise InvariantError("RadixCache: the evictable-leaf index holds exactly the unlocked leaves",
-                                 index=len(self.evictable_leaves), brute_force=len(leaves),
-                                 missing=sorted(n.id for n in leaves - self.evictable_leaves),
-                                 extra=sorted(n.id for n in self.evictable_leaves - leaves),
-                                 unflagged=sorted(n.id for n in leaves if not n._evictable))
-        live = {}
-        for prio, last, nid, ver, node in self._heap:
-            if node._evictable and ver == node._hver:
-                live[node] = (prio, last, nid)
-        for node in leaves:
-            if live.get(node) != (self._prio(node), node.last_access_time, node.id):
-                raise InvariantError("RadixCache: every evictable leaf has a live heap entry with its current priority",
-                                     node=node, heap_entry=live.get(node),
-                                     expected=(self._prio(node), node.last_access_time, node.id))
+        self._check_leaf_index(nodes, "RadixCache")

@@ -1,8 +1,9 @@
-"""The tree mechanics every kvlab prefix cache shares (plain, SWA and Mamba).
+"""The tree mechanics every kvlab prefix cache over KV slots shares (plain, two-tier, SWA and Mamba).
 
 :class:`BaseRadixTree` holds what reads only ``page_size``, ``root_node`` and the nodes'
-keys / children / values: how a child is filed, walking the nodes, the path's KV, membership checks
-for locks, printing, and the tree-shape invariants. ``RadixCache`` and the hybrid trees' base
+keys / children / values: how a child is filed, the path's KV, membership checks
+for locks, printing, and the tree-shape invariants. It stands on :class:`~kvlab.mem_cache.tree_core.TreeCore`
+(``nodes()``, the lock walk and size counters, the evictable-leaf index; the page tree shares that too). ``RadixCache`` and the hybrid trees' base
 (``swa_radix_cache.HybridTreeBase``) inherit it; matching, inserting, locking and evicting stay
 with each tree, because that is where SGLang's trees differ. Also here: the token-key helper the trees
 use (``as_tokens``); the logical clock and ``common_prefix_len`` live in the torch-free ``base_prefix_cache`` (the
@@ -12,7 +13,6 @@ page engine's tree shares them) and are re-exported here.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterator
 
 import torch
 
@@ -29,6 +29,7 @@ from kvlab.mem_cache.base_prefix_cache import (  # noqa: F401  (LogicalClock, co
     common_prefix_len,
 )
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
+from kvlab.mem_cache.tree_core import TreeCore
 
 
 def as_tokens(key: TokenKey) -> array:
@@ -40,10 +41,9 @@ def as_tokens(key: TokenKey) -> array:
     return array("q", key)
 
 
-class BaseRadixTree:
+class BaseRadixTree(TreeCore):
     """Shared tree code. A subclass sets ``root_node`` and ``_empty`` (an empty int64 tensor) in its
-    ``reset()``, which its ``__init__`` calls after this one, and has ``total_size()``,
-    ``inc_lock_ref`` and ``dec_lock_ref``."""
+    ``reset()``, which its ``__init__`` calls after this one."""
 
     root_node: PrefixNode
     _empty: torch.Tensor
@@ -75,14 +75,6 @@ class BaseRadixTree:
         """Children in token order: by first token, or by the first page's tokens."""
         return node.key[0] if self.page_size == 1 else tuple(node.key[: self.page_size])
 
-    def nodes(self) -> Iterator[PrefixNode]:
-        """Every node, the root first (pre-order)."""
-        stack = [self.root_node]
-        while stack:
-            node = stack.pop()
-            yield node
-            stack.extend(node.children.values())
-
     def _check_member(self, node: PrefixNode, what: str, gone: str = "was evicted") -> None:
         """Raise :class:`LockRefError` unless ``node`` holds device KV (``gone`` says how it lost it) in this tree."""
         if node.value is None:
@@ -92,6 +84,16 @@ class BaseRadixTree:
             x = x.parent
         if x is not self.root_node:
             raise LockRefError(f"{what}: {node!r} belongs to another tree")
+
+    gone_words = "was evicted"  # how a refused lock says the node lost its device KV
+
+    def _lock_guard(self, node: PrefixNode, what: str) -> bool:
+        """TreeCore's hook: no lock while the cache is disabled (True); else lock only a node of this tree that holds
+        device KV."""
+        if self.disable:
+            return True
+        self._check_member(node, what, self.gone_words)
+        return False
 
     tree_words = "a plain radix tree"  # how insert_slots' error names this kind of tree
 
@@ -110,19 +112,8 @@ class BaseRadixTree:
         self.token_to_kv_pool_allocator.free(value[prev_prefix_len:cached])
         return InsertResult(cached)
 
-    # sizes in tokens on the device (BasePrefixCache): the plain and two-tier trees keep these two counters; the SWA
-    # tree counts its full and window parts apart and overrides all three
-    evictable_size_ = 0
-    protected_size_ = 0
-
-    def evictable_size(self) -> int:
-        return self.evictable_size_
-
-    def protected_size(self) -> int:
-        return self.protected_size_
-
-    def total_size(self) -> int:
-        return self.evictable_size_ + self.protected_size_
+    # sizes in tokens on the device (BasePrefixCache): TreeCore's counters for the plain and two-tier trees; the SWA
+    # tree counts its full and window parts apart and overrides evictable_size / protected_size / total_size
 
     def lock(self, node: PrefixNode) -> TreeLock:
         """0.5.23's ``BasePrefixCache.lock``: ``inc_lock_ref(node)`` as a receipt for :meth:`unlock`
@@ -175,10 +166,7 @@ class BaseRadixTree:
         no KV slot is in two nodes, and every cached slot is allocated.
         """
         root, ps = self.root_node, self.page_size
-        if root.lock_ref != 1 or len(root.key) or root.parent is not None:
-            raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent",
-                                 lock_ref=root.lock_ref, key_len=len(root.key), parent=root.parent)
-        evictable = protected = 0
+        self._check_root(name)
         nodes = []
         for node in self.nodes():
             child_locks = 0
@@ -202,14 +190,7 @@ class BaseRadixTree:
             if node.lock_ref < 0 or node.lock_ref < child_locks:
                 raise InvariantError(f"{name}: lock_ref >= 0 and >= the sum of the children's", node=node,
                                      lock_ref=node.lock_ref, children_lock_ref=child_locks)
-            if node.lock_ref:
-                protected += len(node.key)
-            else:
-                evictable += len(node.key)
-        require((evictable, protected) == (evictable_size, protected_size),
-                f"{name}: counters evictable/protected match the tokens of unlocked/locked nodes",
-                evictable=evictable_size, protected=protected_size, tree_evictable=evictable,
-                tree_protected=protected)
+        self._check_sizes(nodes, name, evictable_size, protected_size)
         if nodes:
             flat = torch.cat([n.value for n in nodes])
             distinct = len(torch.unique(flat))

@@ -2,7 +2,7 @@
 0.5.23 folds the same semantics into ``UnifiedRadixCache``'s SWA component).
 
 A model with full-attention layers and sliding-window (SWA) layers keeps two KV pools
-(:class:`~kvlab.mem_cache.allocator.SWATokenToKVPoolAllocator`). Tree values are *full* slot
+(:class:`~kvlab.mem_cache.swa_allocator.SWATokenToKVPoolAllocator`). Tree values are *full* slot
 indices; each maps to its SWA peer. SWA KV older than the window is never read again, so the SWA
 pool can drop it while the full pool keeps it: the node becomes an *SWA tombstone*.
 
@@ -29,7 +29,6 @@ from typing import NamedTuple
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
-from kvlab.mem_cache.allocator import SWATokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import (
     ChildKey,
     EvictParams,
@@ -43,6 +42,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 )
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
+from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
 from kvlab.units import align_down
 
 # HybridEvictResult lives in base_prefix_cache; kept importable from here.

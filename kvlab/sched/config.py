@@ -49,7 +49,7 @@ class SchedulerConfig:
     max_steps: int = 10_000_000
     # HiCache (SGLang's --enable-hierarchical-cache): a host pool beside the device pool, on when one of the two
     # sizes is given (SGLang's --hicache-ratio, or --hicache-size in GiB here where SGLang reads decimal GB), sized
-    # as SGLang sizes it (kvlab.mem_cache.memory_pool_host.host_pool_size); off (None, None) by default.
+    # as SGLang sizes it (kvlab.mem_cache.hicache.memory_pool_host.host_pool_size); off (None, None) by default.
     hicache_ratio: float | None = None
     hicache_size_gib: float | None = None
     hicache_write_policy: str = "write_through"  # write_through | write_through_selective | write_back

@@ -9,7 +9,7 @@ eviction modes are meant to be read from it, not absolute latencies.
 
 HiCache (the host tier) adds copies between host and device memory, priced by bytes over the host link:
 a copy of ``n`` tokens takes ``n * kv_bytes_per_token / bandwidth`` seconds (the cache controller times it on
-its own channel per direction, FIFO, :mod:`kvlab.mem_cache.cache_controller`). How they overlap compute is
+its own channel per direction, FIFO, :mod:`kvlab.mem_cache.hicache.cache_controller`). How they overlap compute is
 SGLang's (0.5.16):
 
 - **load-back** (host -> device, at admission): SGLang starts the copies when the prefill batch is formed and

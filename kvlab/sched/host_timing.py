@@ -16,7 +16,7 @@ from kvlab.sched.cost import CostModel
 from kvlab.sched.ledger import Ledger, Transfers
 
 if TYPE_CHECKING:
-    from kvlab.mem_cache.hiradix_cache import HiRadixCache
+    from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 
 _INF = float("inf")
 overlapped_step_s = CostModel.overlapped_step_s  # the overlap rule: write-back waits before the compute, loads under it
@@ -39,7 +39,7 @@ class NoHostTier:
 
 
 class HostTierTiming(NoHostTier):
-    """The copy clock of a run's :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache`: moved to each step's start,
+    """The copy clock of a run's :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`: moved to each step's start,
     each step priced with its copies and its traffic noted in the ledger."""
 
     def __init__(self, tree: HiRadixCache, ledger: Ledger) -> None:

@@ -4,7 +4,7 @@ mode, with SGLang's flows over them (match, extend and decode allocation, cachin
 Every ``evict_from_tree_cache`` call goes through here with the run's eviction mode, the only switch between the two
 arms of finding 2, and is reported to the :class:`~kvlab.sched.ledger.Ledger`, so no call site can forget either.
 
-With HiCache on (``config.hicache``) the tree is a :class:`~kvlab.mem_cache.hiradix_cache.HiRadixCache` over a
+With HiCache on (``config.hicache``) the tree is a :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` over a
 host pool: a match reports device and host hits, admission loads the host part back (:meth:`SchedulerKV.load_back`,
 whose own eviction follows the run's mode too), and the copies complete on the controller's clock, which
 :class:`~kvlab.sched.host_timing.HostTierTiming` moves to each step's start (SGLang's ``check_hicache_events``) and
@@ -28,9 +28,9 @@ from kvlab.mem_cache.common import (
     evict_from_tree_cache,
     release_kv_cache,
 )
-from kvlab.mem_cache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes

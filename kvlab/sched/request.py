@@ -2,7 +2,7 @@
 
 ``kvlab.workloads.Request`` satisfies :class:`RequestLike`, and so does any object with the four fields (the tests
 use a small frozen dataclass). The simulator turns each into a :class:`SimReq`, which has the fields of SGLang's
-``Req`` that the tree reads (those of :class:`~kvlab.mem_cache.radix_cache.SimpleReq`) plus the scheduler's own
+``Req`` that the tree reads (those of :class:`~kvlab.mem_cache.request_flows.SimpleReq`) plus the scheduler's own
 counters. Nothing here imports torch: the page engine (:mod:`kvlab.sched.page_kv`) runs without it.
 """
 
@@ -66,7 +66,7 @@ class PageState:
 
 @dataclass(eq=False)
 class SimReq:
-    """SGLang's ``Req`` fields the tree reads (:class:`~kvlab.mem_cache.radix_cache.Req`), plus what the simulator
+    """SGLang's ``Req`` fields the tree reads (:class:`~kvlab.mem_cache.request_flows.Req`), plus what the simulator
     tracks."""
 
     rid: str | int

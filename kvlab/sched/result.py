@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from kvlab.sched.config import SchedulerConfig
 
 if TYPE_CHECKING:
-    from kvlab.mem_cache.hiradix_cache import HiRadixCache
+    from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
     from kvlab.mem_cache.radix_cache import RadixCache
 
 

@@ -99,7 +99,7 @@ class Grid:
                              f"and {self.policies!r}")
         if self.kv_pages is not None and self.kv_tokens is not None:
             raise SweepError("give the pool sizes as --kv-pages or as --kv-tokens, not both")
-        from kvlab.mem_cache.cache_controller import WRITE_POLICIES
+        from kvlab.mem_cache.options import WRITE_POLICIES
         from kvlab.sched.config import MAX_HICACHE
 
         top = MAX_HICACHE["hicache_ratio"]

@@ -27,8 +27,8 @@ import random
 import torch
 
 from kvlab.mem_cache import PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator
-from kvlab.mem_cache.hiradix_cache import HiRadixCache
-from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 SIZE_PER_TOKEN = 128  # the driver's MHATokenToKVPool: 2 heads x 8 dims x 2 layers x 2 bytes x (K, V)

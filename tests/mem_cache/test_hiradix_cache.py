@@ -16,10 +16,10 @@ import torch
 from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
 from kvlab.mem_cache import EvictParams, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, evict_from_tree_cache
 from kvlab.mem_cache.base_prefix_cache import EvictResult
-from kvlab.mem_cache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
-from kvlab.mem_cache.radix_cache import SimpleReq
+from kvlab.mem_cache.request_flows import SimpleReq
 from kvlab.units import GiB
 
 from .hicache_script import KvlabHiRunner, path_of, random_scenario
@@ -287,7 +287,9 @@ def test_check_invariants_catches_broken_state():
     serve(cache, alloc, list(range(10)))
     next(n for n in cache.nodes() if n is not cache.root_node).lock_ref = 0  # a copy in flight, unprotected
     cache.protected_size_, cache.evictable_size_ = 0, 10
-    cache.evictable_leaves.update(n for n in cache.nodes() if n is not cache.root_node)
+    for n in cache.nodes():
+        if n is not cache.root_node:
+            cache.leaf_index.push(n)
     with pytest.raises(InvariantError, match="backup in flight is locked"):
         cache.check_invariants()
 
@@ -385,7 +387,7 @@ class PerCallHeapify(HiRadixCache):
             freed += self.cache_controller.evict_host(x.host_value)
             parent = x.parent
             del parent.children[self._key_of(x.key)]
-            self.evictable_host_leaves.discard(x)
+            self.host_leaf_index.discard(x)
             x.host_value = None
             self._update_host_leaf_status(parent)
             if not parent.children and parent.value is None:
@@ -432,7 +434,7 @@ def test_check_invariants_catches_a_leaf_without_a_live_heap_entry():
     leaf = next(iter(cache.evictable_leaves))
     leaf.hit_count += 1  # not in the LRU key: nothing to re-push
     cache.check_invariants()
-    cache._dheap.clear()
+    cache.leaf_index.heap.clear()
     with pytest.raises(InvariantError, match="device leaf has a live heap entry"):
         cache.check_invariants()
 

@@ -292,7 +292,7 @@ def test_check_invariants_catches_corruption():
         cache.check_invariants()
     cache.evictable_size_ -= 1
     leaf = next(iter(cache.evictable_leaves))
-    cache.evictable_leaves.discard(leaf)
+    cache.leaf_index.discard(leaf)
     with pytest.raises(InvariantError, match="evictable-leaf index"):
         cache.check_invariants()
 

@@ -21,7 +21,7 @@ from sim_twins import Req
 import kvlab.experiments.host_tier as host_tier
 import kvlab.experiments.host_tier_cache as host_tier_cache
 import kvlab.mem_cache.common as common
-import kvlab.mem_cache.hiradix_cache as hiradix_cache
+import kvlab.mem_cache.hicache.tier_moves as tier_moves
 import kvlab.sched.page_kv as page_kv
 from kvlab.mem_cache import shortfall
 from kvlab.sched import SchedulerConfig, simulate
@@ -86,7 +86,7 @@ CALLERS = {  # caller module: a run whose over-eviction it decides
     "page engine (PageKV.evict)": (page_kv, lambda mode: _run(kv_tokens=2048, page_size=16, eviction=mode)),
     "token-level memory (evict_from_tree_cache)": (common, lambda mode: _run(kv_tokens=2048, page_size=1,
                                                                              eviction=mode)),
-    "host tier's load-back (HiRadixCache)": (hiradix_cache, lambda mode: _load_back(mode)),
+    "host tier's load-back (HiRadixCache)": (tier_moves, lambda mode: _load_back(mode)),
     "notebook 07's pressure event (evict_for)": (  # evict_for is host_tier_cache's (host_tier re-exports it)
         host_tier_cache, lambda mode: {"over_evicted_tokens": host_tier.pressure_event(mode).evict.over_evicted_tokens}),
 }

@@ -12,7 +12,7 @@ import pytest
 from sim_twins import Req
 
 from kvlab.cli import main
-from kvlab.mem_cache.hiradix_cache import HiRadixCache
+from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import CostModel, SchedulerConfig, simulate
 

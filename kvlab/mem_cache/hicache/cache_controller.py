@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from kvlab.mem_cache.base_prefix_cache import KVAllocator
-from kvlab.mem_cache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S as FINISH_TOLERANCE_S  # re-exported, as WRITE_POLICIES
 from kvlab.mem_cache.options import WRITE_POLICIES as WRITE_POLICIES  # re-exported: its home is the torch-free options
 

@@ -1,0 +1,45 @@
+"""HiCache's host tier (L2): the host pool, the copies between the tiers, and the two-tier radix tree.
+
+Mirrors SGLang 0.5.16's hierarchical cache under its own names, so a learner can read the two side by side. Each
+module here reads against one upstream file or one part of it:
+
+==================== ==============================================================================================
+module               upstream (``sglang/srt/...``)
+==================== ==============================================================================================
+``memory_pool_host`` ``mem_cache/memory_pool_host.py`` / ``mem_cache/pool_host/base.py::HostKVCache`` (host slots,
+                     sized as SGLang sizes them); 0.5.23's ``mem_cache/hicache_auto_size.py``
+``cache_controller`` ``managers/cache_controller.py::HiCacheController`` (copies on a modelled clock)
+``tree_node``        ``mem_cache/radix_cache.py::TreeNode`` with its HiCache fields
+``results``          ``mem_cache/base_prefix_cache.py::MatchResult`` / ``EvictResult`` as the two-tier tree fills them
+``hiradix_cache``    ``mem_cache/hiradix_cache.py::HiRadixCache``: the class, match, insert, request flows, locks
+``leaf_index``       ``HiRadixCache``'s leaf sets (``_update_host_leaf_status``) and eviction heaps
+                     (``_make_eviction_heap``, ``_promote_parent``), kept across calls
+``tier_moves``       ``HiRadixCache.write_backup`` / ``writing_check`` / ``loading_check``, ``evict`` (demotion,
+                     write-back), ``evict_host``, ``load_back`` / ``init_load_back``
+``invariants``       kvlab's own: ``HiRadixCache.check_invariants()``
+==================== ==============================================================================================
+
+Imports go one way: ``memory_pool_host`` <- ``cache_controller``; ``tree_node`` <- ``results``, ``leaf_index``
+<- ``tier_moves``; ``invariants``; all <- ``hiradix_cache`` (which mixes ``leaf_index``, ``tier_moves`` and
+``invariants`` into :class:`HiRadixCache`). Names are imported on first use (``__getattr__``), so importing one
+module does not import the tree. Import the public names from this package
+(``from kvlab.mem_cache.hicache import HiRadixCache, HostKVCache``).
+"""
+
+from __future__ import annotations
+
+from kvlab.lazy import lazy_exports
+
+_EXPORTS = {  # module -> the names the package re-exports from it, imported on first use
+    "kvlab.mem_cache.hicache.memory_pool_host": ("HostKVCache", "auto_hicache_ratio", "host_pool_size"),
+    "kvlab.mem_cache.hicache.cache_controller": ("DEFAULT_HOST_DEVICE_BYTES_PER_S", "HiCacheController",
+                                                 "WRITE_POLICIES"),
+    "kvlab.mem_cache.hicache.tree_node": ("HiTreeNode",),
+    "kvlab.mem_cache.hicache.results": ("HiEvictResult", "HiMatchResult", "LoadBackResult"),
+    "kvlab.mem_cache.hicache.hiradix_cache": ("HiRadixCache", "LOAD_BACK_EVICT_MODES"),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
+
+__all__ = ["DEFAULT_HOST_DEVICE_BYTES_PER_S", "HiCacheController", "HiEvictResult", "HiMatchResult", "HiRadixCache",
+           "HiTreeNode", "HostKVCache", "LOAD_BACK_EVICT_MODES", "LoadBackResult", "WRITE_POLICIES",
+           "auto_hicache_ratio", "host_pool_size"]

@@ -1,0 +1,58 @@
+"""The two-tier tree's leaf rules: which node is an evictable leaf of the device tier and of the host tier.
+
+Upstream: ``sglang/srt/mem_cache/hiradix_cache.py`` (0.5.16): ``RadixCache._update_leaf_status`` /
+``HiRadixCache._update_host_leaf_status`` (the sets) and ``_make_eviction_heap`` / ``_promote_parent`` /
+``evict_host``'s heapify (a heap built on each call). The index and heap of each tier are the tree core's
+(:class:`~kvlab.mem_cache.tree_core.LeafIndex`, as the token and page trees use it: one heap per tier kept across
+calls; the victims and their order are the same). A mixin of
+:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.tree_core import LeafIndex
+
+
+class HiLeafIndex:
+    """The leaf-rule methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin): they file
+    nodes in the tree's ``leaf_index`` (device leaves) and ``host_leaf_index`` (host leaves)."""
+
+    leaf_index: LeafIndex
+    host_leaf_index: LeafIndex
+    _priority_of: Callable[[HiTreeNode], int]
+
+    @property
+    def evictable_host_leaves(self):
+        """The host tier's evictable leaves: a live, read-only view of its index."""
+        return self.host_leaf_index.leaves.keys()
+
+    def _prio(self, node: HiTreeNode) -> tuple:
+        return (self._priority_of(node), node.last_access_time, node.id)
+
+    def _touch(self, node: HiTreeNode) -> None:
+        """``node``'s sort key changed (access time, hit count, priority): a leaf gets a fresh heap entry."""
+        self.leaf_index.touch(node)
+        self.host_leaf_index.touch(node)
+
+    def _update_leaf_status(self, node: HiTreeNode) -> None:
+        """A device leaf: on the device, unlocked, and no child on the device."""
+        leaf = node.value is not None and node.lock_ref <= 0
+        if leaf:
+            for c in node.children.values():
+                if c.value is not None:
+                    leaf = False
+                    break
+        self.leaf_index.file(node, leaf)
+
+    def _update_host_leaf_status(self, node: HiTreeNode) -> None:
+        """A host leaf: host-only, unlocked, and no child with a host copy."""
+        leaf = node.value is None and node.lock_ref <= 0
+        if leaf:
+            for c in node.children.values():
+                if c.host_value is not None:
+                    leaf = False
+                    break
+        self.host_leaf_index.file(node, leaf)

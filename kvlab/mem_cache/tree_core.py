@@ -1,0 +1,262 @@
+"""The tree core: what every kvlab radix tree does that reads only a node's key length, lock count, access time, id
+and priority, written once for the token tree (``radix_cache.RadixCache``), the page tree (``page_tree.PageRadixTree``)
+and both tiers of the two-tier tree (``hicache.hiradix_cache.HiRadixCache``).
+
+- :class:`LeafIndex`: one tier's evictable leaves and the heap they are evicted from. SGLang heapifies every
+  evictable leaf on each ``evict`` call (``RadixCache.evict``, 0.5.16's ``HiRadixCache._make_eviction_heap`` /
+  ``evict_host``); here the heap lives across calls: a leaf gets a fresh entry when it joins the index or its sort
+  key changes, stale entries are skipped on pop and the heap is rebuilt when they outnumber the live ones. The sort
+  key ``(policy priority, last_access_time, id)`` ends in the unique node id, so the victims and their order are
+  what a fresh heapify would give.
+- :class:`TreeCore`: the lock walk with its size counters (``inc_lock_ref`` / ``dec_lock_ref``: a lock covers the
+  path to the root; tokens move between ``evictable_size_`` and ``protected_size_`` as a node is first locked or
+  last unlocked), ``nodes()``, the ``structure_version`` bumps (a node made or deleted), a deleted leaf's
+  bookkeeping, and the invariants those share.
+
+Each tree keeps its own walks (match, insert, split), its own leaf rule (which node is an evictable leaf of which
+tier: ``_update_leaf_status``) and its own check of what its nodes hold. No torch here: the page tree, which the
+simulator's fast engine runs on, imports none.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from kvlab.errors import InvariantError, LockRefError, require
+
+
+class LeafIndex:
+    """One tier's evictable leaves: ``leaves`` maps each to the version of its live heap entry, and ``heap`` holds
+    ``(priority(node), last_access_time, id, version, node)`` entries, live while ``leaves[node]`` is their version.
+    ``frozen``: no rebuild (an eviction that re-files the leaves it popped and kept sets it while it runs)."""
+
+    __slots__ = ("leaves", "heap", "priority", "frozen", "_version")
+
+    def __init__(self, priority: Callable[[Any], Any]) -> None:
+        self.leaves: dict = {}
+        self.heap: list = []
+        self.priority = priority
+        self.frozen = False
+        self._version = 0
+
+    def push(self, node) -> None:
+        """File ``node`` as a leaf with a fresh heap entry (it joins the index, or its sort key changed)."""
+        v = self._version = self._version + 1
+        self.leaves[node] = v
+        heapq.heappush(self.heap, (self.priority(node), node.last_access_time, node.id, v, node))
+        if len(self.heap) > 2 * len(self.leaves) + 64 and not self.frozen:
+            self.rebuild()
+
+    def touch(self, node) -> None:
+        """``node``'s sort key changed: a leaf gets a fresh heap entry."""
+        if node in self.leaves:
+            self.push(node)
+
+    def file(self, node, is_leaf: bool) -> None:
+        """``node`` is (``is_leaf``) or is not an evictable leaf: join the index, or leave it."""
+        if not is_leaf:
+            self.leaves.pop(node, None)
+        elif node not in self.leaves:
+            self.push(node)
+
+    def discard(self, node) -> None:
+        self.leaves.pop(node, None)
+
+    def pop(self):
+        """The next leaf by sort key (it stays in the index until the tree deletes or re-files it), or None."""
+        heap, leaves = self.heap, self.leaves
+        while heap:
+            entry = heapq.heappop(heap)
+            node = entry[4]
+            if leaves.get(node) == entry[3]:
+                return node
+        return None
+
+    def rebuild(self) -> None:
+        """One entry per leaf, with its current sort key."""
+        heap, priority, v = [], self.priority, self._version
+        leaves = self.leaves
+        for node in leaves:
+            v += 1
+            leaves[node] = v
+            heap.append((priority(node), node.last_access_time, node.id, v, node))
+        heapq.heapify(heap)
+        self.heap, self._version = heap, v
+
+    def check(self, brute_force: set, index_rule: str, entry_rule: str) -> None:
+        """Raise :class:`InvariantError` unless the index holds exactly ``brute_force`` (the leaves recomputed from the
+        tree: ``index_rule`` names them) and each has a live heap entry with its current sort key (``entry_rule``)."""
+        if brute_force != self.leaves.keys():
+            raise InvariantError(index_rule, index=len(self.leaves), brute_force=len(brute_force),
+                                 missing=sorted(n.id for n in brute_force - self.leaves.keys()),
+                                 extra=sorted(n.id for n in self.leaves.keys() - brute_force))
+        leaves = self.leaves
+        live = {e[4]: e[:3] for e in self.heap if leaves.get(e[4]) == e[3]}
+        for node in brute_force:
+            want = (self.priority(node), node.last_access_time, node.id)
+            if live.get(node) != want:
+                raise InvariantError(entry_rule, node=node, heap_entry=live.get(node), expected=want)
+
+
+class TreeCore:
+    """The mechanics a radix tree shares (a base class). A tree sets ``root_node`` (lock_ref 1, never counted) and
+    calls :meth:`_reset_core` in its ``reset``; it supplies ``_update_leaf_status`` when its leaf rule is not "unlocked
+    and childless" and ``_lock_guard`` when a lock may be refused (an evicted or foreign node) or switched off."""
+
+    root_node: Any
+    leaf_index: LeafIndex
+    structure_version = 0  # bumped by every node made or deleted (splits too); see _register_node / _drop_leaf
+    # sizes in the tree's unit (tokens; pages for the page tree): locked / unlocked nodes' keys
+    evictable_size_ = 0
+    protected_size_ = 0
+
+    def _reset_core(self, priority: Callable[[Any], Any]) -> None:
+        """An empty tree's bookkeeping (the caller then makes the root): no leaves, sizes 0, a fresh node count, and a
+        new structure version (a replay recorded before the reset never matches again)."""
+        self.structure_version += 1
+        self._next_id = 0
+        self.leaf_index = LeafIndex(priority)
+        self._leaves = self.leaf_index.leaves  # (its dict, for the hot paths' membership tests)
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+
+    def _register_node(self) -> int:
+        """A node is made: its id (creation order), and the structure changed."""
+        node_id = self._next_id
+        self._next_id = node_id + 1
+        self.structure_version += 1
+        return node_id
+
+    def adopt(self, root_node, next_id: int) -> None:
+        """Take over a tree built node by node (its root and the next node id): every node's leaf status is filed."""
+        self.root_node = root_node
+        self._next_id = next_id
+        for node in self.nodes():
+            if node is not root_node:
+                self._update_leaf_status(node)
+
+    @property
+    def evictable_leaves(self):
+        """The evictable leaves: a live, read-only view of the index (set operations work)."""
+        return self.leaf_index.leaves.keys()
+
+    # -- sizes ----------------------------------------------------------------------------------------------------
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        return self.evictable_size_ + self.protected_size_
+
+    def nodes(self) -> Iterator:
+        """Every node, the root first (pre-order)."""
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # -- the evictable-leaf index ---------------------------------------------------------------------------------
+    def _update_leaf_status(self, node) -> None:
+        """An evictable leaf: unlocked and childless."""
+        leaves = self._leaves  # (a membership test is the common case, kept cheap)
+        if node.lock_ref > 0 or node.children:
+            if node in leaves:
+                del leaves[node]
+        elif node not in leaves:
+            self.leaf_index.push(node)
+
+    def _drop_leaf(self, node) -> None:
+        """The core's part of deleting an evictable leaf: the structure changes, its size leaves the counters and it
+        leaves the index. The tree unlinks it from its parent, then files the parent's leaf status."""
+        self.structure_version += 1
+        self.evictable_size_ -= len(node.key)
+        self.leaf_index.leaves.pop(node, None)
+
+    # -- locks ----------------------------------------------------------------------------------------------------
+    # A tree whose locks may be refused (an evicted or foreign node) or switched off (``disable``) sets this to a
+    # method ``_lock_guard(node, what) -> bool``: True skips the lock (disabled), a refused node raises
+    # :class:`LockRefError`. None: every lock is taken, with no call on the hot path (the page tree).
+    _lock_guard = None
+
+    def inc_lock_ref(self, node) -> int:
+        """Lock ``node`` and its ancestors (not the root). Returns the evictable-size delta (<= 0). A node locked for
+        the first time leaves the leaf index (a locked node is no evictable leaf)."""
+        if node is self.root_node:
+            return 0
+        guard = self._lock_guard
+        if guard is not None and guard(node, "inc_lock_ref"):
+            return 0
+        delta = 0
+        root, leaves = self.root_node, self._leaves
+        while node is not root:
+            if node.lock_ref == 0:
+                n = len(node.key)
+                self.evictable_size_ -= n
+                self.protected_size_ += n
+                delta -= n
+                node.lock_ref = 1
+                if node in leaves:
+                    del leaves[node]
+            else:
+                node.lock_ref += 1
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node) -> int:
+        """Undo one ``inc_lock_ref(node)``. Returns the evictable-size delta (>= 0)."""
+        if node is self.root_node:
+            return 0
+        guard = self._lock_guard
+        if guard is not None and guard(node, "dec_lock_ref"):
+            return 0
+        if node.lock_ref <= 0:
+            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
+        delta = 0
+        root = self.root_node
+        while node is not root:
+            if node.lock_ref == 1:
+                n = len(node.key)
+                self.evictable_size_ += n
+                self.protected_size_ -= n
+                delta += n
+                node.lock_ref = 0
+                self._update_leaf_status(node)
+            else:
+                node.lock_ref -= 1
+            node = node.parent
+        return delta
+
+    # -- the invariants every tree shares -------------------------------------------------------------------------
+    def _check_root(self, name: str) -> None:
+        root = self.root_node
+        if root.lock_ref != 1 or len(root.key) or root.parent is not None:
+            raise InvariantError(f"{name}: root must have lock_ref 1, an empty key and no parent",
+                                 lock_ref=root.lock_ref, key_len=len(root.key), parent=root.parent)
+
+    def _check_sizes(self, counted: list, name: str, evictable_size: int | None = None,
+                     protected_size: int | None = None) -> None:
+        """The size counters (``evictable_size`` / ``protected_size``, the tree's own by default) equal the keys of the
+        ``counted`` nodes that are unlocked / locked."""
+        evictable = protected = 0
+        for node in counted:
+            if node.lock_ref:
+                protected += len(node.key)
+            else:
+                evictable += len(node.key)
+        evictable_size = self.evictable_size_ if evictable_size is None else evictable_size
+        protected_size = self.protected_size_ if protected_size is None else protected_size
+        require((evictable, protected) == (evictable_size, protected_size),
+                f"{name}: counters evictable/protected match the tokens of unlocked/locked nodes",
+                evictable=evictable_size, protected=protected_size, tree_evictable=evictable,
+                tree_protected=protected)
+
+    def _check_leaf_index(self, nodes: list, name: str) -> None:
+        """The index holds exactly the unlocked childless nodes, each with a live heap entry (``nodes``: non-root)."""
+        self.leaf_index.check({n for n in nodes if not n.lock_ref and not n.children},
+                              f"{name}: the evictable-leaf index holds exactly the unlocked leaves",
+                              f"{name}: every evictable leaf has a live heap entry with its current priority")
