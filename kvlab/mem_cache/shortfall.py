@@ -30,10 +30,9 @@ def tokens_to_evict(num_tokens: int, available: int, mode: str = "shortfall") ->
     """The tokens to ask the tree for when ``num_tokens`` slots are needed and ``available`` are free: 0 when
     nothing is missing; else the shortfall ``num_tokens - available`` (``mode="shortfall"``, the fix) or all of
     ``num_tokens`` (``mode="full"``, SGLang <= 0.5.16)."""
-    shortfall = shortfall_tokens(num_tokens, available)
-    if not shortfall:
+    if num_tokens <= available:  # nothing is missing: no version evicts
         return 0
-    return shortfall if mode == "shortfall" else num_tokens  # finding 2: the bug asked for num_tokens
+    return num_tokens - available if mode == "shortfall" else num_tokens  # finding 2: the bug asked for num_tokens
 
 
 def over_evicted_tokens(evicted: int, requested: int, shortfall: int) -> int:

@@ -39,6 +39,9 @@ class NewTokenRatio:
 
     def decay(self, rounds: int = 1) -> None:
         """``rounds`` decode rounds without retraction, one decay step each (to the floor)."""
+        if rounds == 1:  # (a round of the loop; the quiet runs decay many at once)
+            self.value = self.decayed(self.value)
+            return
         value, decayed = self.value, self.decayed
         for _ in range(rounds):
             value = decayed(value)
