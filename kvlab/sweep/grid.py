@@ -87,13 +87,8 @@ class Grid:
         from kvlab.mem_cache.common import EVICTION_MODES
         from kvlab.mem_cache.evict_policy import EVICTION_POLICIES
 
-        for mode in self.evictions:
-            if mode not in EVICTION_MODES:
-                raise SweepError(f"--eviction: unknown eviction mode {mode!r} (known: {', '.join(EVICTION_MODES)})")
-        for policy in self.policies:
-            if policy not in EVICTION_POLICIES:
-                raise SweepError(f"--policy: unknown eviction policy {policy!r} "
-                                 f"(known: {', '.join(sorted(EVICTION_POLICIES))})")
+        _known("--eviction", "eviction mode", self.evictions, EVICTION_MODES)
+        _known("--policy", "eviction policy", self.policies, sorted(EVICTION_POLICIES))
         if not self.evictions or not self.policies:
             raise SweepError(f"--eviction and --policy need at least one value each, got {self.evictions!r} "
                              f"and {self.policies!r}")
@@ -107,10 +102,7 @@ class Grid:
             if isinstance(ratio, bool) or not isinstance(ratio, numbers.Real) or not 0 <= ratio <= top \
                     or ratio != ratio:
                 raise SweepError(f"--hicache-ratio: expected numbers in [0, {top:g}] (0: no host tier), got {ratio!r}")
-        for wp in self.hicache_write_policies:
-            if wp not in WRITE_POLICIES:
-                raise SweepError(f"--hicache-write-policy: unknown write policy {wp!r} "
-                                 f"(known: {', '.join(WRITE_POLICIES)})")
+        _known("--hicache-write-policy", "write policy", self.hicache_write_policies, WRITE_POLICIES)
         if not self.hicache_ratios or not self.hicache_write_policies:
             raise SweepError("--hicache-ratio and --hicache-write-policy need at least one value each")
         return Grid(
@@ -169,3 +161,10 @@ def _settings(point: Point) -> str:
     host = f" --hicache-ratio {point.hicache_ratio:g}" if point.hicache_ratio else ""
     return (f"--page-size {point.page_size} --kv-tokens {point.kv_tokens} --max-running {point.max_running}"
             f"{host}")
+
+
+def _known(flag: str, what: str, values, known) -> None:
+    """A SweepError naming ``flag`` and the first of ``values`` that is not one of ``known``."""
+    for value in values:
+        if value not in known:
+            raise SweepError(f"{flag}: unknown {what} {value!r} (known: {', '.join(known)})")
