@@ -26,7 +26,7 @@ def test_a_subset_of_the_hostile_probes_ends_cleanly(tmp_path, monkeypatch):
     monkeypatch.setenv("KVLAB_PROBE_CRASH_DIR", str(tmp_path / "crashes"))
     (tmp_path / "crashes").mkdir()
     probes = _subset(hostile_probe.probes(tmp_path / "probes", mutations=10))
-    assert 40 <= len(probes) <= 80, len(probes)
+    assert 40 <= len(probes) <= 100, len(probes)  # (issue 37 added categories: 81 now)
     results = hostile_probe.run(probes, jobs=2, timeout=45)
     counts = Counter(r.outcome for r in results)
     print(f"{len(results)} probes: {dict(counts)}")
