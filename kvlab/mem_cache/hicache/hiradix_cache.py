@@ -73,7 +73,7 @@ from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.request_flows import RequestFlows
-from kvlab.mem_cache.shortfall import EVICTION_MODES
+from kvlab.mem_cache.shortfall import EVICTION_MODES, check_mode
 from kvlab.mem_cache.tree_core import LeafIndex
 from kvlab.units import align_down
 
@@ -115,9 +115,7 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         if token_to_kv_pool_host.page_size != page_size:
             raise ValueError(f"HiRadixCache page_size {page_size} does not fit the host pool's page_size "
                              f"{token_to_kv_pool_host.page_size}")
-        if load_back_evict_mode not in LOAD_BACK_EVICT_MODES:
-            raise ValueError(f"load_back_evict_mode must be 'shortfall' (SGLang 0.5.23) or 'full' (0.5.16), "
-                             f"got {load_back_evict_mode!r}")
+        check_mode(load_back_evict_mode, "HiRadixCache load_back_evict_mode")
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, "HiRadixCache")
         self.token_to_kv_pool_host = token_to_kv_pool_host
         self.cache_controller = HiCacheController(token_to_kv_pool_allocator, token_to_kv_pool_host, write_policy,
