@@ -17,8 +17,8 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from kvlab.cli import main
 from kvlab.report import MARKER
+from tests.test_hostile_inputs import _refused  # (one check of a refusal, shared by the hostile-input tests)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -38,16 +38,6 @@ def _kvlab(*args: str, timeout: float = 60, cwd: Path | None = None) -> subproce
         filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     return subprocess.run([sys.executable, "-m", "kvlab.cli", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=cwd)
-
-
-def _refused(capsys, argv: list[str], *needles: str) -> str:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    assert err.startswith("kvlab: error: ") and err.count("\n") == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, (needle, err)
-    return err
 
 
 def _sha256(path: Path) -> str:
