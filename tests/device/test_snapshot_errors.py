@@ -36,7 +36,7 @@ def _write(tmp_path, name, obj) -> str:
     [
         ("trace.json", json.dumps({"segments": []}).encode()),  # memory_viz's JSON export, not the pickle
         ("empty.pickle", b""),
-        ("snapshot.pickle.gz", gzip.compress(b"\x80\x04K\x01.")),
+        ("snapshot.pickle.gz", gzip.compress(b"\x80\x04K\x01.", mtime=0)),  # (mtime 0: the same id every run)
         ("truncated.pickle", pickle.dumps({"segments": [1, 2, 3]}, protocol=4)[:-5]),
     ],
 )
