@@ -188,7 +188,7 @@ def _gpu(gpu_name: str | None, text: str) -> tuple[str | None, str]:
                 else (None, f"the log prints {gpu_name!r}, not a GPU kvlab knows"))
     if m := _VLLM_TOTAL.search(text):
         total = float(m.group(1))
-        hits = [n for n, spec in DEVICE_PRESETS.items() if abs(torch_total(spec).gib - total) < 0.05]
+        hits = [n for n, spec in DEVICE_PRESETS.items() if abs(torch_total(spec).gib - total) < 0.006]  # printed to 2 decimals
         if len(hits) == 1:
             return hits[0], f"the log's total_gpu_memory ({total} GiB)"
         return None, f"the log's total_gpu_memory ({total} GiB) is not the total of exactly one GPU kvlab knows"

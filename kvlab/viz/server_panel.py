@@ -484,10 +484,11 @@ class ServerPanel:
             self.asks.value = self.asks_html()
             return
         exp, comparison = self.explain()
-        if reset_fraction and exp.mem_fraction_static is not None:
+        if reset_fraction:  # the log's own TP (a vLLM log's too: no other log's stays beside it) and fraction
             if exp.tp_size not in self.tp.options:  # a TP size the menu lacks (e.g. 3): offer it
                 self._set_quietly(options=tuple(sorted({*TP_SIZES, exp.tp_size})), target=self.tp)
-            self._set_quietly(fraction=round(exp.mem_fraction_static, 2), tp=exp.tp_size)
+            fraction = {} if exp.mem_fraction_static is None else {"fraction": round(exp.mem_fraction_static, 2)}
+            self._set_quietly(tp=exp.tp_size, **fraction)
             if exp.what_if:
                 exp, comparison = self.explain()
         self.explanation, self.comparison = exp, comparison
