@@ -73,7 +73,8 @@ def shipped_models() -> dict[str, dict]:
     return models
 
 
-def _load(model: str):
+def load_shipped(model: str):
+    """The ModelConfig of a model kvlab ships (a preset name, or a config path under data/)."""
     from kvlab.model.hf_config import load_model_config
     from kvlab.serving.examples import DATA_DIR
 
@@ -136,7 +137,7 @@ def _explained(text: str, name: str, model: str | None):
     from kvlab.serving.explain import explain_text
 
     try:
-        return explain_text(text, name, model_config=_load(model) if model else None)
+        return explain_text(text, name, model_config=load_shipped(model) if model else None)
     except KvlabError:
         return None
 

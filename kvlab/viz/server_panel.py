@@ -390,12 +390,14 @@ class ServerPanel:
 
     # ---- the controller ----------------------------------------------------------------------------
     def model_config(self):
-        from kvlab.model.hf_config import config_from_dict, config_json_from_text, load_model_config
-        from kvlab.serving.examples import DATA_DIR
+        from kvlab.model.hf_config import config_from_dict, config_json_from_text
+        from kvlab.serving.log_inputs import load_shipped
+        from kvlab.serving.sglang_log import LogError
 
+        if self.model.value == CHOOSE:
+            raise LogError("no model config: choose one (the model config menu)")
         if self.model.value != PASTED:
-            path = DATA_DIR / self.model.value
-            return load_model_config(path if path.exists() else self.model.value)
+            return load_shipped(self.model.value)
         text = self.config_text.value.strip()
         if not text:
             return None

@@ -13,9 +13,16 @@ import pytest
 
 from kvlab.serving.examples import EXAMPLES, LOG_DIR
 from kvlab.serving.explain import explain_text
-from kvlab.serving.log_inputs import _load
-from kvlab.viz.server_panel import CHOOSE, FROM_LOG, PASTED, TICK_ANGLE, ServerPanel, explanation_waterfall, \
-    slanted_labels
+from kvlab.serving.log_inputs import load_shipped
+from kvlab.viz.server_panel import (
+    CHOOSE,
+    FROM_LOG,
+    PASTED,
+    TICK_ANGLE,
+    ServerPanel,
+    explanation_waterfall,
+    slanted_labels,
+)
 from tests.shared_data import real_data
 
 LLAMA = "llama-3.1-8b-h100-sglang-0.5.23"
@@ -70,7 +77,7 @@ def test_logs_pasted_one_after_another_are_each_judged_alone(order):
         panel.log_text.value = text
         assert not _errors(panel), name
         assert (panel.model.value, panel.gpu.value, panel.vllm_text.value) == (model, gpu or FROM_LOG, ""), name
-        alone = explain_text(text, "the log", model_config=_load(model), gpu=gpu)
+        alone = explain_text(text, "the log", model_config=load_shipped(model), gpu=gpu)
         exp = panel.explanation
         assert (exp.max_total_num_tokens_computed, exp.consistent, exp.tp_size) == (
             alone.max_total_num_tokens_computed, alone.consistent, alone.tp_size), name
