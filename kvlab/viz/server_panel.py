@@ -69,16 +69,16 @@ def slanted_labels(names) -> tuple[list[str], int]:
     return wrapped, math.ceil(widest * math.sin(angle) + tallest * math.cos(angle)) + 16
 
 
+HOVER_WIDTH = 90  # characters per line of a hover's words: a long "assumed" basis wraps instead of running off
+HOVER = "%{customdata[0]}: %{customdata[1]} GiB<br>%{customdata[2]}<extra></extra>"
+
+
 def term_hover(term, value: str) -> list[str]:
     """One bar's hover: [its name, the term as drawn on it (with the "*" of an assumed term), how it is made and
     what it rests on]: the term itself, never the waterfall's running level."""
-    how = html.escape(term.how, quote=False) + ("<br>* assumed, not read: rests on "
-                                               + html.escape("; ".join(term.assumed), quote=False)
-                                   if term.assumed else "")
-    return [term.name, value, how]
-
-
-HOVER = "%{customdata[0]}: %{customdata[1]} GiB<br>%{customdata[2]}<extra></extra>"
+    how = term.how + ("\n* assumed, not read: rests on " + "; ".join(term.assumed) if term.assumed else "")
+    lines = [wrapped for part in how.split("\n") for wrapped in textwrap.wrap(part, HOVER_WIDTH)]
+    return [term.name, value, "<br>".join(html.escape(line, quote=False) for line in lines)]
 
 
 def explanation_waterfall(exp) -> go.Figure:
@@ -206,7 +206,9 @@ def summary_html(exp, comparison=None, inputs: str = "") -> str:
 def comparison_lacks(exp) -> str:
     """What the SGLang-vs-vLLM comparison lacks for this explanation, in words ("" where nothing)."""
     if exp.model_config is None or exp.device is None:
-        return "needs the model config and the GPU"
+        need = [what for what, value in (("the model config", exp.model_config), ("the GPU", exp.device))
+                if value is None]
+        return f"needs {' and '.join(need)} (choose {'them' if len(need) > 1 else 'it'} above)"
     absent = exp.model_config.lacks()
     if absent:
         return (f"the config has no {', '.join(repr(f) for f in absent)}: the weights per rank and vLLM's "

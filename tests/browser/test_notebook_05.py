@@ -146,7 +146,8 @@ def _check_waterfall_at_1280(page: Page, artifacts: Path) -> None:
     assert layout["ticks"] >= 4 and layout["notes"] >= 1 and layout["overlaps"] == 0 and layout["outside"] == 0, layout
     weights = lab.widget(page, "kvlab-waterfall").locator(".point").nth(1)
     weights.scroll_into_view_if_needed()
-    weights.hover()
+    box = weights.bounding_box()  # plotly's drag layer takes the pointer events: move the mouse over the bar
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     hover = lab.widget(page, "kvlab-waterfall").locator(".hoverlayer .hovertext")
     hover.wait_for(timeout=10_000)
     text = hover.text_content()

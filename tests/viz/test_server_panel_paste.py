@@ -63,7 +63,7 @@ def test_the_issue_case_paste_llama_after_the_default_qwen3():
         ": consistent with the log")
     # the log names no GPU: the comparison waits for one, and the panel asks for it (it does not keep h100-80g)
     assert panel.comparison is None and "Choose the GPU" in panel.asks.value
-    assert "needs the model config and the GPU" in panel.engines.figure.layout.title.text
+    assert "needs the GPU (choose it above)" in panel.engines.figure.layout.title.text
     assert "LlamaForCausalLM" in panel.summary.value  # where the model came from
 
 
@@ -157,6 +157,7 @@ def test_waterfall_hover_is_each_bars_term(example):
         term = terms[name]
         assert value == text and float(value.rstrip("*")) == pytest.approx(term.gib, abs=0.005)
         assert value.endswith("*") == bool(term.assumed) == ("* assumed, not read" in how)
+        assert all(len(line) <= 90 for line in how.split("<br>"))  # wrapped: no hover wider than the figure
 
 
 def test_the_default_weights_hover_is_the_term_not_the_level():
