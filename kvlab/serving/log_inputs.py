@@ -132,12 +132,11 @@ def _vllm_named(text: str) -> str | None:
     return None
 
 
-def _explained(text: str, name: str, model: str | None):
-    """The log explained with ``model`` (None: from the log alone), or None where it cannot be."""
-    from kvlab.serving.explain import explain_text
-
+def _explained(explain, model: str):
+    """The log explained (``explain``: the parsed log's explanation for a model config) with ``model``, or None
+    where it cannot be."""
     try:
-        return explain_text(text, name, model_config=load_shipped(model) if model else None)
+        return explain(load_shipped(model))
     except KvlabError:
         return None
 
@@ -159,12 +158,12 @@ def _weights_fit(exp) -> bool:
     return abs(loaded - expected) <= WEIGHTS_TOLERANCE * expected
 
 
-def _by_evidence(text: str, name: str, arch: str | None, context: int | None) -> tuple[str | None, tuple, str]:
+def _by_evidence(explain, arch: str | None, context: int | None) -> tuple[str | None, tuple, str]:
     """(model, candidates, how) from the architecture and the log's own numbers."""
     models = [m for m, data in shipped_models().items() if arch is None or arch in (data.get("architectures") or ())]
     if not models:
         return None, (), f"no model kvlab ships has the log's architecture {arch}"
-    explained = {m: _explained(text, name, m) for m in models}
+    explained = {m: _explained(explain, m) for m in models}
     fitting = [m for m in models if _fits(explained[m], context)]
     by = ("architecture " + arch if arch else "no architecture printed") + (f", context {context:,}" if context else "")
     if len(fitting) > 1:
@@ -199,21 +198,23 @@ def _gpu(gpu_name: str | None, text: str) -> tuple[str | None, str]:
 def log_inputs(text: str, name: str = "the log") -> LogInputs:
     """The model, GPU and TP size ``text`` (an SGLang or vLLM start-up log) implies; a LogError where it is no
     start-up log kvlab reads (the same one ``explain_text`` raises)."""
-    from kvlab.serving.explain import require_readings, tp_size_of
+    from kvlab.serving.explain import explain_sglang, require_readings, tp_size_of
     from kvlab.serving.sglang_log import parse_sglang_log
     from kvlab.serving.vllm_explain import explain_vllm
     from kvlab.serving.vllm_log import looks_like_vllm, parse_vllm_log
 
-    log = parse_sglang_log(text, name)
+    log = parse_sglang_log(text, name)  # parsed once: each model tried explains the parsed log
     if not log.ranks and looks_like_vllm(text):
         vllm = parse_vllm_log(text, name)
         if not vllm.available_gib:
             explain_vllm(vllm)  # raises what the log lacks, as the explanation would
+        explain = functools.partial(explain_vllm, vllm)
         engine, named, arch, gpu_name = "vllm", _vllm_named(text), None, None
         tp = vllm.tp_size or (1 + max(vllm.available_gib) if vllm.available_gib else None)
         context = None if "max_model_len" in text else vllm.max_model_len
     else:
         require_readings(log, [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None])
+        explain = functools.partial(explain_sglang, log)
         engine, named, arch, gpu_name = "sglang", _sglang_named(log), log.arch, log.gpu_name
         tp = tp_size_of(log)[0]
         set_context = log.setting("context_length")[0]
@@ -221,7 +222,7 @@ def log_inputs(text: str, name: str = "the log") -> LogInputs:
     model, how = match_name(named) if named else (None, "the log names no model")
     candidates = ()
     if model is None:
-        model, candidates, by = _by_evidence(text, name, arch, context)
+        model, candidates, by = _by_evidence(lambda config: explain(model_config=config), arch, context)
         how = f"{how}; {by}"
     gpu, gpu_how = _gpu(gpu_name, text)
     return LogInputs(engine, model, how, gpu, gpu_how, tp, named, arch, candidates)
