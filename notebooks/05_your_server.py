@@ -130,8 +130,12 @@ what_if_figure(exp)
 
 # %% [markdown]
 # ## 4 · Your server, live
-# Pick an example log, or paste / upload your own log and `config.json`; choose the GPU where the log does not name
-# it. The what-if controls recompute the pool with one setting changed.
+# Pick an example log, or paste / upload your own log and `config.json`. A pasted or uploaded log brings its own
+# inputs: the model config from the model it names (else from its architecture and its own numbers: cell size,
+# context length, what loading took), the GPU from the product name it prints, the TP size it ran with. Where it
+# does not say, the panel asks (nothing is computed before a model config is chosen); nothing an earlier example
+# set stays, and a config that contradicts the log is the error at the top of the verdict. The what-if controls
+# recompute the pool with one setting changed.
 
 # %% tags=["dashboard"]
 from kvlab.viz.server_panel import ServerPanel  # imported here too: `kvlab app 05` runs this cell first

@@ -76,7 +76,8 @@ def _check_given_version(given: str) -> None:
 MAX_LOG_TOKENS = 10 ** 12
 
 
-def _tp_size(log: SGLangStartup) -> tuple[int, str]:
+def tp_size_of(log: SGLangStartup) -> tuple[int, str]:
+    """(the TP size, where it was read): server_args / the launch command, else the TP ranks the log prints."""
     value, where = log.setting("tp_size")
     if value is not None:
         return _bounded(_int_or(value, None, f"{log.path}: {where}", "tp_size"), 1, MAX_PARALLEL,
@@ -236,10 +237,10 @@ def explain_sglang(log: SGLangStartup, *, model_config: ModelConfig | None = Non
                    gpu: str | None = None, sglang_version: str | None = None, kv_cache_dtype: str | None = None,
                    what_if=()) -> Explanation:
     with_readings = [r for r in log.ranks.values() if r.before_gib is not None and r.after_gib is not None]
-    _require_readings(log, with_readings)
+    require_readings(log, with_readings)
     _require_possible_readings(log, with_readings)
     version, version_source, rules = _assumed_version(log, sglang_version)
-    tp, tp_source = _tp_size(log)
+    tp, tp_source = tp_size_of(log)
     dp = _setting_int(log, "dp_size", 1)
     flags = {"speculative": log.setting("speculative_algorithm")[0] not in (None, "None"),
              "dp_attention": log.setting("enable_dp_attention")[0] == "True"}
@@ -342,7 +343,9 @@ def _post_load_terms(log: SGLangStartup, config: ModelConfig | None,
                     f"{config.head_dim} × 4 B (FP32) = {size:,} B; its allocator segment is not counted"}], []
 
 
-def _require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:
+def require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> None:
+    """A LogError naming what is missing where no rank printed both memory readings (a cut log, a log of a version
+    that printed none, or no start-up log at all)."""
     if with_readings:
         return
     begun = [r for r in log.ranks.values() if r.before_gib is not None]

@@ -6,7 +6,8 @@
 - ``ranks_disagree``: ranks printed different readings or pool sizes (SGLang uses the minimum);
 - ``incomplete_ranks``: some ranks began loading but never printed the end of it;
 - ``outside_interval``: the logged pool is outside what the printed readings allow;
-- ``cell_mismatch``: the config's cell size disagrees with the log's own K/V sizes;
+- ``cell_mismatch`` (an error): the config's cell size disagrees with the log's own K/V sizes: the config
+  contradicts the log, so the pool computed with it says nothing about the server;
 - ``restarted``: the file holds several server starts (the last is explained); ``repeated_reading``: one rank
   printed a message again with another value (the first is used);
 - ``shared_gpu``: much of the card was in use before loading (another process);
@@ -58,8 +59,8 @@ def sglang_findings(exp, log: SGLangStartup) -> list[Finding]:
                       f"{pool.min_viable_fraction:.4f}", min_viable_fraction=round(pool.min_viable_fraction, 4)))
     _context(exp, out)
     _ranks(log, out)
-    _interval(exp, out)
     _cell_check(exp, log, out)
+    _interval(exp, out)
     _shared(exp, out)
     for term in exp.extra.get("uncounted_terms") or ():
         out.append(_f("term_not_counted", "info", term["message"], term=term["name"],
@@ -206,6 +207,12 @@ def _interval(exp, out: list) -> None:
     after_steps = "; ".join(gaps.after_steps) or "none"
     need_after = abs(gap_gib) * 1024
     need_before = need_after / max(1e-9, 1 - exp.mem_fraction_static)
+    if any(f.id == "cell_mismatch" for f in out):  # the config, not the readings, is what disagrees
+        out.append(_f("outside_interval", "warning",
+                      f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the printed readings allow with this "
+                      f"config's cell: the config contradicts the log (cell_mismatch), so choose the served model's "
+                      f"config before reading anything into the gap", gap_gib=round(gap_gib, 4)))
+        return
     causes = [f"free memory changed between the readings SGLang printed and the unprinted ones it used (sglang "
               f"{gaps.read} source): the pool uses {gaps.total_reading}, taken before 'Load weight begin' — steps "
               f"between: {before_steps} — and {gaps.post_reading}, taken after 'Load weight end' — steps between: "
@@ -233,9 +240,9 @@ def _cell_check(exp, log: SGLangStartup, out: list) -> None:
         if total and tokens:
             _, lo, hi = cell_from_logged_sizes(total, tokens + exp.page_size, 2 if r.k_gib is not None else 1)
             if not lo <= exp.cell_size_bytes <= hi:
-                out.append(_f("cell_mismatch", "warning", f"the config gives {exp.cell_size_bytes:,} B per token but "
-                              f"the log's K/V sizes (line {r.lines.get('kv')}) allow {lo:,}–{hi:,} B: a different "
-                              f"model, KV dtype or TP than assumed", logged_cell_range=[lo, hi]))
+                out.append(_f("cell_mismatch", "error", f"the config gives {exp.cell_size_bytes:,} B per token but "
+                              f"the log's K/V sizes (line {r.lines.get('kv')}) allow {lo:,}–{hi:,} B: the config "
+                              f"contradicts the log (a different model, KV dtype or TP)", logged_cell_range=[lo, hi]))
             return
 
 

@@ -29,13 +29,32 @@ def _vllm_cell(log: VLLMStartup, model_config, tp: int, avail: float, logged: in
                                  f"{model_config.kv_dtype} KV"
     if not logged:
         raise LogError(f"{log.path}: no pool size in the log and no config: pass --model-config CONFIG")
+    cell, cell_lo, cell_hi = logged_cell(log, avail, logged, block)
+    return cell, cell_lo, cell_hi, ("from the log's available KV memory over its token count (no config given: "
+                                    "only a consistency check)")
+
+
+def logged_cell(log: VLLMStartup, avail: float, logged: int, block: int) -> tuple[int, int, int]:
+    """(cell, low, high): the bytes per token the log's available KV memory over its token count allows."""
     cell = round(avail * GiB / logged)
     if cell < 1:
         raise LogError(f"{log.path}: {avail} GiB of KV memory for {logged:,} tokens is under one byte per token: "
                        f"the log's readings disagree")
-    cell_lo, cell_hi = int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
-    return cell, cell_lo, cell_hi, ("from the log's available KV memory over its token count (no config given: "
-                                    "only a consistency check)")
+    return cell, int((avail - HALF_STEP) * GiB // (logged + block)), int((avail + HALF_STEP) * GiB // logged)
+
+
+def _cell_check(log: VLLMStartup, exp, avail: float, logged: int | None, block: int) -> list[Finding]:
+    """With a config: a ``cell_mismatch`` error where its cell is outside what the log's own numbers allow (the
+    config contradicts the log: another model, KV dtype or TP)."""
+    if exp.model_config is None or not logged:
+        return []
+    _, lo, hi = logged_cell(log, avail, logged, block)
+    if lo <= exp.cell_size_bytes <= hi:
+        return []
+    return [Finding("cell_mismatch", "error", f"the config gives {exp.cell_size_bytes:,} B per token but the log's "
+                    f"available KV memory ({avail:.2f} GiB) over its {logged:,} tokens allows {lo:,}–{hi:,} B: the "
+                    f"config contradicts the log (a different model, KV dtype or TP)",
+                    {"logged_cell_range": [lo, hi]}, assumed=exp.rests_on("available"))]
 
 
 def _vllm_assumed(log: VLLMStartup, weights: float | None, avail: float, avail_rank) -> dict[str, str]:
@@ -101,6 +120,7 @@ def explain_vllm(log: VLLMStartup, *, model_config=None, gpu=None, what_if=()):
     exp.findings.extend(start_findings(
         log, marker="a 'vLLM API server version' line", between="no new 'vLLM API server version' line between",
         why="lines pasted twice, or several engines logging to one file; kvlab uses the first, line {kept}"))
+    exp.findings.extend(_cell_check(log, exp, avail, logged, block))
     if exp.consistent is False:
         exp.findings.append(Finding("outside_interval", "warning",
                                     f"logged {logged:,} tokens is outside the {lo:,}–{hi:,} the available KV memory "

@@ -35,6 +35,15 @@ _STATIC_SHOWN = """() => [...document.querySelectorAll('.jp-OutputArea-output')]
   ).length == 4"""
 _ANNOTATIONS = """(root) => { const gd = root.classList.contains('js-plotly-plot') ? root
     : root.querySelector('.js-plotly-plot'); return (gd.layout.annotations || []).map(a => a.text); }"""
+# the drawn x labels and notes of a figure: how many, how many labels touch a note, how many leave the figure
+_LABELS_AND_NOTES = """(root) => { const gd = root.classList.contains('js-plotly-plot') ? root
+    : root.querySelector('.js-plotly-plot');
+  const boxes = sel => [...gd.querySelectorAll(sel)].map(e => e.getBoundingClientRect()).filter(r => r.width > 0);
+  const ticks = boxes('.xtick text'), notes = boxes('.annotation-text'), fig = gd.getBoundingClientRect();
+  const hit = (a, b) => a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom;
+  return {ticks: ticks.length, notes: notes.length, overlaps: ticks.filter(t => notes.some(n => hit(t, n))).length,
+          outside: [...ticks, ...notes].filter(r => r.bottom > fig.bottom + 1 || r.left < fig.left - 1).length}; }"""
+LLAMA_LOG = LOG_DIR / "llama-3.1-8b-h100-sglang-0.5.23.log"
 
 
 def _cli(*args) -> dict:
@@ -87,12 +96,27 @@ def test_lab_draws_the_clis_numbers_and_the_controls_recompute(lab_page: Page, l
     bars = lab.wait_plotly_change(lab_page, ".kvlab-what-ifs", before)[0]
     assert list(bars["x"]) == ["as explained", "mem_fraction_static=0.9"] and bars["y"][1] == what_if
 
-    # another example: the waterfall and the summary are the CLI's for that log
+    _check_waterfall_at_1280(lab_page, artifacts)
+
+    # the Llama log's text pasted over the Qwen3 example: judged with its own model (the log's architecture and
+    # numbers), no Qwen3 vLLM log beside it, the GPU asked for: the verdict the menu gives for it (issue 35)
     ex = get_example("llama-3.1-8b-h100-sglang-0.5.23")
     cli_ex = _cli(LOG_DIR / ex.filename, "--model-config", ex.model_source, "--gpu", ex.gpu, "--compare-engines")
-    waterfall = lab.plotly_data(lab_page, ".kvlab-waterfall")
+    lab_page.locator(".kvlab-log-text textarea").fill(LLAMA_LOG.read_text())
+    verdict = (f"{cli_ex['max_total_num_tokens_computed']:,} tokens (print rounding allows "
+               f"{cli_ex['computed_range'][0]:,}–{cli_ex['computed_range'][1]:,}): consistent with the log")
+    lab.wait_widget_text(lab_page, "kvlab-summary", verdict, timeout=60_000)
+    lab.wait_widget_text(lab_page, "kvlab-asks", "Choose the GPU")
+    assert lab_page.locator(".kvlab-vllm-text textarea").input_value() == ""
+    assert lab.widget(lab_page, "kvlab-model").locator("select").input_value() == ex.model
+    lab.screenshot(lab_page, artifacts / "lab05_pasted_llama.png", ".kvlab-server-panel")
+
+    # the same log from the menu: the same verdict, and with the example's GPU the comparison is drawn
+    engines = lab.plotly_data(lab_page, ".kvlab-engines")
     lab.select_dropdown(lab_page, "kvlab-example", ex.name)
-    drawn = lab.wait_plotly_change(lab_page, ".kvlab-waterfall", waterfall, timeout=60_000)[0]
+    lab.wait_plotly_change(lab_page, ".kvlab-engines", engines, timeout=60_000)
+    lab.wait_widget_text(lab_page, "kvlab-summary", verdict)
+    drawn = lab.plotly_data(lab_page, ".kvlab-waterfall")[0]
     budget = next(t for t in cli_ex["terms"] if t["name"] == "KV pool budget (rest)")  # after any version terms
     assert drawn["y"][-1] == pytest.approx(budget["gib"])
     lab.wait_widget_text(lab_page, "kvlab-summary", f"{cli_ex['max_total_num_tokens_computed']:,} tokens")
@@ -109,6 +133,28 @@ def test_lab_draws_the_clis_numbers_and_the_controls_recompute(lab_page: Page, l
     _check_engines(lab_page, cli_ex["engine_comparison"])
     lab_page.wait_for_function(_STATIC_SHOWN, timeout=60_000)
     lab.screenshot(lab_page, artifacts / "lab05_reloaded.png", ".kvlab-server-panel")
+
+
+def _check_waterfall_at_1280(page: Page, artifacts: Path) -> None:
+    """At 1280 px with the file browser open (issue 35): the waterfall's slanted labels clear of its footnote and
+    inside the figure; the weights bar hovers as its term (−55.17 GiB, assumed), not the level after it (21.86)."""
+    size = page.viewport_size
+    page.set_viewport_size({"width": 1280, "height": 720})
+    lab.open_file_browser(page)
+    page.wait_for_timeout(1_000)  # the figures are laid out again at the new width
+    layout = lab.widget(page, "kvlab-waterfall").evaluate(_LABELS_AND_NOTES)
+    assert layout["ticks"] >= 4 and layout["notes"] >= 1 and layout["overlaps"] == 0 and layout["outside"] == 0, layout
+    weights = lab.widget(page, "kvlab-waterfall").locator(".point").nth(1)
+    weights.scroll_into_view_if_needed()
+    box = weights.bounding_box()  # plotly's drag layer takes the pointer events: move the mouse over the bar
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    hover = lab.widget(page, "kvlab-waterfall").locator(".hoverlayer .hovertext")
+    hover.wait_for(timeout=10_000)
+    text = hover.text_content()
+    assert "weights and other memory loaded: -55.17* GiB" in text and "assumed, not read" in text, text
+    lab.screenshot(page, artifacts / "lab05_waterfall_1280.png", ".kvlab-waterfall")
+    page.mouse.move(0, 0)
+    page.set_viewport_size(size)
 
 
 @pytest.mark.browser

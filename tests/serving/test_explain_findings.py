@@ -95,6 +95,8 @@ def test_outside_interval(tmp_path, capsys):
     assert j["consistent"] is False
     [f] = _findings(j, "outside_interval")
     assert "less than the readings give" in f["message"]
+    # the config agrees with the log's K/V sizes: the readings are what disagree, and their causes are listed
+    assert not _findings(j, "cell_mismatch") and "another process on the card" in f["message"]
 
 
 def test_cell_mismatch_between_config_and_logged_kv(tmp_path, capsys):
@@ -103,6 +105,19 @@ def test_cell_mismatch_between_config_and_logged_kv(tmp_path, capsys):
     [f] = _findings(j, "cell_mismatch")
     lo, hi = f["logged_cell_range"]
     assert lo <= 65_536 <= hi
+    assert f["severity"] == "error" and "contradicts the log" in f["message"]
+
+
+def test_a_config_that_contradicts_the_log_is_blamed_not_another_process(tmp_path, capsys):
+    """The log's pool and K/V sizes are for a 65,536-byte cell; llama-3-8b's is 131,072: the pool computed with it
+    is half the logged one. The gap is the config's, so outside_interval says so and blames no other process."""
+    tokens = sglang_tokens(70.0, 54.8, 0.85, 65_536)
+    j = run_json(capsys, write_log(tmp_path, _log(cell=65_536, tokens=tokens)), "--model-config", "llama-3-8b")
+    assert j["consistent"] is False
+    assert [f["id"] for f in j["findings"]][:2] == ["cell_mismatch", "outside_interval"]
+    [gap] = _findings(j, "outside_interval")
+    assert "contradicts the log (cell_mismatch)" in gap["message"]
+    assert "another process" not in gap["message"] and len(gap["message"]) < 400
 
 
 def test_shared_gpu_and_gpu_what_if(tmp_path, capsys):

@@ -41,7 +41,11 @@ def test_wrong_config_is_flagged(tmp_path, capsys):
     text = render_vllm_log("0.10.1.1", weights_gib=14.9, available_gib=50.0, tokens=_tokens(50.0, 131_072),
                            max_model_len=8192)
     j = run_json(capsys, write_log(tmp_path, text), "--model-config", "qwen3-0.6b")  # a different model
-    assert j["consistent"] is False and j["findings"][0]["id"] == "outside_interval"
+    assert j["consistent"] is False and [f["id"] for f in j["findings"]] == ["cell_mismatch", "outside_interval"]
+    # the config contradicts the log's own numbers (50 GiB over its tokens: 131,072 B per token): an error
+    [mismatch] = j["findings"][:1]
+    assert mismatch["severity"] == "error" and mismatch["logged_cell_range"][0] <= 131_072 <= \
+        mismatch["logged_cell_range"][1]
 
 
 def test_without_config_only_a_consistency_check(tmp_path, capsys):

@@ -149,7 +149,7 @@ def test_waterfall_terms_have_stable_keys(example):
     assert keys[0] == "free_before_load" and keys[-4:] == ["kept_out", "pool_budget", "kv_pool", "rounding"]
     budget = next(t for t in exp.terms() if t.key == "pool_budget")
     bars = explanation_waterfall(exp).data[0]
-    assert bars.x[-1] == budget.name and bars.y[-1] == budget.gib
+    assert bars.customdata[-1][0] == budget.name and bars.y[-1] == budget.gib
 
 
 def test_what_if_controls_are_off_for_a_vllm_log_and_say_why():
