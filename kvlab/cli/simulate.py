@@ -9,6 +9,7 @@ import kvlab.cli.flags as flags
 from kvlab.argtypes import int_at_least as _int_at_least
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.cli.output import print_compare
+from kvlab.cli.rounds import print_rounds, rounds_of, totals_with_rounds
 from kvlab.errors import KvlabError
 from kvlab.safe_text import printable
 
@@ -62,7 +63,14 @@ def run(args) -> int:
     from kvlab.mem_cache.options import PoolTooLargeError
     from kvlab.sched.config import check_pool, request_extent
     from kvlab.sched.scheduler import StepLimitError
-    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens, scheduler_config
+    from kvlab.sweep.point import (
+        closed_loop_options,
+        default_page_size,
+        load_requests,
+        parse_workload_params,
+        pool_tokens,
+        scheduler_config,
+    )
 
     page_size = args.page_size or default_page_size(trace=args.trace)
     overrides = parse_workload_params(args.workload_param)
@@ -72,7 +80,7 @@ def run(args) -> int:
     kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
     check_pool(request_extent(requests), page_size=page_size, kv_tokens=kv_tokens, **_pool_flags(args, page_size))
     options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy,
-                   **_hicache_options(args))
+                   **_hicache_options(args), **closed_loop_options(requests, args.seed))
     if args.compare and args.eviction is not None:
         raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
     if _hicache_options(args):  # the host pool it makes, checked (as each sweep point's) before anything runs
@@ -96,9 +104,10 @@ def run(args) -> int:
     if args.compare:
         _print_arms(arms, source, page_size, as_json=args.json)
     elif args.json:
-        print(json.dumps(result.totals(), indent=2))
+        print(json.dumps(totals_with_rounds(result), indent=2))
     else:
         _print_run(result, source, page_size)
+        print_rounds(rounds_of(result))
     return 0
 
 
