@@ -3,6 +3,8 @@ multiturn``; ``--compare-table`` prints it beside a published one)."""
 
 from __future__ import annotations
 
+from kvlab.safe_text import printable
+
 
 def rounds_of(result) -> list[dict]:
     """The run's per-round metrics (:func:`kvlab.sched.arrivals.round_metrics`) as JSON rows; [] for a workload
@@ -27,3 +29,28 @@ def print_rounds(rounds: list[dict]) -> None:
     for row in rounds:
         print(f"  Round {row['round']}: Average TTFT = {row['avg_ttft_s']:.2f}s, Cache Hit Rate = "
               f"{row['cache_hit_rate']:.6f} ({row['requests']} requests, {row['clients']} clients)")
+
+
+def print_table_comparison(comparison) -> None:
+    """``kvlab simulate --compare-table``: the settings, every value that is not the table's own, and the rounds
+    measured beside simulated."""
+    data = comparison.as_dict()
+    print(f"compare-table · {printable(comparison.plan.title)} · {printable(data['source'])}")
+    w = data["workload"]
+    print("bench: " + ", ".join(f"{k} {printable(str(v))}" for k, v in w.items()) + f", seed {data['seed']}")
+    host = f" · host tier --hicache-ratio {data['hicache_ratio']:g}" if data["hicache_ratio"] else ""
+    print(f"server: page size {data['page_size']} · device pool {data['kv_tokens']:,} tokens{host}")
+    print(f"device pool: {printable(data['device_pool'])}")
+    for note in data["notes"]:
+        print(f"  note: {printable(note)}")
+    print(f"{'round':>5}  {'requests':>8}  {'measured hit':>12}  {'simulated hit':>13}  {'difference':>10}  "
+          f"{'measured TTFT':>13}  {'simulated TTFT':>14}")
+    for row in data["rounds"]:
+        sim = row["simulated_cache_hit_rate"]
+        diff = f"{sim - row['measured_cache_hit_rate']:+.6f}" if sim is not None else "-"
+        ttft = row["measured_avg_ttft_s"]
+        print(f"{row['round']:>5}  {row['requests']:>8}  {row['measured_cache_hit_rate']:>12.6f}  "
+              f"{'-' if sim is None else f'{sim:.6f}':>13}  {diff:>10}  "
+              f"{'-' if ttft is None else f'{ttft:.2f}s':>13}  "
+              f"{'-' if row['simulated_avg_ttft_s'] is None else format(row['simulated_avg_ttft_s'], '.2f') + 's':>14}")
+    print("(TTFT: measured on the server's clock, simulated on kvlab's modelled clock; compare the hit rates)")

@@ -9,7 +9,7 @@ import kvlab.cli.flags as flags
 from kvlab.argtypes import int_at_least as _int_at_least
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.cli.output import print_compare
-from kvlab.cli.rounds import print_rounds, rounds_of, totals_with_rounds
+from kvlab.cli.rounds import print_rounds, print_table_comparison, rounds_of, totals_with_rounds
 from kvlab.errors import KvlabError
 from kvlab.safe_text import printable
 
@@ -31,6 +31,9 @@ def add_parser(commands, command: str | None) -> None:
     source.add_argument("--trace", help="Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids)")
     source.add_argument("--workload", choices=list(WORKLOADS),
                         help="seeded synthetic workload")
+    source.add_argument("--compare-table", metavar="FILE[#ID]",
+                        help="a published per-round table of SGLang's bench_multiturn.py (JSONL, the schema of "
+                             "hicache_tables_examples.jsonl): run its settings and print measured vs simulated")
     sim.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
     sim.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload parameter, e.g. num_groups=16 (repeatable)")
@@ -72,6 +75,8 @@ def run(args) -> int:
         scheduler_config,
     )
 
+    if args.compare_table:
+        return _compare_table(args)
     page_size = args.page_size or default_page_size(trace=args.trace)
     overrides = parse_workload_params(args.workload_param)
     if overrides and args.trace:
@@ -108,6 +113,23 @@ def run(args) -> int:
     else:
         _print_run(result, source, page_size)
         print_rounds(rounds_of(result))
+    return 0
+
+
+def _compare_table(args) -> int:
+    """``--compare-table FILE[#ID]``: the table's own settings (the pool, page and host flags come from it)."""
+    from kvlab.experiments.published_tables import compare
+
+    given = [flag for flag, value in (("--workload-param", args.workload_param), ("--kv-tokens", args.kv_tokens),
+                                      ("--kv-pages", args.kv_pages), ("--page-size", args.page_size),
+                                      ("--hicache-ratio", args.hicache_ratio), ("--compare", args.compare)) if value]
+    if given:
+        raise ValueError(f"--compare-table runs the table's own settings: drop {', '.join(given)}")
+    comparison = compare(args.compare_table)
+    if args.json:
+        print(json.dumps(comparison.as_dict(), indent=2))
+    else:
+        print_table_comparison(comparison)
     return 0
 
 

@@ -1,0 +1,223 @@
+"""Published per-round tables of SGLang's multi-turn benchmark, side by side with kvlab's run of the same settings.
+
+A table is one JSON record in the schema of ``../shared/real-data/hicache_tables_examples.jsonl`` (``server``: the
+launch flags; ``bench``: ``bench_multiturn.py``'s arguments; ``rows``: round, ``avg_ttft_s``, ``cache_hit_rate``). A
+field may be given as ``<name>_inferred`` (a value the table's author or curator inferred): kvlab uses it and says
+so. What neither gives takes the script's default, said so too. The device pool comes from ``max_total_tokens``
+where given, else from model + GPU + ``mem_fraction_static`` with finding 1's arithmetic
+(:func:`kvlab.device.budget.kv_budget`), else it is an assumption stated in the output: a pool that holds the whole
+benchmark (no eviction). ``kvlab simulate --compare-table FILE[#ID]`` prints :func:`compare`'s result.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kvlab.errors import KvlabError
+from kvlab.units import align_up
+from kvlab.workloads.multiturn import prompt_length
+
+#: the table's storage fields and the ``kvlab simulate`` flags they map to (the storage tier, L3, adds the flags;
+#: until then they are reported, not modelled)
+STORAGE_FLAGS = {"hicache_storage_backend": "--hicache-storage-backend",
+                 "hicache_storage_prefetch_policy": "--hicache-storage-prefetch-policy"}
+#: the bench arguments a table may give, with bench_multiturn.py's defaults
+BENCH_DEFAULTS = {"num_clients": 256, "num_rounds": 5, "request_length": 512, "sub_question_input_length": 0,
+                  "output_length": 64, "max_parallel": 128, "request_rate": 1.0, "ready_queue_policy": "random",
+                  "enable_round_barrier": False, "disable_random_sample": False}
+MAX_TABLE_BYTES = 16 << 20
+
+
+class TableError(KvlabError, ValueError):
+    """A table file or record kvlab cannot read: the message names the file, line and field."""
+
+
+@dataclass
+class TablePlan:
+    """What a table asks kvlab to run, and every value that is not the table's own, said in ``notes``."""
+
+    table_id: str
+    label: str
+    source: str
+    workload: dict
+    seed: int
+    page_size: int
+    kv_tokens: int
+    hicache_ratio: float | None
+    storage: dict  # kvlab flag -> value (the storage tier's flags, not modelled here)
+    measured: list  # the table's rows
+    notes: list = field(default_factory=list)
+    pool_note: str = ""
+
+    @property
+    def title(self) -> str:
+        return f"{self.table_id} ({self.label})" if self.label else self.table_id
+
+
+def read_table(spec: str) -> tuple[dict, str]:
+    """``FILE[#ID]``: the record with that ``id`` (or the file's only record); returns it and ``FILE:LINE``."""
+    path, _, wanted = spec.partition("#")
+    try:
+        if Path(path).stat().st_size > MAX_TABLE_BYTES:
+            raise TableError(f"--compare-table {path}: larger than {MAX_TABLE_BYTES >> 20} MiB, not a table file")
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TableError(f"--compare-table {path}: cannot be read ({getattr(exc, 'strerror', None) or exc})") from None
+    records = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise TableError(f"{path}:{lineno}: not JSON ({exc.msg if hasattr(exc, 'msg') else exc})") from None
+        if not isinstance(record, dict):
+            raise TableError(f"{path}:{lineno}: expected a JSON object (one table), got {type(record).__name__}")
+        records.append((record, f"{path}:{lineno}"))
+    chosen = [r for r in records if not wanted or r[0].get("id") == wanted]
+    if not chosen:
+        ids = ", ".join(str(r[0].get("id")) for r in records)[:300]
+        raise TableError(f"--compare-table {spec}: no table {'with id ' + repr(wanted) if wanted else ''} in "
+                         f"{path} (ids: {ids or 'none'})")
+    if len(chosen) > 1:
+        raise TableError(f"--compare-table {path}: {len(chosen)} tables; name one as {path}#ID")
+    return chosen[0]
+
+
+def _given(section: dict, name: str, where: str, notes: list, default):
+    """A field as given, else its ``_inferred`` value (noted), else ``default`` (noted)."""
+    if section.get(name) is not None:
+        return section[name]
+    if section.get(f"{name}_inferred") is not None:
+        value = section[f"{name}_inferred"]
+        notes.append(f"{where}.{name} = {value!r} is inferred (the table's {name}_inferred), not published")
+        return value
+    if default is not None:
+        notes.append(f"{where}.{name} not given: bench_multiturn.py's default {default!r}")
+    return default
+
+
+def plan(record: dict, where: str) -> TablePlan:
+    """The run a table asks for (:class:`TablePlan`), or a :class:`TableError` naming the field."""
+    server, bench, rows = record.get("server"), record.get("bench"), record.get("rows")
+    for name, value, kind in (("server", server, dict), ("bench", bench, dict), ("rows", rows, list)):
+        if not isinstance(value, kind) or not value:
+            raise TableError(f"{where}: field {name!r} must be a non-empty {kind.__name__}, got {value!r:.60}")
+    notes: list[str] = []
+    workload = {name: _given(bench, name, "bench", notes, default) for name, default in BENCH_DEFAULTS.items()}
+    seed = bench.get("seed")
+    if seed is None:
+        notes.append("bench.seed not given: kvlab's seed 0 (the sender's pops and gaps)")
+    page_size = _given(server, "page_size", "server", notes, None) or 1
+    if not server.get("page_size") and not server.get("page_size_inferred"):
+        notes.append("server.page_size not given: SGLang's default 1")
+    measured = _rows(rows, where)
+    out = TablePlan(str(record.get("id", "")), str(record.get("table_label") or ""), str(record.get("url") or where),
+                    workload, 0 if seed is None else seed, page_size, 0,
+                    server.get("hicache_ratio") if server.get("enable_hierarchical_cache") else None,
+                    {flag: server[key] for key, flag in STORAGE_FLAGS.items() if server.get(key) is not None},
+                    measured, notes)
+    out.kv_tokens, out.pool_note = _device_pool(record, out)
+    if out.storage:
+        given = ", ".join(f"{flag} {value}" for flag, value in out.storage.items())
+        notes.append(f"storage tier ({given}): not modelled by this run; it adds hits only where the device and host "
+                     "tiers lost a prefix")
+    return out
+
+
+def _rows(rows: list, where: str) -> list[dict]:
+    out = []
+    for i, row in enumerate(rows):
+        ok = isinstance(row, dict) and all(isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)
+                                           for k in ("round", "cache_hit_rate"))
+        if not ok:
+            raise TableError(f"{where}: rows[{i}] needs a numeric 'round' and 'cache_hit_rate', got {row!r:.80}")
+        out.append(row)
+    return out
+
+
+def _device_pool(record: dict, p: TablePlan) -> tuple[int, str]:
+    """The device pool in tokens and how it was found."""
+    server, hardware = record["server"], record.get("hardware") or {}
+    ps = p.page_size
+    if server.get("max_total_tokens"):
+        return align_up(int(server["max_total_tokens"]), ps) // ps * ps, "server.max_total_tokens (given)"
+    model, gpu, fraction = server.get("model"), hardware.get("gpu"), server.get("mem_fraction_static")
+    if model and gpu and fraction:
+        return _finding_one_pool(model, gpu, fraction, server.get("tp") or 1, ps)
+    w = p.workload
+    last = prompt_length(w["num_rounds"] - 1, w["request_length"], w["output_length"],
+                         w["sub_question_input_length"]) + w["output_length"]
+    tokens = w["num_clients"] * (align_up(last, ps) + ps)
+    missing = ", ".join(k for k, v in (("model", model), ("GPU", gpu), ("mem_fraction_static", fraction)) if not v)
+    return tokens, (f"ASSUMED: the table gives no device pool ({missing} missing), so kvlab assumes one that holds "
+                    f"the whole benchmark, {tokens:,} tokens (no eviction: num_clients × (last prompt + output + a "
+                    f"page))")
+
+
+def _finding_one_pool(model: str, gpu: str, fraction: float, tp: int, page_size: int) -> tuple[int, str]:
+    """Finding 1's arithmetic: free memory before load (the GPU preset less its CUDA context) less the weights per
+    rank, SGLang's ``rest = after − before × (1 − f)`` and ``tokens = rest // cell``."""
+    from kvlab.device.budget import kv_budget
+    from kvlab.device.spec import find_device_spec, get_device_spec
+    from kvlab.model import get_model_config
+
+    try:
+        spec = find_device_spec(gpu) or get_device_spec(str(gpu).lower())
+        config = get_model_config(model)
+        before = spec.total_bytes - spec.non_pytorch_bytes
+        budget = kv_budget(pre_model_load_bytes=before, available_bytes=before - config.weight_bytes_per_rank(tp),
+                           mem_fraction_static=float(fraction), cell_size_bytes=config.cell_size_bytes(tp),
+                           context_len=config.context_len or 8192, page_size=page_size)
+    except ValueError as exc:
+        raise TableError(f"the device pool from model {model!r}, GPU {gpu!r}, mem_fraction_static {fraction!r}: "
+                         f"{exc}") from None
+    tokens = budget.max_total_num_tokens
+    return tokens, (f"derived with kvlab's finding-1 arithmetic: {model} on {spec.name} at TP {tp}, "
+                    f"mem_fraction_static {fraction} -> {tokens:,} tokens (CUDA context assumed per the GPU preset)")
+
+
+@dataclass
+class TableComparison:
+    """A table's rows beside kvlab's (``rows``: round, requests, measured and simulated hit rate and TTFT)."""
+
+    plan: TablePlan
+    rows: list
+    totals: dict
+
+    def as_dict(self) -> dict:
+        p = self.plan
+        return {"table": p.table_id, "label": p.label, "source": p.source, "workload": p.workload, "seed": p.seed,
+                "page_size": p.page_size, "kv_tokens": p.kv_tokens, "device_pool": p.pool_note,
+                "hicache_ratio": p.hicache_ratio, "storage_flags": p.storage, "notes": p.notes, "rounds": self.rows,
+                "totals": self.totals}
+
+
+def compare(spec: str) -> TableComparison:
+    """Read ``FILE[#ID]``, run its settings through ``kvlab simulate --workload multiturn`` and pair the rounds."""
+    from kvlab.experiments.shortfall_eviction import run
+    from kvlab.sched.arrivals import round_metrics
+    from kvlab.sweep.point import closed_loop_options
+    from kvlab.workloads.generators import make_workload
+
+    record, where = read_table(spec)
+    p = plan(record, where)
+    try:
+        requests = make_workload("multiturn", seed=p.seed, **p.workload)
+        host = {"hicache_ratio": float(p.hicache_ratio)} if p.hicache_ratio else {}
+        result = run(requests, page_size=p.page_size, kv_tokens=p.kv_tokens, **host,
+                     **closed_loop_options(requests, p.seed))
+    except ValueError as exc:
+        raise TableError(f"{where}: {exc}") from None
+    simulated = {m.round: m for m in round_metrics(result.records)}
+    rows = []
+    for row in p.measured:
+        sim = simulated.get(int(row["round"]))
+        rows.append({"round": int(row["round"]), "requests": sim.requests if sim else 0,
+                     "measured_cache_hit_rate": row["cache_hit_rate"],
+                     "simulated_cache_hit_rate": round(sim.cache_hit_rate, 6) if sim else None,
+                     "measured_avg_ttft_s": row.get("avg_ttft_s"),
+                     "simulated_avg_ttft_s": round(sim.avg_ttft_s, 6) if sim else None})
+    return TableComparison(p, rows, result.totals())
