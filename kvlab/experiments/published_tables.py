@@ -110,9 +110,15 @@ def plan(record: dict, where: str) -> TablePlan:
     seed = bench.get("seed")
     if seed is None:
         notes.append("bench.seed not given: kvlab's seed 0 (the sender's pops and gaps)")
-    page_size = _given(server, "page_size", "server", notes, None) or 1
+    page_size = _number(where, "server.page_size", _given(server, "page_size", "server", notes, None) or 1, int)
     if not server.get("page_size") and not server.get("page_size_inferred"):
         notes.append("server.page_size not given: SGLang's default 1")
+    for key, kind in (("max_total_tokens", int), ("hicache_ratio", float), ("mem_fraction_static", float),
+                      ("tp", int)):
+        if server.get(key) is not None:
+            _number(where, f"server.{key}", server[key], kind)
+    if server.get("hicache_ratio") and not server.get("enable_hierarchical_cache"):
+        notes.append("server.hicache_ratio given without enable_hierarchical_cache: no host tier")
     measured = _rows(rows, where)
     out = TablePlan(str(record.get("id", "")), str(record.get("table_label") or ""), str(record.get("url") or where),
                     workload, 0 if seed is None else seed, page_size, 0,
@@ -125,6 +131,15 @@ def plan(record: dict, where: str) -> TablePlan:
         notes.append(f"storage tier ({given}): not modelled by this run; it adds hits only where the device and host "
                      "tiers lost a prefix")
     return out
+
+
+def _number(where: str, name: str, value, kind: type):
+    """``value`` when it is a positive number (an int where ``kind`` is int), else a :class:`TableError`."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 and value == value
+    if not ok or (kind is int and not isinstance(value, int)):
+        raise TableError(f"{where}: field {name} must be a positive {'integer' if kind is int else 'number'}, "
+                         f"got {value!r:.40}")
+    return value
 
 
 def _rows(rows: list, where: str) -> list[dict]:

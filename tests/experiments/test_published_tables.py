@@ -83,13 +83,25 @@ def test_pool_from_model_gpu_and_mem_fraction(tmp_path):
 
 @pytest.mark.parametrize("content, needle", [("{not json", ":1: not JSON"), ("[1]", "expected a JSON object"),
                                              ('{"server": {"a": 1}, "bench": {"x": 1}, "rows": [{"round": "a"}]}',
-                                              "rows[0]")])
+                                              "rows[0]"),
+                                             ('{"server": {"page_size": "64"}, "bench": {"x": 1}, "rows": [{"round": '
+                                              '0, "cache_hit_rate": 0}]}', "field server.page_size must be a positive "
+                                                                           "integer, got '64'"),
+                                             ('{"server": {"page_size": 4}, "bench": {"num_clients": 0}, "rows": '
+                                              '[{"round": 0, "cache_hit_rate": 0}]}', "num_clients must be an int")])
 def test_bad_tables_exit_2(tmp_path, content, needle):
     path = tmp_path / "bad.jsonl"
     path.write_text(content)
     done = _cli("--compare-table", str(path))
     assert done.returncode == 2 and needle in done.stderr and done.stderr.startswith("kvlab: error:")
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_table_settings_are_the_tables_own(tmp_path):
+    done = _cli("--compare-table", str(_table(tmp_path)) + "#generated", "--kv-tokens", "4096")
+    assert done.returncode == 2 and "--compare-table runs the table's own settings: drop --kv-tokens" in done.stderr
+    done = _cli("--compare-table", str(_table(tmp_path)) + "#nothere")
+    assert done.returncode == 2 and "no table with id 'nothere'" in done.stderr and "generated" in done.stderr
 
 
 def test_storage_fields_map_to_one_dict():

@@ -46,12 +46,13 @@ def _check_closed_loop(reqs, result, max_parallel, barrier):
 @given(clients=st.integers(1, 6), rounds=st.integers(1, 4), length=st.integers(1, 80), sub=st.integers(0, 40),
        out=st.integers(1, 40), max_parallel=st.integers(1, 5), rate=st.sampled_from([0.5, 4.0, 100.0]),
        policy=st.sampled_from(["random", "fifo"]), barrier=st.booleans(), page=st.sampled_from([1, 4, 16]),
-       seed=st.integers(0, 3))
-def test_closed_loop_properties(clients, rounds, length, sub, out, max_parallel, rate, policy, barrier, page, seed):
+       seed=st.integers(0, 3), consecutive=st.booleans())
+def test_closed_loop_properties(clients, rounds, length, sub, out, max_parallel, rate, policy, barrier, page, seed,
+                                consecutive):
     record("closed_loop")
     params = dict(num_clients=clients, num_rounds=rounds, request_length=length, sub_question_input_length=sub,
                   output_length=out, max_parallel=max_parallel, request_rate=rate, ready_queue_policy=policy,
-                  enable_round_barrier=barrier)
+                  enable_round_barrier=barrier, disable_random_sample=consecutive)
     reqs, fast = _run(seed, page, 4096, True, **params)
     _check_closed_loop(reqs, fast, max_parallel, barrier)
     _, reference = _run(seed, page, 4096, False, **params)
