@@ -14,9 +14,9 @@ from kvlab.workloads import make_workload
 from tests.fuzz import fuzz_settings, record
 
 
-def _run(seed=0, page_size=16, kv_tokens=8192, fast=True, **params):
+def _run(seed=0, page_size=16, kv_tokens=8192, fast=True, host=None, **params):
     reqs = make_workload("multiturn", seed=seed, **params)
-    cfg = SchedulerConfig(kv_tokens=kv_tokens, page_size=page_size, fast_decode=fast,
+    cfg = SchedulerConfig(kv_tokens=kv_tokens, page_size=page_size, fast_decode=fast, hicache_ratio=host,
                           **closed_loop_options(reqs, seed))
     return reqs, simulate(reqs, cfg)
 
@@ -46,16 +46,18 @@ def _check_closed_loop(reqs, result, max_parallel, barrier):
 @given(clients=st.integers(1, 6), rounds=st.integers(1, 4), length=st.integers(1, 80), sub=st.integers(0, 40),
        out=st.integers(1, 40), max_parallel=st.integers(1, 5), rate=st.sampled_from([0.5, 4.0, 100.0]),
        policy=st.sampled_from(["random", "fifo"]), barrier=st.booleans(), page=st.sampled_from([1, 4, 16]),
-       seed=st.integers(0, 3), consecutive=st.booleans())
+       seed=st.integers(0, 3), consecutive=st.booleans(), host=st.sampled_from([None, 2.0]))
 def test_closed_loop_properties(clients, rounds, length, sub, out, max_parallel, rate, policy, barrier, page, seed,
-                                consecutive):
+                                consecutive, host):
+    """(``host``: with HiCache's host tier, whose copies may hold the loop idle until one lands or a request
+    arrives.)"""
     record("closed_loop")
     params = dict(num_clients=clients, num_rounds=rounds, request_length=length, sub_question_input_length=sub,
                   output_length=out, max_parallel=max_parallel, request_rate=rate, ready_queue_policy=policy,
                   enable_round_barrier=barrier, disable_random_sample=consecutive)
-    reqs, fast = _run(seed, page, 4096, True, **params)
+    reqs, fast = _run(seed, page, 1024, True, host, **params)
     _check_closed_loop(reqs, fast, max_parallel, barrier)
-    _, reference = _run(seed, page, 4096, False, **params)
+    _, reference = _run(seed, page, 1024, False, host, **params)
     assert fast.records == reference.records  # the bulk quiet rounds stop where a finish releases a request
     assert fast.totals() == reference.totals()
 
