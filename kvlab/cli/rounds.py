@@ -38,7 +38,7 @@ def print_table_comparison(comparison) -> None:
     print(f"compare-table · {printable(comparison.plan.title)} · {printable(data['source'])}")
     w = data["workload"]
     print("bench: " + ", ".join(f"{k} {printable(str(v))}" for k, v in w.items()) + f", seed {data['seed']}")
-    host = f" · host tier --hicache-ratio {data['hicache_ratio']:g}" if data["hicache_ratio"] else ""
+    host = f" · host tier {data['host_tier']}" if data["host_tier"] else ""
     print(f"server: page size {data['page_size']} · device pool {data['kv_tokens']:,} tokens{host}")
     print(f"device pool: {printable(data['device_pool'])}")
     for note in data["notes"]:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvlab.errors import KvlabError
-from kvlab.units import align_up
+from kvlab.units import GB, GiB, align_up
 from kvlab.workloads.multiturn import prompt_length
 
 #: the table's storage fields and the ``kvlab simulate`` flags they map to (the storage tier, L3, adds the flags;
@@ -45,11 +45,19 @@ class TablePlan:
     seed: int
     page_size: int
     kv_tokens: int
-    hicache_ratio: float | None
+    config: dict  # the other SchedulerConfig fields the server's flags give (host tier, chunk size, cost model)
     storage: dict  # kvlab flag -> value (the storage tier's flags, not modelled here)
     measured: list  # the table's rows
     notes: list = field(default_factory=list)
     pool_note: str = ""
+
+    @property
+    def host_tier(self) -> str:
+        """The host tier as SGLang's flag ("" without one)."""
+        c = self.config
+        if c.get("hicache_size_gib") is not None:
+            return f"--hicache-size {c['hicache_size_gib'] * GiB / GB:g} (GB)"
+        return f"--hicache-ratio {c['hicache_ratio']:g}" if c.get("hicache_ratio") else ""
 
     @property
     def title(self) -> str:
@@ -113,16 +121,13 @@ def plan(record: dict, where: str) -> TablePlan:
     page_size = _number(where, "server.page_size", _given(server, "page_size", "server", notes, None) or 1, int)
     if not server.get("page_size") and not server.get("page_size_inferred"):
         notes.append("server.page_size not given: SGLang's default 1")
-    for key, kind in (("max_total_tokens", int), ("hicache_ratio", float), ("mem_fraction_static", float),
-                      ("tp", int)):
+    for key, kind in (("max_total_tokens", int), ("hicache_ratio", float), ("hicache_size_gb", float),
+                      ("mem_fraction_static", float), ("tp", int), ("chunked_prefill_size", int)):
         if server.get(key) is not None:
             _number(where, f"server.{key}", server[key], kind)
-    if server.get("hicache_ratio") and not server.get("enable_hierarchical_cache"):
-        notes.append("server.hicache_ratio given without enable_hierarchical_cache: no host tier")
     measured = _rows(rows, where)
     out = TablePlan(str(record.get("id", "")), str(record.get("table_label") or ""), str(record.get("url") or where),
-                    workload, 0 if seed is None else seed, page_size, 0,
-                    server.get("hicache_ratio") if server.get("enable_hierarchical_cache") else None,
+                    workload, 0 if seed is None else seed, page_size, 0, _server_config(server, notes),
                     {flag: server[key] for key, flag in STORAGE_FLAGS.items() if server.get(key) is not None},
                     measured, notes)
     out.kv_tokens, out.pool_note = _device_pool(record, out)
@@ -131,6 +136,26 @@ def plan(record: dict, where: str) -> TablePlan:
         notes.append(f"storage tier ({given}): not modelled by this run; it adds hits only where the device and host "
                      "tiers lost a prefix")
     return out
+
+
+def _server_config(server: dict, notes: list) -> dict:
+    """The ``SchedulerConfig`` fields of the server's flags: the host tier (``--hicache-size`` in GB wins over
+    ``--hicache-ratio``, as in SGLang's ``HostKVCache``), its write policy, the chunk size."""
+    config: dict = {}
+    if server.get("enable_hierarchical_cache"):
+        if server.get("hicache_size_gb"):
+            config["hicache_size_gib"] = server["hicache_size_gb"] * GB / GiB
+        else:
+            config["hicache_ratio"] = float(server.get("hicache_ratio") or 2.0)
+            if not server.get("hicache_ratio"):
+                notes.append("server.hicache_ratio not given: SGLang's default 2")
+        if server.get("hicache_write_policy"):
+            config["hicache_write_policy"] = server["hicache_write_policy"]
+    elif server.get("hicache_ratio") or server.get("hicache_size_gb"):
+        notes.append("a host pool size given without enable_hierarchical_cache: no host tier")
+    if server.get("chunked_prefill_size"):
+        config["chunked_prefill_size"] = server["chunked_prefill_size"]
+    return config
 
 
 def _number(where: str, name: str, value, kind: type):
@@ -156,25 +181,53 @@ def _rows(rows: list, where: str) -> list[dict]:
 def _device_pool(record: dict, p: TablePlan) -> tuple[int, str]:
     """The device pool in tokens and how it was found."""
     server, hardware = record["server"], record.get("hardware") or {}
-    ps = p.page_size
-    if server.get("max_total_tokens"):
-        return align_up(int(server["max_total_tokens"]), ps) // ps * ps, "server.max_total_tokens (given)"
+    ps, cap = p.page_size, server.get("max_total_tokens")
     model, gpu, fraction = server.get("model"), hardware.get("gpu"), server.get("mem_fraction_static")
-    if model and gpu and fraction:
-        return _finding_one_pool(model, gpu, fraction, server.get("tp") or 1, ps)
+    unknown = _unknown_presets(model, gpu) if model and gpu and fraction else ""
+    if model and gpu and fraction and not unknown:
+        tokens, how = _finding_one_pool(_preset_name(model), gpu, fraction, server.get("tp") or 1, ps, p)
+        if cap and cap < tokens:
+            return cap // ps * ps, f"server.max_total_tokens (given; below what {how})"
+        return tokens, how
+    if cap:
+        return cap // ps * ps, "server.max_total_tokens (given)"
     w = p.workload
     last = prompt_length(w["num_rounds"] - 1, w["request_length"], w["output_length"],
                          w["sub_question_input_length"]) + w["output_length"]
     tokens = w["num_clients"] * (align_up(last, ps) + ps)
-    missing = ", ".join(k for k, v in (("model", model), ("GPU", gpu), ("mem_fraction_static", fraction)) if not v)
-    return tokens, (f"ASSUMED: the table gives no device pool ({missing} missing), so kvlab assumes one that holds "
+    missing = unknown or ", ".join(k for k, v in (("model", model), ("GPU", gpu), ("mem_fraction_static", fraction))
+                                   if not v) + " missing"
+    return tokens, (f"ASSUMED: the table gives no device pool ({missing}), so kvlab assumes one that holds "
                     f"the whole benchmark, {tokens:,} tokens (no eviction: num_clients × (last prompt + output + a "
                     f"page))")
 
 
-def _finding_one_pool(model: str, gpu: str, fraction: float, tp: int, page_size: int) -> tuple[int, str]:
+def _preset_name(model: str) -> str:
+    """kvlab's preset for a model as a table names it: ``meta-llama/Llama-3.1-8B-Instruct`` -> ``llama-3.1-8b``
+    (the repository's last part, lower case, an ``-instruct`` / ``-chat`` suffix dropped)."""
+    name = str(model).rsplit("/", 1)[-1].lower()
+    for suffix in ("-instruct", "-chat"):
+        name = name.removesuffix(suffix)
+    return name
+
+
+def _unknown_presets(model: str, gpu: str) -> str:
+    """Why finding 1 cannot size the pool ("" when it can): a model or GPU kvlab has no preset for."""
+    from kvlab.device.spec import DEVICE_PRESETS, find_device_spec
+    from kvlab.model import MODEL_PRESETS
+
+    if _preset_name(model) not in MODEL_PRESETS:
+        return f"model {model!r} is none of kvlab's presets ({', '.join(sorted(MODEL_PRESETS))})"
+    if find_device_spec(str(gpu)) is None and str(gpu).lower() not in DEVICE_PRESETS:
+        return f"GPU {gpu!r} is none of kvlab's presets"
+    return ""
+
+
+def _finding_one_pool(model: str, gpu: str, fraction: float, tp: int, page_size: int,
+                      p: TablePlan) -> tuple[int, str]:
     """Finding 1's arithmetic: free memory before load (the GPU preset less its CUDA context) less the weights per
-    rank, SGLang's ``rest = after − before × (1 − f)`` and ``tokens = rest // cell``."""
+    rank, SGLang's ``rest = after − before × (1 − f)`` and ``tokens = rest // cell``. The run's cost model takes the
+    model's KV bytes per token (host copies, ``--hicache-size``) and the GPU's host link."""
     from kvlab.device.budget import kv_budget
     from kvlab.device.spec import find_device_spec, get_device_spec
     from kvlab.model import get_model_config
@@ -190,8 +243,17 @@ def _finding_one_pool(model: str, gpu: str, fraction: float, tp: int, page_size:
         raise TableError(f"the device pool from model {model!r}, GPU {gpu!r}, mem_fraction_static {fraction!r}: "
                          f"{exc}") from None
     tokens = budget.max_total_num_tokens
+    p.config["cost"] = _cost_model(spec, config.cell_size_bytes(tp))
     return tokens, (f"derived with kvlab's finding-1 arithmetic: {model} on {spec.name} at TP {tp}, "
                     f"mem_fraction_static {fraction} -> {tokens:,} tokens (CUDA context assumed per the GPU preset)")
+
+
+def _cost_model(spec, kv_bytes_per_token: int):
+    from kvlab.sched.cost import CostModel
+
+    if spec.host_link_bytes_per_s is None:
+        return CostModel(kv_bytes_per_token=kv_bytes_per_token)
+    return CostModel.for_gpu(spec.name, kv_bytes_per_token)
 
 
 @dataclass
@@ -206,7 +268,7 @@ class TableComparison:
         p = self.plan
         return {"table": p.table_id, "label": p.label, "source": p.source, "workload": p.workload, "seed": p.seed,
                 "page_size": p.page_size, "kv_tokens": p.kv_tokens, "device_pool": p.pool_note,
-                "hicache_ratio": p.hicache_ratio, "storage_flags": p.storage, "notes": p.notes, "rounds": self.rows,
+                "host_tier": p.host_tier, "storage_flags": p.storage, "notes": p.notes, "rounds": self.rows,
                 "totals": self.totals}
 
 
@@ -221,8 +283,7 @@ def compare(spec: str) -> TableComparison:
     p = plan(record, where)
     try:
         requests = make_workload("multiturn", seed=p.seed, **p.workload)
-        host = {"hicache_ratio": float(p.hicache_ratio)} if p.hicache_ratio else {}
-        result = run(requests, page_size=p.page_size, kv_tokens=p.kv_tokens, **host,
+        result = run(requests, page_size=p.page_size, kv_tokens=p.kv_tokens, **p.config,
                      **closed_loop_options(requests, p.seed))
     except ValueError as exc:
         raise TableError(f"{where}: {exc}") from None

@@ -79,6 +79,20 @@ def test_pool_from_model_gpu_and_mem_fraction(tmp_path):
                        mem_fraction_static=0.8, cell_size_bytes=cfg.cell_size_bytes(1), context_len=cfg.context_len,
                        page_size=16).max_total_num_tokens
     assert p.kv_tokens == expect and "finding-1" in p.pool_note
+    assert p.config["cost"].kv_bytes_per_token == cfg.cell_size_bytes(1)  # host copies priced for the model
+    # as a table names them: the model's repository id, the GPU's product name
+    rec["server"]["model"], rec["hardware"]["gpu"] = "meta-llama/Llama-3.1-8B-Instruct", "NVIDIA H100 80GB HBM3"
+    path.write_text(json.dumps(rec))
+    assert compare(str(path)).plan.kv_tokens == expect
+    rec["server"]["max_total_tokens"] = 3000  # SGLang's cap, below the profiled pool: floored to the page
+    path.write_text(json.dumps(rec))
+    assert compare(str(path)).plan.kv_tokens == 2992
+    rec["server"].update(model="acme/Unknown-7B", max_total_tokens=None, enable_hierarchical_cache=True,
+                         hicache_size_gb=4)
+    path.write_text(json.dumps(rec))
+    p = compare(str(path)).plan
+    assert p.pool_note.startswith("ASSUMED") and "'acme/Unknown-7B' is none of kvlab's presets" in p.pool_note
+    assert p.host_tier == "--hicache-size 4 (GB)"
 
 
 @pytest.mark.parametrize("content, needle", [("{not json", ":1: not JSON"), ("[1]", "expected a JSON object"),
