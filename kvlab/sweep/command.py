@@ -237,13 +237,15 @@ def main(args: argparse.Namespace) -> int:
         # and so does a Ray cluster started here, kvlab.procs.reaped.)
         runs = []
         with stop_on_signals():
-            for combo in combos:
+            # last setting first: each run writes its rows before the file's other rows, so the file ends in order
+            for combo in reversed(combos):
                 requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=combo)
                 source = source_label(workload=args.workload, trace=args.trace, overrides=combo)
                 runs.append(run_sweep(requests, grid, source=source, seed=args.seed, engine=args.engine,
                                       workers=args.workers, ray_address=args.ray_address, out=args.out,
                                       extra=closed_loop_options(requests, args.seed),
                                       on_row=lambda row, done: new_rows.append(row)))
+        runs.reverse()
         run = runs[0] if len(runs) == 1 else replace(runs[-1], rows=tuple(r for one in runs for r in one.rows),
                                                       computed=sum(one.computed for one in runs),
                                                       skipped=sum(one.skipped for one in runs),
@@ -255,8 +257,11 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(list(run.rows), indent=2))
         print(run.cost(), file=sys.stderr)
         return 0
-    print(f"sweep · {printable(source)} · seed {args.seed} · {len(requests):,} requests"
-          + (f" (the last of {len(runs)} workload settings)" if len(runs) > 1 else ""))
+    if len(runs) > 1:
+        print(f"sweep · {printable(args.workload)} · {len(runs)} workload settings (--workload-axis; each row's "
+              f"source names its own) · seed {args.seed}")
+    else:
+        print(f"sweep · {printable(source)} · seed {args.seed} · {len(requests):,} requests")
     _print_table(list(run.rows), with_source=len(runs) > 1)
     print(printable(run.cost() + (f"; rows in {args.out}" if args.out else "")))
     return 0

@@ -31,6 +31,20 @@ def test_axes_rows_equal_simulate(capsys):
     assert seen == {(2, 1), (2, 4), (5, 1), (5, 4)}
 
 
+def test_axes_into_one_file_resume_in_axis_order(tmp_path, capsys):
+    import csv
+
+    out = tmp_path / "rows.csv"
+    argv = ["sweep", *BASE, "--workload-axis", "num_clients=2,3,4", "--page-size", "16", "--kv-tokens", "1024",
+            "--eviction", "shortfall", "--workers", "1", "--out", str(out)]
+    assert main(argv) == 0
+    assert "3 workload settings" in capsys.readouterr().out
+    sources = [json.loads(r["source"].partition(" ")[2])["num_clients"] for r in csv.DictReader(out.open())]
+    assert sources == [2, 3, 4]
+    assert main(argv) == 0
+    assert "3 points (3 already in rows.csv): 0 computed" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--workload-axis", "num_clients"], "--workload-axis 'num_clients': expected KEY=LIST"),
     (["--workload-axis", "num_rounds=2,3"], "--workload-axis num_rounds: given twice"),
