@@ -39,7 +39,8 @@ def print_table_comparison(comparison) -> None:
     w = data["workload"]
     print("bench: " + ", ".join(f"{k} {printable(str(v))}" for k, v in w.items()) + f", seed {data['seed']}")
     host = f" · host tier {data['host_tier']}" if data["host_tier"] else ""
-    print(f"server: page size {data['page_size']} · device pool {data['kv_tokens']:,} tokens{host}")
+    print(f"server: page size {data['page_size']} · device pool {data['kv_tokens']:,} tokens{host} · eviction "
+          f"{data['eviction']} · policy {data['policy']}")
     print(f"device pool: {printable(data['device_pool'])}")
     for note in data["notes"]:
         print(f"  note: {printable(note)}")

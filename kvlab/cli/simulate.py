@@ -117,15 +117,18 @@ def run(args) -> int:
 
 
 def _compare_table(args) -> int:
-    """``--compare-table FILE[#ID]``: the table's own settings (the pool, page and host flags come from it)."""
+    """``--compare-table FILE[#ID]``: the table's own settings (the pool, page and host flags come from it); only
+    the eviction mode and policy may be chosen (finding 2 on a published table)."""
     from kvlab.experiments.published_tables import compare
 
     given = [flag for flag, value in (("--workload-param", args.workload_param), ("--kv-tokens", args.kv_tokens),
                                       ("--kv-pages", args.kv_pages), ("--page-size", args.page_size),
-                                      ("--hicache-ratio", args.hicache_ratio), ("--compare", args.compare)) if value]
+                                      ("--hicache-ratio", args.hicache_ratio), ("--hicache-size", args.hicache_size),
+                                      ("--hicache-write-policy", args.hicache_write_policy),
+                                      ("--compare", args.compare)) if value]
     if given:
         raise ValueError(f"--compare-table runs the table's own settings: drop {', '.join(given)}")
-    comparison = compare(args.compare_table)
+    comparison = compare(args.compare_table, eviction=args.eviction or "shortfall", policy=args.policy)
     if args.json:
         print(json.dumps(comparison.as_dict(), indent=2))
     else:

@@ -266,14 +266,16 @@ class TableComparison:
 
     def as_dict(self) -> dict:
         p = self.plan
-        return {"table": p.table_id, "label": p.label, "source": p.source, "workload": p.workload, "seed": p.seed,
+        return {"table": p.table_id, "label": p.label, "source": p.source, "eviction": self.totals["eviction"],
+                "policy": self.totals["policy"], "workload": p.workload, "seed": p.seed,
                 "page_size": p.page_size, "kv_tokens": p.kv_tokens, "device_pool": p.pool_note,
                 "host_tier": p.host_tier, "storage_flags": p.storage, "notes": p.notes, "rounds": self.rows,
                 "totals": self.totals}
 
 
-def compare(spec: str) -> TableComparison:
-    """Read ``FILE[#ID]``, run its settings through ``kvlab simulate --workload multiturn`` and pair the rounds."""
+def compare(spec: str, *, eviction: str = "shortfall", policy: str = "lru") -> TableComparison:
+    """Read ``FILE[#ID]``, run its settings through ``kvlab simulate --workload multiturn`` (in ``eviction`` mode,
+    with ``policy``) and pair the rounds."""
     from kvlab.experiments.shortfall_eviction import run
     from kvlab.sched.arrivals import round_metrics
     from kvlab.sweep.point import closed_loop_options
@@ -283,8 +285,8 @@ def compare(spec: str) -> TableComparison:
     p = plan(record, where)
     try:
         requests = make_workload("multiturn", seed=p.seed, **p.workload)
-        result = run(requests, page_size=p.page_size, kv_tokens=p.kv_tokens, **p.config,
-                     **closed_loop_options(requests, p.seed))
+        result = run(requests, eviction=eviction, policy=policy, page_size=p.page_size, kv_tokens=p.kv_tokens,
+                     **p.config, **closed_loop_options(requests, p.seed))
     except ValueError as exc:
         raise TableError(f"{where}: {exc}") from None
     simulated = {m.round: m for m in round_metrics(result.records)}

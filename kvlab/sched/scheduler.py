@@ -42,12 +42,12 @@ class StepLimitError(KvlabError, RuntimeError):
 class Scheduler:
     """One simulation: ``requests`` served under ``config`` until every one has finished (or aborted).
 
-    State: ``arrivals`` (not yet arrived: a fixed list, or a closed loop, :mod:`kvlab.sched.arrivals`), ``waiting`` (arrived, not admitted or retracted),
-    ``running`` (decoding), ``chunked`` (the request whose prefill continues next step). Components: ``kv`` (pools,
-    tree, eviction mode), ``ledger`` (totals, clock, rows), ``ratio`` (the new-token ratio), ``prefill`` (the
-    prefill adder) and ``decoder`` (the decode rounds: event-driven at page size > 1 unless
-    ``config.fast_decode`` is off, else the reference rounds; chosen once, here). :meth:`run` returns the
-    :class:`~kvlab.sched.result.SimResult`."""
+    State: ``arrivals`` (not yet arrived: a fixed list, or a closed loop, :mod:`kvlab.sched.arrivals`),
+    ``waiting`` (arrived, not admitted or retracted), ``running`` (decoding), ``chunked`` (the request whose prefill
+    continues next step). Components: ``kv`` (pools, tree, eviction mode), ``ledger`` (totals, clock, rows),
+    ``ratio`` (the new-token ratio), ``prefill`` (the prefill adder) and ``decoder`` (the decode rounds:
+    event-driven at page size > 1 unless ``config.fast_decode`` is off, else the reference rounds; chosen once,
+    here). :meth:`run` returns the :class:`~kvlab.sched.result.SimResult`."""
 
     def __init__(self, config: SchedulerConfig, requests: Sequence[RequestLike]) -> None:
         self.config = config

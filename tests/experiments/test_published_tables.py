@@ -60,6 +60,10 @@ def test_generated_table_with_a_pool_too_small(tmp_path):
     small = compare(f"{_table(tmp_path, max_total_tokens=2048)}#generated")
     assert small.plan.kv_tokens == 2048 and "given" in small.plan.pool_note
     assert small.rows[-1]["simulated_cache_hit_rate"] < small.rows[-1]["measured_cache_hit_rate"]
+    # finding 2 on a published table: the eviction mode is the one setting the table leaves to the user
+    bug = json.loads(_cli("--compare-table", f"{_table(tmp_path, max_total_tokens=2048)}#generated", "--eviction",
+                          "full", "--json").stdout)
+    assert bug["eviction"] == "full" and bug["totals"]["over_evicted_tokens"] > 0
 
 
 def test_pool_from_model_gpu_and_mem_fraction(tmp_path):
