@@ -263,6 +263,8 @@ HUGE_WORKLOADS = (
     ("multi-turn-chat", "turns=20000", "num_sessions=1", "user_len=1", "output_len=0"),
     ("few-shot", "num_requests=1000000"),
     ("few-shot", "num_examples=1000000", "example_len=1", "num_requests=1000"),
+    ("multiturn", "num_clients=1000000"),  # issue 34's bench_multiturn workload
+    ("multiturn", "num_rounds=1000", "request_length=100000"),
 )
 
 

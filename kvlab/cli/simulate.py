@@ -9,6 +9,7 @@ import kvlab.cli.flags as flags
 from kvlab.argtypes import int_at_least as _int_at_least
 from kvlab.argtypes import positive_int as _positive_int
 from kvlab.cli.output import print_compare
+from kvlab.cli.rounds import print_rounds, print_table_comparison, rounds_of, totals_with_rounds
 from kvlab.errors import KvlabError
 from kvlab.safe_text import printable
 
@@ -30,6 +31,9 @@ def add_parser(commands, command: str | None) -> None:
     source.add_argument("--trace", help="Mooncake-format JSONL trace (timestamp, input_length, output_length, hash_ids)")
     source.add_argument("--workload", choices=list(WORKLOADS),
                         help="seeded synthetic workload")
+    source.add_argument("--compare-table", metavar="FILE[#ID]",
+                        help="a published per-round table of SGLang's bench_multiturn.py (JSONL, the schema of "
+                             "hicache_tables_examples.jsonl): run its settings and print measured vs simulated")
     sim.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
     sim.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                      help="override a workload parameter, e.g. num_groups=16 (repeatable)")
@@ -62,8 +66,17 @@ def run(args) -> int:
     from kvlab.mem_cache.options import PoolTooLargeError
     from kvlab.sched.config import check_pool, request_extent
     from kvlab.sched.scheduler import StepLimitError
-    from kvlab.sweep.point import default_page_size, load_requests, parse_workload_params, pool_tokens, scheduler_config
+    from kvlab.sweep.point import (
+        closed_loop_options,
+        default_page_size,
+        load_requests,
+        parse_workload_params,
+        pool_tokens,
+        scheduler_config,
+    )
 
+    if args.compare_table:
+        return _compare_table(args)
     page_size = args.page_size or default_page_size(trace=args.trace)
     overrides = parse_workload_params(args.workload_param)
     if overrides and args.trace:
@@ -72,7 +85,7 @@ def run(args) -> int:
     kv_tokens = pool_tokens(requests, page_size, kv_tokens=args.kv_tokens, kv_pages=args.kv_pages)
     check_pool(request_extent(requests), page_size=page_size, kv_tokens=kv_tokens, **_pool_flags(args, page_size))
     options = dict(page_size=page_size, kv_tokens=kv_tokens, max_running=args.max_running, policy=args.policy,
-                   **_hicache_options(args))
+                   **_hicache_options(args), **closed_loop_options(requests, args.seed))
     if args.compare and args.eviction is not None:
         raise ValueError(f"--compare runs both eviction modes: drop --eviction {args.eviction}")
     if _hicache_options(args):  # the host pool it makes, checked (as each sweep point's) before anything runs
@@ -96,9 +109,30 @@ def run(args) -> int:
     if args.compare:
         _print_arms(arms, source, page_size, as_json=args.json)
     elif args.json:
-        print(json.dumps(result.totals(), indent=2))
+        print(json.dumps(totals_with_rounds(result), indent=2))
     else:
         _print_run(result, source, page_size)
+        print_rounds(rounds_of(result))
+    return 0
+
+
+def _compare_table(args) -> int:
+    """``--compare-table FILE[#ID]``: the table's own settings (the pool, page and host flags come from it); only
+    the eviction mode and policy may be chosen (finding 2 on a published table)."""
+    from kvlab.experiments.published_tables import compare
+
+    given = [flag for flag, value in (("--workload-param", args.workload_param), ("--kv-tokens", args.kv_tokens),
+                                      ("--kv-pages", args.kv_pages), ("--page-size", args.page_size),
+                                      ("--hicache-ratio", args.hicache_ratio), ("--hicache-size", args.hicache_size),
+                                      ("--hicache-write-policy", args.hicache_write_policy),
+                                      ("--compare", args.compare)) if value]
+    if given:
+        raise ValueError(f"--compare-table runs the table's own settings: drop {', '.join(given)}")
+    comparison = compare(args.compare_table, eviction=args.eviction or "shortfall", policy=args.policy)
+    if args.json:
+        print(json.dumps(comparison.as_dict(), indent=2))
+    else:
+        print_table_comparison(comparison)
     return 0
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from kvlab.lazy import lazy_exports
 
 _EXPORTS = {  # module -> the names the package re-exports from it
+    "kvlab.sched.arrivals": ("ClosedLoop", "RequestRecord", "round_metrics"),
     "kvlab.sched.config": ("SchedulerConfig", "min_kv_tokens"),
     "kvlab.sched.cost": ("CostModel",),
     "kvlab.sched.request": ("RequestLike", "SimReq"),
@@ -18,5 +19,5 @@ _EXPORTS = {  # module -> the names the package re-exports from it
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 
-__all__ = ["RESULT_KEYS", "TOTALS_KEYS", "CostModel", "RequestLike", "Scheduler", "SchedulerConfig", "SimReq",
-           "SimResult", "Totals", "min_kv_tokens", "simulate"]
+__all__ = ["RESULT_KEYS", "TOTALS_KEYS", "ClosedLoop", "CostModel", "RequestRecord", "RequestLike", "Scheduler", "SchedulerConfig", "SimReq",
+           "SimResult", "Totals", "min_kv_tokens", "round_metrics", "simulate"]

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from kvlab.mem_cache.options import EVICTION_MODES, WRITE_POLICIES, HostPoolSize, host_pool_size  # no torch
+from kvlab.sched.arrivals import ClosedLoop
 from kvlab.sched.cost import CostModel
 from kvlab.units import GB, GiB, align_down, align_up
 
@@ -53,6 +54,9 @@ class SchedulerConfig:
     hicache_ratio: float | None = None
     hicache_size_gib: float | None = None
     hicache_write_policy: str = "write_through"  # write_through | write_through_selective | write_back
+    # a closed-loop workload (SGLang's bench_multiturn.py, kvlab.sched.arrivals): a client's next round arrives
+    # when its previous response does; None: the requests arrive at their own times
+    closed_loop: ClosedLoop | None = None
 
     @property
     def hicache(self) -> bool:

@@ -141,8 +141,9 @@ class ReferenceDecode:
             retracted.append(req)
             kv.evict(len(order) * RETRACT_DECODE_STEPS)
         if not kv.reserve(decode_need(order, ps)):  # the last one cannot run even alone
-            kv.release_aborted(order.pop())
-            self.ledger.note_aborted()
+            aborted = order.pop()
+            kv.release_aborted(aborted)
+            self.ledger.note_aborted(aborted)
         kept = [r for r in running if r in order]
         self.ratio.after_retraction(order)
         self.ledger.note_retracted(len(retracted))

@@ -281,7 +281,7 @@ class SchedulerKV:
         release_kv_cache(req, self.tree)  # reads origin_input_ids + output_ids (fill_ids is not needed)
         req.origin_input_ids, req.fill_ids, req.output_ids = [], [], []  # the tree holds what is worth keeping
         req.match_memo = None
-        self.ledger.note_finished()
+        self.ledger.note_finished(req)
 
     def release_retracted(self, req: SimReq) -> None:
         """A retracted request gives its slots back without caching them (``is_insert=False``)."""

@@ -55,6 +55,7 @@ class Ledger:
         self.step_log: list[StepRow | QuietRun] = []
         self.now_s = 0.0
         self.decode_rounds = 0
+        self.done: list[SimReq] = []  # finished or aborted since the loop last read them (it clears the list)
         self.begin_step()
 
     # ---- one step -------------------------------------------------------------------------------
@@ -129,14 +130,16 @@ class Ledger:
         self.decode_rounds += 1
         self.totals.output_tokens += unwritten_tokens
 
-    def note_finished(self) -> None:
+    def note_finished(self, req: SimReq) -> None:
         self.step_finished += 1
+        self.done.append(req)
 
     def note_retracted(self, count: int) -> None:
         self.totals.retractions += count
 
-    def note_aborted(self) -> None:
+    def note_aborted(self, req: SimReq) -> None:
         self.totals.aborted += 1
+        self.done.append(req)  # (its response, an error, arrives too)
 
     def row(self, kind: str, prefill_tokens: int, retracted: int, sizes: PoolSizes, running: int,
             waiting: int) -> StepRow:

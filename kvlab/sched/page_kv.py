@@ -251,7 +251,7 @@ class PageKV:
         self._release(req, True)
         req.fill_ids, req.output_ids = [], []
         req.match_memo = req.page.keys = None
-        self.ledger.note_finished()
+        self.ledger.note_finished(req)
 
     def release_retracted(self, req: SimReq) -> None:
         self._release(req, False)

@@ -117,6 +117,7 @@ class PrefillAdder:
             if not req.admitted:
                 req.admitted = True
                 hit = min(req.prefix_len, req.prompt_len)
+                req.cached_tokens = hit  # (SGLang counts cached_tokens once, at the first chunk)
                 self.ledger.note_first_admission(hit, ps, host_tokens=min(host.loaded_len, hit) if host else 0)
             if host is not None:
                 host.loaded_len = 0

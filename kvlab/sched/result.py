@@ -139,6 +139,8 @@ class SimResult:
     # the run's memory (kvlab.sched.kv.SchedulerKV or the page engine's PageKV), asked for its final tree when
     # ``tree`` is first read (the page engine rebuilds it at token level; ``kvlab simulate --json`` reads none)
     memory: object = field(repr=False)
+    # each finished request as the benchmark's client sees it (kvlab.sched.arrivals.RequestRecord), in finish order
+    records: list = field(default_factory=list, repr=False, compare=False)
     _tree: RadixCache | HiRadixCache | None = field(default=None, init=False, repr=False, compare=False)
     _rows: list[dict] | None = field(default=None, init=False, repr=False, compare=False)
 

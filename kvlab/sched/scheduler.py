@@ -23,6 +23,7 @@ from dataclasses import replace
 
 import kvlab.sched.config as sched_config
 from kvlab.errors import KvlabError
+from kvlab.sched.arrivals import arrival_source
 from kvlab.sched.config import SchedulerConfig, min_kv_tokens, pool_need
 from kvlab.sched.decode import DecodeRounds, NewTokenRatio, ReferenceDecode
 from kvlab.sched.fast_decode import FastDecode
@@ -41,12 +42,12 @@ class StepLimitError(KvlabError, RuntimeError):
 class Scheduler:
     """One simulation: ``requests`` served under ``config`` until every one has finished (or aborted).
 
-    State: ``pending`` (not yet arrived, by arrival time), ``waiting`` (arrived, not admitted or retracted),
-    ``running`` (decoding), ``chunked`` (the request whose prefill continues next step). Components: ``kv`` (pools,
-    tree, eviction mode), ``ledger`` (totals, clock, rows), ``ratio`` (the new-token ratio), ``prefill`` (the
-    prefill adder) and ``decoder`` (the decode rounds: event-driven at page size > 1 unless
-    ``config.fast_decode`` is off, else the reference rounds; chosen once, here). :meth:`run` returns the
-    :class:`~kvlab.sched.result.SimResult`."""
+    State: ``arrivals`` (not yet arrived: a fixed list, or a closed loop, :mod:`kvlab.sched.arrivals`),
+    ``waiting`` (arrived, not admitted or retracted), ``running`` (decoding), ``chunked`` (the request whose prefill
+    continues next step). Components: ``kv`` (pools, tree, eviction mode), ``ledger`` (totals, clock, rows),
+    ``ratio`` (the new-token ratio), ``prefill`` (the prefill adder) and ``decoder`` (the decode rounds:
+    event-driven at page size > 1 unless ``config.fast_decode`` is off, else the reference rounds; chosen once,
+    here). :meth:`run` returns the :class:`~kvlab.sched.result.SimResult`."""
 
     def __init__(self, config: SchedulerConfig, requests: Sequence[RequestLike]) -> None:
         self.config = config
@@ -65,12 +66,13 @@ class Scheduler:
                                     prompt_pages=sum(-(-len(r.prompt_token_ids) // ps) for r in requests)))
         # the fast path at page size > 1 without a host tier runs on the page engine (no token or slot ids); the
         # reference loop, HiCache and page size 1 on the token-level memory
-        self.pending = deque(sorted((SimReq.of(r) for r in requests), key=lambda q: q.arrival_time_s))
+        # where requests come from: a fixed list by arrival time, or a closed loop told of each finish
+        self.arrivals = arrival_source([SimReq.of(r) for r in requests], requests, config.closed_loop)
         if config.fast_decode and config.page_engine and ps > 1 and not config.hicache:
             from kvlab.sched.page_kv import PageKV
 
             self.kv: SchedulerMemory = PageKV(config, self.ledger)
-            self.kv.prepare(self.pending)  # (its requests emit placeholders)
+            self.kv.prepare(self.arrivals.requests)  # (its requests emit placeholders)
         else:
             from kvlab.sched.kv import SchedulerKV
 
@@ -80,6 +82,7 @@ class Scheduler:
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
         self.chunked: SimReq | None = None
+        self.emitted: list[SimReq] = []  # the step's prefill emitted a token for each (their first, maybe)
         clip = sched_config.CLIP_MAX_NEW_TOKENS  # read once, so a test can lower it for one run
         self.ratio = NewTokenRatio(config)
         self.prefill = PrefillAdder(config, self.kv, self.ledger, clip)
@@ -117,20 +120,19 @@ class Scheduler:
         in the ledger; after a decode round, the quiet rounds up to the next event run in bulk."""
         from kvlab.progress import progress_bar
 
-        cfg, ledger, pending, waiting = self.config, self.ledger, self.pending, self.waiting
+        cfg, ledger, arrivals, waiting = self.config, self.ledger, self.arrivals, self.waiting
         totals, max_steps = ledger.totals, cfg.max_steps
         bar = progress_bar(total=totals.requests, desc=f"simulate ({cfg.eviction})", enabled=progress, unit="req")
         # (about 66,000 steps on the 12k-request conversation trace, far more on a small pool: what each step calls
         # is looked up once, here)
         begin_step, end_step, sizes, host = ledger.begin_step, ledger.end_step, self.kv.sizes, self.host
         prefill, decode, quiet = self._prefill, self._decode, self._quiet_rounds
-        while pending or waiting or self.running or self.chunked:
+        while arrivals or waiting or self.running or self.chunked:
             if totals.steps >= max_steps:
                 raise StepLimitError(f"the simulation did not finish in {max_steps:,} steps (SchedulerConfig.max_steps)")
-            while pending and pending[0].arrival_time_s <= ledger.now_s:
-                waiting.append(pending.popleft())
+            arrivals.release(ledger.now_s, waiting)
             if not (waiting or self.running or self.chunked):
-                ledger.advance_to(pending[0].arrival_time_s)
+                ledger.advance_to(self._next_arrival_s())
                 continue
             begin_step()
             host.begin_step(ledger.now_s)  # HiCache: copies finished by now complete (check_hicache_events)
@@ -141,6 +143,8 @@ class Scheduler:
             kind, compute_s, computed, retracted = step
             dt = host.end_step(compute_s)  # HiCache: the copies' share of the step, and its traffic noted
             end_step(kind, dt, computed, retracted, sizes(), len(self.running), len(waiting))
+            if self.emitted or ledger.done:
+                self._note_responses()
             if cfg.debug:
                 self.check_invariants()
             if ledger.step_finished:
@@ -150,7 +154,7 @@ class Scheduler:
         bar.close()
         host.finish()  # HiCache: the copies still in flight land (the clock of the run is not moved)
         # (the result asks the memory for its tree when first read: the page engine rebuilds it at token level)
-        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, self.kv)
+        return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, self.kv, records=arrivals.records)
 
     def _prefill(self) -> tuple | None:
         """A prefill step if a batch forms: (kind, compute seconds, tokens computed, retracted)."""
@@ -161,6 +165,7 @@ class Scheduler:
         for req in self.prefill.run(batch):
             self.running.append(req)
             self.decoder.admit(req)
+        self.emitted = [r for r in batch.reqs if r is not batch.chunked]
         computed = sum(r.extend_len for r in batch.reqs)
         return "prefill", self.config.cost.prefill_time_s(computed), computed, 0
 
@@ -183,18 +188,38 @@ class Scheduler:
             raise SchedulerStuckError(
                 f"scheduler stuck: {len(self.waiting)} waiting request(s) cannot be admitted into a pool of "
                 f"{self.config.kv_tokens} tokens ({kv.available()} free, {kv.evictable()} evictable)")
-        self.ledger.advance_to(min(land_s, self.pending[0].arrival_time_s if self.pending else land_s))
+        self.ledger.advance_to(min(land_s, self.arrivals.next_arrival_s()))
+
+    def _note_responses(self) -> None:
+        """After a step: the first token of each request its prefill emitted one for, and the responses of those that
+        finished, at the step's end (the source hears of each: a closed loop queues the client's next round)."""
+        now = self.ledger.now_s
+        for req in self.emitted:
+            if req.first_token_s < 0:
+                req.first_token_s = now
+        self.emitted = []
+        done = self.ledger.done
+        for req in done:
+            self.arrivals.finished(req, now)
+        done.clear()
+
+    def _next_arrival_s(self) -> float:
+        """The next arrival, while nothing runs (a closed loop with nothing in flight always has one)."""
+        next_s = self.arrivals.next_arrival_s()
+        if next_s == float("inf"):
+            raise SchedulerStuckError("scheduler stuck: nothing runs or waits, and no request will arrive")
+        return next_s
 
     def _quiet_rounds(self, retracted: int) -> None:
         """After a decode step: the rounds up to the next event, without the loop around them (a no-op for the
         reference rounds), and before a host-tier copy completes (that unlocks nodes, which a row shows). They run
         when nothing can join a batch (:meth:`PrefillAdder.idle`), or while the waiting head this step turned down
         for the budget alone would be turned down again (the pools and tree as they were at its check)."""
-        running, waiting, pending = self.running, self.waiting, self.pending
+        running, waiting = self.running, self.waiting
         nothing_joins = self.prefill.idle(waiting, running, self.chunked)
         blocked = None if nothing_joins else self.prefill.blocked
         if nothing_joins or (blocked is not None and not retracted and blocked.state == self.kv.state()):
-            until = min(pending[0].arrival_time_s if pending else float("inf"), self.host.next_transfer_s())
+            until = min(self.arrivals.next_arrival_s(), self.host.next_transfer_s())
             steps = self.decoder.quiet_steps(running, len(waiting), until,
                                              self.config.max_steps - self.ledger.totals.steps, blocked)
             if blocked is not None:

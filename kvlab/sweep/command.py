@@ -41,6 +41,9 @@ def add_parser(commands) -> argparse.ArgumentParser:
     sweep.add_argument("--seed", type=int, default=0, help="workload seed (default: %(default)s)")
     sweep.add_argument("--workload-param", action="append", default=[], metavar="KEY=VALUE",
                        help="override a workload parameter, e.g. num_groups=16 (repeatable)")
+    sweep.add_argument("--workload-axis", action="append", default=[], metavar="KEY=LIST",
+                       help="a workload parameter as an axis, e.g. num_clients=10,20 (repeatable; each value "
+                            "combination is its own requests, named in the rows' source)")
     pool = sweep.add_mutually_exclusive_group()
     pool.add_argument("--kv-pages", metavar="LIST", help="KV pool sizes in pages, e.g. 80,160,320")
     pool.add_argument("--kv-tokens", metavar="LIST", help="KV pool sizes in tokens (whole pages)")
@@ -103,11 +106,35 @@ def _stopped_message(stop: KeyboardInterrupt, computed: int, out: str | None, ro
             f"to resume, run the same command again{again}")
 
 
-def _print_table(rows: list[dict]) -> None:
-    widths = {c: max(len(c), *(len(_shown(c, r[c])) for r in rows)) for c in SHOWN}
-    print("  ".join(f"{c:>{widths[c]}}" for c in SHOWN))
+def _print_table(rows: list[dict], with_source: bool = False) -> None:
+    shown = ("source", *SHOWN) if with_source else SHOWN
+    widths = {c: max(len(c), *(len(_shown(c, r[c])) for r in rows)) for c in shown}
+    print("  ".join(f"{c:>{widths[c]}}" for c in shown))
     for row in rows:
-        print("  ".join(f"{_shown(c, row[c]):>{widths[c]}}" for c in SHOWN))
+        print("  ".join(f"{_shown(c, row[c]):>{widths[c]}}" for c in shown))
+
+
+def workload_combinations(overrides: dict, axes: list[str], *, trace: str | None) -> list[dict]:
+    """``--workload-param`` values with every combination of the ``--workload-axis KEY=LIST`` values (each item
+    read as ``--workload-param`` reads a value), axes in the order given; one combination without axes."""
+    import itertools
+
+    from kvlab.sweep.grid import SweepError
+    from kvlab.sweep.point import parse_workload_params
+
+    if axes and trace:
+        raise SweepError("--workload-axis applies to --workload, not to --trace")
+    names, values = [], []
+    for item in axes:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise SweepError(f"--workload-axis {item[:60]!r}: expected KEY=LIST, e.g. num_clients=10,20")
+        if key in overrides or key in names:
+            raise SweepError(f"--workload-axis {key}: given twice (as an axis and a --workload-param, or two axes)")
+        items = parse_list(text, f"--workload-axis {key}")
+        names.append(key)
+        values.append([parse_workload_params([f"{key}={v}"])[key] for v in items])
+    return [{**overrides, **dict(zip(names, combo))} for combo in itertools.product(*values)]
 
 
 def _shown(column: str, value) -> str:
@@ -190,7 +217,9 @@ def _check_names(path: str, folder, names: list[str]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from kvlab.sweep.point import load_requests, parse_workload_params, source_label
+    from dataclasses import replace
+
+    from kvlab.sweep.point import closed_loop_options, load_requests, parse_workload_params, source_label
     from kvlab.sweep.run import run_sweep
 
     new_rows, rows_before = [], 0
@@ -202,15 +231,25 @@ def main(args: argparse.Namespace) -> int:
         if args.out is not None:
             check_out(args.out)  # and an --out that cannot be written, before any worker starts
             rows_before = _rows_in(args.out)
-        requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=overrides)
-        source = source_label(workload=args.workload, trace=args.trace, overrides=overrides)
+        combos = workload_combinations(overrides, args.workload_axis, trace=args.trace)
         # SIGTERM and SIGHUP (a closed terminal) stop the sweep as Ctrl-C does: rows kept, workers stopped, a line on
         # what was written. (SIGKILL cannot be caught: the pool's workers then die with it, kvlab.procs.die_with_parent,
         # and so does a Ray cluster started here, kvlab.procs.reaped.)
+        runs = []
         with stop_on_signals():
-            run = run_sweep(requests, grid, source=source, seed=args.seed, engine=args.engine, workers=args.workers,
-                            ray_address=args.ray_address, out=args.out,
-                            on_row=lambda row, done: new_rows.append(row))
+            # last setting first: each run writes its rows before the file's other rows, so the file ends in order
+            for combo in reversed(combos):
+                requests = load_requests(workload=args.workload, trace=args.trace, seed=args.seed, overrides=combo)
+                source = source_label(workload=args.workload, trace=args.trace, overrides=combo)
+                runs.append(run_sweep(requests, grid, source=source, seed=args.seed, engine=args.engine,
+                                      workers=args.workers, ray_address=args.ray_address, out=args.out,
+                                      extra=closed_loop_options(requests, args.seed),
+                                      on_row=lambda row, done: new_rows.append(row)))
+        runs.reverse()
+        run = runs[0] if len(runs) == 1 else replace(runs[-1], rows=tuple(r for one in runs for r in one.rows),
+                                                      computed=sum(one.computed for one in runs),
+                                                      skipped=sum(one.skipped for one in runs),
+                                                      seconds=sum(one.seconds for one in runs))
     except KeyboardInterrupt as stop:
         print(_stopped_message(stop, len(new_rows), args.out, rows_before), file=sys.stderr)
         return stop.exit_status if isinstance(stop, Stopped) else 130
@@ -218,7 +257,11 @@ def main(args: argparse.Namespace) -> int:
         print(json.dumps(list(run.rows), indent=2))
         print(run.cost(), file=sys.stderr)
         return 0
-    print(f"sweep · {printable(source)} · seed {args.seed} · {len(requests):,} requests")
-    _print_table(list(run.rows))
+    if len(runs) > 1:
+        print(f"sweep · {printable(args.workload)} · {len(runs)} workload settings (--workload-axis; each row's "
+              f"source names its own) · seed {args.seed}")
+    else:
+        print(f"sweep · {printable(source)} · seed {args.seed} · {len(requests):,} requests")
+    _print_table(list(run.rows), with_source=len(runs) > 1)
     print(printable(run.cost() + (f"; rows in {args.out}" if args.out else "")))
     return 0

@@ -36,6 +36,18 @@ def load_requests(*, workload: str | None = None, trace: str | Path | None = Non
     return make_workload(workload, seed=seed, **(overrides or {}))
 
 
+def closed_loop_options(requests: Sequence[RequestLike], seed: int = 0) -> dict:
+    """The ``SchedulerConfig`` field a closed-loop workload needs (``multiturn``: its sender's settings, seeded with
+    the workload's seed), or nothing for requests that arrive at their own times. ``kvlab simulate`` and every sweep
+    point pass it on (a sweep's workers get the requests as a plain list: the settings travel in the config)."""
+    sender = getattr(requests, "closed_loop", None)
+    if sender is None:
+        return {}
+    from kvlab.sched.arrivals import ClosedLoop
+
+    return {"closed_loop": ClosedLoop(**sender, seed=seed)}
+
+
 def default_page_size(*, trace: str | Path | None) -> int:
     """``kvlab simulate``'s page size when none is given: 512 for a trace (one page per hash block), else 1."""
     return TRACE_PAGE_SIZE if trace is not None else 1

@@ -34,6 +34,8 @@ from kvlab.workloads.bounds import (
     product,
     total,
 )
+from kvlab.workloads.multiturn import NAME as multiturn_name
+from kvlab.workloads.multiturn import multiturn
 from kvlab.workloads.request import Request, TokenSequence
 
 Workload = Callable[..., "list[Request]"]
@@ -349,3 +351,7 @@ def _few_shot_size(n: int, examples: int, example_len: int, question_len: int, o
         held_tokens=total(("num_examples × example_len", examples * example_len),
                           ("num_requests × question_len", n * question_len),
                           ("num_requests × num_examples pieces", n * examples)))
+
+
+# SGLang's benchmark/hicache/bench_multiturn.py clients (a closed loop: the sender settings travel with the list)
+WORKLOADS[multiturn_name] = multiturn

@@ -168,8 +168,8 @@ def test_components_work_outside_a_run():
 
     reqs = shared_prefix(1, 3, 32, 8, 4)
     sched = Scheduler(SchedulerConfig(kv_tokens=4096), reqs)
-    sched.waiting.extend(sched.pending)
-    sched.pending.clear()
+    sched.waiting.extend(sched.arrivals.pending)
+    sched.arrivals.pending.clear()
     assert (sched.ledger.step_hits, sched.ledger.step_finished, sched.ledger.totals.steps) == (0, 0, 0)
     batch = sched.prefill.schedule(sched.waiting, sched.running, None, lambda: 0.0)
     assert len(batch.reqs) == 3 and batch.chunked is None and not sched.waiting
@@ -232,8 +232,8 @@ def test_prefix_indices_after_caching_an_unfinished_request_are_the_rows_slots_w
     reqs = shared_prefix(2, 3, 37, 6, 4)  # 43-token prompts: whole pages of 8 and a partial one
     # the token-level memory (the reference loop's; the fast path at page size > 1 holds no slot ids)
     sched = Scheduler(SchedulerConfig(kv_tokens=4096, page_size=8, fast_decode=False), reqs)
-    sched.waiting.extend(sched.pending)
-    sched.pending.clear()
+    sched.waiting.extend(sched.arrivals.pending)
+    sched.arrivals.pending.clear()
     batch = sched.prefill.schedule(sched.waiting, sched.running, None, lambda: 0.0)
     rows = sched.kv.req_to_token
     expected = {}

@@ -49,7 +49,7 @@ SMALL = {
 
 
 def test_registry_names_are_the_cli_contract():
-    assert set(WORKLOADS) == {"generated-shared-prefix", "multi-turn-chat", "few-shot"}
+    assert set(WORKLOADS) == {"generated-shared-prefix", "multi-turn-chat", "few-shot", "multiturn"}
     assert WORKLOADS["few-shot"] is few_shot
 
 
@@ -197,7 +197,7 @@ def test_make_workload_errors_list_what_exists():
     with pytest.raises(ValueError) as e:
         make_workload("sharegpt")
     assert str(e.value) == ("unknown workload 'sharegpt'; known workloads: generated-shared-prefix, "
-                            "multi-turn-chat, few-shot")
+                            "multi-turn-chat, few-shot, multiturn")
     with pytest.raises(ValueError) as e:
         make_workload("few-shot", num_prompts=3, shots=2)
     assert str(e.value) == ("workload 'few-shot' has no parameter 'num_prompts', 'shots'; it accepts: "
