@@ -1,0 +1,247 @@
+"""Read a server's runtime lines (SGLang's Prefill / Decode / retraction lines, vLLM's periodic metrics and
+preemption warnings) from a log, one line at a time.
+
+The file is never held whole: each step keeps a few numbers in typed columns (``array``, about 100 bytes a
+step), so a million-line log reads in seconds (benchmarks/bench_runtime_log.py). Every line is accounted for:
+a runtime line read (``steps``, ``events``), a runtime line kvlab could not read (``skipped``, with file:line
+and why; the rest of the log is still read), or another line (``other_lines``, counted, the first few named).
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+from kvlab.serving.runtime import formats as F
+from kvlab.serving.sglang_log import MESSAGES, LogError
+
+COLUMNS = ("new_seq", "new_token", "cached_token", "usage", "used_tokens", "running", "queue", "prefill_tput",
+           "gen_tput", "logged_hit_rate")
+KINDS = ("prefill", "decode", "vllm")
+MAX_NOTED = 20  # skipped lines and other lines named in full; the rest counted
+_POOL_SGLANG = MESSAGES["tokens"][1]  # the start-up reader's own pattern for max_total_num_tokens=N
+_POOL_VLLM = __import__("re").compile(r"GPU KV cache size: (\d{1,3}(?:,\d{3})+|\d+) tokens")
+
+
+@dataclass
+class Event:
+    """A retraction (SGLang) or preemption (vLLM) line."""
+
+    kind: str  # "retract" | "preempt"
+    line: int
+    t: float  # seconds from the log's first timestamp (nan without one)
+    rank: str
+    count: int  # requests retracted by this line (1 for a vLLM preemption)
+    ratio_before: float | None = None
+    ratio_after: float | None = None
+    total: int | None = None  # vLLM's cumulative count, where printed
+
+    def to_json(self) -> dict:
+        out = {"kind": self.kind, "line": self.line, "t_s": None if math.isnan(self.t) else self.t,
+               "rank": self.rank, "count": self.count}
+        if self.ratio_before is not None:
+            out["new_token_ratio"] = [self.ratio_before, self.ratio_after]
+        if self.total is not None:
+            out["cumulative"] = self.total
+        return out
+
+
+@dataclass
+class RuntimeLog:
+    path: str
+    engine: str | None = None  # "sglang" | "vllm" | None (no runtime line)
+    n_lines: int = 0
+    kind: array = field(default_factory=lambda: array("b"))  # index into KINDS
+    line: array = field(default_factory=lambda: array("l"))
+    t: array = field(default_factory=lambda: array("d"))
+    rank: array = field(default_factory=lambda: array("h"))  # index into ranks
+    cols: dict = field(default_factory=lambda: {c: array("d") for c in COLUMNS})  # nan: not printed
+    ranks: list[str] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    skipped: list[tuple[int, str]] = field(default_factory=list)  # (line, why), the first MAX_NOTED
+    n_skipped: int = 0
+    cut_lines: list[int] = field(default_factory=list)  # read, but their last item was cut off
+    unknown_fields: Counter = field(default_factory=Counter)
+    unknown_first: dict = field(default_factory=dict)  # field name -> first line
+    other_lines: int = 0
+    other_examples: list[tuple[int, str]] = field(default_factory=list)
+    pool_tokens: int | None = None  # from a start-up line in the same log
+    pool_line: int | None = None
+    vllm_hit: dict = field(default_factory=dict)  # V0's separate "Prefix cache hit rate: GPU: x%" by line
+
+    @property
+    def n_steps(self) -> int:
+        return len(self.line)
+
+    @property
+    def has_runtime(self) -> bool:
+        return bool(self.n_steps or self.events)
+
+    def where(self, line: int) -> str:
+        return f"{self.path}:{line}"
+
+
+class _Clock:
+    """Seconds from a line's timestamp; a time of day alone rolls to the next day when it goes back > 12 h."""
+
+    def __init__(self):
+        self.day = 0
+        self.last = None
+        self.cache: dict = {}
+
+    def seconds(self, prefix: str) -> float:
+        m = F.STAMP.search(prefix)
+        if not m:
+            return math.nan
+        y, mo, d = m.group("y"), m.group("mo"), m.group("d")
+        sod = int(m.group("h")) * 3600 + int(m.group("mi")) * 60 + int(m.group("s"))
+        frac = m.group("frac")
+        sod += int(frac) / 10 ** len(frac) if frac else 0.0
+        if mo is None:  # time of day alone
+            if self.last is not None and sod < self.last - 43200:
+                self.day += 1
+            self.last = sod
+            return self.day * 86400.0 + sod
+        key = (y, mo, d)
+        if key not in self.cache:
+            try:
+                self.cache[key] = date(int(y or 2000), int(mo), int(d)).toordinal()
+            except ValueError:
+                return math.nan
+        return self.cache[key] * 86400.0 + sod
+
+
+def rank_label(prefix: str) -> str:
+    """The rank tag just before the message: ``[... DP1 TP0]`` -> "DP1 TP0", ``[gpu_id=2]`` -> "gpu_id=2";
+    none -> ""."""
+    m = F.RANK_TAG.search(prefix)
+    if not m:
+        return ""
+    parts = [p.group(0) for p in F.RANK_PART.finditer(m.group(1))]
+    return " ".join(parts)
+
+
+def read_runtime_log(path: str | Path) -> RuntimeLog:
+    """Read the runtime lines of the log at ``path``, streaming; a file kvlab cannot open is a LogError."""
+    path = Path(path)
+    try:
+        f = open(path, encoding="utf-8", errors="replace")  # noqa: SIM115 - closed below
+    except (FileNotFoundError, IsADirectoryError, PermissionError) as exc:
+        raise LogError(f"{path}: cannot read the log ({exc.strerror or exc})") from None
+    with f:
+        return read_runtime_lines(f, str(path))
+
+
+def read_runtime_text(text: str, name: str = "<log>") -> RuntimeLog:
+    return read_runtime_lines(text.splitlines(), name)
+
+
+def read_runtime_lines(lines, name: str) -> RuntimeLog:
+    log = RuntimeLog(path=name)
+    clock = _Clock()
+    rank_index: dict[str, int] = {}
+    number = 0
+    for number, text in enumerate(lines, 1):  # noqa: B007 - number is the count after the loop
+        _read_line(log, clock, rank_index, text.rstrip("\n"), number)
+    log.n_lines = number
+    first = next((x for x in log.t if not math.isnan(x)), math.nan)
+    if not math.isnan(first):
+        for i, x in enumerate(log.t):
+            log.t[i] = x - first
+        for e in log.events:
+            e.t -= first
+    return log
+
+
+def _read_line(log, clock, rank_index, text: str, number: int) -> None:
+    if not any(a in text for a in F.ANCHORS):
+        if "max_total_num_token" in text or "KV cache size:" in text:
+            _pool_line(log, text, number)
+        else:
+            log.other_lines += 1
+            if len(log.other_examples) < 5 and text.strip():
+                log.other_examples.append((number, text.strip()[:160]))
+        return
+    for kind, pattern in (("prefill", F.PREFILL), ("decode", F.DECODE), ("retract", F.RETRACT),
+                          ("vllm", F.VLLM_STATS)):
+        m = pattern.search(text)
+        if m:
+            prefix = text[:m.start()]
+            rank = f"Engine {int(m.group('engine'))}" if kind == "vllm" and m.group("engine") else rank_label(prefix)
+            _read_items(log, clock, rank_index, kind, m.group("rest"), prefix, rank, number)
+            return
+    m = F.VLLM_PREEMPT.search(text)
+    if m:
+        total = int(m.group("total")) if m.group("total") else None
+        log.events.append(Event("preempt", number, clock.seconds(text[:m.start()]), "", 1, total=total))
+        log.engine = log.engine or "vllm"
+        return
+    m = F.VLLM_HIT_V0.search(text)
+    if m:
+        log.vllm_hit[number] = float(m.group("gpu")) / 100.0
+        return
+    _skip(log, number, "a runtime message kvlab cannot read (garbled or cut before its fields)")
+
+
+def _pool_line(log, text: str, number: int) -> None:
+    m = _POOL_SGLANG.search(text) or _POOL_VLLM.search(text)
+    if m and log.pool_tokens is None:
+        log.pool_tokens = int(m.group(1).replace(",", ""))
+        log.pool_line = number
+    else:
+        log.other_lines += 1
+
+
+def _skip(log, number: int, why: str) -> None:
+    log.n_skipped += 1
+    if len(log.skipped) < MAX_NOTED:
+        log.skipped.append((number, why))
+
+
+def _values(log, kind: str, rest: str, number: int) -> dict | None:
+    items, cut = F.split_items(rest)
+    values: dict = {}
+    for name, raw in items.items():
+        column = F.FIELDS.get(name)
+        if column is None:
+            if name not in F.KNOWN_EXTRA:
+                log.unknown_fields[name] += 1
+                log.unknown_first.setdefault(name, number)
+            continue
+        value = F.number(column, raw)
+        if value is None:
+            _skip(log, number, f"{name}: {raw[:40]!r} is not a number")
+            return None
+        values.setdefault(column, value)
+    missing = [c for c in F.REQUIRED[kind] if c not in values]
+    if missing:
+        _skip(log, number, f"{kind} line without {', '.join(missing)} (garbled or cut)")
+        return None
+    if cut and len(log.cut_lines) < MAX_NOTED:
+        log.cut_lines.append(number)
+    return values
+
+
+def _read_items(log, clock, rank_index, kind, rest, prefix, rank, number) -> None:
+    values = _values(log, kind, rest, number)
+    if values is None:
+        return
+    log.engine = log.engine or ("vllm" if kind == "vllm" else "sglang")
+    t = clock.seconds(prefix)
+    if kind == "retract":
+        before, after = values.get("ratio", (None, None))
+        log.events.append(Event("retract", number, t, rank, int(values["retracted"]), before, after))
+        return
+    if rank not in rank_index:
+        rank_index[rank] = len(log.ranks)
+        log.ranks.append(rank)
+    log.kind.append(KINDS.index(kind))
+    log.line.append(number)
+    log.t.append(t)
+    log.rank.append(rank_index[rank])
+    for column in COLUMNS:
+        log.cols[column].append(values.get(column, math.nan))
