@@ -49,27 +49,48 @@ def add_parser(commands, command: str | None) -> None:
 
 def run(args) -> int:
     from kvlab.model.hf_config import load_model_config
-    from kvlab.serving import explain_log
+    from kvlab.serving import LogError, explain_log
+    from kvlab.serving.runtime.report import format_runtime as runtime_text
     from kvlab.serving.text import format_explanation
 
     config = None
     if args.model_config:
         config = load_model_config(args.model_config, kv_cache_dtype=args.kv_cache_dtype or "auto")
-    exp = explain_log(args.log, model_config=config, mem_fraction_static=args.mem_fraction_static, gpu=args.gpu,
-                      sglang_version=args.sglang_version, kv_cache_dtype=args.kv_cache_dtype,
-                      what_if=args.what_if)
+    try:
+        exp = explain_log(args.log, model_config=config, mem_fraction_static=args.mem_fraction_static, gpu=args.gpu,
+                          sglang_version=args.sglang_version, kv_cache_dtype=args.kv_cache_dtype,
+                          what_if=args.what_if)
+    except LogError:  # no start-up lines: a log of runtime lines alone is explained as such (issue 36)
+        runtime = _runtime(args.log, None)
+        if runtime is None:
+            raise
+        print(json.dumps({"runtime": runtime}, indent=2) if args.json else printable(runtime_text(runtime), lines=True))
+        return 0
+    runtime = _runtime(args.log, exp)
     comparison = _engine_comparison(args, exp) if args.compare_engines else None
     if args.json:
         data = exp.to_json()
         if comparison is not None:
             data["engine_comparison"] = comparison.to_json()
+        if runtime is not None:
+            data["runtime"] = runtime
         print(json.dumps(data, indent=2))
     else:
         from kvlab.serving.text import format_comparison
 
         text = format_explanation(exp) + ("\n" + format_comparison(comparison) if comparison is not None else "")
+        text += "\n\n" + runtime_text(runtime) if runtime is not None else ""
         print(printable(text, lines=True))  # a config's _name_or_path or a log's text: escapes shown, not obeyed
     return 0
+
+
+def _runtime(path, exp) -> dict | None:
+    """The runtime section (issue 36): None when the log has no runtime line, so the output is unchanged."""
+    from kvlab.serving.runtime.report import runtime_json, runtime_timeline
+
+    pool = getattr(exp, "max_total_num_tokens_logged", None)
+    tl = runtime_timeline(path, pool_tokens=pool, pool_source="the start-up lines' max_total_num_tokens" if pool else None)
+    return runtime_json(tl) if tl.log.has_runtime else None
 
 
 def _engine_comparison(args, exp):
