@@ -49,8 +49,9 @@ def add_parser(commands, command: str | None) -> None:
 
 def run(args) -> int:
     from kvlab.model.hf_config import load_model_config
-    from kvlab.serving import LogError, explain_log
+    from kvlab.serving import explain_log
     from kvlab.serving.runtime.report import format_runtime as runtime_text
+    from kvlab.serving.sglang_log import NoStartupReadings
     from kvlab.serving.text import format_explanation
 
     config = None
@@ -60,11 +61,12 @@ def run(args) -> int:
         exp = explain_log(args.log, model_config=config, mem_fraction_static=args.mem_fraction_static, gpu=args.gpu,
                           sglang_version=args.sglang_version, kv_cache_dtype=args.kv_cache_dtype,
                           what_if=args.what_if)
-    except LogError:  # no start-up lines: a log of runtime lines alone is explained as such (issue 36)
+    except NoStartupReadings as exc:  # a log of runtime lines alone is explained as such (issue 36)
         runtime = _runtime(args.log, None)
         if runtime is None:
             raise
-        print(json.dumps({"runtime": runtime}, indent=2) if args.json else printable(runtime_text(runtime), lines=True))
+        text = f"Start-up: not explained ({exc})\n\n" + runtime_text(runtime)
+        print(json.dumps({"runtime": runtime}, indent=2) if args.json else printable(text, lines=True))
         return 0
     runtime = _runtime(args.log, exp)
     comparison = _engine_comparison(args, exp) if args.compare_engines else None
@@ -87,10 +89,17 @@ def run(args) -> int:
 def _runtime(path, exp) -> dict | None:
     """The runtime section (issue 36): None when the log has no runtime line, so the output is unchanged."""
     from kvlab.serving.runtime.report import runtime_json, runtime_timeline
+    from kvlab.serving.sglang_log import LogError
 
     pool = getattr(exp, "max_total_num_tokens_logged", None)
     tl = runtime_timeline(path, pool_tokens=pool, pool_source="the start-up lines' max_total_num_tokens" if pool else None)
-    return runtime_json(tl) if tl.log.has_runtime else None
+    if tl.log.n_steps or tl.log.events:
+        return runtime_json(tl)
+    if tl.log.n_skipped:  # runtime lines, none of them readable: an error naming the first
+        line, why = tl.log.skipped[0]
+        raise LogError(f"{tl.log.where(line)}: no runtime line could be read ({tl.log.n_skipped} skipped; the "
+                       f"first: {why})")
+    return None
 
 
 def _engine_comparison(args, exp):

@@ -79,7 +79,8 @@ class RuntimeLog:
 
     @property
     def has_runtime(self) -> bool:
-        return bool(self.n_steps or self.events)
+        """A runtime line read, or one kvlab could not read (a partial reading names it)."""
+        return bool(self.n_steps or self.events or self.n_skipped)
 
     def where(self, line: int) -> str:
         return f"{self.path}:{line}"
