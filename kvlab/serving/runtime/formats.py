@@ -23,8 +23,11 @@ VLLM_HIT_V0 = re.compile(r"Prefix cache hit rate: GPU: (?P<gpu>\d+(?:\.\d+)?)%, 
 VLLM_PREEMPT = re.compile(r"Sequence group (?P<req>\S+) is preempted by PreemptionMode\.(?P<mode>\w+) mode because "
                           r"there is not enough KV cache space\.(?:.*?total_(?:num_)?cumulative_preemption(?:_cnt)?="
                           r"(?P<total>\d+))?")
-ANCHORS = ("Prefill batch", "Decode batch", "Retract requests", "Decode out of memory happened",
-           "Avg prompt throughput", "Prefix cache hit rate: GPU", "is preempted by PreemptionMode")
+ANCHORS = {"Prefill batch": "prefill", "Decode batch": "decode", "Retract requests": "retract",
+           "Decode out of memory happened": "retract", "Avg prompt throughput": "vllm",
+           "Prefix cache hit rate: GPU": "vllm_hit", "is preempted by PreemptionMode": "preempt"}
+ANCHOR = re.compile("|".join(map(re.escape, ANCHORS)))
+PATTERNS = {"prefill": PREFILL, "decode": DECODE, "retract": RETRACT, "vllm": VLLM_STATS}
 
 # item name as printed -> kvlab's column; the same column from several versions' names
 FIELDS = {
@@ -53,24 +56,21 @@ _UNIT = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:%|tokens/s|reqs)?\.?$")
 _RATIO = re.compile(r"^(\d+(?:\.\d+)?) -> (\d+(?:\.\d+)?)$")
 
 
-def split_items(rest: str) -> tuple[dict[str, str], bool]:
-    """``"#new-seq: 1, #new-token: 2, "`` -> ({"#new-seq": "1", ...}, cut); cut: the last item has no value (a
-    line cut short by a terminal or a paste)."""
-    items: dict[str, str] = {}
-    cut = False
-    parts = rest.rstrip().rstrip(",").split(", ")
-    for i, part in enumerate(parts):
-        name, sep, value = part.partition(": ")
-        if not sep:
-            cut = cut or i == len(parts) - 1
-            continue
-        items.setdefault(name.strip(), value.strip())
-    return items, cut
+_ITEM = re.compile(r"(?:^|, )([^,:]+): ([^,]*)")
+
+
+def split_items(rest: str) -> tuple[list[tuple[str, str]], bool]:
+    """``"#new-seq: 1, #new-token: 2, "`` -> ([("#new-seq", "1"), ...], cut); cut: the last item has no value
+    (a line cut short by a terminal or a paste)."""
+    rest = rest.rstrip().rstrip(",")
+    return _ITEM.findall(rest), ": " not in rest.rpartition(", ")[2]
 
 
 def number(column: str, text: str) -> float | tuple[float, float] | None:
     """A printed value as a number (``95.9%`` -> 0.959 for a percentage column; ``a -> b`` -> (a, b)); None when
     it is not one (a garbled or cut value)."""
+    if text.replace(".", "", 1).isdigit():  # the common case, plain digits (no nan, inf, 1e30 or 1_000)
+        return float(text)
     if column == "ratio":
         m = _RATIO.match(text)
         return (float(m.group(1)), float(m.group(2))) if m else None

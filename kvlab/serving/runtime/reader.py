@@ -22,6 +22,7 @@ from kvlab.serving.sglang_log import MESSAGES, LogError
 COLUMNS = ("new_seq", "new_token", "cached_token", "usage", "used_tokens", "running", "queue", "prefill_tput",
            "gen_tput", "logged_hit_rate")
 KINDS = ("prefill", "decode", "vllm")
+_KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
 MAX_NOTED = 20  # skipped lines and other lines named in full; the rest counted
 _POOL_SGLANG = MESSAGES["tokens"][1]  # the start-up reader's own pattern for max_total_num_tokens=N
 _POOL_VLLM = __import__("re").compile(r"GPU KV cache size: (\d{1,3}(?:,\d{3})+|\d+) tokens")
@@ -93,6 +94,20 @@ class _Clock:
         self.day = 0
         self.last = None
         self.cache: dict = {}
+        self.prefixes: dict = {}  # prefix -> (seconds, rank label), for prefixes with a dated stamp
+
+    def where(self, prefix: str) -> tuple[float, str]:
+        """(seconds, rank label) of a message's prefix; a prefix with a date is read once."""
+        hit = self.prefixes.get(prefix)
+        if hit is not None:
+            return hit
+        t, rank = self.seconds(prefix), rank_label(prefix)
+        m = F.STAMP.search(prefix)
+        if m and m.group("mo") is not None:
+            if len(self.prefixes) > 4096:
+                self.prefixes.clear()
+            self.prefixes[prefix] = (t, rank)
+        return t, rank
 
     def seconds(self, prefix: str) -> float:
         m = F.STAMP.search(prefix)
@@ -159,7 +174,8 @@ def read_runtime_lines(lines, name: str) -> RuntimeLog:
 
 
 def _read_line(log, clock, rank_index, text: str, number: int) -> None:
-    if not any(a in text for a in F.ANCHORS):
+    anchor = F.ANCHOR.search(text)
+    if anchor is None:
         if "max_total_num_token" in text or "KV cache size:" in text:
             _pool_line(log, text, number)
         else:
@@ -167,22 +183,23 @@ def _read_line(log, clock, rank_index, text: str, number: int) -> None:
             if len(log.other_examples) < 5 and text.strip():
                 log.other_examples.append((number, text.strip()[:160]))
         return
-    for kind, pattern in (("prefill", F.PREFILL), ("decode", F.DECODE), ("retract", F.RETRACT),
-                          ("vllm", F.VLLM_STATS)):
-        m = pattern.search(text)
-        if m:
-            prefix = text[:m.start()]
-            rank = f"Engine {int(m.group('engine'))}" if kind == "vllm" and m.group("engine") else rank_label(prefix)
-            _read_items(log, clock, rank_index, kind, m.group("rest"), prefix, rank, number)
-            return
-    m = F.VLLM_PREEMPT.search(text)
+    kind = F.ANCHORS[anchor.group(0)]
+    pattern = F.PATTERNS.get(kind)
+    m = pattern.search(text, max(0, anchor.start() - 40)) if pattern else None  # KV cache pool is full. ...
     if m:
+        prefix = text[:m.start()]
+        if kind == "vllm" and m.group("engine"):
+            where = (clock.seconds(prefix), f"Engine {int(m.group('engine'))}")
+        else:
+            where = clock.where(prefix)
+        _read_items(log, rank_index, kind, m.group("rest"), where, number)
+        return
+    if kind == "preempt" and (m := F.VLLM_PREEMPT.search(text)):
         total = int(m.group("total")) if m.group("total") else None
         log.events.append(Event("preempt", number, clock.seconds(text[:m.start()]), "", 1, total=total))
         log.engine = log.engine or "vllm"
         return
-    m = F.VLLM_HIT_V0.search(text)
-    if m:
+    if kind == "vllm_hit" and (m := F.VLLM_HIT_V0.search(text)):
         log.vllm_hit[number] = float(m.group("gpu")) / 100.0
         return
     _skip(log, number, "a runtime message kvlab cannot read (garbled or cut before its fields)")
@@ -206,33 +223,37 @@ def _skip(log, number: int, why: str) -> None:
 def _values(log, kind: str, rest: str, number: int) -> dict | None:
     items, cut = F.split_items(rest)
     values: dict = {}
-    for name, raw in items.items():
-        column = F.FIELDS.get(name)
+    fields = F.FIELDS
+    for name, raw in items:
+        column = fields.get(name)
         if column is None:
             if name not in F.KNOWN_EXTRA:
                 log.unknown_fields[name] += 1
                 log.unknown_first.setdefault(name, number)
             continue
-        value = F.number(column, raw)
+        if column in values:
+            continue
+        value = float(raw) if raw.replace(".", "", 1).isdigit() else F.number(column, raw)
         if value is None:
             _skip(log, number, f"{name}: {raw[:40]!r} is not a number")
             return None
-        values.setdefault(column, value)
-    missing = [c for c in F.REQUIRED[kind] if c not in values]
-    if missing:
-        _skip(log, number, f"{kind} line without {', '.join(missing)} (garbled or cut)")
-        return None
+        values[column] = value
+    for column in F.REQUIRED[kind]:
+        if column not in values:
+            missing = [c for c in F.REQUIRED[kind] if c not in values]
+            _skip(log, number, f"{kind} line without {', '.join(missing)} (garbled or cut)")
+            return None
     if cut and len(log.cut_lines) < MAX_NOTED:
         log.cut_lines.append(number)
     return values
 
 
-def _read_items(log, clock, rank_index, kind, rest, prefix, rank, number) -> None:
+def _read_items(log, rank_index, kind, rest, where, number) -> None:
     values = _values(log, kind, rest, number)
     if values is None:
         return
     log.engine = log.engine or ("vllm" if kind == "vllm" else "sglang")
-    t = clock.seconds(prefix)
+    t, rank = where
     if kind == "retract":
         before, after = values.get("ratio", (None, None))
         log.events.append(Event("retract", number, t, rank, int(values["retracted"]), before, after))
@@ -240,9 +261,9 @@ def _read_items(log, clock, rank_index, kind, rest, prefix, rank, number) -> Non
     if rank not in rank_index:
         rank_index[rank] = len(log.ranks)
         log.ranks.append(rank)
-    log.kind.append(KINDS.index(kind))
+    log.kind.append(_KIND_INDEX[kind])
     log.line.append(number)
     log.t.append(t)
     log.rank.append(rank_index[rank])
-    for column in COLUMNS:
-        log.cols[column].append(values.get(column, math.nan))
+    for column, values_of in log.cols.items():
+        values_of.append(values.get(column, math.nan))
