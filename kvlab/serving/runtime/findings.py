@@ -44,20 +44,21 @@ def _retracted(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
     text = (f"The KV pool ran full: {len(events)} {'retraction' if events[0].kind == 'retract' else 'preemption'} "
             f"line(s){when}, {n} request(s) sent back to the queue to be prefilled again")
     if ratios:
-        text += (f"; new_token_ratio went {ratios[0][0]:.4f} -> {ratios[0][1]:.4f} at the first and "
-                 f"{ratios[-1][0]:.4f} -> {ratios[-1][1]:.4f} at the last (SGLang reserves that share of each "
-                 f"request's remaining output when it admits more)")
+        last = f" at the first and {ratios[-1][0]:.4f} -> {ratios[-1][1]:.4f} at the last" if len(ratios) > 1 else ""
+        text += (f"; new_token_ratio went {ratios[0][0]:.4f} -> {ratios[0][1]:.4f}{last} (SGLang reserves that "
+                 f"share of each running request's remaining output before it admits more)")
     return {"name": "pool_full_retracted", "text": text, "lines": _lines(e.line for e in events),
             "count": n, "cannot_know": "which requests were retracted and how long they waited again; vLLM prints "
             "only every 50th preemption warning (scheduler.py), so its count is a lower bound"}
 
 
 def _hit_fell_when_full(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
-    usage = main["usage"].ffill()  # a prefill line is read against the last usage printed before it
+    # a prefill line is read against the last usage its rank printed before it
+    before = main.groupby("rank")["usage"].shift(1).groupby(main["rank"]).ffill().fillna(0.0)
     prefill = main[(main["kind"] == "prefill")]
-    if prefill.empty or prefill["new_token"].isna().all():
+    if prefill.empty:
         return None
-    full = prefill[usage.loc[prefill.index].shift(1, fill_value=0).fillna(0).values >= FULL]
+    full = prefill[before.loc[prefill.index] >= FULL]
     rest = prefill.drop(full.index)
     if len(full) < MIN_PREFILLS or len(rest) < MIN_PREFILLS:
         return None
@@ -80,14 +81,15 @@ def _hit_fell_when_full(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
 
 
 def _queue_at_low_usage(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
-    rows = main[["line", "usage", "queue", "running"]].dropna(subset=["usage", "queue"])
-    low = (rows["usage"] < LOW) & (rows["queue"] > 0)
-    run_id = (low != low.shift()).cumsum()
     best = None
-    for _, run in rows[low].groupby(run_id[low]):
-        growth = run["queue"].iloc[-1] - run["queue"].iloc[0]
-        if len(run) >= 3 and growth > 0 and (best is None or growth > best[0]):
-            best = (growth, run)
+    for _, rows in main[["line", "rank", "usage", "queue", "running"]].dropna(subset=["usage", "queue"]).groupby(
+            "rank", sort=False):
+        low = (rows["usage"] < LOW) & (rows["queue"] > 0)
+        run_id = (low != low.shift()).cumsum()
+        for _, run in rows[low].groupby(run_id[low]):
+            growth = run["queue"].iloc[-1] - run["queue"].iloc[0]
+            if len(run) >= 3 and growth > 0 and (best is None or growth > best[0]):
+                best = (growth, run)
     if best is None:
         return None
     growth, run = best
