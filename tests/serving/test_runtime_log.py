@@ -213,3 +213,13 @@ def test_a_log_with_neither_start_up_nor_runtime_lines_is_exit_2(tmp_path, capsy
 def test_a_missing_log_is_exit_2(tmp_path, capsys):
     code, _, err = run_cli(capsys, tmp_path / "none.log")
     assert code == 2 and "none.log" in err
+
+
+def test_vllm_v1_preemptions_field_is_an_event(tmp_path):
+    """vLLM V1's loggers.py appends ``Preemptions: %d`` (since the last stats line) when it is > 0."""
+    line = ("(APIServer pid=1) INFO 05-19 10:13:11 [loggers.py:271] Engine 001: Avg prompt throughput: 10.0 tokens/s, "
+            "Avg generation throughput: 5.0 tokens/s, Running: 3 reqs, Waiting: 9 reqs, Preemptions: 4, "
+            "GPU KV cache usage: 99.0%, Prefix cache hit rate: 12.5%")
+    data = runtime_json(runtime_timeline(write_log(tmp_path, line + "\n")))
+    assert data["events"]["preemptions"] == 4 and data["ranks"] == ["Engine 1"]
+    assert data["findings"][0]["name"] == "pool_full_retracted" and data["findings"][0]["count"] == 4

@@ -48,8 +48,9 @@ def _retracted(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
         text += (f"; new_token_ratio went {ratios[0][0]:.4f} -> {ratios[0][1]:.4f}{last} (SGLang reserves that "
                  f"share of each running request's remaining output before it admits more)")
     return {"name": "pool_full_retracted", "text": text, "lines": _lines(e.line for e in events),
-            "count": n, "cannot_know": "which requests were retracted and how long they waited again; vLLM prints "
-            "only every 50th preemption warning (scheduler.py), so its count is a lower bound"}
+            "count": n, "cannot_know": "which requests were retracted and how long they waited again; vLLM V0 prints "
+            "the preemption warning at the 1st, 51st, 101st... preemption only (scheduler.py; its "
+            "total_num_cumulative_preemption is the count so far), V1 a count per stats line"}
 
 
 def _hit_fell_when_full(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:

@@ -39,6 +39,7 @@ FIELDS = {
     # vLLM
     "Avg prompt throughput": "prefill_tput", "Avg generation throughput": "gen_tput", "Running": "running",
     "Waiting": "queue", "Pending": "queue", "GPU KV cache usage": "usage", "Prefix cache hit rate": "logged_hit_rate",
+    "Preemptions": "preemptions",  # V1, printed only when > 0: preemptions since the last stats line
 }
 # read and kept out of the timeline on purpose (named in docs/semantics.md), not "unknown"
 KNOWN_EXTRA = {"cuda graph", "npu graph", "cpu graph", "musa graph", "#pending-token", "swa token usage",
@@ -47,7 +48,7 @@ KNOWN_EXTRA = {"cuda graph", "npu graph", "cpu graph", "musa graph", "#pending-t
                "#transfer-req", "#retracted-req", "pre-allocated usage", "#mamba_num_gained", "Swapped",
                "CPU KV cache usage", "#replay-token", "#optimistic-req", "cap len", "block accept len",
                "#gpu token", "gpu token usage", "#cpu token", "cpu token usage", "#host-receive-req",
-               "waiting-image-req"}
+               "waiting-image-req", "Deferred", "Corrupted", "External prefix cache hit rate", "MM cache hit rate"}
 REQUIRED = {"prefill": ("new_seq", "new_token", "cached_token"), "decode": ("running",),
             "retract": ("retracted",), "vllm": ("running", "usage")}
 PERCENT = {"logged_hit_rate", "usage"}  # printed in % by vLLM and SGLang's "cache hit rate"

@@ -258,6 +258,8 @@ def _read_items(log, rank_index, kind, rest, where, number) -> None:
         before, after = values.get("ratio", (None, None))
         log.events.append(Event("retract", number, t, rank, int(values["retracted"]), before, after))
         return
+    if values.get("preemptions"):  # vLLM V1's count since its last stats line
+        log.events.append(Event("preempt", number, t, rank, int(values["preemptions"])))
     if rank not in rank_index:
         rank_index[rank] = len(log.ranks)
         log.ranks.append(rank)
