@@ -80,7 +80,7 @@ def number(column: str, text: str) -> float | tuple[float, float] | None:
         return None
     value = float(m.group(1))
     if column in PERCENT and text.endswith("%"):
-        value /= 100.0
+        value = round(value / 100.0, 12)  # 98.4% -> 0.984, not 0.9840000000000001
     return value
 
 
