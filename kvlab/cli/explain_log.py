@@ -88,18 +88,11 @@ def run(args) -> int:
 
 def _runtime(path, exp) -> dict | None:
     """The runtime section (issue 36): None when the log has no runtime line, so the output is unchanged."""
-    from kvlab.serving.runtime.report import runtime_json, runtime_timeline
-    from kvlab.serving.sglang_log import LogError
+    from kvlab.serving.runtime.report import has_readings, runtime_json, runtime_timeline
 
     pool = getattr(exp, "max_total_num_tokens_logged", None)
     tl = runtime_timeline(path, pool_tokens=pool, pool_source="the start-up lines' max_total_num_tokens" if pool else None)
-    if tl.log.n_steps or tl.log.events:
-        return runtime_json(tl)
-    if tl.log.n_skipped:  # runtime lines, none of them readable: an error naming the first
-        line, why = tl.log.skipped[0]
-        raise LogError(f"{tl.log.where(line)}: no runtime line could be read ({tl.log.n_skipped} skipped; the "
-                       f"first: {why})")
-    return None
+    return runtime_json(tl) if has_readings(tl) else None
 
 
 def _engine_comparison(args, exp):

@@ -8,6 +8,7 @@ import textwrap
 from kvlab.serving.runtime.findings import find
 from kvlab.serving.runtime.reader import read_runtime_log, read_runtime_text
 from kvlab.serving.runtime.timeline import RuntimeTimeline, build_timeline, summary
+from kvlab.serving.sglang_log import LogError
 
 WIDTH = 118
 
@@ -18,6 +19,18 @@ def runtime_timeline(path=None, *, text: str | None = None, name: str = "<log>",
     explanation, where there is one."""
     log = read_runtime_log(path) if text is None else read_runtime_text(text, name)
     return build_timeline(log, pool_tokens, pool_source)
+
+
+def has_readings(tl: RuntimeTimeline) -> bool:
+    """True when a runtime line was read; False when the log has none; a LogError naming the first line when it
+    has runtime lines and none could be read."""
+    if tl.log.n_steps or tl.log.events:
+        return True
+    if tl.log.n_skipped:
+        line, why = tl.log.skipped[0]
+        raise LogError(f"{tl.log.where(line)}: no runtime line could be read ({tl.log.n_skipped} skipped; the "
+                       f"first: {why})")
+    return False
 
 
 def runtime_json(tl: RuntimeTimeline) -> dict:
