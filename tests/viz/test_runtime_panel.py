@@ -16,7 +16,7 @@ def _trace(panel, name):
     return next(t for t in panel.figure.figure.data if t.name == name)
 
 
-def _values(array) -> np.ndarray:
+def plotted(array) -> np.ndarray:
     """A synced trace's numbers: plotly's base64 typed array decoded, or the plain list."""
     if isinstance(array, dict):
         return np.frombuffer(base64.b64decode(array["bdata"]), dtype=np.dtype(array["dtype"]))
@@ -26,7 +26,7 @@ def _values(array) -> np.ndarray:
 def test_example_drawn_at_start():
     panel = RuntimePanel()
     assert panel.data["events"]["requests_retracted"] == 16
-    assert np.array_equal(_values(_trace(panel, "tokens in use").y),
+    assert np.array_equal(plotted(_trace(panel, "tokens in use").y),
                           panel.timeline.frame["used_tokens_est"].to_numpy())
     assert "Σ cached 108,497" in panel.summary.value
 
@@ -36,7 +36,7 @@ def test_paste_is_read_on_the_button():
     panel.log_text.value = (FIXTURES / "vllm_v1_loggers_2026-05.log").read_text()
     assert panel.data["engine"] == "sglang"  # not yet read
     panel.read.click()
-    assert panel.data["engine"] == "vllm" and _values(_trace(panel, "token usage").y)[-1] == 0.984
+    assert panel.data["engine"] == "vllm" and plotted(_trace(panel, "token usage").y)[-1] == 0.984
 
 
 def test_upload_is_read():
