@@ -77,6 +77,8 @@ def format_runtime(data: dict) -> str:
     for f in data["findings"]:
         body = f"{f['text']} [lines {', '.join(map(str, f['lines']))}]. Cannot know: {f['cannot_know']}."
         lines.append(textwrap.fill(body, WIDTH, initial_indent="  - ", subsequent_indent="    "))
+    if "replay_text" in data:  # kvlab explain-log --replay (kvlab.experiments.runtime_replay)
+        lines += ["", data["replay_text"]]
     return "\n".join(lines)
 
 
