@@ -15,9 +15,9 @@ EXAMPLE = "multi-turn-chat-20k-sglang-0.5.23-rendered.log"
 
 def runtime_example_path():
     """The example runtime log kvlab ships (data/examples/runtime_logs/, see data/README.md)."""
-    from kvlab.paths import data_dir
+    from kvlab.serving.examples import DATA_DIR
 
-    return data_dir() / "examples" / "runtime_logs" / EXAMPLE
+    return DATA_DIR / "examples" / "runtime_logs" / EXAMPLE
 
 
 def read_pasted(text: str, name: str = "(pasted log)"):
@@ -57,11 +57,10 @@ class RuntimePanel:
             self.show(bytes(files[0]["content"]).decode("utf-8", errors="replace"), files[0].get("name", "upload"))
 
     def show(self, text: str, name: str) -> None:
-        from kvlab.safe_text import printable
         from kvlab.serving.runtime.report import format_runtime
         from kvlab.viz.runtime_plots import runtime_timeline_figure
 
         with self.shell.showing("reading the log"):
             self.timeline, self.data = read_pasted(text, name)
-            self.summary.value = f"<pre>{html.escape(printable(format_runtime(self.data), lines=True))}</pre>"
+            self.summary.value = f"<pre>{html.escape(format_runtime(self.data))}</pre>"  # escaped: a log's text shown, never run
             self.figure.draw(runtime_timeline_figure(self.timeline, title=f"Runtime: {name}"))
