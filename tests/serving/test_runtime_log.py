@@ -223,3 +223,38 @@ def test_vllm_v1_preemptions_field_is_an_event(tmp_path):
     data = runtime_json(runtime_timeline(write_log(tmp_path, line + "\n")))
     assert data["events"]["preemptions"] == 4 and data["ranks"] == ["Engine 1"]
     assert data["findings"][0]["name"] == "pool_full_retracted" and data["findings"][0]["count"] == 4
+
+
+# Lines in each version's format as its wheel writes them (pip download --no-deps sglang==V; docs/semantics.md,
+# "Runtime logs"), with the numbers the test expects back.
+WHEEL_FORMATS = {
+    "0.2.0": ("[gpu_id=0] Prefill batch. #new-seq: 2, #new-token: 300, #cached-token: 100, cache hit rate: 25.00%, "
+              "#running-req: 1, #queue-req: 4\n"
+              "[gpu_id=0] Decode batch. #running-req: 3, #token: 512, token usage: 0.05, gen throughput (token/s): "
+              "120.50, #queue-req: 4\n"
+              "decode out of memory happened, #retracted_reqs: 2, #new_token_ratio: 0.4000 -> 0.6000\n"),
+    "0.3.0": ("[10:00:01 TP0] Prefill batch(mixed #running-req: 3). #new-seq: 2, #new-token: 300, #cached-token: 100, "
+              "cache hit rate: 25.00%, #queue-req: 4\n"
+              "[10:00:02 TP0] Decode batch. #running-req: 3, #token: 512, token usage: 0.05, gen throughput "
+              "(token/s): 120.50, #queue-req: 4\n"
+              "[10:00:03 TP0] Decode out of memory happened. #retracted_reqs: 2, #new_token_ratio: 0.4000 -> 0.6000\n"),
+    "0.5.23": ("[2026-01-01 10:00:01 DP1 TP2] Prefill batch, #new-seq: 2, #new-token: 300, #cached-token: 100, "
+               "token usage: 0.04, #running-req: 1, #queue-req: 4, #pending-token: 0, cuda graph: False, input "
+               "throughput (token/s): 900.00\n"
+               "[2026-01-01 10:00:02 DP1 TP2] Decode batch, #running-req: 3, #token: 512, token usage: 0.05, cuda "
+               "graph: True, gen throughput (token/s): 120.50, #queue-req: 4\n"
+               "[2026-01-01 10:00:03 DP1 TP2] KV cache pool is full. Retract requests. #retracted_reqs: 2, "
+               "#new_tokens_gained: 640, #new_token_ratio: 0.4000 -> 0.6000\n"),
+}
+
+
+@pytest.mark.parametrize("version", WHEEL_FORMATS)
+def test_each_wheels_format_reads_back(version):
+    data = runtime_json(runtime_timeline(text=WHEEL_FORMATS[version], name=version))
+    assert data["steps"] == {"prefill": 1, "decode": 1} and data["skipped"]["count"] == 0
+    assert data["hit_rate"]["cached_tokens"] == 100 and data["hit_rate"]["new_tokens"] == 300
+    assert data["used_tokens"]["max"] == 512 and data["queue"]["max"] == 4
+    event = data["events"]["first"][0]
+    assert event["count"] == 2 and event["new_token_ratio"] == [0.4, 0.6]
+    assert data["time_axis"] == ("line" if version == "0.2.0" else "t_s")
+    assert data["unknown_fields"] == {}

@@ -15,8 +15,9 @@ import re
 # SGLANG_LOG_FORWARD_ITERS, "Prefill batch(mixed #running-req: 3). " (0.2/0.3 with mixed chunked prefill)
 PREFILL = re.compile(r"Prefill batch(?:\s*\[\d+\])?(?:\s*\(mixed #running-req: (?P<mixed>\d+)\))?[.,] (?P<rest>.*)")
 DECODE = re.compile(r"Decode batch(?:\s*\[\d+\])?[.,] (?P<rest>.*)")
-# "Decode out of memory happened. " (0.1.x to 0.4.x), "KV cache pool is full. Retract requests. " (0.4.7 on)
-RETRACT = re.compile(r"(?:KV cache pool is full\. Retract requests\.|Decode out of memory happened\.) (?P<rest>.*)")
+# "decode out of memory happened, " (0.2.x), "Decode out of memory happened. " (0.3.0 to 0.4.x),
+# "KV cache pool is full. Retract requests. " (0.4.7 on)
+RETRACT = re.compile(r"(?:KV cache pool is full\. Retract requests\.|[Dd]ecode out of memory happened[.,]) (?P<rest>.*)")
 # vLLM V0 (engine/metrics.py LoggingStatLogger) and V1 (v1/metrics/loggers.py LoggingStatLogger)
 VLLM_STATS = re.compile(r"(?:Engine (?P<engine>\d+): )?(?P<rest>Avg prompt throughput: .*)")
 VLLM_HIT_V0 = re.compile(r"Prefix cache hit rate: GPU: (?P<gpu>\d+(?:\.\d+)?)%, CPU: (?P<cpu>\d+(?:\.\d+)?)%")
@@ -24,7 +25,8 @@ VLLM_PREEMPT = re.compile(r"Sequence group (?P<req>\S+) is preempted by Preempti
                           r"there is not enough KV cache space\.(?:.*?total_(?:num_)?cumulative_preemption(?:_cnt)?="
                           r"(?P<total>\d+))?")
 ANCHORS = {"Prefill batch": "prefill", "Decode batch": "decode", "Retract requests": "retract",
-           "Decode out of memory happened": "retract", "Avg prompt throughput": "vllm",
+           "Decode out of memory happened": "retract", "decode out of memory happened": "retract",
+           "Avg prompt throughput": "vllm",
            "Prefix cache hit rate: GPU": "vllm_hit", "is preempted by PreemptionMode": "preempt"}
 ANCHOR = re.compile("|".join(map(re.escape, ANCHORS)))
 PATTERNS = {"prefill": PREFILL, "decode": DECODE, "retract": RETRACT, "vllm": VLLM_STATS}
