@@ -258,3 +258,16 @@ def test_each_wheels_format_reads_back(version):
     assert event["count"] == 2 and event["new_token_ratio"] == [0.4, 0.6]
     assert data["time_axis"] == ("line" if version == "0.2.0" else "t_s")
     assert data["unknown_fields"] == {}
+
+
+def test_hostile_values_and_names_are_bounded(tmp_path):
+    lines = ["[TP0] Decode batch, #running-req: 1" + "9" * 400 + ", token usage: 0.10, #queue-req: 0",
+             "[TP0] Decode batch, #running-req: nan, token usage: 0.10, #queue-req: 0",
+             "[TP0] Decode batch, #running-req: 1e30, token usage: 0.10, #queue-req: 0"]
+    lines += [f"[TP0] Decode batch, #running-req: 1, token usage: 0.10, field{i}: 1, #queue-req: 0" for i in range(200)]
+    lines.append("[TP0] Decode batch, #running-req: 2, " + "x" * 5000 + ": 1, token usage: 0.10")
+    data = runtime_json(runtime_timeline(write_log(tmp_path, "\n".join(lines))))
+    assert data["skipped"]["count"] == 3 and [s["line"] for s in data["skipped"]["first"]] == [1, 2, 3]
+    assert data["steps"] == {"decode": 201} and data["running"]["max"] == 2
+    assert len(data["unknown_fields"]) == 51 and data["unknown_fields"]["(other names)"]["count"] == 151
+    assert all(len(name) <= 60 for name in data["unknown_fields"])

@@ -55,8 +55,8 @@ REQUIRED = {"prefill": ("new_seq", "new_token", "cached_token"), "decode": ("run
             "retract": ("retracted",), "vllm": ("running", "usage")}
 PERCENT = {"logged_hit_rate", "usage"}  # printed in % by vLLM and SGLang's "cache hit rate"
 
-_UNIT = re.compile(r"^(-?\d+(?:\.\d+)?)\s*(?:%|tokens/s|reqs)?\.?$")
-_RATIO = re.compile(r"^(\d+(?:\.\d+)?) -> (\d+(?:\.\d+)?)$")
+_UNIT = re.compile(r"^(\d{1,15}(?:\.\d{1,15})?)\s*(?:%|tokens/s|reqs)?\.?$")  # no 400-digit "number"
+_RATIO = re.compile(r"^(\d{1,15}(?:\.\d{1,15})?) -> (\d{1,15}(?:\.\d{1,15})?)$")
 
 
 _ITEM = re.compile(r"(?:^|, )([^,:]+): ([^,]*)")
@@ -72,7 +72,7 @@ def split_items(rest: str) -> tuple[list[tuple[str, str]], bool]:
 def number(column: str, text: str) -> float | tuple[float, float] | None:
     """A printed value as a number (``95.9%`` -> 0.959 for a percentage column; ``a -> b`` -> (a, b)); None when
     it is not one (a garbled or cut value)."""
-    if text.replace(".", "", 1).isdigit():  # the common case, plain digits (no nan, inf, 1e30 or 1_000)
+    if len(text) < 20 and text.replace(".", "", 1).isdigit():  # plain digits (no nan, inf, 1e30, 1_000, 10^400)
         return float(text)
     if column == "ratio":
         m = _RATIO.match(text)

@@ -24,6 +24,7 @@ COLUMNS = ("new_seq", "new_token", "cached_token", "usage", "used_tokens", "runn
 KINDS = ("prefill", "decode", "vllm")
 _KIND_INDEX = {k: i for i, k in enumerate(KINDS)}
 MAX_NOTED = 20  # skipped lines and other lines named in full; the rest counted
+MAX_UNKNOWN = 50  # distinct unknown field names kept
 _POOL_SGLANG = MESSAGES["tokens"][1]  # the start-up reader's own pattern for max_total_num_tokens=N
 _POOL_VLLM = __import__("re").compile(r"GPU KV cache size: (\d{1,3}(?:,\d{3})+|\d+) tokens")
 
@@ -228,12 +229,11 @@ def _values(log, kind: str, rest: str, number: int) -> dict | None:
         column = fields.get(name)
         if column is None:
             if name not in F.KNOWN_EXTRA:
-                log.unknown_fields[name] += 1
-                log.unknown_first.setdefault(name, number)
+                _unknown(log, name, number)
             continue
         if column in values:
             continue
-        value = float(raw) if raw.replace(".", "", 1).isdigit() else F.number(column, raw)
+        value = float(raw) if len(raw) < 20 and raw.replace(".", "", 1).isdigit() else F.number(column, raw)
         if value is None:
             _skip(log, number, f"{name}: {raw[:40]!r} is not a number")
             return None
@@ -246,6 +246,15 @@ def _values(log, kind: str, rest: str, number: int) -> dict | None:
     if cut and len(log.cut_lines) < MAX_NOTED:
         log.cut_lines.append(number)
     return values
+
+
+def _unknown(log, name: str, number: int) -> None:
+    """Count a field kvlab does not know by its name (the first MAX_UNKNOWN names; the rest as one)."""
+    name = name[:60]
+    if name not in log.unknown_fields and len(log.unknown_fields) >= MAX_UNKNOWN:
+        name = "(other names)"
+    log.unknown_fields[name] += 1
+    log.unknown_first.setdefault(name, number)
 
 
 def _read_items(log, rank_index, kind, rest, where, number) -> None:
