@@ -55,7 +55,7 @@ def _retracted(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
 
 def _hit_fell_when_full(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
     # a prefill line is read against the last usage its rank printed before it
-    before = main.groupby("rank")["usage"].shift(1).groupby(main["rank"]).ffill().fillna(0.0)
+    before = main.groupby("rank", observed=True)["usage"].shift(1).groupby(main["rank"], observed=True).ffill().fillna(0.0)
     prefill = main[(main["kind"] == "prefill")]
     if prefill.empty:
         return None
@@ -84,7 +84,7 @@ def _hit_fell_when_full(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
 def _queue_at_low_usage(tl: RuntimeTimeline, main: pd.DataFrame) -> dict | None:
     best = None
     for _, rows in main[["line", "rank", "usage", "queue", "running"]].dropna(subset=["usage", "queue"]).groupby(
-            "rank", sort=False):
+            "rank", sort=False, observed=True):
         low = (rows["usage"] < LOW) & (rows["queue"] > 0)
         run_id = (low != low.shift()).cumsum()
         for _, run in rows[low].groupby(run_id[low]):

@@ -71,6 +71,7 @@ class RuntimeLog:
     unknown_first: dict = field(default_factory=dict)  # field name -> first line
     other_lines: int = 0
     other_examples: list[tuple[int, str]] = field(default_factory=list)
+    t0: float = 0.0  # the first stamped runtime line's time: ``t`` minus this is seconds from it
     pool_tokens: int | None = None  # from a start-up line in the same log
     pool_line: int | None = None
     vllm_hit: dict = field(default_factory=dict)  # V0's separate "Prefix cache hit rate: GPU: x%" by line
@@ -165,10 +166,10 @@ def read_runtime_lines(lines, name: str) -> RuntimeLog:
     for number, text in enumerate(lines, 1):  # noqa: B007 - number is the count after the loop
         _read_line(log, clock, rank_index, text.rstrip("\n"), number)
     log.n_lines = number
-    first = next((x for x in log.t if not math.isnan(x)), math.nan)
-    if not math.isnan(first):
-        for i, x in enumerate(log.t):
-            log.t[i] = x - first
+    step0 = next((x for x in log.t if not math.isnan(x)), math.nan)  # the first stamped step, at once in a real log
+    first = min((x for x in (step0, *(e.t for e in log.events)) if not math.isnan(x)), default=math.nan)
+    if not math.isnan(first):  # seconds from the first stamped runtime line (the steps' column: RuntimeTimeline)
+        log.t0 = first
         for e in log.events:
             e.t -= first
     return log

@@ -64,7 +64,7 @@ def build_timeline(log: RuntimeLog, pool_tokens: int | None = None, pool_source:
     if pool_tokens is None and log.pool_tokens is not None:
         pool_tokens, pool_source = log.pool_tokens, f"{log.path}:{log.pool_line}"
     data = {"line": np.frombuffer(log.line, dtype=np.int64) if log.n_steps else np.zeros(0, np.int64),
-            "t_s": np.array(log.t, dtype=float),
+            "t_s": np.array(log.t, dtype=float) - log.t0,
             "rank": pd.Categorical.from_codes(np.array(log.rank, dtype=np.int16), categories=log.ranks or [""])
             if log.n_steps else pd.Categorical([]),
             "kind": pd.Categorical.from_codes(np.array(log.kind, dtype=np.int8), categories=list(KINDS))
@@ -72,15 +72,13 @@ def build_timeline(log: RuntimeLog, pool_tokens: int | None = None, pool_source:
     for column in COLUMNS:
         data[column] = np.array(log.cols[column], dtype=float)
     frame = pd.DataFrame(data)
-    frame["rank"] = frame["rank"].astype(str)
-    frame["kind"] = frame["kind"].astype(str)
     total = frame["new_token"] + frame["cached_token"]
     frame["batch_hit_rate"] = (frame["cached_token"] / total).where(total > 0)
     frame["used_tokens_est"] = frame["used_tokens"]
     if pool_tokens:
         frame["used_tokens_est"] = frame["used_tokens"].fillna(frame["usage"] * pool_tokens)
     frame["cum_hit_rate"] = np.nan
-    for _, rows in frame[frame["kind"] == "prefill"].groupby("rank", sort=False):
+    for _, rows in frame[frame["kind"] == "prefill"].groupby("rank", sort=False, observed=True):
         cached = rows["cached_token"].cumsum()
         seen = cached + rows["new_token"].cumsum()
         frame.loc[rows.index, "cum_hit_rate"] = (cached / seen).where(seen > 0)
@@ -114,7 +112,7 @@ def summary(tl: RuntimeTimeline) -> dict:
     main = f[f["rank"].isin(tl.primary)]
     cached, new = tl.hit_tokens()
     per_rank = {}
-    for rank, rows in f[f["kind"] == "prefill"].groupby("rank", sort=False):
+    for rank, rows in f[f["kind"] == "prefill"].groupby("rank", sort=False, observed=True):
         c, n = int(rows["cached_token"].sum()), int(rows["new_token"].sum())
         per_rank[rank] = {"prefill_lines": len(rows), "cached_tokens": c, "new_tokens": n,
                           "hit_rate": c / (c + n) if c + n else None}
