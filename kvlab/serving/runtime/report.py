@@ -58,12 +58,11 @@ def format_runtime(data: dict) -> str:
                      f"Σ (new + cached) {hit['cached_tokens'] + hit['new_tokens']:,} tokens")
     if hit.get("last_printed") is not None:
         lines.append(f"  prefix-cache hit rate, last printed by vLLM: {_pct(hit['last_printed'])}")
-    pool = f" of {data['pool_tokens']:,} tokens ({data['pool_source']})" if data["pool_tokens"] else ""
+    pool = f" of a {data['pool_tokens']:,}-token pool ({data['pool_source']})" if data["pool_tokens"] else ""
     for key, what in (("usage", "token usage"), ("running", "running requests"), ("queue", "queued requests")):
         if data[key]:
             value = f"{data[key]['max']:.2f}" if key == "usage" else f"{data[key]['max']:,.0f}"
-            extra = pool if key == "usage" else ""
-            lines.append(f"  peak {what}: {value}{extra} (line {data[key]['line']})")
+            lines.append(f"  peak {what}: {value} (line {data[key]['line']}){pool if key == 'usage' else ''}")
     tput = data["throughput"]
     if tput["prefill_mean_tok_s"] is not None or tput["decode_mean_tok_s"] is not None:
         lines.append("  mean throughput: " + ", ".join(
