@@ -271,3 +271,17 @@ def test_hostile_values_and_names_are_bounded(tmp_path):
     assert data["steps"] == {"decode": 201} and data["running"]["max"] == 2
     assert len(data["unknown_fields"]) == 51 and data["unknown_fields"]["(other names)"]["count"] == 151
     assert all(len(name) <= 60 for name in data["unknown_fields"])
+
+
+def test_real_start_up_logs_have_no_runtime_reading():
+    """The real start-up logs of ../shared (tests/serving/test_real_logs.py) hold no per-step line: nothing in
+    them is read as one, or skipped as an unreadable one (no false anchor in server_args and the like)."""
+    from tests.shared_data import real_data
+
+    logs = real_data("sglang_logs_examples.jsonl")
+    if logs is None:
+        pytest.skip("../shared/real-data/sglang_logs_examples.jsonl is absent")
+    for record in map(json.loads, logs.read_text().splitlines()):
+        log = runtime_timeline(text="\n".join(record["lines"]), name=record["id"]).log
+        assert (log.n_steps, len(log.events), log.n_skipped) == (0, 0, 0), record["id"]
+        assert log.other_lines + (log.pool_line is not None) == len(record["lines"])
