@@ -285,3 +285,12 @@ def test_real_start_up_logs_have_no_runtime_reading():
         log = runtime_timeline(text="\n".join(record["lines"]), name=record["id"]).log
         assert (log.n_steps, len(log.events), log.n_skipped) == (0, 0, 0), record["id"]
         assert log.other_lines + (log.pool_line is not None) == len(record["lines"])
+
+
+def test_docker_prefix_and_midnight_roll():
+    text = ("sglang-1  | [23:59:58 TP0] Decode batch. #running-req: 3, #token: 10, token usage: 0.01, gen throughput "
+            "(token/s): 1.00, #queue-req: 0\n"
+            "sglang-1  | [00:00:01 TP0] Decode batch. #running-req: 4, #token: 11, token usage: 0.01, gen throughput "
+            "(token/s): 1.00, #queue-req: 0\n")
+    tl = runtime_timeline(text=text)
+    assert list(tl.frame["t_s"]) == [0.0, 3.0] and list(tl.frame["running"]) == [3, 4] and tl.log.ranks == ["TP0"]
