@@ -41,6 +41,10 @@ def runtime_timeline_figure(tl, *, title: str | None = None) -> go.Figure:
                                  marker=dict(size=4, opacity=0.5)), row=3, col=1)
         fig.add_trace(go.Scatter(x=_x(tl, pre), y=pre["cum_hit_rate"], name=f"cumulative{name}", mode="lines"),
                       row=3, col=1)
+        printed = rows.dropna(subset=["logged_hit_rate"])
+        if len(printed):  # the server's own rate (vLLM's window; SGLang 0.2-0.4's cumulative), as printed
+            fig.add_trace(go.Scatter(x=_x(tl, printed), y=printed["logged_hit_rate"], name=f"as printed{name}",
+                                     mode="lines", line=dict(dash="dot")), row=3, col=1)
         for column, label in (("prefill_tput", "prefill"), ("gen_tput", "decode")):
             part = rows.dropna(subset=[column])
             fig.add_trace(go.Scatter(x=_x(tl, part), y=part[column], name=f"{label}{name}", mode="lines"),

@@ -40,3 +40,4 @@ def test_vllm_figure_draws_usage_as_a_fraction():
     usage = _trace(fig, "token usage")
     assert list(usage.y) == list(tl.frame["usage"]) and max(usage.y) == 0.984
     assert not any(t.name == "cumulative" and len(t.y) for t in fig.data)
+    assert list(_trace(fig, "as printed").y) == list(tl.frame["logged_hit_rate"])  # vLLM's own rate

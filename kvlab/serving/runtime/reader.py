@@ -202,7 +202,10 @@ def _read_line(log, clock, rank_index, text: str, number: int) -> None:
         log.engine = log.engine or "vllm"
         return
     if kind == "vllm_hit" and (m := F.VLLM_HIT_V0.search(text)):
-        log.vllm_hit[number] = float(m.group("gpu")) / 100.0
+        log.vllm_hit[number] = round(float(m.group("gpu")) / 100.0, 12)
+        hits = log.cols["logged_hit_rate"]
+        if log.n_steps and log.kind[-1] == _KIND_INDEX["vllm"] and math.isnan(hits[-1]):
+            hits[-1] = log.vllm_hit[number]  # V0 prints it on its own line after the stats line it belongs to
         return
     _skip(log, number, "a runtime message kvlab cannot read (garbled or cut before its fields)")
 
