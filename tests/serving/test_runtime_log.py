@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from kvlab.serving.runtime.report import runtime_json, runtime_timeline
+from kvlab.serving.runtime.report import format_runtime, runtime_json, runtime_timeline
 from tests.conftest import REPO_ROOT
 from tests.serving.logs import run_cli, write_log
 
@@ -160,6 +160,8 @@ def test_dp_ranks_each_count(tmp_path):
     assert data["primary_ranks"] == ["DP0 TP0", "DP1 TP4"]
     assert data["hit_rate"]["cached_tokens"] == 2 * sum(10 * i for i in range(4))
     assert data["hit_rate"]["new_tokens"] == 4 * 100 + 4 * 200
+    text = format_runtime(data)
+    assert f"per rank: DP0 TP0 {60 / 460:.1%} (4 prefill lines), DP1 TP4 {60 / 860:.1%} (4 prefill lines)" in text
 
 
 def test_pool_size_from_the_start_up_lines_gives_tokens(tmp_path, capsys):

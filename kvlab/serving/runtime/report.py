@@ -56,6 +56,10 @@ def format_runtime(data: dict) -> str:
     if hit["cached_tokens"] + hit["new_tokens"]:
         lines.append(f"  prefix-cache hit rate: {_pct(hit['overall'])} = Σ cached {hit['cached_tokens']:,} / "
                      f"Σ (new + cached) {hit['cached_tokens'] + hit['new_tokens']:,} tokens")
+    ranks = {r: v for r, v in hit["per_rank"].items() if r in data["primary_ranks"]}
+    if len(ranks) > 1:  # data-parallel ranks: each its own scheduler and cache
+        lines.append("  per rank: " + ", ".join(f"{r} {_pct(v['hit_rate'])} ({v['prefill_lines']:,} prefill lines)"
+                                               for r, v in ranks.items()))
     if hit.get("last_printed") is not None:
         lines.append(f"  prefix-cache hit rate, last printed by vLLM: {_pct(hit['last_printed'])}")
     pool = f" of a {data['pool_tokens']:,}-token pool ({data['pool_source']})" if data["pool_tokens"] else ""
