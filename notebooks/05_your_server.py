@@ -146,3 +146,39 @@ panel.widget
 # %%
 print(f"panel: {panel.explanation.max_total_num_tokens_computed:,} tokens computed for {panel.example.value}; "
       f"SGLang {panel.comparison.sglang.tokens:,} vs vLLM {panel.comparison.vllm.tokens:,}")
+
+# %% [markdown]
+# ## 5 · What your server did: its runtime log
+# Sections 1–4 explain how the server *sized* its pool. The lines it prints while it serves say what it *did* with
+# it: SGLang's `Prefill batch` lines (new and cached prompt tokens, token usage, running and queued requests), its
+# `Decode batch` lines (every 40th decode step) and `KV cache pool is full. Retract requests.` under pressure; vLLM's
+# periodic stats and preemption warnings (`kvlab explain-log` reads the same lines; formats by version in
+# docs/semantics.md, "Runtime logs"). kvlab draws them on one time axis, with the hit rate as SGLang computes it,
+# Σ cached / Σ (new + cached), and says what the timeline shows, with the lines each finding rests on.
+#
+# The example is a kvlab simulation printed in SGLang 0.5.23's formats (`data/examples/runtime_logs/`, its first
+# line says so); set `RUNTIME_LOG` to your own log, or paste / upload it in the panel below.
+
+# %%
+from kvlab.serving.runtime.report import format_runtime, runtime_json, runtime_timeline
+from kvlab.viz.runtime_panel import runtime_example_path
+from kvlab.viz.runtime_plots import runtime_timeline_figure
+
+RUNTIME_LOG = None  # a server log with its runtime lines; None: the example
+runtime_path = Path(RUNTIME_LOG) if RUNTIME_LOG else runtime_example_path()
+timeline = runtime_timeline(runtime_path)
+runtime = runtime_json(timeline)
+print(format_runtime(runtime))
+
+# %%
+runtime_timeline_figure(timeline, title=f"Runtime: {runtime_path.name}")
+
+# %% [markdown]
+# Paste or upload your own log (the start-up lines may stay in: the pool size they print turns token usage into
+# tokens).
+
+# %% tags=["dashboard"]
+from kvlab.viz.runtime_panel import RuntimePanel  # imported here too: `kvlab app 05` runs this cell first
+
+runtime_panel = RuntimePanel()
+runtime_panel.widget

@@ -19,7 +19,14 @@ from kvlab.serving.gpu import resolve_gpu
 from kvlab.serving.pool import Pool, cell_from_logged_sizes, sglang_tokens_range
 from kvlab.serving.provenance import assumed_words
 from kvlab.serving.result import Explanation
-from kvlab.serving.sglang_log import MAX_PARALLEL, LogError, RankReadings, SGLangStartup, parse_sglang_log
+from kvlab.serving.sglang_log import (
+    MAX_PARALLEL,
+    LogError,
+    NoStartupReadings,
+    RankReadings,
+    SGLangStartup,
+    parse_sglang_log,
+)
 from kvlab.serving.sglang_versions import (
     EXPLAINED_SINCE,
     KNOWN_RANGE,
@@ -357,9 +364,9 @@ def require_readings(log: SGLangStartup, with_readings: list[RankReadings]) -> N
     if sized:
         where = log.where("tokens") if any("tokens" in r.lines for r in sized) else log.where("kv")
         old = " (SGLang before 0.1.17 printed none)" if log.version and not at_least(log.version, "0.1.17") else ""
-        raise LogError(f"{where}: no memory readings: the log has the pool size but no 'Load weight begin. avail "
+        raise NoStartupReadings(f"{where}: no memory readings: the log has the pool size but no 'Load weight begin. avail "
                        f"mem=' / 'Load weight end. ... avail mem=' lines{old}; kvlab needs both to recompute the pool")
-    raise LogError(f"{log.path}: not an SGLang or vLLM start-up log: none of 'Load weight begin', 'Load weight end', "
+    raise NoStartupReadings(f"{log.path}: not an SGLang or vLLM start-up log: none of 'Load weight begin', 'Load weight end', "
                    f"'KV Cache is allocated', 'max_total_num_tokens=' (SGLang) or 'Model loading took', "
                    f"'GPU KV cache size' (vLLM) appears in its {log.n_lines} lines")
 

@@ -25,6 +25,10 @@ class LogError(KvlabError, ValueError):
     """A log kvlab cannot explain; the message names the file (and line) and what is missing."""
 
 
+class NoStartupReadings(LogError):
+    """A log without the start-up memory readings (a log of runtime lines alone is still explained: issue 36)."""
+
+
 _NUM = r"(\d+(?:\.\d+)?)"
 MESSAGES = {  # name -> (anchor, full pattern); the anchor alone on a line without the pattern is an error
     "begin": ("Load weight begin.", re.compile(r"Load weight begin\.\s+avail mem=" + _NUM + r" GB", re.I)),

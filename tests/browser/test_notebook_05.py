@@ -168,7 +168,10 @@ def test_voila_05_draws_the_report_case(voila, context: BrowserContext, artifact
     _check_engines(page, comp)
     for selector in (".kvlab-waterfall", ".kvlab-what-ifs"):
         assert lab.wait_plotly(page, selector)
+    runtime = lab.wait_plotly(page, ".kvlab-runtime-figure")  # the runtime panel (issue 36): the example drawn
+    assert {"tokens in use", "cumulative", "retraction / preemption"} <= {t.get("name") for t in runtime}
     lab.screenshot(page, artifacts / "voila05.png", ".kvlab-server-panel")
+    lab.screenshot(page, artifacts / "voila05_runtime.png", ".kvlab-runtime-panel")
     page.close()
 
 
@@ -184,7 +187,7 @@ def test_report_page_05_draws_every_figure(offline: BrowserContext, tmp_path: Pa
     opened = open_offline(offline, out / "html" / f"{name}.html")
     figures = opened.page.evaluate(_INSPECT)
     expected = figures_in_notebook(out / "notebooks" / f"{name}.ipynb")
-    assert len(figures) == expected == 8  # 4 in sections 1-3, 4 in the panel
+    assert len(figures) == expected == 10  # 4 in sections 1-3, 4 in the panel, the runtime timeline and its panel
     assert not figure_problems(name, figures)
     assert not opened.page_errors and not opened.off_machine
     comp = _report_case()["engine_comparison"]
