@@ -129,7 +129,7 @@ def regime_heatmap(frame: pd.DataFrame, title: str = "Hit rate lost to full evic
             x=columns, y=rows, z=z, coloraxis="coloraxis", customdata=custom,
             text=[["" if v is None else f"{v:.2f}" for v in line] for line in z], texttemplate="%{text}",
             hovertemplate=("%{y}<br>pool %{customdata[0]} tokens (%{x} of the distinct prompt tokens)<br>"
-                           "hit rate: shortfall (the fix) %{customdata[1]}, full (the bug) %{customdata[2]}<br>"
+                           "hit rate: full (the bug) %{customdata[2]} → shortfall (the fix) %{customdata[1]}<br>"
                            "lost to the bug: %{z:.2f} points<extra></extra>")), row=row, col=1)
         fig.update_yaxes(autorange="reversed", row=row, col=1)
         fig.update_xaxes(title_text="KV pool size, as a share of the workload's distinct prompt tokens", row=row, col=1)
