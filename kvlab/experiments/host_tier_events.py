@@ -52,7 +52,7 @@ def conversation_key(conv: int) -> list[int]:
 
 def conversation_names() -> dict[int, tuple[str, str]]:
     """First token of a node -> (long name, icicle label), as ``shortfall_eviction.conversation_tree``'s."""
-    names = {1: ("system prompt", f"system prompt: {SYSTEM_TOKENS:,}")}
+    names = {1: ("system prompt", f"system prompt<br>{SYSTEM_TOKENS:,}")}  # two lines: the icicle's column is narrow
     for i, tail in enumerate(CONVERSATION_TAILS, 1):
         names[10_000 * i] = (f"conversation {i} ({tail} tokens after the system prompt)", f"conv {i}: {tail}")
     return names

@@ -165,9 +165,7 @@ def comparison_table(df):
     percentages with two decimals and token counts with separators; per tree the bug's row, then the fix's."""
     import pandas as pd
 
-    from kvlab.experiments.shortfall_eviction import MODE_LABELS
-
-    from kvlab.experiments.shortfall_eviction import SHOWN
+    from kvlab.experiments.shortfall_eviction import MODE_LABELS, SHOWN
 
     trees = {"radix": "plain radix tree", "mamba": "Mamba radix tree"}
     df = df.sort_values("mode", key=lambda m: m.map(SHOWN.index), kind="stable").sort_values(

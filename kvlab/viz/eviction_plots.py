@@ -135,7 +135,7 @@ def regime_heatmap(frame: pd.DataFrame, title: str = "Hit rate lost to full evic
         fig.update_xaxes(title_text="KV pool size, as a share of the workload's distinct prompt tokens", row=row, col=1)
     fig.update_layout(title=title, template=TEMPLATE, height=140 + 48 * sum(heights) + 90 * len(groups),
                       coloraxis=dict(colorscale=GAP_COLOURSCALE, cmin=0, cmax=top,
-                                     colorbar=dict(title="points lost")),
+                                     colorbar=dict(title=dict(text="points lost", side="right"))),
                       margin=dict(t=80, l=20, r=20, b=50))
     return fig
 

@@ -33,7 +33,8 @@ def _need(frame: pd.DataFrame, columns: set, what: str) -> None:
 
 
 def residency_icicle_trace(frame: pd.DataFrame) -> go.Icicle:
-    """An icicle of a two-tier ``tree_frame`` (or ``with_evicted``) table: width = ``path_tokens``, colour by
+    """An icicle of a two-tier ``tree_frame`` (or ``with_evicted``) table, root on the left and each depth a column
+    (so a leaf's label has the column's width, not its sliver of the row's): height = ``path_tokens``, colour by
     ``residency`` (:data:`~kvlab.viz.plots.RESIDENCY_COLOURS`), destroyed nodes grey and hatched."""
     _need(frame, {"id", "parent_id", "path_tokens", "label", "status", "tokens", "residency"},
           "residency_icicle_trace")
@@ -53,7 +54,7 @@ def residency_icicle_trace(frame: pd.DataFrame) -> go.Icicle:
         marker=dict(colors=colours, pattern=dict(shape=hatches, fgcolor="#7f7f7f")),
         customdata=[[int(t), w] for t, w in zip(frame["tokens"], words)],
         hovertemplate="%{label}<br>%{customdata[0]:,} tokens on this node<br>%{customdata[1]}<extra></extra>",
-        tiling=dict(orientation="v"), root=dict(color=ROOT_COLOUR), leaf=dict(opacity=1.0),
+        tiling=dict(orientation="h"), root=dict(color=ROOT_COLOUR), leaf=dict(opacity=1.0),
     )
 
 
@@ -162,7 +163,8 @@ def hit_rate_vs_host_size(frame: pd.DataFrame, title: str = "Hit rate against ho
                 customdata=[[f"{r:g}", f"{int(t):,}"] for r, t in zip(arm["host_ratio"], arm["loaded_back_tokens"])],
                 hovertemplate=(f"{label}<br>host pool %{{x:.2f}} GiB (ratio %{{customdata[0]}})<br>hit rate "
                                "%{y:.2%}<br>%{customdata[1]} tokens loaded back<extra></extra>")))
-    fig.update_xaxes(title_text="host pool (GiB; 0 = no host tier)", rangemode="tozero")
+    right = float(frame["host_gib"].max()) or 1.0  # the 0 tick a little right of the axis, clear of the y's "0%"
+    fig.update_xaxes(title_text="host pool (GiB; 0 = no host tier)", range=[-0.03 * right, 1.03 * right])
     fig.update_yaxes(title_text="hit rate (device + loaded back)", tickformat=".0%", rangemode="tozero")
     fig.update_layout(title=title, template=TEMPLATE, height=420, legend=dict(orientation="h", y=-0.2),
                       margin=dict(t=60, l=70, r=20, b=80))

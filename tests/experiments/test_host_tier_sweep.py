@@ -133,7 +133,7 @@ def test_the_tables_and_figures_show_what_kvlab_simulate_prints(notebook_sweep, 
     assert finding2.loc[(1.0, "write_back"), "hit_rate_full"] == wb["hit_rate"]
     words = hts.finding2_table(finding2.reset_index()).set_index("host tier")
     assert words.loc["ratio 1, write_back", "hit rate, bug (full)"] == f"{wb['hit_rate']:.2%}"
-    assert words.loc["none", "hit rate, bug"] == f"{dev['hit_rate']:.2%}"
+    assert words.loc["none", "hit rate, bug (full)"] == f"{dev['hit_rate']:.2%}"
     regime = hts.regime_frame(finding2.reset_index(), hts.unique_prompt_pages())  # ... and its regime map
     heat = host_tier_plots.host_regime_heatmap(regime)
     cell = {tuple(t.y): t.z for t in heat.data}[("host ratio 4",)]
