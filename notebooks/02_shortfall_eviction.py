@@ -66,8 +66,8 @@ events = {mode: shortfall_eviction.pressure_event(mode) for mode in shortfall_ev
 shortfall_eviction.events_frame(events)
 
 # %% [markdown]
-# The trees as icicles, all three at the scale of the tree before the event: a node is as wide as the cached
-# sequences through it. What an eviction destroyed stays in place, grey and hatched, so the tree that is left is
+# The trees as icicles, root on the left, all three at the scale of the tree before the event: a node is as tall
+# as the cached sequences through it. What an eviction destroyed stays in place, grey and hatched, so the tree that is left is
 # drawn at its true size. Full eviction destroyed one more conversation than it had to.
 
 # %%

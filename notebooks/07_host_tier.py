@@ -201,8 +201,9 @@ print(host_tier_sweep.finding2_verdict(finding2))
 #   maps the rest of the pool sizes: from about an eighth of the trace's distinct prompts on, nothing).
 # - **A host pool four times the device pool, written through, makes the bug free**: what full eviction evicts
 #   early is demoted to host and loaded back when it is asked for, so both modes hit exactly the same tokens. The
-#   bug's price there is copies only — the extra GB and transfer seconds in the table, which SGLang overlaps with
-#   compute (a load-back runs under the prefill, a write-through never blocks it).
+#   bug's price there is copies only — the GiB and transfer seconds in the table (a negative fix − bug is the
+#   bug's extra copying), which SGLang overlaps with compute (a load-back runs under the prefill, a write-through
+#   never blocks it).
 # - **Where the host tier is small or full too** (ratio 1, or `write_back` at the smallest pool), an early
 #   eviction can still destroy what has no host copy — a node the full host pool could not back up, or a
 #   write-back that does not fit — and the bug costs hits again, though less than without a host tier.

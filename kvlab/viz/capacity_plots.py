@@ -63,7 +63,7 @@ def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit rate, fix − bug, in 
     fig = go.Figure(go.Heatmap(
         z=z.tolist(), x=x, y=y, text=[[_points(v) for v in row] for row in z], texttemplate="%{text}",
         colorscale=LOSS_COLOURS, zmid=0, zmin=-bound, zmax=bound, xgap=2, ygap=2,
-        colorbar=dict(title=dict(text="fix − bug"), thickness=14, tickvals=ticks,
+        colorbar=dict(title=dict(text="fix − bug", side="right"), thickness=14, tickvals=ticks,
                       ticktext=[_points(round(t, 2)) for t in ticks]),
         hovertemplate=("pool %{x} pages · max running %{y}<br>hit rate, fix − bug: %{z:+.2f} points (positive: "
                        "full eviction, the bug, hits less)<extra></extra>")))

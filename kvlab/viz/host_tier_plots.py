@@ -3,8 +3,9 @@
 - :func:`host_tier_icicles`: two-tier trees before a pressure event and after it in each eviction mode, one row
   per scenario (write policy, host pool), coloured by residency, what the event destroyed kept grey and hatched
   (``host_tier.pressure_events()``).
-- :func:`policy_bars`: what each write policy moved and kept, both modes (``host_tier.policy_numbers()``).
-- :func:`hit_rate_vs_host_size`: hit rate against host pool size, one line per eviction mode and series
+- :func:`policy_bars`: each write policy's hit rate and copies on the shipped trace, per host ratio
+  (``host_tier_sweep.policy_numbers()``).
+- :func:`hit_rate_vs_host_size`: hit rate against host pool size, one line per write policy (and eviction mode)
   (``host_tier_sweep.hit_rate_frame``).
 - :func:`host_regime_heatmap`: finding 2 with a host tier (``host_tier_sweep.regime_frame``).
 """

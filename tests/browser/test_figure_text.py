@@ -20,7 +20,8 @@ from .lab import LabServer
 
 ROOT = Path(__file__).resolve().parents[2]
 MIN_TEXT_PX = 8  # below this a label is unreadable (issue 35 measured ~5 px icicle leaves)
-SLACK_PX = 1.0  # boxes may touch: glyph boxes include a little leading
+SLACK_PX = 1.0  # boxes may touch
+INK = 0.15  # a text's box spans the font's ascent and descent; its glyphs leave about 0.15 em free above and below
 
 # Every visible SVG text of every plotly figure in the page: its figure's title and box, and each text's box and
 # font size. Hover labels and the mode bar are not part of the figure as drawn.
@@ -48,8 +49,11 @@ _TEXTS = """() => [...document.querySelectorAll('.js-plotly-plot')].filter(gd =>
 
 
 def _overlap(a: dict, b: dict) -> bool:
-    return (min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > SLACK_PX
-            and min(a["y1"], b["y1"]) - max(a["y0"], b["y0"]) > SLACK_PX)
+    """Do the two texts' ink boxes (their boxes less :data:`INK` em above and below) overlap by more than
+    :data:`SLACK_PX` both ways?"""
+    top = max(a["y0"] + INK * a["px"], b["y0"] + INK * b["px"])
+    bottom = min(a["y1"] - INK * a["px"], b["y1"] - INK * b["px"])
+    return min(a["x1"], b["x1"]) - max(a["x0"], b["x0"]) > SLACK_PX and bottom - top > SLACK_PX
 
 
 def text_problems(figures: list[dict]) -> list[str]:

@@ -107,6 +107,7 @@ def test_sizes_are_binary_and_bandwidth_is_stated_in_gb_per_s(sizes):
     words = " ".join(labels) + " " + hts.finding2_verdict(finding2) + " " + ht.host_link_text()
     assert not re.search(r"\b[MG]B\b(?!/s)", words), words
     assert "MiB written to host" in labels and any("GiB" in label for label in labels)
+    assert not re.search(r"\b[MG]B\b(?!/s)", NB07), "notebook 07's prose names sizes in MB or GB"
 
 
 def test_section_1_header_stands_over_its_own_columns():
