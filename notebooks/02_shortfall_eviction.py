@@ -66,14 +66,14 @@ events = {mode: shortfall_eviction.pressure_event(mode) for mode in shortfall_ev
 shortfall_eviction.events_frame(events)
 
 # %% [markdown]
-# The trees as icicles, all three at the scale of the tree before the event: a node is as wide as the cached
-# sequences through it. What an eviction destroyed stays in place, grey and hatched, so the tree that is left is
+# The trees as icicles, root on the left, all three at the scale of the tree before the event: a node is as tall
+# as the cached sequences through it. What an eviction destroyed stays in place, grey and hatched, so the tree that is left is
 # drawn at its true size. Full eviction destroyed one more conversation than it had to.
 
 # %%
 eviction_plots.radix_icicles_before_after(
-    events["shortfall"].frame_before, [events["shortfall"].frame_after, events["full"].frame_after],
-    ["before the event", "after shortfall eviction (the fix)", "after full eviction (the bug)"])
+    events["full"].frame_before, [events["full"].frame_after, events["shortfall"].frame_after],
+    ["before the event", "after full eviction (the bug)", "after shortfall eviction (the fix)"])
 
 # %%
 extra = set(events["full"].destroyed) - set(events["shortfall"].destroyed)
@@ -145,8 +145,8 @@ eviction_plots.regime_heatmap(pd.concat([regimes, hybrid], ignore_index=True))
 # %%
 worst = regimes.loc[regimes.groupby("regime", sort=False)["gap_points"].idxmax()]
 for row in worst.itertuples():
-    print(f"{row.regime}: at most {row.gap_points:.2f} points lost (pool {row.kv_tokens:,} tokens, "
-          f"hit rate {row.hit_rate_shortfall:.2%} → {row.hit_rate_full:.2%})")
+    print(f"{row.regime}: full eviction loses at most {row.gap_points:.2f} points (pool {row.kv_tokens:,} tokens, "
+          f"hit rate {row.hit_rate_full:.2%} → {row.hit_rate_shortfall:.2%}, bug → fix)")
 
 # %% [markdown]
 # How to read it:

@@ -88,7 +88,9 @@ panel.widget
 
 # %%
 loss = result.loss_points()
-print(f"largest loss {loss.max().max():+.2f} points; settings with no cost: "
+worst = loss.max().max()
+print(f"full eviction (the bug) loses at most {worst:.2f} points of hit rate (fix − bug {worst:+.2f}); "
+      "settings with no cost: "
       f"{int((loss.abs() < capacity.COST_FREE_POINTS).sum().sum())} of {loss.size}")
 assert (result.curve().query("mode == 'shortfall'")["over_evicted_tokens"] == 0).all()  # the fix never over-evicts
 

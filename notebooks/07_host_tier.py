@@ -29,7 +29,8 @@
 # **written** (device → host) — at once (`write_through`), on its second hit (`write_through_selective`) or only
 # when it is evicted from the device (`write_back`). kvlab's `HiRadixCache` follows SGLang 0.5.16's rules and is
 # checked against SGLang's own class (`tests/mem_cache/test_differential_hicache.py`; docs/semantics.md, "HiCache
-# (host tier)"). Copies take time on a modelled clock: bytes over host↔device bandwidth.
+# (host tier)"). Copies take time on a modelled clock: bytes over the host link's bandwidth, one figure for the
+# whole notebook (printed below).
 #
 # **Finding 2 changes meaning here.** Up to 0.5.16 SGLang asked the tree to evict all `num_tokens` instead of the
 # shortfall (notebook 02). With a host tier a device node that is backed up is *demoted* to host, not lost: the
@@ -54,8 +55,9 @@ from kvlab.viz import host_tier_plots
 # - `write_back` with a host pool of 820 tokens (`--hicache-ratio 0.2`): the write-backs do not all fit.
 
 # %%
+print(host_tier.host_link_text())
 events = host_tier.pressure_events()
-host_tier.events_frame(events).set_index(["write policy", "host pool (tokens)", "eviction"]).T
+host_tier.events_table(events)
 
 # %% [markdown]
 # The trees as icicles, as in notebook 02, all at the scale of the tree before the event; colour is where a
@@ -66,12 +68,12 @@ rows = []
 for policy, ratio in host_tier.EVENT_SCENARIOS:
     first = events[(policy, ratio, "shortfall")]
     rows.append((host_tier.scenario_label(policy, ratio, first.host_tokens), first.frame_before,
-                 [events[(policy, ratio, mode)].frame_after for mode in host_tier.MODES]))
+                 [events[(policy, ratio, mode)].frame_after for mode in ("full", "shortfall")]))
 host_tier_plots.host_tier_icicles(
-    rows, ["before the event", "after shortfall eviction (the fix)", "after full eviction (the bug)"])
+    rows, ["before the event", "after full eviction (the bug)", "after shortfall eviction (the fix)"])
 
 # %%
-for (policy, _ratio, mode), e in events.items():
+for (policy, _ratio, mode), e in sorted(events.items(), key=lambda kv: kv[0][2] == "shortfall"):
     print(f"{policy:24} host {e.host_tokens:>5,}  {mode:9}  demoted: {', '.join(e.demoted) or '-':32} "
           f"destroyed: {', '.join(e.destroyed) or '-'}")
 bug, fix = events[("write_through", 0.5, "full")], events[("write_through", 0.5, "shortfall")]
@@ -87,54 +89,57 @@ assert not wb_bug.destroyed and wb_bug.written_bytes > wb_fix.written_bytes  # t
 # - **Under `write_through_selective`** only nodes hit twice have a copy; conversation 2 (hit once) is destroyed
 #   even by the fix.
 # - **Under `write_back`** nothing is lost while the host pool has room: every victim is written first. The bug's
-#   cost is the write of what it evicted too early (conversation 4: 400 tokens, 52 MB of Llama-3-8B KV) — and the
-#   eviction waits for that copy.
+#   cost is the write of what it evicted too early (conversation 4: 400 tokens; the table's "MiB written to host")
+#   — and the eviction waits for that copy.
 # - **Once the host pool is full too** (last row), the bug destroys again: conversation 4's write-back does not fit
 #   in 820 host tokens, so it is dropped from both tiers.
 
 # %% [markdown]
-# ## 2 · Write policies side by side
-# Sixty chat turns over ten conversations (notebook 02's tree demo, seeded), served one after the other on a
-# device pool of 4,096 tokens and a host pool of twice that (`--hicache-ratio 2`), once per write policy and
-# eviction mode. Hit rate counts what was served from either tier: device hits plus tokens loaded back.
+# ## 2 · Write policies side by side, on the shipped trace
+# The scheduler (`kvlab simulate`) with a host tier, once per write policy: the 200 requests of
+# `data/traces/mooncake_small.jsonl`, 512-token pages, 16 running, a device pool of 157 pages (80,384 tokens: a
+# sixteenth of what the trace's distinct prompts would need), host pools of once and twice the device pool
+# (`--hicache-ratio 1` and `2`), shortfall eviction (section 4 compares the modes). Hit rate counts prompt tokens
+# served from either tier: device hits plus tokens loaded back. What each policy does:
+#
+# - `write_through` copies every node to host as it is inserted, eviction or not;
+# - `write_through_selective` copies a node on its second hit: what was hit once is not backed up, and is
+#   destroyed when the device evicts it;
+# - `write_back` copies a node only when the device evicts it (the eviction waits for the copy).
+#
+# Which policy gets the most hits is not a rule: it is read from the runs and printed under the figure.
 
 # %%
-runs = host_tier.policy_runs()
-host_tier.policy_frame(runs, "shortfall")
+policy_sweep = host_tier_sweep.host_sweep(kv_pages=[host_tier_sweep.CURVE_POOL_PAGES],
+                                          host_ratios=host_tier_sweep.POLICY_HOST_RATIOS,
+                                          policies=host_tier_sweep.POLICIES)
+policies = host_tier_sweep.policy_numbers(policy_sweep)
+host_tier_sweep.policy_table(policies)
 
 # %%
-host_tier_plots.policy_bars(host_tier.policy_numbers(runs))
+host_tier_plots.policy_bars(policies)
 
 # %%
-for mode in host_tier.MODES:
-    wt, sel, wb = (runs[(p, mode)] for p in host_tier.POLICIES)
-    print(f"{mode:9}: write_through writes {wt.written_to_host_tokens:,} tokens and destroys {wt.destroyed_tokens:,}; "
-          f"write_through_selective writes {sel.written_to_host_tokens:,} and destroys {sel.destroyed_tokens:,}; "
-          f"write_back writes {wb.written_to_host_tokens:,} and destroys {wb.destroyed_tokens:,}")
-assert runs[("write_through", "shortfall")].hit_rate >= runs[("write_through_selective", "shortfall")].hit_rate
+print(host_tier_sweep.policy_verdict(policies))
+for ratio in host_tier_sweep.POLICY_HOST_RATIOS:  # the verdict is the runs' own ranking
+    ranking = host_tier_sweep.policy_ranking(policies, ratio)
+    assert ranking[0][1] == policies[policies["host_ratio"] == ratio]["hit_rate"].max()
 
 # %% [markdown]
-# - `write_through` copies every node once, eviction or not — the most traffic — and loses nothing while the host
-#   pool has room.
-# - `write_through_selective` writes about half as much, but what was hit only once is destroyed at eviction and
-#   recomputed when it is asked again: the lowest hit rate.
-# - `write_back` writes only what leaves the device: the same hits as `write_through` with less traffic, paid for
-#   by evictions that wait for their copies.
-# - Between the modes the hit rates are equal here: with a host pool twice the device pool, what full eviction
-#   evicts early is kept on host and loaded back. The bug shows as extra device evictions and, under `write_back`,
-#   extra writes.
+# Why the order comes out so: a host pool under `write_through` holds a copy of everything the device holds, so
+# until it is much larger than the device pool most of it duplicates the device, and what the device evicts
+# finds little room; the other two policies spend host memory only on what has left the device (`write_back`) or
+# was reused (`write_through_selective`). Every policy copies far more than it loads back: the table's GiB columns
+# are the traffic each pays on the host link.
 
 # %% [markdown]
-# ## 3 · Hit rate against host size, on the shipped Mooncake-format trace
-# Now the scheduler (`kvlab simulate`) with a host tier: the 200 requests of `data/traces/mooncake_small.jsonl`,
-# 512-token pages, 16 running, a device pool of 157 pages (80,384 tokens: a sixteenth of what the trace's distinct
-# prompts would need), `write_through`, and host pools of 1 to 8 times the device pool (`--hicache-ratio`; 0: no
-# host tier). Host size is in GiB of Llama-3-8B KV (128 KiB per token). Hit rate counts prompt tokens served from
-# either tier.
+# ## 3 · Hit rate against host size, per write policy
+# The same trace and device pool, host pools of 1 to 8 times the device pool (`--hicache-ratio`; 0: no host tier),
+# one line per write policy (shortfall eviction). Host size is in GiB of Llama-3-8B KV (128 KiB per token).
 
 # %%
 sizes = host_tier_sweep.host_sweep(kv_pages=[host_tier_sweep.CURVE_POOL_PAGES],
-                                   host_ratios=host_tier_sweep.CURVE_HOST_RATIOS)
+                                   host_ratios=host_tier_sweep.CURVE_HOST_RATIOS, policies=host_tier_sweep.POLICIES)
 host_tier_plots.hit_rate_vs_host_size(host_tier_sweep.hit_rate_frame(sizes, host_tier_sweep.CURVE_POOL_PAGES))
 
 # %%
@@ -142,16 +147,26 @@ curve = host_tier_sweep.curve_table(sizes)
 curve
 
 # %%
-print("the same runs from a shell, e.g. the largest host pool:")
+print(host_tier_sweep.host_gain_text(curve))
+print("the same runs from a shell, e.g. the largest host pool under write_back:")
 largest = host_tier_sweep.HostPoint(host_tier_sweep.CURVE_POOL_PAGES, max(host_tier_sweep.CURVE_HOST_RATIOS),
-                                    "write_through", "shortfall")
+                                    "write_back", "shortfall")
 print("kvlab simulate " + " ".join(largest.cli_args()) + " --json")
-assert curve["hit rate, shortfall (the fix)"].is_monotonic_increasing  # more host memory never loses hits here
+for policy in host_tier_sweep.POLICIES:  # more host memory never loses hits here
+    assert curve[f"hit rate, {policy}"].is_monotonic_increasing
 
 # %% [markdown]
-# Alone, the device pool serves about a quarter of the prompt tokens from its cache. Each doubling of the host pool
-# keeps more of what the device evicts, until the host holds what the trace comes back to; and a load-back is far
-# cheaper than recomputing: copying a 512-token page of Llama-3-8B KV (64 MiB) over PCIe takes about a millisecond.
+# The policy decides what a small host pool is worth: under `write_through` it duplicates what the device already
+# holds, so a host pool the size of the device pool adds little, while the same pool under `write_back` holds only
+# what the device evicted. Once the host pool is several times the device pool, the duplicates no longer matter
+# and the policies meet. A load-back is far cheaper than recomputing: copying a 512-token page of Llama-3-8B KV
+# (64 MiB) over the host link takes about a millisecond.
+#
+# The README's HiCache line is the same kind of run, at a smaller device pool (100 pages) and a host pool four
+# times its size, computed here:
+
+# %%
+print(host_tier_sweep.hicache_headline().text())
 
 # %% [markdown]
 # ## 4 · Finding 2 with a host tier
@@ -168,9 +183,10 @@ unique_pages = host_tier_sweep.unique_prompt_pages()
 host_tier_plots.host_regime_heatmap(host_tier_sweep.regime_frame(finding2, unique_pages))
 
 # %% [markdown]
-# What over-eviction costs once a host tier is there: the hit rate lost (points), the extra GB copied between host
-# and device (full − shortfall, both directions), the extra transfer seconds, and the prompt tokens the fix served
-# from a tier and the bug recomputed.
+# What over-eviction costs once a host tier is there, as every kvlab table shows a bug beside its fix: the bug's
+# hit rate, the fix's, then **fix − bug** (positive where the fix has more): points of hit rate, prompt tokens
+# served from a tier, GiB copied between host and device (both directions) and transfer seconds. A negative
+# GiB or seconds difference is the bug's extra copying.
 
 # %%
 host_tier_sweep.finding2_table(finding2)
@@ -185,8 +201,9 @@ print(host_tier_sweep.finding2_verdict(finding2))
 #   maps the rest of the pool sizes: from about an eighth of the trace's distinct prompts on, nothing).
 # - **A host pool four times the device pool, written through, makes the bug free**: what full eviction evicts
 #   early is demoted to host and loaded back when it is asked for, so both modes hit exactly the same tokens. The
-#   bug's price there is copies only — the extra GB and transfer seconds in the table, which SGLang overlaps with
-#   compute (a load-back runs under the prefill, a write-through never blocks it).
+#   bug's price there is copies only — the GiB and transfer seconds in the table (a negative fix − bug is the
+#   bug's extra copying), which SGLang overlaps with compute (a load-back runs under the prefill, a write-through
+#   never blocks it).
 # - **Where the host tier is small or full too** (ratio 1, or `write_back` at the smallest pool), an early
 #   eviction can still destroy what has no host copy — a node the full host pool could not back up, or a
 #   write-back that does not fit — and the bug costs hits again, though less than without a host tier.
@@ -232,7 +249,9 @@ lab.write_back.solution
 # turns. **next request** runs
 # one turn (loading back what it finds on host); **pressure event** is a batch that needs 256 slots more than are
 # free. Green nodes are on the device only, blue on both tiers, orange on host only; a red outline is a locked path.
-# Switch the write policy (the demo starts over) or the eviction mode and press **pressure event**.
+# Switch the write policy: the same steps (the 30 requests and any pressure events) run again under it, so the
+# trees compare on one history. A gold outline marks what the last step changed; under `write_back` the log says
+# how many tokens a pressure event wrote to host before freeing them.
 
 # %% tags=["dashboard"]
 from kvlab.viz.tree_widget import HostTierPanel

@@ -217,8 +217,22 @@ def test_the_write_back_stub_is_the_write_through_rule_and_not_yet():
     assert not stub.ok and "NOT YET" in stub.text()
     # the write-through rule destroys what write_back writes first: exactly the two cases with room on host
     assert [line.ok for line in stub.lines] == [False, True, True, False, True]
-    assert all("written to host before its device slots are freed" in line.hint for line in stub.wrong)
-    assert "evicting the host-only leaf frees 250 more" in stub.lines[3].hint
+    assert all("write_back has not written this one yet" in line.hint for line in stub.wrong)
+    assert "what could host eviction free?" in stub.lines[3].hint
+
+
+def test_the_write_back_check_hints_and_does_not_give_the_rule_away():
+    """Issue 35: the stub's first failing line printed the whole rule. A failing check asks; it states the rule
+    (written first, destroyed only when no room even after host eviction) only once every case passes."""
+    solution = _solution_function(lab07.write_back.solution, "my_write_back_evict")
+    rule = ("written to host before", "no room even after", "host_free_tokens + host_evictable_tokens",
+            "enough for its", "does not fit")
+    for fn in (_notebook_function("07_host_tier.py", "my_write_back_evict"),
+               lambda b, n, free, ev: "demote" if b else "write then demote", lambda *a: "destroy"):
+        text = lab07.write_back.check(fn).text()
+        assert "NOT YET" in text and not [r for r in rule if r in text], text
+        assert all(line.hint.endswith("?") for line in lab07.write_back.check(fn).wrong)
+    assert "no room even after" in lab07.write_back.check(solution).text()
 
 
 def test_the_write_back_solution_passes_and_wrong_answers_are_named():
@@ -226,8 +240,8 @@ def test_the_write_back_solution_passes_and_wrong_answers_are_named():
     assert solved.ok, solved.text()
     always_write = lab07.write_back.check(lambda b, n, free, ev: "demote" if b else "write then demote")
     assert [line.ok for line in always_write.lines] == [True, True, False, True, False]
-    assert "does not fit: 100 free on host and no host-only leaf to evict" in always_write.lines[2].hint
-    assert "frees only 150 more" in always_write.lines[4].hint
+    assert "could the host pool make room for 300 tokens here?" == always_write.lines[2].hint
+    assert "counting what host eviction frees" in always_write.lines[4].hint
     free_only = lab07.write_back.check(  # forgets that host eviction makes room
         lambda b, n, free, ev: "demote" if b else ("write then demote" if n <= free else "destroy"))
     assert [line.ok for line in free_only.lines] == [True, True, True, False, True]

@@ -43,6 +43,7 @@ from kvlab.experiments.host_tier_cache import SIZE_PER_TOKEN_BYTES as SIZE_PER_T
 from kvlab.experiments.host_tier_cache import STEP_S as STEP_S  # re-exported
 from kvlab.experiments.host_tier_cache import ServeStep as ServeStep  # re-exported
 from kvlab.experiments.host_tier_cache import evict_for as evict_for  # re-exported
+from kvlab.experiments.host_tier_cache import host_link_text as host_link_text  # re-exported
 from kvlab.experiments.host_tier_cache import make_cache as make_cache  # re-exported
 from kvlab.experiments.host_tier_cache import serve as serve  # re-exported
 from kvlab.experiments.host_tier_demo import DEMOTE as DEMOTE  # re-exported
@@ -72,11 +73,12 @@ from kvlab.experiments.host_tier_events import conversation_key as conversation_
 from kvlab.experiments.host_tier_events import conversation_names as conversation_names  # re-exported
 from kvlab.experiments.host_tier_events import event_tree as event_tree  # re-exported
 from kvlab.experiments.host_tier_events import events_frame as events_frame  # re-exported
+from kvlab.experiments.host_tier_events import events_table as events_table  # re-exported
 from kvlab.experiments.host_tier_events import pressure_event as pressure_event  # re-exported
 from kvlab.experiments.host_tier_events import pressure_events as pressure_events  # re-exported
 from kvlab.experiments.host_tier_events import scenario_label as scenario_label  # re-exported
 from kvlab.experiments.tree_demo import TreeDemo
-from kvlab.units import GB
+from kvlab.units import GiB
 
 # ---- write policies side by side ------------------------------------------------------------------------------------
 SCRIPT_DEFAULTS = dict(capacity_tokens=4096, host_ratio=2.0, num_requests=60, num_conversations=10, seed=0)
@@ -115,13 +117,13 @@ class ScriptRun:
         return self.device_hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     @property
-    def moved_gb(self) -> float:
-        """Decimal GB copied between the tiers, both directions."""
-        return (self.written_to_host_tokens + self.loaded_back_tokens) * SIZE_PER_TOKEN_BYTES / GB
+    def moved_gib(self) -> float:
+        """GiB copied between the tiers, both directions."""
+        return (self.written_to_host_tokens + self.loaded_back_tokens) * SIZE_PER_TOKEN_BYTES / GiB
 
     def totals(self) -> dict:
         out = {k: getattr(self, k) for k in ScriptRun.__dataclass_fields__ if k != "steps"}
-        return {**out, "hit_rate": self.hit_rate, "device_hit_rate": self.device_hit_rate, "moved_gb": self.moved_gb}
+        return {**out, "hit_rate": self.hit_rate, "device_hit_rate": self.device_hit_rate, "moved_gib": self.moved_gib}
 
 
 def script_requests(*, capacity_tokens: int = 4096, num_requests: int = 60, num_conversations: int = 10,
@@ -181,7 +183,7 @@ POLICY_ROWS = (  # (label, ScriptRun attribute or totals key, format)
     ("evicted from the device", "evicted_tokens", "int"),
     ("… demoted (kept on host)", "demoted_tokens", "int"),
     ("… destroyed", "destroyed_tokens", "int"),
-    ("GB moved between the tiers", "moved_gb", "gb"),
+    ("GiB moved between the tiers", "moved_gib", "gb"),
     ("transfer seconds", "transfer_s", "ms"),
 )
 

@@ -14,17 +14,20 @@ from kvlab.experiments.arguments import HelperArgumentError, check_int, check_nu
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.common import EVICTION_MODES
-from kvlab.mem_cache.hicache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, WRITE_POLICIES
+from kvlab.mem_cache.hicache.cache_controller import WRITE_POLICIES
 from kvlab.mem_cache.hicache.hiradix_cache import HiEvictResult, HiRadixCache
 from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 from kvlab.sched.config import MAX_HICACHE
+from kvlab.sched.cost import DEFAULT_HOST_LINK_BYTES_PER_S
 
 MODES = EVICTION_MODES  # ("shortfall", "full")
 MODE_LABELS = {"shortfall": "shortfall (the fix)", "full": "full (the bug)"}
 POLICIES = WRITE_POLICIES  # ("write_through", "write_through_selective", "write_back")
 # Llama-3-8B in bf16: 32 layers x 8 KV heads x 128 dims x 2 (K and V) x 2 bytes = 128 KiB of KV per token
 SIZE_PER_TOKEN_BYTES = 32 * 8 * 128 * 2 * 2
+# the host link every copy of notebook 07 is priced at (the hand-sized trees, the live panel and `kvlab simulate`)
+HOST_LINK_BYTES_PER_S = DEFAULT_HOST_LINK_BYTES_PER_S
 STEP_S = 0.02  # modelled time of one request in the scripts: the clock moves this much after each one
 
 
@@ -38,7 +41,7 @@ MAX_SCRIPT_TOKENS = 1 << 19  # num_requests × a quarter of capacity_tokens (the
 
 def make_cache(capacity_tokens: int = 4096, *, host_ratio: float = 2.0, write_policy: str = "write_through",
                mode: str = "shortfall", size_per_token: int = SIZE_PER_TOKEN_BYTES,
-               bytes_per_s: float = DEFAULT_HOST_DEVICE_BYTES_PER_S) -> tuple[HiRadixCache, TokenToKVPoolAllocator]:
+               bytes_per_s: float = HOST_LINK_BYTES_PER_S) -> tuple[HiRadixCache, TokenToKVPoolAllocator]:
     """A page-1 two-tier cache: a device pool of ``capacity_tokens`` slots and a host pool sized as SGLang sizes
     it for ``--hicache-ratio host_ratio`` (``int(capacity × ratio)`` rounded up by a page). ``mode`` is also the
     load-back's eviction rule."""
@@ -57,6 +60,14 @@ def make_cache(capacity_tokens: int = 4096, *, host_ratio: float = 2.0, write_po
     cache = HiRadixCache(None, alloc, host, 1, write_policy=write_policy, load_back_evict_mode=mode,
                          d2h_bytes_per_s=bytes_per_s, h2d_bytes_per_s=bytes_per_s)
     return cache, alloc
+
+
+def host_link_text() -> str:
+    """The one host-link bandwidth notebook 07 prices copies at, in words (shown once, in section 1)."""
+    return (f"Every copy between host and device in this notebook (sections 1 to 4, the live panel, and `kvlab "
+            f"simulate`) is priced at {HOST_LINK_BYTES_PER_S / 1e9:g} GB/s each way (1 GB/s = 10^9 bytes per second), an "
+            "H100's PCIe Gen5 x16 link for pinned copies. Sizes are binary: MiB and GiB (KV of Llama-3-8B, 128 KiB "
+            "per token).")
 
 
 def evict_for(cache: HiRadixCache, num_tokens: int, mode: str) -> HiEvictResult | EvictResult:

@@ -28,6 +28,8 @@ class HostDemoStep:
     available_before_tokens: int
     available_after_tokens: int
     evict: EvictResult
+    changed: tuple = ()  # ids of the nodes this step put in the tree or moved between the tiers (write, demote, load)
+    mode: str = "shortfall"  # the eviction mode it ran in (a replay runs each step in its own)
 
     @property
     def cached_tokens(self) -> int:
@@ -38,7 +40,9 @@ class HostDemoStep:
         if ev.requested_tokens:
             fate = ""
             if isinstance(ev, HiEvictResult):
-                fate = f": {ev.demoted_tokens:,} demoted to host, {ev.destroyed_tokens:,} destroyed"
+                written = (f" ({ev.written_back_tokens:,} of them written to host first: write_back copies a leaf "
+                           "before freeing its device slots)" if ev.written_back_tokens else "")
+                fate = f": {ev.demoted_tokens:,} demoted to host{written}, {ev.destroyed_tokens:,} destroyed"
             evicted = (f", evicted {ev.evicted_tokens:,} (asked {ev.requested_tokens:,} for a shortfall of "
                        f"{ev.shortfall_tokens:,}){fate}")
         else:
@@ -74,11 +78,28 @@ class HostTierDemo(SteppedDemo):
         self.requests, self.names = plain.requests, plain.names
         self.reset()
 
+    def replay(self, write_policy: str | None = None) -> None:
+        """Start over under ``write_policy`` (default: this demo's) and run the same steps again, each in the
+        eviction mode it ran in: the same requests and pressure events, so two policies compare on one history."""
+        if write_policy is not None and write_policy not in POLICIES:
+            raise ValueError(f"HostTierDemo: write_policy must be one of {', '.join(POLICIES)}, got {write_policy!r}")
+        steps, mode = list(self.history), self.mode
+        self.write_policy = write_policy or self.write_policy
+        self.reset()
+        for step in steps:
+            self.mode = step.mode
+            if step.kind == "pressure":
+                self.pressure_event(step.num_tokens - step.available_before_tokens)
+            else:
+                self.next_request()
+        self.mode = mode
+
     def reset(self) -> None:
         """Back to an empty two-tier cache (this demo's write policy) and the first request."""
         self.cache, self.allocator = make_cache(self.capacity_tokens, host_ratio=self.host_ratio,
                                                 write_policy=self.write_policy, mode=self.mode)
         self.history: list[HostDemoStep] = []
+        self._before: dict[int, str] = {}
         self._next = 0
         self._running = None
 
@@ -86,6 +107,7 @@ class HostTierDemo(SteppedDemo):
         """Finish the running request, serve the next one (:func:`serve`) and keep its path locked (running)."""
         label, key = self._take_next()
         self.cache.load_back_evict_mode = self.mode
+        self._before = self.residencies()
         available = self.allocator.available_size()
         step = serve(self.cache, key, self.mode)
         if not step.rejected:
@@ -99,6 +121,7 @@ class HostTierDemo(SteppedDemo):
         leaves are demoted, others destroyed or, under ``write_back``, written first), allocate, release."""
         if shortfall_tokens < 1:
             raise ValueError(f"pressure_event: shortfall_tokens must be >= 1, got {shortfall_tokens}")
+        self._before = self.residencies()
         available = self.allocator.available_size()
         need = available + shortfall_tokens
         ev = evict_for(self.cache, need, self.mode)
@@ -108,12 +131,18 @@ class HostTierDemo(SteppedDemo):
         self.cache.advance(STEP_S)
         return self._record("pressure", "pressure event", need, 0, 0, 0, available, ev)
 
+    def residencies(self) -> dict[int, str]:
+        """``{node id: residency}`` of every node but the root (``"device"``, ``"both"`` or ``"host"``)."""
+        return {n.id: n.residency for n in self.cache.nodes() if n is not self.cache.root_node}
+
     def _record(self, kind: str, label: str, num_tokens: int, device_hit: int, host_hit: int, loaded: int,
                 available: int, evict: EvictResult) -> HostDemoStep:
         self.cache.check_invariants()
         self.allocator.check_invariants()
+        after = self.residencies()
+        changed = tuple(i for i, r in after.items() if self._before.get(i) != r)
         step = HostDemoStep(len(self.history) + 1, kind, label, num_tokens, device_hit, host_hit, loaded, available,
-                            self.allocator.available_size(), evict)
+                            self.allocator.available_size(), evict, changed, self.mode)
         self.history.append(step)
         return step
 

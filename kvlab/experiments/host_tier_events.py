@@ -17,6 +17,7 @@ from kvlab.experiments.host_tier_cache import (
     serve,
 )
 from kvlab.mem_cache.hicache.hiradix_cache import HiEvictResult
+from kvlab.units import MiB
 
 # what became of a node at an eviction (the ``fate`` column of :func:`fates_frame`)
 KEPT = "kept on the device"
@@ -51,7 +52,7 @@ def conversation_key(conv: int) -> list[int]:
 
 def conversation_names() -> dict[int, tuple[str, str]]:
     """First token of a node -> (long name, icicle label), as ``shortfall_eviction.conversation_tree``'s."""
-    names = {1: ("system prompt", f"system prompt: {SYSTEM_TOKENS:,}")}
+    names = {1: ("system prompt", f"system prompt<br>{SYSTEM_TOKENS:,}")}  # two lines: the icicle's column is narrow
     for i, tail in enumerate(CONVERSATION_TAILS, 1):
         names[10_000 * i] = (f"conversation {i} ({tail} tokens after the system prompt)", f"conv {i}: {tail}")
     return names
@@ -172,7 +173,22 @@ def events_frame(events: dict):
             "evicted from the device": ev.evicted_tokens, "demoted (kept on host)": ev.demoted_tokens,
             "… of which written to host first": ev.written_back_tokens, "destroyed": ev.destroyed_tokens,
             "host copies evicted": ev.host_evicted_tokens,
-            "MB written to host": round(e.written_bytes / 1e6, 1),
+            "MiB written to host": round(e.written_bytes / MiB, 1),
             "conversations destroyed": ", ".join(e.destroyed) or "none",
         })
     return pd.DataFrame(rows)
+
+
+def events_table(events: dict):
+    """:func:`events_frame` turned on its side for reading: one row per quantity, one column per (scenario, mode),
+    per scenario the bug's column, then the fix's, each column's label naming its write policy, host pool and mode
+    in one flat string, so a header cell stands over
+    exactly its own column (a MultiIndex header spans cells and, rendered, put names over other columns)."""
+    from kvlab.experiments.shortfall_eviction import SHOWN
+
+    scenarios = list(dict.fromkeys(k[:2] for k in events))
+    ordered = sorted(events, key=lambda k: (scenarios.index(k[:2]), SHOWN.index(k[2])))  # per scenario: bug, fix
+    frame = events_frame({k: events[k] for k in ordered})
+    labels = [f"{p} · host {h:,} · {m}" for p, h, m in
+              zip(frame["write policy"], frame["host pool (tokens)"], frame["eviction"])]
+    return frame.drop(columns=["write policy", "host pool (tokens)", "eviction"]).set_axis(labels).T

@@ -162,19 +162,21 @@ def eviction_mode_comparison(seed: int = 0, pool_tokens: int = 1200, mamba_state
 
 def comparison_table(df):
     """:func:`eviction_mode_comparison`'s table for reading: one row per tree and mode, titles in words,
-    percentages with two decimals and token counts with separators."""
+    percentages with two decimals and token counts with separators; per tree the bug's row, then the fix's."""
     import pandas as pd
 
-    from kvlab.experiments.shortfall_eviction import MODE_LABELS
+    from kvlab.experiments.shortfall_eviction import MODE_LABELS, SHOWN
 
     trees = {"radix": "plain radix tree", "mamba": "Mamba radix tree"}
+    df = df.sort_values("mode", key=lambda m: m.map(SHOWN.index), kind="stable").sort_values(
+        "cache", key=lambda c: c.map(list(trees).index), kind="stable")  # per tree: the bug, then the fix
     return pd.DataFrame({
         "tree": [trees.get(c, c) for c in df["cache"]],
         "eviction": [MODE_LABELS.get(m, m) for m in df["mode"]],
         "hit rate": [f"{h:.2%}" for h in df["hit_rate"]],
         "prompt tokens from the cache": [f"{int(v):,}" for v in df["hit_tokens"]],
         "prefill tokens computed": [f"{int(v):,}" for v in df["prefill_tokens"]],
-        "extra prefill vs the fix": [f"{int(v):,} ({p:.2f} %)" for v, p in zip(df["extra_prefill_tokens"],
+        "extra prefill of full eviction": [f"{int(v):,} ({p:.2f} %)" for v, p in zip(df["extra_prefill_tokens"],
                                                                              df["extra_prefill_pct"])],
         "recurrent states lost": [f"{int(v):,}" for v in df["states_lost"]],
     })

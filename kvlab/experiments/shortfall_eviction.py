@@ -374,7 +374,7 @@ def conversation_tree(capacity: int = 4096):
     alloc = TokenToKVPoolAllocator(capacity)
     tree = RadixCache(None, alloc, page_size=1, eviction_policy="lru")
     system = list(range(1, SYSTEM_TOKENS + 1))
-    names = {1: ("system prompt", f"system prompt: {SYSTEM_TOKENS:,}")}
+    names = {1: ("system prompt", f"system prompt<br>{SYSTEM_TOKENS:,}")}
     for i, tail_len in enumerate(CONVERSATION_TAILS):
         first = 10_000 * (i + 1)
         match_alloc_insert(tree, system + [first + t for t in range(tail_len)])

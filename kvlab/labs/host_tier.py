@@ -54,25 +54,24 @@ def run_with_write_back(fn: Callable[[bool, int, int, int], Any]) -> tuple[Write
 
 
 def _hint(a: WriteBackAnswer) -> str:
+    """A nudge towards the case's outcome, never the rule itself (the check's note states it once passed)."""
     backed_up, n, free, evictable = a.case
     if a.given not in EVICTION_OUTCOMES:
         return f"answer one of {', '.join(repr(o) for o in EVICTION_OUTCOMES)}"
     if a.outcome == DEMOTE:
-        return "the leaf already has a host copy: its device slots are freed and nothing is written"
+        return "this leaf already has a host copy: what is left to do before its device slots are freed?"
     if a.outcome == WRITE_THEN_DEMOTE:
         if a.given == DESTROY:
-            room = (f"{free:,} tokens are free on host" if free >= n else
-                    f"{free:,} are free and evicting the host-only leaf frees {evictable:,} more")
-            return (f"under write_back an unbacked leaf is written to host before its device slots are freed; "
-                    f"{room}, enough for its {n:,} tokens")
-        return "it had no host copy, so it is written first (the eviction waits for the copy)"
-    return (f"the write of {n:,} tokens does not fit: {free:,} free on host"
-            + (f", and evicting the host-only leaf frees only {evictable:,} more" if evictable else
-               " and no host-only leaf to evict") + "; the leaf is dropped from both tiers")
+            more = " (and what could host eviction free?)" if evictable else ""
+            return (f"write_through destroys a leaf without a host copy; write_back has not written this one yet. "
+                    f"Is there room on host for its {n:,} tokens{more}?")
+        return "it has no host copy yet: something must happen before it can live on host"
+    return f"could the host pool make room for {n:,} tokens here{', counting what host eviction frees' if evictable else ''}?"
 
 
 def check_write_back(fn: Callable[[bool, int, int, int], Any]) -> CheckResult:
-    """Compare ``fn``'s answer with a real ``HiRadixCache`` under ``write_back`` in each case."""
+    """Compare ``fn``'s answer with a real ``HiRadixCache`` under ``write_back`` in each case. A wrong line gets a
+    hint, a question; the rule is stated in the note only once every case passes."""
     lines = []
     for a in run_with_write_back(fn):
         backed_up, n, free, evictable = a.case
@@ -85,7 +84,7 @@ def check_write_back(fn: Callable[[bool, int, int, int], Any]) -> CheckResult:
         lines.append(compare(label, a.given, a.outcome, "" if a.given == a.outcome else _hint(a)))
     note = ("write_through and write_through_selective never write at eviction time: an unbacked leaf is simply "
             "destroyed there. write_back writes it, and destroys it only when the host pool has no room even after "
-            "evicting host-only leaves.")
+            "evicting host-only leaves.") if all(line.ok for line in lines) else ""
     return CheckResult("my_write_back_evict on a real HiRadixCache (write_back), five leaves", tuple(lines), note)
 
 

@@ -100,7 +100,19 @@ def compute_summary(device: str | None = None, *, preset: str = SUMMARY_PRESET) 
         "device_description": "no device: a scheduler simulation that counts KV-pool slots",
         "full": sim(comparison.full), "shortfall": sim(comparison.shortfall),
         "difference": _json_difference(sim(comparison.full), sim(comparison.shortfall), "shortfall - full")}
+    summary["hicache_host_tier"] = _hicache_summary()
     return summary, arms, comparison
+
+
+def _hicache_summary() -> dict:
+    """The README's HiCache line (notebook 07 prints it): the shipped trace without and with a host tier."""
+    from dataclasses import asdict
+
+    from kvlab.experiments.host_tier_sweep import hicache_headline
+
+    h = hicache_headline()
+    return {"source": "notebook 07 (host_tier_sweep.hicache_headline)", **asdict(h), "points": round(h.points, 6),
+            "sentence": h.text()}
 
 
 # ---- the headline table -------------------------------------------------------------------------------
@@ -139,6 +151,7 @@ class Headline:
     arms: tuple[str, str]
     rows: list[tuple[str, str, str, str]]
     note: str = ""
+    difference: str = DIFFERENCE_HEADER  # the last column's header
 
 
 def _pool_headline(f1: dict, title: str) -> Headline:
@@ -213,7 +226,20 @@ def headlines(summary: dict) -> list[Headline]:
     if "finding1_on_this_gpu" in summary:
         out.append(_pool_headline(summary["finding1_on_this_gpu"], "Finding 1 on this GPU"))
     out.append(_eviction_headline(summary["finding2_shortfall_eviction"]))
+    if "hicache_host_tier" in summary:
+        out.append(_hicache_headline(summary["hicache_host_tier"]))
     return out
+
+
+def _hicache_headline(h: dict) -> Headline:
+    points = 100 * (h["hit_rate_with_host"] - h["hit_rate_device_only"])
+    rows = [("prefix-cache hit rate (device + loaded back)", _pct(h["hit_rate_device_only"]),
+             _pct(h["hit_rate_with_host"]), _signed_points(points))]
+    setting = (f"the shipped trace (data/traces/mooncake_small.jsonl), a device pool of {h['kv_pages']} pages of 512 "
+               f"tokens, write_through, shortfall eviction — {h['source']} — {h['command']}")
+    return Headline("HiCache · a host tier behind the device pool", setting, h["sentence"].split(" From a shell")[0],
+                    ("no host tier", f"host pool {h['host_ratio']:g}× the device pool ({h['host_gib']:.2f} GiB)"),
+                    rows, difference="difference (with − without)")
 
 
 def headline_html(h: Headline) -> str:
@@ -224,4 +250,4 @@ def headline_html(h: Headline) -> str:
     return (f"<section class='headline'><h3>{e(h.title)}</h3><p>{e(h.sentence)}</p>"
             f"<p class='setting'>{e(h.setting)}</p>"
             f"<table class='kvlab-headline'><thead><tr><th></th><th>{e(h.arms[0])}</th><th>{e(h.arms[1])}</th>"
-            f"<th>{e(DIFFERENCE_HEADER)}</th></tr></thead><tbody>{rows}</tbody></table>{note}</section>")
+            f"<th>{e(h.difference)}</th></tr></thead><tbody>{rows}</tbody></table>{note}</section>")

@@ -46,11 +46,12 @@ def colour_bound(z_max: float) -> float:
 
 
 def _points(v: float) -> str:
-    """A loss in points as the map and its table write it: signed, and a plain 0.00 where there is none."""
+    """A difference fix − bug in points as the map and its table write it: signed (positive where full eviction
+    loses hits), and a plain 0.00 where there is none."""
     return "0.00" if v == 0 else f"{v:+.2f}"
 
 
-def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit-rate points lost to full eviction") -> go.Figure:
+def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit rate, fix − bug, in points") -> go.Figure:
     """The regime map: ``loss`` (``CapacityResult.loss_points()``: a row per max running, a column per pool in
     pages, values in points) as a heatmap with each cell's value written in it. Pools and max running are
     categories, so every cell is the same size whatever the spacing of the values."""
@@ -62,14 +63,14 @@ def loss_heatmap(loss: pd.DataFrame, *, title: str = "Hit-rate points lost to fu
     fig = go.Figure(go.Heatmap(
         z=z.tolist(), x=x, y=y, text=[[_points(v) for v in row] for row in z], texttemplate="%{text}",
         colorscale=LOSS_COLOURS, zmid=0, zmin=-bound, zmax=bound, xgap=2, ygap=2,
-        colorbar=dict(title=dict(text="points lost"), thickness=14, tickvals=ticks,
+        colorbar=dict(title=dict(text="fix − bug", side="right"), thickness=14, tickvals=ticks,
                       ticktext=[_points(round(t, 2)) for t in ticks]),
-        hovertemplate=("pool %{x} pages · max running %{y}<br>full eviction: %{z:+.2f} points of hit rate"
-                       "<extra></extra>")))
+        hovertemplate=("pool %{x} pages · max running %{y}<br>hit rate, fix − bug: %{z:+.2f} points (positive: "
+                       "full eviction, the bug, hits less)<extra></extra>")))
     fig.update_xaxes(title_text=loss.columns.name or "KV pool size (pages)", type="category")
     # rows top to bottom in the table's order (plotly puts the first category at the bottom)
     fig.update_yaxes(title_text=loss.index.name or "max running", type="category", autorange="reversed")
-    fig.update_layout(title=f"{title} (shortfall − full)", height=150 + 50 * len(y), margin=dict(t=50, b=50))
+    fig.update_layout(title=f"{title} (shortfall − full; positive: the bug loses hits)", height=150 + 50 * len(y), margin=dict(t=50, b=50))
     return fig
 
 

@@ -82,6 +82,8 @@ def cumulative_eviction(frame: pd.DataFrame, title: str = "When the cache is evi
             fig.add_annotation(text=EMPTY_ROW_TEXT[column], showarrow=False, font=dict(size=13, color="#555555"),
                                xref="x domain" if row == 1 else f"x{row} domain",
                                yref="y domain" if row == 1 else f"y{row} domain", x=0.5, y=0.5)
+    end = (float(frame["time_s"].max()) if len(frame) else 0.0) or 1.0  # the 0 tick a little right of the axis, clear of "0%"
+    fig.update_xaxes(range=[-0.02 * end, 1.02 * end])
     fig.update_xaxes(title_text="simulated time (seconds)", row=len(CUMULATIVE_ROWS), col=1)
     fig.update_layout(title=title, template=TEMPLATE, height=620, legend=dict(orientation="h", y=-0.1),
                       margin=dict(t=60, l=70, r=20, b=60))
@@ -129,13 +131,13 @@ def regime_heatmap(frame: pd.DataFrame, title: str = "Hit rate lost to full evic
             x=columns, y=rows, z=z, coloraxis="coloraxis", customdata=custom,
             text=[["" if v is None else f"{v:.2f}" for v in line] for line in z], texttemplate="%{text}",
             hovertemplate=("%{y}<br>pool %{customdata[0]} tokens (%{x} of the distinct prompt tokens)<br>"
-                           "hit rate: shortfall (the fix) %{customdata[1]}, full (the bug) %{customdata[2]}<br>"
+                           "hit rate: full (the bug) %{customdata[2]} → shortfall (the fix) %{customdata[1]}<br>"
                            "lost to the bug: %{z:.2f} points<extra></extra>")), row=row, col=1)
         fig.update_yaxes(autorange="reversed", row=row, col=1)
         fig.update_xaxes(title_text="KV pool size, as a share of the workload's distinct prompt tokens", row=row, col=1)
     fig.update_layout(title=title, template=TEMPLATE, height=140 + 48 * sum(heights) + 90 * len(groups),
                       coloraxis=dict(colorscale=GAP_COLOURSCALE, cmin=0, cmax=top,
-                                     colorbar=dict(title="points lost")),
+                                     colorbar=dict(title=dict(text="points lost", side="right"))),
                       margin=dict(t=80, l=20, r=20, b=50))
     return fig
 
@@ -154,8 +156,8 @@ MIN_LABEL_PX = 10
 
 
 def icicle_trace(frame: pd.DataFrame) -> go.Icicle:
-    """An icicle of a ``tree_frame`` (or ``with_evicted``) table: width = ``path_tokens``, colour and
-    hatch by status (:data:`TREE_STATUS`)."""
+    """An icicle of a ``tree_frame`` (or ``with_evicted``) table, root on the left and each depth a column (a leaf's
+    label gets the column's width): height = ``path_tokens``, colour and hatch by status (:data:`TREE_STATUS`)."""
     _need(frame, {"id", "parent_id", "path_tokens", "label", "status", "tokens"}, "icicle_trace")
     style = [TREE_STATUS.get(s, ("root", ROOT_COLOUR, "")) for s in frame["status"]]
     return go.Icicle(
@@ -163,7 +165,7 @@ def icicle_trace(frame: pd.DataFrame) -> go.Icicle:
         marker=dict(colors=[c for _, c, _ in style], pattern=dict(shape=[h for _, _, h in style], fgcolor="#7f7f7f")),
         customdata=[[int(t), n] for t, (n, _, _) in zip(frame["tokens"], style)],
         hovertemplate="%{label}<br>%{customdata[0]:,} tokens on this node<br>%{customdata[1]}<extra></extra>",
-        tiling=dict(orientation="v"), root=dict(color=ROOT_COLOUR), leaf=dict(opacity=1.0),
+        tiling=dict(orientation="h"), root=dict(color=ROOT_COLOUR), leaf=dict(opacity=1.0),
     )
 
 

@@ -27,9 +27,9 @@ def eviction_cost_bars(df: pd.DataFrame) -> go.Figure:
         name="full eviction (the bug), beyond shortfall eviction (the fix)",
         x=[TREE_NAMES.get(c, c) for c in full["cache"]], y=extra, marker_color=BUG_COLOUR, showlegend=True,
         text=[f"{e:,} tokens ({p:.2f} %)" for e, p in zip(extra, full["extra_prefill_pct"])], textposition="outside",
-        customdata=[[f"{base.get(c, float('nan')):.2%}", f"{h:.2%}"] for c, h in zip(full["cache"], full["hit_rate"])],
-        hovertemplate="%{x}: %{y:,} extra prefill tokens<br>hit rate %{customdata[0]} (the fix) → "
-                      "%{customdata[1]} (the bug)<extra></extra>"))
+        customdata=[[f"{h:.2%}", f"{base.get(c, float('nan')):.2%}"] for c, h in zip(full["cache"], full["hit_rate"])],
+        hovertemplate="%{x}: %{y:,} extra prefill tokens<br>hit rate %{customdata[0]} (the bug) → "
+                      "%{customdata[1]} (the fix)<extra></extra>"))
     fig.update_layout(title="Extra prefill caused by full eviction (the bug)", xaxis_title="radix tree",
                       yaxis_title="prefill tokens beyond shortfall eviction", template=TEMPLATE, height=360,
                       legend=dict(orientation="h", y=-0.25), yaxis=dict(rangemode="tozero", tickformat=",d"))

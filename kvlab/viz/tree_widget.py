@@ -62,7 +62,9 @@ class RadixTreeWidget:
             legend = " ".join(f"<span style='color:{RESIDENCY_COLOURS[r]}'>■</span> {RESIDENCY_NAMES[r]}"
                               for r in RESIDENCY_COLOURS)
             legend += (f" · <span style='border:2px solid {LOCKED_OUTLINE['color']};padding:0 4px'>outlined</span> "
-                       "locked (a running request's path, or a copy in flight)")
+                       "locked (a running request's path, or a copy in flight) · "
+                       f"<span style='border:3px solid {CHANGED_OUTLINE['color']};padding:0 4px'>outlined</span> "
+                       "changed by the last step (inserted, written, demoted or loaded back)")
         if _is_hybrid(cache):
             legend += (" · <span style='border:2px solid #222;padding:0 4px'>outlined</span> holds a recurrent "
                        "state · <span style='background:repeating-linear-gradient(45deg,#fff,#fff 2px,#999 2px,"
@@ -95,17 +97,20 @@ class RadixTreeWidget:
         """Tokens of the cached sequences the last drawing shows (the root's width)."""
         return int(self.frame["path_tokens"].iloc[0]) if len(self.frame) else 0
 
-    def refresh(self, *, scale_tokens: int | None = None, gone: str = "evicted", since_kv_tokens: int | None = None
-                ) -> None:
+    def refresh(self, *, scale_tokens: int | None = None, gone: str = "evicted", since_kv_tokens: int | None = None,
+                changed: tuple = ()) -> None:
         """Read the cache again and draw the icicle, its title and the summary from it. ``scale_tokens`` keeps the
         drawing at that width (the total before an eviction): what went is a pale "``gone``" block beside the tree,
         so the icicle does not stretch to hide how much was destroyed. The block is labelled with the KV tokens
         that went (``since_kv_tokens``, the tree's :attr:`kv_tokens` before, minus now), not its width: a width
-        counts a shared prefix once per sequence through it."""
+        counts a shared prefix once per sequence through it. ``changed``: node ids outlined in
+        :data:`CHANGED_OUTLINE` (what the last step did), unless locked (the red outline wins)."""
         frame, total, kv_tokens = self._read()
         cut = f" · first {len(frame)} of {total} nodes" if total > len(frame) else ""
         fig = plots.radix_icicle(frame, title=f"{self.title}{cut}", height=self.height)
         readable_labels(fig)
+        if changed:
+            outline_changed(fig, frame, changed)
         if scale_tokens is not None and len(frame):
             keep_scale(fig, scale_tokens, gone, None if since_kv_tokens is None else since_kv_tokens - kv_tokens)
         self.figure.draw(fig)
@@ -115,6 +120,18 @@ class RadixTreeWidget:
 
 
 GONE_COLOUR = "#f2f2f2"
+CHANGED_OUTLINE = dict(width=4, color="#ffbf00")
+
+
+def outline_changed(fig, frame: pd.DataFrame, changed) -> None:
+    """Outline the nodes ``changed`` (ids) in :data:`CHANGED_OUTLINE`; a locked node keeps its red outline."""
+    trace = fig.data[0]
+    ids = {int(i) for i in changed}
+    widths, colours = list(trace.marker.line.width), list(trace.marker.line.color)
+    for k, (node_id, status) in enumerate(zip(frame["id"], frame["status"])):
+        if int(node_id) in ids and status != "locked":
+            widths[k], colours[k] = CHANGED_OUTLINE["width"], CHANGED_OUTLINE["color"]
+    trace.marker.line.width, trace.marker.line.color = widths, colours
 
 
 def readable_labels(fig) -> None:
@@ -244,9 +261,10 @@ class TreeDemoPanel:
             self._draw_log()  # the log names the mode; the tree is as it was
 
     def _draw(self, scale_tokens: int | None = None, since_kv_tokens: int | None = None) -> None:
+        changed = getattr(self.demo.history[-1], "changed", ()) if self.demo.history else ()
         with self.shell.showing():
             self.tree.refresh(scale_tokens=scale_tokens, gone="evicted by the pressure event",
-                              since_kv_tokens=since_kv_tokens)
+                              since_kv_tokens=since_kv_tokens, changed=changed)
             self.next_button.disabled = self.demo.done
             self._draw_log()
 
@@ -261,8 +279,10 @@ class TreeDemoPanel:
 
 class HostTierPanel(TreeDemoPanel):
     """:class:`TreeDemoPanel` on a two-tier cache (:class:`kvlab.experiments.host_tier.HostTierDemo`): the icicle
-    is coloured by residency (device only / device and host / host only, locked outlined red) and a write-policy
-    menu (``kvlab-tree-write-policy``) starts the demo over under another ``--hicache-write-policy``."""
+    is coloured by residency (device only / device and host / host only, locked outlined red, what the last step
+    changed outlined gold) and a write-policy menu (``kvlab-tree-write-policy``) replays the same steps (requests
+    and pressure events) under another ``--hicache-write-policy``, so the trees compare on one history. The tree
+    comes first under the controls, the log under it, so the tree is in view at 720 px."""
 
     def __init__(self, demo: Any = None, *, start_requests: int = 0, max_nodes: int = 200,
                  **demo_options: Any) -> None:
@@ -276,9 +296,11 @@ class HostTierPanel(TreeDemoPanel):
         self.write_policy.add_class("kvlab-tree-write-policy")
         self.write_policy.observe(self.shell.guard(self._set_policy), names="value")
         self.controls.children = (*self.controls.children, self.write_policy)
+        self.shell.results.children = (self.tree.widget, self.log)
         self.widget.add_class("kvlab-host-tier-panel")
         self.shell.guard(self._draw)()
 
     def _set_policy(self, change) -> None:
-        self.demo.write_policy = change["new"]
-        self.reset()
+        self.demo.replay(change["new"])
+        self.tree.cache = self.demo.cache
+        self._draw()

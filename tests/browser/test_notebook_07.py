@@ -47,23 +47,29 @@ _FIGURE_BY_TITLE = """(title) => {
 
 
 @pytest.fixture(scope="module")
-def runs() -> dict:
-    return host_tier.policy_runs()
+def runs():
+    """Section 2's numbers: the write policies on the shipped trace (the notebook's table and bars show these)."""
+    sweep = host_tier_sweep
+    return sweep.policy_numbers(sweep.host_sweep(kv_pages=[sweep.CURVE_POOL_PAGES],
+                                                 host_ratios=sweep.POLICY_HOST_RATIOS, policies=sweep.POLICIES))
 
 
 @pytest.fixture(scope="module")
 def sims() -> tuple:
     """Sections 3 and 4's scheduler runs, computed here as the oracle (the notebook's tables show these numbers)."""
     sweep = host_tier_sweep
-    sizes = sweep.host_sweep(kv_pages=[sweep.CURVE_POOL_PAGES], host_ratios=sweep.CURVE_HOST_RATIOS)
+    sizes = sweep.host_sweep(kv_pages=[sweep.CURVE_POOL_PAGES], host_ratios=sweep.CURVE_HOST_RATIOS,
+                             policies=sweep.POLICIES)
     regimes = sweep.host_sweep(kv_pages=sweep.REGIME_POOL_PAGES, host_ratios=(0.0, *sweep.REGIME_HOST_RATIOS),
                                policies=sweep.POLICIES)
     return sweep.curve_table(sizes), sweep.finding2_frame(regimes)
 
 
 def oracle_demo(steps: list[str], policy: str = "write_through") -> host_tier.HostTierDemo:
+    """The panel's demo: the notebook's first requests, then ``steps``, all under ``policy`` (switching the policy
+    replays the same steps under it)."""
     demo = host_tier.HostTierDemo(seed=0, write_policy=policy)
-    for _ in range(START_REQUESTS if policy == "write_through" else 0):
+    for _ in range(START_REQUESTS):
         demo.next_request()
     for step in steps:
         getattr(demo, step)()
@@ -90,17 +96,19 @@ def check_tree(page: Page, demo: host_tier.HostTierDemo) -> list[dict]:
     return drawn
 
 
-def check_policy_bars(page: Page, runs: dict) -> None:
-    """The bars are the runs' numbers, and the table above them shows the same numbers."""
-    page.wait_for_function(f"(t) => ({_FIGURE_BY_TITLE})(t) !== null", arg=POLICY_TITLE, timeout=120_000)
+def check_policy_bars(page: Page, runs) -> None:
+    """The bars are the runs' numbers (hit rate, GiB written), and the table above them shows the same numbers."""
+    page.wait_for_function(f"(t) => ({_FIGURE_BY_TITLE})(t) !== null", arg=POLICY_TITLE, timeout=300_000)
     traces = page.evaluate(_FIGURE_BY_TITLE, POLICY_TITLE)
-    written = {t["name"].split(" ")[0]: t["y"] for t in traces if t["xaxis"] == "x"}
-    for mode in host_tier.MODES:
-        assert written[mode] == [runs[(p, mode)].written_to_host_tokens for p in host_tier.POLICIES], mode
+    for ratio in host_tier_sweep.POLICY_HOST_RATIOS:
+        at = runs[runs["host_ratio"] == ratio]
+        name = f"host ratio {ratio:g}"
+        rates = next(t["x"] for t in traces if t["xaxis"] == "x" and t["name"] == name)
+        written = next(t["x"] for t in traces if t["xaxis"] == "x2" and t["name"] == name)
+        assert rates == pytest.approx(at["hit_rate"].tolist()) and written == pytest.approx(at["written_gib"].tolist())
     text = page.locator("body").inner_text()
-    for p in host_tier.POLICIES:  # the shortfall table above the bars
-        assert f"{runs[(p, 'shortfall')].written_to_host_tokens:,}" in text
-        assert f"{runs[(p, 'shortfall')].hit_rate:.2%}" in text
+    for r in runs.itertuples():  # the table above the bars
+        assert f"{r.hit_rate:.2%}" in text and f"{r.written_gib:,.2f}" in text
 
 
 def _figure(page: Page, title: str) -> list[dict]:
@@ -112,10 +120,10 @@ def check_simulator_figures(page: Page, sims: tuple) -> None:
     """The hit-rate curve draws the curve table's hit rates; the regime map's cells are finding 2's points lost, and
     the table under it shows them."""
     curve, finding2 = sims
-    lines = {t["name"].split(" ")[0]: t for t in _figure(page, CURVE_TITLE)}
-    for mode, column in (("shortfall", "hit rate, shortfall (the fix)"), ("full", "hit rate, full (the bug)")):
-        assert lines[mode]["y"] == pytest.approx(curve[column].round(6).tolist(), abs=1e-9), mode
-        assert lines[mode]["x"] == pytest.approx(curve["host pool (GiB)"].tolist(), abs=1e-3), mode
+    lines = {t["name"]: t for t in _figure(page, CURVE_TITLE)}
+    for policy in host_tier_sweep.POLICIES:  # one curve per write policy
+        assert lines[policy]["y"] == pytest.approx(curve[f"hit rate, {policy}"].round(6).tolist(), abs=1e-9)
+        assert lines[policy]["x"] == pytest.approx(curve["host pool (GiB)"].tolist(), abs=1e-3), policy
     drawn = sorted(v for t in _figure(page, REGIME_TITLE) for row in t["z"] for v in row if v is not None)
     assert drawn == pytest.approx(sorted(finding2["gap_points"].tolist()), abs=1e-9)
     text = page.locator("body").inner_text()
@@ -146,16 +154,20 @@ def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_serv
     step = demo.history[-1]
     lab.wait_widget_text(lab_page, "kvlab-tree-log", f"{step.evict.demoted_tokens:,} demoted to host")
 
-    lab.select_dropdown(lab_page, "kvlab-tree-write-policy", "write_back")
+    lab.select_dropdown(lab_page, "kvlab-tree-write-policy", "write_back")  # the same steps, replayed under it
     lab.wait_plotly_change(lab_page, TREE, pressured)
+    replayed = oracle_demo(["pressure_event"], policy="write_back")
+    check_tree(lab_page, replayed)
+    lab.wait_widget_text(lab_page, "kvlab-tree-log",
+                         f"{replayed.history[-1].evict.written_back_tokens:,} of them written to host first")
     lab.click_widget(lab_page, "kvlab-tree-next")
-    lab.wait_widget_text(lab_page, "kvlab-tree-log", "1 of 40 requests run")
-    check_tree(lab_page, oracle_demo(["next_request"], policy="write_back"))
+    lab.wait_widget_text(lab_page, "kvlab-tree-log", f"{START_REQUESTS + 1} of 40 requests run")
+    check_tree(lab_page, oracle_demo(["pressure_event", "next_request"], policy="write_back"))
 
     _save(lab_page, work)
     lab_page.reload(wait_until="domcontentloaded")
     lab.wait_kernel_idle(lab_page, relpath)
-    check_tree(lab_page, oracle_demo(["next_request"], policy="write_back"))  # views attach to the live widgets
+    check_tree(lab_page, oracle_demo(["pressure_event", "next_request"], policy="write_back"))  # live widgets
     # (the static figures far above are not in the page after a reload: JupyterLab renders only the cells in view;
     # they were checked before it, and the report test checks them as saved)
     lab.screenshot(lab_page, artifacts / "lab07_reloaded.png", ".kvlab-host-tier-panel")

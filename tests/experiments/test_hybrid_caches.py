@@ -71,10 +71,11 @@ def test_state_eviction_is_a_tree_of_its_own_so_before_and_after_stay_apart():
 def test_tables_are_in_words_and_human_units():
     df = h.eviction_mode_comparison()
     table = h.comparison_table(df)
-    assert list(table["eviction"]) == ["shortfall (the fix)", "full (the bug)"] * 2
+    assert list(table["eviction"]) == ["full (the bug)", "shortfall (the fix)"] * 2  # issue 35: bug | fix
+    assert list(table["tree"]) == ["plain radix tree"] * 2 + ["Mamba radix tree"] * 2
     mamba_full = df[(df["cache"] == "mamba") & (df["mode"] == "full")].iloc[0]
-    assert table.iloc[3]["hit rate"] == f"{mamba_full['hit_rate']:.2%}"
-    assert table.iloc[3]["extra prefill vs the fix"] == (
+    assert table.iloc[2]["hit rate"] == f"{mamba_full['hit_rate']:.2%}"
+    assert table.iloc[2]["extra prefill of full eviction"] == (
         f"{int(mamba_full['extra_prefill_tokens']):,} ({mamba_full['extra_prefill_pct']:.2f} %)")
     cache, _ = h.resume_scenario()
     states = h.state_table(cache)

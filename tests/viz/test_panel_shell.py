@@ -152,7 +152,7 @@ def test_the_host_tier_panel_keeps_the_shell_and_its_write_policy_menu():
     assert panel.write_policy in panel.controls.children
     events: list[str] = []
     _record_shell(panel.shell, events, {"tree": (panel.tree.figure, "_widget_data")})
-    panel.write_policy.value = "write_back"  # starts the demo over
+    panel.write_policy.value = "write_back"  # replays the same steps under it
     assert events[0] == "stale" and "tree" in events and events[-1] == "fresh", events
 
 

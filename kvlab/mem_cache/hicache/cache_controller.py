@@ -36,9 +36,10 @@ from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S as FINISH_TOLERANCE_S  # re-exported, as WRITE_POLICIES
 from kvlab.mem_cache.options import WRITE_POLICIES as WRITE_POLICIES  # re-exported: its home is the torch-free options
 
-# A placeholder bandwidth (bytes/s) for host<->device copies, a PCIe Gen4 x16 link's practical rate; callers that
-# price transfers pass the GPU preset's figure.
-DEFAULT_HOST_DEVICE_BYTES_PER_S = 25 * 10**9
+# The default bandwidth (bytes/s) of host<->device copies: an H100/H200's PCIe Gen5 x16 link, ~55 GB/s for pinned
+# copies, the figure kvlab.sched.cost.DEFAULT_HOST_LINK_BYTES_PER_S gives the scheduler (one figure everywhere: a test
+# holds the two equal); callers that price transfers for another GPU pass its preset's figure.
+DEFAULT_HOST_DEVICE_BYTES_PER_S = 55 * 10**9
 
 
 @dataclass(slots=True)
