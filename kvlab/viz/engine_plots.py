@@ -28,11 +28,13 @@ def _wrap(name: str, width: int = _WRAP) -> str:
     return "<br>".join([*lines, line])
 
 
-def mark_assumed(fig: go.Figure, assumed) -> go.Figure:
-    """Say under ``fig`` what its starred numbers rest on (``assumed``: the inputs, in words), where any."""
+def mark_assumed(fig: go.Figure, assumed, width: int = 150) -> go.Figure:
+    """Say under ``fig`` what its starred numbers rest on (``assumed``: the inputs, in words), where any, in lines
+    of at most ``width`` characters (the note starts at the plot area's left edge: a figure with wide axis labels
+    has less room)."""
     under = list(dict.fromkeys(assumed))
     if under:
-        text = _wrap("* assumed, not read: rests on " + "; ".join(under), 150)
+        text = _wrap("* assumed, not read: rests on " + "; ".join(under), width)
         bottom = fig.layout.margin.b if fig.layout.margin.b is not None else 80
         # below the whole bottom margin (tick labels, axis title), which grows by the note's lines
         fig.add_annotation(text=text, xref="paper", yref="paper", x=0, y=0, yshift=-bottom, xanchor="left",
@@ -93,7 +95,11 @@ def gap_bars(comparison, height: int = 380) -> go.Figure:
         customdata=[[r["what"], r["gib"]] for r in rows],
         hovertemplate="%{customdata[0]}: %{x:+,} tokens (%{customdata[1]:+.2f} GiB)<extra></extra>"))
     gap = comparison.sglang.tokens - comparison.vllm.tokens
+    # a short negative bar's label sits left of it: the axis reaches far enough left to hold it inside the plot
+    # (else it runs into the bar names)
+    low = min(0, *(r["tokens"] for r in rows))
+    high = max(0, *(r["tokens"] for r in rows))
     fig.update_layout(template=TEMPLATE, height=height, title=f"Where the gap of {gap:+,} tokens comes from",
-                      xaxis_title="tokens (SGLang − vLLM)", yaxis=dict(autorange="reversed"),
-                      margin=dict(t=50, l=60, r=80, b=50))
-    return mark_assumed(fig, (a for r in rows for a in r.get("assumed", ())))
+                      xaxis=dict(title="tokens (SGLang − vLLM)", range=[low - 0.18 * widest, high + 0.05 * widest]),
+                      yaxis=dict(autorange="reversed"), margin=dict(t=50, l=60, r=80, b=50))
+    return mark_assumed(fig, (a for r in rows for a in r.get("assumed", ())), width=80)
