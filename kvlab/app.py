@@ -85,6 +85,8 @@ TEMPLATE = "kvlab-app"
 SHARE_DIR = Path(__file__).resolve().parent / "app_share"  # holds voila/templates/kvlab-app, put on JUPYTER_PATH
 MOVED_NOTE = "*(The live panel of this section is at the top of the page.)*"
 SERVER_MODULE = "kvlab.app_server"  # runs Voila (and holds its kernel manager): see kvlab/app_server.py
+PAGE_PLOTLY_ENV = "KVLAB_PAGE_PLOTLY"  # = kvlab.viz.live.PAGE_PLOTLY_ENV (kvlab.app does not import plotly)
+PLOTLY_FILE = "kvlab-plotly.min.js"  # workshop mode: plotly.js served beside the dashboard copy (write_dashboard)
 APP_ENV = "KVLAB_APP"  # = kvlab.labs.solution.APP_ENV: set for the kernels of `kvlab app`
 TOKEN_ENV = "KVLAB_APP_TOKEN"  # = kvlab.app_server.TOKEN_ENV (that module imports nothing from kvlab, nor this from it)
 DEFAULT_MAX_KERNELS = 8  # = kvlab.app_server.DEFAULT_MAX_KERNELS: pages open at once
@@ -163,24 +165,35 @@ def read_dashboard_source(notebook: Path):
         raise AppError(f"kvlab app: {exc}") from None
 
 
-def write_dashboard(notebook: Path, folder: Path, nb=None) -> Path:
+def write_dashboard(notebook: Path, folder: Path, nb=None, *, page_plotly: bool = False) -> Path:
     """Write ``notebook`` (or ``nb``, already read from it) in dashboard order to ``folder``; returns the copy's
     path. The copy's name is the notebook's with control characters written as escapes
-    (:func:`kvlab.safe_text.printable`): Voila prints it on the terminal."""
+    (:func:`kvlab.safe_text.printable`): Voila prints it on the terminal.
+
+    ``page_plotly`` (workshop mode): plotly.py's own plotly.min.js is copied beside it as :data:`PLOTLY_FILE`
+    (Voila serves it, ``/voila/files/``) and ``nb.metadata.kvlab_app.page_plotly`` names it, so the page loads
+    plotly.js once, as a file the browser fetches while Voila starts, and draws both the live figures and the
+    static ones with it (see :func:`voila_command`)."""
     import nbformat
 
     page = Path(folder) / printable(notebook.name)
-    nbformat.write(dashboard_notebook(nb if nb is not None else read_dashboard_source(notebook)), page)
+    nb = dashboard_notebook(nb if nb is not None else read_dashboard_source(notebook))
+    if page_plotly:
+        from plotly.offline import get_plotlyjs
+
+        (Path(folder) / PLOTLY_FILE).write_text(get_plotlyjs(), encoding="utf-8")
+        nb.metadata["kvlab_app"]["page_plotly"] = PLOTLY_FILE
+    nbformat.write(nb, page)
     return page
 
 
 @contextlib.contextmanager
-def dashboard_folder(notebook: Path, nb=None) -> Iterator[Path]:
+def dashboard_folder(notebook: Path, nb=None, *, page_plotly: bool = False) -> Iterator[Path]:
     """The dashboard copy of ``notebook`` (or of ``nb``, read from it) in a temporary folder (mode 0700), deleted
     on exit (if the Voila process has not removed it already); yields the copy's path."""
     folder = tempfile.mkdtemp(prefix="kvlab-app-")
     try:
-        yield write_dashboard(notebook, Path(folder), nb)
+        yield write_dashboard(notebook, Path(folder), nb, page_plotly=page_plotly)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -218,7 +231,12 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
            "--MappingKernelManager.cull_connected=False", "--MappingKernelManager.cull_busy=False"]
     if pool_size:  # pre-heated kernels (Voila renders the page whole: it cannot pre-heat progressively)
         cmd += ["--VoilaConfiguration.preheat_kernel=True", f"--VoilaConfiguration.default_pool_size={pool_size}",
-                "--VoilaConfiguration.progressive_rendering=False"]
+                "--VoilaConfiguration.progressive_rendering=False",
+                # the page draws plotly outputs with the plotly.js file beside the copy (write_dashboard's
+                # page_plotly), after the live panel: jupyterlab-plotly's renderer would evaluate its own 4.8 MB
+                # copy and draw every figure of the notebook before the widgets' websocket is even read
+                "--VoilaConfiguration.extension_denylist=['jupyterlab-plotly', 'jupyterlab-jupytext']",
+                f"--VoilaConfiguration.file_allowlist=['{PLOTLY_FILE.replace('.', '[.]')}']"]
     else:
         cmd.append("--VoilaConfiguration.progressive_rendering=True")
     if not open_browser:
@@ -226,10 +244,15 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
     return cmd
 
 
-def app_env(device: str | None, token: str | None = None, *, solutions: bool = False) -> dict[str, str]:
+def app_env(device: str | None, token: str | None = None, *, solutions: bool = False,
+            page_plotly: bool = False) -> dict[str, str]:
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
     env[APP_ENV] = "1"
+    if page_plotly:  # the page loads plotly.js itself (write_dashboard): kvlab.viz.live sends it on request only
+        env[PAGE_PLOTLY_ENV] = "1"
+    else:
+        env.pop(PAGE_PLOTLY_ENV, None)
     if solutions:
         env["KVLAB_SOLUTIONS"] = "1"
     if token:
@@ -403,7 +426,7 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
         raise AppError("voila is not installed: pip install voila (or pip install -e .)") from None
     notebook = find_notebook(key, notebook_dir)
     nb = read_dashboard_source(notebook)  # before any handler or folder: a FIFO or a broken file is refused now
-    with _StopRequests() as stops, dashboard_folder(notebook, nb) as page:  # handler first: no signal is lost
+    with _StopRequests() as stops, dashboard_folder(notebook, nb, page_plotly=pool_size > 0) as page:  # handler first: no signal is lost
         # kvlab opens the browser itself: Voila's own launcher opens the URL without the token (a login page)
         cmd = voila_command(notebook, page=page, port=port, open_browser=False,
                             cull_idle_seconds=cull_idle_seconds, max_kernels=max_kernels,
@@ -418,7 +441,7 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
             print(f"kvlab app: warning: --no-token: every user of this machine can open {HOST}:{port} and run code "
                   f"as you", file=sys.stderr, flush=True)
         parent = os.getpid()
-        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret, solutions=solutions),
+        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret, solutions=solutions, page_plotly=pool_size > 0),
                                    start_new_session=True,
                                    preexec_fn=lambda: die_with_parent(parent, signal.SIGTERM))
         if open_browser:
