@@ -89,6 +89,7 @@ SERVER_MODULE = "kvlab.app_server"  # runs Voila (and holds its kernel manager):
 PAGE_PLOTLY_ENV = "KVLAB_PAGE_PLOTLY"  # = kvlab.viz.live.PAGE_PLOTLY_ENV (kvlab.app does not import plotly)
 PLOTLY_FILE = "kvlab-plotly.min.js"  # workshop mode: plotly.js served beside the dashboard copy (write_dashboard)
 APP_ENV = "KVLAB_APP"  # = kvlab.labs.solution.APP_ENV: set for the kernels of `kvlab app`
+APP_NOTEBOOK_ENV = "KVLAB_APP_NOTEBOOK"  # = kvlab.labs.solution.APP_NOTEBOOK_ENV: the notebook's number
 TOKEN_ENV = "KVLAB_APP_TOKEN"  # = kvlab.app_server.TOKEN_ENV (that module imports nothing from kvlab, nor this from it)
 DEFAULT_MAX_KERNELS = 8  # = kvlab.app_server.DEFAULT_MAX_KERNELS: pages open at once
 
@@ -251,10 +252,15 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
 
 
 def app_env(device: str | None, token: str | None = None, *, solutions: bool = False,
-            page_plotly: bool = False) -> dict[str, str]:
+            page_plotly: bool = False, notebook: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
     env[APP_ENV] = "1"
+    number = notebook.name.partition("_")[0] if notebook is not None else ""
+    if number.isdigit():  # "serve this page with kvlab app 02 --solutions" (kvlab.labs.solution.app_command)
+        env[APP_NOTEBOOK_ENV] = number
+    else:
+        env.pop(APP_NOTEBOOK_ENV, None)
     if page_plotly:  # the page loads plotly.js itself (write_dashboard): kvlab.viz.live sends it on request only
         env[PAGE_PLOTLY_ENV] = "1"
     else:
@@ -527,7 +533,8 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
             print(f"kvlab app: warning: --no-token: {who} can open port {port} and run code as you",
                   file=sys.stderr, flush=True)
         parent = os.getpid()
-        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret, solutions=solutions, page_plotly=pool_size > 0),
+        env = app_env(device, secret, solutions=solutions, page_plotly=pool_size > 0, notebook=notebook)
+        process = subprocess.Popen(cmd, cwd=notebook.parent, env=env,
                                    start_new_session=True,
                                    preexec_fn=lambda: die_with_parent(parent, signal.SIGTERM))
         if open_browser:
