@@ -15,6 +15,13 @@ between the processes sharing them, so it is what one more attendee costs) and t
     python benchmarks/bench_workshop.py --notebook 02 --loads 1,10 --pool 10
     python benchmarks/bench_workshop.py --notebook 02 --loads 1 --plain
 
+``--browser``: instead, one page load in a fresh headless Chromium (/usr/bin/chromium, 1280×720, nothing cached)
+once the pool has run the notebook, timed from the navigation to what the attendee sees: the title on screen, the
+first plotly figure drawn, and the live panel's figure drawn (``.kvlab-live-figure .main-svg`` in the panel):
+
+    python benchmarks/bench_workshop.py --notebook 07 --loads 1 --pool 1 --browser
+    python benchmarks/bench_workshop.py --notebook 07 --loads 1 --plain --browser
+
 Prints one line per N and, with ``--json``, a JSON summary. The machine's load average is printed beside the
 figures: on a shared machine they stretch with it.
 """

@@ -9,7 +9,12 @@
   that gets HTTP 503 with a sentence saying why, instead of one more kernel per reload until memory runs out.
   In workshop mode (Voila's ``preheat_kernel``, which makes its kernel manager a subclass of this one) a kernel
   waiting in the pre-heated pool has no page and is idle by design: the idle culler leaves it alone (Voila would
-  not start a replacement for a culled pool kernel, so the pool would drain while nobody is there).
+  not start a replacement for a culled pool kernel, so the pool would drain while nobody is there). It logs
+  ``pool warm: N kernel(s) ready in X s`` once the pool's kernels have run the whole notebook (Voila says "filled"
+  when they start), and on shutdown it stops their notebook runs and interrupts busy kernels first (a kernel shut
+  down mid-cell printed a ZMQError traceback).
+* Log noise: jupyter_server's "Notebook … is not trusted" (every page) is dropped, ``kvlab app`` explains it once;
+  the websocket ping timeout is set to the ping interval (tornado noted the shortening on every page).
 
 This module imports nothing from kvlab: it is loaded by Voila (by name) and by ``python -m``.
 """
@@ -37,6 +42,7 @@ class CappedKernelManager(AsyncMappingKernelManager):
 
     max_kernels = Integer(DEFAULT_MAX_KERNELS, config=True,
                           help="kernels running at once; a page beyond that gets HTTP 503 (0 = no cap)")
+    _warming_since: float | None = None  # workshop mode: when the pool's oldest kernel not yet warm was started
 
     async def _capped_start(self, *args, kernel_id: str | None = None, **kwargs) -> str:
         if kernel_id is None and self.max_kernels and len(self.list_kernel_ids()) >= self.max_kernels:
@@ -55,7 +61,7 @@ class CappedKernelManager(AsyncMappingKernelManager):
                     ids.add(task.result().get("kernel_id"))
         return ids
 
-    async def start_kernel(self, *args, kernel_id: str | None = None, **kwargs) -> str:  # noqa: F811
+    async def start_kernel(self, *args, kernel_id: str | None = None, **kwargs) -> str:
         started = time.monotonic()
         kid = await self._capped_start(*args, kernel_id=kernel_id, **kwargs)
         if kernel_id is None and hasattr(self, "_pools"):  # a pre-heated kernel (workshop mode): say when warm
@@ -63,8 +69,6 @@ class CappedKernelManager(AsyncMappingKernelManager):
                 self._warming_since = started
             asyncio.ensure_future(self._log_when_warm())
         return kid
-
-    _warming_since: float | None = None
 
     async def _log_when_warm(self) -> None:
         """Log "pool warm: N kernel(s) ready in X s" once every pre-heated kernel has run the whole notebook
