@@ -51,8 +51,9 @@ def test_a_warm_workshop_page_draws_the_live_figure_then_the_static_ones(context
         assert page.evaluate("() => typeof window.Plotly === 'object' && !!window.Plotly.react")
         placeholders = page.locator(".kvlab-static-plotly").count()
         assert placeholders >= 1  # notebook 02's static figures, drawn by the page after the panel
-        page.wait_for_function(f"() => document.querySelectorAll('.kvlab-static-plotly .main-svg').length"
-                               f" === {placeholders}", timeout=120_000)
+        page.wait_for_function("(n) => Array.from(document.querySelectorAll('.kvlab-static-plotly'))"
+                               ".filter(e => e.querySelector('.main-svg')).length === n", arg=placeholders,
+                               timeout=120_000)
         assert "drawn after the live panel" not in page.locator("body").inner_text()
         assert page.locator("text=Loading widget").count() == 0
         print(f"[kvlab] warm workshop page 02: live figure drawn {live_s:.2f} s after navigation (wall clock)")
