@@ -20,9 +20,6 @@ from kvlab.app import HOST, room_urls, voila_command, write_dashboard
 from kvlab.cli import build_parser
 from tests.test_app_lifecycle import _kernels, _wait_for, start_app  # noqa: F401  (the fixture)
 
-pytestmark = pytest.mark.slow
-
-
 def _own_address() -> str | None:
     """A non-loopback IPv4 address of this machine (``hostname -I``), or None."""
     try:
@@ -69,6 +66,7 @@ def test_an_address_this_machine_does_not_have_is_refused_by_name():
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_a_room_server_answers_on_the_lan_address_with_the_token_and_refuses_without(start_app):  # noqa: F811
     address = _own_address()
     if address is None:
@@ -92,6 +90,7 @@ def test_a_room_server_answers_on_the_lan_address_with_the_token_and_refuses_wit
     assert app.process.returncode == 0, out
 
 
+@pytest.mark.slow
 def test_pool_warm_is_logged_once_the_preheated_kernel_has_run_the_notebook(start_app, tmp_path: Path):  # noqa: F811
     folder, marker = tmp_path / "nbs", tmp_path / "ran-to-the-end"
     _notebook(folder, "import time\ntime.sleep(4)", f"open({str(marker)!r}, 'w').write('done')")
@@ -107,6 +106,7 @@ def test_pool_warm_is_logged_once_the_preheated_kernel_has_run_the_notebook(star
         assert noise not in out.replace("is not trusted\" is not shown", ""), noise
 
 
+@pytest.mark.slow
 def test_sigterm_while_a_preheated_kernel_runs_the_notebook_prints_no_traceback(start_app, tmp_path: Path):  # noqa: F811
     folder = tmp_path / "nbs"
     _notebook(folder, *["import time\ntime.sleep(0.3)"] * 200)  # a minute of short cells: stopped mid-cell
