@@ -20,6 +20,7 @@ from kvlab.app import HOST, room_urls, voila_command, write_dashboard
 from kvlab.cli import build_parser
 from tests.test_app_lifecycle import _kernels, _wait_for, start_app  # noqa: F401  (the fixture)
 
+
 def _own_address() -> str | None:
     """A non-loopback IPv4 address of this machine (``hostname -I``), or None."""
     try:
