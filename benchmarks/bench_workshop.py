@@ -15,6 +15,13 @@ between the processes sharing them, so it is what one more attendee costs) and t
     python benchmarks/bench_workshop.py --notebook 02 --loads 1,10 --pool 10
     python benchmarks/bench_workshop.py --notebook 02 --loads 1 --plain
 
+``--browser``: instead, one page load in a fresh headless Chromium (/usr/bin/chromium, 1280×720, nothing cached)
+once the pool has run the notebook, timed from the navigation to what the attendee sees: the title on screen, the
+first plotly figure drawn, and the live panel's figure drawn (``.kvlab-live-figure .main-svg`` in the panel):
+
+    python benchmarks/bench_workshop.py --notebook 07 --loads 1 --pool 1 --browser
+    python benchmarks/bench_workshop.py --notebook 07 --loads 1 --plain --browser
+
 Prints one line per N and, with ``--json``, a JSON summary. The machine's load average is printed beside the
 figures: on a shared machine they stretch with it.
 """
@@ -125,6 +132,51 @@ def _load_plain(url: str, port: int) -> float:
     return time.monotonic() - started
 
 
+# -- in a browser: what an attendee sees ------------------------------------------------------------------------
+
+PANELS = {"02": ".kvlab-shortfall-panel", "07": ".kvlab-host-tier-panel", "01": ".kvlab-kv-pool-panel"}
+# Runs in the page from its first byte: the times (ms since navigation start) at which the title is on screen,
+# the first plotly figure has drawn its SVG, and the live panel's figure has.
+_WATCH = """
+(() => {
+  const panelSelector = %s;
+  const marks = (window.__kvlabMarks = {});
+  const drawn = el => !!el && el.getBoundingClientRect().height > 0;
+  const tick = () => {
+    const now = performance.now();
+    if (!marks.visible && drawn(document.querySelector('h1'))) marks.visible = now;
+    if (!marks.firstFigure && drawn(document.querySelector('.js-plotly-plot .main-svg'))) marks.firstFigure = now;
+    const panel = document.querySelector(panelSelector);
+    if (!marks.liveFigure && panel && drawn(panel.querySelector('.kvlab-live-figure .main-svg'))) marks.liveFigure = now;
+    if (!marks.liveFigure) requestAnimationFrame(tick);
+  };
+  requestAnimationFrame(tick);
+})();
+"""
+CHROMIUM = os.environ.get("KVLAB_CHROMIUM", "/usr/bin/chromium")
+
+
+def browser_load(url: str, notebook: str, timeout_s: float = 300) -> dict:
+    """One page load of ``url`` in a fresh headless Chromium (nothing cached): seconds from navigation start to
+    page visible (the title drawn), first figure drawn and the live panel's figure drawn."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage"])
+        try:
+            page = browser.new_context(viewport={"width": 1280, "height": 720}).new_page()
+            page.add_init_script(_WATCH % json.dumps(PANELS[notebook]))
+            page.goto(url, wait_until="commit", timeout=timeout_s * 1000)
+            page.wait_for_function("() => window.__kvlabMarks && window.__kvlabMarks.liveFigure",
+                                   timeout=timeout_s * 1000, polling=100)
+            marks = page.evaluate("() => window.__kvlabMarks")
+        finally:
+            browser.close()
+    return {k: round(v / 1000, 2) for k, v in marks.items()}
+
+
 def _cpu_ticks(pids: list[int]) -> int:
     total = 0
     for pid in pids:
@@ -161,7 +213,7 @@ def _wait(condition, timeout: float, what: str, log: Path) -> None:
         time.sleep(0.5)
 
 
-def run(notebook: str, loads: int, pool: int, plain: bool, log_dir: Path) -> dict:
+def run(notebook: str, loads: int, pool: int, plain: bool, log_dir: Path, browser: bool = False) -> dict:
     port = _free_port()
     log = log_dir / f"app-{notebook}-{'plain' if plain else 'workshop'}-{loads}.log"
     cmd = [sys.executable, "-m", "kvlab.cli", "app", notebook, "--no-browser", "--port", str(port),
@@ -179,6 +231,11 @@ def run(notebook: str, loads: int, pool: int, plain: bool, log_dir: Path) -> dic
                   f"{pool} pre-heated kernel(s)", log)
             _wait(lambda: _all_idle(app.pid), 1800, "the pre-heated kernels done running the notebook", log)
         warm_s = time.monotonic() - warm_started
+        if browser:
+            marks = browser_load(url, notebook)
+            return {"notebook": notebook, "mode": "plain" if plain else f"workshop (pool {pool})",
+                    "browser_s": marks, "pool_warm_s": round(warm_s, 1),
+                    "load_avg_1min_at_start": round(os.getloadavg()[0], 2), "cpus": os.cpu_count()}
         times: list[float] = []
         errors: list[str] = []
 
@@ -218,6 +275,12 @@ def run(notebook: str, loads: int, pool: int, plain: bool, log_dir: Path) -> dic
 
 
 def _line(r: dict) -> str:
+    if "browser_s" in r:
+        b = r["browser_s"]
+        return (f"{r['notebook']} {r['mode']}: in Chromium: page visible {b.get('visible', float('nan')):.2f} s, "
+                f"first figure {b.get('firstFigure', float('nan')):.2f} s, live panel figure drawn "
+                f"{b['liveFigure']:.2f} s; ready to serve after {r['pool_warm_s']} s; load avg "
+                f"{r['load_avg_1min_at_start']} on {r['cpus']} CPUs")
     t, pss, rss = r["time_to_panel_s"], r["kernel_pss_mib"], r["kernel_rss_mib"]
     times = f"median {statistics.median(t):.2f} s, max {max(t):.2f} s" if t else "no load succeeded"
     failed = f" ({len(r['errors'])} failed: {r['errors'][0]})" if r["errors"] else ""
@@ -234,6 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loads", default="1,10", help="comma-separated numbers of concurrent page loads")
     parser.add_argument("--pool", type=int, default=None, help="pre-heated kernels (default: the largest N)")
     parser.add_argument("--plain", action="store_true", help="no pre-heated kernels (kvlab app without --workshop)")
+    parser.add_argument("--browser", action="store_true",
+                        help="one page load in headless Chromium per N: times to page visible, first figure and "
+                             "the live panel's figure drawn (what an attendee sees)")
     parser.add_argument("--json", default=None, help="write the results here as JSON")
     args = parser.parse_args(argv)
     loads = [int(n) for n in args.loads.split(",")]
@@ -242,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for n in loads:
-        r = run(args.notebook, n, pool, args.plain, log_dir)
+        r = run(args.notebook, n, pool, args.plain, log_dir, args.browser)
         results.append(r)
         print(_line(r), flush=True)
     if args.json:

@@ -1,8 +1,9 @@
 """``kvlab app``: one notebook as a Voila dashboard, for projector demos.
 
 Voila runs the notebook in a fresh kernel and shows only outputs (``--strip_sources=True``: code hidden) with
-live widgets, so the panels of notebooks 01/02 work as in JupyterLab. It listens on 127.0.0.1 only: a demo
-laptop on a conference network should not serve a kernel to the room.
+live widgets, so the panels of notebooks 01/02 work as in JupyterLab. It listens on 127.0.0.1 unless ``ip``
+(``--ip``) says otherwise: a demo laptop on a conference network should not serve a kernel to the room unasked;
+``--ip 0.0.0.0`` serves a room, with the token kept and the URL attendees open printed (:func:`room_urls`).
 
 Who may open it: a page runs code, so other users of the machine must not reach it. ``kvlab app`` makes a
 random token (Voila's ``--Voila.token``, jupyter_server's token login) and prints the URL that carries it; a
@@ -85,7 +86,10 @@ TEMPLATE = "kvlab-app"
 SHARE_DIR = Path(__file__).resolve().parent / "app_share"  # holds voila/templates/kvlab-app, put on JUPYTER_PATH
 MOVED_NOTE = "*(The live panel of this section is at the top of the page.)*"
 SERVER_MODULE = "kvlab.app_server"  # runs Voila (and holds its kernel manager): see kvlab/app_server.py
+PAGE_PLOTLY_ENV = "KVLAB_PAGE_PLOTLY"  # = kvlab.viz.live.PAGE_PLOTLY_ENV (kvlab.app does not import plotly)
+PLOTLY_FILE = "kvlab-plotly.min.js"  # workshop mode: plotly.js served beside the dashboard copy (write_dashboard)
 APP_ENV = "KVLAB_APP"  # = kvlab.labs.solution.APP_ENV: set for the kernels of `kvlab app`
+APP_NOTEBOOK_ENV = "KVLAB_APP_NOTEBOOK"  # = kvlab.labs.solution.APP_NOTEBOOK_ENV: the notebook's number
 TOKEN_ENV = "KVLAB_APP_TOKEN"  # = kvlab.app_server.TOKEN_ENV (that module imports nothing from kvlab, nor this from it)
 DEFAULT_MAX_KERNELS = 8  # = kvlab.app_server.DEFAULT_MAX_KERNELS: pages open at once
 
@@ -163,31 +167,42 @@ def read_dashboard_source(notebook: Path):
         raise AppError(f"kvlab app: {exc}") from None
 
 
-def write_dashboard(notebook: Path, folder: Path, nb=None) -> Path:
+def write_dashboard(notebook: Path, folder: Path, nb=None, *, page_plotly: bool = False) -> Path:
     """Write ``notebook`` (or ``nb``, already read from it) in dashboard order to ``folder``; returns the copy's
     path. The copy's name is the notebook's with control characters written as escapes
-    (:func:`kvlab.safe_text.printable`): Voila prints it on the terminal."""
+    (:func:`kvlab.safe_text.printable`): Voila prints it on the terminal.
+
+    ``page_plotly`` (workshop mode): plotly.py's own plotly.min.js is copied beside it as :data:`PLOTLY_FILE`
+    (Voila serves it, ``/voila/files/``) and ``nb.metadata.kvlab_app.page_plotly`` names it, so the page loads
+    plotly.js once, as a file the browser fetches while Voila starts, and draws both the live figures and the
+    static ones with it (see :func:`voila_command`)."""
     import nbformat
 
     page = Path(folder) / printable(notebook.name)
-    nbformat.write(dashboard_notebook(nb if nb is not None else read_dashboard_source(notebook)), page)
+    nb = dashboard_notebook(nb if nb is not None else read_dashboard_source(notebook))
+    if page_plotly:
+        from plotly.offline import get_plotlyjs
+
+        (Path(folder) / PLOTLY_FILE).write_text(get_plotlyjs(), encoding="utf-8")
+        nb.metadata["kvlab_app"]["page_plotly"] = PLOTLY_FILE
+    nbformat.write(nb, page)
     return page
 
 
 @contextlib.contextmanager
-def dashboard_folder(notebook: Path, nb=None) -> Iterator[Path]:
+def dashboard_folder(notebook: Path, nb=None, *, page_plotly: bool = False) -> Iterator[Path]:
     """The dashboard copy of ``notebook`` (or of ``nb``, read from it) in a temporary folder (mode 0700), deleted
     on exit (if the Voila process has not removed it already); yields the copy's path."""
     folder = tempfile.mkdtemp(prefix="kvlab-app-")
     try:
-        yield write_dashboard(notebook, Path(folder), nb)
+        yield write_dashboard(notebook, Path(folder), nb, page_plotly=page_plotly)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
 
 def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool = False,
                   cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, max_kernels: int = DEFAULT_MAX_KERNELS,
-                  show_tracebacks: bool = False, pool_size: int = 0) -> list[str]:
+                  show_tracebacks: bool = False, pool_size: int = 0, ip: str = HOST) -> list[str]:
     """The Voila command line (``python -m kvlab.app_server``, Voila in this interpreter's environment) that
     serves ``page`` (the dashboard copy of ``notebook``, its folder removed when Voila exits) with kernels
     started in ``notebook``'s folder.
@@ -195,7 +210,9 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
     ``cull_idle_seconds`` > 0: a kernel idle that long with no page connected is shut down (jupyter_server's
     culler, which Voila's kernel manager inherits); 0 never culls. ``max_kernels`` > 0: kernels at once (0 = no
     cap; pages, with a pool's waiting kernels on top). ``show_tracebacks``: a failing cell's traceback reaches the
-    page. ``pool_size`` > 0: that many pre-heated kernels (workshop mode, see the module's docstring). Run it with
+    page. ``pool_size`` > 0: that many pre-heated kernels (workshop mode, see the module's docstring). ``ip``: the
+    address Voila listens on. Kernels talk to Voila over IPC sockets (``KernelManager.transport=ipc``), not TCP:
+    no kernel port on any interface, and no "running over TCP without encryption" warning per kernel. Run it with
     ``app_env``'s
     environment (the template is found through ``JUPYTER_PATH``; the token, if any, is there too).
     """
@@ -206,7 +223,8 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
     if pool_size < 0:
         raise AppError(f"kvlab app --workshop: must be >= 0 pre-heated kernels (0 = off), got {pool_size}")
     cap = max_kernels + pool_size if max_kernels else 0
-    cmd = [sys.executable, "-m", SERVER_MODULE, str(page.parent), str(page), f"--port={port}", f"--Voila.ip={HOST}",
+    cmd = [sys.executable, "-m", SERVER_MODULE, str(page.parent), str(page), f"--port={port}", f"--Voila.ip={ip}",
+           "--KernelManager.transport=ipc",
            "--Voila.port_retries=0", "--strip_sources=True", f"--show_tracebacks={show_tracebacks}", "--theme=light",
            f"--VoilaConfiguration.multi_kernel_manager_class={SERVER_MODULE}.CappedKernelManager",
            f"--CappedKernelManager.max_kernels={cap}",
@@ -218,7 +236,14 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
            "--MappingKernelManager.cull_connected=False", "--MappingKernelManager.cull_busy=False"]
     if pool_size:  # pre-heated kernels (Voila renders the page whole: it cannot pre-heat progressively)
         cmd += ["--VoilaConfiguration.preheat_kernel=True", f"--VoilaConfiguration.default_pool_size={pool_size}",
-                "--VoilaConfiguration.progressive_rendering=False"]
+                "--VoilaConfiguration.progressive_rendering=False",
+                # the page draws plotly outputs with the plotly.js file beside the copy (write_dashboard's
+                # page_plotly), after the live panel: jupyterlab-plotly's renderer would evaluate its own 4.8 MB
+                # copy and draw every figure of the notebook before the widgets' websocket is even read
+                # (and jupytext's, which fails to load on a Voila page anyway)
+                "--VoilaConfiguration.extension_denylist=jupyterlab-plotly",
+                "--VoilaConfiguration.extension_denylist=jupyterlab-jupytext",
+                f"--VoilaConfiguration.file_allowlist={PLOTLY_FILE.replace('.', '[.]')}"]
     else:
         cmd.append("--VoilaConfiguration.progressive_rendering=True")
     if not open_browser:
@@ -226,10 +251,20 @@ def voila_command(notebook: Path, *, page: Path, port: int, open_browser: bool =
     return cmd
 
 
-def app_env(device: str | None, token: str | None = None, *, solutions: bool = False) -> dict[str, str]:
+def app_env(device: str | None, token: str | None = None, *, solutions: bool = False,
+            page_plotly: bool = False, notebook: Path | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.pop(TOKEN_ENV, None)
     env[APP_ENV] = "1"
+    number = notebook.name.partition("_")[0] if notebook is not None else ""
+    if number.isdigit():  # "serve this page with kvlab app 02 --solutions" (kvlab.labs.solution.app_command)
+        env[APP_NOTEBOOK_ENV] = number
+    else:
+        env.pop(APP_NOTEBOOK_ENV, None)
+    if page_plotly:  # the page loads plotly.js itself (write_dashboard): kvlab.viz.live sends it on request only
+        env[PAGE_PLOTLY_ENV] = "1"
+    else:
+        env.pop(PAGE_PLOTLY_ENV, None)
     if solutions:
         env["KVLAB_SOLUTIONS"] = "1"
     if token:
@@ -370,7 +405,83 @@ def _supervise(process: subprocess.Popen, stops: _StopRequests, stop_timeout: fl
     return 0
 
 
-def _open_when_listening(url: str, port: int, process: subprocess.Popen, timeout_s: float = 120.0) -> None:
+def _loopback(ip: str) -> bool:
+    import ipaddress
+
+    return ipaddress.ip_address(ip).is_loopback
+
+
+def _wildcard(ip: str) -> bool:
+    return ip in ("0.0.0.0", "::")
+
+
+def _connect_host(ip: str) -> str:
+    """Where this machine reaches a server listening on ``ip``."""
+    return ("::1" if ":" in ip else HOST) if _wildcard(ip) else ip
+
+
+def lan_address() -> str:
+    """This machine's address on its network (the interface of its default route; no packet is sent), or the
+    host name's address, or 127.0.0.1 when it has none."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # TEST-NET-2: only the route is looked up
+            address = probe.getsockname()[0]
+        except OSError:
+            address = ""
+    if not address or address.startswith(("127.", "0.")):
+        try:
+            address = socket.gethostbyname(socket.gethostname())
+        except OSError:
+            address = HOST
+    return address
+
+
+def room_urls(ip: str, port: int, token: str | None) -> tuple[str, str]:
+    """(the URL to give others, the URL for this machine), each with the token. Bound to every interface
+    (``0.0.0.0``/``::``), others use this machine's LAN address (:func:`lan_address`); bound to one address,
+    that address; on loopback both are the loopback URL."""
+    query = f"?token={token}" if token else ""
+    host = lan_address() if _wildcard(ip) else ip
+    return f"http://{_bracket(host)}:{port}/{query}", f"http://{_bracket(_connect_host(ip))}:{port}/{query}"
+
+
+def _bracket(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def check_listen(ip: str, port: int) -> None:
+    """An :class:`AppError` naming ``--ip``/``--port`` when this machine cannot listen there (an address it does
+    not have, a port in use), before Voila starts and says so in a traceback."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((ip, port))
+        except OSError as exc:
+            raise AppError(f"kvlab app --ip {ip} --port {port}: cannot listen there: {exc.strerror}") from None
+
+
+def _print_startup_notes(ip: str, url: str, local: str, pool_size: int) -> None:
+    """What the instructor needs to know once, instead of Voila's per-page log lines."""
+    if not _loopback(ip):
+        print(f"kvlab app: attendees open {url} (this machine: {local})", flush=True)
+        print("kvlab app: warning: plain HTTP, not encrypted: anyone on this network can read the token and the "
+              "pages; for TLS put a reverse proxy in front (README.md, Workshop: caddy or nginx)", file=sys.stderr,
+              flush=True)
+    print("kvlab app: Voila's \"Notebook ... is not trusted\" is not shown: the page's copy of the notebook is "
+          "unsigned, and Voila runs it afresh and shows only that run's outputs", flush=True)
+    if pool_size:
+        print(f"kvlab app: \"pool warm: {pool_size} kernel(s) ready\" below says the pre-heated kernels have run the "
+              "notebook: pages open at once from then on", flush=True)
+
+
+def _open_when_listening(url: str, port: int, process: subprocess.Popen, timeout_s: float = 120.0,
+                         host: str = HOST) -> None:
     """Open ``url`` (with its token) in the web browser once Voila accepts connections on ``port``."""
     import socket
     import webbrowser
@@ -378,7 +489,7 @@ def _open_when_listening(url: str, port: int, process: subprocess.Popen, timeout
     deadline = time.monotonic() + timeout_s
     while process.poll() is None and time.monotonic() < deadline:
         try:
-            socket.create_connection((HOST, port), timeout=1).close()
+            socket.create_connection((host, port), timeout=1).close()
         except OSError:
             time.sleep(0.2)
             continue
@@ -389,11 +500,12 @@ def _open_when_listening(url: str, port: int, process: subprocess.Popen, timeout
 def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser: bool = True,
           cull_idle_seconds: int = DEFAULT_CULL_IDLE_SECONDS, notebook_dir: Path = DEFAULT_NOTEBOOK_DIR,
           stop_timeout: float = STOP_TIMEOUT_S, token: bool = True, max_kernels: int = DEFAULT_MAX_KERNELS,
-          show_tracebacks: bool = False, solutions: bool = False, pool_size: int = 0) -> int:
+          show_tracebacks: bool = False, solutions: bool = False, pool_size: int = 0, ip: str = HOST) -> int:
     """Run Voila until SIGINT/SIGTERM/SIGHUP, then stop it and its kernels; returns the exit status.
 
     ``token``: a page needs the random token in the printed URL (``False``: anyone who can reach the port).
-    ``solutions``: exercises offer their solutions. ``pool_size``: pre-heated kernels (workshop mode).
+    ``solutions``: exercises offer their solutions. ``pool_size``: pre-heated kernels (workshop mode). ``ip``: the
+    address to listen on (:func:`room_urls`: the URL printed is the one attendees open).
     0: stopped on request and everything shut down cleanly; 1: stopped, but Voila or a kernel had to be
     killed; Voila's own status (128 + signal if a signal ended it) when it exited without being asked.
     """
@@ -402,27 +514,32 @@ def serve(key: str, *, port: int = 8866, device: str | None = None, open_browser
     except ImportError:
         raise AppError("voila is not installed: pip install voila (or pip install -e .)") from None
     notebook = find_notebook(key, notebook_dir)
+    check_listen(ip, port)
     nb = read_dashboard_source(notebook)  # before any handler or folder: a FIFO or a broken file is refused now
-    with _StopRequests() as stops, dashboard_folder(notebook, nb) as page:  # handler first: no signal is lost
+    with _StopRequests() as stops, dashboard_folder(notebook, nb, page_plotly=pool_size > 0) as page:  # handler first: no signal is lost
         # kvlab opens the browser itself: Voila's own launcher opens the URL without the token (a login page)
         cmd = voila_command(notebook, page=page, port=port, open_browser=False,
                             cull_idle_seconds=cull_idle_seconds, max_kernels=max_kernels,
-                            show_tracebacks=show_tracebacks, pool_size=pool_size)
+                            show_tracebacks=show_tracebacks, pool_size=pool_size, ip=ip)
         secret = secrets.token_urlsafe(24) if token else None
-        url = f"http://{HOST}:{port}/" + (f"?token={secret}" if secret else "")
+        url, local = room_urls(ip, port, secret)
         print(f"kvlab app: serving {printable(notebook.name)} at {url} (Ctrl-C to stop)", flush=True)
+        _print_startup_notes(ip, url, local, pool_size)
         if pool_size:
             print(f"kvlab app: workshop mode: {pool_size} pre-heated kernel(s) run the notebook now; a page load "
                   f"takes one and another starts{'; solutions shown' if solutions else ''}", flush=True)
         if not secret:
-            print(f"kvlab app: warning: --no-token: every user of this machine can open {HOST}:{port} and run code "
-                  f"as you", file=sys.stderr, flush=True)
+            who = "every user of this machine" if _loopback(ip) else "anyone who can reach this machine"
+            print(f"kvlab app: warning: --no-token: {who} can open port {port} and run code as you",
+                  file=sys.stderr, flush=True)
         parent = os.getpid()
-        process = subprocess.Popen(cmd, cwd=notebook.parent, env=app_env(device, secret, solutions=solutions),
+        env = app_env(device, secret, solutions=solutions, page_plotly=pool_size > 0, notebook=notebook)
+        process = subprocess.Popen(cmd, cwd=notebook.parent, env=env,
                                    start_new_session=True,
                                    preexec_fn=lambda: die_with_parent(parent, signal.SIGTERM))
         if open_browser:
-            threading.Thread(target=_open_when_listening, args=(url, port, process), daemon=True).start()
+            threading.Thread(target=_open_when_listening, args=(local, port, process, 120.0, _connect_host(ip)),
+                             daemon=True).start()
         try:
             return _supervise(process, stops, stop_timeout)
         finally:

@@ -47,6 +47,16 @@ def port(text: str) -> int:
     return value
 
 
+def ip_address(text: str) -> str:
+    """An argparse ``type``: an IPv4 or IPv6 address to listen on (``0.0.0.0``: every interface)."""
+    import ipaddress
+
+    try:
+        return str(ipaddress.ip_address(text.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an IP address such as 127.0.0.1 or 0.0.0.0, got {text[:60]!r}") from None
+
+
 def device_name(presets: Iterable[str], *extra: str) -> Callable[[str], str]:
     """An argparse ``type``: a device kvlab can build (``auto``, ``cuda``, ``cuda:N``, ``sim:<preset>`` with a name
     from ``presets``) or one of ``extra``; anything else is refused naming the presets (``💥`` was accepted:

@@ -154,7 +154,8 @@ from kvlab.labs import kv_pool_sizing as lab
 lab.measure.check(my_measure, scenario=PRESET)
 
 # %% [markdown]
-# The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
+# The reference solution is below when solutions are on: `KVLAB_SOLUTIONS=1 jupyter lab`, or
+# `kvlab app 01 --solutions` for a workshop.
 
 # %%
 lab.measure.solution

@@ -221,7 +221,8 @@ from kvlab.labs import shortfall_eviction as lab
 lab.shortfall.check(my_shortfall)
 
 # %% [markdown]
-# The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
+# The reference solution is below when solutions are on: `KVLAB_SOLUTIONS=1 jupyter lab`, or
+# `kvlab app 02 --solutions` for a workshop.
 
 # %%
 lab.shortfall.solution

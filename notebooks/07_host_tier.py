@@ -238,7 +238,8 @@ from kvlab.labs import host_tier as lab
 lab.write_back.check(my_write_back_evict)
 
 # %% [markdown]
-# The solution is hidden unless the notebook runs with `KVLAB_SOLUTIONS=1` (e.g. `KVLAB_SOLUTIONS=1 jupyter lab`).
+# The reference solution is below when solutions are on: `KVLAB_SOLUTIONS=1 jupyter lab`, or
+# `kvlab app 07 --solutions` for a workshop.
 
 # %%
 lab.write_back.solution

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from kvlab.app import APP_ENV, AppError, app_env, find_notebook, voila_command, write_dashboard
+from kvlab.app import APP_ENV, APP_NOTEBOOK_ENV, AppError, app_env, find_notebook, voila_command, write_dashboard
 from kvlab.cli import build_parser
 from kvlab.labs.check import CheckLine, CheckResult
 from kvlab.labs.solution import Solution, set_solutions
@@ -49,6 +49,7 @@ def test_the_cli_flags_reach_serve():
 
 def test_app_env_marks_the_app_and_solutions(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
+    assert app_env(None, notebook=find_notebook("02"))[APP_NOTEBOOK_ENV] == "02"
     assert app_env(None)[APP_ENV] == "1" and "KVLAB_SOLUTIONS" not in app_env(None)
     assert app_env(None, solutions=True)["KVLAB_SOLUTIONS"] == "1"
 
@@ -61,12 +62,14 @@ def test_on_an_app_page_a_solution_is_folded_and_a_failed_check_says_where_the_c
     monkeypatch.delenv("KVLAB_SOLUTIONS", raising=False)
     assert "KVLAB_SOLUTIONS=1" in solution._repr_html_() and "hidden on this page" not in wrong.text()
     monkeypatch.setenv(APP_ENV, "1")
-    assert "kvlab app NN --solutions" in solution._repr_html_()
-    assert "hidden on this page" in wrong.text() and "kvlab app --solutions" in wrong._repr_html_()
+    monkeypatch.setenv(APP_NOTEBOOK_ENV, "02")  # kvlab app 02 sets it (app_env): the real number, not "NN"
+    assert "kvlab app 02 --solutions" in solution._repr_html_() and "NN" not in solution._repr_html_()
+    assert "hidden on this page" in wrong.text() and "kvlab app 02 --solutions" in wrong._repr_html_()
     monkeypatch.setenv("KVLAB_SOLUTIONS", "1")
     html = solution._repr_html_()
     assert html.startswith("<details class='kvlab-solution'>") and "Show the solution" in html  # folded
-    assert "return 1" in html and "open the solution below" in wrong.text()
+    assert "return 1" in html and "Open the solution below" in wrong.text()
+    assert "hidden" not in wrong.text() and "hidden" not in wrong._repr_html_()  # --solutions: it is not hidden
     assert "hidden on this page" not in CheckResult("ok", (CheckLine("pool", True, 2, 2),)).text()
 
 
@@ -107,3 +110,21 @@ def test_a_preheated_page_arrives_run_and_the_pool_refills_and_is_not_culled(sta
     time.sleep(5)
     assert [k.pid for k in _kernels(app.process.pid)] == [replacement.pid]
     assert "stopped (SIGTERM)" in app.stop(signal.SIGTERM)
+
+
+def test_the_text_above_each_solution_does_not_say_it_is_hidden():
+    """With ``--solutions`` the solution is on the page right under this markdown: it must not say "hidden"
+    (whether it is shown is said by the solution's own output), and it names the notebook's real number."""
+    import nbformat
+
+    found = 0
+    for path in sorted(Path(find_notebook("01").parent).glob("[0-9][0-9]_*.ipynb")):
+        cells = nbformat.read(path, as_version=4).cells
+        for above, cell in zip(cells, cells[1:]):
+            if cell.cell_type == "code" and re.fullmatch(r"lab\.\w+\.solution", cell.source.strip()):
+                if above.cell_type != "markdown":
+                    continue
+                found += 1
+                assert "hidden" not in above.source.lower(), (path.name, above.source)
+                assert f"kvlab app {path.name[:2]} --solutions" in above.source, (path.name, above.source)
+    assert found >= 3

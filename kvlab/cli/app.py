@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import kvlab.cli.flags as flags
 from kvlab.argtypes import device_name as _device_name
+from kvlab.argtypes import ip_address as _ip_address
 from kvlab.argtypes import nonnegative_int as _nonnegative_int
 from kvlab.argtypes import port as _port
 
@@ -17,10 +18,13 @@ def add_parser(commands, command: str | None) -> None:
         DEFAULT_CULL_IDLE_SECONDS = DEFAULT_MAX_KERNELS = None
     DEVICE_PRESETS = flags.registry("kvlab.device.spec", "DEVICE_PRESETS", command in (None, "app"))
     app = commands.add_parser(
-        "app", help="serve one notebook as a Voila dashboard on 127.0.0.1 (code hidden, widgets live)",
+        "app", help="serve one notebook as a Voila dashboard (127.0.0.1 unless --ip; code hidden, widgets live)",
         description="Serve a notebook with Voila for demos: only outputs and live widgets are shown.")
     app.add_argument("notebook", nargs="?", default="01", help="notebook number or name (default: %(default)s)")
-    app.add_argument("--port", type=_port, default=8866, help="port on 127.0.0.1, 1 to 65535 (default: %(default)s)")
+    app.add_argument("--port", type=_port, default=8866, help="port, 1 to 65535 (default: %(default)s)")
+    app.add_argument("--ip", type=_ip_address, default="127.0.0.1", metavar="ADDRESS",
+                     help="address to listen on: 127.0.0.1 (default) is this machine only; 0.0.0.0 serves a room "
+                          "(the token stays; plain HTTP: see the README's Workshop section for TLS)")
     app.add_argument("--device", type=_device_name(DEVICE_PRESETS, "cpu"), default=None,
                      help="KVLAB_DEVICE for the kernel: auto, cpu, cuda, cuda:N, sim:<preset>")
     app.add_argument("--no-browser", action="store_true", help="do not open a web browser")
@@ -47,6 +51,6 @@ def run(args) -> int:
     from kvlab.app import serve
 
     extra = {"notebook_dir": args.notebook_dir} if args.notebook_dir else {}
-    return serve(args.notebook, port=args.port, device=args.device, open_browser=not args.no_browser,
+    return serve(args.notebook, port=args.port, ip=args.ip, device=args.device, open_browser=not args.no_browser,
                  cull_idle_seconds=args.cull_idle_seconds, token=not args.no_token, max_kernels=args.max_kernels,
                  show_tracebacks=args.show_tracebacks, solutions=args.solutions, pool_size=args.workshop, **extra)  # AppError: main() reports it

@@ -12,7 +12,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any
 
-from kvlab.labs.solution import in_app, solutions_enabled
+from kvlab.labs.solution import app_command, in_app, solutions_enabled
 
 
 class ExerciseError(AssertionError):
@@ -59,9 +59,10 @@ class CheckResult:
         """On a ``kvlab app`` page (code hidden) a step not yet passed says where its code can be changed."""
         if self.ok or not in_app():
             return ""
+        if solutions_enabled():
+            return "Open the solution below to read its code; to change your own, open the notebook in JupyterLab."
         return ("The code of this exercise is hidden on this page: open the notebook in JupyterLab to change it"
-                + (", or open the solution below." if solutions_enabled() else
-                   " (the instructor can serve the page with kvlab app --solutions)."))
+                f" (the instructor can serve the page with {app_command()}).")
 
     def text(self) -> str:
         head = f"{'PASS' if self.ok else 'NOT YET'} · {self.title}"

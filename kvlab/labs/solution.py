@@ -1,7 +1,7 @@
 """The solutions switch: a lab's :class:`Solution` is hidden by default.
 
 Instructors run a notebook with ``KVLAB_SOLUTIONS=1`` (or call :func:`set_solutions`) to show them,
-e.g. ``KVLAB_SOLUTIONS=1 jupyter lab``, or serve it with ``kvlab app NN --solutions`` (a workshop).
+e.g. ``KVLAB_SOLUTIONS=1 jupyter lab``, or serve it with ``kvlab app 02 --solutions`` (a workshop).
 
 In ``kvlab app`` (``KVLAB_APP=1``, set by :func:`kvlab.app.app_env`) the page hides the code, so a learner cannot
 edit an exercise there: a solution is offered folded ("show the solution", a ``<details>`` they open when they
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 _SOLUTIONS_ENV = "KVLAB_SOLUTIONS"
 APP_ENV = "KVLAB_APP"  # = kvlab.app.APP_ENV (that module imports kvlab.report; this one stays light)
+APP_NOTEBOOK_ENV = "KVLAB_APP_NOTEBOOK"  # the notebook's number in `kvlab app` (kvlab.app.app_env), e.g. "02"
 _solutions_override: bool | None = None
 
 
@@ -29,6 +30,13 @@ def solutions_enabled() -> bool:
 def in_app() -> bool:
     """True in a kernel of ``kvlab app`` (a Voila page: outputs only, the code hidden)."""
     return os.environ.get(APP_ENV, "") == "1"
+
+
+def app_command() -> str:
+    """The command that serves this page with solutions: ``kvlab app 02 --solutions`` (the number from
+    ``KVLAB_APP_NOTEBOOK``; without it, the notebook's name is left to the reader)."""
+    number = os.environ.get(APP_NOTEBOOK_ENV, "").strip()
+    return f"kvlab app {number} --solutions" if number.isdigit() else "kvlab app <notebook number> --solutions"
 
 
 def set_solutions(enabled: bool | None) -> None:
@@ -46,7 +54,7 @@ class Solution:
 
     def _repr_html_(self) -> str:
         if not solutions_enabled():
-            how = ("serve this page with <code>kvlab app NN --solutions</code>" if in_app() else
+            how = (f"serve this page with <code>{html.escape(app_command())}</code>" if in_app() else
                    f"run with <code>{_SOLUTIONS_ENV}=1</code>")
             return f"<div class='kvlab-solution-hidden'><i>Solution hidden. Instructors: {how} to show it.</i></div>"
         if in_app():  # a workshop page: folded, the learner opens it when they want it

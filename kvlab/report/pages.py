@@ -60,10 +60,22 @@ def build_paths() -> dict[str, str]:
 
 
 def strip_build_paths(page: str, roots: dict[str, str]) -> str:
-    """``page`` with the build machine's folders (``roots``: prefix -> shown instead) taken out of every path."""
+    """``page`` with the build machine's folders (``roots``: prefix -> shown instead) taken out of every path,
+    also where a JSON inside the page writes ``/`` as ``\\u002f`` (plotly's figures: notebook 05's hover text)
+    or ``\\/``, or where that JSON is itself a string in a notebook file (``\\\\u002f``)."""
     for prefix, shown in roots.items():
-        page = page.replace(prefix, shown)
+        for slash in ("/", "\\u002f", "\\\\u002f", "\\/"):
+            page = page.replace(prefix.replace("/", slash), shown.replace("/", slash))
     return page
+
+
+def strip_build_paths_in_file(path: Path, roots: dict[str, str]) -> None:
+    """:func:`strip_build_paths` on a written file (the executed notebook: its outputs print the data's paths)."""
+    if path.is_file():
+        text = path.read_text(encoding="utf-8")
+        stripped = strip_build_paths(text, roots)
+        if stripped != text:
+            path.write_text(stripped, encoding="utf-8")
 
 
 def execute_one(source: Path, out_dir: Path, device: str, *, timeout: int = 900,
@@ -89,8 +101,9 @@ def execute_one(source: Path, out_dir: Path, device: str, *, timeout: int = 900,
     page = render_html(nb)
     if plotly_js:
         page = share_plotly_js(page, plotly_js)
-    page = strip_build_paths(page, build_paths() | {str(source.parent.resolve().parent) + os.sep: ""})
-    run.html_path.write_text(page, encoding="utf-8")
+    roots = build_paths() | {str(source.parent.resolve().parent) + os.sep: ""}
+    run.html_path.write_text(strip_build_paths(page, roots), encoding="utf-8")
+    strip_build_paths_in_file(run.executed_path, roots)  # the downloadable .ipynb too
     return run
 
 

@@ -20,6 +20,7 @@ plotly.js itself (about 4.8 MB, plotly.py's own bundled copy) is synced once per
 from __future__ import annotations
 
 import json
+import os
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -32,6 +33,7 @@ import traitlets
 _ESM = r"""
 // Load plotly.js once per page (per version) from the kvlab PlotlyJS widget model this figure references.
 const CACHE = Symbol.for("kvlab.plotly.js");
+const PAGE = Symbol.for("kvlab.page.plotly");
 
 async function libraryModel(model) {
   const ref = model.get("_plotly");
@@ -53,7 +55,17 @@ function loadPlotly(model) {
   const version = model.get("_plotly_version");
   if (!cache.has(version)) {
     const loading = (async () => {
+      const page = globalThis[PAGE];  // the kvlab-app page's plotly.js, when it loads one (kvlab app --workshop)
+      if (page) {
+        const Plotly = await page.catch(() => null);
+        if (Plotly && Plotly.version === version) return Plotly;
+      }
       const lib = await libraryModel(model);
+      if (!lib.get("source")) {  // sent on request only (KVLAB_PAGE_PLOTLY: the page was to bring plotly.js)
+        const arrived = new Promise((resolve) => lib.once("change:source", resolve));
+        lib.send({ send: "source" });
+        await arrived;
+      }
       // plotly.min.js is a UMD bundle: give it a CommonJS `module` to fill, and no AMD `define`.
       const source = ["const module = {exports: {}}; const exports = module.exports; const define = undefined;\n",
                       lib.get("source"),
@@ -120,8 +132,20 @@ class PlotlyJS(anywidget.AnyWidget):
     source = traitlets.Unicode().tag(sync=True)
     version = traitlets.Unicode().tag(sync=True)
 
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.on_msg(self._on_request)
+
+    def _on_request(self, _widget, content, _buffers) -> None:
+        """A view that found ``source`` empty asks for it (``{"send": "source"}``)."""
+        if isinstance(content, dict) and content.get("send") == "source" and not self.source:
+            from plotly.offline import get_plotlyjs
+
+            self.source = get_plotlyjs()
+
 
 _LIBRARY: PlotlyJS | None = None
+PAGE_PLOTLY_ENV = "KVLAB_PAGE_PLOTLY"  # "1": the page brings plotly.js (kvlab.app, workshop mode)
 
 
 def library() -> PlotlyJS:
@@ -130,7 +154,10 @@ def library() -> PlotlyJS:
     if _LIBRARY is None or _LIBRARY.comm is None:
         from plotly.offline import get_plotlyjs, get_plotlyjs_version
 
-        _LIBRARY = PlotlyJS(source=get_plotlyjs(), version=get_plotlyjs_version())
+        # kvlab app --workshop: the page loads plotly.js as a file; 4.8 MB in every page's widget state would
+        # hold the live panel up. A view that finds no plotly.js on the page asks for the source.
+        lazy = os.environ.get(PAGE_PLOTLY_ENV) == "1"
+        _LIBRARY = PlotlyJS(source="" if lazy else get_plotlyjs(), version=get_plotlyjs_version())
     return _LIBRARY
 
 

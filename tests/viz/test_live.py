@@ -50,6 +50,21 @@ def test_every_figure_shares_one_plotly_js_and_the_module_is_small():
     assert len(a._esm) < 10_000 and a._plotly_version == library().version
 
 
+def test_on_a_page_that_brings_plotly_js_the_source_is_sent_only_when_a_view_asks(monkeypatch):
+    """kvlab app --workshop (KVLAB_PAGE_PLOTLY=1): the page loads plotly.js as a file; 4.8 MB in the widget state
+    held every page's live panel up. A view that finds no plotly.js on the page asks for it."""
+    import kvlab.viz.live as live
+
+    monkeypatch.setenv(live.PAGE_PLOTLY_ENV, "1")
+    monkeypatch.setattr(live, "_LIBRARY", None)
+    lib = library()
+    assert lib.source == "" and lib.version and len(json.dumps(_synced(LiveFigure()))) < 20_000
+    lib._on_request(lib, {"send": "source"}, [])
+    assert lib.source.startswith("/**\n* plotly.js v")
+    assert "change:source" in LiveFigure._esm and "kvlab.page.plotly" in LiveFigure._esm  # the view's side
+    monkeypatch.setattr(live, "_LIBRARY", None)  # the next test's library is a whole one again
+
+
 def test_a_key_redraws_from_cache_without_building_again():
     w = LiveFigure()
     built = []
