@@ -41,6 +41,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import as_tokens
 from kvlab.mem_cache.swa_radix_cache import HybridTreeBase, HybridTreeNode
+from kvlab.mem_cache.tree_core import size_readers
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -314,14 +315,7 @@ class MambaRadixCache(HybridTreeBase):
                                  mamba_num_evicted=full_pass_states + states)
 
     # -- sizes / invariants ---------------------------------------------------------------------
-    def mamba_evictable_size(self) -> int:
-        return self.mamba_evictable_size_
-
-    def mamba_protected_size(self) -> int:
-        return self.mamba_protected_size_
-
-    def mamba_total_size(self) -> int:
-        return self.mamba_evictable_size_ + self.mamba_protected_size_
+    mamba_evictable_size, mamba_protected_size, mamba_total_size = size_readers("mamba_")
 
     def check_invariants(self) -> None:
         """Tree shape and full counters, plus: every leaf has a state; mamba_lock_ref in

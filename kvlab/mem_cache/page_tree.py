@@ -28,7 +28,6 @@ from collections.abc import Sequence
 
 from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
-from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.tree_core import TreeCore
 
 
@@ -63,8 +62,7 @@ class PageRadixTree(TreeCore):
     ``RadixCache``'s are; the walks are this tree's."""
 
     def __init__(self, eviction_policy: str = "lru") -> None:
-        self.eviction_policy = eviction_policy.lower()
-        self._prio = get_eviction_strategy(self.eviction_policy, None).get_priority
+        self._prio = self._use_policy(eviction_policy)
         self._reset_core(self._prio)
         self.clock = LogicalClock()
         self.root_node = self._new_node(array("q"), None, -(2**63))

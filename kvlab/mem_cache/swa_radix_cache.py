@@ -43,6 +43,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
+from kvlab.mem_cache.tree_core import size_readers
 from kvlab.units import align_down
 
 # HybridEvictResult lives in base_prefix_cache; kept importable from here.
@@ -127,13 +128,13 @@ class HybridTreeBase(BaseRadixTree):
         node.last_access_time = self.clock.tick()
 
     def _touch_path(self, node: HybridTreeNode) -> None:
-        """``reset_node_and_parents_mru(node)`` on the full list: root-side first."""
+        """``reset_node_and_parents_mru(node)``: :meth:`_touch` on each node of the path, root-side first."""
         path = []
         while node is not self.root_node:
             path.append(node)
             node = node.parent
         for x in reversed(path):
-            x.last_access_time = self.clock.tick()
+            self._touch(x)
 
     def _walk(self, key: array, n: int, touch: bool = False) -> list[HybridTreeNode]:
         """Nodes matched along ``key[:n]``, splitting where the match ends inside an edge.
@@ -221,21 +222,9 @@ class HybridTreeBase(BaseRadixTree):
         return delta
 
     # -- sizes ----------------------------------------------------------------------------------
-    def full_evictable_size(self) -> int:
-        return self.full_evictable_size_
-
-    def full_protected_size(self) -> int:
-        return self.full_protected_size_
-
-    def evictable_size(self) -> int:
-        """Full-pool evictable tokens (what SGLang's PrefillAdder reads for hybrid trees)."""
-        return self.full_evictable_size_
-
-    def protected_size(self) -> int:
-        return self.full_protected_size_
-
-    def total_size(self) -> int:
-        return self.full_evictable_size_ + self.full_protected_size_
+    full_evictable_size, full_protected_size, total_size = size_readers("full_")
+    # (the plain sizes are the full pool's: what SGLang's PrefillAdder reads for hybrid trees)
+    evictable_size, protected_size = full_evictable_size, full_protected_size
 
     def _leaf_candidates(self) -> list[HybridTreeNode]:
         return [n for n in self.nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
@@ -283,14 +272,6 @@ class SWARadixCache(HybridTreeBase):
         node.last_access_time = self.clock.tick()
         if not node.swa_tombstone:
             node.swa_last_access_time = node.last_access_time
-
-    def _touch_path(self, node: HybridTreeNode) -> None:
-        path = []
-        while node is not self.root_node:
-            path.append(node)
-            node = node.parent
-        for x in reversed(path):
-            self._touch(x)
 
     def _split_times(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
         self._touch(upper)
@@ -482,14 +463,7 @@ class SWARadixCache(HybridTreeBase):
         return HybridEvictResult(**res.__dict__, swa_evicted_tokens=swa)
 
     # -- sizes / invariants ---------------------------------------------------------------------
-    def swa_evictable_size(self) -> int:
-        return self.swa_evictable_size_
-
-    def swa_protected_size(self) -> int:
-        return self.swa_protected_size_
-
-    def swa_total_size(self) -> int:
-        return self.swa_evictable_size_ + self.swa_protected_size_
+    swa_evictable_size, swa_protected_size, swa_total_size = size_readers("swa_")
 
     def check_invariants(self) -> None:
         """Tree shape and full counters (see the base), plus: no tombstone leaf; swa counters

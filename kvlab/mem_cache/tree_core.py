@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from kvlab.errors import InvariantError, LockRefError, require
+from kvlab.mem_cache.evict_policy import get_eviction_strategy
 
 
 class LeafIndex:
@@ -100,6 +102,24 @@ class LeafIndex:
                 raise InvariantError(entry_rule, node=node, heap_entry=live.get(node), expected=want)
 
 
+def size_readers(pool: str) -> tuple[Callable[[Any], int], Callable[[Any], int], Callable[[Any], int]]:
+    """The three size methods of one pair of a tree's counters, ``{pool}evictable_size_`` and
+    ``{pool}protected_size_`` (``pool``: ``""``, ``"full_"``, ``"swa_"``, ``"mamba_"``): the evictable size, the
+    protected size and their total."""
+    evictable, protected = attrgetter(f"{pool}evictable_size_"), attrgetter(f"{pool}protected_size_")
+
+    def evictable_size(self) -> int:
+        return evictable(self)
+
+    def protected_size(self) -> int:
+        return protected(self)
+
+    def total_size(self) -> int:
+        return evictable(self) + protected(self)
+
+    return evictable_size, protected_size, total_size
+
+
 class TreeCore:
     """The mechanics a radix tree shares (a base class). A tree sets ``root_node`` (lock_ref 1, never counted) and
     calls :meth:`_reset_core` in its ``reset``; it supplies ``_update_leaf_status`` when its leaf rule is not "unlocked
@@ -122,6 +142,13 @@ class TreeCore:
         self.evictable_size_ = 0
         self.protected_size_ = 0
 
+    def _use_policy(self, eviction_policy: str, config: dict | None = None) -> Callable[[Any], Any]:
+        """Set ``eviction_policy`` (the name, lower case) and ``eviction_strategy`` (``evict_policy``'s, built with
+        ``config``); returns the strategy's priority function, the first part of every leaf's sort key."""
+        self.eviction_policy = eviction_policy.lower()
+        self.eviction_strategy = get_eviction_strategy(self.eviction_policy, config)
+        return self.eviction_strategy.get_priority
+
     def _register_node(self) -> int:
         """A node is made: its id (creation order), and the structure changed."""
         node_id = self._next_id
@@ -143,14 +170,7 @@ class TreeCore:
         return self.leaf_index.leaves.keys()
 
     # -- sizes ----------------------------------------------------------------------------------------------------
-    def evictable_size(self) -> int:
-        return self.evictable_size_
-
-    def protected_size(self) -> int:
-        return self.protected_size_
-
-    def total_size(self) -> int:
-        return self.evictable_size_ + self.protected_size_
+    evictable_size, protected_size, total_size = size_readers("")
 
     def nodes(self) -> Iterator:
         """Every node, the root first (pre-order)."""

@@ -58,7 +58,6 @@ import torch
 
 from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import KVAllocator, TokenKey
-from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.cache_controller import (
     DEFAULT_HOST_DEVICE_BYTES_PER_S,
     CacheOperation,
@@ -124,9 +123,7 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         self.write_through_threshold = 1 if write_policy == "write_through" else 2
         self.load_back_threshold = load_back_threshold
         self.load_back_evict_mode = load_back_evict_mode
-        self.eviction_policy = eviction_policy.lower()
-        self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
-        self._priority_of = self.eviction_strategy.get_priority
+        self._priority_of = self._use_policy(eviction_policy, eviction_policy_config)
         self.reset()
 
     def reset(self) -> None:
