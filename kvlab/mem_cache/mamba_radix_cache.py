@@ -201,20 +201,10 @@ class MambaRadixCache(HybridTreeBase):
         mamba_value = int(mamba_value)
         if mamba_value < 0 or mamba_value >= self.mamba_pool.size or bool(self.mamba_pool._is_free[mamba_value]):
             raise ValueError(f"MambaRadixCache.insert: state slot {mamba_value} is not allocated in the MambaPool")
-        alloc = self.token_to_kv_pool_allocator
         path = self._walk(key, n, touch=True)
-        off = 0
-        for x in path:
-            ln = len(x.key)
-            x.hit_count += 1
-            if prev_prefix_len < off + ln:
-                alloc.free(value[off + max(0, prev_prefix_len - off) : off + ln])
-            off += ln
+        off = self._take_duplicates(path, value, prev_prefix_len)
         if off < n:
-            parent = path[-1] if path else self.root_node
-            last = self._new_node(key[off:n], value[off:n].clone(), parent)
-            parent.children[self._child_key(last.key)] = last
-            self.full_evictable_size_ += n - off
+            last = self._add_leaf(path, key, value, off, n)
         else:
             last = path[-1]
             self._touch(last)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 from array import array
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -194,6 +195,33 @@ class HybridTreeBase(BaseRadixTree):
             raise ValueError(f"insert: {len(value)} values for a key of {n} (page-aligned) tokens")
         return key, value, n
 
+    def _take_duplicates(self, path: list[HybridTreeNode], value: torch.Tensor, prev_prefix_len: int,
+                         adopt: Callable[[HybridTreeNode, torch.Tensor], bool] | None = None) -> int:
+        """An insert's matched ``path``: each node is hit-counted, and the caller's slots for its tokens past
+        ``prev_prefix_len`` are freed (the tree keeps its own), unless ``adopt(node, slots)`` takes them for the
+        node's whole key. Returns the tokens matched."""
+        alloc = self.token_to_kv_pool_allocator
+        off = 0
+        for x in path:
+            ln = len(x.key)
+            x.hit_count += 1
+            if prev_prefix_len < off + ln:
+                start = max(0, prev_prefix_len - off)
+                mine = value[off : off + ln]
+                if not (adopt is not None and start == 0 and adopt(x, mine)):
+                    alloc.free(mine[start:])
+            off += ln
+        return off
+
+    def _add_leaf(self, path: list[HybridTreeNode], key: array, value: torch.Tensor, off: int,
+                  n: int) -> HybridTreeNode:
+        """An insert's new leaf for ``key[off:n]`` below the matched ``path``, holding a copy of the slots."""
+        parent = path[-1] if path else self.root_node
+        leaf = self._new_node(key[off:n], value[off:n].clone(), parent)
+        parent.children[self._child_key(leaf.key)] = leaf
+        self.full_evictable_size_ += n - off
+        return leaf
+
     # -- full locks -----------------------------------------------------------------------------
     def _full_lock(self, node: HybridTreeNode) -> int:
         delta = 0
@@ -320,27 +348,19 @@ class SWARadixCache(HybridTreeBase):
         key, value, n = self._prep_value(key, value)
         if self.disable or n == 0:
             return 0
-        alloc = self.token_to_kv_pool_allocator
         path = self._walk(key, n, touch=True)
-        off = 0
-        for x in path:
-            ln = len(x.key)
-            x.hit_count += 1
-            if prev_prefix_len < off + ln:
-                start = max(0, prev_prefix_len - off)
-                mine = value[off : off + ln]
-                if x.swa_tombstone and start == 0:
-                    self._recover_tombstone(x, mine.clone())
-                else:
-                    alloc.free(mine[start:])
-            off += ln
+        off = self._take_duplicates(path, value, prev_prefix_len, self._adopt_slots)
         if off < n:
-            parent = path[-1] if path else self.root_node
-            leaf = self._new_node(key[off:n], value[off:n].clone(), parent)
-            parent.children[self._child_key(leaf.key)] = leaf
-            self.full_evictable_size_ += n - off
+            self._add_leaf(path, key, value, off, n)
             self.swa_evictable_size_ += n - off
         return off
+
+    def _adopt_slots(self, x: HybridTreeNode, mine: torch.Tensor) -> bool:
+        """An SWA tombstone takes the caller's slots for its whole key (SGLang's branch 1)."""
+        if not x.swa_tombstone:
+            return False
+        self._recover_tombstone(x, mine.clone())
+        return True
 
     def _recover_tombstone(self, x: HybridTreeNode, mine: torch.Tensor) -> None:
         alloc = self.token_to_kv_pool_allocator
