@@ -65,9 +65,10 @@ _FIELD_POLICIES = (
     ("filo", lambda node: -node.creation_time, "Newest node first."),
     ("priority", attrgetter("priority", "last_access_time"), "Lower request priority first, LRU within a priority."),
 )
-for _name, _priority, _doc in _FIELD_POLICIES:
-    register_policy(_name)(type(f"{_name.upper()}Strategy", (EvictionStrategy,),
-                                {"get_priority": staticmethod(_priority), "__doc__": _doc, "__module__": __name__}))
+for _name, _priority, _doc in _FIELD_POLICIES:  # (each class importable by its name: LRUStrategy, ...)
+    globals()[f"{_name.upper()}Strategy"] = register_policy(_name)(type(
+        f"{_name.upper()}Strategy", (EvictionStrategy,),
+        {"get_priority": staticmethod(_priority), "__doc__": _doc, "__module__": __name__}))
 del _name, _priority, _doc
 
 
