@@ -255,21 +255,14 @@ class MambaRadixCache(HybridTreeBase):
         self.mamba_evictable_size_ -= 1
         return 1
 
-    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
-        """Delete an unlocked leaf (KV + state), then tombstone ancestors left as unlocked
-        childless nodes (a leaf without a state can never be hit). Returns (tokens, states)."""
-        tokens = states = 0
-        while True:
-            parent = node.parent
-            self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
-            tokens += len(node.key)
-            self.full_evictable_size_ -= len(node.key)
-            states += self._free_state(node)
-            del parent.children[self._child_key(node.key)]
-            node.value = None
-            if parent is self.root_node or parent.children or parent.lock_ref or parent.mamba_value is not None:
-                return tokens, states
-            node = parent
+    def _free_slots(self, node: HybridTreeNode) -> int:
+        """A deleted node's KV and state. Returns the states freed."""
+        self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
+        return self._free_state(node)
+
+    def _dead(self, node: HybridTreeNode) -> bool:
+        """A node without a state: left as an unlocked leaf it can never be hit, and goes with its child."""
+        return node.mamba_value is None
 
     def evict(self, params: EvictParams | int, mamba_num: int = 0) -> HybridEvictResult:
         """``evict_full(num_tokens)`` then ``evict_mamba(mamba_num)`` (see module doc).
@@ -282,13 +275,7 @@ class MambaRadixCache(HybridTreeBase):
         want_states = max(mamba_num, getattr(params, "mamba_num", 0))
         if self.disable:
             return HybridEvictResult()
-        tokens = full_pass_states = 0
-        while tokens < params.num_tokens:
-            leaves = self._leaf_candidates()
-            if not leaves:
-                break
-            t, s = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
-            tokens, full_pass_states = tokens + t, full_pass_states + s
+        tokens, full_pass_states = self._evict_full(params.num_tokens)
         states = 0
         while states < want_states:
             cands = [x for x in self.nodes() if x.mamba_value is not None and x.mamba_lock_ref == 0]

@@ -213,6 +213,35 @@ class HybridTreeBase(BaseRadixTree):
             off += ln
         return off
 
+    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
+        """Free a childless unlocked node (:meth:`_free_slots`) and delete it, then its ancestors that it leaves as
+        unlocked leaves that are dead (:meth:`_dead`: an SWA tombstone, a node without a mamba state). Returns the
+        full tokens and the second component's units (SWA tokens, mamba states) freed."""
+        full = other = 0
+        while True:
+            parent = node.parent
+            other += self._free_slots(node)
+            full += len(node.key)
+            self.full_evictable_size_ -= len(node.key)
+            del parent.children[self._child_key(node.key)]
+            node.value = None
+            if parent is self.root_node or parent.children or parent.lock_ref or not self._dead(parent):
+                return full, other
+            node = parent
+
+    def _evict_full(self, num_tokens: int) -> tuple[int, int]:
+        """An eviction's full pass: the least recently used unlocked leaf is deleted (``_delete_node``, with the
+        ancestors it leaves as dead leaves) until ``num_tokens`` full slots are freed or none is left. Returns the
+        full tokens freed and the second component's units freed with them (SWA tokens, mamba states)."""
+        full = other = 0
+        while full < num_tokens:
+            leaves = self._leaf_candidates()
+            if not leaves:
+                break
+            f, o = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
+            full, other = full + f, other + o
+        return full, other
+
     def _add_leaf(self, path: list[HybridTreeNode], key: array, value: torch.Tensor, off: int,
                   n: int) -> HybridTreeNode:
         """An insert's new leaf for ``key[off:n]`` below the matched ``path``, holding a copy of the slots."""
@@ -424,26 +453,19 @@ class SWARadixCache(HybridTreeBase):
         self.dec_lock_ref(lock.node, lock.swa_uuid)
 
     # -- eviction -------------------------------------------------------------------------------
-    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
-        """Free a childless unlocked node (both sides, or full only if tombstoned) and delete it,
-        then delete tombstone ancestors that became unlocked leaves. Returns (full, swa) freed."""
-        full = swa = 0
+    def _free_slots(self, node: HybridTreeNode) -> int:
+        """A deleted node's slots: both sides, or the full side only if it is a tombstone. Returns the SWA tokens
+        freed."""
         alloc = self.token_to_kv_pool_allocator
-        while True:
-            parent = node.parent
-            if node.swa_tombstone:
-                alloc.free_full(node.value)
-            else:
-                alloc.free(node.value)
-                swa += len(node.key)
-                self.swa_evictable_size_ -= len(node.key)
-            full += len(node.key)
-            self.full_evictable_size_ -= len(node.key)
-            del parent.children[self._child_key(node.key)]
-            node.value = None
-            if parent is self.root_node or parent.children or parent.lock_ref or not parent.swa_tombstone:
-                return full, swa
-            node = parent
+        if node.swa_tombstone:
+            alloc.free_full(node.value)
+            return 0
+        alloc.free(node.value)
+        self.swa_evictable_size_ -= len(node.key)
+        return len(node.key)
+
+    def _dead(self, node: HybridTreeNode) -> bool:
+        return node.swa_tombstone
 
     def evict(self, params: EvictParams | int) -> HybridEvictResult:
         """``SWARadixCache.evict``: full LRU leaves (both sides freed, tombstone ancestors left
@@ -455,15 +477,9 @@ class SWARadixCache(HybridTreeBase):
         tombstone ancestors deleted during the SWA pass."""
         if isinstance(params, int):
             params = EvictParams(num_tokens=params)
-        full = swa = 0
         if self.disable:
             return HybridEvictResult()
-        while full < params.num_tokens:
-            leaves = self._leaf_candidates()
-            if not leaves:
-                break
-            f, s = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
-            full, swa = full + f, swa + s
+        full, swa = self._evict_full(params.num_tokens)
         while swa < params.swa_num_tokens:
             cands = [x for x in self.nodes()
                      if x is not self.root_node and not x.swa_tombstone and x.swa_lock_ref == 0]
