@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import itertools
 from array import array
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
@@ -44,7 +45,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
-from kvlab.mem_cache.tree_core import size_readers
+from kvlab.mem_cache.tree_core import TreeCore, size_readers
 from kvlab.units import align_down
 
 # HybridEvictResult lives in base_prefix_cache; kept importable from here.
@@ -113,8 +114,8 @@ class HybridTreeBase(BaseRadixTree):
         self._ids = itertools.count()
         self.root_node = HybridTreeNode(array("q"), torch.empty(0, dtype=_I64), None, self.clock.tick(), next(self._ids))
         self.root_node.lock_ref = 1
-        self.full_evictable_size_ = 0
-        self.full_protected_size_ = 0
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
         self._empty = torch.empty(0, dtype=_I64)
 
     def _new_node(self, key: array, value: torch.Tensor, parent: HybridTreeNode | None) -> HybridTreeNode:
@@ -222,7 +223,7 @@ class HybridTreeBase(BaseRadixTree):
             parent = node.parent
             other += self._free_slots(node)
             full += len(node.key)
-            self.full_evictable_size_ -= len(node.key)
+            self.evictable_size_ -= len(node.key)
             del parent.children[self._child_key(node.key)]
             node.value = None
             if parent is self.root_node or parent.children or parent.lock_ref or not self._dead(parent):
@@ -248,47 +249,29 @@ class HybridTreeBase(BaseRadixTree):
         parent = path[-1] if path else self.root_node
         leaf = self._new_node(key[off:n], value[off:n].clone(), parent)
         parent.children[self._child_key(leaf.key)] = leaf
-        self.full_evictable_size_ += n - off
+        self.evictable_size_ += n - off
         return leaf
 
-    # -- full locks -----------------------------------------------------------------------------
-    def _full_lock(self, node: HybridTreeNode) -> int:
-        delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 0:
-                self.full_evictable_size_ -= len(node.key)
-                self.full_protected_size_ += len(node.key)
-                delta -= len(node.key)
-            node.lock_ref += 1
-            node = node.parent
-        return delta
+    # -- full locks: tree_core's lock walk on the full counters (evictable_size_ / protected_size_) --------
+    # The hybrid trees keep no leaf index (they scan for victims: _leaf_candidates), so the walk files nothing.
+    _leaves: Mapping = MappingProxyType({})
+    _lock_guard = None  # (inc_lock_ref / dec_lock_ref check the node themselves: _check_member)
+    _full_lock = TreeCore.inc_lock_ref
+    _full_unlock = TreeCore.dec_lock_ref
 
-    def _full_unlock(self, node: HybridTreeNode) -> int:
-        if node.lock_ref <= 0:
-            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
-        delta = 0
-        while node is not self.root_node:
-            if node.lock_ref <= 0:
-                raise LockRefError(f"dec_lock_ref: ancestor {node!r} is not locked")
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                self.full_evictable_size_ += len(node.key)
-                self.full_protected_size_ -= len(node.key)
-                delta += len(node.key)
-            node = node.parent
-        return delta
+    def _update_leaf_status(self, node: HybridTreeNode) -> None:
+        pass
 
     # -- sizes ----------------------------------------------------------------------------------
-    full_evictable_size, full_protected_size, total_size = size_readers("full_")
-    # (the plain sizes are the full pool's: what SGLang's PrefillAdder reads for hybrid trees)
-    evictable_size, protected_size = full_evictable_size, full_protected_size
+    # the plain sizes (TreeCore's) are the full pool's: what SGLang's PrefillAdder reads for hybrid trees
+    full_evictable_size, full_protected_size = TreeCore.evictable_size, TreeCore.protected_size
 
     def _leaf_candidates(self) -> list[HybridTreeNode]:
         return [n for n in self.nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
 
     def _check_tree_shape(self) -> list[HybridTreeNode]:
         """``BaseRadixTree._check_tree`` on the full-attention side; returns the non-root nodes."""
-        return self._check_tree(self.full_evictable_size_, self.full_protected_size_, type(self).__name__)
+        return self._check_tree(self.evictable_size_, self.protected_size_, type(self).__name__)
 
 
 class SWARadixCache(HybridTreeBase):
