@@ -32,7 +32,6 @@ import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
 from kvlab.mem_cache.base_prefix_cache import (
-    ChildKey,
     EvictParams,
     EvictResult,
     HybridEvictResult,
@@ -45,7 +44,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
-from kvlab.mem_cache.tree_core import TreeCore, size_readers
+from kvlab.mem_cache.tree_core import NodeCore, TreeCore, size_readers
 from kvlab.units import align_down
 
 # HybridEvictResult lives in base_prefix_cache; kept importable from here.
@@ -54,28 +53,19 @@ __all__ = ["HybridEvictResult", "HybridTreeNode", "SWARadixCache", "SWATreeLock"
 _I64 = torch.int64
 
 
-class HybridTreeNode:
+class HybridTreeNode(NodeCore):
     """A tree edge with the attributes ``tree_view.tree_frame`` reads (``id``, ``key``,
     ``children``, ``parent``, ``lock_ref``, ``last_access_time``, ``hit_count``) plus the second
     component's state (``swa_tombstone`` / ``swa_lock_ref`` / ``swa_uuid``, or ``mamba_value`` /
     ``mamba_lock_ref``)."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
-                 "hit_count", "priority", "id", "swa_tombstone", "swa_lock_ref", "swa_uuid",
-                 "mamba_value", "mamba_lock_ref", "mamba_last_access_time", "swa_last_access_time")
+    __slots__ = ("value", "swa_tombstone", "swa_lock_ref", "swa_uuid", "mamba_value", "mamba_lock_ref",
+                 "mamba_last_access_time", "swa_last_access_time")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HybridTreeNode | None, now: int,
                  node_id: int):
-        self.children: dict[ChildKey, HybridTreeNode] = {}
-        self.parent = parent
-        self.key = key
+        super().__init__(key, parent, now, now, node_id)
         self.value = value
-        self.lock_ref = 0
-        self.last_access_time = now
-        self.creation_time = now
-        self.hit_count = 0
-        self.priority = 0
-        self.id = node_id
         self.swa_tombstone = False
         self.swa_lock_ref = 0
         self.swa_uuid: int | None = None

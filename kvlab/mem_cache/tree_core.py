@@ -2,6 +2,7 @@
 and priority, written once for the token tree (``radix_cache.RadixCache``), the page tree (``page_tree.PageRadixTree``)
 and both tiers of the two-tier tree (``hicache.hiradix_cache.HiRadixCache``).
 
+- :class:`NodeCore`: the fields above, the base of every tree's node.
 - :class:`LeafIndex`: one tier's evictable leaves and the heap they are evicted from. SGLang heapifies every
   evictable leaf on each ``evict`` call (``RadixCache.evict``, 0.5.16's ``HiRadixCache._make_eviction_heap`` /
   ``evict_host``); here the heap lives across calls: a leaf gets a fresh entry when it joins the index or its sort
@@ -27,6 +28,28 @@ from typing import Any
 
 from kvlab.errors import InvariantError, LockRefError, require
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
+
+
+class NodeCore:
+    """What every tree's node holds for the tree core (a base class): ``children`` (a child by its first token or
+    page), ``parent``, ``key``, ``lock_ref``, the fields the eviction policies read (``last_access_time``,
+    ``creation_time``, ``hit_count``, ``priority``) and ``id`` (creation order). ``children``: a fresh dict unless
+    given (the token tree's shared empty mapping)."""
+
+    __slots__ = ("children", "key", "last_access_time", "priority", "hit_count", "parent", "lock_ref",
+                 "creation_time", "id")  # (the walks' fields first: the object's first cache line)
+
+    def __init__(self, key, parent, last_access_time: int, creation_time: int, node_id: int, priority: int = 0,
+                 children=None) -> None:
+        self.children = {} if children is None else children
+        self.key = key
+        self.last_access_time = last_access_time
+        self.priority = priority
+        self.hit_count = 0
+        self.parent = parent
+        self.lock_ref = 0
+        self.creation_time = creation_time
+        self.id = node_id
 
 
 class LeafIndex:
