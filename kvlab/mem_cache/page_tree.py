@@ -38,7 +38,7 @@ class PageNode(NodeCore):
 
     def __init__(self, key: array, parent: PageNode | None, last_access_time: int, creation_time: int, node_id: int,
                  priority: int) -> None:
-        super().__init__(key, parent, last_access_time, creation_time, node_id, priority)
+        NodeCore.__init__(self, key, parent, last_access_time, creation_time, node_id, priority)
         self.evicted = False
 
     def __repr__(self) -> str:

@@ -226,6 +226,13 @@ class TreeCore:
     # :class:`LockRefError`. None: every lock is taken, with no call on the hot path (the page tree).
     _lock_guard = None
 
+    # True: the tree's leaf rule is the plain one below, which the unlock walk applies inline (no call per node)
+    _plain_leaf_rule = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_leaf_rule = cls._update_leaf_status is TreeCore._update_leaf_status
+
     def inc_lock_ref(self, node) -> int:
         """Lock ``node`` and its ancestors (not the root). Returns the evictable-size delta (<= 0). A node locked for
         the first time leaves the leaf index (a locked node is no evictable leaf)."""
@@ -260,7 +267,7 @@ class TreeCore:
         if node.lock_ref <= 0:
             raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
         delta = 0
-        root = self.root_node
+        root, leaves, plain = self.root_node, self._leaves, self._plain_leaf_rule
         while node is not root:
             if node.lock_ref == 1:
                 n = len(node.key)
@@ -268,7 +275,10 @@ class TreeCore:
                 self.protected_size_ -= n
                 delta += n
                 node.lock_ref = 0
-                self._update_leaf_status(node)
+                if not plain:
+                    self._update_leaf_status(node)
+                elif not node.children and node not in leaves:  # (the plain rule, for a node unlocked now)
+                    self.leaf_index.push(node)
             else:
                 node.lock_ref -= 1
             node = node.parent
