@@ -119,15 +119,10 @@ class HostTierDemo(SteppedDemo):
     def pressure_event(self, shortfall_tokens: int = 256) -> HostDemoStep:
         """A batch of other requests needs ``free + shortfall_tokens`` slots: evict in this demo's mode (backed-up
         leaves are demoted, others destroyed or, under ``write_back``, written first), allocate, release."""
-        if shortfall_tokens < 1:
+        if shortfall_tokens < 1:  # (checked before the residencies are noted)
             raise ValueError(f"pressure_event: shortfall_tokens must be >= 1, got {shortfall_tokens}")
         self._before = self.residencies()
-        available = self.allocator.available_size()
-        need = available + shortfall_tokens
-        ev = evict_for(self.cache, need, self.mode)
-        batch = self.allocator.alloc(min(need, self.allocator.available_size()))
-        if batch is not None:
-            self.allocator.free(batch)
+        available, need, ev = self._pressure(shortfall_tokens, evict_for)
         self.cache.advance(STEP_S)
         return self._record("pressure", "pressure event", need, 0, 0, 0, available, ev)
 

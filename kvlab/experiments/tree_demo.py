@@ -60,6 +60,8 @@ class SteppedDemo:
     path kept locked until the next starts."""
 
     requests: list
+    allocator: TokenToKVPoolAllocator
+    mode: str
     _next: int
     _running: TreeNode | None
 
@@ -75,6 +77,20 @@ class SteppedDemo:
         if self._running is not None:
             self.cache.dec_lock_ref(self._running)
             self._running = None
+
+    def _pressure(self, shortfall_tokens: int, evict) -> tuple[int, int, EvictResult]:
+        """A pressure event's mechanism: a batch needs ``free + shortfall_tokens`` slots, ``evict(cache, need, mode)``
+        makes room in the demo's mode, the batch allocates what fits and releases it (it caches nothing). Returns
+        the slots free before, the slots needed, and the eviction's result."""
+        if shortfall_tokens < 1:
+            raise ValueError(f"pressure_event: shortfall_tokens must be >= 1, got {shortfall_tokens}")
+        available = self.allocator.available_size()
+        need = available + shortfall_tokens
+        ev = evict(self.cache, need, self.mode)
+        batch = self.allocator.alloc(min(need, self.allocator.available_size()))
+        if batch is not None:
+            self.allocator.free(batch)
+        return available, need, ev
 
     def _take_next(self) -> tuple[str, list[int]]:
         """Unlock the running request and hand out the next ``(label, key)``."""
@@ -133,14 +149,7 @@ class TreeDemo(SteppedDemo):
     def pressure_event(self, shortfall_tokens: int = 256) -> DemoStep:
         """A batch of other requests needs ``free + shortfall_tokens`` slots now; evict in this demo's
         mode, allocate, and release the batch's slots when it finishes (it caches nothing)."""
-        if shortfall_tokens < 1:
-            raise ValueError(f"pressure_event: shortfall_tokens must be >= 1, got {shortfall_tokens}")
-        available = self.allocator.available_size()
-        need = available + shortfall_tokens
-        ev = evict_from_tree_cache(self.cache, need, self.mode)
-        batch = self.allocator.alloc(min(need, self.allocator.available_size()))
-        if batch is not None:
-            self.allocator.free(batch)
+        available, need, ev = self._pressure(shortfall_tokens, evict_from_tree_cache)
         return self._record("pressure", "pressure event", need, 0, available, ev)
 
     def _record(self, kind: str, label: str, num_tokens: int, cached: int, available: int,

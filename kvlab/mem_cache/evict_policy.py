@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
+from operator import attrgetter
 from typing import TypeVar
 
 from kvlab.mem_cache.base_prefix_cache import EvictParams, EvictResult, PrefixNode, Priority
@@ -53,42 +54,22 @@ class EvictionStrategy(abc.ABC):
     def get_priority(self, node: PrefixNode) -> Priority: ...
 
 
-@register_policy("lru")
-class LRUStrategy(EvictionStrategy):
-    def get_priority(self, node: PrefixNode) -> Priority:
-        return node.last_access_time
-
-
-@register_policy("lfu")
-class LFUStrategy(EvictionStrategy):
-    def get_priority(self, node: PrefixNode) -> Priority:
-        return (node.hit_count, node.last_access_time)
-
-
-@register_policy("fifo")
-class FIFOStrategy(EvictionStrategy):
-    def get_priority(self, node: PrefixNode) -> Priority:
-        return node.creation_time
-
-
-@register_policy("mru")
-class MRUStrategy(EvictionStrategy):
-    def get_priority(self, node: PrefixNode) -> Priority:
-        return -node.last_access_time
-
-
-@register_policy("filo")
-class FILOStrategy(EvictionStrategy):
-    def get_priority(self, node: PrefixNode) -> Priority:
-        return -node.creation_time
-
-
-@register_policy("priority")
-class PriorityStrategy(EvictionStrategy):
-    """Lower request priority evicted first, LRU within a priority."""
-
-    def get_priority(self, node: PrefixNode) -> Priority:
-        return (node.priority, node.last_access_time)
+# The policies whose priority is one read of the node's fields (the table above, in registration order):
+# ``operator.attrgetter`` reads a field, or a tuple of fields, with no Python frame (the trees call it on every
+# heap push).
+_FIELD_POLICIES = (
+    ("lru", attrgetter("last_access_time"), "Least recently used first."),
+    ("lfu", attrgetter("hit_count", "last_access_time"), "Least hit first, LRU among equals."),
+    ("fifo", attrgetter("creation_time"), "Oldest node first."),
+    ("mru", lambda node: -node.last_access_time, "Most recently used first."),
+    ("filo", lambda node: -node.creation_time, "Newest node first."),
+    ("priority", attrgetter("priority", "last_access_time"), "Lower request priority first, LRU within a priority."),
+)
+for _name, _priority, _doc in _FIELD_POLICIES:  # (each class importable by its name: LRUStrategy, ...)
+    globals()[f"{_name.upper()}Strategy"] = register_policy(_name)(type(
+        f"{_name.upper()}Strategy", (EvictionStrategy,),
+        {"get_priority": staticmethod(_priority), "__doc__": _doc, "__module__": __name__}))
+del _name, _priority, _doc
 
 
 @register_policy("slru")

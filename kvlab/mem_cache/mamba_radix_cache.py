@@ -41,6 +41,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import as_tokens
 from kvlab.mem_cache.swa_radix_cache import HybridTreeBase, HybridTreeNode
+from kvlab.mem_cache.tree_core import size_readers
 from kvlab.units import align_down
 
 _I64 = torch.int64
@@ -200,20 +201,10 @@ class MambaRadixCache(HybridTreeBase):
         mamba_value = int(mamba_value)
         if mamba_value < 0 or mamba_value >= self.mamba_pool.size or bool(self.mamba_pool._is_free[mamba_value]):
             raise ValueError(f"MambaRadixCache.insert: state slot {mamba_value} is not allocated in the MambaPool")
-        alloc = self.token_to_kv_pool_allocator
         path = self._walk(key, n, touch=True)
-        off = 0
-        for x in path:
-            ln = len(x.key)
-            x.hit_count += 1
-            if prev_prefix_len < off + ln:
-                alloc.free(value[off + max(0, prev_prefix_len - off) : off + ln])
-            off += ln
+        off = self._take_duplicates(path, value, prev_prefix_len)
         if off < n:
-            parent = path[-1] if path else self.root_node
-            last = self._new_node(key[off:n], value[off:n].clone(), parent)
-            parent.children[self._child_key(last.key)] = last
-            self.full_evictable_size_ += n - off
+            last = self._add_leaf(path, key, value, off, n)
         else:
             last = path[-1]
             self._touch(last)
@@ -264,21 +255,14 @@ class MambaRadixCache(HybridTreeBase):
         self.mamba_evictable_size_ -= 1
         return 1
 
-    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
-        """Delete an unlocked leaf (KV + state), then tombstone ancestors left as unlocked
-        childless nodes (a leaf without a state can never be hit). Returns (tokens, states)."""
-        tokens = states = 0
-        while True:
-            parent = node.parent
-            self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
-            tokens += len(node.key)
-            self.full_evictable_size_ -= len(node.key)
-            states += self._free_state(node)
-            del parent.children[self._child_key(node.key)]
-            node.value = None
-            if parent is self.root_node or parent.children or parent.lock_ref or parent.mamba_value is not None:
-                return tokens, states
-            node = parent
+    def _free_slots(self, node: HybridTreeNode) -> int:
+        """A deleted node's KV and state. Returns the states freed."""
+        self.token_to_kv_pool_allocator.free_segment(node.value, start_pos=0)
+        return self._free_state(node)
+
+    def _dead(self, node: HybridTreeNode) -> bool:
+        """A node without a state: left as an unlocked leaf it can never be hit, and goes with its child."""
+        return node.mamba_value is None
 
     def evict(self, params: EvictParams | int, mamba_num: int = 0) -> HybridEvictResult:
         """``evict_full(num_tokens)`` then ``evict_mamba(mamba_num)`` (see module doc).
@@ -291,13 +275,7 @@ class MambaRadixCache(HybridTreeBase):
         want_states = max(mamba_num, getattr(params, "mamba_num", 0))
         if self.disable:
             return HybridEvictResult()
-        tokens = full_pass_states = 0
-        while tokens < params.num_tokens:
-            leaves = self._leaf_candidates()
-            if not leaves:
-                break
-            t, s = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
-            tokens, full_pass_states = tokens + t, full_pass_states + s
+        tokens, full_pass_states = self._evict_full(params.num_tokens)
         states = 0
         while states < want_states:
             cands = [x for x in self.nodes() if x.mamba_value is not None and x.mamba_lock_ref == 0]
@@ -314,14 +292,7 @@ class MambaRadixCache(HybridTreeBase):
                                  mamba_num_evicted=full_pass_states + states)
 
     # -- sizes / invariants ---------------------------------------------------------------------
-    def mamba_evictable_size(self) -> int:
-        return self.mamba_evictable_size_
-
-    def mamba_protected_size(self) -> int:
-        return self.mamba_protected_size_
-
-    def mamba_total_size(self) -> int:
-        return self.mamba_evictable_size_ + self.mamba_protected_size_
+    mamba_evictable_size, mamba_protected_size, mamba_total_size = size_readers("mamba_")
 
     def check_invariants(self) -> None:
         """Tree shape and full counters, plus: every leaf has a state; mamba_lock_ref in

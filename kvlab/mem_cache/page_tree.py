@@ -28,28 +28,17 @@ from collections.abc import Sequence
 
 from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
-from kvlab.mem_cache.evict_policy import get_eviction_strategy
-from kvlab.mem_cache.tree_core import TreeCore
+from kvlab.mem_cache.tree_core import NodeCore, TreeCore
 
 
-class PageNode:
-    """One edge: ``key`` (page ids), the fields the eviction policies read (``last_access_time``,
-    ``creation_time``, ``hit_count``, ``priority``), ``lock_ref``, and ``evicted``."""
+class PageNode(NodeCore):
+    """One edge: ``key`` (page ids), :class:`~kvlab.mem_cache.tree_core.NodeCore`'s fields, and ``evicted``."""
 
-    __slots__ = ("children", "key", "parent", "lock_ref", "last_access_time", "creation_time", "hit_count",
-                 "priority", "id", "evicted")
+    __slots__ = ("evicted",)
 
     def __init__(self, key: array, parent: PageNode | None, last_access_time: int, creation_time: int, node_id: int,
                  priority: int) -> None:
-        self.children: dict[int, PageNode] = {}
-        self.key = key
-        self.parent = parent
-        self.lock_ref = 0
-        self.last_access_time = last_access_time
-        self.creation_time = creation_time
-        self.hit_count = 0
-        self.priority = priority
-        self.id = node_id
+        NodeCore.__init__(self, key, parent, last_access_time, creation_time, node_id, priority)
         self.evicted = False
 
     def __repr__(self) -> str:
@@ -63,8 +52,7 @@ class PageRadixTree(TreeCore):
     ``RadixCache``'s are; the walks are this tree's."""
 
     def __init__(self, eviction_policy: str = "lru") -> None:
-        self.eviction_policy = eviction_policy.lower()
-        self._prio = get_eviction_strategy(self.eviction_policy, None).get_priority
+        self._prio = self._use_policy(eviction_policy)
         self._reset_core(self._prio)
         self.clock = LogicalClock()
         self.root_node = self._new_node(array("q"), None, -(2**63))

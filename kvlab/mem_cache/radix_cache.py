@@ -55,7 +55,6 @@ from kvlab.mem_cache.base_prefix_cache import (
     TokenKey,
     TreeLock,
 )
-from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.request_flows import RadixRequestFlows, Req
@@ -145,9 +144,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
                  eviction_policy: str = "lru", eviction_policy_config: dict | None = None, disable: bool = False):
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, "RadixCache")
         self.disable = disable
-        self.eviction_policy = eviction_policy.lower()
-        self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
-        self._prio = self.eviction_strategy.get_priority
+        self._prio = self._use_policy(eviction_policy, eviction_policy_config)
         self.reset()
 
     # -- construction helpers -------------------------------------------------------------------

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import itertools
 from array import array
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 import torch
 
 from kvlab.errors import InvariantError, LockRefError, require
 from kvlab.mem_cache.base_prefix_cache import (
-    ChildKey,
     EvictParams,
     EvictResult,
     HybridEvictResult,
@@ -43,6 +44,7 @@ from kvlab.mem_cache.base_prefix_cache import (
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
+from kvlab.mem_cache.tree_core import NodeCore, TreeCore, size_readers
 from kvlab.units import align_down
 
 # HybridEvictResult lives in base_prefix_cache; kept importable from here.
@@ -51,28 +53,19 @@ __all__ = ["HybridEvictResult", "HybridTreeNode", "SWARadixCache", "SWATreeLock"
 _I64 = torch.int64
 
 
-class HybridTreeNode:
+class HybridTreeNode(NodeCore):
     """A tree edge with the attributes ``tree_view.tree_frame`` reads (``id``, ``key``,
     ``children``, ``parent``, ``lock_ref``, ``last_access_time``, ``hit_count``) plus the second
     component's state (``swa_tombstone`` / ``swa_lock_ref`` / ``swa_uuid``, or ``mamba_value`` /
     ``mamba_lock_ref``)."""
 
-    __slots__ = ("children", "parent", "key", "value", "lock_ref", "last_access_time", "creation_time",
-                 "hit_count", "priority", "id", "swa_tombstone", "swa_lock_ref", "swa_uuid",
-                 "mamba_value", "mamba_lock_ref", "mamba_last_access_time", "swa_last_access_time")
+    __slots__ = ("value", "swa_tombstone", "swa_lock_ref", "swa_uuid", "mamba_value", "mamba_lock_ref",
+                 "mamba_last_access_time", "swa_last_access_time")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HybridTreeNode | None, now: int,
                  node_id: int):
-        self.children: dict[ChildKey, HybridTreeNode] = {}
-        self.parent = parent
-        self.key = key
+        super().__init__(key, parent, now, now, node_id)
         self.value = value
-        self.lock_ref = 0
-        self.last_access_time = now
-        self.creation_time = now
-        self.hit_count = 0
-        self.priority = 0
-        self.id = node_id
         self.swa_tombstone = False
         self.swa_lock_ref = 0
         self.swa_uuid: int | None = None
@@ -111,8 +104,8 @@ class HybridTreeBase(BaseRadixTree):
         self._ids = itertools.count()
         self.root_node = HybridTreeNode(array("q"), torch.empty(0, dtype=_I64), None, self.clock.tick(), next(self._ids))
         self.root_node.lock_ref = 1
-        self.full_evictable_size_ = 0
-        self.full_protected_size_ = 0
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
         self._empty = torch.empty(0, dtype=_I64)
 
     def _new_node(self, key: array, value: torch.Tensor, parent: HybridTreeNode | None) -> HybridTreeNode:
@@ -127,13 +120,13 @@ class HybridTreeBase(BaseRadixTree):
         node.last_access_time = self.clock.tick()
 
     def _touch_path(self, node: HybridTreeNode) -> None:
-        """``reset_node_and_parents_mru(node)`` on the full list: root-side first."""
+        """``reset_node_and_parents_mru(node)``: :meth:`_touch` on each node of the path, root-side first."""
         path = []
         while node is not self.root_node:
             path.append(node)
             node = node.parent
         for x in reversed(path):
-            x.last_access_time = self.clock.tick()
+            self._touch(x)
 
     def _walk(self, key: array, n: int, touch: bool = False) -> list[HybridTreeNode]:
         """Nodes matched along ``key[:n]``, splitting where the match ends inside an edge.
@@ -193,56 +186,82 @@ class HybridTreeBase(BaseRadixTree):
             raise ValueError(f"insert: {len(value)} values for a key of {n} (page-aligned) tokens")
         return key, value, n
 
-    # -- full locks -----------------------------------------------------------------------------
-    def _full_lock(self, node: HybridTreeNode) -> int:
-        delta = 0
-        while node is not self.root_node:
-            if node.lock_ref == 0:
-                self.full_evictable_size_ -= len(node.key)
-                self.full_protected_size_ += len(node.key)
-                delta -= len(node.key)
-            node.lock_ref += 1
-            node = node.parent
-        return delta
+    def _take_duplicates(self, path: list[HybridTreeNode], value: torch.Tensor, prev_prefix_len: int,
+                         adopt: Callable[[HybridTreeNode, torch.Tensor], bool] | None = None) -> int:
+        """An insert's matched ``path``: each node is hit-counted, and the caller's slots for its tokens past
+        ``prev_prefix_len`` are freed (the tree keeps its own), unless ``adopt(node, slots)`` takes them for the
+        node's whole key. Returns the tokens matched."""
+        alloc = self.token_to_kv_pool_allocator
+        off = 0
+        for x in path:
+            ln = len(x.key)
+            x.hit_count += 1
+            if prev_prefix_len < off + ln:
+                start = max(0, prev_prefix_len - off)
+                mine = value[off : off + ln]
+                if not (adopt is not None and start == 0 and adopt(x, mine)):
+                    alloc.free(mine[start:])
+            off += ln
+        return off
 
-    def _full_unlock(self, node: HybridTreeNode) -> int:
-        if node.lock_ref <= 0:
-            raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
-        delta = 0
-        while node is not self.root_node:
-            if node.lock_ref <= 0:
-                raise LockRefError(f"dec_lock_ref: ancestor {node!r} is not locked")
-            node.lock_ref -= 1
-            if node.lock_ref == 0:
-                self.full_evictable_size_ += len(node.key)
-                self.full_protected_size_ -= len(node.key)
-                delta += len(node.key)
-            node = node.parent
-        return delta
+    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
+        """Free a childless unlocked node (:meth:`_free_slots`) and delete it, then its ancestors that it leaves as
+        unlocked leaves that are dead (:meth:`_dead`: an SWA tombstone, a node without a mamba state). Returns the
+        full tokens and the second component's units (SWA tokens, mamba states) freed."""
+        full = other = 0
+        while True:
+            parent = node.parent
+            other += self._free_slots(node)
+            full += len(node.key)
+            self.evictable_size_ -= len(node.key)
+            del parent.children[self._child_key(node.key)]
+            node.value = None
+            if parent is self.root_node or parent.children or parent.lock_ref or not self._dead(parent):
+                return full, other
+            node = parent
+
+    def _evict_full(self, num_tokens: int) -> tuple[int, int]:
+        """An eviction's full pass: the least recently used unlocked leaf is deleted (``_delete_node``, with the
+        ancestors it leaves as dead leaves) until ``num_tokens`` full slots are freed or none is left. Returns the
+        full tokens freed and the second component's units freed with them (SWA tokens, mamba states)."""
+        full = other = 0
+        while full < num_tokens:
+            leaves = self._leaf_candidates()
+            if not leaves:
+                break
+            f, o = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
+            full, other = full + f, other + o
+        return full, other
+
+    def _add_leaf(self, path: list[HybridTreeNode], key: array, value: torch.Tensor, off: int,
+                  n: int) -> HybridTreeNode:
+        """An insert's new leaf for ``key[off:n]`` below the matched ``path``, holding a copy of the slots."""
+        parent = path[-1] if path else self.root_node
+        leaf = self._new_node(key[off:n], value[off:n].clone(), parent)
+        parent.children[self._child_key(leaf.key)] = leaf
+        self.evictable_size_ += n - off
+        return leaf
+
+    # -- full locks: tree_core's lock walk on the full counters (evictable_size_ / protected_size_) --------
+    # The hybrid trees keep no leaf index (they scan for victims: _leaf_candidates), so the walk files nothing.
+    _leaves: Mapping = MappingProxyType({})
+    _lock_guard = None  # (inc_lock_ref / dec_lock_ref check the node themselves: _check_member)
+    _full_lock = TreeCore.inc_lock_ref
+    _full_unlock = TreeCore.dec_lock_ref
+
+    def _update_leaf_status(self, node: HybridTreeNode) -> None:
+        pass
 
     # -- sizes ----------------------------------------------------------------------------------
-    def full_evictable_size(self) -> int:
-        return self.full_evictable_size_
-
-    def full_protected_size(self) -> int:
-        return self.full_protected_size_
-
-    def evictable_size(self) -> int:
-        """Full-pool evictable tokens (what SGLang's PrefillAdder reads for hybrid trees)."""
-        return self.full_evictable_size_
-
-    def protected_size(self) -> int:
-        return self.full_protected_size_
-
-    def total_size(self) -> int:
-        return self.full_evictable_size_ + self.full_protected_size_
+    # the plain sizes (TreeCore's) are the full pool's: what SGLang's PrefillAdder reads for hybrid trees
+    full_evictable_size, full_protected_size = TreeCore.evictable_size, TreeCore.protected_size
 
     def _leaf_candidates(self) -> list[HybridTreeNode]:
         return [n for n in self.nodes() if n is not self.root_node and not n.children and n.lock_ref == 0]
 
     def _check_tree_shape(self) -> list[HybridTreeNode]:
         """``BaseRadixTree._check_tree`` on the full-attention side; returns the non-root nodes."""
-        return self._check_tree(self.full_evictable_size_, self.full_protected_size_, type(self).__name__)
+        return self._check_tree(self.evictable_size_, self.protected_size_, type(self).__name__)
 
 
 class SWARadixCache(HybridTreeBase):
@@ -283,14 +302,6 @@ class SWARadixCache(HybridTreeBase):
         node.last_access_time = self.clock.tick()
         if not node.swa_tombstone:
             node.swa_last_access_time = node.last_access_time
-
-    def _touch_path(self, node: HybridTreeNode) -> None:
-        path = []
-        while node is not self.root_node:
-            path.append(node)
-            node = node.parent
-        for x in reversed(path):
-            self._touch(x)
 
     def _split_times(self, upper: HybridTreeNode, child: HybridTreeNode) -> None:
         self._touch(upper)
@@ -339,27 +350,19 @@ class SWARadixCache(HybridTreeBase):
         key, value, n = self._prep_value(key, value)
         if self.disable or n == 0:
             return 0
-        alloc = self.token_to_kv_pool_allocator
         path = self._walk(key, n, touch=True)
-        off = 0
-        for x in path:
-            ln = len(x.key)
-            x.hit_count += 1
-            if prev_prefix_len < off + ln:
-                start = max(0, prev_prefix_len - off)
-                mine = value[off : off + ln]
-                if x.swa_tombstone and start == 0:
-                    self._recover_tombstone(x, mine.clone())
-                else:
-                    alloc.free(mine[start:])
-            off += ln
+        off = self._take_duplicates(path, value, prev_prefix_len, self._adopt_slots)
         if off < n:
-            parent = path[-1] if path else self.root_node
-            leaf = self._new_node(key[off:n], value[off:n].clone(), parent)
-            parent.children[self._child_key(leaf.key)] = leaf
-            self.full_evictable_size_ += n - off
+            self._add_leaf(path, key, value, off, n)
             self.swa_evictable_size_ += n - off
         return off
+
+    def _adopt_slots(self, x: HybridTreeNode, mine: torch.Tensor) -> bool:
+        """An SWA tombstone takes the caller's slots for its whole key (SGLang's branch 1)."""
+        if not x.swa_tombstone:
+            return False
+        self._recover_tombstone(x, mine.clone())
+        return True
 
     def _recover_tombstone(self, x: HybridTreeNode, mine: torch.Tensor) -> None:
         alloc = self.token_to_kv_pool_allocator
@@ -423,26 +426,19 @@ class SWARadixCache(HybridTreeBase):
         self.dec_lock_ref(lock.node, lock.swa_uuid)
 
     # -- eviction -------------------------------------------------------------------------------
-    def _delete_node(self, node: HybridTreeNode) -> tuple[int, int]:
-        """Free a childless unlocked node (both sides, or full only if tombstoned) and delete it,
-        then delete tombstone ancestors that became unlocked leaves. Returns (full, swa) freed."""
-        full = swa = 0
+    def _free_slots(self, node: HybridTreeNode) -> int:
+        """A deleted node's slots: both sides, or the full side only if it is a tombstone. Returns the SWA tokens
+        freed."""
         alloc = self.token_to_kv_pool_allocator
-        while True:
-            parent = node.parent
-            if node.swa_tombstone:
-                alloc.free_full(node.value)
-            else:
-                alloc.free(node.value)
-                swa += len(node.key)
-                self.swa_evictable_size_ -= len(node.key)
-            full += len(node.key)
-            self.full_evictable_size_ -= len(node.key)
-            del parent.children[self._child_key(node.key)]
-            node.value = None
-            if parent is self.root_node or parent.children or parent.lock_ref or not parent.swa_tombstone:
-                return full, swa
-            node = parent
+        if node.swa_tombstone:
+            alloc.free_full(node.value)
+            return 0
+        alloc.free(node.value)
+        self.swa_evictable_size_ -= len(node.key)
+        return len(node.key)
+
+    def _dead(self, node: HybridTreeNode) -> bool:
+        return node.swa_tombstone
 
     def evict(self, params: EvictParams | int) -> HybridEvictResult:
         """``SWARadixCache.evict``: full LRU leaves (both sides freed, tombstone ancestors left
@@ -454,15 +450,9 @@ class SWARadixCache(HybridTreeBase):
         tombstone ancestors deleted during the SWA pass."""
         if isinstance(params, int):
             params = EvictParams(num_tokens=params)
-        full = swa = 0
         if self.disable:
             return HybridEvictResult()
-        while full < params.num_tokens:
-            leaves = self._leaf_candidates()
-            if not leaves:
-                break
-            f, s = self._delete_node(min(leaves, key=lambda x: (x.last_access_time, x.id)))
-            full, swa = full + f, swa + s
+        full, swa = self._evict_full(params.num_tokens)
         while swa < params.swa_num_tokens:
             cands = [x for x in self.nodes()
                      if x is not self.root_node and not x.swa_tombstone and x.swa_lock_ref == 0]
@@ -482,14 +472,7 @@ class SWARadixCache(HybridTreeBase):
         return HybridEvictResult(**res.__dict__, swa_evicted_tokens=swa)
 
     # -- sizes / invariants ---------------------------------------------------------------------
-    def swa_evictable_size(self) -> int:
-        return self.swa_evictable_size_
-
-    def swa_protected_size(self) -> int:
-        return self.swa_protected_size_
-
-    def swa_total_size(self) -> int:
-        return self.swa_evictable_size_ + self.swa_protected_size_
+    swa_evictable_size, swa_protected_size, swa_total_size = size_readers("swa_")
 
     def check_invariants(self) -> None:
         """Tree shape and full counters (see the base), plus: no tombstone leaf; swa counters

@@ -2,6 +2,7 @@
 and priority, written once for the token tree (``radix_cache.RadixCache``), the page tree (``page_tree.PageRadixTree``)
 and both tiers of the two-tier tree (``hicache.hiradix_cache.HiRadixCache``).
 
+- :class:`NodeCore`: the fields above, the base of every tree's node.
 - :class:`LeafIndex`: one tier's evictable leaves and the heap they are evicted from. SGLang heapifies every
   evictable leaf on each ``evict`` call (``RadixCache.evict``, 0.5.16's ``HiRadixCache._make_eviction_heap`` /
   ``evict_host``); here the heap lives across calls: a leaf gets a fresh entry when it joins the index or its sort
@@ -22,9 +23,33 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator
+from operator import attrgetter
 from typing import Any
 
 from kvlab.errors import InvariantError, LockRefError, require
+from kvlab.mem_cache.evict_policy import get_eviction_strategy
+
+
+class NodeCore:
+    """What every tree's node holds for the tree core (a base class): ``children`` (a child by its first token or
+    page), ``parent``, ``key``, ``lock_ref``, the fields the eviction policies read (``last_access_time``,
+    ``creation_time``, ``hit_count``, ``priority``) and ``id`` (creation order). ``children``: a fresh dict unless
+    given (the token tree's shared empty mapping)."""
+
+    __slots__ = ("children", "key", "last_access_time", "priority", "hit_count", "parent", "lock_ref",
+                 "creation_time", "id")  # (the walks' fields first: the object's first cache line)
+
+    def __init__(self, key, parent, last_access_time: int, creation_time: int, node_id: int, priority: int = 0,
+                 children=None) -> None:
+        self.children = {} if children is None else children
+        self.key = key
+        self.last_access_time = last_access_time
+        self.priority = priority
+        self.hit_count = 0
+        self.parent = parent
+        self.lock_ref = 0
+        self.creation_time = creation_time
+        self.id = node_id
 
 
 class LeafIndex:
@@ -100,6 +125,24 @@ class LeafIndex:
                 raise InvariantError(entry_rule, node=node, heap_entry=live.get(node), expected=want)
 
 
+def size_readers(pool: str) -> tuple[Callable[[Any], int], Callable[[Any], int], Callable[[Any], int]]:
+    """The three size methods of one pair of a tree's counters, ``{pool}evictable_size_`` and
+    ``{pool}protected_size_`` (``pool``: ``""``, ``"full_"``, ``"swa_"``, ``"mamba_"``): the evictable size, the
+    protected size and their total."""
+    evictable, protected = attrgetter(f"{pool}evictable_size_"), attrgetter(f"{pool}protected_size_")
+
+    def evictable_size(self) -> int:
+        return evictable(self)
+
+    def protected_size(self) -> int:
+        return protected(self)
+
+    def total_size(self) -> int:
+        return evictable(self) + protected(self)
+
+    return evictable_size, protected_size, total_size
+
+
 class TreeCore:
     """The mechanics a radix tree shares (a base class). A tree sets ``root_node`` (lock_ref 1, never counted) and
     calls :meth:`_reset_core` in its ``reset``; it supplies ``_update_leaf_status`` when its leaf rule is not "unlocked
@@ -122,6 +165,13 @@ class TreeCore:
         self.evictable_size_ = 0
         self.protected_size_ = 0
 
+    def _use_policy(self, eviction_policy: str, config: dict | None = None) -> Callable[[Any], Any]:
+        """Set ``eviction_policy`` (the name, lower case) and ``eviction_strategy`` (``evict_policy``'s, built with
+        ``config``); returns the strategy's priority function, the first part of every leaf's sort key."""
+        self.eviction_policy = eviction_policy.lower()
+        self.eviction_strategy = get_eviction_strategy(self.eviction_policy, config)
+        return self.eviction_strategy.get_priority
+
     def _register_node(self) -> int:
         """A node is made: its id (creation order), and the structure changed."""
         node_id = self._next_id
@@ -143,14 +193,7 @@ class TreeCore:
         return self.leaf_index.leaves.keys()
 
     # -- sizes ----------------------------------------------------------------------------------------------------
-    def evictable_size(self) -> int:
-        return self.evictable_size_
-
-    def protected_size(self) -> int:
-        return self.protected_size_
-
-    def total_size(self) -> int:
-        return self.evictable_size_ + self.protected_size_
+    evictable_size, protected_size, total_size = size_readers("")
 
     def nodes(self) -> Iterator:
         """Every node, the root first (pre-order)."""
@@ -182,6 +225,13 @@ class TreeCore:
     # method ``_lock_guard(node, what) -> bool``: True skips the lock (disabled), a refused node raises
     # :class:`LockRefError`. None: every lock is taken, with no call on the hot path (the page tree).
     _lock_guard = None
+
+    # True: the tree's leaf rule is the plain one below, which the unlock walk applies inline (no call per node)
+    _plain_leaf_rule = True
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        cls._plain_leaf_rule = cls._update_leaf_status is TreeCore._update_leaf_status
 
     def inc_lock_ref(self, node) -> int:
         """Lock ``node`` and its ancestors (not the root). Returns the evictable-size delta (<= 0). A node locked for
@@ -217,7 +267,7 @@ class TreeCore:
         if node.lock_ref <= 0:
             raise LockRefError(f"dec_lock_ref: {node!r} is not locked (unlocked twice, or never locked)")
         delta = 0
-        root = self.root_node
+        root, leaves, plain = self.root_node, self._leaves, self._plain_leaf_rule
         while node is not root:
             if node.lock_ref == 1:
                 n = len(node.key)
@@ -225,7 +275,10 @@ class TreeCore:
                 self.protected_size_ -= n
                 delta += n
                 node.lock_ref = 0
-                self._update_leaf_status(node)
+                if not plain:
+                    self._update_leaf_status(node)
+                elif not node.children and node not in leaves:  # (the plain rule, for a node unlocked now)
+                    self.leaf_index.push(node)
             else:
                 node.lock_ref -= 1
             node = node.parent

@@ -156,19 +156,9 @@ class WeightLoader:
         return mismatches
 
 
-def load_weights(
-    device: Device,
-    config: ModelConfig,
-    *,
-    tp_rank: int = 0,
-    tp_size: int = 1,
-    checkpoint_dir: str | Path | None = None,
-    verify_budget_bytes: int | None = None,
-) -> LoadedWeights:
-    """Load one rank's weights. The loader object is dropped on return, as in a serving engine;
+def load_weights(device: Device, config: ModelConfig, **options) -> LoadedWeights:
+    """Load one rank's weights (``options``: :class:`WeightLoader`'s keywords, ``tp_rank``, ``tp_size``,
+    ``checkpoint_dir``, ``verify_budget_bytes``). The loader object is dropped on return, as in a serving engine;
     whatever its reference cycle holds stays allocated until ``gc.collect()``."""
-    loader = WeightLoader(
-        device, config, tp_rank=tp_rank, tp_size=tp_size,
-        checkpoint_dir=checkpoint_dir, verify_budget_bytes=verify_budget_bytes,
-    )
+    loader = WeightLoader(device, config, **options)
     return loader.load()

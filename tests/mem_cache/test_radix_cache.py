@@ -252,12 +252,12 @@ def test_evict_cost_does_not_rescan_all_leaves(monkeypatch):
     from kvlab.mem_cache.evict_policy import LRUStrategy
 
     calls = 0
-    prio = LRUStrategy.get_priority
+    prio = LRUStrategy().get_priority  # (a field reader: node -> priority)
 
     def counting(strategy, node):
         nonlocal calls
         calls += 1
-        return prio(strategy, node)
+        return prio(node)
 
     monkeypatch.setattr(LRUStrategy, "get_priority", counting)  # before the tree binds it
     alloc, cache = make(size=5000)

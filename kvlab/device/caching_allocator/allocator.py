@@ -32,7 +32,7 @@ from kvlab.device.caching_allocator.blocks import Block, BlockPool, Segment, lin
 from kvlab.device.caching_allocator.config import AllocatorConfig
 from kvlab.device.caching_allocator.expandable import ExpandableSegments
 from kvlab.device.caching_allocator.invariants import InvariantCheck
-from kvlab.device.caching_allocator.oom import OutOfMemoryError, oom_message
+from kvlab.device.caching_allocator.oom import OutOfMemoryError
 from kvlab.device.caching_allocator.sizes import (
     BASE_ADDR,
     MAX_NON_SPLIT_ROUNDING_BYTES,
@@ -390,16 +390,9 @@ class CachingAllocatorModel(ExpandableSegments, AllocatorStats, SnapshotExport, 
         # torch records the free device memory in the addr slot and the rounded size.
         self._record("oom", free_bytes, rounded, stream)
         allocated, reserved = self.memory_allocated(), self.memory_reserved()
-        raise OutOfMemoryError(
-            oom_message(self.device_index, alloc_size, total_bytes, free_bytes, allocated, reserved),
-            requested_bytes=size,
-            allocation_bytes=alloc_size,
-            total_bytes=total_bytes,
-            free_bytes=free_bytes,
-            allocated_bytes=allocated,
-            reserved_bytes=reserved,
-            device_index=self.device_index,
-        )
+        raise OutOfMemoryError(requested_bytes=size, allocation_bytes=alloc_size, total_bytes=total_bytes,
+                               free_bytes=free_bytes, allocated_bytes=allocated, reserved_bytes=reserved,
+                               device_index=self.device_index)
 
     # ---- inspection ----------------------------------------------------------------------------
     @property

@@ -9,6 +9,8 @@ allocator's state, in ``CachingAllocatorModel._raise_oom``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from kvlab.units import fmt_bytes
@@ -21,32 +23,25 @@ _OOM_ADVICE = (
 )
 
 
+@dataclass(eq=False)
 class OutOfMemoryError(torch.OutOfMemoryError):
     """Raised by :meth:`~kvlab.device.caching_allocator.CachingAllocatorModel.malloc`; ``except torch.OutOfMemoryError`` catches it.
 
+    The figures the failure is told by, each an attribute; the message (:func:`oom_message`) is made from them.
     ``requested_bytes`` is what the caller asked for; ``allocation_bytes`` is the segment size the
     message names ("Tried to allocate"), as torch prints ``get_allocation_size`` there."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        requested_bytes: int,
-        allocation_bytes: int,
-        total_bytes: int,
-        free_bytes: int,
-        allocated_bytes: int,
-        reserved_bytes: int,
-        device_index: int,
-    ) -> None:
-        super().__init__(message)
-        self.requested_bytes = requested_bytes
-        self.allocation_bytes = allocation_bytes
-        self.total_bytes = total_bytes
-        self.free_bytes = free_bytes
-        self.allocated_bytes = allocated_bytes
-        self.reserved_bytes = reserved_bytes
-        self.device_index = device_index
+    requested_bytes: int
+    allocation_bytes: int
+    total_bytes: int
+    free_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    device_index: int
+
+    def __post_init__(self) -> None:
+        super().__init__(oom_message(self.device_index, self.allocation_bytes, self.total_bytes, self.free_bytes,
+                                     self.allocated_bytes, self.reserved_bytes))
 
 
 def oom_message(

@@ -58,7 +58,6 @@ import torch
 
 from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import KVAllocator, TokenKey
-from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.cache_controller import (
     DEFAULT_HOST_DEVICE_BYTES_PER_S,
     CacheOperation,
@@ -124,9 +123,7 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         self.write_through_threshold = 1 if write_policy == "write_through" else 2
         self.load_back_threshold = load_back_threshold
         self.load_back_evict_mode = load_back_evict_mode
-        self.eviction_policy = eviction_policy.lower()
-        self.eviction_strategy = get_eviction_strategy(self.eviction_policy, eviction_policy_config)
-        self._priority_of = self.eviction_strategy.get_priority
+        self._priority_of = self._use_policy(eviction_policy, eviction_policy_config)
         self.reset()
 
     def reset(self) -> None:
@@ -195,21 +192,14 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         clock = self.clock
         now = clock.now + (times - 1) * (len(path) + 1) + 1
         root.last_access_time = now
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
         for x in reversed(path):
             now += 1
             x.last_access_time = now
-            if x in leaves:
-                dev.push(x)
-            if x in host_leaves:
-                host.push(x)
+            self._touch(x)
         clock.now = now
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
         tick, ps = self.clock.tick, self.page_size
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
         node = self.root_node
         node.last_access_time = tick()
         values, off = [], 0
@@ -218,10 +208,7 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
             if child is None:
                 break
             child.last_access_time = tick()
-            if child in leaves:  # _touch: its sort key changed
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
+            self._touch(child)  # its sort key changed
             ckey = child.key
             m = len(ckey)
             if off + m > n or ckey != key[off : off + m]:
@@ -284,17 +271,12 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
             return 0, self.root_node
         node, off, prefix = self.root_node, 0, 0
         ps, tick = self.page_size, self.clock.tick
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
         count_hits = not chunked and self.write_policy != "write_back"
         for child in (self._held_path(held, held_len) if 0 < held_len <= n else None) or ():
             child.last_access_time = tick()  # (on the device: a locked path)
             if priority > child.priority:
                 child.priority = priority
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
+            self._touch(child)  # its sort key changed
             node = child
             if count_hits:
                 self._inc_hit_count(node)
@@ -308,10 +290,7 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
             child.last_access_time = tick()
             if priority > child.priority:
                 child.priority = priority
-            if child in leaves:  # _touch: its sort key changed
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
+            self._touch(child)  # its sort key changed
             ckey = child.key
             m = len(ckey)
             if off + m > n or ckey != key[off : off + m]:  # the key diverges (or ends) inside this edge: split it

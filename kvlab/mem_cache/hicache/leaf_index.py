@@ -39,20 +39,13 @@ class HiLeafIndex:
 
     def _update_leaf_status(self, node: HiTreeNode) -> None:
         """A device leaf: on the device, unlocked, and no child on the device."""
-        leaf = node.value is not None and node.lock_ref <= 0
-        if leaf:
-            for c in node.children.values():
-                if c.value is not None:
-                    leaf = False
-                    break
-        self.leaf_index.file(node, leaf)
+        self.leaf_index.file(node, node.value is not None and node.lock_ref <= 0 and _no_child_has(node, "value"))
 
     def _update_host_leaf_status(self, node: HiTreeNode) -> None:
         """A host leaf: host-only, unlocked, and no child with a host copy."""
-        leaf = node.value is None and node.lock_ref <= 0
-        if leaf:
-            for c in node.children.values():
-                if c.host_value is not None:
-                    leaf = False
-                    break
-        self.host_leaf_index.file(node, leaf)
+        self.host_leaf_index.file(node, node.value is None and node.lock_ref <= 0 and _no_child_has(node, "host_value"))
+
+
+def _no_child_has(node: HiTreeNode, copy: str) -> bool:
+    """No child of ``node`` holds a ``copy`` (``"value"``: on the device, ``"host_value"``: on the host)."""
+    return all(getattr(c, copy) is None for c in node.children.values())

@@ -12,32 +12,25 @@ import torch
 
 from kvlab.errors import LockRefError
 from kvlab.mem_cache.base_prefix_cache import LogicalClock
+from kvlab.mem_cache.tree_core import NodeCore
 
 
-class HiTreeNode:
+class HiTreeNode(NodeCore):
     """One edge of the hierarchical tree (0.5.16's ``TreeNode`` with its HiCache fields).
 
     ``value``: device slots or None (``evicted``); ``host_value``: host slots or None (``backuped``);
     ``host_ref_counter``: holds that keep the host copy from host eviction (a load-back reading it, a write-back
     staging it)."""
 
-    __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_ref_counter",
-                 "last_access_time", "creation_time", "hit_count", "priority", "id")
+    __slots__ = ("value", "host_value", "host_ref_counter")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
                  node_id: int, priority: int = 0):
-        self.children: dict = {}
-        self.parent = parent
-        self.key = key
+        # two reads of the clock, as TreeNode.__init__ does: the access time, then the creation time
+        super().__init__(key, parent, clock.tick(), clock.tick(), node_id, priority)
         self.value = value
         self.host_value: torch.Tensor | None = None
-        self.lock_ref = 0
         self.host_ref_counter = 0
-        self.last_access_time = clock.tick()  # two reads of the clock, as TreeNode.__init__ does
-        self.creation_time = clock.tick()
-        self.hit_count = 0
-        self.priority = priority
-        self.id = node_id
 
     @property
     def evicted(self) -> bool:
