@@ -44,6 +44,8 @@ EXAMPLES: dict[str, dict[str, int]] = {
     # tests/sched/test_page_engine.py: RandomOutput against a full draw; debug runs of random small workloads
     "random_output": {"ci": 200, "long": 1000, "dev": 20},
     "page_engine_debug": {"ci": 150, "long": 700, "dev": 10},
+    # tests/sched/test_page_hicache.py: random small workloads with a host tier, page engine against the token level
+    "page_hicache_twin": {"ci": 100, "long": 500, "dev": 10},
     # tests/serving/test_log_roundtrip.py: one rendered start-up log per example, parsed back and explained
     "log_roundtrip": {"ci": 200, "long": 1000, "dev": 20},
     # tests/device/test_replay_corpus.py: one generated snapshot pickle per example, through `kvlab replay --json`

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from kvlab.errors import require
 from kvlab.mem_cache.page_tree import PageKeys, PageRadixTree
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
-from kvlab.sched.config import SchedulerConfig
+from kvlab.sched.config import MAX_POOL_TOKENS, SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
 from kvlab.sched.request import HostTierState, MatchMemo, PageState, SimReq
@@ -344,7 +344,12 @@ class PageKV:
                 cached=self.tree.total_size(), held=held, pages=self.allocator.pages)
 
     def result_tree(self):
-        """The final tree as the token-level ``RadixCache`` (``HiRadixCache``) the reference run ends with."""
+        """The final tree as the token-level ``RadixCache`` (``HiRadixCache``) the reference run ends with. A pool
+        beyond the token-level memory's bound (2^26 tokens, which only the page engine takes) is rebuilt as one just
+        big enough for the tree: slot tables of 2^40 tokens would not fit."""
+        kv = self.kv_tokens
+        if kv > MAX_POOL_TOKENS:
+            kv = (self.tree.total_size() + 1) * self.page_size
         if self.hicache:
-            return self.tree.to_hiradix_cache(self.keys, self.kv_tokens)
-        return self.tree.to_radix_cache(self.keys, self.kv_tokens)
+            return self.tree.to_hiradix_cache(self.keys, kv)
+        return self.tree.to_radix_cache(self.keys, kv)

@@ -66,7 +66,7 @@ class Scheduler:
         # the fast path at page size > 1 runs on the page engine (no token or slot ids), with or without a host
         # tier; the reference loop and page size 1 on the token-level memory
         self.pending = deque(sorted((SimReq.of(r) for r in requests), key=lambda q: q.arrival_time_s))
-        if config.fast_decode and config.page_engine and ps > 1:
+        if config.counts_only:
             from kvlab.sched.page_kv import PageKV
 
             self.kv: SchedulerMemory = PageKV(config, self.ledger)

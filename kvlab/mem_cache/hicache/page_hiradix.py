@@ -311,7 +311,8 @@ class PageHiRadixTree(PageTierMoves, HiLeafIndex, TreeCore):
         """This tree as the token-level ``HiRadixCache`` the token-level run ends with: the same nodes (ids, keys as
         tokens, residency, access and creation times, hit counts, priorities, locks), clock, sizes and host
         evictions, over a fresh paged allocator of ``kv_tokens`` and a fresh host pool of the same size whose slots
-        the nodes hold (slot ids are the simulator's own and never compared)."""
+        the nodes hold (slot ids are the simulator's own and never compared; a ``kv_tokens`` other than the run's
+        device pool gets a host pool just big enough for the tree's copies)."""
         import torch
 
         from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator
@@ -320,7 +321,10 @@ class PageHiRadixTree(PageTierMoves, HiLeafIndex, TreeCore):
 
         ps, hp = self.page_size, self.host_pool
         allocator = PagedTokenToKVPoolAllocator(kv_tokens, ps)
-        host = HostKVCache(hp.device_size_tokens, hp.size_per_token, ps, hp.hicache_ratio, hp.hicache_size_gb)
+        if kv_tokens == hp.device_size_tokens:  # the run's own host pool
+            host = HostKVCache(hp.device_size_tokens, hp.size_per_token, ps, hp.hicache_ratio, hp.hicache_size_gb)
+        else:  # (a device pool cut to the tree's size: a host pool just big enough for its copies)
+            host = HostKVCache(max(hp.used_size(), ps), hp.size_per_token, ps, 1.0)
         ctl = self.cache_controller
         cache = HiRadixCache(None, allocator, host, page_size=ps, write_policy=self.write_policy,
                              eviction_policy=self.eviction_policy, load_back_evict_mode=self.load_back_evict_mode,
