@@ -109,6 +109,27 @@ def test_random_workloads_equal_the_token_level_memory(seed, page_size, mode, wr
     assert_same(ref, page)
 
 
+@pytest.mark.parametrize("flags", [["--hicache-ratio", "1.5"],
+                                   ["--hicache-size", "0.2", "--hicache-write-policy", "write_back", "--eviction", "full"]])
+def test_cli_json_with_a_host_tier_is_the_token_level_memorys(capsys, flags):
+    """``kvlab simulate --json`` with a host tier (the page engine) prints the totals of the token-level memory."""
+    from kvlab.cli import main
+    from kvlab.sweep.point import load_requests
+
+    assert not main(["simulate", "--workload", "multi-turn-chat", "--page-size", "16", "--kv-pages", "150", *flags,
+                     "--json"])
+    printed = json.loads(capsys.readouterr().out)
+    given = dict(zip(flags[::2], flags[1::2]))
+    cfg = SchedulerConfig(kv_tokens=150 * 16, page_size=16, page_engine=False,
+                          eviction=given.get("--eviction", "shortfall"),
+                          hicache_ratio=float(given["--hicache-ratio"]) if "--hicache-ratio" in given else None,
+                          hicache_size_gib=float(given["--hicache-size"]) if "--hicache-size" in given else None,
+                          hicache_write_policy=given.get("--hicache-write-policy", "write_through"))
+    token = simulate(load_requests(workload="multi-turn-chat", trace=None, seed=0, overrides={}), cfg, progress=False)
+    assert printed == json.loads(json.dumps(token.totals()))
+    assert printed["host_hit_tokens"] > 0
+
+
 def test_a_host_tier_run_on_the_page_engine_imports_no_torch():
     """``kvlab simulate --json`` with a host tier runs on counts: torch is never imported."""
     code = ("import sys, io, contextlib\nfrom kvlab.cli import main\n"

@@ -34,11 +34,12 @@ from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
 from kvlab.mem_cache.hicache.page_host import PageHiController, PageHostPool
 from kvlab.mem_cache.hicache.page_tier_moves import PageTierMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
 from kvlab.mem_cache.shortfall import check_mode
 from kvlab.mem_cache.tree_core import LeafIndex, TreeCore
 
 
-class PageHiRadixTree(PageTierMoves, HiLeafIndex, TreeCore):
+class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
     """``HiRadixCache`` over page ids. ``allocator``: the device pool's free pages (``free``, ``take(pages)``);
     ``host_pool``: a :class:`PageHostPool`; the rest as ``HiRadixCache`` takes them (bandwidths in bytes/s)."""
 
@@ -99,38 +100,6 @@ class PageHiRadixTree(PageTierMoves, HiLeafIndex, TreeCore):
             off += m
         return node, off
 
-    def match_ends(self, end: HiTreeNode) -> tuple[HiTreeNode, HiTreeNode, int]:
-        """``HiRadixCache.match_ends``: (last device node, last host node, host-only pages below the former)."""
-        node, host_hit = end, 0
-        while node.value is None:
-            host_hit += len(node.key)
-            node = node.parent
-        last_host = end
-        while last_host.host_value is None:
-            last_host = last_host.parent
-        return node, last_host, host_hit
-
-    def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
-        """``HiRadixCache.restamp_path``: ``times`` repeats of the match walk that ended at ``node`` (a clock read for
-        the root and each node, each time; the path keeps the last; its leaves get fresh heap entries)."""
-        path, root = [], self.root_node
-        while node is not root:
-            path.append(node)
-            node = node.parent
-        clock = self.clock
-        now = clock.now + (times - 1) * (len(path) + 1) + 1
-        root.last_access_time = now
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
-        for x in reversed(path):
-            now += 1
-            x.last_access_time = now
-            if x in leaves:
-                dev.push(x)
-            if x in host_leaves:
-                host.push(x)
-        clock.now = now
-
     def _split_node(self, child: HiTreeNode, m: int) -> HiTreeNode:
         """``child`` -> ``upper[:m]`` -> ``child[m:]`` (pages), both tiers' residency kept by both halves."""
         parent = child.parent
@@ -166,25 +135,13 @@ class PageHiRadixTree(PageTierMoves, HiLeafIndex, TreeCore):
         locked, its path ``held_len`` pages (walked without comparing its pages again)."""
         if n == 0:
             return 0, self.root_node
-        node, off, prefix = self.root_node, 0, 0
+        count_hits = not chunked and self.write_policy != "write_back"
+        path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        node, off = self._walk_held(path, priority, count_hits) if path else (self.root_node, 0)
+        prefix = off
         tick = self.clock.tick
         dev, host = self.leaf_index, self.host_leaf_index
         leaves, host_leaves = dev.leaves, host.leaves
-        count_hits = not chunked and self.write_policy != "write_back"
-        for child in (self._held_path(held, held_len) if 0 < held_len <= n else None) or ():
-            child.last_access_time = tick()
-            if priority > child.priority:
-                child.priority = priority
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
-            node = child
-            if count_hits:
-                self._inc_hit_count(node)
-            m = len(child.key)
-            prefix += m
-            off += m
         while off < n:
             child = node.children.get(key[off])
             if child is None:
@@ -227,6 +184,25 @@ class PageHiRadixTree(PageTierMoves, HiLeafIndex, TreeCore):
                 self._inc_hit_count(leaf)
             node = leaf
         return prefix, node
+
+    def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
+        """What insert's walk does to each node of a request's locked path (a clock read, the priority, the heap
+        entries, a hit), without looking the children up: (the path's last node, its pages)."""
+        tick, off = self.clock.tick, 0
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
+        for child in path:
+            child.last_access_time = tick()
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:
+                dev.push(child)
+            if child in host_leaves:
+                host.push(child)
+            if count_hits:
+                self._inc_hit_count(child)
+            off += len(child.key)
+        return path[-1], off
 
     def rematch(self, last: HiTreeNode) -> None:
         """``HiRadixCache._rematch``: the match of the key an insert just made end at ``last`` (not the root),

@@ -50,27 +50,6 @@ class PageTierMoves:
             self.inc_lock_ref(node)
         return n
 
-    def writing_check(self, write_back: bool = False) -> int:
-        """Consume acknowledged backups, unlocking their nodes; ``write_back=True`` first waits for every write."""
-        ctl = self.cache_controller
-        if write_back:
-            ctl.wait_writes()
-        acks, ctl.ack_write_queue = ctl.ack_write_queue, []
-        for op in acks:
-            _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
-            if lock_node is not None:
-                self.dec_lock_ref(lock_node)
-        return len(acks)
-
-    def loading_check(self) -> int:
-        """Consume acknowledged load-backs, unlocking the node each locked."""
-        ctl = self.cache_controller
-        acks, ctl.ack_load_queue = ctl.ack_load_queue, []
-        for op in acks:
-            _, node = self.ongoing_load_back.pop(id(op))
-            self.dec_lock_ref(node)
-        return len(acks)
-
     def poll(self, now_s: float) -> None:
         """Move the copy clock to ``now_s`` and complete the copies finished by then (``check_hicache_events``)."""
         ctl = self.cache_controller
