@@ -46,6 +46,11 @@ def assert_twins(ref, token, page):
     frames = [r.steps_frame() for r in (ref, page)]
     for key in HOST_KEYS:  # the host tier's traffic, step by step
         assert frames[0][key].tolist() == frames[1][key].tolist(), key
+    # and as the copy clock counted it: tokens and seconds each way, write-back waits, copies refused for room
+    ref_ctl, page_ctl = ref.tree.cache_controller, page.memory.tree.cache_controller
+    assert page_ctl.totals == ref_ctl.totals and page_ctl.now_s == ref_ctl.now_s
+    assert page.tree.cache_controller.totals == ref_ctl.totals
+    assert not page_ctl.in_flight()  # the run's copies all landed (drained at the end)
 
 
 SIZES = {"ratio": {"hicache_ratio": 1.5}, "size": {"hicache_size_gib": 0.09}}  # 0.09 GiB: 737 tokens of 131,072 B

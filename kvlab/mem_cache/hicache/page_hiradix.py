@@ -26,6 +26,7 @@ No torch (``to_hiradix_cache`` imports it when called).
 from __future__ import annotations
 
 from array import array
+from dataclasses import replace
 
 from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
@@ -286,7 +287,7 @@ class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
     def to_hiradix_cache(self, page_keys, kv_tokens: int):
         """This tree as the token-level ``HiRadixCache`` the token-level run ends with: the same nodes (ids, keys as
         tokens, residency, access and creation times, hit counts, priorities, locks), clock, sizes and host
-        evictions, over a fresh paged allocator of ``kv_tokens`` and a fresh host pool of the same size whose slots
+        evictions and copy totals, over a fresh paged allocator of ``kv_tokens`` and a fresh host pool of the same size whose slots
         the nodes hold (slot ids are the simulator's own and never compared; a ``kv_tokens`` other than the run's
         device pool gets a host pool just big enough for the tree's copies)."""
         import torch
@@ -331,4 +332,6 @@ class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
         cache.evictable_size_ = self.evictable_size_ * ps
         cache.protected_size_ = self.protected_size_ * ps
         cache.host_evicted_tokens = self.host_evicted_tokens
+        cache.cache_controller.totals = replace(ctl.totals)  # (the run's copies: tokens, seconds, waits, failures)
+        cache.cache_controller.now_s = ctl.now_s
         return cache
