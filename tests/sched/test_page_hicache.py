@@ -98,9 +98,9 @@ def test_random_workloads_equal_the_token_level_memory(seed, page_size, mode, wr
     record("page_hicache_twin")
     rng = random.Random(seed)
     reqs = []
-    for g in range(rng.randrange(1, 4)):
+    for g in range(rng.randrange(1, 6)):  # (about half the examples hit on host and load back)
         prefix = tuple(rng.randrange(1, 20) for _ in range(rng.randrange(1, 40)))
-        for i in range(rng.randrange(1, 7)):
+        for i in range(rng.randrange(1, 10)):
             tail = tuple(rng.randrange(1, 20) for _ in range(rng.randrange(1, 15)))
             reqs.append(Req(f"{g}-{i}", rng.random() * 0.05, prefix + tail, rng.randrange(1, 40)))
     need = max(min_kv_tokens(len(r.prompt_token_ids), r.output_len, page_size) for r in reqs)
