@@ -11,6 +11,10 @@ MAX_COUNT = (1 << 31) - 1
 #: the largest pool (tokens or pages) or max-running count ``kvlab simulate`` and ``kvlab sweep`` take: 2^26 tokens
 #: (about 1.3 GB of simulator state) is far beyond any real pool; 2^27 took 2.6 GB (issue 26: 10^20 was a traceback)
 MAX_POOL = 1 << 26
+#: the largest pool (tokens or pages) of ``--kv-tokens`` / ``--kv-pages``: 2^40 tokens, the page engine's bound (it holds
+#: counts, not tables: an unlimited cache of a real-size trace); the token-level memory's 2^26 is checked after parsing,
+#: where the page size is known (``kvlab.sched.config.check_pool``)
+MAX_PAGE_POOL = 1 << 40
 
 
 def int_at_least(minimum: int, maximum: int = MAX_COUNT) -> Callable[[str], int]:

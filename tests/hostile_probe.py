@@ -280,7 +280,7 @@ def _huge_workload_probes(tmp: Path) -> list[Probe]:
         out.append(Probe("duplicate", f"{command} --workload-param seed=5",
                          [command, "--workload", "few-shot", "--workload-param", "seed=5"], ("--workload-param", "--seed")))
         for flags in (["--page-size", "10000"], ["--page-size", "67108864"], ["--page-size", "512", "--kv-pages",
-                                                                              "200000"]):
+                                                                              "20000000000"]):
             out.append(Probe("out-of-range", f"{command} {' '.join(flags)}", [command, "--workload", "few-shot", *flags],
                              (" ".join(flags[-2:]),)))
     p = _w(tmp / "traces" / "outputs-4e7.jsonl", "".join(_trace_line(timestamp=i, output_length=10 ** 7) + "\n"

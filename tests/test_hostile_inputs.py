@@ -210,7 +210,7 @@ def test_a_huge_value_in_an_error_is_shown_cut(tmp_path, capsys):
 
 @pytest.mark.parametrize("flag, value", [
     ("--kv-tokens", "99999999999999999999"), ("--kv-pages", "99999999999999999999"),
-    ("--max-running", "99999999999999999999"), ("--kv-tokens", "3000000000"), ("--kv-tokens", "3e9"),
+    ("--max-running", "99999999999999999999"), ("--kv-tokens", "3000000000000"), ("--kv-tokens", "3e9"),
 ])
 def test_a_huge_simulate_number_is_refused_naming_the_flag(flag, value, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -221,8 +221,8 @@ def test_a_huge_simulate_number_is_refused_naming_the_flag(flag, value, capsys):
 
 
 def test_pages_times_the_page_size_beyond_the_bound_is_refused(capsys):
-    _refused(capsys, ["simulate", "--workload", "few-shot", "--kv-pages", "67108864", "--page-size", "64"],
-             "--kv-pages 67108864", "at most")
+    _refused(capsys, ["simulate", "--workload", "few-shot", "--kv-pages", "68719476736", "--page-size", "64"],
+             "--kv-pages 68719476736", "at most")
 
 
 @pytest.mark.parametrize("params, needles", [
@@ -373,7 +373,7 @@ def test_a_notebook_json_without_cells_is_named_not_a_crash(tmp_path, capsys):
     ("", "--kv-pages: expected a comma-separated list, got ''"),
     (",,", "--kv-pages: expected a comma-separated list, got ',,'"),
     ("30,,40", "--kv-pages: an empty item in '30,,40'"),
-    ("9" * 30, "--kv-pages: expected at most 67,108,864, got 999"),
+    ("9" * 30, "--kv-pages: expected at most 1,099,511,627,776, got 999"),
 ])
 def test_sweep_pool_lists_empty_or_huge_are_refused_alike(value, needle, tmp_path, capsys):
     """``--kv-pages ""`` ran the default pools while ``,,`` was an error, and 10^30 pages was exit 3."""
@@ -433,12 +433,13 @@ def test_a_logged_pool_size_that_is_no_whole_number_is_named(value, tmp_path, ca
 
 def test_a_request_table_beyond_the_machine_is_refused_within_seconds(tmp_path, capsys):
     """Requests of 10^7 output tokens at 100,000 running rows: a 4 TB request-to-token table was torch's raw
-    allocator message (or the machine swapping). The token-level memory has that table (HiCache runs on it; the
-    page engine, the default at page size 512, has none: next test)."""
+    allocator message (or the machine swapping). The token-level memory has that table (it runs page size 1; the
+    page engine, the default at page size 512 with or without HiCache, has none: next test)."""
     path = tmp_path / "long.jsonl"
     path.write_text("".join(_trace_line_json(i) + "\n" for i in range(2)))
-    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000", "--hicache-ratio", "2"],
-             "req_to_token table would take 100,002 × 10,001,920 torch.int32", "lower --max-running")
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000", "--page-size", "1",
+                      "--hicache-ratio", "2"],
+             "req_to_token table would take 100,002 × 10,001,210 torch.int32", "lower --max-running")
 
 
 def test_outputs_beyond_the_step_cap_end_naming_the_longest_request(tmp_path, capsys):
@@ -461,9 +462,10 @@ def test_a_request_table_beyond_the_machine_names_the_trace_line_that_sets_it(tm
     line (blank lines counted) and its lengths."""
     path = tmp_path / "long.jsonl"
     path.write_text(_trace_line_json(0, 182) + "\n\n" + _trace_line_json(1) + "\n" + _trace_line_json(2, 5) + "\n")
-    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000", "--hicache-ratio", "2"],
+    _refused(capsys, ["simulate", "--trace", str(path), "--max-running", "100000", "--page-size", "1",
+                      "--hicache-ratio", "2"],
              f"--trace {path}:3: request long-1, the trace's longest (prompt 1,209 + output_length 10,000,000 tokens)",
-             "req_to_token table would take 100,002 × 10,001,920 torch.int32")
+             "req_to_token table would take 100,002 × 10,001,210 torch.int32")
 
 
 def test_a_workload_param_error_names_the_params_given(capsys):

@@ -107,8 +107,8 @@ def test_workload_param_seed_points_to_the_seed_flag(command, capsys):
 @pytest.mark.parametrize(("argv", "named", "not_named"), [
     (["--page-size", "10000"], "--page-size 10000: a page must fit in one prefill chunk", "chunked_prefill_size=8192"),
     (["--page-size", "67108864"], "--page-size 67108864", "--kv-tokens"),
-    (["--page-size", "512", "--kv-pages", "200000"], "--kv-pages 200000 at --page-size 512 is 102,400,000 tokens",
-     "kv_tokens="),
+    (["--page-size", "512", "--kv-pages", "20000000000"],
+     "--kv-pages 20000000000 at --page-size 512 is 10,240,000,000,000 tokens", "kv_tokens="),
     (["--kv-tokens", "100"], "--kv-tokens 100 at the default page size 1", "kv_tokens="),
     (["--kv-tokens", "1000000", "--hicache-ratio", "1000"], "--hicache-ratio 1000", "Traceback"),
 ])

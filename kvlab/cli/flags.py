@@ -7,6 +7,7 @@ import importlib
 import sys
 from typing import Any
 
+from kvlab.argtypes import MAX_PAGE_POOL as MAX_PAGE_POOL  # re-exported: the largest pool the page engine takes
 from kvlab.argtypes import MAX_POOL as MAX_POOL  # re-exported: the largest pool and batch simulate takes
 
 

@@ -44,9 +44,9 @@ def add_parser(commands, command: str | None) -> None:
     sim.add_argument("--page-size", type=_positive_int, default=None,
                      help="KV page size in tokens (default: 1; 512 for --trace, one page per hash block)")
     pool_size = sim.add_mutually_exclusive_group()
-    # 2^26 tokens (about 1.3 GB of simulator state) is far beyond any real pool; 2^27 took 2.6 GB
-    pool_size.add_argument("--kv-tokens", type=_int_at_least(1, flags.MAX_POOL), help="KV pool size in tokens")
-    pool_size.add_argument("--kv-pages", type=_int_at_least(1, flags.MAX_POOL), help="KV pool size in pages")
+    # 2^40 tokens on the page engine (page size > 1: counts, not tables); 2^26 at page size 1 (check_pool)
+    pool_size.add_argument("--kv-tokens", type=_int_at_least(1, flags.MAX_PAGE_POOL), help="KV pool size in tokens")
+    pool_size.add_argument("--kv-pages", type=_int_at_least(1, flags.MAX_PAGE_POOL), help="KV pool size in pages")
     sim.add_argument("--max-running", type=_int_at_least(1, flags.MAX_POOL), default=256, help="max running requests (default: %(default)s)")
     sim.add_argument("--policy", choices=flags.registered_or(SIMULATE_POLICIES, "kvlab.mem_cache.evict_policy",
                                                          "EVICTION_POLICIES"), default="lru",

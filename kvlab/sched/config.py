@@ -18,9 +18,21 @@ RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
 # simulator keeps a flag per host slot)
 MAX_HOST_POOL_TOKENS = 1 << 27  # a flag and an index per host slot: about 1.2 GB of simulator state
 MAX_HICACHE = {"hicache_ratio": 1000.0, "hicache_size_gib": 65_536.0}
-#: the largest pool the simulator takes: 2^26 tokens is about 1.3 GB of its state and far beyond any real pool
-#: (2^27 took 2.6 GB; 10^20 was a traceback, issue 26)
+#: the largest pool the token-level memory takes (page size 1, the reference loop): 2^26 tokens is about 1.3 GB of
+#: its state and far beyond any real pool (2^27 took 2.6 GB; 10^20 was a traceback, issue 26)
 MAX_POOL_TOKENS = 1 << 26
+#: the largest pool the page engine takes (page size > 1 on the fast path): it holds counts, not tables, so a pool
+#: is a number and "how much would an unlimited cache hit?" can be asked of a real-size trace; 2^40 tokens (10^12)
+#: still refuses absurd values
+MAX_PAGE_ENGINE_POOL_TOKENS = 1 << 40
+
+
+def max_pool_tokens(page_size: int, counts_only: bool = True) -> tuple[int, str]:
+    """The largest pool a run takes, and its bound's name: the page engine's (``counts_only`` at page size > 1)
+    or the token-level memory's."""
+    if counts_only and page_size > 1:
+        return MAX_PAGE_ENGINE_POOL_TOKENS, "2^40, the page engine's"
+    return MAX_POOL_TOKENS, "2^26, the token-level memory's"
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,12 @@ class SchedulerConfig:
     closed_loop: ClosedLoop | None = None
 
     @property
+    def counts_only(self) -> bool:
+        """Whether the run's memory is the page engine's counts (``kvlab.sched.page_kv.PageKV``): the fast path at
+        page size > 1, with or without a host tier; else the token-level memory (slot tables)."""
+        return self.fast_decode and self.page_engine and self.page_size > 1
+
+    @property
     def hicache(self) -> bool:
         """Whether the run has a host tier (HiRadixCache over a host pool) instead of a RadixCache."""
         return self.hicache_ratio is not None or self.hicache_size_gib is not None
@@ -81,8 +99,9 @@ class SchedulerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        if self.kv_tokens > MAX_POOL_TOKENS:
-            raise ValueError(f"kv_tokens={self.kv_tokens} is more than the {MAX_POOL_TOKENS:,} (2^26) tokens the "
+        bound, name = max_pool_tokens(self.page_size, self.counts_only)
+        if self.kv_tokens > bound:
+            raise ValueError(f"kv_tokens={self.kv_tokens} is more than the {bound:,} ({name}) tokens the "
                              "simulator takes")
         if self.kv_tokens % self.page_size:
             raise ValueError(
@@ -103,7 +122,8 @@ class SchedulerConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
                     or not 0 < value <= MAX_HICACHE[name]:
                 raise ValueError(f"{name} must be a number in (0, {MAX_HICACHE[name]:g}], got {value!r}")
-        if self.hicache and self.host_pool().size_tokens > MAX_HOST_POOL_TOKENS:
+        # (the page engine's host pool is a count: the ratio's and the size's own bounds are its only ones)
+        if self.hicache and not self.counts_only and self.host_pool().size_tokens > MAX_HOST_POOL_TOKENS:
             field = "hicache_ratio" if self.hicache_ratio is not None else "hicache_size_gib"
             raise ValueError(f"{field}={getattr(self, field)} makes a host pool of {self.host_pool().size_tokens:,} "
                              f"tokens: at most {MAX_HOST_POOL_TOKENS:,} (2^27)")
@@ -168,8 +188,9 @@ def check_pool(extent: Extent, *, page_size: int, kv_tokens: int, page_flag: str
     if page_size > chunked_prefill_size:
         raise ValueError(f"{page_flag}: a page must fit in one prefill chunk (chunked_prefill_size), so at most "
                          f"{chunked_prefill_size:,} tokens")
-    if kv_tokens > MAX_POOL_TOKENS:
-        raise ValueError(f"{pool_flag} at {page_flag} is {kv_tokens:,} tokens: at most {MAX_POOL_TOKENS:,} (2^26)")
+    bound, name = max_pool_tokens(page_size)
+    if kv_tokens > bound:
+        raise ValueError(f"{pool_flag} at {page_flag} is {kv_tokens:,} tokens: at most {bound:,} ({name})")
     if kv_tokens % page_size:
         raise ValueError(f"{pool_flag} is not a whole number of pages at {page_flag}: use "
                          f"{align_down(kv_tokens, page_size) or page_size:,} or {align_up(kv_tokens, page_size):,} "

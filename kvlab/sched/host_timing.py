@@ -48,6 +48,7 @@ class HostTierTiming(NoHostTier):
         self.ledger = ledger
         self.step_start_s = 0.0
         self._seen = Transfers()  # the controller's running totals at the last step's end
+        self._ops = (0, 0, 0)  # copies issued and host tokens evicted by then (most steps move nothing)
 
     def begin_step(self, now_s: float) -> None:
         """The step starts at ``now_s``: complete the copies finished by then (``check_hicache_events``)."""
@@ -60,7 +61,11 @@ class HostTierTiming(NoHostTier):
         ctl, start = self.controller, self.step_start_s
         loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
         step_s = overlapped_step_s(compute_s, stall_s=ctl.now_s - start, load_s=loads)
-        self.ledger.note_transfers(self._transfers())
+        t = ctl.totals
+        ops = (t.writes, t.loads, self.tree.host_evicted_tokens)
+        if ops != self._ops:  # (else the step moved nothing: its row and the totals stay as they are)
+            self._ops = ops
+            self.ledger.note_transfers(self._transfers())
         return step_s
 
     def _transfers(self) -> Transfers:

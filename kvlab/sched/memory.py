@@ -6,10 +6,10 @@ Two memories satisfy :class:`SchedulerMemory`:
 - :class:`kvlab.sched.kv.SchedulerKV`: the token-level pools and radix cache (slot ids and rows; page size 1, the
   reference loop, HiCache's two-tier tree);
 - :class:`kvlab.sched.page_kv.PageKV`: the page engine (page counts and page ids only; the fast path at page size
-  > 1 without a host tier).
+  > 1, with or without a host tier).
 
 ``tests/test_layering.py`` holds both to this contract by signature. The HiCache-only call (``load_back``) is not
-part of it: only a request with host hits, which only ``SchedulerKV`` makes, reaches it.
+part of it: only a request with host hits, which only a memory with a host tier makes, reaches it (both have it).
 
 The errors: a request that does not fit at all is refused before a run starts (``Scheduler.__init__``, the user's
 input). Past that, admission and retraction make every allocation fit, so one that fails is kvlab's fault: a

@@ -14,8 +14,11 @@ compares whole pages, never a slot id. So:
 - a request holds ``ceil(kv_len / P)`` pages, of which the first ``cache_protected_len / P`` are the tree's.
 
 Sizes reach the scheduler in tokens, as :class:`SchedulerKV` gives them. The engine is chosen by
-:class:`~kvlab.sched.scheduler.Scheduler` for the fast path at page size > 1 without HiCache; the reference loop
-(``fast_decode=False``) keeps the token-level memory, and the tests compare the two row by row and tree by tree.
+:class:`~kvlab.sched.scheduler.Scheduler` for the fast path at page size > 1, with or without HiCache; the reference
+loop (``fast_decode=False``) keeps the token-level memory, and the tests compare the two row by row and tree by tree.
+With a host tier the tree is a :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree` (``HiRadixCache`` op
+for op over page ids, its host pool a count of pages, its copies on ``HiCacheController``'s clock): a match reports
+the host hit, admission loads it back (:meth:`PageKV.load_back`), inserts count hits and back up.
 """
 
 from __future__ import annotations
@@ -25,10 +28,10 @@ from collections.abc import Sequence
 from kvlab.errors import require
 from kvlab.mem_cache.page_tree import PageKeys, PageRadixTree
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
-from kvlab.sched.config import SchedulerConfig
+from kvlab.sched.config import MAX_POOL_TOKENS, SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
-from kvlab.sched.request import MatchMemo, PageState, SimReq
+from kvlab.sched.request import HostTierState, MatchMemo, PageState, SimReq
 
 
 class PageCounter:
@@ -58,16 +61,29 @@ class PageCounter:
 
 
 class PageKV:
-    """Pools and tree of one run at page granularity (:class:`SchedulerKV`'s interface; no HiCache)."""
+    """Pools and tree of one run at page granularity (:class:`SchedulerKV`'s interface; with HiCache, a
+    :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree` over a host pool of pages)."""
 
     def __init__(self, config: SchedulerConfig, ledger: Ledger) -> None:
         ps = self.page_size = config.page_size
-        require(ps > 1 and not config.hicache, "PageKV: page size > 1 without a host tier", page_size=ps)
+        require(ps > 1, "PageKV: page size > 1", page_size=ps)
         self.kv_tokens = config.kv_tokens
         self.eviction = config.eviction  # finding 2's mode: "shortfall" (the fix) or "full" (the bug)
         self.ledger = ledger
         self.allocator = PageCounter(config.kv_tokens // ps, ps)
-        self.tree = PageRadixTree(config.policy)
+        self.hicache = config.hicache
+        if self.hicache:
+            from kvlab.mem_cache.hicache.page_hiradix import PageHiRadixTree
+            from kvlab.mem_cache.hicache.page_host import PageHostPool
+
+            cost = config.cost
+            host = PageHostPool(config.kv_tokens, cost.kv_bytes_per_token, ps, config.hicache_ratio or 2.0,
+                                config.hicache_size_gb)
+            self.tree = PageHiRadixTree(self.allocator, host, config.hicache_write_policy, config.policy,
+                                        config.eviction, cost.device_to_host_bytes_per_s,
+                                        cost.host_to_device_bytes_per_s)
+        else:
+            self.tree = PageRadixTree(config.policy)
         self.keys = PageKeys(ps)
         self._rows = list(range(config.max_running + 1, 0, -1))  # free request rows (ReqToTokenPool's count)
 
@@ -105,7 +121,8 @@ class PageKV:
             return
         shortfall = shortfall_tokens(tokens, available)
         pages = self.tree.evict(-(-requested // ps))
-        self.allocator.free += pages  # (the tree's evict frees its leaves' pages)
+        if not self.hicache:  # (the two-tier tree frees through its controller, a write-back once its copy landed)
+            self.allocator.free += pages  # (the tree's evict frees its leaves' pages)
         self.ledger.note_evicted(shortfall, requested, pages * ps)
 
     def reserve(self, tokens: int) -> bool:
@@ -135,6 +152,8 @@ class PageKV:
         fill_len = len(req.prompt) + len(req.output_ids)
         tree, ps = self.tree, self.page_size
         memo = req.match_memo
+        if self.hicache:
+            return self._match_two_tiers(req, fill_len, memo)
         if memo is not None and memo.version == tree.structure_version and memo.fill_len == fill_len:
             tree.restamp_path(memo.last_node)
             req.last_node = memo.last_node
@@ -148,6 +167,53 @@ class PageKV:
         if cap:
             req.match_memo = MatchMemo(tree.structure_version, fill_len, None, node, pages * ps)
 
+    def _match_two_tiers(self, req: SimReq, fill_len: int, memo: MatchMemo | None) -> None:
+        """``SchedulerKV.match`` with a host tier: the device prefix, and the host hit below it with the node a
+        load-back ends at (``req.host``); a repeated match with the structure unchanged is replayed (a clock read per
+        node, ``restamp_path``; the tiers' ends, ``match_ends``)."""
+        tree, ps = self.tree, self.page_size
+        host = req.host
+        if host is None:
+            host = req.host = HostTierState()
+        if memo is not None and memo.version == tree.structure_version and memo.fill_len == fill_len:
+            tree.restamp_path(memo.last_node)
+            req.last_node, host.best_match_node, hit = tree.match_ends(memo.last_node)
+            host.hit_len = hit * ps
+            req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
+            return
+        req.fill_ids = range(fill_len)
+        cap = (fill_len - 1) // ps
+        if not cap:
+            req.last_node = host.best_match_node = tree.root_node
+            host.hit_len = req.prefix_len = req.cache_protected_len = req.kv_len = 0
+            return
+        end, pages = tree.match_walk(self.page_keys(req, cap), cap)
+        req.last_node, host.best_match_node, hit = tree.match_ends(end)
+        host.hit_len = hit * ps
+        req.prefix_len = req.cache_protected_len = req.kv_len = (pages - hit) * ps
+        req.match_memo = MatchMemo(tree.structure_version, fill_len, None, end, (pages - hit) * ps)
+
+    def load_back(self, req: SimReq) -> int:
+        """``SchedulerKV.load_back`` in pages: the request's host-only match back on the device (its device prefix
+        locked meanwhile), the load's eviction noted; returns the tokens loaded (0: skipped or no room)."""
+        host = req.host
+        if host is None or not host.hit_len:
+            return 0
+        tree = self.tree
+        tree.inc_lock_ref(req.last_node)
+        pages, ev = tree.load_back(host.best_match_node)
+        tree.dec_lock_ref(req.last_node)
+        if ev is not None:
+            self.ledger.note_evicted(*ev)
+        host.hit_len = 0
+        if not pages:
+            return 0
+        loaded = pages * self.page_size
+        req.last_node = host.best_match_node
+        req.prefix_len = req.cache_protected_len = req.kv_len = req.prefix_len + loaded
+        host.loaded_len += loaded
+        return loaded
+
     def replayable(self, req: SimReq) -> bool:
         memo = req.match_memo
         return memo is not None and memo.version == self.tree.structure_version
@@ -155,6 +221,9 @@ class PageKV:
     def replay_matches_of(self, req: SimReq, times: int) -> None:
         if times:
             tree = self.tree
+            if self.hicache:
+                tree.restamp_path(req.match_memo.last_node, times)
+                return
             tree.clock.now += times - 1
             tree.restamp_path(req.match_memo.last_node)
 
@@ -188,11 +257,14 @@ class PageKV:
         tree, ps = self.tree, self.page_size
         n = tokens // ps
         protected = req.cache_protected_len // ps
-        done, last = tree.insert(self.page_keys(req, n), n, 0, n if chunked else 0, req.last_node, protected)
+        if self.hicache:  # (chunked: no hit counted; the re-match reads the clock per node)
+            done, last = tree.insert(self.page_keys(req, n), n, 0, chunked, req.last_node, protected)
+        else:
+            done, last = tree.insert(self.page_keys(req, n), n, 0, n if chunked else 0, req.last_node, protected)
         if done > protected:
             self.allocator.free += done - protected
         if n:
-            tree.restamp_path(last)
+            tree.rematch(last) if self.hicache else tree.restamp_path(last)
         req.cache_protected_len = n * ps
         if req.last_node is not None:
             tree.dec_lock_ref(req.last_node)
@@ -238,7 +310,7 @@ class PageKV:
         protected = req.cache_protected_len // ps
         own = -(-kv // ps) - protected  # the pages past the tree's part of its prefix
         if insert:  # the new leaf keeps [done, n); the duplicates [protected, done) and the tail go back
-            done, _ = tree.insert(self.page_keys(req, n), n, 0, 0, req.last_node, protected)
+            done, _ = tree.insert(self.page_keys(req, n), n, 0, False if self.hicache else 0, req.last_node, protected)
             own -= n - max(done, protected)
         self.allocator.free += own
         if req.last_node is not None:
@@ -272,5 +344,12 @@ class PageKV:
                 cached=self.tree.total_size(), held=held, pages=self.allocator.pages)
 
     def result_tree(self):
-        """The final tree as the token-level ``RadixCache`` the reference run ends with."""
-        return self.tree.to_radix_cache(self.keys, self.kv_tokens)
+        """The final tree as the token-level ``RadixCache`` (``HiRadixCache``) the reference run ends with. A pool
+        beyond the token-level memory's bound (2^26 tokens, which only the page engine takes) is rebuilt as one just
+        big enough for the tree: slot tables of 2^40 tokens would not fit."""
+        kv = self.kv_tokens
+        if kv > MAX_POOL_TOKENS:
+            kv = (self.tree.total_size() + 1) * self.page_size
+        if self.hicache:
+            return self.tree.to_hiradix_cache(self.keys, kv)
+        return self.tree.to_radix_cache(self.keys, kv)

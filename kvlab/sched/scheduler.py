@@ -64,11 +64,11 @@ class Scheduler:
                                  f"needs {pool_need(prompt_len, r.output_len, ps)[1]}; raise kv_tokens")
         self.ledger = Ledger(Totals(requests=len(requests), prompt_tokens=sum(len(r.prompt_token_ids) for r in requests),
                                     prompt_pages=sum(-(-len(r.prompt_token_ids) // ps) for r in requests)))
-        # the fast path at page size > 1 without a host tier runs on the page engine (no token or slot ids); the
-        # reference loop, HiCache and page size 1 on the token-level memory
+        # the fast path at page size > 1 runs on the page engine (no token or slot ids), with or without a host
+        # tier; the reference loop and page size 1 on the token-level memory
         # where requests come from: a fixed list by arrival time, or a closed loop told of each finish
         self.arrivals = arrival_source([SimReq.of(r) for r in requests], requests, config.closed_loop)
-        if config.fast_decode and config.page_engine and ps > 1 and not config.hicache:
+        if config.counts_only:
             from kvlab.sched.page_kv import PageKV
 
             self.kv: SchedulerMemory = PageKV(config, self.ledger)

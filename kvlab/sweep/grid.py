@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvlab.argtypes import MAX_POOL
+from kvlab.argtypes import MAX_PAGE_POOL, MAX_POOL
 from kvlab.errors import KvlabError
 from kvlab.sched import RequestLike
 from kvlab.sweep.point import Point, default_kv_tokens
@@ -26,7 +26,9 @@ class SweepError(KvlabError, ValueError):
 
 
 def parse_list(text: str, flag: str, kind: type = str) -> tuple:
-    """``"a,b,c"`` as a tuple (spaces dropped); ``kind=int`` parses positive integers up to ``MAX_POOL``, ``kind=float``
+    """``"a,b,c"`` as a tuple (spaces dropped); ``kind=int`` parses positive integers up to ``MAX_POOL`` (a pool,
+    ``--kv-pages`` / ``--kv-tokens``: ``MAX_PAGE_POOL``, the page engine's; ``check_pool`` holds each point to its
+    memory's bound), ``kind=float``
     numbers. An empty list (``""``) and an empty item (``"30,,40"``) are both refused (issue 26: ``""`` meant the default)."""
     items = [item.strip() for item in str(text).split(",")]
     if not any(items):
@@ -40,8 +42,9 @@ def parse_list(text: str, flag: str, kind: type = str) -> tuple:
                 value = int(item)
             except ValueError:
                 raise SweepError(f"{flag}: expected positive integers, got {item[:40]!r}") from None
-            if value > MAX_POOL:
-                raise SweepError(f"{flag}: expected at most {MAX_POOL:,}, got {item[:40]}")
+            bound = MAX_PAGE_POOL if flag in ("--kv-pages", "--kv-tokens") else MAX_POOL
+            if value > bound:
+                raise SweepError(f"{flag}: expected at most {bound:,}, got {item[:40]}")
             out.append(value)
         items = out
     elif kind is float:

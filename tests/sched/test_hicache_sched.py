@@ -121,7 +121,7 @@ def test_blocked_waiting_heads_are_replayed_with_host_hits_as_the_loop_matches_t
         cfg = replace(BASE, kv_tokens=kv_tokens, max_running=max_running, eviction=mode, hicache_ratio=2,
                       hicache_write_policy=policy)
         replays.clear()
-        fast = run(cfg, reqs)
+        fast = run(cfg, reqs, page_engine=False)  # (the token-level memory's replays; the page engine's twin below)
         assert any(times > 1 for times, _ in replays)  # the blocked quiet steps replayed matches in bulk
         assert sum(host > 0 for _, host in replays) > 20  # replayed matches that hit on host
         plain = run(cfg, reqs, fast_decode=False)
@@ -159,13 +159,15 @@ def test_a_replayed_match_loads_its_host_hit_back_at_admission(monkeypatch, poli
     reqs = load_trace(ROOT / "data/traces/mooncake_small.jsonl")
     cfg = SchedulerConfig(kv_tokens=100 * 512, page_size=512, max_running=16, eviction=mode, hicache_ratio=4,
                           hicache_write_policy=policy)
-    fast = run(cfg, reqs)
+    fast = run(cfg, reqs, page_engine=False)  # (the token-level memory's match and load-back, recorded)
     assert sum(loads) > 5  # load-backs of host hits that a replayed match reported
     plain = run(cfg, reqs, fast_decode=False)
-    assert fast.totals() == plain.totals()
-    assert fast.rows == plain.rows
-    assert tree_frame(fast.tree).equals(tree_frame(plain.tree))
-    assert fast.tree.clock.now == plain.tree.clock.now
+    page = run(cfg, reqs)  # the page engine's two-tier tree, too
+    for other in (fast, page):
+        assert other.totals() == plain.totals()
+        assert other.rows == plain.rows
+        assert tree_frame(other.tree).equals(tree_frame(plain.tree))
+        assert other.tree.clock.now == plain.tree.clock.now
 
 
 def test_host_tier_raises_the_hit_rate():

@@ -144,7 +144,8 @@ def test_the_configuration_picks_the_memory():
     assert cfg.fast_decode  # the default
     assert type(Scheduler(cfg, reqs).kv) is PageKV
     assert type(Scheduler(replace(cfg, fast_decode=False), reqs).kv) is SchedulerKV
-    assert type(Scheduler(replace(cfg, hicache_ratio=2), reqs).kv) is SchedulerKV
+    assert type(Scheduler(replace(cfg, hicache_ratio=2), reqs).kv) is PageKV  # (with its two-tier tree)
+    assert type(Scheduler(replace(cfg, hicache_ratio=2, page_engine=False), reqs).kv) is SchedulerKV
     assert type(Scheduler(replace(cfg, page_size=1), reqs).kv) is SchedulerKV
 
 

@@ -17,6 +17,11 @@ module               upstream (``sglang/srt/...``)
 ``tier_moves``       ``HiRadixCache.write_backup`` / ``writing_check`` / ``loading_check``, ``evict`` (demotion,
                      write-back), ``evict_host``, ``load_back`` / ``init_load_back``
 ``invariants``       kvlab's own: ``HiRadixCache.check_invariants()``
+``two_tier_core``    ``HiRadixCache.writing_check`` / ``loading_check``, and kvlab's match ends and walk replay:
+                     what both two-tier trees (slots, pages) share
+``page_host``        the host pool as free pages and ``HiCacheController`` over counts (the page engine's)
+``page_tier_moves``  ``tier_moves`` op for op in pages
+``page_hiradix``     ``HiRadixCache`` op for op over page ids (the page engine's two-tier tree)
 ==================== ==============================================================================================
 
 Imports go one way: ``memory_pool_host`` <- ``cache_controller``; ``tree_node`` <- ``results``, ``leaf_index``

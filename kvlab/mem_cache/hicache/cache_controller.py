@@ -28,13 +28,16 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
-
-from kvlab.mem_cache.base_prefix_cache import KVAllocator
-from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S as FINISH_TOLERANCE_S  # re-exported, as WRITE_POLICIES
 from kvlab.mem_cache.options import WRITE_POLICIES as WRITE_POLICIES  # re-exported: its home is the torch-free options
+
+if TYPE_CHECKING:  # (annotations only: the page engine's controller, page_host.PageHiController, runs without torch)
+    import torch
+
+    from kvlab.mem_cache.base_prefix_cache import KVAllocator
+    from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 
 # The default bandwidth (bytes/s) of host<->device copies: an H100/H200's PCIe Gen5 x16 link, ~55 GB/s for pinned
 # copies, the figure kvlab.sched.cost.DEFAULT_HOST_LINK_BYTES_PER_S gives the scheduler (one figure everywhere: a test
@@ -56,7 +59,7 @@ class CacheOperation:
 
     @property
     def num_tokens(self) -> int:
-        return int(self.host_indices.shape[0])
+        return len(self.host_indices)
 
 
 @dataclass
@@ -118,7 +121,7 @@ class HiCacheController:
     def _issue(self, queue: deque, kind: str, host: torch.Tensor, device: torch.Tensor, node_id: int,
                bytes_per_s: float) -> CacheOperation:
         start = max(self.now_s, queue[-1].finish_s if queue else self.now_s)
-        op = CacheOperation(kind, host, device, node_id, start, start + self.transfer_seconds(host.shape[0], bytes_per_s))
+        op = CacheOperation(kind, host, device, node_id, start, start + self.transfer_seconds(len(host), bytes_per_s))
         queue.append(op)
         return op
 

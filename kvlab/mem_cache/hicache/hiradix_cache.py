@@ -69,6 +69,7 @@ from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.hicache.results import HiEvictResult, HiMatchResult, LoadBackResult
 from kvlab.mem_cache.hicache.tier_moves import TierMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
 from kvlab.mem_cache.request_flows import RequestFlows
@@ -94,7 +95,7 @@ def _slot_source(value: torch.Tensor) -> torch.Tensor | np.ndarray:
     return value.numpy() if value.dtype != _I64 and value.device.type == "cpu" else value
 
 
-class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadixTree):
+class HiRadixCache(RequestFlows, TierMoves, TwoTierCore, HiLeafIndex, HiInvariants, BaseRadixTree):
     """SGLang 0.5.16's ``HiRadixCache``: a radix tree over a device allocator and a host pool.
 
     ``token_to_kv_pool_host``: the L2 pool (:class:`HostKVCache`); ``write_policy``: one of
@@ -165,38 +166,6 @@ class HiRadixCache(RequestFlows, TierMoves, HiLeafIndex, HiInvariants, BaseRadix
         node, last_host, host_hit = self.match_ends(end)
         device = torch.cat(values) if values else self._empty
         return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
-
-    def match_ends(self, end: HiTreeNode) -> tuple[HiTreeNode, HiTreeNode, int]:
-        """Where a match walk that ended at ``end`` (the deepest node it matched, on either tier) stops on each
-        tier: ``(last_device_node, last_host_node, host_hit_length)`` as :class:`HiMatchResult` names them. The
-        walk's end is ``last_host_node`` when ``host_hit_length`` is not 0, else ``last_device_node``."""
-        node, host_hit = end, 0
-        while node.value is None:
-            host_hit += len(node.key)
-            node = node.parent
-        last_host = end
-        while last_host.host_value is None:
-            last_host = last_host.parent
-        return node, last_host, host_hit
-
-    def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
-        """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
-        unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
-        and then for each node of the path, top down (``_match_walk``), so the clock moves ``times`` times the path
-        length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
-        a fresh heap entry (once: the earlier walks' entries would be stale)."""
-        path, root = [], self.root_node
-        while node is not root:
-            path.append(node)
-            node = node.parent
-        clock = self.clock
-        now = clock.now + (times - 1) * (len(path) + 1) + 1
-        root.last_access_time = now
-        for x in reversed(path):
-            now += 1
-            x.last_access_time = now
-            self._touch(x)
-        clock.now = now
 
     def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
         tick, ps = self.clock.tick, self.page_size

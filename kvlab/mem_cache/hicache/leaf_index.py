@@ -29,6 +29,13 @@ class HiLeafIndex:
         """The host tier's evictable leaves: a live, read-only view of its index."""
         return self.host_leaf_index.leaves.keys()
 
+    def adopt(self, root_node, next_id: int) -> None:
+        """``TreeCore.adopt`` (a tree built node by node), each node's host-leaf status filed too."""
+        super().adopt(root_node, next_id)
+        for node in self.nodes():
+            if node is not root_node:
+                self._update_host_leaf_status(node)
+
     def _prio(self, node: HiTreeNode) -> tuple:
         return (self._priority_of(node), node.last_access_time, node.id)
 

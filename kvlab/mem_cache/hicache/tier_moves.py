@@ -56,28 +56,6 @@ class TierMoves:
             self.inc_lock_ref(node)
         return host.shape[0]
 
-    def writing_check(self, write_back: bool = False) -> int:
-        """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
-        copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
-        ctl = self.cache_controller
-        if write_back:
-            ctl.wait_writes()
-        acks, ctl.ack_write_queue = ctl.ack_write_queue, []
-        for op in acks:
-            _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
-            if lock_node is not None:
-                self.dec_lock_ref(lock_node)
-        return len(acks)
-
-    def loading_check(self) -> int:
-        """Consume acknowledged load-backs (unlocking the node each one locked). Returns the acks consumed."""
-        ctl = self.cache_controller
-        acks, ctl.ack_load_queue = ctl.ack_load_queue, []
-        for op in acks:
-            _, node = self.ongoing_load_back.pop(id(op))
-            self.dec_lock_ref(node)
-        return len(acks)
-
     def check_hicache_events(self) -> None:
         """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
         self.writing_check()

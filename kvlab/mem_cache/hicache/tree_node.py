@@ -7,12 +7,14 @@ Upstream: ``sglang/srt/mem_cache/radix_cache.py::TreeNode`` (``host_value``, ``h
 from __future__ import annotations
 
 from array import array
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvlab.errors import LockRefError
 from kvlab.mem_cache.base_prefix_cache import LogicalClock
 from kvlab.mem_cache.tree_core import NodeCore
+
+if TYPE_CHECKING:  # (annotations only: the page engine's two-tier tree uses this node without torch)
+    import torch
 
 
 class HiTreeNode(NodeCore):

@@ -1,0 +1,337 @@
+"""The two-tier radix cache at page granularity, for the page engine with a host tier (``kvlab.sched.page_kv.PageKV``):
+:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` op for op over page ids, with no slot values.
+
+It is to ``HiRadixCache`` what :class:`~kvlab.mem_cache.page_tree.PageRadixTree` is to ``RadixCache``: at a page
+size P > 1 a paged two-tier tree compares only whole pages (children filed by their first page, splits on page
+boundaries, sizes in whole pages), and nothing it decides reads a device or host slot id. So a node holds its key
+(page ids, :class:`~kvlab.mem_cache.page_tree.PageKeys`) and, instead of slot tensors, ``value`` / ``host_value``
+set to ``True`` or ``None`` (on the device / backed up: the same ``HiTreeNode``, whose residency, host protection
+and clock reads are the token tree's). The device pool is the page engine's count of free pages, the host pool a
+count too, and the copies are timed by :class:`~kvlab.mem_cache.hicache.cache_controller.HiCacheController` itself
+(:class:`~kvlab.mem_cache.hicache.page_host.PageHiController`: one clock for both memories).
+
+Shared, not copied: the leaf rules and each tier's heap (``leaf_index.HiLeafIndex`` over ``tree_core.LeafIndex``),
+the lock walk, counters and structure-version bumps (``tree_core.TreeCore``), the node (``tree_node.HiTreeNode``)
+and the copy clock. Written here, op for op as the token tree's: the walks (match with a clock read per node, split,
+insert with the locked-path shortcut and write-through hit counting, the re-match after an insert) in this module,
+and the tier moves (backup, demotion, write-back, host eviction, load-back, acks) in
+:mod:`~kvlab.mem_cache.hicache.page_tier_moves`. Sizes (``evictable_size_``, ``protected_size_``) are in pages;
+what reaches the scheduler and the ledger is in tokens, as the token tree gives it. The twin test
+(``tests/sched/test_page_hicache.py``) runs both memories on the same workloads and requires the same rows, totals,
+clock, host-tier traffic and final tree (:meth:`PageHiRadixTree.to_hiradix_cache` rebuilds it at token level).
+
+No torch (``to_hiradix_cache`` imports it when called).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import replace
+
+from kvlab.errors import InvariantError, require
+from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
+from kvlab.mem_cache.evict_policy import get_eviction_strategy
+from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
+from kvlab.mem_cache.hicache.page_host import PageHiController, PageHostPool
+from kvlab.mem_cache.hicache.page_tier_moves import PageTierMoves
+from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
+from kvlab.mem_cache.shortfall import check_mode
+from kvlab.mem_cache.tree_core import LeafIndex, TreeCore
+
+
+class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
+    """``HiRadixCache`` over page ids. ``allocator``: the device pool's free pages (``free``, ``take(pages)``);
+    ``host_pool``: a :class:`PageHostPool`; the rest as ``HiRadixCache`` takes them (bandwidths in bytes/s)."""
+
+    def __init__(self, allocator, host_pool: PageHostPool, write_policy: str = "write_through",
+                 eviction_policy: str = "lru", load_back_evict_mode: str = "shortfall",
+                 d2h_bytes_per_s: float = 25e9, h2d_bytes_per_s: float = 25e9, load_back_threshold: int = 10):
+        check_mode(load_back_evict_mode, "PageHiRadixTree load_back_evict_mode")
+        self.page_size = host_pool.page_size
+        self.allocator = allocator
+        self.host_pool = host_pool
+        self.cache_controller = PageHiController(allocator, host_pool, write_policy, d2h_bytes_per_s,
+                                                 h2d_bytes_per_s)
+        self.write_policy = write_policy
+        self.write_through_threshold = 1 if write_policy == "write_through" else 2
+        self.load_back_threshold = load_back_threshold
+        self.load_back_evict_mode = load_back_evict_mode
+        self.eviction_policy = eviction_policy.lower()
+        self._priority_of = get_eviction_strategy(self.eviction_policy, None).get_priority
+        self._reset_core(self._priority_of)
+        self.clock = LogicalClock()
+        self.root_node = self._new_node(array("q"), True, None, -(2**63))
+        self.root_node.host_value = True
+        self.root_node.lock_ref = 1
+        self.host_leaf_index = LeafIndex(self._priority_of)
+        self.ongoing_write_through: dict = {}
+        self.ongoing_load_back: dict = {}
+        self.host_evicted_tokens = 0
+
+    def _new_node(self, key: array, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
+        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
+
+    # -- match -----------------------------------------------------------------------------------------------------
+    def match_walk(self, key: array, n: int) -> tuple[HiTreeNode, int]:
+        """``HiRadixCache._match_walk`` of the first ``n`` pages (n > 0): (the deepest node matched on either tier,
+        pages matched). A clock read for the root and each node, the node's heap entries refreshed; the node the
+        key ends inside is split."""
+        tick = self.clock.tick
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
+        node = self.root_node
+        node.last_access_time = tick()
+        off = 0
+        while off < n:
+            child = node.children.get(key[off])
+            if child is None:
+                break
+            child.last_access_time = tick()
+            if child in leaves:
+                dev.push(child)
+            if child in host_leaves:
+                host.push(child)
+            ckey = child.key
+            m = len(ckey)
+            if off + m > n or ckey != key[off : off + m]:
+                m = common_prefix_len(ckey, key, off, n)
+                return self._split_node(child, m), off + m
+            node = child
+            off += m
+        return node, off
+
+    def _split_node(self, child: HiTreeNode, m: int) -> HiTreeNode:
+        """``child`` -> ``upper[:m]`` -> ``child[m:]`` (pages), both tiers' residency kept by both halves."""
+        parent = child.parent
+        upper = self._new_node(child.key[:m], None, parent, child.priority)
+        upper.lock_ref = child.lock_ref
+        upper.hit_count = child.hit_count
+        upper.value = child.value
+        upper.host_value = child.host_value
+        child.key = child.key[m:]
+        child.parent = upper
+        upper.children[child.key[0]] = child
+        parent.children[upper.key[0]] = upper
+        return upper
+
+    # -- insert ----------------------------------------------------------------------------------------------------
+    def _held_path(self, held, held_len: int) -> list | None:
+        """``RequestFlows._held_path`` in pages: the root-to-``held`` nodes if ``held`` is a live, locked device node
+        whose path holds ``held_len`` pages; else None."""
+        if held is None or held.value is None or held.lock_ref <= 0 or held is self.root_node:
+            return None
+        path, length, root = [], 0, self.root_node
+        while held is not root:
+            path.append(held)
+            length += len(held.key)
+            held = held.parent
+        return path[::-1] if length == held_len else None
+
+    def insert(self, key: array, n: int, priority: int = 0, chunked: bool = False, held: HiTreeNode | None = None,
+               held_len: int = 0) -> tuple[int, HiTreeNode]:
+        """``HiRadixCache._insert`` of the first ``n`` pages of ``key``: (pages already on the device, the node
+        ending at ``n``). A host-only node on the way adopts the caller's pages (not counted as cached); under the
+        write-through policies a node reaching its hit threshold is backed up. ``held``: the node the request holds
+        locked, its path ``held_len`` pages (walked without comparing its pages again)."""
+        if n == 0:
+            return 0, self.root_node
+        count_hits = not chunked and self.write_policy != "write_back"
+        path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        node, off = self._walk_held(path, priority, count_hits) if path else (self.root_node, 0)
+        prefix = off
+        tick = self.clock.tick
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
+        while off < n:
+            child = node.children.get(key[off])
+            if child is None:
+                break
+            child.last_access_time = tick()
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:
+                dev.push(child)
+            if child in host_leaves:
+                host.push(child)
+            ckey = child.key
+            m = len(ckey)
+            if off + m > n or ckey != key[off : off + m]:
+                m = common_prefix_len(ckey, key, off, n)
+                node = self._split_node(child, m)
+                if priority > node.priority:
+                    node.priority = priority
+            else:
+                node = child
+            if node.value is None:  # host-only: adopt the caller's (recomputed) pages
+                node.value = True
+                self.structure_version += 1
+                self.evictable_size_ += m
+                self._update_leaf_status(node)
+                self._update_host_leaf_status(node)
+                self._update_leaf_status(node.parent)
+            else:
+                if count_hits:
+                    self._inc_hit_count(node)
+                prefix += m
+            off += m
+        if off < n:
+            leaf = self._new_node(key[off:n], True, node, priority)
+            node.children[leaf.key[0]] = leaf
+            self.evictable_size_ += n - off
+            self._update_leaf_status(node)
+            self._update_leaf_status(leaf)
+            if count_hits:
+                self._inc_hit_count(leaf)
+            node = leaf
+        return prefix, node
+
+    def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
+        """What insert's walk does to each node of a request's locked path (a clock read, the priority, the heap
+        entries, a hit), without looking the children up: (the path's last node, its pages)."""
+        tick, off = self.clock.tick, 0
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
+        for child in path:
+            child.last_access_time = tick()
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:
+                dev.push(child)
+            if child in host_leaves:
+                host.push(child)
+            if count_hits:
+                self._inc_hit_count(child)
+            off += len(child.key)
+        return path[-1], off
+
+    def rematch(self, last: HiTreeNode) -> None:
+        """``HiRadixCache._rematch``: the match of the key an insert just made end at ``last`` (not the root),
+        without comparing it again: a clock read for the root and each node from the top, device heap entries
+        refreshed."""
+        path, node, root = [], last, self.root_node
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        tick, dev = self.clock.tick, self.leaf_index
+        leaves = dev.leaves
+        root.last_access_time = tick()
+        for node in reversed(path):
+            node.last_access_time = tick()
+            if node in leaves:
+                dev.push(node)
+
+    def _inc_hit_count(self, node: HiTreeNode) -> None:
+        if self.write_policy == "write_back":
+            return
+        node.hit_count += 1
+        self._touch(node)
+        if node.host_value is None and node.hit_count >= self.write_through_threshold:
+            self.write_backup(node)
+
+    # -- sizes, invariants and the token-level view ---------------------------------------------------------------
+    def host_size(self) -> int:
+        """Pages with a host copy (both tiers or host only)."""
+        return sum(len(x.key) for x in self.nodes() if x is not self.root_node and x.host_value is not None)
+
+    def check_invariants(self) -> None:
+        """``HiRadixCache.check_invariants`` in pages: children filed by their first page and pointing back; device
+        residency closed under prefixes; every node on a tier; host-only nodes unlocked; write-through backups a
+        prefix from the root; lock counts; the counters; the host pool holding exactly the tree's host copies; both
+        leaf indexes and heaps; every node an in-flight copy protects locked."""
+        root = self.root_node
+        self._check_root("PageHiRadixTree")
+        nodes, on_device = [], []
+        for node in self.nodes():
+            child_locks = 0
+            for first, child in node.children.items():
+                require(child.parent is node and first == child.key[0],
+                        "PageHiRadixTree: each child is filed under its first page and points back", child=child)
+                child_locks += child.lock_ref
+                if node.value is None and child.value is not None:
+                    raise InvariantError("PageHiRadixTree: device residency is closed under prefixes", child=child)
+            if node is root:
+                continue
+            require(len(node.key) > 0 and node.lock_ref >= child_locks,
+                    "PageHiRadixTree: non-empty keys, lock_ref >= the children's", node=node)
+            if node.value is None and node.host_value is None:
+                raise InvariantError("PageHiRadixTree: every node is on the device or on host", node=node)
+            if node.value is None:
+                require(node.lock_ref == 0, "PageHiRadixTree: a host-only node is unlocked", node=node)
+            else:
+                on_device.append(node)
+            if (node.host_value is not None and self.write_policy != "write_back" and node.parent is not root
+                    and node.parent.host_value is None):
+                raise InvariantError("PageHiRadixTree: write-through backups form a prefix from the root", node=node)
+            nodes.append(node)
+        self._check_sizes(on_device, "PageHiRadixTree")
+        host_pages = self.host_size()
+        require(host_pages * self.page_size == self.host_pool.used_size(),
+                "PageHiRadixTree: the host pool holds exactly the tree's host copies", tree=host_pages,
+                pool_used=self.host_pool.used_size())
+        self.host_pool.check_invariants()
+        self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
+                              "PageHiRadixTree: the device-leaf index holds exactly the unlocked device leaves",
+                              "PageHiRadixTree: every device leaf has a live heap entry with its current sort key")
+        self.host_leaf_index.check({x for x in nodes if x.value is None
+                                    and all(c.host_value is None for c in x.children.values())},
+                                   "PageHiRadixTree: the host-leaf index holds exactly the host-only leaves",
+                                   "PageHiRadixTree: every host leaf has a live heap entry with its current sort key")
+        for _, lock_node in self.ongoing_write_through.values():
+            require(lock_node is None or lock_node.lock_ref > 0,
+                    "PageHiRadixTree: a node with a backup in flight is locked", node=lock_node)
+        for _, node in self.ongoing_load_back.values():
+            require(node.value is not None and node.lock_ref > 0,
+                    "PageHiRadixTree: a node with a load-back in flight is on the device and locked", node=node)
+
+    def to_hiradix_cache(self, page_keys, kv_tokens: int):
+        """This tree as the token-level ``HiRadixCache`` the token-level run ends with: the same nodes (ids, keys as
+        tokens, residency, access and creation times, hit counts, priorities, locks), clock, sizes and host
+        evictions and copy totals, over a fresh paged allocator of ``kv_tokens`` and a fresh host pool of the same size whose slots
+        the nodes hold (slot ids are the simulator's own and never compared; a ``kv_tokens`` other than the run's
+        device pool gets a host pool just big enough for the tree's copies)."""
+        import torch
+
+        from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator
+        from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
+        from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
+
+        ps, hp = self.page_size, self.host_pool
+        allocator = PagedTokenToKVPoolAllocator(kv_tokens, ps)
+        if kv_tokens == hp.device_size_tokens:  # the run's own host pool
+            host = HostKVCache(hp.device_size_tokens, hp.size_per_token, ps, hp.hicache_ratio, hp.hicache_size_gb)
+        else:  # (a device pool cut to the tree's size: a host pool just big enough for its copies)
+            host = HostKVCache(max(hp.used_size(), ps), hp.size_per_token, ps, 1.0)
+        ctl = self.cache_controller
+        cache = HiRadixCache(None, allocator, host, page_size=ps, write_policy=self.write_policy,
+                             eviction_policy=self.eviction_policy, load_back_evict_mode=self.load_back_evict_mode,
+                             d2h_bytes_per_s=ctl.d2h_bytes_per_s, h2d_bytes_per_s=ctl.h2d_bytes_per_s)
+        made: dict = {}
+        for node in self.nodes():  # (pre-order: a parent before its children)
+            parent = made.get(node.parent)
+            if parent is None:
+                twin = cache.root_node
+            else:
+                tokens = page_keys.tokens(node.key)
+                value = host_value = None
+                if node.value is not None:
+                    pages = allocator.alloc_decode_page_ids(len(node.key), len(node.key))
+                    require(pages is not None, "to_hiradix_cache: the pool holds the tree", pages=len(node.key))
+                    value = torch.tensor([p * ps + i for p in pages for i in range(ps)], dtype=torch.int64)
+                if node.host_value is not None:
+                    host_value = host.alloc(len(tokens))
+                twin = HiTreeNode(tokens, value, parent, cache.clock, node.id, node.priority)
+                twin.host_value = host_value
+                parent.children[tokens[:ps].tobytes()] = twin  # (HiRadixCache files a child by its first page)
+            twin.last_access_time, twin.creation_time = node.last_access_time, node.creation_time
+            twin.hit_count, twin.lock_ref = node.hit_count, node.lock_ref
+            made[node] = twin
+        cache.adopt(cache.root_node, self._next_id)  # (files each node's leaf status on both tiers)
+        cache.clock.now = self.clock.now
+        cache.structure_version = self.structure_version
+        cache.evictable_size_ = self.evictable_size_ * ps
+        cache.protected_size_ = self.protected_size_ * ps
+        cache.host_evicted_tokens = self.host_evicted_tokens
+        cache.cache_controller.totals = replace(ctl.totals)  # (the run's copies: tokens, seconds, waits, failures)
+        cache.cache_controller.now_s = ctl.now_s
+        return cache

@@ -1,0 +1,71 @@
+"""What both two-tier trees do that reads only residency, locks, the logical clock and the copy clock: the token tree
+(:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`, over slot tensors) and the page tree
+(:class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`, the page engine's, over page counts), written once.
+
+Upstream: 0.5.16's ``hiradix_cache.py::HiRadixCache`` ``writing_check`` / ``loading_check`` (the acks of the copies,
+which unlock their nodes); kvlab's own: the ends of a match walk on each tier (``match_ends``) and the replay of a
+repeated walk (``restamp_path``), see ``hiradix_cache``'s module docstring. A mixin; no torch.
+"""
+
+from __future__ import annotations
+
+from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+
+
+class TwoTierCore:
+    """A two-tier tree's match ends, walk replay and copy acks (a mixin over its ``root_node``, ``clock``, leaf
+    indexes, locks, ``cache_controller`` and ``ongoing_write_through`` / ``ongoing_load_back``)."""
+
+    def match_ends(self, end: HiTreeNode) -> tuple[HiTreeNode, HiTreeNode, int]:
+        """Where a match walk that ended at ``end`` (the deepest node it matched, on either tier) stops on each
+        tier: ``(last_device_node, last_host_node, host_hit_length)`` as :class:`HiMatchResult` names them. The
+        walk's end is ``last_host_node`` when ``host_hit_length`` is not 0, else ``last_device_node``."""
+        node, host_hit = end, 0
+        while node.value is None:
+            host_hit += len(node.key)
+            node = node.parent
+        last_host = end
+        while last_host.host_value is None:
+            last_host = last_host.parent
+        return node, last_host, host_hit
+
+    def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
+        """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
+        unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
+        and then for each node of the path, top down (``_match_walk``), so the clock moves ``times`` times the path
+        length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
+        a fresh heap entry (once: the earlier walks' entries would be stale)."""
+        path, root = [], self.root_node
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        clock = self.clock
+        now = clock.now + (times - 1) * (len(path) + 1) + 1
+        root.last_access_time = now
+        for x in reversed(path):
+            now += 1
+            x.last_access_time = now
+            self._touch(x)
+        clock.now = now
+
+    def writing_check(self, write_back: bool = False) -> int:
+        """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
+        copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
+        ctl = self.cache_controller
+        if write_back:
+            ctl.wait_writes()
+        acks, ctl.ack_write_queue = ctl.ack_write_queue, []
+        for op in acks:
+            _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
+            if lock_node is not None:
+                self.dec_lock_ref(lock_node)
+        return len(acks)
+
+    def loading_check(self) -> int:
+        """Consume acknowledged load-backs (unlocking the node each one locked). Returns the acks consumed."""
+        ctl = self.cache_controller
+        acks, ctl.ack_load_queue = ctl.ack_load_queue, []
+        for op in acks:
+            _, node = self.ongoing_load_back.pop(id(op))
+            self.dec_lock_ref(node)
+        return len(acks)
