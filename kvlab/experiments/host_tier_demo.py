@@ -10,6 +10,7 @@ from kvlab.experiments.tree_demo import SteppedDemo, TreeDemo
 from kvlab.mem_cache.allocator import TokenToKVPoolAllocator
 from kvlab.mem_cache.base_prefix_cache import EvictResult
 from kvlab.mem_cache.hicache.hiradix_cache import HiEvictResult, HiRadixCache
+from kvlab.mem_cache.shortfall import shortfall_tokens
 
 
 # ---- the tree widget's stepper ------------------------------------------------------------------------------------
@@ -89,7 +90,7 @@ class HostTierDemo(SteppedDemo):
         for step in steps:
             self.mode = step.mode
             if step.kind == "pressure":
-                self.pressure_event(step.num_tokens - step.available_before_tokens)
+                self.pressure_event(shortfall_tokens(step.num_tokens, step.available_before_tokens))
             else:
                 self.next_request()
         self.mode = mode
