@@ -22,7 +22,7 @@ class HiTreeNode:
     staging it)."""
 
     __slots__ = ("children", "parent", "key", "value", "host_value", "lock_ref", "host_ref_counter",
-                 "last_access_time", "creation_time", "hit_count", "priority", "id")
+                 "last_access_time", "creation_time", "hit_count", "priority", "id", "hash_value")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
                  node_id: int, priority: int = 0):
@@ -38,6 +38,7 @@ class HiTreeNode:
         self.hit_count = 0
         self.priority = priority
         self.id = node_id
+        self.hash_value: list[str] | None = None  # storage keys of its pages (L3), computed when first needed
 
     @property
     def evicted(self) -> bool:
