@@ -105,4 +105,4 @@ class StorageTierTiming(HostTierTiming):
                                                   written_to_storage_tokens=s.written_to_storage_tokens)
 
     def next_transfer_s(self) -> float:
-        return min(super().next_transfer_s(), self.tree.storage_next_event_s() - FINISH_TOLERANCE_S)
+        return min(super().next_transfer_s(), self.tree.storage_next_event_s())

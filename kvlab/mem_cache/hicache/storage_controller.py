@@ -58,7 +58,8 @@ class PrefetchOperation:
         done = now_s - self.start_s - self.latency_s + FINISH_TOLERANCE_S
         if done < 0:
             return 0
-        pages = len(self.hash_value) if self.page_s == 0 else min(len(self.hash_value), int(done / self.page_s))
+        pages = len(self.hash_value) if self.page_s == 0 else min(len(self.hash_value),
+                                                                  int(done / self.page_s + 1e-9))
         return pages * self.page_size
 
 

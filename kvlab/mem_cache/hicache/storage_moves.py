@@ -131,8 +131,9 @@ class StorageMoves:
         return True
 
     def prefetch_timed_out(self, op: PrefetchOperation) -> bool:
-        """``_prefetch_timeout_check_linear_func``."""
-        return self.now_s - op.issue_s > self.prefetch_deadline_s(op) - op.issue_s
+        """``_prefetch_timeout_check_linear_func`` (``>=`` where SGLang has ``>``: the modelled clock lands on the
+        deadline itself, where a real clock has passed it)."""
+        return self.now_s >= self.prefetch_deadline_s(op)
 
     def prefetch_deadline_s(self, op: PrefetchOperation) -> float:
         """When the ``timeout`` policy stops waiting for ``op``: its start + min(max, base + per_ki * tokens/1024)."""
