@@ -119,19 +119,24 @@ class PrefillAdder:
             offset += align_up(extend, ps) + ps + max_new
             rem_input -= align_up(extend, ps)
             rem_chunk -= align_up(extend, ps)
-            if not req.admitted:
-                req.admitted = True
-                hit = min(req.prefix_len, req.prompt_len)
-                hosted = min(host.loaded_len, hit) if host else 0
-                self.ledger.note_first_admission(hit, ps, host_tokens=hosted,
-                                                 storage_tokens=min(host.storage_len, hosted) if host else 0)
-            if host is not None:
-                host.loaded_len = 0
+            self._note_admitted(req, host)
             batch.append(req)
             if chunks:
                 chunked = req
         waiting.extendleft(reversed(skipped))  # (back in their places, ahead of the rest)
         return PrefillBatch(batch, chunked)
+
+    def _note_admitted(self, req: SimReq, host) -> None:
+        """A first admission's hits go into the ledger: device, host (loaded back) and storage (loaded back after its
+        prefetch read them); the request's loaded-back count starts again."""
+        if not req.admitted:
+            req.admitted = True
+            hit = min(req.prefix_len, req.prompt_len)
+            hosted = min(host.loaded_len, hit) if host else 0
+            self.ledger.note_first_admission(hit, self.page_size, host_tokens=hosted,
+                                             storage_tokens=min(host.storage_len, hosted) if host else 0)
+        if host is not None:
+            host.loaded_len = 0
 
     def _next_chunk(self, req: SimReq, rem_chunk: int) -> int:
         """The chunked request's next chunk (``add_chunked_req``): the rest of its prompt if it fits the chunk budget,

@@ -19,7 +19,6 @@ import tempfile
 
 def run_file(script: dict, known: list[str]) -> list[dict]:
     import torch
-
     from sglang.srt.mem_cache.hicache_storage import HiCacheFile, HiCacheStorageConfig
     from sglang.srt.mem_cache.utils import get_hash_str
 

@@ -137,3 +137,11 @@ def test_cli_json_shows_the_storage_tier(capsys):
     assert totals["written_to_storage_tokens"] > 0
     assert totals["cached_prompt_tokens"] == sum(totals[k] for k in ("device_hit_tokens", "host_hit_tokens",
                                                                      "storage_hit_tokens"))
+
+
+def test_simulate_storage_choices_are_the_registries():
+    from kvlab.cli.simulate import SIMULATE_PREFETCH_POLICIES, SIMULATE_STORAGE_BACKENDS
+    from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, STORAGE_BACKENDS
+
+    assert SIMULATE_STORAGE_BACKENDS == STORAGE_BACKENDS
+    assert SIMULATE_PREFETCH_POLICIES == PREFETCH_POLICIES

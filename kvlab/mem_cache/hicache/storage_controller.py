@@ -29,7 +29,6 @@ from kvlab.mem_cache.hicache.storage import HiCacheStorage, get_hash_str
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 
 
-
 @dataclass(eq=False)
 class PrefetchOperation:
     """One prefetch: ``token_ids`` (whole pages past the host match), the storage hit it found (``hash_value``:

@@ -232,7 +232,7 @@ class StorageMoves:
             return
         ctl.storage.check_invariants()
         ps = self.page_size
-        for node, key, op in self.ongoing_prefetch.values():
+        for node, _, op in self.ongoing_prefetch.values():
             require(node.host_ref_counter > 0 and node.host_value is not None,
                     "HiRadixCache: a prefetch's start node is backed up and host-protected", node=node)
             require(len(op.hash_value) * ps == len(op.host_indices) == op.storage_hit_count,
