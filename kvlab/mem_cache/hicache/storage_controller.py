@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from kvlab.mem_cache.hicache.cache_controller import check_channel
 from kvlab.mem_cache.hicache.storage import HiCacheStorage, get_hash_str
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 
@@ -96,11 +97,7 @@ class StorageController:
 
     def __init__(self, host_controller, storage: HiCacheStorage, page_size: int, read_bytes_per_s: float,
                  write_bytes_per_s: float, latency_s: float, prefetch_threshold: int = 256):
-        for name, bw in (("read_bytes_per_s", read_bytes_per_s), ("write_bytes_per_s", write_bytes_per_s)):
-            if not bw > 0:
-                raise ValueError(f"{name} must be > 0 bytes/s, got {bw}")
-        if latency_s < 0:
-            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        check_channel(latency_s, read_bytes_per_s=read_bytes_per_s, write_bytes_per_s=write_bytes_per_s)
         self.host_controller = host_controller
         self.mem_pool_host = host_controller.mem_pool_host
         self.storage = storage
