@@ -211,3 +211,12 @@ def test_storage_tier_keeps_its_invariants(ops, policy, write_policy, cap):
     tree.drain()
     tree.check_invariants()
     assert not tree.ongoing_prefetch and not tree.storage_controller.backup_queue
+
+
+def test_a_zero_threshold_never_waits_for_nothing():
+    """With ``prefetch_threshold`` 0, a prompt storage holds none of (or an empty one) starts no prefetch, so
+    ``wait_complete`` cannot wait forever for a read of zero pages."""
+    tree, _ = make_tree(HiCacheStorage(PAGE_BYTES), "wait_complete", threshold=0)
+    assert not tree.prefetch_from_storage("r", tree.root_node, KEY, None)
+    assert not tree.prefetch_from_storage("e", tree.root_node, [], None)
+    assert tree.check_prefetch_progress("r") and tree.check_prefetch_progress("e")

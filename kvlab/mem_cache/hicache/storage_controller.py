@@ -146,7 +146,7 @@ class StorageController:
         hash_value, hit = self.storage_hit_query(token_ids, last_hash)
         self.totals.prefetches += 1
         self.totals.storage_hit_tokens += hit
-        if hit < self.prefetch_threshold:
+        if hit < self.prefetch_threshold or not hit:  # (a threshold of 0: nothing found is nothing to read)
             self.totals.revoked += 1
             return None
         pool, ps = self.mem_pool_host, self.page_size
@@ -158,7 +158,7 @@ class StorageController:
         if host_indices is None:  # a shorter page-aligned prefix, if still worth it
             available = pool.available_size()
             alloc_len = min(hit, available - available % ps)
-            if alloc_len >= self.prefetch_threshold:
+            if alloc_len >= max(self.prefetch_threshold, 1):
                 host_indices = pool.alloc(alloc_len)
         if host_indices is None:
             self.totals.revoked += 1

@@ -118,7 +118,7 @@ class StorageMoves:
         prefetch is under way."""
         ctl = self.storage_controller
         n = align_down(len(new_input_tokens), self.page_size)
-        if ctl is None or n < self.prefetch_threshold or ctl.prefetch_rate_limited():
+        if ctl is None or not n or n < self.prefetch_threshold or ctl.prefetch_rate_limited():
             return False
         key = list(new_input_tokens[:n])
         last_host_node.protect_host()
