@@ -143,6 +143,8 @@ def _print_run(result, source: str, page_size: int) -> None:
           f"KV pool {totals['kv_tokens']:,} tokens · policy {totals['policy']}")
     if result.config.hicache:
         print(f"host tier (HiCache) · {_host_tier_line(result.config)}")
+    if result.config.hicache_storage:
+        print(f"storage tier (L3) · {_storage_tier_line(result.config)}")
     width = max(map(len, totals))
     for key, value in totals.items():
         if key in ("eviction", "page_size", "kv_tokens", "policy"):
@@ -263,3 +265,15 @@ def _host_tier_line(config) -> str:
     return (f"{given}: {pool.size_tokens:,} host tokens ({fmt_bytes(pool.size_bytes)} at "
             f"{cost.kv_bytes_per_token:,} B/token) · write policy {config.hicache_write_policy} · host link "
             f"{cost.host_to_device_bytes_per_s / 1e9:g} GB/s")
+
+
+def _storage_tier_line(config) -> str:
+    """What ``kvlab simulate`` says of the storage tier: the backend preset (assumed figures), its capacity, the
+    prefetch policy and threshold."""
+    from kvlab.mem_cache.hicache.storage import STORAGE_PRESETS, storage_capacity_bytes
+
+    preset = STORAGE_PRESETS[config.hicache_storage_backend]
+    cap = storage_capacity_bytes(preset.name, config.hicache_storage_size_gb)
+    return (f"--hicache-storage-backend {preset.name}: {'unbounded' if cap is None else f'{cap / 1e9:g} GB'}, "
+            f"{preset.read_gbps:g} GB/s read, {preset.write_gbps:g} GB/s write, {preset.latency_us:g} µs (assumed) · "
+            f"prefetch {config.hicache_storage_prefetch_policy}, threshold {config.prefetch_threshold:,} tokens")

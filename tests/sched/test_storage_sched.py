@@ -145,3 +145,12 @@ def test_simulate_storage_choices_are_the_registries():
 
     assert SIMULATE_STORAGE_BACKENDS == STORAGE_BACKENDS
     assert SIMULATE_PREFETCH_POLICIES == PREFETCH_POLICIES
+
+
+def test_cli_text_names_the_storage_tier_and_compare_runs_it(capsys):
+    assert cli("--hicache-ratio", "1", "--hicache-storage-backend", "hf3fs", "--hicache-storage-size", "2") == 0
+    out = capsys.readouterr().out
+    assert "storage tier (L3) · --hicache-storage-backend hf3fs: 2 GB, 10 GB/s read" in out and "(assumed)" in out
+    assert "storage_hit_tokens" in out
+    assert cli("--hicache-ratio", "1", "--hicache-storage-backend", "file", "--compare", "--json") == 0
+    assert "written_to_storage_tokens" in capsys.readouterr().out
