@@ -162,7 +162,8 @@ def test_sglang_basic_backup_and_prefetch():
     assert cached > 700 and tree.match_prefix(prompt).host_hit_length == cached
 
 
-OPS = st.lists(st.tuples(st.sampled_from(["insert", "match", "evict", "prefetch", "check", "advance", "evict_host"]),
+OPS = st.lists(st.tuples(st.sampled_from(["insert", "match", "evict", "prefetch", "check", "advance", "evict_host",
+                                          "flush"]),
                          st.integers(0, 7), st.integers(1, 6)), min_size=1, max_size=40)
 
 
@@ -173,9 +174,10 @@ OPS = st.lists(st.tuples(st.sampled_from(["insert", "match", "evict", "prefetch"
 def test_storage_tier_keeps_its_invariants(ops, policy, write_policy, cap):
     """Random inserts, matches, evictions, prefetches, progress checks and clock moves over prompts that share
     prefixes; check_invariants after every op (the store within capacity, prefetch slots accounted for, keys one
-    per page, backing-up nodes host-protected), and every prefetch eventually lets its request go."""
+    per page, backing-up nodes host-protected), and every prefetch eventually lets its request go. A flush leaves
+    what storage holds as the only copy, so later prefetches find it."""
     store = HiCacheStorage(PAGE_BYTES, cap and cap * PAGE_BYTES)
-    tree, alloc = make_tree(store, policy, write_policy, device=48, timeout=(1.0, 0.1, 30.0))
+    tree, alloc = make_tree(store, policy, write_policy, device=48, threshold=PS, timeout=(1.0, 0.1, 30.0))
     prompts = [[1 + (i % 3)] * 4 + [10 + i] * (4 * (1 + i % 3)) for i in range(8)]
     pending = set()
     for op, i, n in ops:
@@ -204,6 +206,8 @@ def test_storage_tier_keeps_its_invariants(ops, policy, write_policy, cap):
                 pending.discard(i)
         elif op == "advance":
             tree.advance(n * 0.5)
+        elif op == "flush":  # (refused while a copy, prefetch or backup is in flight)
+            tree.flush_cache()
         tree.check_invariants()
     tree.advance(100.0)
     for i in sorted(pending):

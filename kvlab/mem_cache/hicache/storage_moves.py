@@ -179,12 +179,14 @@ class StorageMoves:
         tokens already in the tree (their host slots are the caller's to free)."""
         tick, ps = self.clock.tick, self.page_size
         node.last_access_time = tick()
+        self._touch(node)  # (a leaf's sort key changed: a fresh heap entry)
         matched, off, n = 0, 0, len(key)
         while off < n:
             child = node.children.get(self._key_of(key, off))
             if child is None:
                 break
             child.last_access_time = tick()
+            self._touch(child)
             m = align_down(common_prefix_len(child.key, key, off, n), ps)
             node = self._split_node(child, m) if m < len(child.key) else child
             matched += m
