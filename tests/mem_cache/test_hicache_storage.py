@@ -224,3 +224,17 @@ def test_a_zero_threshold_never_waits_for_nothing():
     assert not tree.prefetch_from_storage("r", tree.root_node, KEY, None)
     assert not tree.prefetch_from_storage("e", tree.root_node, [], None)
     assert tree.check_prefetch_progress("r") and tree.check_prefetch_progress("e")
+
+
+def test_two_prefetches_of_the_same_pages_keep_the_host_heap_current():
+    """The second of two prefetches of the same pages finds them already hung in the tree by the first: its walk
+    touches that host-only leaf, which must get a fresh heap entry (check_invariants: a live entry with its current
+    sort key). The second request's pages are all freed and count as not loaded from storage."""
+    tree = stored_tree("wait_complete")
+    assert tree.prefetch_from_storage("a", tree.root_node, KEY, None)
+    assert tree.prefetch_from_storage("b", tree.root_node, KEY, None)
+    tree.poll(10.0)
+    assert tree.check_prefetch_progress("a") and tree.check_prefetch_progress("b")
+    tree.check_invariants()
+    assert tree.pop_prefetch_loaded_tokens("a") == 16 and tree.pop_prefetch_loaded_tokens("b") == 0
+    assert tree.token_to_kv_pool_host.used_size() == 16
