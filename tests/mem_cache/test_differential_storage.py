@@ -29,7 +29,8 @@ pytestmark = pytest.mark.slow
 
 def hash_cases() -> list:
     rng = random.Random(7)
-    cases = [[[], None, 4], [[1, 2, 3, 4, 5, 6, 7, 8], None, 4], [[0, 2**32 - 1, 5], None, None], [[9] * 5, None, 1]]
+    cases = [[[], None, 4], [[1, 2, 3, 4, 5, 6, 7, 8], None, 4], [[0, 2**32 - 1, 5], None, None], [[9] * 5, None, 1],
+             [[1, 2, 2**32, 3, 4, 5], None, 2], [[2**40, 7], None, None]]  # wide pages: ids past uint32
     for _ in range(20):
         tokens = [rng.randrange(0, 2**32) for _ in range(rng.randrange(1, 40))]
         prior = get_hash_str([rng.randrange(100)]) if rng.random() < 0.5 else None

@@ -1,7 +1,8 @@
 """HiCache's third tier (L3): a storage backend of page-wise hashed keys, its capacity and its speed.
 
 Upstream (SGLang 0.5.23): ``mem_cache/utils.py::get_hash_str`` (``cpp_utils/hash_binding.cpp``: each page's key is
-the SHA-256 of the previous page's digest followed by the page's token ids as little-endian uint32, so a key names
+the SHA-256 of the previous page's digest followed by the page's token ids as little-endian uint32 (or, for a page
+with an id past uint32, 0xff and the ids as uint64), so a key names
 the page *and* its whole prefix), ``mem_cache/hicache_storage.py::HiCacheStorage`` / ``HiCacheFile``
 (``exists``, ``batch_exists``: the number of consecutive keys present from the first; ``set`` of a present key
 refreshes its recency and writes nothing; ``get`` refreshes it; ``clear``) and
@@ -30,18 +31,27 @@ from kvlab.errors import require
 EVICTION_RATIO = 0.9  # LRUFileEvictor's default eviction_ratio (SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO)
 
 
+def _page_bytes(tokens: Sequence[int]) -> bytes:
+    """A page's bytes as ``hash_binding.cpp`` hashes them: its ids as little-endian uint32, or, when one does not
+    fit (a wide page), the byte 0xff then the ids as little-endian uint64."""
+    try:
+        return array("I", tokens).tobytes()
+    except OverflowError:
+        return b"\xff" + array("Q", tokens).tobytes()
+
+
 def get_hash_str(token_ids: Sequence[int], prior_hash: str | None = None, page_size: int | None = None) -> str | list[str]:
     """SGLang's ``get_hash_str``: with ``page_size``, one hex key per page (the last page may be partial), each
-    chained on the previous one's digest (the first on ``prior_hash``); without, one key for all of ``token_ids``.
-    Token ids must fit in uint32 (SGLang hashes wider ids another way, which kvlab does not model)."""
+    the SHA-256 of the previous one's digest (the first: ``prior_hash``'s) and the page's bytes; without, one key for
+    all of ``token_ids``. Ids are non-negative int64 (a negative one raises, as SGLang's)."""
     digest = bytes.fromhex(prior_hash) if prior_hash else b""
     if page_size is None:
-        return hashlib.sha256(digest + array("I", token_ids).tobytes()).hexdigest()
+        return hashlib.sha256(digest + _page_bytes(token_ids)).hexdigest()
     if page_size < 1:
         raise ValueError(f"get_hash_str: page_size must be positive, got {page_size}")
     keys = []
     for start in range(0, len(token_ids), page_size):
-        digest = hashlib.sha256(digest + array("I", token_ids[start : start + page_size]).tobytes()).digest()
+        digest = hashlib.sha256(digest + _page_bytes(token_ids[start : start + page_size])).digest()
         keys.append(digest.hex())
     return keys
 
