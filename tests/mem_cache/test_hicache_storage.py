@@ -105,6 +105,7 @@ def stored_tree(policy, **kw):
 def test_prefetch_policies(policy, when, done, loaded):
     tree = stored_tree(policy)
     assert tree.prefetch_from_storage("r", tree.root_node, KEY + [99], None)
+    tree.poll(0.0)  # the next check_hicache_events: the hit's host slots are taken, the read starts
     tree.poll(when)
     assert tree.check_prefetch_progress("r") is done
     tree.check_invariants()
@@ -233,8 +234,22 @@ def test_two_prefetches_of_the_same_pages_keep_the_host_heap_current():
     tree = stored_tree("wait_complete")
     assert tree.prefetch_from_storage("a", tree.root_node, KEY, None)
     assert tree.prefetch_from_storage("b", tree.root_node, KEY, None)
+    tree.poll(0.0)
     tree.poll(10.0)
     assert tree.check_prefetch_progress("a") and tree.check_prefetch_progress("b")
     tree.check_invariants()
     assert tree.pop_prefetch_loaded_tokens("a") == 16 and tree.pop_prefetch_loaded_tokens("b") == 0
     assert tree.token_to_kv_pool_host.used_size() == 16
+
+
+@pytest.mark.parametrize("policy", ["best_effort", "timeout"])
+def test_a_request_scheduled_before_its_host_slots_are_taken_gets_nothing(policy):
+    """SGLang takes a prefetch's host slots only at the next check_hicache_events after its hit query: a request
+    scheduled before then (best_effort, or a timeout already past) revokes it, and the host pool is never touched
+    (no host copy evicted to make room for pages nobody reads)."""
+    tree = stored_tree(policy, timeout=(0.0, 0.0, 0.0))
+    assert tree.prefetch_from_storage("r", tree.root_node, KEY + [99], None)
+    assert tree.check_prefetch_progress("r") and tree.pop_prefetch_loaded_tokens("r") == 0
+    tree.check_invariants()
+    assert tree.token_to_kv_pool_host.used_size() == 0 and not tree.ongoing_prefetch
+    assert tree.storage_controller.totals.prefetch_aborted_tokens == 16

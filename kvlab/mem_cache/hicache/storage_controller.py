@@ -48,6 +48,8 @@ class PrefetchOperation:
     latency_s: float = 0.0
     page_size: int = 1
     terminated: bool = False
+    alloc_due_s: float = 0.0  # when the hit query has answered: its host slots are taken at the next poll
+    queued_s: float = 0.0  # when its read was queued on the channel (its slots taken)
 
     @property
     def finish_s(self) -> float:
@@ -55,6 +57,8 @@ class PrefetchOperation:
 
     def completed_tokens(self, now_s: float) -> int:
         """Tokens read into host by ``now_s`` (whole pages)."""
+        if self.host_indices is None:
+            return 0
         done = now_s - self.start_s - self.latency_s + FINISH_TOLERANCE_S
         if done < 0:
             return 0
@@ -138,10 +142,10 @@ class StorageController:
         hit = self.storage.batch_exists(keys)
         return keys[:hit], hit * self.page_size
 
-    def prefetch(self, request_id, token_ids, last_hash: str | None, evict_host) -> PrefetchOperation | None:
-        """Query storage for ``token_ids`` and, on a hit of at least ``prefetch_threshold`` tokens, take host slots
-        for it (``evict_host(n)`` first when short) and start reading it. None: revoked (too small a hit, or no
-        host room)."""
+    def prefetch(self, request_id, token_ids, last_hash: str | None) -> PrefetchOperation | None:
+        """Query storage for ``token_ids`` (``prefetch_thread_func``). None: revoked, too small a hit. Else the
+        operation, its host slots taken by :meth:`allocate` once the query's ``latency_s`` has passed (at the
+        scheduler's next ``check_hicache_events``: a request scheduled before then gets nothing from it)."""
         op = PrefetchOperation(request_id, token_ids, last_hash, self.now_s, page_size=self.page_size)
         hash_value, hit = self.storage_hit_query(token_ids, last_hash)
         self.totals.prefetches += 1
@@ -149,7 +153,15 @@ class StorageController:
         if hit < self.prefetch_threshold or not hit:  # (a threshold of 0: nothing found is nothing to read)
             self.totals.revoked += 1
             return None
-        pool, ps = self.mem_pool_host, self.page_size
+        op.hash_value, op.storage_hit_count = hash_value, hit
+        op.alloc_due_s = self.now_s + self.latency_s
+        return op
+
+    def allocate(self, op: PrefetchOperation, evict_host) -> bool:
+        """``_drain_and_alloc_storage_hit``: host slots for ``op``'s hit (``evict_host(n)`` first when short; else
+        a shorter page-aligned prefix if it still reaches the threshold), and its read starts. False: no room
+        (the caller revokes it)."""
+        pool, ps, hit = self.mem_pool_host, self.page_size, op.storage_hit_count
         alloc_len = hit
         host_indices = pool.alloc(alloc_len)
         if host_indices is None:
@@ -163,20 +175,24 @@ class StorageController:
         if host_indices is None:
             self.totals.revoked += 1
             self.totals.prefetch_aborted_tokens += hit
-            return None
+            return False
         self.totals.prefetch_aborted_tokens += hit - alloc_len
-        op.hash_value, op.storage_hit_count, op.host_indices = hash_value[: alloc_len // ps], alloc_len, host_indices
-        op.page_s, op.latency_s = self._page_seconds(self.read_bytes_per_s), self.latency_s
+        op.hash_value, op.storage_hit_count, op.host_indices = op.hash_value[: alloc_len // ps], alloc_len, host_indices
+        op.page_s, op.latency_s = self._page_seconds(self.read_bytes_per_s), 0.0  # (the latency was the query's)
+        op.queued_s = self.now_s
         op.start_s = max(self.now_s, self.reading[-1].finish_s if self.reading else self.read_free_s)
         self.reading.append(op)
-        return op
+        return True
 
     def terminate_prefetch(self, op: PrefetchOperation) -> int:
         """Stop ``op`` now; returns the tokens it completed. The channel frees at the end of the page in flight, and
         the reads queued behind it move up."""
         now = self.now_s
-        done = op.completed_tokens(now)
         op.terminated = True
+        if op.host_indices is None:  # stopped before its host slots were taken: nothing read
+            self.totals.prefetch_aborted_tokens += op.storage_hit_count
+            return 0
+        done = op.completed_tokens(now)
         if op in self.reading:
             self.reading.remove(op)
             if op.start_s < now:  # it began: the page in flight finishes
@@ -193,7 +209,7 @@ class StorageController:
         t = self.read_free_s
         for op in self.reading:
             if op.start_s > now:  # not begun: as early as the channel allows
-                op.start_s = max(op.issue_s, t, now)
+                op.start_s = max(op.queued_s, t, now)
             t = op.finish_s
 
     # -- backup (host -> storage) ---------------------------------------------------------------------

@@ -29,6 +29,7 @@ from kvlab.errors import require
 from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, HiCacheStorage
 from kvlab.mem_cache.hicache.storage_controller import PrefetchOperation, StorageController
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 from kvlab.mem_cache.radix_tree import common_prefix_len
 from kvlab.units import align_down
 
@@ -106,8 +107,16 @@ class StorageMoves:
         node.protect_host()
 
     def _poll_storage(self) -> None:
-        for op in self.storage_controller.poll_backups():
+        """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
+        answered take their host slots (or are revoked for want of room)."""
+        ctl = self.storage_controller
+        for op in ctl.poll_backups():
             op.node.release_host()
+        now = ctl.now_s
+        for req_id, (_, _, op) in list(self.ongoing_prefetch.items()):
+            if op.host_indices is None and op.alloc_due_s - FINISH_TOLERANCE_S <= now \
+                    and not ctl.allocate(op, self.evict_host):
+                self._revoke_pending_prefetch(req_id)
 
     # -- prefetch (storage -> host) ------------------------------------------------------------------
     def prefetch_from_storage(self, req_id, last_host_node: HiTreeNode, new_input_tokens,
@@ -121,14 +130,18 @@ class StorageMoves:
         if ctl is None or not n or n < self.prefetch_threshold or ctl.prefetch_rate_limited():
             return False
         key = list(new_input_tokens[:n])
-        last_host_node.protect_host()
-        op = ctl.prefetch(req_id, key, last_hash, self.evict_host)
-        if op is None:  # revoked: too small a hit, or no host room
-            last_host_node.release_host()
+        op = ctl.prefetch(req_id, key, last_hash)
+        if op is None:  # revoked: too small a hit
             return False
+        last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
         ctl.prefetch_tokens_occupied += n
         return True
+
+    def _revoke_pending_prefetch(self, req_id) -> None:
+        last_host_node, key, _ = self.ongoing_prefetch.pop(req_id)
+        last_host_node.release_host()
+        self.storage_controller.prefetch_tokens_occupied -= len(key)
 
     def prefetch_timed_out(self, op: PrefetchOperation) -> bool:
         """``_prefetch_timeout_check_linear_func`` (``>=`` where SGLang has ``>``: the modelled clock lands on the
@@ -160,14 +173,16 @@ class StorageMoves:
             return False
         ctl = self.storage_controller
         completed = ctl.terminate_prefetch(op)
+        if op.host_indices is None:  # stopped before its host slots were taken (best_effort, timeout): revoked
+            self._revoke_pending_prefetch(req_id)
+            self.prefetch_loaded_tokens_by_reqid[req_id] = 0
+            return True
         ps = self.page_size
         matched = self._insert_helper_host(last_host_node, array("q", key[:completed]),
                                            op.host_indices[:completed], op.hash_value[: completed // ps])
         ctl.mem_pool_host.free(op.host_indices[:matched])
         ctl.mem_pool_host.free(op.host_indices[completed:])
-        last_host_node.release_host()
-        del self.ongoing_prefetch[req_id]
-        ctl.prefetch_tokens_occupied -= len(key)
+        self._revoke_pending_prefetch(req_id)  # (the start node released, the occupied tokens returned)
         self.prefetch_loaded_tokens_by_reqid[req_id] = completed - matched
         return True
 
@@ -217,12 +232,11 @@ class StorageMoves:
     def storage_next_event_s(self) -> float:
         """The next clock time at which a storage event changes what the scheduler sees: a backup landing, or a
         prefetch the policy lets stop (its last page, or its timeout)."""
-        ctl = self.storage_controller
+        ctl, policy = self.storage_controller, self.prefetch_stop_policy
         times = [ctl.next_backup_s()]
-        if self.prefetch_stop_policy != "best_effort":
-            for _, _, op in self.ongoing_prefetch.values():
-                times.append(op.finish_s if self.prefetch_stop_policy == "wait_complete"
-                             else min(op.finish_s, self.prefetch_deadline_s(op)))
+        for _, _, op in self.ongoing_prefetch.values():
+            end = op.alloc_due_s if op.host_indices is None else op.finish_s  # (its slots taken, or its last page)
+            times.append(min(end, self.prefetch_deadline_s(op)) if policy == "timeout" else end)
         return min(times)
 
     def check_storage_invariants(self) -> None:
@@ -237,8 +251,10 @@ class StorageMoves:
         for node, _, op in self.ongoing_prefetch.values():
             require(node.host_ref_counter > 0 and node.host_value is not None,
                     "HiRadixCache: a prefetch's start node is backed up and host-protected", node=node)
-            require(len(op.hash_value) * ps == len(op.host_indices) == op.storage_hit_count,
-                    "HiRadixCache: a prefetch holds host slots for exactly its hit pages", hit=op.storage_hit_count)
+            require(len(op.hash_value) * ps == op.storage_hit_count and (
+                op.host_indices is None or len(op.host_indices) == op.storage_hit_count),
+                "HiRadixCache: a prefetch holds host slots for exactly its hit pages (once taken)",
+                hit=op.storage_hit_count)
         require(ctl.prefetch_tokens_occupied == sum(len(k) for _, k, _ in self.ongoing_prefetch.values()),
                 "HiRadixCache: prefetch_tokens_occupied counts the prefetches in flight",
                 occupied=ctl.prefetch_tokens_occupied)
@@ -252,4 +268,4 @@ class StorageMoves:
 
     def prefetch_host_slots(self) -> list[torch.Tensor]:
         """Host slots held by prefetches in flight (allocated, not yet in the tree)."""
-        return [op.host_indices for _, _, op in self.ongoing_prefetch.values()]
+        return [op.host_indices for _, _, op in self.ongoing_prefetch.values() if op.host_indices is not None]
