@@ -10,11 +10,12 @@ the host allocation for a hit, ``hiradix_cache.py::_drain_and_alloc_storage_hit`
 shorter page-aligned prefix if it still reaches the threshold, else revoke).
 
 kvlab moves no bytes. Each direction is a FIFO channel on the host controller's clock: a read of ``n`` pages
-starts when issued or when the channel frees, and its ``k``-th page lands ``latency_s + k * page_bytes /
+starts when its slots are taken or when the channel frees, and its ``k``-th page lands ``k * page_bytes /
 read_bytes_per_s`` after it starts; a backup lands whole at ``latency_s + n * page_bytes / write_bytes_per_s``,
-and its keys enter the store then. Differs on purpose: the hit query and the host allocation happen at issue
-(SGLang runs the query on the prefetch thread and allocates at the next ``check_hicache_events``, both within a
-step or so); a terminated read frees the channel at the end of the page in flight; no batches of
+and its keys enter the store then. A prefetch's host slots are taken (:meth:`StorageController.allocate`) at the
+tree's first poll once the query's ``latency_s`` has passed, as SGLang allocates at the next
+``check_hicache_events`` after its thread's query. Differs on purpose: the query's answer is computed at issue; a
+terminated read frees the channel at the end of the page in flight; no batches of
 ``STORAGE_BATCH_SIZE`` pages, no TP all-reduce (one rank).
 """
 
