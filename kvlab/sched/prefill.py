@@ -133,8 +133,9 @@ class PrefillAdder:
             req.admitted = True
             hit = min(req.prefix_len, req.prompt_len)
             hosted = min(host.loaded_len, hit) if host else 0
-            self.ledger.note_first_admission(hit, self.page_size, host_tokens=hosted,
-                                             storage_tokens=min(host.storage_len, hosted) if host else 0)
+            # (per request as well: multiturn34's SimReq.storage_hit_tokens, which its per-round table sums)
+            stored = req.storage_hit_tokens = min(host.storage_len, hosted) if host else 0
+            self.ledger.note_first_admission(hit, self.page_size, host_tokens=hosted, storage_tokens=stored)
         if host is not None:
             host.loaded_len = 0
 
