@@ -18,6 +18,8 @@ from kvlab.safe_text import printable
 SIMULATE_EVICTION_MODES = ("shortfall", "full")  # kvlab.mem_cache.options.EVICTION_MODES
 SIMULATE_POLICIES = ("fifo", "filo", "lfu", "lru", "mru", "priority", "slru")  # sorted(evict_policy.EVICTION_POLICIES)
 SIMULATE_WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")  # options.WRITE_POLICIES
+SIMULATE_STORAGE_BACKENDS = ("file", "mooncake", "hf3fs", "nixl")  # hicache.storage.STORAGE_BACKENDS
+SIMULATE_PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")  # hicache.storage.PREFETCH_POLICIES
 
 
 def add_parser(commands, command: str | None) -> None:
@@ -58,7 +60,27 @@ def add_parser(commands, command: str | None) -> None:
                       help="HiCache: add a host KV pool of GIB GiB (SGLang's --hicache-size, which reads decimal GB)")
     sim.add_argument("--hicache-write-policy", choices=list(SIMULATE_WRITE_POLICIES), default=None,
                      help="HiCache write policy, with --hicache-ratio or --hicache-size (default: write_through)")
+    _add_storage_flags(sim)
     sim.add_argument("--json", action="store_true", help="print the totals as JSON")
+
+
+def _add_storage_flags(sim) -> None:
+    """HiCache's storage tier (L3): SGLang's --hicache-storage-backend and --hicache-storage-prefetch-policy, the
+    store's capacity, and the prefetch knobs SGLang reads from --hicache-storage-backend-extra-config."""
+    l3 = sim.add_argument_group("HiCache storage tier (L3), with --hicache-ratio or --hicache-size")
+    l3.add_argument("--hicache-storage-backend", choices=list(SIMULATE_STORAGE_BACKENDS), default=None,
+                    help="add a storage tier: a backend preset of capacity, bandwidth and latency (assumed figures; "
+                         "docs/semantics.md)")
+    l3.add_argument("--hicache-storage-size", type=_nonneg_number("--hicache-storage-size"), default=None,
+                    metavar="GB", help="storage capacity in decimal GB per rank, 0 for unbounded (default: the "
+                                       "preset's; file and nixl: unbounded)")
+    l3.add_argument("--hicache-storage-prefetch-policy", choices=list(SIMULATE_PREFETCH_POLICIES), default=None,
+                    help="when a request stops waiting for its prefetch (default: best_effort)")
+    for flag, default, unit in (("--prefetch-threshold", 256, "tokens"), ("--prefetch-timeout-base", 2.0, "s"),
+                                ("--prefetch-timeout-per-ki-token", 0.1, "s per 1024 tokens"),
+                                ("--prefetch-timeout-max", 30.0, "s")):
+        l3.add_argument(flag, type=_nonneg_number(flag), default=None, metavar=unit.split()[0].upper(),
+                        help=f"SGLang's {flag[2:].replace('-', '_')} ({unit}; default: {default:g})")
 
 
 def run(args) -> int:
@@ -155,6 +177,8 @@ def _print_run(result, source: str, page_size: int) -> None:
           f"KV pool {totals['kv_tokens']:,} tokens · policy {totals['policy']}")
     if result.config.hicache:
         print(f"host tier (HiCache) · {_host_tier_line(result.config)}")
+    if result.config.hicache_storage:
+        print(f"storage tier (L3) · {_storage_tier_line(result.config)}")
     width = max(map(len, totals))
     for key, value in totals.items():
         if key in ("eviction", "page_size", "kv_tokens", "policy"):
@@ -210,16 +234,59 @@ def _record_line(path: str, rid: str) -> int | None:
 def _hicache_options(args) -> dict:
     """The ``SchedulerConfig`` fields of ``--hicache-ratio`` / ``--hicache-size`` / ``--hicache-write-policy``."""
     if args.hicache_ratio is None and args.hicache_size is None:
+        if args.hicache_storage_backend is not None:  # SGLang's storage sits behind its host tier
+            raise ValueError(f"--hicache-storage-backend {args.hicache_storage_backend} needs a host tier: give "
+                             "--hicache-ratio R or --hicache-size GIB")
         if args.hicache_write_policy is not None:
             raise ValueError(f"--hicache-write-policy {args.hicache_write_policy} needs a host tier: give "
                              "--hicache-ratio R or --hicache-size GIB")
-        return {}
+        return _storage_options(args)  # (a storage knob without a backend is refused there)
     options = {"hicache_write_policy": args.hicache_write_policy or "write_through"}
     if args.hicache_ratio is not None:
         options["hicache_ratio"] = args.hicache_ratio
     else:
         options["hicache_size_gib"] = args.hicache_size
-    return options
+    return options | _storage_options(args)
+
+
+def _nonneg_number(flag: str):
+    """An argparse type: a finite number >= 0, refused naming ``flag`` (exit 2)."""
+    import argparse
+    import math
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{flag}: expected a number, got {text!r}") from None
+        if not math.isfinite(value) or value < 0:
+            raise argparse.ArgumentTypeError(f"{flag} must be a finite number >= 0, got {text}")
+        return value
+
+    return parse
+
+
+_STORAGE_FLAGS = {  # --flag -> the SchedulerConfig field it sets
+    "hicache_storage_size": "hicache_storage_size_gb", "hicache_storage_prefetch_policy":
+    "hicache_storage_prefetch_policy", "prefetch_threshold": "prefetch_threshold", "prefetch_timeout_base":
+    "prefetch_timeout_base", "prefetch_timeout_per_ki_token": "prefetch_timeout_per_ki_token",
+    "prefetch_timeout_max": "prefetch_timeout_max"}
+
+
+def _storage_options(args) -> dict:
+    """The ``SchedulerConfig`` fields of the storage-tier flags; a knob without a backend is refused."""
+    given = {field: getattr(args, name) for name, field in _STORAGE_FLAGS.items() if getattr(args, name) is not None}
+    if args.hicache_storage_backend is None:
+        if given:
+            name = next(n for n, f in _STORAGE_FLAGS.items() if f in given)
+            raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)} needs a storage tier: give "
+                             "--hicache-storage-backend {" + ",".join(SIMULATE_STORAGE_BACKENDS) + "}")
+        return {}
+    if "prefetch_threshold" in given:
+        if given["prefetch_threshold"] != int(given["prefetch_threshold"]):
+            raise ValueError(f"--prefetch-threshold must be a whole number of tokens, got {args.prefetch_threshold:g}")
+        given["prefetch_threshold"] = int(given["prefetch_threshold"])
+    return {"hicache_storage_backend": args.hicache_storage_backend, **given}
 
 
 def _host_tier_line(config) -> str:
@@ -232,3 +299,15 @@ def _host_tier_line(config) -> str:
     return (f"{given}: {pool.size_tokens:,} host tokens ({fmt_bytes(pool.size_bytes)} at "
             f"{cost.kv_bytes_per_token:,} B/token) · write policy {config.hicache_write_policy} · host link "
             f"{cost.host_to_device_bytes_per_s / 1e9:g} GB/s")
+
+
+def _storage_tier_line(config) -> str:
+    """What ``kvlab simulate`` says of the storage tier: the backend preset (assumed figures), its capacity, the
+    prefetch policy and threshold."""
+    from kvlab.mem_cache.hicache.storage import STORAGE_PRESETS, storage_capacity_bytes
+
+    preset = STORAGE_PRESETS[config.hicache_storage_backend]
+    cap = storage_capacity_bytes(preset.name, config.hicache_storage_size_gb)
+    return (f"--hicache-storage-backend {preset.name}: {'unbounded' if cap is None else f'{cap / 1e9:g} GB'}, "
+            f"{preset.read_gbps:g} GB/s read, {preset.write_gbps:g} GB/s write, {preset.latency_us:g} µs (assumed) · "
+            f"prefetch {config.hicache_storage_prefetch_policy}, threshold {config.prefetch_threshold:,} tokens")

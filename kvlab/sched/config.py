@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, STORAGE_BACKENDS  # (no torch)
 from kvlab.mem_cache.options import EVICTION_MODES, WRITE_POLICIES, HostPoolSize, host_pool_size  # no torch
 from kvlab.sched.arrivals import ClosedLoop
 from kvlab.sched.cost import CostModel
@@ -74,7 +75,17 @@ class SchedulerConfig:
     def counts_only(self) -> bool:
         """Whether the run's memory is the page engine's counts (``kvlab.sched.page_kv.PageKV``): the fast path at
         page size > 1, with or without a host tier; else the token-level memory (slot tables)."""
-        return self.fast_decode and self.page_engine and self.page_size > 1
+        return self.fast_decode and self.page_engine and self.page_size > 1 and not self.hicache_storage
+    # HiCache's storage tier (L3; SGLang's --hicache-storage-backend), beside a host tier only: a backend preset
+    # (kvlab.mem_cache.hicache.storage.STORAGE_PRESETS), its capacity in decimal GB (None: the preset's; 0:
+    # unbounded), the prefetch policy and SGLang's prefetch knobs (--hicache-storage-backend-extra-config).
+    hicache_storage_backend: str | None = None
+    hicache_storage_size_gb: float | None = None
+    hicache_storage_prefetch_policy: str = "best_effort"  # best_effort | wait_complete | timeout
+    prefetch_threshold: int = 256  # tokens
+    prefetch_timeout_base: float = 2.0  # seconds
+    prefetch_timeout_per_ki_token: float = 0.1  # seconds per 1024 tokens
+    prefetch_timeout_max: float = 30.0  # seconds
 
     @property
     def hicache(self) -> bool:
@@ -130,6 +141,35 @@ class SchedulerConfig:
         if self.hicache_write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy must be one of {', '.join(WRITE_POLICIES)}, "
                              f"got {self.hicache_write_policy!r}")
+        self._check_storage()
+
+    def _check_storage(self) -> None:
+        if self.hicache_storage_backend is None:
+            return
+        if self.hicache_storage_backend not in STORAGE_BACKENDS:
+            raise ValueError(f"hicache_storage_backend must be one of {', '.join(STORAGE_BACKENDS)}, "
+                             f"got {self.hicache_storage_backend!r}")
+        if not self.hicache:
+            raise ValueError(f"hicache_storage_backend={self.hicache_storage_backend} needs a host tier (as SGLang's "
+                             "--hicache-storage-backend needs --enable-hierarchical-cache): give hicache_ratio or "
+                             "hicache_size_gib")
+        if self.hicache_storage_prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(f"hicache_storage_prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, "
+                             f"got {self.hicache_storage_prefetch_policy!r}")
+        for name in ("hicache_storage_size_gb", "prefetch_timeout_base", "prefetch_timeout_per_ki_token",
+                     "prefetch_timeout_max"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value < 0):
+                raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        if isinstance(self.prefetch_threshold, bool) or not isinstance(self.prefetch_threshold, int) \
+                or self.prefetch_threshold < 0:
+            raise ValueError(f"prefetch_threshold must be an int >= 0 (tokens), got {self.prefetch_threshold!r}")
+
+    @property
+    def hicache_storage(self) -> bool:
+        """Whether the run has a storage tier (L3) behind its host tier."""
+        return self.hicache_storage_backend is not None
 
 
 def min_kv_tokens(prompt_len: int, output_len: int, page_size: int = 1) -> int:

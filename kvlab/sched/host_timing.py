@@ -17,6 +17,7 @@ from kvlab.sched.ledger import Ledger, Transfers
 
 if TYPE_CHECKING:
     from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
+    from kvlab.sched.kv import SchedulerKV
 
 _INF = float("inf")
 overlapped_step_s = CostModel.overlapped_step_s  # the overlap rule: write-back waits before the compute, loads under it
@@ -24,6 +25,8 @@ overlapped_step_s = CostModel.overlapped_step_s  # the overlap rule: write-back 
 
 class NoHostTier:
     """No host tier: nothing to complete at a step's start, the step takes its compute time, no copy in flight."""
+
+    arrive = None  # what a request's arrival starts (the storage tier's prefetch), when anything does
 
     def begin_step(self, now_s: float) -> None:
         """(Nothing is in flight.)"""
@@ -70,10 +73,13 @@ class HostTierTiming(NoHostTier):
 
     def _transfers(self) -> Transfers:
         """Host-tier traffic since the last call (the step's, when called once per step)."""
-        t = self.controller.totals
-        now = Transfers(t.loaded_tokens, t.written_tokens, self.tree.host_evicted_tokens, t.write_s + t.load_s)
+        now = self._running_totals()
         seen, self._seen = self._seen, now
         return Transfers(*(a - b for a, b in zip(now, seen)))
+
+    def _running_totals(self) -> Transfers:
+        t = self.controller.totals
+        return Transfers(t.loaded_tokens, t.written_tokens, self.tree.host_evicted_tokens, t.write_s + t.load_s)
 
     def next_transfer_s(self) -> float:
         """Before this clock time no copy completes (the quiet decode steps stop there); inf when none is in
@@ -85,3 +91,23 @@ class HostTierTiming(NoHostTier):
     def finish(self) -> None:
         """The copies still in flight land (the run's clock is not moved)."""
         self.tree.drain()
+
+
+class StorageTierTiming(HostTierTiming):
+    """A host tier with a storage tier (L3) behind it: a request's arrival starts its prefetch (``arrive``:
+    SGLang's ``_prefetch_kvcache`` as the request joins the waiting queue), the steps stop where a backup lands or a
+    prefetch may stop, and the storage traffic goes into the rows beside the host tier's. The storage threads never
+    hold up a step's compute; a request waits for its prefetch in the queue (``check_prefetch_progress``)."""
+
+    def __init__(self, tree: HiRadixCache, ledger: Ledger, kv: SchedulerKV) -> None:
+        super().__init__(tree, ledger)
+        self.arrive = kv.prefetch
+
+    def _running_totals(self) -> Transfers:
+        s = self.tree.storage_controller.totals
+        return super()._running_totals()._replace(prefetched_tokens=s.prefetched_tokens,
+                                                  prefetch_aborted_tokens=s.prefetch_aborted_tokens,
+                                                  written_to_storage_tokens=s.written_to_storage_tokens)
+
+    def next_transfer_s(self) -> float:
+        return min(super().next_transfer_s(), self.tree.storage_next_event_s())

@@ -30,6 +30,7 @@ from kvlab.mem_cache.common import (
 )
 from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
+from kvlab.mem_cache.hicache.storage import STORAGE_PRESETS, HiCacheStorage, storage_capacity_bytes
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.sched.config import SchedulerConfig
@@ -44,7 +45,8 @@ class SchedulerKV:
     :class:`PagedTokenToKVPoolAllocator` otherwise; ``req_to_token`` is ``req_to_token_pool.req_to_token`` (one
     row of KV slots per request)."""
 
-    def __init__(self, config: SchedulerConfig, longest_request_tokens: int, ledger: Ledger) -> None:
+    def __init__(self, config: SchedulerConfig, longest_request_tokens: int, ledger: Ledger,
+                 storage: HiCacheStorage | None = None) -> None:
         ps = self.page_size = config.page_size
         self.kv_tokens = config.kv_tokens
         self.eviction = config.eviction
@@ -72,6 +74,8 @@ class SchedulerKV:
                                      load_back_evict_mode=config.eviction,
                                      d2h_bytes_per_s=cost.device_to_host_bytes_per_s,
                                      h2d_bytes_per_s=cost.host_to_device_bytes_per_s)
+            if config.hicache_storage:
+                self.storage = attach_storage(self.tree, config, storage)
         else:
             self.tree = RadixCache(self.req_to_token_pool, self.allocator, page_size=ps, eviction_policy=config.policy)
 
@@ -186,6 +190,30 @@ class SchedulerKV:
         req.prefix_len = req.cache_protected_len = req.kv_len = int(req.prefix_indices.shape[0])
         host.loaded_len += res.loaded_tokens
         return res.loaded_tokens
+
+    # ---- the storage tier (L3) -----------------------------------------------------------------
+    def prefetch(self, req: SimReq) -> None:
+        """On arrival (``Scheduler._prefetch_kvcache``): match, and prefetch the prompt past the host match from
+        storage, up to the input − 1 cap (``_compute_max_prefix_len``)."""
+        self.match(req)
+        host = _host(req)
+        last_host = host.best_match_node
+        if last_host.host_value is not None:  # backed up, or the root
+            tree = self.tree
+            matched = req.prefix_len + host.hit_len
+            tokens = req.fill_ids[matched : max(len(req.fill_ids) - 1, 0)]
+            tree.prefetch_from_storage(id(req), last_host, tokens, tree.get_last_hash_value(last_host))
+
+    def prefetch_done(self, req: SimReq) -> bool:
+        """Before admission (``check_prefetch_progress``): may the request be scheduled now? Its pages read from
+        storage are then in the tree, host only (``pop_prefetch_loaded_tokens``: its storage hit)."""
+        tree = self.tree
+        if not tree.check_prefetch_progress(id(req)):
+            return False
+        loaded = tree.pop_prefetch_loaded_tokens(id(req))
+        if loaded:
+            _host(req).storage_len = loaded
+        return True
 
     def lock(self, req: SimReq) -> None:
         """Lock the request's matched prefix (``inc_lock_ref(req.last_node)``)."""
@@ -313,6 +341,21 @@ class SchedulerKV:
         require(self.tree.evictable_size() + self.tree.protected_size() == self.tree.total_size(),
                 "evictable + protected == cached", evictable=self.tree.evictable_size(),
                 protected=self.tree.protected_size(), cached=self.tree.total_size())
+
+
+def attach_storage(tree: HiRadixCache, config: SchedulerConfig, storage: HiCacheStorage | None) -> HiCacheStorage:
+    """Give ``tree`` the run's storage tier: ``storage`` (a store kept from an earlier run: what ``/flush_cache``
+    leaves) or a new empty one, sized and timed by the config's backend preset."""
+    preset = STORAGE_PRESETS[config.hicache_storage_backend]
+    if storage is None:
+        storage = HiCacheStorage(config.page_size * config.cost.kv_bytes_per_token,
+                                 storage_capacity_bytes(preset.name, config.hicache_storage_size_gb))
+    tree.attach_storage(storage, read_bytes_per_s=preset.read_gbps * 1e9, write_bytes_per_s=preset.write_gbps * 1e9,
+                        latency_s=preset.latency_us * 1e-6, prefetch_policy=config.hicache_storage_prefetch_policy,
+                        prefetch_threshold=config.prefetch_threshold,
+                        prefetch_timeout=(config.prefetch_timeout_base, config.prefetch_timeout_per_ki_token,
+                                          config.prefetch_timeout_max))
+    return storage
 
 
 def _host(req: SimReq) -> HostTierState:

@@ -38,6 +38,10 @@ class Transfers(NamedTuple):
     written_to_host_tokens: int = 0
     host_evicted_tokens: int = 0
     transfer_s: float = 0.0
+    # the storage tier (L3): tokens read into host by prefetches, found in storage but not read, backed up
+    prefetched_tokens: int = 0
+    prefetch_aborted_tokens: int = 0
+    written_to_storage_tokens: int = 0
 
 
 _NO_TRANSFERS = Transfers()
@@ -67,6 +71,7 @@ class Ledger:
         self.step_pressure = 0  # evict_from_tree_cache calls that were short, this step
         self.step_finished = 0
         self.step_host_hits = 0
+        self.step_storage_hits = 0
         self.step_transfers = _NO_TRANSFERS
 
     def note_eviction(self, ev: EvictResult) -> None:
@@ -92,16 +97,20 @@ class Ledger:
         s = self.step_evict  # (shortfall, requested, evicted, over-evicted, overshoot) tokens
         self.step_evict = (s[0] + shortfall, s[1] + requested, s[2] + evicted, s[3] + over, s[4] + overshoot)
 
-    def note_first_admission(self, matched_prompt_tokens: int, page_size: int, host_tokens: int = 0) -> None:
+    def note_first_admission(self, matched_prompt_tokens: int, page_size: int, host_tokens: int = 0,
+                             storage_tokens: int = 0) -> None:
         """A request admitted for the first time found ``matched_prompt_tokens`` of its prompt cached, of which
-        ``host_tokens`` on host only (loaded back; HiCache), the rest on the device."""
+        ``host_tokens`` on host only (loaded back; HiCache), the rest on the device; ``storage_tokens`` of the host
+        tokens had been read from storage by its prefetch (counted as storage hits, not host hits)."""
         t = self.totals
         t.cached_prompt_tokens += matched_prompt_tokens
         t.hit_pages += matched_prompt_tokens // page_size
         t.device_hit_tokens += matched_prompt_tokens - host_tokens
-        t.host_hit_tokens += host_tokens
+        t.host_hit_tokens += host_tokens - storage_tokens
+        t.storage_hit_tokens += storage_tokens
         self.step_hits += matched_prompt_tokens
-        self.step_host_hits += host_tokens
+        self.step_host_hits += host_tokens - storage_tokens
+        self.step_storage_hits += storage_tokens
 
     def note_transfers(self, moved: Transfers) -> None:
         """The step's host-tier traffic (HiCache), added to the totals and shown in the step's row."""
@@ -110,6 +119,9 @@ class Ledger:
         t.written_to_host_tokens += moved.written_to_host_tokens
         t.host_evicted_tokens += moved.host_evicted_tokens
         t.transfer_s += moved.transfer_s
+        t.prefetched_tokens += moved.prefetched_tokens
+        t.prefetch_aborted_tokens += moved.prefetch_aborted_tokens
+        t.written_to_storage_tokens += moved.written_to_storage_tokens
         self.step_transfers = moved
 
     def note_prefill(self, tokens_computed: int, *, again: bool = False) -> None:
@@ -146,7 +158,8 @@ class Ledger:
         """The per-step metrics row (one per step of the loop; :meth:`StepRow.as_dict` is the row dict)."""
         return StepRow(self.totals.steps, self.now_s, kind, self.step_hits, prefill_tokens, self.step_pressure,
                        self.step_evict, sizes, running, waiting, retracted, self.step_finished,
-                       self.totals.cached_prompt_tokens, self.step_host_hits, self.step_transfers)
+                       self.totals.cached_prompt_tokens, self.step_host_hits, self.step_transfers,
+                       self.step_storage_hits)
 
     def advance_to(self, now_s: float) -> None:
         """Nothing runs until ``now_s`` (the next arrival, or the next host-tier copy to land): the clock jumps there.

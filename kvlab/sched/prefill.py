@@ -57,6 +57,7 @@ class PrefillAdder:
         self.config, self.kv, self.ledger, self.clip = config, kv, ledger, clip
         self.page_size = config.page_size
         self.blocked: Blocked | None = None  # the last schedule's, when it admitted nothing for the budget alone
+        self.storage = config.hicache_storage
 
     def idle(self, waiting: Sequence[SimReq], running: Sequence[SimReq], chunked: SimReq | None) -> bool:
         """Nothing can join a batch: no chunk in progress, and nothing waits or the running batch is full."""
@@ -82,10 +83,14 @@ class PrefillAdder:
             rem_chunk -= took
             batch.append(chunked)
             chunked = None if chunked.extend_len == len(chunked.fill_ids) - chunked.kv_len else chunked
+        skipped: list[SimReq] = []  # HiCache storage: requests whose prefetch goes on (check_prefetch_progress)
         while waiting and chunked is None and rem_input > 0 and rem_chunk > 0:
             if len(running) + len(batch) >= cfg.max_running:
                 break
             req = waiting[0]
+            if self.storage and not kv.prefetch_done(req):
+                skipped.append(waiting.popleft())
+                continue
             kv.match(req)
             max_new = min(req.max_new_tokens - len(req.output_ids), self.clip)
             extend = len(req.fill_ids) - req.prefix_len
@@ -114,17 +119,26 @@ class PrefillAdder:
             offset += align_up(extend, ps) + ps + max_new
             rem_input -= align_up(extend, ps)
             rem_chunk -= align_up(extend, ps)
-            if not req.admitted:
-                req.admitted = True
-                hit = min(req.prefix_len, req.prompt_len)
-                req.cached_tokens = hit  # (SGLang counts cached_tokens once, at the first chunk)
-                self.ledger.note_first_admission(hit, ps, host_tokens=min(host.loaded_len, hit) if host else 0)
-            if host is not None:
-                host.loaded_len = 0
+            self._note_admitted(req, host)
             batch.append(req)
             if chunks:
                 chunked = req
+        waiting.extendleft(reversed(skipped))  # (back in their places, ahead of the rest)
         return PrefillBatch(batch, chunked)
+
+    def _note_admitted(self, req: SimReq, host) -> None:
+        """A first admission's hits go into the ledger: device, host (loaded back) and storage (loaded back after its
+        prefetch read them); the request's loaded-back count starts again."""
+        if not req.admitted:
+            req.admitted = True
+            hit = min(req.prefix_len, req.prompt_len)
+            req.cached_tokens = hit  # (SGLang counts cached_tokens once, at the first chunk)
+            hosted = min(host.loaded_len, hit) if host else 0
+            # (per request as well: multiturn34's SimReq.storage_hit_tokens, which its per-round table sums)
+            stored = req.storage_hit_tokens = min(host.storage_len, hosted) if host else 0
+            self.ledger.note_first_admission(hit, self.page_size, host_tokens=hosted, storage_tokens=stored)
+        if host is not None:
+            host.loaded_len = 0
 
     def _next_chunk(self, req: SimReq, rem_chunk: int) -> int:
         """The chunked request's next chunk (``add_chunked_req``): the rest of its prompt if it fits the chunk budget,

@@ -52,6 +52,7 @@ class HostTierState:
     hit_len: int = 0  # matched on host only at the last match (loaded back at admission)
     best_match_node: object | None = None  # where that load-back ends (HiMatchResult.last_host_node)
     loaded_len: int = 0  # tokens loaded back for it since its last admission (its host hits)
+    storage_len: int = 0  # of those, tokens its prefetch read from storage (L3) into host (its storage hits)
 
 
 @dataclass(slots=True, eq=False)

@@ -4,7 +4,9 @@
 experiments, sweeps and widgets read it). Its keys are declared once, here: the :class:`Totals` fields in their
 order, ``hit_rate`` beside the counter it derives from, the modelled clock and throughput (:data:`RESULT_KEYS`),
 then the four config fields a run is keyed by (:data:`CONFIG_KEYS`). The host tier's six counters
-(``device_hit_tokens`` ... ``transfer_s``) come last among the counters; ``hit_rate`` counts device and host hits. ``kvlab sweep``'s columns are
+(``device_hit_tokens`` ... ``transfer_s``) and the storage tier's four (``storage_hit_tokens`` ...
+``written_to_storage_tokens``, 0 without it) come last among the counters; ``hit_rate`` counts device, host and
+storage hits. ``kvlab sweep``'s columns are
 :data:`RESULT_KEYS`.
 """
 
@@ -47,6 +49,11 @@ class Totals:
     written_to_host_tokens: int = 0  # device -> host copies (write-through backups and write-back evictions)
     host_evicted_tokens: int = 0  # host copies freed by host eviction
     transfer_s: float = 0.0  # seconds of host<->device copies issued (both directions; overlapped, see cost.py)
+    # the storage tier (L3; all 0 without it): cached_prompt_tokens = device + host + storage hits
+    storage_hit_tokens: int = 0  # prompt tokens its prefetch read from storage, loaded back at first admission
+    prefetched_tokens: int = 0  # tokens prefetches read from storage into host
+    prefetch_aborted_tokens: int = 0  # tokens found in storage but not read (prefetch stopped early, no host room)
+    written_to_storage_tokens: int = 0  # tokens backed up host -> storage (keys set when each backup lands)
 
     def as_dict(self) -> dict[str, int | float]:
         return asdict(self)
@@ -81,6 +88,7 @@ class StepRow(NamedTuple):
     cached_prompt_tokens: int
     host_hit_tokens: int
     moved: tuple
+    storage_hit_tokens: int = 0
 
     def as_dict(self) -> dict:
         """The per-step metrics row (``SimResult.rows``)."""
@@ -93,9 +101,11 @@ class StepRow(NamedTuple):
             "available_tokens": sizes[0], "evictable_tokens": sizes[1], "protected_tokens": sizes[2],
             "running": self.running, "waiting": self.waiting, "retracted": self.retracted, "finished": self.finished,
             "cached_prompt_tokens": self.cached_prompt_tokens,
-            "device_hit_tokens": self.hit_tokens - self.host_hit_tokens, "host_hit_tokens": self.host_hit_tokens,
+            "device_hit_tokens": self.hit_tokens - self.host_hit_tokens - self.storage_hit_tokens,
+            "host_hit_tokens": self.host_hit_tokens,
             "loaded_back_tokens": moved[0], "written_to_host_tokens": moved[1], "host_evicted_tokens": moved[2],
-            "transfer_s": moved[3],
+            "transfer_s": moved[3], "storage_hit_tokens": self.storage_hit_tokens,
+            "prefetched_tokens": moved[4], "prefetch_aborted_tokens": moved[5], "written_to_storage_tokens": moved[6],
         }
 
 

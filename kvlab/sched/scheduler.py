@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import kvlab.sched.config as sched_config
 from kvlab.errors import KvlabError
@@ -27,12 +28,15 @@ from kvlab.sched.arrivals import arrival_source
 from kvlab.sched.config import SchedulerConfig, min_kv_tokens, pool_need
 from kvlab.sched.decode import DecodeRounds, NewTokenRatio, ReferenceDecode
 from kvlab.sched.fast_decode import FastDecode
-from kvlab.sched.host_timing import HostTierTiming, NoHostTier
+from kvlab.sched.host_timing import HostTierTiming, NoHostTier, StorageTierTiming
 from kvlab.sched.ledger import Ledger
 from kvlab.sched.memory import SchedulerMemory, SchedulerStuckError
 from kvlab.sched.prefill import PrefillAdder
 from kvlab.sched.request import RequestLike, SimReq
 from kvlab.sched.result import SimResult, Totals
+
+if TYPE_CHECKING:
+    from kvlab.mem_cache.hicache.storage import HiCacheStorage
 
 
 class StepLimitError(KvlabError, RuntimeError):
@@ -49,7 +53,8 @@ class Scheduler:
     event-driven at page size > 1 unless ``config.fast_decode`` is off, else the reference rounds; chosen once,
     here). :meth:`run` returns the :class:`~kvlab.sched.result.SimResult`."""
 
-    def __init__(self, config: SchedulerConfig, requests: Sequence[RequestLike]) -> None:
+    def __init__(self, config: SchedulerConfig, requests: Sequence[RequestLike], storage: HiCacheStorage | None = None,
+                 ) -> None:
         self.config = config
         ps = config.page_size
         longest = 0
@@ -76,9 +81,11 @@ class Scheduler:
         else:
             from kvlab.sched.kv import SchedulerKV
 
-            self.kv = SchedulerKV(config, longest, self.ledger)
+            self.kv = SchedulerKV(config, longest, self.ledger, storage)
         # the host tier's copy clock and step prices (HiCache), or the same calls doing nothing: the loop asks both
         self.host: NoHostTier = HostTierTiming(self.kv.tree, self.ledger) if config.hicache else NoHostTier()
+        if config.hicache_storage:  # (a request's arrival starts its prefetch from storage)
+            self.host = StorageTierTiming(self.kv.tree, self.ledger, self.kv)
         self.waiting: deque[SimReq] = deque()
         self.running: list[SimReq] = []
         self.chunked: SimReq | None = None
@@ -127,10 +134,16 @@ class Scheduler:
         # is looked up once, here)
         begin_step, end_step, sizes, host = ledger.begin_step, ledger.end_step, self.kv.sizes, self.host
         prefill, decode, quiet = self._prefill, self._decode, self._quiet_rounds
+        arrive = host.arrive  # HiCache storage: the request's prefetch starts as it joins the queue
         while arrivals or waiting or self.running or self.chunked:
             if totals.steps >= max_steps:
                 raise StepLimitError(f"the simulation did not finish in {max_steps:,} steps (SchedulerConfig.max_steps)")
+            arrived = len(waiting)
             arrivals.release(ledger.now_s, waiting)
+            if arrive is not None:
+                for req in list(waiting)[arrived:]:
+                    host.begin_step(ledger.now_s)  # (the prefetch is timed from now)
+                    arrive(req)
             if not (waiting or self.running or self.chunked):
                 ledger.advance_to(self._next_arrival_s())
                 continue
@@ -241,7 +254,10 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
-def simulate(requests: Sequence[RequestLike], config: SchedulerConfig, *, progress: bool | None = None) -> SimResult:
+def simulate(requests: Sequence[RequestLike], config: SchedulerConfig, *, progress: bool | None = None,
+             storage: HiCacheStorage | None = None) -> SimResult:
+    """``storage``: a storage tier's store kept from an earlier run (SGLang's ``/flush_cache`` between two runs
+    empties the device and host tiers, not storage); None: a new one when the config has a storage tier."""
     with paused_gc():  # the 12k requests made here are rescanned too
-        scheduler = Scheduler(config, requests)
+        scheduler = Scheduler(config, requests, storage)
     return scheduler.run(progress=progress)

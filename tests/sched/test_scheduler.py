@@ -154,7 +154,9 @@ def test_totals_are_typed_and_the_json_keeps_its_keys(both_modes):
                        "evicted_tokens", "over_evicted_tokens", "overshoot_tokens", "prefill_tokens_computed",
                        "reprefill_tokens", "retractions", "aborted", "pressure_events", "steps", "output_tokens",
                        "device_hit_tokens", "host_hit_tokens", "loaded_back_tokens", "written_to_host_tokens",
-                       "host_evicted_tokens", "transfer_s", "simulated_s", "output_tokens_per_s", "eviction", "page_size", "kv_tokens", "policy"]
+                       "host_evicted_tokens", "transfer_s", "storage_hit_tokens", "prefetched_tokens", "prefetch_aborted_tokens",
+                       "written_to_storage_tokens", "simulated_s", "output_tokens_per_s", "eviction", "page_size",
+                       "kv_tokens", "policy"]
     counted = {k: v for k, v in res.counts.as_dict().items() if k in t}
     assert counted == {k: t[k] for k in counted} and len(counted) == len(res.counts.as_dict())
     assert t["hit_rate"] == round(res.counts.cached_prompt_tokens / res.counts.prompt_tokens, 6)

@@ -22,11 +22,18 @@ module               upstream (``sglang/srt/...``)
 ``page_host``        the host pool as free pages and ``HiCacheController`` over counts (the page engine's)
 ``page_tier_moves``  ``tier_moves`` op for op in pages
 ``page_hiradix``     ``HiRadixCache`` op for op over page ids (the page engine's two-tier tree)
+``storage``          0.5.23's ``mem_cache/hicache_storage.py::HiCacheFile``, ``storage/file/lru_file_evictor.py``,
+                     ``mem_cache/utils.py::get_hash_str``: the L3 store of page keys, its capacity, backend presets
+``storage_controller`` ``managers/cache_controller.py``: ``prefetch`` / ``prefetch_thread_func`` /
+                     ``_page_transfer``, ``write_storage`` / ``backup_thread_func`` (L3 channels, modelled clock)
+``storage_moves``    ``HiRadixCache.prefetch_from_storage`` / ``check_prefetch_progress`` /
+                     ``can_terminate_prefetch`` / ``_insert_helper_host`` / ``write_backup_storage`` (0.5.16)
 ==================== ==============================================================================================
 
 Imports go one way: ``memory_pool_host`` <- ``cache_controller``; ``tree_node`` <- ``results``, ``leaf_index``
-<- ``tier_moves``; ``invariants``; all <- ``hiradix_cache`` (which mixes ``leaf_index``, ``tier_moves`` and
-``invariants`` into :class:`HiRadixCache`). Names are imported on first use (``__getattr__``), so importing one
+<- ``tier_moves``; ``invariants``; ``storage`` <- ``storage_controller`` <- ``storage_moves``; all <-
+``hiradix_cache`` (which mixes ``leaf_index``, ``tier_moves``, ``storage_moves`` and ``invariants`` into
+:class:`HiRadixCache`). Names are imported on first use (``__getattr__``), so importing one
 module does not import the tree. Import the public names from this package
 (``from kvlab.mem_cache.hicache import HiRadixCache, HostKVCache``).
 """
@@ -42,9 +49,10 @@ _EXPORTS = {  # module -> the names the package re-exports from it, imported on 
     "kvlab.mem_cache.hicache.tree_node": ("HiTreeNode",),
     "kvlab.mem_cache.hicache.results": ("HiEvictResult", "HiMatchResult", "LoadBackResult"),
     "kvlab.mem_cache.hicache.hiradix_cache": ("HiRadixCache", "LOAD_BACK_EVICT_MODES"),
+    "kvlab.mem_cache.hicache.storage": ("HiCacheStorage", "STORAGE_PRESETS", "get_hash_str"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, globals())
 
 __all__ = ["DEFAULT_HOST_DEVICE_BYTES_PER_S", "HiCacheController", "HiEvictResult", "HiMatchResult", "HiRadixCache",
-           "HiTreeNode", "HostKVCache", "LOAD_BACK_EVICT_MODES", "LoadBackResult", "WRITE_POLICIES",
-           "auto_hicache_ratio", "host_pool_size"]
+           "HiCacheStorage", "HiTreeNode", "HostKVCache", "LOAD_BACK_EVICT_MODES", "LoadBackResult", "STORAGE_PRESETS",
+           "WRITE_POLICIES", "auto_hicache_ratio", "get_hash_str", "host_pool_size"]

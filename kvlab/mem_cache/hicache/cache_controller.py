@@ -45,6 +45,15 @@ if TYPE_CHECKING:  # (annotations only: the page engine's controller, page_host.
 DEFAULT_HOST_DEVICE_BYTES_PER_S = 55 * 10**9
 
 
+def check_channel(latency_s: float, **bandwidths: float) -> None:
+    """A copy channel's speed: every bandwidth (bytes/s) > 0 (``math.inf``: instant), the latency >= 0 seconds."""
+    for name, bw in bandwidths.items():
+        if not bw > 0:
+            raise ValueError(f"{name} must be > 0 bytes/s, got {bw}")
+    if latency_s < 0:
+        raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+
+
 @dataclass(slots=True)
 class CacheOperation:
     """One copy. ``kind``: ``"write"`` (device -> host backup) or ``"load"`` (host -> device load-back);
@@ -90,11 +99,7 @@ class HiCacheController:
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"write_policy (--hicache-write-policy) must be one of {', '.join(WRITE_POLICIES)}; "
                              f"got {write_policy!r}")
-        for name, bw in (("d2h_bytes_per_s", d2h_bytes_per_s), ("h2d_bytes_per_s", h2d_bytes_per_s)):
-            if not bw > 0:
-                raise ValueError(f"{name} must be > 0 bytes/s, got {bw}")
-        if latency_s < 0:
-            raise ValueError(f"latency_s must be >= 0, got {latency_s}")
+        check_channel(latency_s, d2h_bytes_per_s=d2h_bytes_per_s, h2d_bytes_per_s=h2d_bytes_per_s)
         self.mem_pool_device_allocator = mem_pool_device_allocator
         self.mem_pool_host = mem_pool_host
         self.write_policy = write_policy

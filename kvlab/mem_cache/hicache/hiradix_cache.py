@@ -45,8 +45,8 @@ Differs on purpose:
 - Insert walks the path a request holds locked (``cache_unfinished_req`` / ``cache_finished_req``) without looking
   its children up or comparing their tokens again; the effects on each node are the same.
 - Locking an evicted or foreign node, or unlocking an unlocked one, raises :class:`LockRefError`.
-- No storage tier (L3), prefetch, KV events, metrics, hash values or EAGLE bigram keys; ``match_prefix`` and
-  ``insert`` take plain token sequences.
+- The storage tier (L3) is :mod:`~kvlab.mem_cache.hicache.storage_moves`' (off unless ``attach_storage``); no KV
+  events, metrics or EAGLE bigram keys; ``match_prefix`` and ``insert`` take plain token sequences.
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from kvlab.mem_cache.hicache.invariants import HiInvariants
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
 from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
 from kvlab.mem_cache.hicache.results import HiEvictResult, HiMatchResult, LoadBackResult
+from kvlab.mem_cache.hicache.storage_moves import StorageMoves
 from kvlab.mem_cache.hicache.tier_moves import TierMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
@@ -95,7 +96,7 @@ def _slot_source(value: torch.Tensor) -> torch.Tensor | np.ndarray:
     return value.numpy() if value.dtype != _I64 and value.device.type == "cpu" else value
 
 
-class HiRadixCache(RequestFlows, TierMoves, TwoTierCore, HiLeafIndex, HiInvariants, BaseRadixTree):
+class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafIndex, HiInvariants, BaseRadixTree):
     """SGLang 0.5.16's ``HiRadixCache``: a radix tree over a device allocator and a host pool.
 
     ``token_to_kv_pool_host``: the L2 pool (:class:`HostKVCache`); ``write_policy``: one of
@@ -146,6 +147,7 @@ class HiRadixCache(RequestFlows, TierMoves, TwoTierCore, HiLeafIndex, HiInvarian
         self.ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]] = {}
         self.ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]] = {}
         self.host_evicted_tokens = 0  # running total of host copies freed by host eviction
+        self._reset_storage()  # (storage_moves: prefetches and backups in flight; the store itself is kept)
 
     def _new_node(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None,
                   priority: int = 0) -> HiTreeNode:
@@ -204,6 +206,9 @@ class HiRadixCache(RequestFlows, TierMoves, TwoTierCore, HiLeafIndex, HiInvarian
         if child.host_value is not None:  # host slots stay slices of the host pool's table (its free reads them so)
             upper.host_value = child.host_value[:split_len]
             child.host_value = child.host_value[split_len:]
+        if child.hash_value is not None:  # storage keys, one per page (split_node_hash_value)
+            upper.hash_value, child.hash_value = (child.hash_value[: split_len // self.page_size],
+                                                  child.hash_value[split_len // self.page_size :])
         child.key = child.key[split_len:]
         child.parent = upper
         upper.children[self._key_of(child.key)] = child

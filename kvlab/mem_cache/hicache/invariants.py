@@ -67,16 +67,18 @@ class HiInvariants:
                     raise InvariantError("HiRadixCache: write-through backups form a prefix from the root",
                                          node=node, parent=node.parent)
         self._check_sizes(on_device, "HiRadixCache")  # (device tokens only)
+        held = self.prefetch_host_slots()  # (storage_moves) host slots a prefetch holds, not yet in the tree
         for tier, slots, pool in (("device", dev, self.token_to_kv_pool_allocator),
-                                  ("host", host, self.token_to_kv_pool_host)):
+                                  ("host", host + held, self.token_to_kv_pool_host)):
             flat = torch.cat(slots) if slots else self._empty
             require(len(torch.unique(flat)) == len(flat), f"HiRadixCache: no {tier} slot is cached in two nodes",
                     slots=len(flat))
             require(pool.all_allocated(flat), f"HiRadixCache: every cached {tier} slot is allocated in its pool",
                     slots=len(flat))
-        host_tokens = sum(len(h) for h in host)
+        host_tokens = sum(len(h) for h in host + held)
         require(host_tokens == self.token_to_kv_pool_host.used_size(),
-                "HiRadixCache: the host pool holds exactly the tree's host copies", tree=host_tokens,
+                "HiRadixCache: the host pool holds exactly the tree's host copies and the prefetches' slots",
+                tree=host_tokens,
                 pool_used=self.token_to_kv_pool_host.used_size())
         self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
                               "HiRadixCache: the device-leaf index holds exactly the unlocked device leaves",
@@ -95,3 +97,4 @@ class HiInvariants:
                     "HiRadixCache: a node with a load-back in flight is on the device and locked", node=node,
                     finish_s=op.finish_s)
         self.token_to_kv_pool_host.check_invariants()
+        self.check_storage_invariants()

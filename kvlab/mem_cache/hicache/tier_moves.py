@@ -52,6 +52,7 @@ class TierMoves:
         node.host_value = host  # the host pool's slots (the copy's op holds the same tensor; neither writes to it)
         op = self.cache_controller.write_queue[-1]
         self.ongoing_write_through[id(op)] = (op, None if write_back else node)
+        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
         if not write_back:
             self.inc_lock_ref(node)
         return host.shape[0]
@@ -72,6 +73,8 @@ class TierMoves:
         ctl.poll(now_s)
         if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
             self.check_hicache_events()
+        if self.storage_controller is not None:  # (drain_storage_control_queues: the backups landed)
+            self._poll_storage()
 
     def advance(self, seconds: float) -> None:
         self.poll(self.now_s + seconds)
@@ -80,6 +83,8 @@ class TierMoves:
         """Advance until every issued copy is complete; returns the seconds that took."""
         start = self.now_s
         self.poll(self.cache_controller.drain_time())
+        if self.storage_controller is not None:  # the host copies' acks issue backups to storage: let them land
+            self.poll(self.storage_controller.drain_time())
         return self.now_s - start
 
     # -- device eviction -----------------------------------------------------------------------------

@@ -24,7 +24,7 @@ class HiTreeNode(NodeCore):
     ``host_ref_counter``: holds that keep the host copy from host eviction (a load-back reading it, a write-back
     staging it)."""
 
-    __slots__ = ("value", "host_value", "host_ref_counter")
+    __slots__ = ("value", "host_value", "host_ref_counter", "hash_value")
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
                  node_id: int, priority: int = 0):
@@ -33,6 +33,7 @@ class HiTreeNode(NodeCore):
         self.value = value
         self.host_value: torch.Tensor | None = None
         self.host_ref_counter = 0
+        self.hash_value: list[str] | None = None  # storage keys of its pages (L3), computed when first needed
 
     @property
     def evicted(self) -> bool:

@@ -48,6 +48,9 @@ class TwoTierCore:
             self._touch(x)
         clock.now = now
 
+    def _host_backup_acked(self, op_id: int) -> None:
+        """A host copy landed: the storage tier's hook (storage_moves: on to storage); nothing without one."""
+
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
         copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
@@ -57,6 +60,7 @@ class TwoTierCore:
         acks, ctl.ack_write_queue = ctl.ack_write_queue, []
         for op in acks:
             _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
+            self._host_backup_acked(id(op))  # _finish_write_through_ack -> write_backup_storage
             if lock_node is not None:
                 self.dec_lock_ref(lock_node)
         return len(acks)

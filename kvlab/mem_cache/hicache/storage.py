@@ -1,0 +1,188 @@
+"""HiCache's third tier (L3): a storage backend of page-wise hashed keys, its capacity and its speed.
+
+Upstream (SGLang 0.5.23): ``mem_cache/utils.py::get_hash_str`` (``cpp_utils/hash_binding.cpp``: each page's key is
+the SHA-256 of the previous page's digest followed by the page's token ids as little-endian uint32 (or, for a page
+with an id past uint32, 0xff and the ids as uint64), so a key names
+the page *and* its whole prefix), ``mem_cache/hicache_storage.py::HiCacheStorage`` / ``HiCacheFile``
+(``exists``, ``batch_exists``: the number of consecutive keys present from the first; ``set`` of a present key
+refreshes its recency and writes nothing; ``get`` refreshes it; ``clear``) and
+``mem_cache/storage/file/lru_file_evictor.py::LRUFileEvictor`` (capacity: unbounded unless a ``max_size`` is
+given; a new page that would pass the cap first evicts least recently used pages until the store is at most
+``eviction_ratio`` (0.9) of the cap less the new page; a page larger than the cap is refused).
+
+kvlab stores keys only (no bytes), as SGLang's own no-IO simulator does (``mem_cache/storage/sim_storage.py``),
+and prices each read and write as ``latency_s + bytes / bandwidth`` on the cache controller's modelled clock
+(:mod:`kvlab.mem_cache.hicache.storage_controller`). The backends differ here only in capacity, bandwidth and
+latency: :data:`STORAGE_PRESETS`, each with its source and marked as assumed. Every backend evicts as
+``HiCacheFile``'s LRU evictor does when bounded (Mooncake's and 3FS's own eviction policies are not modelled).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from array import array
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvlab.errors import require
+
+EVICTION_RATIO = 0.9  # LRUFileEvictor's default eviction_ratio (SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO)
+
+
+def _page_bytes(tokens: Sequence[int]) -> bytes:
+    """A page's bytes as ``hash_binding.cpp`` hashes them: its ids as little-endian uint32, or, when one does not
+    fit (a wide page), the byte 0xff then the ids as little-endian uint64."""
+    try:
+        return array("I", tokens).tobytes()
+    except OverflowError:
+        return b"\xff" + array("Q", tokens).tobytes()
+
+
+def get_hash_str(token_ids: Sequence[int], prior_hash: str | None = None, page_size: int | None = None) -> str | list[str]:
+    """SGLang's ``get_hash_str``: with ``page_size``, one hex key per page (the last page may be partial), each
+    the SHA-256 of the previous one's digest (the first: ``prior_hash``'s) and the page's bytes; without, one key for
+    all of ``token_ids``. Ids are non-negative int64 (a negative one raises, as SGLang's)."""
+    digest = bytes.fromhex(prior_hash) if prior_hash else b""
+    if page_size is None:
+        return hashlib.sha256(digest + _page_bytes(token_ids)).hexdigest()
+    if page_size < 1:
+        raise ValueError(f"get_hash_str: page_size must be positive, got {page_size}")
+    keys = []
+    for start in range(0, len(token_ids), page_size):
+        digest = hashlib.sha256(digest + _page_bytes(token_ids[start : start + page_size])).digest()
+        keys.append(digest.hex())
+    return keys
+
+
+@dataclass(frozen=True)
+class StoragePreset:
+    """A backend as kvlab models it: ``capacity_gb`` (decimal GB per rank, None: unbounded), read and write
+    bandwidth (GB/s per rank) and a per-operation latency (µs). ``source``: where the figures come from; every
+    preset is an assumption, not a measurement of a given installation."""
+
+    name: str
+    capacity_gb: float | None
+    read_gbps: float
+    write_gbps: float
+    latency_us: float
+    source: str
+    assumed: bool = True
+
+
+STORAGE_PRESETS: dict[str, StoragePreset] = {p.name: p for p in (
+    StoragePreset("file", None, 5.0, 5.0, 100.0,
+                  "HiCacheFile is unbounded unless max_size is set (storage/file/lru_file_evictor.py); speed: "
+                  "SGLang's storage simulator defaults (storage/sim_storage.py: sim_write_gbps 5.0, read = write, "
+                  "sim_op_latency_us 100), a local NVMe SSD"),
+    StoragePreset("mooncake", 4.0, 20.0, 20.0, 50.0,
+                  "capacity: MOONCAKE_GLOBAL_SEGMENT_SIZE's default 4gb per rank (srt/environ.py); speed: assumed "
+                  "for one 200 Gb/s RDMA NIC per rank (about 20 GB/s usable), 50 µs per batch"),
+    StoragePreset("hf3fs", 1024.0, 10.0, 10.0, 200.0,
+                  "capacity: the 3FS backend's default file_size 1 << 40 bytes (storage/hf3fs/storage_hf3fs.py); "
+                  "speed: assumed, a 3FS client over a 100 Gb/s NIC (about 10 GB/s), 200 µs per batch"),
+    StoragePreset("nixl", None, 5.0, 5.0, 100.0,
+                  "NIXL's file plugin writes one file per key and evicts nothing (storage/nixl/hicache_nixl.py); "
+                  "speed: assumed equal to the file backend's"),
+)}
+STORAGE_BACKENDS = tuple(STORAGE_PRESETS)
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")  # --hicache-storage-prefetch-policy
+
+
+class HiCacheStorage:
+    """The keys an L3 backend holds, with ``HiCacheFile``'s capacity rule (its LRU evictor).
+
+    ``page_bytes``: bytes of one page's KV (``page_size * size_per_token``); ``capacity_bytes``: None (or 0) for an
+    unbounded store. It outlives the trees that use it: ``/flush_cache`` clears the device and host tiers, not this
+    (:meth:`clear` is ``clear_storage_backend``'s)."""
+
+    def __init__(self, page_bytes: int, capacity_bytes: int | None = None, eviction_ratio: float = EVICTION_RATIO):
+        if page_bytes < 1:
+            raise ValueError(f"HiCacheStorage: page_bytes must be positive, got {page_bytes}")
+        if capacity_bytes is not None and capacity_bytes < 0:
+            raise ValueError(f"HiCacheStorage: capacity_bytes must be >= 0 (0 or None: unbounded), got {capacity_bytes}")
+        self.page_bytes = page_bytes
+        self.capacity_bytes = capacity_bytes or None
+        self.eviction_ratio = eviction_ratio
+        self._lru: OrderedDict[str, None] = OrderedDict()  # key -> None, least recently used first
+        self.evicted_pages = 0
+        self.refused_pages = 0
+
+    @property
+    def bounded(self) -> bool:
+        return self.capacity_bytes is not None
+
+    def used_bytes(self) -> int:
+        return len(self._lru) * self.page_bytes
+
+    def __len__(self) -> int:
+        return len(self._lru)
+
+    def keys(self) -> list[str]:
+        """The stored keys, least recently used first."""
+        return list(self._lru)
+
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is stored (recency unchanged, as ``HiCacheFile.exists``)."""
+        return key in self._lru
+
+    def batch_exists(self, keys: Sequence[str]) -> int:
+        """How many of ``keys`` are stored consecutively from the first (``HiCacheStorage.batch_exists``)."""
+        for i, key in enumerate(keys):
+            if key not in self._lru:
+                return i
+        return len(keys)
+
+    def get(self, key: str) -> bool:
+        """Read ``key``: True (and most recently used) if stored, else False."""
+        if key not in self._lru:
+            return False
+        self._lru.move_to_end(key)
+        return True
+
+    def set(self, key: str) -> bool:
+        """Store ``key`` (``HiCacheFile.set``): a stored key is refreshed; a new one may first evict LRU keys (a
+        bounded store); False when it cannot be admitted."""
+        lru = self._lru
+        if key in lru:
+            lru.move_to_end(key)
+            return True
+        cap, size = self.capacity_bytes, self.page_bytes
+        if cap is not None:
+            if size > cap:
+                self.refused_pages += 1
+                return False
+            if self.used_bytes() + size > cap:
+                target = max(0, int(cap * self.eviction_ratio) - size)
+                while lru and self.used_bytes() > target:
+                    lru.popitem(last=False)
+                    self.evicted_pages += 1
+                if self.used_bytes() + size > cap:
+                    self.refused_pages += 1
+                    return False
+        lru[key] = None
+        return True
+
+    def batch_set(self, keys: Sequence[str]) -> int:
+        """Store ``keys`` in order, stopping at the first refused (``HiCacheFile.batch_set``); returns the number
+        stored."""
+        for i, key in enumerate(keys):
+            if not self.set(key):
+                return i
+        return len(keys)
+
+    def clear(self) -> None:
+        """Forget every key (``clear_storage_backend``; ``/flush_cache`` does not call it)."""
+        self._lru.clear()
+
+    def check_invariants(self) -> None:
+        require(self.capacity_bytes is None or self.used_bytes() <= self.capacity_bytes,
+                "HiCacheStorage: a bounded store holds at most its capacity", used=self.used_bytes(),
+                capacity=self.capacity_bytes)
+
+
+def storage_capacity_bytes(backend: str, capacity_gb: float | None) -> int | None:
+    """A run's storage capacity in bytes: ``capacity_gb`` when given (0: unbounded), else the preset's."""
+    gb = STORAGE_PRESETS[backend].capacity_gb if capacity_gb is None else capacity_gb
+    return None if not gb or math.isinf(gb) else int(gb * 10**9)

@@ -1,0 +1,271 @@
+"""The two-tier tree's storage tier (L3): page keys on the nodes, backups of host copies to storage, and prefetches
+of a request's prompt from storage into host before its admission.
+
+Upstream: SGLang 0.5.16's ``mem_cache/hiradix_cache.py::HiRadixCache`` (the tree kvlab mirrors; 0.5.23 moved the
+same flows into ``unified_radix_cache.py``): ``prefetch_from_storage``, ``can_terminate_prefetch`` with
+``_prefetch_timeout_check_linear_func``, ``check_prefetch_progress``, ``_insert_helper_host``,
+``pop_prefetch_loaded_tokens``, ``write_backup_storage`` (called from ``_finish_write_through_ack`` for every host
+backup acknowledged, so under every write policy a page reaches storage when its host copy lands: at its first
+insert under ``write_through``, its second hit under ``write_through_selective``, its device eviction under
+``write_back``), ``_concat_split_chain`` (a node split while its host copy was in flight is backed up as the chain
+it became), ``drain_storage_control_queues`` (backup acks release their nodes' host protection) and the node keys
+``compute_node_hash_values`` / ``split_node_hash_value``. Prefetch policies (``--hicache-storage-prefetch-policy``):
+``best_effort`` takes what has landed when the request is scheduled, ``wait_complete`` waits for every hit page,
+``timeout`` waits at most ``min(max, base + per_ki_token * tokens / 1024)`` seconds from the prefetch's start.
+
+Differs on purpose: when the tokens a prefetch read extend past a node with no host copy (a device node not yet
+backed up), they are not inserted below it (SGLang would hang a host-only node there, breaking the write-through
+prefix that kvlab's invariant checks): those tokens are freed and count as not prefetched. A mixin of
+:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import torch
+
+from kvlab.errors import require
+from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, HiCacheStorage
+from kvlab.mem_cache.hicache.storage_controller import PrefetchOperation, StorageController
+from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.options import FINISH_TOLERANCE_S
+from kvlab.mem_cache.radix_tree import common_prefix_len
+from kvlab.units import align_down
+
+PREFETCH_TIMEOUT_DEFAULTS = (2.0, 0.1, 30.0)  # PrefetchTimeoutConfig: base s, per_ki_token s, max s
+
+
+class StorageMoves:
+    """The storage-tier methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin)."""
+
+    storage_controller: StorageController | None = None
+
+    def attach_storage(self, storage: HiCacheStorage, *, read_bytes_per_s: float, write_bytes_per_s: float,
+                       latency_s: float, prefetch_policy: str = "best_effort", prefetch_threshold: int = 256,
+                       prefetch_timeout: tuple[float, float, float] = PREFETCH_TIMEOUT_DEFAULTS) -> None:
+        """``attach_storage_backend``: ``storage`` becomes this tree's L3 (it outlives the tree; ``reset`` and
+        ``flush_cache`` leave it as it is)."""
+        if prefetch_policy not in PREFETCH_POLICIES:
+            raise ValueError(f"prefetch_policy must be one of {', '.join(PREFETCH_POLICIES)}, got {prefetch_policy!r}")
+        self.storage_controller = StorageController(self.cache_controller, storage, self.page_size, read_bytes_per_s,
+                                                    write_bytes_per_s, latency_s, prefetch_threshold)
+        self.prefetch_stop_policy = prefetch_policy
+        self.prefetch_threshold = prefetch_threshold
+        self.prefetch_timeout = prefetch_timeout
+        self._reset_storage()
+
+    @property
+    def enable_storage(self) -> bool:
+        return self.storage_controller is not None
+
+    def _reset_storage(self) -> None:
+        self.ongoing_prefetch: dict = {}  # req id -> (last_host_node, prefetch tokens, op)
+        self.prefetch_loaded_tokens_by_reqid: dict = {}
+        self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}  # host write op -> (node, its key length)
+        if self.storage_controller is not None:
+            self.storage_controller.reset()
+
+    # -- page keys -----------------------------------------------------------------------------------
+    def node_hash(self, node: HiTreeNode) -> list[str]:
+        """The storage keys of ``node``'s pages (``compute_node_hash_values``), computed on first use down from
+        the deepest ancestor that has them."""
+        chain = []
+        while node is not self.root_node and node.hash_value is None:
+            chain.append(node)
+            node = node.parent
+        for x in reversed(chain):
+            prior = None if x.parent is self.root_node else x.parent.hash_value[-1]
+            x.hash_value = self.storage_controller.get_hash_str(x.key, prior)
+        return chain[0].hash_value if chain else ([] if node is self.root_node else node.hash_value)
+
+    def get_last_hash_value(self, node: HiTreeNode) -> str | None:
+        return None if node is self.root_node else self.node_hash(node)[-1]
+
+    # -- backup (host -> storage) --------------------------------------------------------------------
+    def _note_host_backup(self, op_id: int, node: HiTreeNode) -> None:
+        """A host copy of ``node`` was issued: on its ack it goes on to storage."""
+        if self.storage_controller is not None:
+            self._storage_backups[op_id] = (node, len(node.key))
+
+    def _host_backup_acked(self, op_id: int) -> None:
+        entry = self._storage_backups.pop(op_id, None) if self.storage_controller is not None else None
+        if entry is not None:
+            self.write_backup_storage(*entry)
+
+    def write_backup_storage(self, node: HiTreeNode, backup_len: int | None = None) -> None:
+        """Back ``node``'s pages up to storage (the chain it was split into since, when it was; the node stays
+        host-protected until the backup lands)."""
+        chain, acc = [node], len(node.key)
+        while backup_len is not None and acc < backup_len and chain[-1].parent is not self.root_node:
+            chain.append(chain[-1].parent)
+            acc += len(chain[-1].key)
+        if backup_len is not None and acc != backup_len:
+            chain = [node]
+        keys = [k for x in reversed(chain) for k in self.node_hash(x)]
+        self.storage_controller.write_storage(keys, node)
+        node.protect_host()
+
+    def _poll_storage(self) -> None:
+        """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
+        answered take their host slots (or are revoked for want of room)."""
+        ctl = self.storage_controller
+        for op in ctl.poll_backups():
+            op.node.release_host()
+        now = ctl.now_s
+        for req_id, (_, _, op) in list(self.ongoing_prefetch.items()):
+            if op.host_indices is None and op.alloc_due_s - FINISH_TOLERANCE_S <= now \
+                    and not ctl.allocate(op, self.evict_host):
+                self._revoke_pending_prefetch(req_id)
+
+    # -- prefetch (storage -> host) ------------------------------------------------------------------
+    def prefetch_from_storage(self, req_id, last_host_node: HiTreeNode, new_input_tokens,
+                              last_hash: str | None = None) -> bool:
+        """On a request's arrival: fetch the whole pages of ``new_input_tokens`` (its prompt past the host match,
+        which ends at ``last_host_node``) that storage holds into host. Nothing under ``prefetch_threshold``
+        tokens, while rate-limited, or when storage holds fewer hit tokens than the threshold. Returns whether a
+        prefetch is under way."""
+        ctl = self.storage_controller
+        n = align_down(len(new_input_tokens), self.page_size)
+        if ctl is None or not n or n < self.prefetch_threshold or ctl.prefetch_rate_limited():
+            return False
+        key = list(new_input_tokens[:n])
+        op = ctl.prefetch(req_id, key, last_hash)
+        if op is None:  # revoked: too small a hit
+            return False
+        last_host_node.protect_host()
+        self.ongoing_prefetch[req_id] = (last_host_node, key, op)
+        ctl.prefetch_tokens_occupied += n
+        return True
+
+    def _revoke_pending_prefetch(self, req_id) -> None:
+        last_host_node, key, _ = self.ongoing_prefetch.pop(req_id)
+        last_host_node.release_host()
+        self.storage_controller.prefetch_tokens_occupied -= len(key)
+
+    def prefetch_timed_out(self, op: PrefetchOperation) -> bool:
+        """``_prefetch_timeout_check_linear_func`` (``>=`` where SGLang has ``>``: the modelled clock lands on the
+        deadline itself, where a real clock has passed it)."""
+        return self.now_s >= self.prefetch_deadline_s(op)
+
+    def prefetch_deadline_s(self, op: PrefetchOperation) -> float:
+        """When the ``timeout`` policy stops waiting for ``op``: its start + min(max, base + per_ki * tokens/1024)."""
+        base, per_ki, cap = self.prefetch_timeout
+        return op.issue_s + min(cap, base + per_ki * len(op.hash_value) * self.page_size / 1024)
+
+    def can_terminate_prefetch(self, op: PrefetchOperation) -> bool:
+        policy = self.prefetch_stop_policy
+        if policy == "best_effort" or op.terminated:
+            return True
+        completed = bool(op.hash_value) and op.completed_tokens(self.now_s) == len(op.hash_value) * self.page_size
+        if policy == "wait_complete":
+            return completed
+        return completed or self.prefetch_timed_out(op)
+
+    def check_prefetch_progress(self, req_id) -> bool:
+        """Before admission: True when the request has no prefetch or its prefetch may stop now, in which case the
+        pages read so far join the tree as host-only nodes (the rest of its host slots are freed)."""
+        entry = self.ongoing_prefetch.get(req_id)
+        if entry is None:
+            return True
+        last_host_node, key, op = entry
+        if not self.can_terminate_prefetch(op):
+            return False
+        ctl = self.storage_controller
+        completed = ctl.terminate_prefetch(op)
+        if op.host_indices is None:  # stopped before its host slots were taken (best_effort, timeout): revoked
+            self._revoke_pending_prefetch(req_id)
+            self.prefetch_loaded_tokens_by_reqid[req_id] = 0
+            return True
+        ps = self.page_size
+        matched = self._insert_helper_host(last_host_node, array("q", key[:completed]),
+                                           op.host_indices[:completed], op.hash_value[: completed // ps])
+        ctl.mem_pool_host.free(op.host_indices[:matched])
+        ctl.mem_pool_host.free(op.host_indices[completed:])
+        self._revoke_pending_prefetch(req_id)  # (the start node released, the occupied tokens returned)
+        self.prefetch_loaded_tokens_by_reqid[req_id] = completed - matched
+        return True
+
+    def pop_prefetch_loaded_tokens(self, req_id) -> int:
+        return self.prefetch_loaded_tokens_by_reqid.pop(req_id, 0)
+
+    def _insert_helper_host(self, node: HiTreeNode, key: array, host_value: torch.Tensor, hash_value: list) -> int:
+        """Hang ``key`` (read from storage into ``host_value``) below ``node`` as host-only nodes; returns the
+        tokens already in the tree (their host slots are the caller's to free)."""
+        tick, ps = self.clock.tick, self.page_size
+        node.last_access_time = tick()
+        self._touch(node)  # (a leaf's sort key changed: a fresh heap entry)
+        matched, off, n = 0, 0, len(key)
+        while off < n:
+            child = node.children.get(self._key_of(key, off))
+            if child is None:
+                break
+            child.last_access_time = tick()
+            self._touch(child)
+            m = align_down(common_prefix_len(child.key, key, off, n), ps)
+            node = self._split_node(child, m) if m < len(child.key) else child
+            matched += m
+            off += m
+            if node.host_value is None:  # (see the module docstring) not hung below a node with no host copy
+                return n
+        if off < n:
+            new = self._new_node(key[off:], None, node, node.priority)
+            new.host_value = host_value[off:n]  # (a slice of what the host pool handed out)
+            new.hash_value = list(hash_value[off // ps :])
+            node.children[self._key_of(new.key)] = new
+            self.structure_version += 1
+            self._update_host_leaf_status(new)
+            self._update_leaf_status(node)
+            self._update_host_leaf_status(node)
+        return matched
+
+    # -- flush, clock, check -------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        """``/flush_cache``: empty the device and host tiers (the tree, both pools), not storage. Refused (False)
+        while a request holds a node or a copy is in flight, as SGLang refuses while requests run."""
+        if self.protected_size_ or self.cache_controller.in_flight() or (
+                self.storage_controller is not None and (self.ongoing_prefetch or self.storage_controller.backup_queue)):
+            return False
+        self.reset()
+        return True
+
+    def storage_next_event_s(self) -> float:
+        """The next clock time at which a storage event changes what the scheduler sees: a backup landing, or a
+        prefetch the policy lets stop (its last page, or its timeout)."""
+        ctl, policy = self.storage_controller, self.prefetch_stop_policy
+        times = [ctl.next_backup_s()]
+        for _, _, op in self.ongoing_prefetch.values():
+            end = op.alloc_due_s if op.host_indices is None else op.finish_s  # (its slots taken, or its last page)
+            times.append(min(end, self.prefetch_deadline_s(op)) if policy == "timeout" else end)
+        return min(times)
+
+    def check_storage_invariants(self) -> None:
+        """The storage tier: the store within its capacity; each prefetch's start node host-protected and backed
+        up, its host slots allocated and in no node; the occupied count the prefetches' tokens; each node's keys
+        one per page."""
+        ctl = self.storage_controller
+        if ctl is None:
+            return
+        ctl.storage.check_invariants()
+        ps = self.page_size
+        for node, _, op in self.ongoing_prefetch.values():
+            require(node.host_ref_counter > 0 and node.host_value is not None,
+                    "HiRadixCache: a prefetch's start node is backed up and host-protected", node=node)
+            require(len(op.hash_value) * ps == op.storage_hit_count and (
+                op.host_indices is None or len(op.host_indices) == op.storage_hit_count),
+                "HiRadixCache: a prefetch holds host slots for exactly its hit pages (once taken)",
+                hit=op.storage_hit_count)
+        require(ctl.prefetch_tokens_occupied == sum(len(k) for _, k, _ in self.ongoing_prefetch.values()),
+                "HiRadixCache: prefetch_tokens_occupied counts the prefetches in flight",
+                occupied=ctl.prefetch_tokens_occupied)
+        for op in ctl.backup_queue:
+            require(op.node.host_ref_counter > 0, "HiRadixCache: a node backing up to storage is host-protected",
+                    node=op.node)
+        for node in self.nodes():
+            if node is not self.root_node and node.hash_value is not None:
+                require(len(node.hash_value) * ps == len(node.key), "HiRadixCache: a node has one storage key per "
+                        "page", node=node, keys=len(node.hash_value))
+
+    def prefetch_host_slots(self) -> list[torch.Tensor]:
+        """Host slots held by prefetches in flight (allocated, not yet in the tree)."""
+        return [op.host_indices for _, _, op in self.ongoing_prefetch.values() if op.host_indices is not None]
