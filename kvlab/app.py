@@ -181,9 +181,9 @@ def write_dashboard(notebook: Path, folder: Path, nb=None, *, page_plotly: bool 
     page = Path(folder) / printable(notebook.name)
     nb = dashboard_notebook(nb if nb is not None else read_dashboard_source(notebook))
     if page_plotly:
-        from plotly.offline import get_plotlyjs
+        from kvlab.viz.plotly_js import plotly_js  # (plotly only in viz, and only in workshop mode)
 
-        (Path(folder) / PLOTLY_FILE).write_text(get_plotlyjs(), encoding="utf-8")
+        (Path(folder) / PLOTLY_FILE).write_text(plotly_js(), encoding="utf-8")
         nb.metadata["kvlab_app"]["page_plotly"] = PLOTLY_FILE
     nbformat.write(nb, page)
     return page

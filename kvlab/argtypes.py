@@ -14,7 +14,7 @@ MAX_POOL = 1 << 26
 #: the largest pool (tokens or pages) of ``--kv-tokens`` / ``--kv-pages``: 2^40 tokens, the page engine's bound (it holds
 #: counts, not tables: an unlimited cache of a real-size trace); the token-level memory's 2^26 is checked after parsing,
 #: where the page size is known (``kvlab.sched.config.check_pool``)
-MAX_PAGE_POOL = 1 << 40
+MAX_PAGE_POOL = 1_099_511_627_776  # 2^40 (kvlab.units.POW2_40; this row may not import units)
 
 
 def int_at_least(minimum: int, maximum: int = MAX_COUNT) -> Callable[[str], int]:

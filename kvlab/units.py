@@ -10,6 +10,9 @@ KiB = 1024
 MiB = 1024 * KiB
 GiB = 1024 * MiB
 TiB = 1024 * GiB
+#: powers of two as plain counts (token ids, pool tokens), not byte sizes
+POW2_30 = 1 << 30
+POW2_40 = 1 << 40
 KB = 10**3
 MB = 10**6
 GB = 10**9

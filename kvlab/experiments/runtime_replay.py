@@ -22,6 +22,8 @@ from __future__ import annotations
 import textwrap
 from dataclasses import dataclass, field
 
+from kvlab.units import POW2_30
+
 DECODE_LOG_INTERVAL = 40  # SGLang's --decode-log-interval default
 WHAT_IFS = {"pool x2": {"pool_factor": 2.0}, "host tier ratio 2": {"hicache_ratio": 2.0},
             "full eviction (the bug)": {"eviction": "full"}}
@@ -63,8 +65,8 @@ def derive_requests(tl, seed: int = 0) -> list:
             new = int(row.new_token) // n + (1 if k < int(row.new_token) % n else 0)
             cached = int(row.cached_token) // n + (1 if k < int(row.cached_token) % n else 0)
             donor = next((p for p in reversed(prompts) if len(p) >= cached), None) if cached else None
-            prefix = donor[:cached] if donor is not None else [rng.randrange(1, 1 << 30) for _ in range(cached)]
-            prompt = prefix + [rng.randrange(1, 1 << 30) for _ in range(max(new, 1))]
+            prefix = donor[:cached] if donor is not None else [rng.randrange(1, POW2_30) for _ in range(cached)]
+            prompt = prefix + [rng.randrange(1, POW2_30) for _ in range(max(new, 1))]
             prompts.append(prompt)
             t = 0.0 if row.t_s != row.t_s else float(row.t_s)  # nan: no timestamps, all at 0
             requests.append(Request(rid=f"log-{row.line}-{k}", arrival_time_s=max(t, 0.0), prompt_token_ids=prompt,

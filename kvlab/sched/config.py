@@ -11,7 +11,7 @@ from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, STORAGE_BACKENDS 
 from kvlab.mem_cache.options import EVICTION_MODES, WRITE_POLICIES, HostPoolSize, host_pool_size  # no torch
 from kvlab.sched.arrivals import ClosedLoop
 from kvlab.sched.cost import CostModel
-from kvlab.units import GB, GiB, align_down, align_up
+from kvlab.units import GB, POW2_40, GiB, align_down, align_up
 
 CLIP_MAX_NEW_TOKENS = 4096  # schedule_policy.py: future tokens counted per request, at most
 RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
@@ -25,7 +25,7 @@ MAX_POOL_TOKENS = 1 << 26
 #: the largest pool the page engine takes (page size > 1 on the fast path): it holds counts, not tables, so a pool
 #: is a number and "how much would an unlimited cache hit?" can be asked of a real-size trace; 2^40 tokens (10^12)
 #: still refuses absurd values
-MAX_PAGE_ENGINE_POOL_TOKENS = 1 << 40
+MAX_PAGE_ENGINE_POOL_TOKENS = POW2_40
 
 
 def max_pool_tokens(page_size: int, counts_only: bool = True) -> tuple[int, str]:

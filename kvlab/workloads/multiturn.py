@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from kvlab.units import POW2_40
 from kvlab.workloads.bounds import Amount, WorkloadSize, check_size, product
 from kvlab.workloads.request import Request, TokenSequence
 
@@ -79,7 +80,7 @@ class _Pieces:
 
     def __init__(self, rng: random.Random, consecutive: bool) -> None:
         self.rng, self.consecutive = rng, consecutive
-        self.next_id = rng.randrange(1, 2**40)
+        self.next_id = rng.randrange(1, POW2_40)
 
     def __call__(self, n: int, firsts: set | None = None) -> TokenSequence:
         if self.consecutive:
