@@ -32,3 +32,28 @@ def rounds_vs_published(comparison) -> go.Figure:
         fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=-0.18, yanchor="top", showarrow=False,
                            align="left", font=dict(size=10))
     return fig
+
+
+TIER_COLOURS = {"device": "#2ca02c", "host": "#1f77b4", "storage": "#ff7f0e"}  # the residency colours of notebook 07
+
+
+def round_tier_bars(frame, title: str = "Where each round's hits came from") -> go.Figure:
+    """Stacked bars per round: device, host and storage hits as shares of the round's prompt tokens (the stack's
+    top is the script's "Cache Hit Rate"), the no-eviction ideal as a marker. ``frame``:
+    ``multiturn_tiers.tier_rounds(result)`` (its token counts in the hover)."""
+    rounds = [int(r) for r in frame["round"]]
+    fig = go.Figure()
+    for tier, colour in TIER_COLOURS.items():
+        tokens = [int(t) for t in frame[f"{tier}_hit_tokens"]]
+        shares = [t / p for t, p in zip(tokens, frame["prompt_tokens"])]
+        fig.add_trace(go.Bar(x=rounds, y=shares, name=f"{tier} hits", marker_color=colour, customdata=tokens,
+                             hovertemplate=f"round %{{x}}<br>{tier}: %{{y:.4f}} (%{{customdata:,}} tokens)"
+                                           "<extra></extra>"))
+    fig.add_trace(go.Scatter(x=rounds, y=list(frame["ideal_hit_rate"]), mode="markers", name="ideal (no eviction)",
+                             marker=dict(symbol="line-ew-open", size=22, color="#333333", line_width=2),
+                             hovertemplate="round %{x}<br>ideal %{y:.6f}<extra></extra>"))
+    fig.update_layout(template=TEMPLATE, barmode="stack", title=dict(text=title, x=0.0), xaxis_title="round",
+                      yaxis=dict(title="share of the round's prompt tokens", range=[0, 1], tickformat=".0%"),
+                      xaxis=dict(dtick=1), legend=dict(orientation="h", y=-0.2), height=420,
+                      margin=dict(t=60, l=60, r=20, b=90))
+    return fig
