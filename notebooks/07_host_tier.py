@@ -326,8 +326,9 @@ multiturn_tiers.finding2_table(finding2_l3)
 # gives no device pool: kvlab assumes one that holds the benchmark, and says so in the figure.
 
 # %%
-published, table_file = multiturn_tiers.published_comparison()
-print(f"kvlab simulate --compare-table {table_file.name}")
+published = multiturn_tiers.published_comparison()
+print(f"kvlab simulate --compare-table {multiturn_tiers.TABLE_FILE}  "
+      f"# the file: multiturn_tiers.write_published_table({multiturn_tiers.TABLE_FILE!r})")
 multiturn_plots.rounds_vs_published(published)
 
 # %%

@@ -273,12 +273,22 @@ def published_record() -> dict:
                       "enable_round_barrier": True}, "rows": rows}
 
 
-def published_comparison(directory: str | Path | None = None):
-    """``kvlab simulate --compare-table FILE`` on :func:`published_record`, written as ``sglang_33984.jsonl`` in
-    ``directory`` (default: a fresh temporary one). Returns the comparison and the file."""
+TABLE_FILE = "sglang_33984.jsonl"
+
+
+def write_published_table(path: str | Path) -> Path:
+    """Write :func:`published_record` as a one-line table file at ``path`` (refused if it exists: nothing the user
+    has is overwritten), for ``kvlab simulate --compare-table PATH`` in a shell."""
+    path = Path(path)
+    with open(path, "x", encoding="utf-8") as f:
+        f.write(json.dumps(published_record()) + "\n")
+    return path
+
+
+def published_comparison():
+    """``kvlab simulate --compare-table sglang_33984.jsonl`` on :func:`published_record` (the file written in a
+    temporary folder, removed after the run)."""
     from kvlab.experiments.published_tables import compare
 
-    folder = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="kvlab-33984-"))
-    path = folder / "sglang_33984.jsonl"
-    path.write_text(json.dumps(published_record()) + "\n", encoding="utf-8")
-    return compare(str(path)), path
+    with tempfile.TemporaryDirectory(prefix="kvlab-33984-") as folder:
+        return compare(str(write_published_table(Path(folder) / TABLE_FILE)))

@@ -68,10 +68,15 @@ def test_finding2_table_is_bug_fix_difference():
 
 
 def test_published_table_reproduced(tmp_path):
-    comparison, path = mt.published_comparison(tmp_path)
-    assert path.parent == tmp_path
+    comparison = mt.published_comparison()
     rows = comparison.as_dict()["rounds"]
     assert [r["simulated_cache_hit_rate"] for r in rows] == list(mt.PUBLISHED_RATES) == mt.ideal_rates()
+    path = mt.write_published_table(tmp_path / mt.TABLE_FILE)  # the file for a shell, the same numbers
+    out = subprocess.run([sys.executable, "-m", "kvlab.cli", "simulate", "--compare-table", str(path), "--json"],
+                         capture_output=True, text=True, check=True, timeout=300)
+    assert [r["simulated_cache_hit_rate"] for r in json.loads(out.stdout)["rounds"]] == list(mt.PUBLISHED_RATES)
+    with pytest.raises(FileExistsError):
+        mt.write_published_table(path)  # never overwrites
 
 
 def test_published_rates_match_the_shared_file():
