@@ -98,6 +98,11 @@ def requests():
     return _REQUESTS[0]
 
 
+def has_run(setting: TierSetting) -> bool:
+    """Whether :func:`run` has this setting's run already (a panel says "computing" only when it has not)."""
+    return setting in _RUNS
+
+
 def run(setting: TierSetting = DEFAULT):
     """The setting's ``SimResult`` (cached: a second call returns the same run)."""
     if setting not in _RUNS:

@@ -11,7 +11,7 @@ import ipywidgets as widgets
 
 from kvlab.viz.live import LiveFigure
 from kvlab.viz.multiturn_plots import round_tier_bars
-from kvlab.viz.widgets import PanelShell, _wrap
+from kvlab.viz.widgets import PanelShell
 
 
 def rounds_html(table) -> str:
@@ -31,6 +31,11 @@ def dropoff_html(frame, setting) -> str:
                 f"round {last.cache_hit_rate:.6f} against {last.ideal_hit_rate:.6f}, storage hits "
                 f"{int(frame['storage_hit_tokens'].sum()):,} tokens.")
     return f"<p class='kvlab-dropoff-verdict'>{html.escape(text)}</p>"
+
+
+def _row() -> widgets.Layout:
+    """A row that wraps (the table goes below the bars on a narrow page), as the other panels' rows."""
+    return widgets.Layout(flex_flow="row wrap", align_items="flex-start")
 
 
 class MultiturnTierPanel:
@@ -54,9 +59,9 @@ class MultiturnTierPanel:
                        (self.table, "kvlab-side-table"), (self.verdict, "kvlab-dropoff"),
                        (self.command, "kvlab-tier-command")):
             w.add_class(css)
-        self.shell = PanelShell([self.verdict, widgets.HBox([self.bars, self.table], layout=_wrap()),
+        self.shell = PanelShell([self.verdict, widgets.HBox([self.bars, self.table], layout=_row()),
                                  self.command])
-        self.widget = self.shell.box(widgets.HBox([self.policy, self.ratio], layout=_wrap()))
+        self.widget = self.shell.box(widgets.HBox([self.policy, self.ratio], layout=_row()))
         self.widget.add_class("kvlab-multiturn-panel")
         self._on_change = self.shell.guard(lambda _change: self._refresh())
         for w in (self.policy, self.ratio):
@@ -74,7 +79,7 @@ class MultiturnTierPanel:
 
     def _refresh(self) -> None:
         setting = self.setting()
-        busy = None if setting in self._mt._RUNS else f"the benchmark with {setting.label()}"
+        busy = None if self._mt.has_run(setting) else f"the benchmark with {setting.label()}"
         with self.shell.showing(busy):
             frame = self.frame()
             self.bars.draw(lambda: round_tier_bars(frame, f"Where each round's hits came from: {setting.label()}"),
