@@ -267,7 +267,8 @@ host_panel.widget
 # and a device pool of 122,880 tokens, far too small: the conversations grow to about 737k tokens. Host tier
 # `--hicache-ratio 2`, storage a file store that holds everything (`--hicache-storage-backend file`, unbounded).
 # Per round, where its hits came from: the device, the host (loaded back) or storage (read by a prefetch into host,
-# then loaded back). The stack's top is the script's "Cache Hit Rate"; the dash is the no-eviction ideal.
+# then loaded back). The stack's top is the script's "Cache Hit Rate" (the table's "hit rate"); the dash is the
+# no-eviction ideal. The table's tier columns are shares of the round's prompt tokens.
 
 # %%
 from kvlab.experiments import multiturn_tiers

@@ -161,16 +161,14 @@ def tier_rounds(result):
 
 
 def rounds_table(frame):
-    """:func:`tier_rounds` for reading: hits per tier as shares of the round's prompt tokens, the hit rate (the
-    script's), the ideal and TTFT."""
+    """:func:`tier_rounds` for reading, narrow enough to sit beside its bars: hits per tier as shares of the round's
+    prompt tokens, the script's hit rate, the no-eviction ideal and the mean TTFT (s)."""
     import pandas as pd
 
-    share = {f"{tier} hits": (frame[f"{tier}_hit_tokens"] / frame["prompt_tokens"]).map("{:.4f}".format)
-             for tier in TIERS}
-    return pd.DataFrame({"round": frame["round"], "requests": frame["requests"], **share,
-                         "Cache Hit Rate": frame["cache_hit_rate"].map("{:.6f}".format),
-                         "ideal (no eviction)": frame["ideal_hit_rate"].map("{:.6f}".format),
-                         "avg TTFT (s)": frame["avg_ttft_s"].map("{:.2f}".format)}).set_index("round")
+    share = {tier: (frame[f"{tier}_hit_tokens"] / frame["prompt_tokens"]).map("{:.4f}".format) for tier in TIERS}
+    return pd.DataFrame({"round": frame["round"], **share, "hit rate": frame["cache_hit_rate"].map("{:.6f}".format),
+                         "ideal": frame["ideal_hit_rate"].map("{:.6f}".format),
+                         "TTFT s": frame["avg_ttft_s"].map("{:.2f}".format)}).set_index("round")
 
 
 # ---- sglang#33984: the drop-off ------------------------------------------------------------------------------------

@@ -33,6 +33,9 @@ def dropoff_html(frame, setting) -> str:
     return f"<p class='kvlab-dropoff-verdict'>{html.escape(text)}</p>"
 
 
+BARS_WIDTH_PX = 560  # room for the per-round table beside the bars at 1280 px with JupyterLab's file browser open
+
+
 def _row() -> widgets.Layout:
     """A row that wraps (the table goes below the bars on a narrow page), as the other panels' rows."""
     return widgets.Layout(flex_flow="row wrap", align_items="flex-start")
@@ -82,8 +85,8 @@ class MultiturnTierPanel:
         busy = None if self._mt.has_run(setting) else f"the benchmark with {setting.label()}"
         with self.shell.showing(busy):
             frame = self.frame()
-            self.bars.draw(lambda: round_tier_bars(frame, f"Where each round's hits came from: {setting.label()}"),
-                           key=setting)
+            title = f"Where each round's hits came from:<br>{setting.label()}"
+            self.bars.draw(lambda: round_tier_bars(frame, title, width=BARS_WIDTH_PX), key=setting)
             self.table.value = rounds_html(self._mt.rounds_table(frame))
             self.verdict.value = dropoff_html(frame, setting)
             self.command.value = ("<code>kvlab simulate " +

@@ -31,7 +31,7 @@ def test_drawn_equals_table_equals_cli(setting):
     assert [row["round"] for row in cli] == list(frame["round"])
     for i, row in enumerate(cli):
         assert drawn[i] == pytest.approx(row["cache_hit_rate"], abs=1e-6)
-        assert float(table["Cache Hit Rate"].iloc[i]) == row["cache_hit_rate"]
+        assert float(table["hit rate"].iloc[i]) == row["cache_hit_rate"]
         assert row["cached_tokens"] == sum(int(t.customdata[i]) for t in bars)
         assert row["storage_hit_tokens"] == frame["storage_hit_tokens"].iloc[i]
 
