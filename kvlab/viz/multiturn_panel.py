@@ -33,9 +33,6 @@ def dropoff_html(frame, setting) -> str:
     return f"<p class='kvlab-dropoff-verdict'>{html.escape(text)}</p>"
 
 
-BARS_WIDTH_PX = 560  # room for the per-round table beside the bars at 1280 px with JupyterLab's file browser open
-
-
 def _row() -> widgets.Layout:
     """A row that wraps (the table goes below the bars on a narrow page), as the other panels' rows."""
     return widgets.Layout(flex_flow="row wrap", align_items="flex-start")
@@ -58,7 +55,7 @@ class MultiturnTierPanel:
         self.table = widgets.HTML()
         self.verdict = widgets.HTML()
         self.command = widgets.HTML()
-        for w, css in ((self.bars, "kvlab-tier-bars"), (self.table, "kvlab-rounds-table-box"),
+        for w, css in ((self.bars, "kvlab-tier-bars"), (self.bars, "kvlab-fig-grow"), (self.table, "kvlab-rounds-table-box"),
                        (self.table, "kvlab-side-table"), (self.verdict, "kvlab-dropoff"),
                        (self.command, "kvlab-tier-command")):
             w.add_class(css)
@@ -86,7 +83,7 @@ class MultiturnTierPanel:
         with self.shell.showing(busy):
             frame = self.frame()
             title = f"Where each round's hits came from:<br>{setting.label()}"
-            self.bars.draw(lambda: round_tier_bars(frame, title, width=BARS_WIDTH_PX), key=setting)
+            self.bars.draw(lambda: round_tier_bars(frame, title), key=setting)
             self.table.value = rounds_html(self._mt.rounds_table(frame))
             self.verdict.value = dropoff_html(frame, setting)
             self.command.value = ("<code>kvlab simulate " +

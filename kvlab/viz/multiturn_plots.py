@@ -37,10 +37,10 @@ def rounds_vs_published(comparison) -> go.Figure:
 TIER_COLOURS = {"device": "#2ca02c", "host": "#1f77b4", "storage": "#ff7f0e"}  # the residency colours of notebook 07
 
 
-def round_tier_bars(frame, title: str = "Where each round's hits came from", width: int | None = None) -> go.Figure:
+def round_tier_bars(frame, title: str = "Where each round's hits came from") -> go.Figure:
     """Stacked bars per round: device, host and storage hits as shares of the round's prompt tokens (the stack's
     top is the script's "Cache Hit Rate"), the no-eviction ideal as a marker. ``frame``:
-    ``multiturn_tiers.tier_rounds(result)`` (its token counts in the hover); ``width`` in px (None: the page's)."""
+    ``multiturn_tiers.tier_rounds(result)`` (its token counts in the hover)."""
     rounds = [int(r) for r in frame["round"]]
     fig = go.Figure()
     for tier, colour in TIER_COLOURS.items():
@@ -54,6 +54,6 @@ def round_tier_bars(frame, title: str = "Where each round's hits came from", wid
                              hovertemplate="round %{x}<br>ideal %{y:.6f}<extra></extra>"))
     fig.update_layout(template=TEMPLATE, barmode="stack", title=dict(text=title, x=0.0), xaxis_title="round",
                       yaxis=dict(title="share of the round's prompt tokens", range=[0, 1], tickformat=".0%"),
-                      xaxis=dict(dtick=1), legend=dict(orientation="h", y=-0.2), height=420, width=width,
+                      xaxis=dict(dtick=1), legend=dict(orientation="h", y=-0.2), height=420,
                       margin=dict(t=60, l=60, r=20, b=90))
     return fig
