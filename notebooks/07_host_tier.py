@@ -315,9 +315,21 @@ finding2_l3 = multiturn_tiers.finding2_frame()
 multiturn_tiers.finding2_table(finding2_l3)
 
 # %% [markdown]
-# Here the bug costs no hits in either case: what full eviction evicts early is backed up (written through to host
-# and storage), so it comes back the same way the fix's evictions do. Its price is traffic (a negative
-# GiB fix − bug). A small store loses most storage hits to its own LRU eviction, in both modes: the TTFT doubles.
+# The same under `wait_complete`, where a request waits for its prefetch (the waits are in its TTFT):
+
+# %%
+finding2_wait = multiturn_tiers.finding2_frame(policy="wait_complete")
+multiturn_tiers.finding2_table(finding2_wait)
+
+# %%
+print(multiturn_tiers.finding2_text(finding2_l3, finding2_wait))
+
+# %% [markdown]
+# Why the bug is free here: under `write_through` every node is copied to host as it is inserted (and on to
+# storage as its host copy lands), so what full eviction frees early is demoted, not lost, and comes back the way
+# the fix's evictions do; the bug's price is copies. A store too small for the benchmark loses its hits to its own
+# eviction in both modes: it drops the least recently used pages, which are each conversation's first pages, and a
+# prefetch matches a prompt page by page from the first, so what is left of a conversation is out of reach.
 
 # %% [markdown]
 # ### 7.3 · The published table beside kvlab's

@@ -227,7 +227,8 @@ def finding2_frame(policy: str = "best_effort", host_ratio: float = 2.0):
             t = result.totals()
             moved = (t["loaded_back_tokens"] + t["written_to_host_tokens"] + t["prefetched_tokens"] +
                      t["written_to_storage_tokens"]) * result.config.cost.kv_bytes_per_token / GiB
-            rows.append({"case": case, "mode": mode, **{k: t[k] for k in FINDING2_KEYS}, "moved_gib": moved,
+            rows.append({"case": case, "prefetch_policy": policy, "mode": mode, **{k: t[k] for k in FINDING2_KEYS},
+                         "moved_gib": moved,
                          "mean_ttft_s": sum(r.ttft_s for r in result.records) / len(result.records)})
     return pd.DataFrame(rows)
 
@@ -260,6 +261,21 @@ def finding2_table(frame):
         out[(case, "fix (shortfall)")] = [_fmt(fix[k], kind) for _, k, kind in FINDING2_ROWS]
         out[(case, DIFFERENCE)] = [_fmt(fix[k] - bug[k], kind, signed=True) for _, k, kind in FINDING2_ROWS]
     return pd.DataFrame(out, index=[label for label, _, _ in FINDING2_ROWS])
+
+
+def finding2_text(*frames) -> str:
+    """What full eviction cost in each :func:`finding2_frame` (one per prefetch policy), read from the runs."""
+    parts = []
+    for frame in frames:
+        for case in dict.fromkeys(frame["case"]):
+            arm = frame[frame["case"] == case].set_index("mode")
+            policy = arm["prefetch_policy"].iloc[0]
+            cols = ["hit_rate", "moved_gib", "mean_ttft_s"]
+            d = arm.loc["shortfall", cols] - arm.loc["full", cols]
+            parts.append(f"{case}, {policy}: hit rate {DIFFERENCE} {fmt_points(d['hit_rate'] * 100)}, GiB moved "
+                         f"{with_sign(f'{abs(d.moved_gib):.2f}', round(d.moved_gib, 2))}, mean TTFT "
+                         f"{with_sign(f'{abs(d.mean_ttft_s):.3f}', round(d.mean_ttft_s, 3))} s.")
+    return "\n".join(parts)
 
 
 # ---- the published table beside kvlab's ----------------------------------------------------------------------------

@@ -63,6 +63,8 @@ def test_finding2_table_is_bug_fix_difference():
     bug = frame[(frame["case"] == mt.STORAGE_CASES[0][0]) & (frame["mode"] == "full")].iloc[0]
     fix = frame[(frame["case"] == mt.STORAGE_CASES[0][0]) & (frame["mode"] == "shortfall")].iloc[0]
     assert fix["moved_gib"] - bug["moved_gib"] < 0  # the bug's extra copies
+    text = mt.finding2_text(frame)
+    assert f"GiB moved −{bug['moved_gib'] - fix['moved_gib']:.2f}" in text and "best_effort" in text
     small = frame[frame["case"] == mt.STORAGE_CASES[1][0]]
     assert (small["mean_ttft_s"].to_numpy() > frame[frame["case"] == mt.STORAGE_CASES[0][0]]["mean_ttft_s"].to_numpy()).all()
 
