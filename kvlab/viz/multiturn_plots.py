@@ -9,6 +9,13 @@ import plotly.graph_objects as go
 from kvlab.viz.theme import TEMPLATE
 
 
+def _lines(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters (so a long note wraps instead of running off the figure)."""
+    import textwrap
+
+    return textwrap.wrap(text, width) or [""]
+
+
 def rounds_vs_published(comparison) -> go.Figure:
     """Measured and simulated "Cache Hit Rate" per round, the device pool's source (given, derived or assumed) in
     the title and the table's notes (inferred fields, defaults) as an annotation."""
@@ -21,16 +28,15 @@ def rounds_vs_published(comparison) -> go.Figure:
     fig.add_trace(go.Scatter(x=rounds, y=[row["simulated_cache_hit_rate"] for row in data["rounds"]],
                              mode="lines+markers", name="simulated (kvlab)", line=dict(dash="dash"),
                              hovertemplate="round %{x}<br>simulated %{y:.6f}<extra></extra>"))
-    pool = data["device_pool"]
+    pool = _lines(f"device pool {data['kv_tokens']:,} tokens: {data['device_pool']}", 110)
+    notes = [line for note in data["notes"][:8] for line in _lines(note, 120)]
     fig.update_layout(
         template=TEMPLATE, xaxis_title="round", yaxis_title="cache hit rate (Σ cached / Σ prompt)",
-        title=dict(text=f"{comparison.plan.title}<br><sup>device pool {data['kv_tokens']:,} tokens: "
-                        f"{pool[:150]}</sup>", x=0.0),
-        margin=dict(t=90, b=40 + 16 * min(len(data["notes"]), 8)))
-    notes = "<br>".join(data["notes"][:8])
-    if notes:
-        fig.add_annotation(text=notes, xref="paper", yref="paper", x=0, y=-0.18, yanchor="top", showarrow=False,
-                           align="left", font=dict(size=10))
+        title=dict(text=f"{comparison.plan.title}<br><sup>{'<br>'.join(pool)}</sup>", x=0.0),
+        height=380 + 15 * (len(notes) + len(pool)), margin=dict(t=70 + 15 * len(pool), b=75 + 15 * len(notes)))
+    if notes:  # below the x axis's tick labels and title (pixels, whatever the plot's height)
+        fig.add_annotation(text="<br>".join(notes), xref="paper", yref="paper", x=0, y=0, yanchor="top",
+                           yshift=-60, showarrow=False, align="left", font=dict(size=10))
     return fig
 
 
