@@ -61,5 +61,5 @@ def round_tier_bars(frame, title: str = "Where each round's hits came from") -> 
     fig.update_layout(template=TEMPLATE, barmode="stack", title=dict(text=title, x=0.0), xaxis_title="round",
                       yaxis=dict(title="share of the round's prompt tokens", range=[0, 1], tickformat=".0%"),
                       xaxis=dict(dtick=1), legend=dict(orientation="h", y=-0.2), height=420,
-                      margin=dict(t=60, l=60, r=20, b=90))
+                      margin=dict(t=40 + 24 * (title.count("<br>") + 1), l=60, r=20, b=90))
     return fig
