@@ -22,7 +22,7 @@
 # | --- | --- | --- | --- | --- |
 # | **L1**, GPU | the radix tree's KV, in the device pool | `mem_cache/radix_cache.py::RadixCache`, or `mem_cache/hiradix_cache.py::HiRadixCache` with HiCache on; slots from `mem_cache/allocator.py`, KV in `mem_cache/memory_pool.py` | `--mem-fraction-static`, `--page-size` | `kvlab.mem_cache.radix_cache`, `kvlab.mem_cache.hicache.hiradix_cache` |
 # | **L2**, host memory | copies of tree nodes in pinned host RAM | `mem_cache/memory_pool_host.py::HostKVCache` (`pool_host/`); copies by `managers/cache_controller.py::HiCacheController` (`write`, `load`, `evict_host`) | `--enable-hierarchical-cache`, `--hicache-ratio` / `--hicache-size`, `--hicache-write-policy` | `kvlab.mem_cache.hicache.memory_pool_host`, `cache_controller` |
-# | **L3**, storage | pages by hash in a KV store or on disk | `mem_cache/hicache_storage.py::HiCacheStorage` (`HiCacheFile`), backends in `mem_cache/storage/` (`mooncake_store`, `hf3fs`, `nixl`, …); prefetch in `HiRadixCache.prefetch_from_storage` / `check_prefetch_progress` | `--hicache-storage-backend`, `--hicache-storage-prefetch-policy best_effort \| wait_complete \| timeout` | not modelled |
+# | **L3**, storage | pages by hash in a KV store or on disk | `mem_cache/hicache_storage.py::HiCacheStorage` (`HiCacheFile`), backends in `mem_cache/storage/` (`mooncake_store`, `hf3fs`, `nixl`, …); prefetch in `HiRadixCache.prefetch_from_storage` / `check_prefetch_progress` | `--hicache-storage-backend`, `--hicache-storage-prefetch-policy best_effort \| wait_complete \| timeout` | `kvlab.mem_cache.hicache.storage` (section 7) |
 #
 # A node of the two-tier tree is on the **device only**, on **both** tiers, or on the **host only**. A hit on a
 # host-only node is **loaded back** (host → device) before the request runs; a node gets a host copy when it is
@@ -259,3 +259,97 @@ from kvlab.viz.tree_widget import HostTierPanel
 
 host_panel = HostTierPanel(start_requests=30, seed=0)
 host_panel.widget
+
+# %% [markdown]
+# ## 7 · The third tier and SGLang's multi-turn benchmark
+# SGLang's `benchmark/hicache/bench_multiturn.py` as sglang#33984 ran it: 20 clients, 9 rounds, request 4,096
+# tokens, output 1, round barrier, page 64 (`kvlab simulate --workload multiturn`), here with 4 requests in flight
+# and a device pool of 122,880 tokens, far too small: the conversations grow to about 737k tokens. Host tier
+# `--hicache-ratio 2`, storage a file store that holds everything (`--hicache-storage-backend file`, unbounded).
+# Per round, where its hits came from: the device, the host (loaded back) or storage (read by a prefetch into host,
+# then loaded back). The stack's top is the script's "Cache Hit Rate" (the table's "hit rate"); the dash is the
+# no-eviction ideal. The table's tier columns are shares of the round's prompt tokens.
+
+# %%
+from kvlab.experiments import multiturn_tiers
+from kvlab.viz import multiturn_plots
+
+tiers = multiturn_tiers.tier_rounds(multiturn_tiers.run())
+multiturn_plots.round_tier_bars(tiers)
+
+# %%
+print("kvlab simulate " + " ".join(multiturn_tiers.DEFAULT.cli_args()) + " --json")
+multiturn_tiers.rounds_table(tiers)
+
+# %% [markdown]
+# ### 7.1 · "My SSD holds everything, yet the hit rate drops in the last rounds" (sglang#33984)
+# Every setting below has storage that holds everything; only the prefetch policy and the host ratio change.
+
+# %%
+dropoff = multiturn_tiers.dropoff_frame()
+print(multiturn_tiers.dropoff_text(dropoff))
+dropoff
+
+# %% [markdown]
+# Why: once the conversations outgrow device + host, each round's history is found in storage, and a storage hit
+# counts only if its prefetch has landed in host when the request is scheduled. `best_effort` (SGLang's default)
+# schedules the request with whatever has landed and gives the rest up (the "prefetch gave up" tokens), so the
+# rate falls below the ideal from the round where device + host stop holding the history — later with a larger
+# `--hicache-ratio`. `wait_complete` (and `timeout`, whose deadline these prefetches meet) waits for every page:
+# the rate stays on the ideal as long as the host pool has room for the prefetches themselves (at ratio 1 it does
+# not). The wait goes into TTFT, yet the mean TTFT (last column) is lower than `best_effort`'s at every ratio here:
+# reading 4,096 tokens of KV from storage is quicker than computing them again. Switch the controls: the bars, the
+# table and the verdict follow.
+
+# %%
+ttft = dropoff.set_index(["host_ratio", "prefetch_policy"])["mean_ttft_s"]
+assert all(ttft[(r, "wait_complete")] < ttft[(r, "best_effort")] for r in multiturn_tiers.HOST_RATIOS)
+
+# %% tags=["dashboard"]
+from kvlab.viz.multiturn_panel import MultiturnTierPanel
+
+tier_panel = MultiturnTierPanel()
+tier_panel.widget
+
+# %% [markdown]
+# ### 7.2 · Finding 2 across three tiers
+# Both eviction modes at `--hicache-ratio 2`, `best_effort`: storage that holds everything, and a 20 GB store
+# (about a fifth of the benchmark's 97 GB of KV at 128 KiB per token). Bug | fix | fix − bug (positive: the fix has more).
+
+# %%
+finding2_l3 = multiturn_tiers.finding2_frame()
+multiturn_tiers.finding2_table(finding2_l3)
+
+# %% [markdown]
+# The same under `wait_complete`, where a request waits for its prefetch (the waits are in its TTFT):
+
+# %%
+finding2_wait = multiturn_tiers.finding2_frame(policy="wait_complete")
+multiturn_tiers.finding2_table(finding2_wait)
+
+# %%
+print(multiturn_tiers.finding2_text(finding2_l3, finding2_wait))
+
+# %% [markdown]
+# Why the bug is free here: under `write_through` every node is copied to host as it is inserted (and on to
+# storage as its host copy lands), so what full eviction frees early is demoted, not lost, and comes back the way
+# the fix's evictions do; the bug's price is copies. A store too small for the benchmark loses its hits to its own
+# eviction in both modes: it drops the least recently used pages, which are each conversation's first pages, and a
+# prefetch matches a prompt page by page from the first, so what is left of a conversation is out of reach.
+
+# %% [markdown]
+# ### 7.3 · The published table beside kvlab's
+# sglang#33984's "hicache ratio=2" table (https://github.com/sgl-project/sglang/issues/33984). The notebook writes
+# it itself as a one-record table file from the published numbers (so it runs wherever the notebook runs: the
+# curated `../shared/real-data` file is not shipped) and runs `kvlab simulate --compare-table` on it. The issue
+# gives no device pool: kvlab assumes one that holds the benchmark, and says so in the figure.
+
+# %%
+published = multiturn_tiers.published_comparison()
+print(f"kvlab simulate --compare-table {multiturn_tiers.TABLE_FILE}  "
+      f"# the file: multiturn_tiers.write_published_table({multiturn_tiers.TABLE_FILE!r})")
+multiturn_plots.rounds_vs_published(published)
+
+# %%
+for row in published.as_dict()["rounds"]:  # every round equal to the published rate, to 6 decimals
+    assert row["simulated_cache_hit_rate"] == row["measured_cache_hit_rate"], row

@@ -6,6 +6,7 @@ equal to what is drawn, the write-policy bars draw the numbers of the table abov
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from playwright.sync_api import BrowserContext, Page
 
 from kvlab.experiments import host_tier, host_tier_sweep
+from kvlab.experiments import multiturn_tiers as mt
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.viz.plots import RESIDENCY_COLOURS, TREE_COLOURS
 
@@ -37,6 +39,9 @@ TREE = ".kvlab-host-tier-panel .kvlab-tree-fig"
 POLICY_TITLE = "Write policies on the same requests"
 CURVE_TITLE = "Hit rate against host pool size"
 REGIME_TITLE = "Hit rate lost to full eviction (the bug) with a host tier, in points"
+
+TIERS_TITLE = "Where each round's hits came from"  # section 7's static figure
+TIER_BARS = ".kvlab-multiturn-panel .kvlab-tier-bars"
 
 _FIGURE_BY_TITLE = """(title) => {
   const gd = [...document.querySelectorAll('.js-plotly-plot')].find(
@@ -131,10 +136,46 @@ def check_simulator_figures(page: Page, sims: tuple) -> None:
         assert f"{r.hit_rate_shortfall:.2%}" in text
 
 
+@pytest.fixture(scope="module")
+def tier_cli() -> dict:
+    """Section 7's oracle: ``kvlab simulate --workload multiturn ... --json``'s per-round rates, per setting."""
+    out = {}
+    for setting in (mt.DEFAULT, mt.TierSetting(2.0, "wait_complete")):
+        proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "simulate", *setting.cli_args(), "--json"],
+                              capture_output=True, text=True, check=True, timeout=300)
+        out[setting] = [row["cache_hit_rate"] for row in json.loads(proc.stdout)["rounds"]]
+    return out
+
+
+def _stacked(traces: list[dict]) -> list[float]:
+    bars = [t for t in traces if t.get("type", "bar") == "bar" and "hits" in (t.get("name") or "")]
+    return [sum(t["y"][i] for t in bars) for i in range(len(bars[0]["y"]))]
+
+
+def check_tiers(page: Page, tier_cli: dict) -> None:
+    """Section 7: the stacked tier bars (static and the live panel's) add up to the CLI's per-round hit rates, and
+    the panel's per-round table shows the same rates."""
+    rates = tier_cli[mt.DEFAULT]
+    assert _stacked(_figure(page, TIERS_TITLE)) == pytest.approx(rates, abs=1e-6)
+    assert _stacked(lab.wait_plotly(page, TIER_BARS, timeout=300_000)) == pytest.approx(rates, abs=1e-6)
+    table = lab.table_text(page, "kvlab-rounds-table-box")
+    assert all(f"{rate:.6f}" in table for rate in rates)
+    assert "below the no-eviction ideal from round" in lab.table_text(page, "kvlab-dropoff")
+
+
+def switch_prefetch(page: Page, tier_cli: dict) -> None:
+    """wait_complete: the panel redraws on the no-eviction ideal, the CLI's numbers for that setting."""
+    before = lab.plotly_data(page, TIER_BARS)
+    page.locator(".kvlab-prefetch-policy button", has_text="wait_complete").click()
+    drawn = lab.wait_plotly_change(page, TIER_BARS, before, timeout=120_000)
+    assert _stacked(drawn) == pytest.approx(tier_cli[mt.TierSetting(2.0, "wait_complete")], abs=1e-6)
+    lab.wait_widget_text(page, "kvlab-dropoff", "every round on the no-eviction ideal")
+
+
 @pytest.mark.browser
 @pytest.mark.slow
 def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_server: LabServer, artifacts: Path,
-                                                        runs, sims):
+                                                        runs, sims, tier_cli):
     work = artifacts / "07_host_tier.ipynb"  # a copy: saving writes outputs into the file
     shutil.copy(lab_server.root_dir / NOTEBOOK, work)
     relpath = work.relative_to(lab_server.root_dir).as_posix()
@@ -146,6 +187,10 @@ def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_serv
     check_simulator_figures(lab_page, sims)
     lab.wait_widget_text(lab_page, "kvlab-tree-log", f"{START_REQUESTS} of 40 requests run")
     lab.screenshot(lab_page, artifacts / "lab07_tree.png", ".kvlab-host-tier-panel")
+    check_tiers(lab_page, tier_cli)
+    lab.screenshot(lab_page, artifacts / "lab07_tiers.png", ".kvlab-multiturn-panel")
+    switch_prefetch(lab_page, tier_cli)
+    lab.screenshot(lab_page, artifacts / "lab07_tiers_wait_complete.png", ".kvlab-multiturn-panel")
 
     lab.click_widget(lab_page, "kvlab-tree-pressure")
     pressured = lab.wait_plotly_change(lab_page, TREE, before)
@@ -168,6 +213,9 @@ def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_serv
     lab_page.reload(wait_until="domcontentloaded")
     lab.wait_kernel_idle(lab_page, relpath)
     check_tree(lab_page, oracle_demo(["pressure_event", "next_request"], policy="write_back"))  # live widgets
+    lab_page.locator(".kvlab-multiturn-panel").scroll_into_view_if_needed()
+    wait_complete = tier_cli[mt.TierSetting(2.0, "wait_complete")]  # the panel as saved: switched
+    assert _stacked(lab.wait_plotly(lab_page, TIER_BARS, timeout=120_000)) == pytest.approx(wait_complete, abs=1e-6)
     # (the static figures far above are not in the page after a reload: JupyterLab renders only the cells in view;
     # they were checked before it, and the report test checks them as saved)
     lab.screenshot(lab_page, artifacts / "lab07_reloaded.png", ".kvlab-host-tier-panel")
@@ -176,7 +224,7 @@ def test_lab_07_tree_and_bars_before_and_after_a_reload(lab_page: Page, lab_serv
 @pytest.mark.browser
 @pytest.mark.slow
 def test_voila_07_draws_the_tree_and_the_bars(voila, context: BrowserContext, artifacts: Path, runs,  # noqa: F811
-                                              sims):
+                                              sims, tier_cli):
     page: Page = context.new_page()
     page.goto(voila("07"), wait_until="commit")
     page.locator(".kvlab-host-tier-panel").wait_for(state="attached", timeout=300_000)
@@ -190,13 +238,17 @@ def test_voila_07_draws_the_tree_and_the_bars(voila, context: BrowserContext, ar
     page.locator(".kvlab-check").first.wait_for(state="attached", timeout=900_000)
     check_policy_bars(page, runs)
     check_simulator_figures(page, sims)
+    page.locator(".kvlab-multiturn-panel").wait_for(state="attached", timeout=300_000)
+    check_tiers(page, tier_cli)
+    switch_prefetch(page, tier_cli)
+    lab.screenshot(page, artifacts / "voila07_tiers.png", ".kvlab-multiturn-panel")
     page.close()
 
 
 @pytest.mark.browser
 @pytest.mark.slow
 def test_report_07_page_draws_the_tree_and_the_tables_numbers(offline: BrowserContext, tmp_path: Path,  # noqa: F811
-                                                              artifacts: Path, runs, sims):
+                                                              artifacts: Path, runs, sims, tier_cli):
     out = tmp_path / "site"
     proc = subprocess.run([sys.executable, "-m", "kvlab.cli", "report", "--out", str(out), "--notebooks", "07",
                            "--device", "sim:h200", "--no-png"], capture_output=True, text=True, timeout=900,
@@ -210,6 +262,7 @@ def test_report_07_page_draws_the_tree_and_the_tables_numbers(offline: BrowserCo
     check_tree(page, oracle_demo([]))  # the saved widget state: the panel as the notebook left it
     check_policy_bars(page, runs)
     check_simulator_figures(page, sims)
+    check_tiers(page, tier_cli)  # the panel's saved state: the default setting
     assert opened.page_errors == [] and opened.off_machine == []
     lab.screenshot(page, artifacts / "report07.png")
     page.close()
