@@ -42,8 +42,10 @@ class NewTokenRatio:
         if rounds == 1:  # (a round of the loop; the quiet runs decay many at once)
             self.value = self.decayed(self.value)
             return
-        value, decayed = self.value, self.decayed
+        value, decayed, floor = self.value, self.decayed, self.min
         for _ in range(rounds):
+            if value == floor:  # (the floor decays to itself: the rounds left change nothing)
+                break
             value = decayed(value)
         self.value = value
 
