@@ -134,7 +134,7 @@ class Scheduler:
         # is looked up and chosen once, here)
         release, sizes = self._release(), self.kv.sizes
         begin_step, end_step = self._step_ends()
-        prefill, decode, quiet = self._steps()
+        prefill_or_decode, quiet = self._steps()
         while waiting or self.running or self.chunked or arrivals:
             if totals.steps >= max_steps:
                 raise StepLimitError(f"the simulation did not finish in {max_steps:,} steps (SchedulerConfig.max_steps)")
@@ -143,7 +143,7 @@ class Scheduler:
                 ledger.advance_to(self._next_arrival_s())
                 continue
             begin_step()
-            step = prefill() or decode()
+            step = prefill_or_decode()
             if step is None:
                 self._wait_for_copies()
                 continue
@@ -199,39 +199,35 @@ class Scheduler:
 
         return begin_step, end_step
 
-    def _steps(self) -> tuple[Callable[[], tuple | None], Callable[[], tuple | None], Callable[[int], None]]:
-        """The loop's three steps, their callees bound once per run (as locals: bound methods kept on the scheduler
-        would make it cyclic garbage): a prefill step if a batch forms, a decode round if any request runs (each
-        ``(kind, compute seconds, tokens computed, retracted)`` or None), and the quiet rounds after a decode step
-        (:meth:`_quiet_rounds`)."""
+    def _steps(self) -> tuple[Callable[[], tuple | None], Callable[[int], None]]:
+        """The loop's two steps, their callees bound once per run (as locals: bound methods kept on the scheduler
+        would make it cyclic garbage): a prefill step if a batch forms, else a decode round if any request runs
+        (``(kind, compute seconds, tokens computed, retracted)``, or None when neither), and the quiet rounds after
+        a decode step (:meth:`_quiet_rounds`)."""
         waiting, schedule, run_prefill = self.waiting, self.prefill.schedule, self.prefill.run
         admit, decode_round, future_tokens = self.decoder.admit, self.decoder.decode, self._future_tokens
         prefill_time_s, decode_time_s = self.config.cost.prefill_time_s, self.config.cost.decode_time_s
 
-        def prefill() -> tuple | None:
+        def prefill_or_decode() -> tuple | None:
             running = self.running
             batch = schedule(waiting, running, self.chunked, future_tokens)
-            if not batch.reqs:
-                return None
-            chunked = self.chunked = batch.chunked
-            for req in run_prefill(batch):
-                running.append(req)
-                admit(req)
-            self.emitted = [r for r in batch.reqs if r is not chunked]
-            computed = sum(r.extend_len for r in batch.reqs)
-            return "prefill", prefill_time_s(computed), computed, 0
-
-        def decode() -> tuple | None:
-            """A decode round for every running request (retracted ones go back to waiting)."""
-            batch_size = len(self.running)
+            if batch.reqs:
+                chunked = self.chunked = batch.chunked
+                for req in run_prefill(batch):
+                    running.append(req)
+                    admit(req)
+                self.emitted = [r for r in batch.reqs if r is not chunked]
+                computed = sum(r.extend_len for r in batch.reqs)
+                return "prefill", prefill_time_s(computed), computed, 0
+            batch_size = len(running)
             if not batch_size:
                 return None
-            self.running, back = decode_round(self.running)
+            self.running, back = decode_round(running)  # (retracted requests go back to waiting)
             if back:
                 waiting.extend(back)
             return "decode", decode_time_s(batch_size), 0, len(back)
 
-        return prefill, decode, self._quiet_rounds()
+        return prefill_or_decode, self._quiet_rounds()
 
     def _wait_for_copies(self) -> None:
         """Nothing runs and nothing fits. With HiCache, copies in flight may hold nodes locked: the server idles
