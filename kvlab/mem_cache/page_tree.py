@@ -194,6 +194,8 @@ class PageRadixTree(TreeCore):
     def evict(self, pages: int) -> int:
         """Delete whole unlocked leaves in the policy's order until ``pages`` are freed or none is left (the last
         may overshoot). Returns the pages freed."""
+        if not self.evictable_size_:  # (no unlocked node, so no evictable leaf: most calls on a full pool)
+            return 0
         evicted = 0
         pop = self.leaf_index.pop
         while evicted < pages:

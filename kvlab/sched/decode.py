@@ -40,10 +40,13 @@ class NewTokenRatio:
     def decay(self, rounds: int = 1) -> None:
         """``rounds`` decode rounds without retraction, one decay step each (to the floor)."""
         if rounds == 1:  # (a round of the loop; the quiet runs decay many at once)
-            self.value = self.decayed(self.value)
+            if self.value != self.min:  # (the floor decays to itself)
+                self.value = self.decayed(self.value)
             return
-        value, decayed = self.value, self.decayed
+        value, decayed, floor = self.value, self.decayed, self.min
         for _ in range(rounds):
+            if value == floor:  # (the floor decays to itself: the rounds left change nothing)
+                break
             value = decayed(value)
         self.value = value
 

@@ -215,7 +215,7 @@ class FastDecode:
         """How many of the next ``limit`` steps' admission checks turn ``blocked`` down again, in a row: the
         scheduler's arithmetic (``Scheduler._future_tokens``, ``PrefillAdder.schedule``) with the ratio decayed
         one step per round, as :meth:`NewTokenRatio.decay` does."""
-        value, decayed = self.ratio.value, self.ratio.decayed
+        value, decayed, floor = self.ratio.value, self.ratio.decayed, self.ratio.min
         need, budget = blocked.need, blocked.budget
         base, per_round = self.finish_round_sum + self.clip * self.clipped, self.unclipped
         k = 0
@@ -224,7 +224,8 @@ class FastDecode:
             if fits_budget(need, budget, value * future):
                 break
             k += 1
-            value = decayed(value)
+            if value != floor:  # (the floor decays to itself)
+                value = decayed(value)
         return k
 
 

@@ -123,7 +123,8 @@ class PrefillAdder:
             batch.append(req)
             if chunks:
                 chunked = req
-        waiting.extendleft(reversed(skipped))  # (back in their places, ahead of the rest)
+        if skipped:
+            waiting.extendleft(reversed(skipped))  # (back in their places, ahead of the rest)
         return PrefillBatch(batch, chunked)
 
     def _note_admitted(self, req: SimReq, host) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -128,68 +128,106 @@ class Scheduler:
         from kvlab.progress import progress_bar
 
         cfg, ledger, arrivals, waiting = self.config, self.ledger, self.arrivals, self.waiting
-        totals, max_steps = ledger.totals, cfg.max_steps
+        totals, max_steps, debug = ledger.totals, cfg.max_steps, cfg.debug
         bar = progress_bar(total=totals.requests, desc=f"simulate ({cfg.eviction})", enabled=progress, unit="req")
         # (about 66,000 steps on the 12k-request conversation trace, far more on a small pool: what each step calls
-        # is looked up once, here)
-        begin_step, end_step, sizes, host = ledger.begin_step, ledger.end_step, self.kv.sizes, self.host
-        prefill, decode, quiet = self._prefill, self._decode, self._quiet_rounds
-        arrive = host.arrive  # HiCache storage: the request's prefetch starts as it joins the queue
-        while arrivals or waiting or self.running or self.chunked:
+        # is looked up and chosen once, here)
+        release, sizes = self._release(), self.kv.sizes
+        begin_step, end_step = self._step_ends()
+        prefill_or_decode, quiet = self._steps()
+        while waiting or self.running or self.chunked or arrivals:
             if totals.steps >= max_steps:
                 raise StepLimitError(f"the simulation did not finish in {max_steps:,} steps (SchedulerConfig.max_steps)")
-            arrived = len(waiting)
-            arrivals.release(ledger.now_s, waiting)
-            if arrive is not None:
-                for req in list(waiting)[arrived:]:
-                    host.begin_step(ledger.now_s)  # (the prefetch is timed from now)
-                    arrive(req)
+            release(ledger.now_s, waiting)
             if not (waiting or self.running or self.chunked):
                 ledger.advance_to(self._next_arrival_s())
                 continue
             begin_step()
-            host.begin_step(ledger.now_s)  # HiCache: copies finished by now complete (check_hicache_events)
-            step = prefill() or decode()
+            step = prefill_or_decode()
             if step is None:
                 self._wait_for_copies()
                 continue
             kind, compute_s, computed, retracted = step
-            dt = host.end_step(compute_s)  # HiCache: the copies' share of the step, and its traffic noted
-            end_step(kind, dt, computed, retracted, sizes(), len(self.running), len(waiting))
+            end_step(kind, compute_s, computed, retracted, sizes(), len(self.running), len(waiting))
             if self.emitted or ledger.done:
                 self._note_responses()
-            if cfg.debug:
+            if debug:
                 self.check_invariants()
             if ledger.step_finished:
                 bar.update(ledger.step_finished)
-            if kind == "decode" and not cfg.debug:
+            if kind == "decode" and not debug:
                 quiet(retracted)
         bar.close()
-        host.finish()  # HiCache: the copies still in flight land (the clock of the run is not moved)
+        self.host.finish()  # HiCache: the copies still in flight land (the clock of the run is not moved)
         # (the result asks the memory for its tree when first read: the page engine rebuilds it at token level)
         return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, self.kv, records=arrivals.records)
 
-    def _prefill(self) -> tuple | None:
-        """A prefill step if a batch forms: (kind, compute seconds, tokens computed, retracted)."""
-        batch = self.prefill.schedule(self.waiting, self.running, self.chunked, self._future_tokens)
-        if not batch.reqs:
-            return None
-        self.chunked = batch.chunked
-        for req in self.prefill.run(batch):
-            self.running.append(req)
-            self.decoder.admit(req)
-        self.emitted = [r for r in batch.reqs if r is not batch.chunked]
-        computed = sum(r.extend_len for r in batch.reqs)
-        return "prefill", self.config.cost.prefill_time_s(computed), computed, 0
+    def _release(self) -> Callable[[float, deque], None]:
+        """How arrivals join the queue, chosen once per run: the source's ``release``, and with a storage tier
+        (``host.arrive``) each new arrival's prefetch started as it joins (timed from now)."""
+        release, host = self.arrivals.release, self.host
+        arrive = host.arrive
+        if arrive is None:
+            return release
 
-    def _decode(self) -> tuple | None:
-        """A decode round for every running request, if any runs (retracted ones go back to waiting)."""
-        batch_size = len(self.running)
-        if not batch_size:
-            return None
-        self.running, back = self.decoder.decode(self.running)
-        self.waiting.extend(back)
-        return "decode", self.config.cost.decode_time_s(batch_size), 0, len(back)
+        def release_and_prefetch(now_s: float, waiting: deque) -> None:
+            arrived = len(waiting)
+            release(now_s, waiting)
+            for req in list(waiting)[arrived:]:
+                host.begin_step(now_s)  # (the prefetch is timed from now)
+                arrive(req)
+
+        return release_and_prefetch
+
+    def _step_ends(self) -> tuple[Callable[[], None], Callable[..., None]]:
+        """How a step opens and closes, chosen once per run: the ledger's ``begin_step`` / ``end_step``, with the
+        host tier's copy clock around them (HiCache: copies finished by now complete, as ``check_hicache_events``;
+        the copies' share of the step and its traffic noted), or the ledger's alone (:class:`NoHostTier`'s hooks
+        do nothing: not called)."""
+        ledger, host = self.ledger, self.host
+        if type(host) is NoHostTier:
+            return ledger.begin_step, ledger.end_step
+        begin_ledger, end_ledger = ledger.begin_step, ledger.end_step
+        begin_host, end_host = host.begin_step, host.end_step
+
+        def begin_step() -> None:
+            begin_ledger()
+            begin_host(ledger.now_s)
+
+        def end_step(kind: str, compute_s: float, *row) -> None:
+            end_ledger(kind, end_host(compute_s), *row)
+
+        return begin_step, end_step
+
+    def _steps(self) -> tuple[Callable[[], tuple | None], Callable[[int], None]]:
+        """The loop's two steps, their callees bound once per run (as locals: bound methods kept on the scheduler
+        would make it cyclic garbage): a prefill step if a batch forms, else a decode round if any request runs
+        (``(kind, compute seconds, tokens computed, retracted)``, or None when neither), and the quiet rounds after
+        a decode step (:meth:`_quiet_rounds`)."""
+        waiting, schedule, run_prefill = self.waiting, self.prefill.schedule, self.prefill.run
+        admit, decode_round, future_tokens = self.decoder.admit, self.decoder.decode, self._future_tokens
+        prefill_time_s, decode_time_s = self.config.cost.prefill_time_s, self.config.cost.decode_time_s
+
+        def prefill_or_decode() -> tuple | None:
+            running = self.running
+            batch = schedule(waiting, running, self.chunked, future_tokens)
+            if batch.reqs:
+                chunked = self.chunked = batch.chunked
+                for req in run_prefill(batch):
+                    running.append(req)
+                    admit(req)
+                self.emitted = [r for r in batch.reqs if r is not chunked]
+                computed = sum(r.extend_len for r in batch.reqs)
+                return "prefill", prefill_time_s(computed), computed, 0
+            batch_size = len(running)
+            if not batch_size:
+                return None
+            self.running, back = decode_round(running)  # (retracted requests go back to waiting)
+            if back:
+                waiting.extend(back)
+            return "decode", decode_time_s(batch_size), 0, len(back)
+
+        return prefill_or_decode, self._quiet_rounds()
 
     def _wait_for_copies(self) -> None:
         """Nothing runs and nothing fits. With HiCache, copies in flight may hold nodes locked: the server idles
@@ -223,20 +261,28 @@ class Scheduler:
             raise SchedulerStuckError("scheduler stuck: nothing runs or waits, and no request will arrive")
         return next_s
 
-    def _quiet_rounds(self, retracted: int) -> None:
+    def _quiet_rounds(self) -> Callable[[int], None]:
         """After a decode step: the rounds up to the next event, without the loop around them (a no-op for the
         reference rounds), and before a host-tier copy completes (that unlocks nodes, which a row shows). They run
         when nothing can join a batch (:meth:`PrefillAdder.idle`), or while the waiting head this step turned down
-        for the budget alone would be turned down again (the pools and tree as they were at its check)."""
-        running, waiting = self.running, self.waiting
-        nothing_joins = self.prefill.idle(waiting, running, self.chunked)
-        blocked = None if nothing_joins else self.prefill.blocked
-        if nothing_joins or (blocked is not None and not retracted and blocked.state == self.kv.state()):
-            until = min(self.arrivals.next_arrival_s(), self.host.next_transfer_s())
-            steps = self.decoder.quiet_steps(running, len(waiting), until,
-                                             self.config.max_steps - self.ledger.totals.steps, blocked)
-            if blocked is not None:
-                self.kv.replay_matches_of(blocked.req, steps)  # each step matched it again (a replay)
+        for the budget alone would be turned down again (the pools and tree as they were at its check). Returns
+        the step, its callees bound once per run."""
+        waiting, prefill, kv, ledger, max_steps = self.waiting, self.prefill, self.kv, self.ledger, self.config.max_steps
+        idle, state, replay, quiet_steps = prefill.idle, kv.state, kv.replay_matches_of, self.decoder.quiet_steps
+        next_arrival_s, next_transfer_s = self.arrivals.next_arrival_s, self.host.next_transfer_s
+        hosted = type(self.host) is not NoHostTier  # (without a host tier no copy is due: its clock is not asked)
+
+        def quiet(retracted: int) -> None:
+            running = self.running
+            nothing_joins = idle(waiting, running, self.chunked)
+            blocked = None if nothing_joins else prefill.blocked
+            if nothing_joins or (blocked is not None and not retracted and blocked.state == state()):
+                until = min(next_arrival_s(), next_transfer_s()) if hosted else next_arrival_s()
+                steps = quiet_steps(running, len(waiting), until, max_steps - ledger.totals.steps, blocked)
+                if blocked is not None:
+                    replay(blocked.req, steps)  # each step matched it again (a replay)
+
+        return quiet
 
 
 @contextmanager
