@@ -22,13 +22,15 @@ def totals_with_rounds(result) -> dict:
 
 
 def print_rounds(rounds: list[dict]) -> None:
-    """The script's lines: ``Round r: Average TTFT = …s, Cache Hit Rate = … (n requests, m clients)``."""
+    """The script's lines: ``Round r: Average TTFT = …s, Cache Hit Rate = … (n requests, m clients)``, each with
+    where its cached tokens were found (device / host / storage)."""
     if not rounds:
         return
-    print("Per-round metrics (TTFT on the modelled clock):")
+    print("Per-round metrics (TTFT on the modelled clock; cached tokens found on device / host / storage):")
     for row in rounds:
         print(f"  Round {row['round']}: Average TTFT = {row['avg_ttft_s']:.2f}s, Cache Hit Rate = "
-              f"{row['cache_hit_rate']:.6f} ({row['requests']} requests, {row['clients']} clients)")
+              f"{row['cache_hit_rate']:.6f} ({row['requests']} requests, {row['clients']} clients) · hits "
+              f"{row['device_hit_tokens']:,} / {row['host_hit_tokens']:,} / {row['storage_hit_tokens']:,}")
 
 
 def print_table_comparison(comparison) -> None:
