@@ -41,6 +41,8 @@ def print_table_comparison(comparison) -> None:
     w = data["workload"]
     print("bench: " + ", ".join(f"{k} {printable(str(v))}" for k, v in w.items()) + f", seed {data['seed']}")
     host = f" · host tier {data['host_tier']}" if data["host_tier"] else ""
+    if "hicache_storage_backend" in comparison.plan.config:  # (the storage tier ran)
+        host += " · storage " + " ".join(f"{flag} {printable(str(v))}" for flag, v in data["storage_flags"].items())
     print(f"server: page size {data['page_size']} · device pool {data['kv_tokens']:,} tokens{host} · eviction "
           f"{data['eviction']} · policy {data['policy']}")
     print(f"device pool: {printable(data['device_pool'])}")
