@@ -76,7 +76,7 @@ class Scheduler:
         if config.counts_only:
             from kvlab.sched.page_kv import PageKV
 
-            self.kv: SchedulerMemory = PageKV(config, self.ledger)
+            self.kv: SchedulerMemory = PageKV(config, self.ledger, storage)
             self.kv.prepare(self.arrivals.requests)  # (its requests emit placeholders)
         else:
             from kvlab.sched.kv import SchedulerKV
