@@ -140,7 +140,7 @@ class Scheduler:
                 raise StepLimitError(f"the simulation did not finish in {max_steps:,} steps (SchedulerConfig.max_steps)")
             arrived = len(waiting)
             arrivals.release(ledger.now_s, waiting)
-            if arrive is not None:
+            if arrive is not None and len(waiting) > arrived:  # (only when some arrived: no copy of the queue)
                 for req in list(waiting)[arrived:]:
                     host.begin_step(ledger.now_s)  # (the prefetch is timed from now)
                     arrive(req)

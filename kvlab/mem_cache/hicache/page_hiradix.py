@@ -34,7 +34,7 @@ from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
 from kvlab.mem_cache.hicache.page_host import PageHiController, PageHostPool
 from kvlab.mem_cache.hicache.page_tier_moves import PageTierMoves
-from kvlab.mem_cache.hicache.storage import get_hash_str
+from kvlab.mem_cache.hicache.storage import page_key
 from kvlab.mem_cache.hicache.storage_moves import StorageMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
@@ -84,14 +84,24 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
 
     def hash_pages(self, ids, prior: str | None = None) -> list[str]:
         """``get_hash_str`` of the pages ``ids`` chained from ``prior``, one key per page (memoised)."""
-        memo, tokens, ps, out = self._page_hashes, self.page_keys.tokens, self.page_size, []
+        memo, out = self._page_hashes, []
         for pid in ids:
             key = memo.get((pid, prior))
             if key is None:
-                key = memo[pid, prior] = get_hash_str(tokens((pid,)), prior, ps)[0]
+                key = memo[pid, prior] = page_key(self._page_bytes(pid), prior)
             out.append(key)
             prior = key
         return out
+
+    def _page_bytes(self, pid: int):
+        """A page's tokens as ``get_hash_str`` hashes them: a page of consecutive ids (id >= 0, all under 2^32) as
+        little-endian uint32 bytes made at C speed, else its tokens."""
+        ps = self.page_size
+        if 0 <= pid and pid + ps <= 1 << 32:
+            import numpy as np
+
+            return np.arange(pid, pid + ps, dtype="<u4").tobytes()
+        return self.page_keys.tokens((pid,))
 
     def _key_of(self, key: array, off: int = 0):
         return key[off]

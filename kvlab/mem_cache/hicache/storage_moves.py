@@ -63,6 +63,8 @@ class StorageMoves:
 
     def _reset_storage(self) -> None:
         self.ongoing_prefetch: dict = {}  # req id -> (last_host_node, prefetch tokens, op)
+        self._awaiting_slots: dict = {}  # req id -> op: the prefetches whose host slots are not taken yet (in order)
+        self._timed_ops: dict = {}  # req id -> op: the prefetches with an event still ahead (storage_next_event_s)
         self.prefetch_loaded_tokens_by_reqid: dict = {}
         self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}  # host write op -> (node, its key length)
         if self.storage_controller is not None:
@@ -115,10 +117,11 @@ class StorageMoves:
         for op in ctl.poll_backups():
             op.node.release_host()
         now = ctl.now_s
-        for req_id, (_, _, op) in list(self.ongoing_prefetch.items()):
-            if op.host_indices is None and op.alloc_due_s - FINISH_TOLERANCE_S <= now \
-                    and not ctl.allocate(op, self.evict_host_tokens):
-                self._revoke_pending_prefetch(req_id)
+        for req_id, op in list(self._awaiting_slots.items()):
+            if op.alloc_due_s - FINISH_TOLERANCE_S <= now:
+                if not ctl.allocate(op, self.evict_host_tokens):
+                    self._revoke_pending_prefetch(req_id)
+                self._awaiting_slots.pop(req_id, None)
 
     # -- prefetch (storage -> host) ------------------------------------------------------------------
     def prefetch_from_storage(self, req_id, last_host_node: HiTreeNode, new_input_tokens,
@@ -137,11 +140,13 @@ class StorageMoves:
             return False
         last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
+        self._awaiting_slots[req_id] = self._timed_ops[req_id] = op
         ctl.prefetch_tokens_occupied += n
         return True
 
     def _revoke_pending_prefetch(self, req_id) -> None:
         last_host_node, key, _ = self.ongoing_prefetch.pop(req_id)
+        self._awaiting_slots.pop(req_id, None)
         last_host_node.release_host()
         self.storage_controller.prefetch_tokens_occupied -= len(key) * self.key_tokens
 
@@ -237,13 +242,27 @@ class StorageMoves:
 
     def storage_next_event_s(self) -> float:
         """The next clock time at which a storage event changes what the scheduler sees: a backup landing, or a
-        prefetch the policy lets stop (its last page, or its timeout)."""
-        ctl, policy = self.storage_controller, self.prefetch_stop_policy
-        times = [ctl.next_backup_s()]
-        for _, _, op in self.ongoing_prefetch.values():
-            end = op.alloc_due_s if op.host_indices is None else op.finish_s  # (its slots taken, or its last page)
-            times.append(min(end, self.prefetch_deadline_s(op)) if policy == "timeout" else end)
-        return min(times)
+        prefetch's host slots taken, its last page landing or its timeout. Only events still ahead count: one the
+        clock has passed changed what it changes already (a waiting prefetch done long ago no longer stops the
+        quiet decode rounds at every step)."""
+        ctl, timeout, ongoing = self.storage_controller, self.prefetch_stop_policy == "timeout", self.ongoing_prefetch
+        now = ctl.now_s
+        ahead = now + FINISH_TOLERANCE_S  # (a slot take or a page lands within the tolerance: already seen)
+        nxt = ctl.next_backup_s()
+        timed = self._timed_ops
+        for req_id, op in list(timed.items()):
+            entry = ongoing.get(req_id)
+            deadline = self.prefetch_deadline_s(op) if timeout else 0.0
+            # its slots taken, or its last page (fixed once begun; a read not begun only moves earlier)
+            end = op.alloc_due_s if op.host_indices is None else op.finish_s
+            if entry is None or entry[2] is not op or (op.host_indices is not None and end <= ahead and deadline <= now):
+                del timed[req_id]  # (gone, or nothing of it ahead any more)
+                continue
+            if ahead < end < nxt:
+                nxt = end
+            if now < deadline < nxt:
+                nxt = deadline
+        return nxt
 
     def check_storage_invariants(self) -> None:
         """The storage tier: the store within its capacity; each prefetch's start node host-protected and backed
