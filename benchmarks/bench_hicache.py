@@ -6,6 +6,9 @@ the runs alternating so a shared machine's load hits every arm alike:
 - ``page``: without HiCache on the page engine (``kvlab simulate``'s default at page size > 1);
 - ``page+host``: with ``--hicache-ratio`` on the page engine (its two-tier tree over page counts); target: at most
   1.5 times ``page``, and its totals identical to ``token+host``'s (the twin property);
+- ``page+storage``: with the host tier and a storage tier (L3) behind it (``--storage-backend``, default file, and
+  ``--prefetch-policy``) on the page engine; target: at most 1.5 times ``page`` too, and its totals identical to
+  ``token+storage``'s (the same run on the token-level memory, timed for the record);
 - ``token+host``: with the host tier on the token-level memory (``SchedulerKV`` + ``HiRadixCache`` over slot
   tensors: what HiCache ran on before the page engine had a host tier), for the record;
 - with ``--baseline DIR`` (another checkout, e.g. ``git archive <commit> | tar -x -C DIR``): ``page`` there, whose
@@ -50,6 +53,21 @@ def _fastest(runs: list[dict]) -> dict:
     return min(runs, key=lambda r: r["cpu_s"])
 
 
+def _report_storage(best: dict[str, dict]) -> bool:
+    """The storage arms' lines: the page engine's host + storage run against the plain one (the target), and its
+    totals against the token-level memory's."""
+    page, st, token = best["page"], best["page+storage"], best["token+storage"]
+    within = st["cpu_s"] / page["cpu_s"] <= TARGET
+    twins = st["totals"] == token["totals"]
+    t = st["totals"]
+    print(f"{'':>11}page engine + host + storage {timing(st)} · hit rate {t['hit_rate']:.2%} (storage "
+          f"{t['storage_hit_tokens']:,} tokens) · with / without {ratio(st, page)} (target <= {TARGET}x"
+          f"{'' if within else ': MISSED'})\n"
+          f"{'':>11}token-level + host + storage  {timing(token)} · its / the page engine's {ratio(token, st)} · "
+          f"totals {'identical' if twins else 'DIFFER'}", flush=True)
+    return within and twins
+
+
 def _report(mode: str, best: dict[str, dict]) -> bool:
     """Print one mode's arms (fastest of each); True when the host tier is within the target on the page engine and
     both memories' totals with it are identical (and the baseline's equal this tree's without it)."""
@@ -84,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-policy", default="write_through",
                    choices=["write_through", "write_through_selective", "write_back"])
     p.add_argument("--modes", nargs="+", default=["shortfall", "full"], choices=["shortfall", "full"])
+    p.add_argument("--storage-backend", default="file", choices=["file", "mooncake", "hf3fs", "nixl", "none"],
+                   help="the storage tier of the page+storage arms (default file; none: no storage arms)")
+    p.add_argument("--prefetch-policy", default="best_effort", choices=["best_effort", "wait_complete", "timeout"])
     p.add_argument("--baseline", type=Path, help="another kvlab checkout, timed without HiCache")
     p.add_argument("--repeat", type=int, default=1, help="runs per arm; each arm's fastest counts (default 1)")
     args = p.parse_args(argv)
@@ -92,19 +113,30 @@ def main(argv: list[str] | None = None) -> int:
 
     root = HERE.parent
     host = {"hicache_ratio": args.hicache_ratio, "hicache_write_policy": args.write_policy}
+    storage = {**host, "hicache_storage_backend": args.storage_backend,
+               "hicache_storage_prefetch_policy": args.prefetch_policy}
     ok = True
     with trace_or_preset(args.trace) as trace:
         print(settings_line(args, f"; host tier --hicache-ratio {args.hicache_ratio:g} --hicache-write-policy "
-                                  f"{args.write_policy}; fastest of {args.repeat}"))
+                                  f"{args.write_policy}; storage {args.storage_backend} {args.prefetch_policy}; "
+                                  f"fastest of {args.repeat}"))
         for mode in args.modes:
-            arms: dict[str, list[dict]] = {"page": [], "page+host": [], "token+host": [], "base": []}
+            arms: dict[str, list[dict]] = {"page": [], "page+host": [], "token+host": [], "base": [],
+                                           "page+storage": [], "token+storage": []}
             for _ in range(args.repeat):  # alternate, so the machine's load hits every arm alike
                 arms["page"].append(run_one(root, trace, mode, args, fast=True))
                 arms["page+host"].append(run_one(root, trace, mode, args, fast=True, config=host))
                 arms["token+host"].append(run_one(root, trace, mode, args, fast=True, config={**host, **TOKEN_ENGINE}))
                 if args.baseline:
                     arms["base"].append(run_one(args.baseline.resolve(), trace, mode, args, fast=True))
-            ok &= _report(mode, {k: _fastest(v) for k, v in arms.items() if v})
+                if args.storage_backend != "none":
+                    arms["page+storage"].append(run_one(root, trace, mode, args, fast=True, config=storage))
+                    arms["token+storage"].append(run_one(root, trace, mode, args, fast=True,
+                                                         config={**storage, **TOKEN_ENGINE}))
+            best = {k: _fastest(v) for k, v in arms.items() if v}
+            ok &= _report(mode, best)
+            if args.storage_backend != "none":
+                ok &= _report_storage(best)
     return 0 if ok else 1
 
 

@@ -48,6 +48,9 @@ EXAMPLES: dict[str, dict[str, int]] = {
     "closed_loop": {"ci": 100, "long": 500, "dev": 10},
     # tests/sched/test_page_hicache.py: random small workloads with a host tier, page engine against the token level
     "page_hicache_twin": {"ci": 100, "long": 500, "dev": 10},
+    # tests/sched/test_page_storage.py: random multi-turn workloads with host and storage tiers, page engine against
+    # the token level
+    "page_storage_twin": {"ci": 100, "long": 500, "dev": 10},
     # tests/serving/test_log_roundtrip.py: one rendered start-up log per example, parsed back and explained
     "log_roundtrip": {"ci": 200, "long": 1000, "dev": 20},
     # tests/device/test_replay_corpus.py: one generated snapshot pickle per example, through `kvlab replay --json`

@@ -22,13 +22,15 @@ def totals_with_rounds(result) -> dict:
 
 
 def print_rounds(rounds: list[dict]) -> None:
-    """The script's lines: ``Round r: Average TTFT = …s, Cache Hit Rate = … (n requests, m clients)``."""
+    """The script's lines: ``Round r: Average TTFT = …s, Cache Hit Rate = … (n requests, m clients)``, each with
+    where its cached tokens were found (device / host / storage)."""
     if not rounds:
         return
-    print("Per-round metrics (TTFT on the modelled clock):")
+    print("Per-round metrics (TTFT on the modelled clock; cached tokens found on device / host / storage):")
     for row in rounds:
         print(f"  Round {row['round']}: Average TTFT = {row['avg_ttft_s']:.2f}s, Cache Hit Rate = "
-              f"{row['cache_hit_rate']:.6f} ({row['requests']} requests, {row['clients']} clients)")
+              f"{row['cache_hit_rate']:.6f} ({row['requests']} requests, {row['clients']} clients) · hits "
+              f"{row['device_hit_tokens']:,} / {row['host_hit_tokens']:,} / {row['storage_hit_tokens']:,}")
 
 
 def print_table_comparison(comparison) -> None:
@@ -39,6 +41,8 @@ def print_table_comparison(comparison) -> None:
     w = data["workload"]
     print("bench: " + ", ".join(f"{k} {printable(str(v))}" for k, v in w.items()) + f", seed {data['seed']}")
     host = f" · host tier {data['host_tier']}" if data["host_tier"] else ""
+    if "hicache_storage_backend" in comparison.plan.config:  # (the storage tier ran)
+        host += " · storage " + " ".join(f"{flag} {printable(str(v))}" for flag, v in data["storage_flags"].items())
     print(f"server: page size {data['page_size']} · device pool {data['kv_tokens']:,} tokens{host} · eviction "
           f"{data['eviction']} · policy {data['policy']}")
     print(f"device pool: {printable(data['device_pool'])}")

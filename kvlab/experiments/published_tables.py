@@ -19,10 +19,12 @@ from kvlab.errors import KvlabError
 from kvlab.units import GB, GiB, align_up
 from kvlab.workloads.multiturn import prompt_length
 
-#: the table's storage fields and the ``kvlab simulate`` flags they map to (the storage tier, L3, adds the flags;
-#: until then they are reported, not modelled)
+#: the table's storage fields and the ``kvlab simulate`` flags they map to (the storage tier, L3, behind the host tier)
 STORAGE_FLAGS = {"hicache_storage_backend": "--hicache-storage-backend",
                  "hicache_storage_prefetch_policy": "--hicache-storage-prefetch-policy"}
+#: SGLang's default where a table names a backend but no prefetch policy (0.5.23's
+#: ``srt/arg_groups/fields/memory.py``: ``hicache_storage_prefetch_policy = "timeout"``)
+SGLANG_PREFETCH_POLICY = "timeout"
 #: the bench arguments a table may give, with bench_multiturn.py's defaults
 BENCH_DEFAULTS = {"num_clients": 256, "num_rounds": 5, "request_length": 512, "sub_question_input_length": 0,
                   "output_length": 64, "max_parallel": 128, "request_rate": 1.0, "ready_queue_policy": "random",
@@ -46,7 +48,7 @@ class TablePlan:
     page_size: int
     kv_tokens: int
     config: dict  # the other SchedulerConfig fields the server's flags give (host tier, chunk size, cost model)
-    storage: dict  # kvlab flag -> value (the storage tier's flags, not modelled here)
+    storage: dict  # kvlab flag -> value: the storage tier's flags as run (SGLang's default policy where not given)
     measured: list  # the table's rows
     notes: list = field(default_factory=list)
     pool_note: str = ""
@@ -128,14 +130,39 @@ def plan(record: dict, where: str) -> TablePlan:
     measured = _rows(rows, where)
     out = TablePlan(str(record.get("id", "")), str(record.get("table_label") or ""), str(record.get("url") or where),
                     workload, 0 if seed is None else seed, page_size, 0, _server_config(server, notes),
-                    {flag: server[key] for key, flag in STORAGE_FLAGS.items() if server.get(key) is not None},
-                    measured, notes)
+                    {}, measured, notes)
+    out.storage = _storage_config(server, out.config, notes, where)
     out.kv_tokens, out.pool_note = _device_pool(record, out)
-    if out.storage:
-        given = ", ".join(f"{flag} {value}" for flag, value in out.storage.items())
-        notes.append(f"storage tier ({given}): not modelled by this run; it adds hits only where the device and host "
-                     "tiers lost a prefix")
     return out
+
+
+def _storage_config(server: dict, config: dict, notes: list, where: str) -> dict:
+    """The storage tier of the server's flags, added to ``config`` when kvlab models it (a backend it has a preset
+    for, behind a host tier); its flags as run (the table's, SGLang's default prefetch policy where not given)."""
+    from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, STORAGE_PRESETS
+
+    given = {flag: server[key] for key, flag in STORAGE_FLAGS.items() if server.get(key) is not None}
+    backend, policy = server.get("hicache_storage_backend"), server.get("hicache_storage_prefetch_policy")
+    if policy is not None and policy not in PREFETCH_POLICIES:
+        raise TableError(f"{where}: field server.hicache_storage_prefetch_policy must be one of "
+                         f"{', '.join(PREFETCH_POLICIES)}, got {policy!r:.40}")
+    why = ("" if backend is None else "no host tier (enable_hierarchical_cache off): SGLang's storage sits behind it"
+           if "hicache_ratio" not in config and "hicache_size_gib" not in config else
+           f"backend {backend!r:.40} is none of kvlab's presets ({', '.join(STORAGE_PRESETS)})"
+           if backend not in STORAGE_PRESETS else "")
+    if backend is None or why:
+        if given:
+            notes.append(f"storage tier ({', '.join(f'{f} {v}' for f, v in given.items())}): not modelled, {why or 'no backend'}")
+        return given
+    if policy is None:
+        policy = SGLANG_PREFETCH_POLICY
+        notes.append(f"server.hicache_storage_prefetch_policy not given: SGLang's default {policy!r} (0.5.23)")
+    config.update(hicache_storage_backend=backend, hicache_storage_prefetch_policy=policy)
+    preset = STORAGE_PRESETS[backend]
+    size = "unbounded" if preset.capacity_gb is None else f"{preset.capacity_gb:g} GB per rank"
+    notes.append(f"storage tier {backend}: kvlab's preset ({size}, {preset.read_gbps:g} GB/s read; assumed: "
+                 f"{preset.source}); prefetch threshold 256 tokens and timeouts at SGLang's defaults")
+    return {**given, STORAGE_FLAGS["hicache_storage_prefetch_policy"]: policy}
 
 
 def _server_config(server: dict, notes: list) -> dict:

@@ -62,7 +62,8 @@ class ClosedLoop:
 class RequestRecord(NamedTuple):
     """One finished request as the benchmark's client sees it (times on the modelled clock, seconds).
     ``cached_tokens``: SGLang's ``meta_info.cached_tokens`` (the prefix reused at its first admission, device and
-    host, page aligned; ``storage_hit_tokens`` is the part that came from the storage tier, 0 without one)."""
+    host, page aligned; ``storage_hit_tokens`` is the part that came from the storage tier, 0 without one, and
+    ``host_hit_tokens`` the part loaded back from host that storage did not read)."""
 
     rid: str
     client: str | None
@@ -73,6 +74,7 @@ class RequestRecord(NamedTuple):
     prompt_tokens: int
     cached_tokens: int
     storage_hit_tokens: int = 0  # (the L3 storage tier notes its hits here: SimReq.storage_hit_tokens)
+    host_hit_tokens: int = 0  # (SimReq.host_hit_tokens)
 
     @property
     def ttft_s(self) -> float:
@@ -81,7 +83,7 @@ class RequestRecord(NamedTuple):
 
 def record_of(req: SimReq, now_s: float, client: str | None = None, round_: int | None = None) -> RequestRecord:
     return RequestRecord(str(req.rid), client, round_, req.arrival_time_s, req.first_token_s, now_s, req.prompt_len,
-                         req.cached_tokens, req.storage_hit_tokens)
+                         req.cached_tokens, req.storage_hit_tokens, req.host_hit_tokens)
 
 
 class StaticArrivals:
@@ -208,13 +210,16 @@ def arrival_source(reqs: Sequence[SimReq], originals: Sequence, closed_loop: Clo
 
 
 class RoundMetrics(NamedTuple):
-    """One row of the script's per-round table: its requests, clients, token-weighted hit rate and mean TTFT."""
+    """One row of the script's per-round table: its requests, clients, token-weighted hit rate and mean TTFT; the
+    cached tokens split by where they were found (device + host + storage = cached)."""
 
     round: int
     requests: int
     clients: int
     prompt_tokens: int
     cached_tokens: int
+    device_hit_tokens: int
+    host_hit_tokens: int
     storage_hit_tokens: int
     cache_hit_rate: float
     avg_ttft_s: float
@@ -235,7 +240,8 @@ def round_metrics(records: Sequence[RequestRecord]) -> list[RoundMetrics]:
         recs = by_round[r]
         prompt = sum(rec.prompt_tokens for rec in recs)
         cached = sum(rec.cached_tokens for rec in recs)
+        host, stored = sum(rec.host_hit_tokens for rec in recs), sum(rec.storage_hit_tokens for rec in recs)
         out.append(RoundMetrics(r, len(recs), len({rec.client for rec in recs}), prompt, cached,
-                                sum(rec.storage_hit_tokens for rec in recs), cached / prompt if prompt else 0.0,
+                                cached - host - stored, host, stored, cached / prompt if prompt else 0.0,
                                 sum(rec.ttft_s for rec in recs) / len(recs)))
     return out

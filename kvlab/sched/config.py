@@ -75,7 +75,7 @@ class SchedulerConfig:
     def counts_only(self) -> bool:
         """Whether the run's memory is the page engine's counts (``kvlab.sched.page_kv.PageKV``): the fast path at
         page size > 1, with or without a host tier; else the token-level memory (slot tables)."""
-        return self.fast_decode and self.page_engine and self.page_size > 1 and not self.hicache_storage
+        return self.fast_decode and self.page_engine and self.page_size > 1
     # HiCache's storage tier (L3; SGLang's --hicache-storage-backend), beside a host tier only: a backend preset
     # (kvlab.mem_cache.hicache.storage.STORAGE_PRESETS), its capacity in decimal GB (None: the preset's; 0:
     # unbounded), the prefetch policy and SGLang's prefetch knobs (--hicache-storage-backend-extra-config).

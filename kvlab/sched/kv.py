@@ -30,13 +30,14 @@ from kvlab.mem_cache.common import (
 )
 from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache
-from kvlab.mem_cache.hicache.storage import STORAGE_PRESETS, HiCacheStorage, storage_capacity_bytes
+from kvlab.mem_cache.hicache.storage import HiCacheStorage
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_cache import RadixCache
 from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
 from kvlab.sched.request import HostTierState, MatchMemo, SimReq
+from kvlab.sched.storage_tier import prefetch_done, storage_options, storage_store
 from kvlab.units import align_down, align_up
 
 
@@ -205,15 +206,8 @@ class SchedulerKV:
             tree.prefetch_from_storage(id(req), last_host, tokens, tree.get_last_hash_value(last_host))
 
     def prefetch_done(self, req: SimReq) -> bool:
-        """Before admission (``check_prefetch_progress``): may the request be scheduled now? Its pages read from
-        storage are then in the tree, host only (``pop_prefetch_loaded_tokens``: its storage hit)."""
-        tree = self.tree
-        if not tree.check_prefetch_progress(id(req)):
-            return False
-        loaded = tree.pop_prefetch_loaded_tokens(id(req))
-        if loaded:
-            _host(req).storage_len = loaded
-        return True
+        """Before admission: may the request be scheduled now (:func:`kvlab.sched.storage_tier.prefetch_done`)?"""
+        return prefetch_done(self.tree, req)
 
     def lock(self, req: SimReq) -> None:
         """Lock the request's matched prefix (``inc_lock_ref(req.last_node)``)."""
@@ -346,15 +340,8 @@ class SchedulerKV:
 def attach_storage(tree: HiRadixCache, config: SchedulerConfig, storage: HiCacheStorage | None) -> HiCacheStorage:
     """Give ``tree`` the run's storage tier: ``storage`` (a store kept from an earlier run: what ``/flush_cache``
     leaves) or a new empty one, sized and timed by the config's backend preset."""
-    preset = STORAGE_PRESETS[config.hicache_storage_backend]
-    if storage is None:
-        storage = HiCacheStorage(config.page_size * config.cost.kv_bytes_per_token,
-                                 storage_capacity_bytes(preset.name, config.hicache_storage_size_gb))
-    tree.attach_storage(storage, read_bytes_per_s=preset.read_gbps * 1e9, write_bytes_per_s=preset.write_gbps * 1e9,
-                        latency_s=preset.latency_us * 1e-6, prefetch_policy=config.hicache_storage_prefetch_policy,
-                        prefetch_threshold=config.prefetch_threshold,
-                        prefetch_timeout=(config.prefetch_timeout_base, config.prefetch_timeout_per_ki_token,
-                                          config.prefetch_timeout_max))
+    storage = storage_store(config, storage)
+    tree.attach_storage(storage, **storage_options(config))
     return storage
 
 

@@ -32,6 +32,7 @@ from kvlab.sched.config import MAX_POOL_TOKENS, SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
 from kvlab.sched.request import HostTierState, MatchMemo, PageState, SimReq
+from kvlab.sched.storage_tier import prefetch_done, storage_options, storage_store
 
 
 class PageCounter:
@@ -64,7 +65,7 @@ class PageKV:
     """Pools and tree of one run at page granularity (:class:`SchedulerKV`'s interface; with HiCache, a
     :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree` over a host pool of pages)."""
 
-    def __init__(self, config: SchedulerConfig, ledger: Ledger) -> None:
+    def __init__(self, config: SchedulerConfig, ledger: Ledger, storage=None) -> None:
         ps = self.page_size = config.page_size
         require(ps > 1, "PageKV: page size > 1", page_size=ps)
         self.kv_tokens = config.kv_tokens
@@ -85,6 +86,9 @@ class PageKV:
         else:
             self.tree = PageRadixTree(config.policy)
         self.keys = PageKeys(ps)
+        if config.hicache_storage:  # the storage tier (L3): page keys hashed per page, from the run's PageKeys
+            self.storage = storage_store(config, storage)
+            self.tree.attach_page_storage(self.keys, self.storage, **storage_options(config))
         self._rows = list(range(config.max_running + 1, 0, -1))  # free request rows (ReqToTokenPool's count)
 
     def prepare(self, requests: Sequence[SimReq]) -> None:
@@ -215,6 +219,24 @@ class PageKV:
         req.prefix_len = req.cache_protected_len = req.kv_len = req.prefix_len + loaded
         host.loaded_len += loaded
         return loaded
+
+    # ---- the storage tier (L3) -----------------------------------------------------------------
+    def prefetch(self, req: SimReq) -> None:
+        """``SchedulerKV.prefetch`` in pages: match, and prefetch the prompt's whole pages past the host match
+        from storage, up to the input − 1 cap."""
+        self.match(req)
+        host = req.host
+        last_host = host.best_match_node
+        if last_host.host_value is not None:  # backed up, or the root
+            tree, ps = self.tree, self.page_size
+            cap = (len(req.prompt) + len(req.output_ids) - 1) // ps
+            matched = (req.prefix_len + host.hit_len) // ps
+            keys = self.page_keys(req, cap)[matched:cap] if cap > matched else []
+            tree.prefetch_from_storage(id(req), last_host, keys, tree.get_last_hash_value(last_host))
+
+    def prefetch_done(self, req: SimReq) -> bool:
+        """Before admission: may the request be scheduled now (:func:`kvlab.sched.storage_tier.prefetch_done`)?"""
+        return prefetch_done(self.tree, req)
 
     def replayable(self, req: SimReq) -> bool:
         memo = req.match_memo

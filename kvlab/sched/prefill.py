@@ -137,6 +137,7 @@ class PrefillAdder:
             hosted = min(host.loaded_len, hit) if host else 0
             # (per request as well: multiturn34's SimReq.storage_hit_tokens, which its per-round table sums)
             stored = req.storage_hit_tokens = min(host.storage_len, hosted) if host else 0
+            req.host_hit_tokens = hosted - stored
             self.ledger.note_first_admission(hit, self.page_size, host_tokens=hosted, storage_tokens=stored)
         if host is not None:
             host.loaded_len = 0

@@ -89,10 +89,11 @@ class SimReq:
     retractions: int = 0
     # what the benchmark's client reads of it (kvlab.sched.arrivals.RequestRecord): when its first token came out
     # (-1 before), and SGLang's meta_info.cached_tokens (its prefix reused at first admission, device + host) of which
-    # storage_hit_tokens came from the storage tier (L3; 0 without one)
+    # storage_hit_tokens came from the storage tier (L3; 0 without one) and host_hit_tokens from host (loaded back)
     first_token_s: float = -1.0
     cached_tokens: int = 0
     storage_hit_tokens: int = 0
+    host_hit_tokens: int = 0
     # fast_decode.DecodeState while the event-driven rounds run it (outputs and row not written out); None otherwise
     decode_state: object | None = None
     # either memory's last match for this request; a match with the same version and length is replayed

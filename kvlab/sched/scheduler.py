@@ -76,7 +76,7 @@ class Scheduler:
         if config.counts_only:
             from kvlab.sched.page_kv import PageKV
 
-            self.kv: SchedulerMemory = PageKV(config, self.ledger)
+            self.kv: SchedulerMemory = PageKV(config, self.ledger, storage)
             self.kv.prepare(self.arrivals.requests)  # (its requests emit placeholders)
         else:
             from kvlab.sched.kv import SchedulerKV
@@ -173,6 +173,8 @@ class Scheduler:
         def release_and_prefetch(now_s: float, waiting: deque) -> None:
             arrived = len(waiting)
             release(now_s, waiting)
+            if len(waiting) == arrived:  # (none arrived: no copy of the queue)
+                return
             for req in list(waiting)[arrived:]:
                 host.begin_step(now_s)  # (the prefetch is timed from now)
                 arrive(req)

@@ -3,6 +3,7 @@
     kvlab sweep (--trace FILE | --workload NAME) [--seed N] [--workload-param KEY=VALUE ...]
                 [--kv-pages LIST | --kv-tokens LIST] [--eviction shortfall,full] [--policy LIST]
                 [--page-size LIST] [--max-running LIST] [--hicache-ratio LIST] [--hicache-write-policy LIST]
+                [--hicache-storage-backend LIST] [--hicache-storage-prefetch-policy LIST]
                 [--engine local|ray] [--workers N] [--ray-address ADDRESS] [--out FILE.csv|FILE.parquet] [--json]
 
 Every LIST is comma-separated; one value is a one-point axis.
@@ -25,6 +26,7 @@ from kvlab.sweep.grid import Grid, parse_list
 
 SHOWN = ("eviction", "policy", "page_size", "max_running", "kv_pages", "hicache_ratio", "hicache_write_policy",
          "hit_rate", "evicted_tokens", "over_evicted_tokens", "prefill_tokens_computed", "retractions", "host_hit_tokens")
+STORAGE_SHOWN = ("hicache_storage_backend", "hicache_storage_prefetch_policy", "storage_hit_tokens")
 
 
 def add_parser(commands) -> argparse.ArgumentParser:
@@ -58,6 +60,12 @@ def add_parser(commands) -> argparse.ArgumentParser:
     sweep.add_argument("--hicache-write-policy", metavar="LIST", default="write_through",
                        help="HiCache write policies: write_through, write_through_selective, write_back "
                             "(default: %(default)s)")
+    sweep.add_argument("--hicache-storage-backend", metavar="LIST", default="none",
+                       help="HiCache storage tiers (L3) behind a host tier: none, file, mooncake, hf3fs, nixl "
+                            "(default: %(default)s)")
+    sweep.add_argument("--hicache-storage-prefetch-policy", metavar="LIST", default="best_effort",
+                       help="prefetch policies with a storage tier: best_effort, wait_complete, timeout "
+                            "(default: %(default)s)")
     sweep.add_argument("--engine", choices=ENGINES, default="local",
                        help="local: a process pool on this machine; ray: a Ray cluster, needs kvlab[ray] "
                             "(default: %(default)s)")
@@ -79,7 +87,10 @@ def grid_from_args(args: argparse.Namespace) -> Grid:
                 kv_pages=parse_list(args.kv_pages, "--kv-pages", int) if args.kv_pages is not None else None,
                 kv_tokens=parse_list(args.kv_tokens, "--kv-tokens", int) if args.kv_tokens is not None else None,
                 hicache_ratios=parse_list(args.hicache_ratio, "--hicache-ratio", float),
-                hicache_write_policies=parse_list(args.hicache_write_policy, "--hicache-write-policy")).checked()
+                hicache_write_policies=parse_list(args.hicache_write_policy, "--hicache-write-policy"),
+                hicache_storage_backends=parse_list(args.hicache_storage_backend, "--hicache-storage-backend"),
+                hicache_storage_prefetch_policies=parse_list(args.hicache_storage_prefetch_policy,
+                                                             "--hicache-storage-prefetch-policy")).checked()
 
 
 def _rows_in(out: str) -> int:
@@ -108,6 +119,8 @@ def _stopped_message(stop: KeyboardInterrupt, computed: int, out: str | None, ro
 
 def _print_table(rows: list[dict], with_source: bool = False) -> None:
     shown = ("source", *SHOWN) if with_source else SHOWN
+    if any(r["hicache_storage_backend"] != "none" for r in rows):  # (a storage axis: its settings and hits)
+        shown += STORAGE_SHOWN
     widths = {c: max(len(c), *(len(_shown(c, r[c])) for r in rows)) for c in shown}
     print("  ".join(f"{c:>{widths[c]}}" for c in shown))
     for row in rows:

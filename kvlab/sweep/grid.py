@@ -84,6 +84,8 @@ class Grid:
     kv_tokens: tuple[int, ...] | None = None
     hicache_ratios: tuple[float, ...] = (0.0,)  # 0: no host tier
     hicache_write_policies: tuple[str, ...] = ("write_through",)
+    hicache_storage_backends: tuple[str, ...] = ("none",)  # none: no storage tier (L3)
+    hicache_storage_prefetch_policies: tuple[str, ...] = ("best_effort",)
 
     def checked(self) -> Grid:
         """The grid with every value checked (and repeats dropped), or a :class:`SweepError` naming the value."""
@@ -108,14 +110,40 @@ class Grid:
         _known("--hicache-write-policy", "write policy", self.hicache_write_policies, WRITE_POLICIES)
         if not self.hicache_ratios or not self.hicache_write_policies:
             raise SweepError("--hicache-ratio and --hicache-write-policy need at least one value each")
+        self._check_storage()
         return Grid(
             hicache_ratios=_distinct(float(r) for r in self.hicache_ratios),
             hicache_write_policies=_distinct(self.hicache_write_policies),
+            hicache_storage_backends=_distinct(self.hicache_storage_backends),
+            hicache_storage_prefetch_policies=_distinct(self.hicache_storage_prefetch_policies),
             evictions=_distinct(self.evictions), policies=_distinct(self.policies),
             page_sizes=_positive_ints(self.page_sizes, "--page-size"),
             max_running=_positive_ints(self.max_running, "--max-running"),
             kv_pages=None if self.kv_pages is None else _positive_ints(self.kv_pages, "--kv-pages"),
             kv_tokens=None if self.kv_tokens is None else _positive_ints(self.kv_tokens, "--kv-tokens"))
+
+    def _check_storage(self) -> None:
+        from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, STORAGE_BACKENDS
+
+        _known("--hicache-storage-backend", "storage backend", self.hicache_storage_backends,
+               ("none", *STORAGE_BACKENDS))
+        _known("--hicache-storage-prefetch-policy", "prefetch policy", self.hicache_storage_prefetch_policies,
+               PREFETCH_POLICIES)
+        if not self.hicache_storage_backends or not self.hicache_storage_prefetch_policies:
+            raise SweepError("--hicache-storage-backend and --hicache-storage-prefetch-policy need at least one "
+                             "value each")
+
+    def _host_points(self) -> list[tuple]:
+        """The host-tier settings of a point: (ratio, write policy, storage backend, prefetch policy); a setting read
+        only with the one before it (the write policy and a backend with a host tier, the prefetch policy with a
+        backend) is one point without it."""
+        out = []
+        for ratio in self.hicache_ratios:
+            for wp in (self.hicache_write_policies if ratio else self.hicache_write_policies[:1]):
+                for backend in (self.hicache_storage_backends if ratio else ("none",)):
+                    prefetch = self.hicache_storage_prefetch_policies
+                    out += [(ratio, wp, backend, p) for p in (prefetch if backend != "none" else prefetch[:1])]
+        return out
 
     def pools(self, requests: Sequence[RequestLike], page_size: int) -> tuple[int, ...]:
         """The pool sizes in tokens at ``page_size``."""
@@ -145,12 +173,10 @@ class Grid:
                                pool_flag=pool)
                 except ValueError as exc:
                     raise SweepError(str(exc)) from None
-        points = [Point(eviction, policy, page_size, max_running, kv, ratio, wp)
+        points = [Point(eviction, policy, page_size, max_running, kv, *host)
                   for eviction in grid.evictions for policy in grid.policies for page_size in grid.page_sizes
                   for max_running in grid.max_running for kv in grid.pools(requests, page_size)
-                  for ratio in grid.hicache_ratios
-                  # the write policy is read only with a host tier: ratio 0 is one point
-                  for wp in (grid.hicache_write_policies if ratio else grid.hicache_write_policies[:1])]
+                  for host in grid._host_points()]
         for point in points:  # every other setting as SchedulerConfig checks it for kvlab simulate
             try:
                 point.config()
@@ -162,6 +188,8 @@ class Grid:
 def _settings(point: Point) -> str:
     """A point's settings as sweep flags, for an error naming it."""
     host = f" --hicache-ratio {point.hicache_ratio:g}" if point.hicache_ratio else ""
+    if point.hicache_storage_backend != "none":
+        host += f" --hicache-storage-backend {point.hicache_storage_backend}"
     return (f"--page-size {point.page_size} --kv-tokens {point.kv_tokens} --max-running {point.max_running}"
             f"{host}")
 

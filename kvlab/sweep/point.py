@@ -93,7 +93,8 @@ def source_label(*, workload: str | None = None, trace: str | Path | None = None
 @dataclass(frozen=True, order=True)
 class Point:
     """One run's settings: the grid's axes. ``kv_tokens`` is whole pages (``SchedulerConfig`` checks it);
-    ``hicache_ratio`` > 0 adds HiCache's host tier of that ratio, written with ``hicache_write_policy``."""
+    ``hicache_ratio`` > 0 adds HiCache's host tier of that ratio, written with ``hicache_write_policy``, and a
+    ``hicache_storage_backend`` other than none the storage tier behind it (``hicache_storage_prefetch_policy``)."""
 
     eviction: str
     policy: str
@@ -102,6 +103,8 @@ class Point:
     kv_tokens: int
     hicache_ratio: float = 0.0  # the host pool over the device pool (HiCache); 0: no host tier
     hicache_write_policy: str = "write_through"  # read only with a host tier
+    hicache_storage_backend: str = "none"  # the storage tier (L3) behind the host tier; none: no storage tier
+    hicache_storage_prefetch_policy: str = "best_effort"  # read only with a storage tier
 
     @property
     def kv_pages(self) -> int:
@@ -114,6 +117,9 @@ class Point:
             fields["hicache_ratio"] = ratio
         else:
             fields.pop("hicache_write_policy")
+        if fields["hicache_storage_backend"] == "none":
+            fields.pop("hicache_storage_backend")
+            fields.pop("hicache_storage_prefetch_policy")
         return scheduler_config(**fields, **extra)
 
 

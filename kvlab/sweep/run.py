@@ -64,7 +64,9 @@ def _params(source: str, seed: int, point: Point) -> dict:
     """The row's first columns (PARAM_COLUMNS, in order): what identifies the point in a file."""
     return dict(source=source, seed=seed, eviction=point.eviction, policy=point.policy, page_size=point.page_size,
                 max_running=point.max_running, kv_pages=point.kv_pages, kv_tokens=point.kv_tokens,
-                hicache_ratio=float(point.hicache_ratio), hicache_write_policy=point.hicache_write_policy)
+                hicache_ratio=float(point.hicache_ratio), hicache_write_policy=point.hicache_write_policy,
+                hicache_storage_backend=point.hicache_storage_backend,
+                hicache_storage_prefetch_policy=point.hicache_storage_prefetch_policy)
 
 
 def _row(source: str, seed: int, point: Point, totals: dict) -> dict:

@@ -39,10 +39,11 @@ from kvlab.sweep.grid import SweepError
 from kvlab.sweep.point import TIMING_COLUMNS, TOTAL_COLUMNS
 
 PARAM_COLUMNS = ("source", "seed", "eviction", "policy", "page_size", "max_running", "kv_pages", "kv_tokens",
-                 "hicache_ratio", "hicache_write_policy")
+                 "hicache_ratio", "hicache_write_policy", "hicache_storage_backend", "hicache_storage_prefetch_policy")
 COLUMNS = PARAM_COLUMNS + TOTAL_COLUMNS + TIMING_COLUMNS
 FLOAT_COLUMNS = frozenset({"hicache_ratio", "hit_rate", "transfer_s", "simulated_s", "output_tokens_per_s", "wall_s"})
-TEXT_COLUMNS = frozenset({"source", "eviction", "policy", "hicache_write_policy"})
+TEXT_COLUMNS = frozenset({"source", "eviction", "policy", "hicache_write_policy", "hicache_storage_backend",
+                          "hicache_storage_prefetch_policy"})
 CSV_SUFFIXES = (".csv",)
 PARQUET_SUFFIXES = (".parquet", ".pq")
 

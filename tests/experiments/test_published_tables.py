@@ -30,7 +30,9 @@ def test_sglang_33984_reproduced_to_6_decimals():
     out = json.loads(done.stdout)
     assert [r["simulated_cache_hit_rate"] for r in out["rounds"]] == [r["cache_hit_rate"] for r in published["rows"]]
     assert out["device_pool"].startswith("ASSUMED")  # the table gives no model: the output says what kvlab assumed
-    assert out["storage_flags"] == {"--hicache-storage-backend": "mooncake"}
+    # the table's storage backend runs, with SGLang's default prefetch policy (said so)
+    assert out["storage_flags"] == {"--hicache-storage-backend": "mooncake", "--hicache-storage-prefetch-policy": "timeout"}
+    assert any("SGLang's default 'timeout'" in n for n in out["notes"])
     assert any("request_length = 4096 is inferred" in n for n in out["notes"])
     text = _cli("--compare-table", str(TABLES)).stdout
     assert "ASSUMED" in text and "    8        20      0.888696       0.888696   +0.000000" in text
@@ -120,6 +122,30 @@ def test_table_settings_are_the_tables_own(tmp_path):
     assert done.returncode == 2 and "--compare-table runs the table's own settings: drop --kv-tokens" in done.stderr
     done = _cli("--compare-table", str(_table(tmp_path)) + "#nothere")
     assert done.returncode == 2 and "no table with id 'nothere'" in done.stderr and "generated" in done.stderr
+
+
+def test_storage_fields_run_the_storage_tier(tmp_path):
+    """A table whose device and host pools forget the histories: its storage backend adds storage hits (SGLang's
+    default policy, timeout, where the table gives none; the table's policy where given); a backend kvlab has no
+    preset for, or one without the host tier, is said not modelled; a policy SGLang lacks is refused."""
+    host = dict(enable_hierarchical_cache=True, hicache_ratio=1, max_total_tokens=2048)
+    plain = compare(f"{_table(tmp_path, **host)}#generated")
+    stored = compare(f"{_table(tmp_path, **host, hicache_storage_backend='file')}#generated")
+    assert plain.totals["storage_hit_tokens"] == 0 and plain.plan.storage == {}
+    assert stored.totals["storage_hit_tokens"] > 0 and stored.plan.config["hicache_storage_prefetch_policy"] == "timeout"
+    assert sum(r["simulated_cache_hit_rate"] for r in stored.rows) > sum(r["simulated_cache_hit_rate"] for r in plain.rows)
+    best = compare(f"{_table(tmp_path, **host, hicache_storage_backend='file', hicache_storage_prefetch_policy='best_effort')}"
+                   "#generated")
+    assert best.plan.storage["--hicache-storage-prefetch-policy"] == "best_effort"
+    assert best.plan.config["hicache_storage_prefetch_policy"] == "best_effort"
+    for server in (dict(host, hicache_storage_backend="aibrix"), dict(hicache_storage_backend="file")):
+        other = compare(f"{_table(tmp_path, **server)}#generated")
+        assert "hicache_storage_backend" not in other.plan.config and other.totals["storage_hit_tokens"] == 0
+        assert any("not modelled" in n for n in other.plan.notes)
+    done = _cli("--compare-table", str(_table(tmp_path, **host, hicache_storage_backend="file",
+                                               hicache_storage_prefetch_policy="never")) + "#generated")
+    assert done.returncode == 2 and "server.hicache_storage_prefetch_policy" in done.stderr and "'never'" in done.stderr
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_storage_fields_map_to_one_dict():

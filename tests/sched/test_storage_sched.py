@@ -154,3 +154,27 @@ def test_cli_text_names_the_storage_tier_and_compare_runs_it(capsys):
     assert "storage_hit_tokens" in out
     assert cli("--hicache-ratio", "1", "--hicache-storage-backend", "file", "--compare", "--json") == 0
     assert "written_to_storage_tokens" in capsys.readouterr().out
+
+
+def test_rounds_split_cached_tokens_by_tier(capsys):
+    """``kvlab simulate --workload multiturn``'s ``rounds``: each round's cached tokens split into device, host and
+    storage hits, which add up to the round's cached tokens and, over the rounds, to the run's totals; the text
+    table prints the same split."""
+    args = ["simulate", "--workload", "multiturn", "--page-size", "64", "--kv-tokens", "8192", "--hicache-ratio",
+            "2", "--hicache-storage-backend", "file", "--hicache-storage-prefetch-policy", "wait_complete"]
+    for kv in ("num_clients=8", "num_rounds=5", "request_length=1024", "output_length=1", "max_parallel=2",
+               "enable_round_barrier=true", "disable_random_sample=true"):
+        args += ["--workload-param", kv]
+    assert main(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    rounds = data["rounds"]
+    for row in rounds:
+        assert row["device_hit_tokens"] + row["host_hit_tokens"] + row["storage_hit_tokens"] == row["cached_tokens"]
+        assert min(row["device_hit_tokens"], row["host_hit_tokens"], row["storage_hit_tokens"]) >= 0
+    for key in ("device_hit_tokens", "host_hit_tokens", "storage_hit_tokens"):
+        assert sum(row[key] for row in rounds) == data[key] > 0
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    last = rounds[-1]
+    assert (f"hits {last['device_hit_tokens']:,} / {last['host_hit_tokens']:,} / {last['storage_hit_tokens']:,}"
+            in text)

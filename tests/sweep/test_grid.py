@@ -94,8 +94,8 @@ def test_rows_are_kvlab_simulate_totals_in_grid_order(capsys):
         totals = json.loads(capsys.readouterr().out)
         assert {k: v for k, v in row.items() if k not in TIMING_COLUMNS} == {
             "source": str(TINY), "seed": 0, "kv_pages": row["kv_pages"], "max_running": row["max_running"],
-            "hicache_ratio": 0.0, "hicache_write_policy": "write_through",
-            **{k: v for k, v in totals.items() if k in COLUMNS}}
+            "hicache_ratio": 0.0, "hicache_write_policy": "write_through", "hicache_storage_backend": "none",
+            "hicache_storage_prefetch_policy": "best_effort", **{k: v for k, v in totals.items() if k in COLUMNS}}
     # the bug costs on this trace at the smallest pool (notebook 06's point), not where the pool holds it all
     small = {r["eviction"]: r for r in rows if r["kv_pages"] == 7 and r["max_running"] == 256}
     assert small["shortfall"]["hit_rate"] > small["full"]["hit_rate"]
@@ -140,3 +140,29 @@ def test_hicache_axes_are_kvlab_simulate_with_a_host_tier(capsys):
         Grid(hicache_write_policies=("later",)).checked()
     with pytest.raises(SweepError, match="--hicache-ratio: expected numbers in"):
         Grid(hicache_ratios=(-1.0,)).checked()
+
+
+def test_storage_axes_are_kvlab_simulate_with_a_storage_tier(capsys):
+    """--hicache-storage-backend / --hicache-storage-prefetch-policy are axes: backend none (no storage tier) is
+    one point whatever the prefetch policies, each backend one point per policy, and only with a host tier; each row
+    is `kvlab simulate --hicache-storage-backend B --hicache-storage-prefetch-policy P`'s totals."""
+    multiturn = ["--workload", "multiturn", "--page-size", "64", "--kv-tokens", "8192", "--eviction", "shortfall"]
+    for kv in ("num_clients=8", "num_rounds=5", "request_length=1024", "output_length=1", "max_parallel=2",
+               "enable_round_barrier=true", "disable_random_sample=true"):
+        multiturn += ["--workload-param", kv]
+    assert main(["sweep", *multiturn, "--hicache-ratio", "0,2", "--hicache-storage-backend", "none,file",
+                 "--hicache-storage-prefetch-policy", "best_effort,wait_complete", "--workers", "1", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["hicache_ratio"], r["hicache_storage_backend"], r["hicache_storage_prefetch_policy"]) for r in rows] == [
+        (0.0, "none", "best_effort"), (2.0, "none", "best_effort"), (2.0, "file", "best_effort"),
+        (2.0, "file", "wait_complete")]
+    assert rows[1]["storage_hit_tokens"] == 0 < rows[3]["storage_hit_tokens"]
+    for row in rows[2:]:
+        assert main(["simulate", *multiturn, "--hicache-ratio", "2", "--hicache-storage-backend", "file",
+                     "--hicache-storage-prefetch-policy", row["hicache_storage_prefetch_policy"], "--json"]) == 0
+        totals = json.loads(capsys.readouterr().out)
+        assert {k: row[k] for k in totals if k in COLUMNS} == {k: v for k, v in totals.items() if k in COLUMNS}
+    with pytest.raises(SweepError, match="--hicache-storage-backend: unknown storage backend 'tape'"):
+        Grid(hicache_storage_backends=("tape",)).checked()
+    with pytest.raises(SweepError, match="--hicache-storage-prefetch-policy: unknown prefetch policy 'never'"):
+        Grid(hicache_storage_prefetch_policies=("never",)).checked()

@@ -34,13 +34,15 @@ from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
 from kvlab.mem_cache.hicache.page_host import PageHiController, PageHostPool
 from kvlab.mem_cache.hicache.page_tier_moves import PageTierMoves
+from kvlab.mem_cache.hicache.storage import page_key
+from kvlab.mem_cache.hicache.storage_moves import StorageMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
 from kvlab.mem_cache.shortfall import check_mode
 from kvlab.mem_cache.tree_core import LeafIndex, TreeCore
 
 
-class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
+class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, TreeCore):
     """``HiRadixCache`` over page ids. ``allocator``: the device pool's free pages (``free``, ``take(pages)``);
     ``host_pool``: a :class:`PageHostPool`; the rest as ``HiRadixCache`` takes them (bandwidths in bytes/s)."""
 
@@ -68,6 +70,47 @@ class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
         self.ongoing_write_through: dict = {}
         self.ongoing_load_back: dict = {}
         self.host_evicted_tokens = 0
+        self.key_tokens = self.page_size  # (storage_moves: a key element is a page)
+        self.page_keys = None  # the run's PageKeys (the page engine's), read to hash pages for the storage tier
+        self._page_hashes: dict = {}  # (page id, prior key) -> the page's storage key
+        self._reset_storage()
+
+    def attach_page_storage(self, page_keys, storage, **options) -> None:
+        """``attach_storage`` (storage_moves) with the run's :class:`~kvlab.mem_cache.page_tree.PageKeys`: a page's
+        storage key is hashed from its id's tokens, once per (page, prior key)."""
+        self.page_keys = page_keys
+        self.attach_storage(storage, **options)
+        self.storage_controller.hash_keys = self.hash_pages
+
+    def hash_pages(self, ids, prior: str | None = None) -> list[str]:
+        """``get_hash_str`` of the pages ``ids`` chained from ``prior``, one key per page (memoised)."""
+        memo, out = self._page_hashes, []
+        for pid in ids:
+            key = memo.get((pid, prior))
+            if key is None:
+                key = memo[pid, prior] = page_key(self._page_bytes(pid), prior)
+            out.append(key)
+            prior = key
+        return out
+
+    def _page_bytes(self, pid: int):
+        """A page's tokens as ``get_hash_str`` hashes them: a page of consecutive ids (id >= 0, all under 2^32) as
+        little-endian uint32 bytes made at C speed, else its tokens."""
+        ps = self.page_size
+        if 0 <= pid and pid + ps <= 1 << 32:
+            import numpy as np
+
+            return np.arange(pid, pid + ps, dtype="<u4").tobytes()
+        return self.page_keys.tokens((pid,))
+
+    def _key_of(self, key: array, off: int = 0):
+        return key[off]
+
+    def _host_part(self, host_value, start: int, end: int):
+        return True
+
+    def evict_host_tokens(self, tokens: int) -> int:
+        return self.evict_host(-(-tokens // self.page_size)) * self.page_size
 
     def _new_node(self, key: array, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
         return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
@@ -109,6 +152,8 @@ class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
         upper.hit_count = child.hit_count
         upper.value = child.value
         upper.host_value = child.host_value
+        if child.hash_value is not None:  # storage keys, one per page (split_node_hash_value)
+            upper.hash_value, child.hash_value = child.hash_value[:m], child.hash_value[m:]
         child.key = child.key[m:]
         child.parent = upper
         upper.children[child.key[0]] = child
@@ -266,9 +311,10 @@ class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
             nodes.append(node)
         self._check_sizes(on_device, "PageHiRadixTree")
         host_pages = self.host_size()
-        require(host_pages * self.page_size == self.host_pool.used_size(),
-                "PageHiRadixTree: the host pool holds exactly the tree's host copies", tree=host_pages,
-                pool_used=self.host_pool.used_size())
+        held = sum(len(x) for x in self.prefetch_host_slots())  # (storage_moves: a prefetch's slots, not yet in it)
+        require(host_pages * self.page_size + held == self.host_pool.used_size(),
+                "PageHiRadixTree: the host pool holds exactly the tree's host copies and the prefetches' slots",
+                tree=host_pages, prefetch=held, pool_used=self.host_pool.used_size())
         self.host_pool.check_invariants()
         self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
                               "PageHiRadixTree: the device-leaf index holds exactly the unlocked device leaves",
@@ -283,6 +329,7 @@ class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
         for _, node in self.ongoing_load_back.values():
             require(node.value is not None and node.lock_ref > 0,
                     "PageHiRadixTree: a node with a load-back in flight is on the device and locked", node=node)
+        self.check_storage_invariants()
 
     def to_hiradix_cache(self, page_keys, kv_tokens: int):
         """This tree as the token-level ``HiRadixCache`` the token-level run ends with: the same nodes (ids, keys as
@@ -325,6 +372,7 @@ class PageHiRadixTree(PageTierMoves, TwoTierCore, HiLeafIndex, TreeCore):
                 parent.children[tokens[:ps].tobytes()] = twin  # (HiRadixCache files a child by its first page)
             twin.last_access_time, twin.creation_time = node.last_access_time, node.creation_time
             twin.hit_count, twin.lock_ref = node.hit_count, node.lock_ref
+            twin.hash_value = None if node.hash_value is None else list(node.hash_value)
             made[node] = twin
         cache.adopt(cache.root_node, self._next_id)  # (files each node's leaf status on both tiers)
         cache.clock.now = self.clock.now

@@ -8,8 +8,9 @@ the copy itself, which kvlab does not make. A copy's time is its tokens times th
 count too. So :class:`PageHostPool` is the pool's free pages, and :class:`PageHiController` is
 :class:`~kvlab.mem_cache.hicache.cache_controller.HiCacheController` itself (its FIFO channels, its clock, ``poll``,
 ``wait_writes``, ``drain_time`` and totals: one clock for both memories) with ``write`` / ``load`` / ``evict_device`` /
-``evict_host`` over counts; a copy's "indices" are ``range(tokens)``. A storage tier (L3) would add its own pool of
-pages and its prefetch and backup queues here, beside the host pool, as SGLang's controller holds them. No torch.
+``evict_host`` over counts; a copy's "indices" are ``range(tokens)``, and so are a storage prefetch's host slots
+(:meth:`PageHostPool.alloc`; the storage tier's controller, ``storage_controller.StorageController``, serves both
+trees). No torch.
 """
 
 from __future__ import annotations
@@ -45,6 +46,15 @@ class PageHostPool:
             return False
         self.free_pages -= pages
         return True
+
+    def alloc(self, tokens: int) -> range | None:
+        """``HostKVCache.alloc`` as a count (a storage prefetch's slots): ``range(tokens)``, None when short."""
+        return range(tokens) if self.take(tokens // self.page_size) else None
+
+    def free(self, indices: range) -> int:
+        """``HostKVCache.free`` of slots :meth:`alloc` handed out (or a slice of them)."""
+        self.free_pages += len(indices) // self.page_size
+        return len(indices)
 
     def check_invariants(self) -> None:
         require(0 <= self.free_pages <= self.page_num, "PageHostPool: 0 <= free pages <= pool pages",

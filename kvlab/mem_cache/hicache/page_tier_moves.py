@@ -46,6 +46,7 @@ class PageTierMoves:
         node.host_value = True
         op = ctl.write_queue[-1]
         self.ongoing_write_through[id(op)] = (op, None if write_back else node)
+        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
         if not write_back:
             self.inc_lock_ref(node)
         return n
@@ -57,10 +58,14 @@ class PageTierMoves:
         if ctl.ack_write_queue or ctl.ack_load_queue:
             self.writing_check()
             self.loading_check()
+        if self.storage_controller is not None:  # (drain_storage_control_queues)
+            self._poll_storage()
 
     def drain(self) -> None:
-        """Every issued copy lands."""
+        """Every issued copy lands (and the backups to storage their acks issued)."""
         self.poll(self.cache_controller.drain_time())
+        if self.storage_controller is not None:
+            self.poll(self.storage_controller.drain_time())
 
     # -- device eviction ------------------------------------------------------------------------------------------
     def evict(self, pages: int) -> int:

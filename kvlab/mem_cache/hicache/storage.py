@@ -40,6 +40,13 @@ def _page_bytes(tokens: Sequence[int]) -> bytes:
         return b"\xff" + array("Q", tokens).tobytes()
 
 
+def page_key(page: Sequence[int] | bytes, prior_hash: str | None = None) -> str:
+    """One page's key as :func:`get_hash_str` chains it: the SHA-256 of ``prior_hash``'s digest and the page's bytes
+    (``page``: its token ids, or their bytes as ``_page_bytes`` lays them out)."""
+    data = page if isinstance(page, bytes) else _page_bytes(page)
+    return hashlib.sha256((bytes.fromhex(prior_hash) if prior_hash else b"") + data).hexdigest()
+
+
 def get_hash_str(token_ids: Sequence[int], prior_hash: str | None = None, page_size: int | None = None) -> str | list[str]:
     """SGLang's ``get_hash_str``: with ``page_size``, one hex key per page (the last page may be partial), each
     the SHA-256 of the previous one's digest (the first: ``prior_hash``'s) and the page's bytes; without, one key for

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from kvlab.mem_cache.hicache.cache_controller import check_channel
 from kvlab.mem_cache.hicache.storage import HiCacheStorage, get_hash_str
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(eq=False)
@@ -43,7 +45,7 @@ class PrefetchOperation:
     issue_s: float
     hash_value: list[str] = field(default_factory=list)
     storage_hit_count: int = 0
-    host_indices: torch.Tensor | None = None
+    host_indices: torch.Tensor | range | None = None  # (range: the page tree's count)
     start_s: float = 0.0
     page_s: float = 0.0
     latency_s: float = 0.0
@@ -112,6 +114,8 @@ class StorageController:
         self.latency_s = latency_s
         self.prefetch_threshold = prefetch_threshold
         self.prefetch_capacity_limit = int(0.5 * self.mem_pool_host.size)
+        # a key's page keys: of its tokens (get_hash_str); the page tree gives its own, over page ids
+        self.hash_keys = self.get_hash_str
         self.reset()
 
     def reset(self) -> None:
@@ -139,7 +143,7 @@ class StorageController:
     def storage_hit_query(self, token_ids, last_hash: str | None) -> tuple[list[str], int]:
         """``_storage_hit_query``: the keys of the pages of ``token_ids`` present in storage consecutively from the
         first, and their tokens."""
-        keys = self.get_hash_str(token_ids, last_hash)
+        keys = self.hash_keys(token_ids, last_hash)
         hit = self.storage.batch_exists(keys)
         return keys[:hit], hit * self.page_size
 

@@ -15,22 +15,23 @@ it became), ``drain_storage_control_queues`` (backup acks release their nodes' h
 
 Differs on purpose: when the tokens a prefetch read extend past a node with no host copy (a device node not yet
 backed up), they are not inserted below it (SGLang would hang a host-only node there, breaking the write-through
-prefix that kvlab's invariant checks): those tokens are freed and count as not prefetched. A mixin of
-:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`.
+prefix that kvlab's invariant checks): those tokens are freed and count as not prefetched. A mixin of both
+two-tier trees: :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (keys of tokens, host slots as tensors)
+and :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree` (keys of page ids, ``key_tokens`` = the page
+size: a page's storage key hashed from its id's tokens, memoised per page; host copies as ``True``, host slots as
+``range`` counts).
 """
 
 from __future__ import annotations
 
 from array import array
 
-import torch
-
 from kvlab.errors import require
+from kvlab.mem_cache.base_prefix_cache import common_prefix_len
 from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, HiCacheStorage
 from kvlab.mem_cache.hicache.storage_controller import PrefetchOperation, StorageController
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S
-from kvlab.mem_cache.radix_tree import common_prefix_len
 from kvlab.units import align_down
 
 PREFETCH_TIMEOUT_DEFAULTS = (2.0, 0.1, 30.0)  # PrefetchTimeoutConfig: base s, per_ki_token s, max s
@@ -40,6 +41,7 @@ class StorageMoves:
     """The storage-tier methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin)."""
 
     storage_controller: StorageController | None = None
+    key_tokens = 1  # tokens per key element: 1 (the token tree), the page size (the page tree: page ids)
 
     def attach_storage(self, storage: HiCacheStorage, *, read_bytes_per_s: float, write_bytes_per_s: float,
                        latency_s: float, prefetch_policy: str = "best_effort", prefetch_threshold: int = 256,
@@ -61,6 +63,8 @@ class StorageMoves:
 
     def _reset_storage(self) -> None:
         self.ongoing_prefetch: dict = {}  # req id -> (last_host_node, prefetch tokens, op)
+        self._awaiting_slots: dict = {}  # req id -> op: the prefetches whose host slots are not taken yet (in order)
+        self._timed_ops: dict = {}  # req id -> op: the prefetches with an event still ahead (storage_next_event_s)
         self.prefetch_loaded_tokens_by_reqid: dict = {}
         self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}  # host write op -> (node, its key length)
         if self.storage_controller is not None:
@@ -76,7 +80,7 @@ class StorageMoves:
             node = node.parent
         for x in reversed(chain):
             prior = None if x.parent is self.root_node else x.parent.hash_value[-1]
-            x.hash_value = self.storage_controller.get_hash_str(x.key, prior)
+            x.hash_value = self.storage_controller.hash_keys(x.key, prior)
         return chain[0].hash_value if chain else ([] if node is self.root_node else node.hash_value)
 
     def get_last_hash_value(self, node: HiTreeNode) -> str | None:
@@ -113,10 +117,11 @@ class StorageMoves:
         for op in ctl.poll_backups():
             op.node.release_host()
         now = ctl.now_s
-        for req_id, (_, _, op) in list(self.ongoing_prefetch.items()):
-            if op.host_indices is None and op.alloc_due_s - FINISH_TOLERANCE_S <= now \
-                    and not ctl.allocate(op, self.evict_host):
-                self._revoke_pending_prefetch(req_id)
+        for req_id, op in list(self._awaiting_slots.items()):
+            if op.alloc_due_s - FINISH_TOLERANCE_S <= now:
+                if not ctl.allocate(op, self.evict_host_tokens):
+                    self._revoke_pending_prefetch(req_id)
+                self._awaiting_slots.pop(req_id, None)
 
     # -- prefetch (storage -> host) ------------------------------------------------------------------
     def prefetch_from_storage(self, req_id, last_host_node: HiTreeNode, new_input_tokens,
@@ -125,23 +130,25 @@ class StorageMoves:
         which ends at ``last_host_node``) that storage holds into host. Nothing under ``prefetch_threshold``
         tokens, while rate-limited, or when storage holds fewer hit tokens than the threshold. Returns whether a
         prefetch is under way."""
-        ctl = self.storage_controller
-        n = align_down(len(new_input_tokens), self.page_size)
+        ctl, unit = self.storage_controller, self.key_tokens
+        n = align_down(len(new_input_tokens) * unit, self.page_size)  # (tokens; the page tree's keys are pages)
         if ctl is None or not n or n < self.prefetch_threshold or ctl.prefetch_rate_limited():
             return False
-        key = list(new_input_tokens[:n])
+        key = list(new_input_tokens[: n // unit])
         op = ctl.prefetch(req_id, key, last_hash)
         if op is None:  # revoked: too small a hit
             return False
         last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
+        self._awaiting_slots[req_id] = self._timed_ops[req_id] = op
         ctl.prefetch_tokens_occupied += n
         return True
 
     def _revoke_pending_prefetch(self, req_id) -> None:
         last_host_node, key, _ = self.ongoing_prefetch.pop(req_id)
+        self._awaiting_slots.pop(req_id, None)
         last_host_node.release_host()
-        self.storage_controller.prefetch_tokens_occupied -= len(key)
+        self.storage_controller.prefetch_tokens_occupied -= len(key) * self.key_tokens
 
     def prefetch_timed_out(self, op: PrefetchOperation) -> bool:
         """``_prefetch_timeout_check_linear_func`` (``>=`` where SGLang has ``>``: the modelled clock lands on the
@@ -178,7 +185,7 @@ class StorageMoves:
             self.prefetch_loaded_tokens_by_reqid[req_id] = 0
             return True
         ps = self.page_size
-        matched = self._insert_helper_host(last_host_node, array("q", key[:completed]),
+        matched = self._insert_helper_host(last_host_node, array("q", key[: completed // self.key_tokens]),
                                            op.host_indices[:completed], op.hash_value[: completed // ps])
         ctl.mem_pool_host.free(op.host_indices[:matched])
         ctl.mem_pool_host.free(op.host_indices[completed:])
@@ -189,10 +196,14 @@ class StorageMoves:
     def pop_prefetch_loaded_tokens(self, req_id) -> int:
         return self.prefetch_loaded_tokens_by_reqid.pop(req_id, 0)
 
-    def _insert_helper_host(self, node: HiTreeNode, key: array, host_value: torch.Tensor, hash_value: list) -> int:
-        """Hang ``key`` (read from storage into ``host_value``) below ``node`` as host-only nodes; returns the
-        tokens already in the tree (their host slots are the caller's to free)."""
-        tick, ps = self.clock.tick, self.page_size
+    def _insert_helper_host(self, node: HiTreeNode, key: array, host_value, hash_value: list) -> int:
+        """Hang ``key`` (read from storage into ``host_value``, host slots of its tokens) below ``node`` as
+        host-only nodes; returns the tokens already in the tree (their host slots are the caller's to free)."""
+        return self._hang_host_only(node, key, host_value, hash_value) * self.key_tokens
+
+    def _hang_host_only(self, node: HiTreeNode, key: array, host_value, hash_value: list) -> int:
+        """:meth:`_insert_helper_host` in key elements (``len(key)``: none hung, all to be freed)."""
+        tick, ps = self.clock.tick, self.page_size // self.key_tokens  # (a page in key elements)
         node.last_access_time = tick()
         self._touch(node)  # (a leaf's sort key changed: a fresh heap entry)
         matched, off, n = 0, 0, len(key)
@@ -210,7 +221,7 @@ class StorageMoves:
                 return n
         if off < n:
             new = self._new_node(key[off:], None, node, node.priority)
-            new.host_value = host_value[off:n]  # (a slice of what the host pool handed out)
+            new.host_value = self._host_part(host_value, off, n)  # (a slice of what the host pool handed out)
             new.hash_value = list(hash_value[off // ps :])
             node.children[self._key_of(new.key)] = new
             self.structure_version += 1
@@ -231,13 +242,27 @@ class StorageMoves:
 
     def storage_next_event_s(self) -> float:
         """The next clock time at which a storage event changes what the scheduler sees: a backup landing, or a
-        prefetch the policy lets stop (its last page, or its timeout)."""
-        ctl, policy = self.storage_controller, self.prefetch_stop_policy
-        times = [ctl.next_backup_s()]
-        for _, _, op in self.ongoing_prefetch.values():
-            end = op.alloc_due_s if op.host_indices is None else op.finish_s  # (its slots taken, or its last page)
-            times.append(min(end, self.prefetch_deadline_s(op)) if policy == "timeout" else end)
-        return min(times)
+        prefetch's host slots taken, its last page landing or its timeout. Only events still ahead count: one the
+        clock has passed changed what it changes already (a waiting prefetch done long ago no longer stops the
+        quiet decode rounds at every step)."""
+        ctl, timeout, ongoing = self.storage_controller, self.prefetch_stop_policy == "timeout", self.ongoing_prefetch
+        now = ctl.now_s
+        ahead = now + FINISH_TOLERANCE_S  # (a slot take or a page lands within the tolerance: already seen)
+        nxt = ctl.next_backup_s()
+        timed = self._timed_ops
+        for req_id, op in list(timed.items()):
+            entry = ongoing.get(req_id)
+            deadline = self.prefetch_deadline_s(op) if timeout else 0.0
+            # its slots taken, or its last page (fixed once begun; a read not begun only moves earlier)
+            end = op.alloc_due_s if op.host_indices is None else op.finish_s
+            if entry is None or entry[2] is not op or (op.host_indices is not None and end <= ahead and deadline <= now):
+                del timed[req_id]  # (gone, or nothing of it ahead any more)
+                continue
+            if ahead < end < nxt:
+                nxt = end
+            if now < deadline < nxt:
+                nxt = deadline
+        return nxt
 
     def check_storage_invariants(self) -> None:
         """The storage tier: the store within its capacity; each prefetch's start node host-protected and backed
@@ -255,7 +280,7 @@ class StorageMoves:
                 op.host_indices is None or len(op.host_indices) == op.storage_hit_count),
                 "HiRadixCache: a prefetch holds host slots for exactly its hit pages (once taken)",
                 hit=op.storage_hit_count)
-        require(ctl.prefetch_tokens_occupied == sum(len(k) for _, k, _ in self.ongoing_prefetch.values()),
+        require(ctl.prefetch_tokens_occupied == sum(len(k) for _, k, _ in self.ongoing_prefetch.values()) * self.key_tokens,
                 "HiRadixCache: prefetch_tokens_occupied counts the prefetches in flight",
                 occupied=ctl.prefetch_tokens_occupied)
         for op in ctl.backup_queue:
@@ -263,9 +288,17 @@ class StorageMoves:
                     node=op.node)
         for node in self.nodes():
             if node is not self.root_node and node.hash_value is not None:
-                require(len(node.hash_value) * ps == len(node.key), "HiRadixCache: a node has one storage key per "
+                require(len(node.hash_value) * ps == len(node.key) * self.key_tokens, "HiRadixCache: a node has one storage key per "
                         "page", node=node, keys=len(node.hash_value))
 
-    def prefetch_host_slots(self) -> list[torch.Tensor]:
+    def prefetch_host_slots(self) -> list:
         """Host slots held by prefetches in flight (allocated, not yet in the tree)."""
         return [op.host_indices for _, _, op in self.ongoing_prefetch.values() if op.host_indices is not None]
+
+    def _host_part(self, host_value, start: int, end: int):
+        """A host-only node's slots: ``host_value[start:end]`` (the page tree's ``True``)."""
+        return host_value[start:end]
+
+    def evict_host_tokens(self, tokens: int) -> int:
+        """Host eviction for ``tokens`` (the page tree's ``evict_host`` counts pages)."""
+        return self.evict_host(tokens)

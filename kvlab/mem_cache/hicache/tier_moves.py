@@ -63,10 +63,6 @@ class TierMoves:
         self.loading_check()
 
     # -- the modelled clock ---------------------------------------------------------------------------
-    @property
-    def now_s(self) -> float:
-        return self.cache_controller.now_s
-
     def poll(self, now_s: float) -> None:
         """Move the transfer clock to ``now_s`` and complete every copy finished by then."""
         ctl = self.cache_controller

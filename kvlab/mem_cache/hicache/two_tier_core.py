@@ -16,6 +16,11 @@ class TwoTierCore:
     """A two-tier tree's match ends, walk replay and copy acks (a mixin over its ``root_node``, ``clock``, leaf
     indexes, locks, ``cache_controller`` and ``ongoing_write_through`` / ``ongoing_load_back``)."""
 
+    @property
+    def now_s(self) -> float:
+        """The copy clock (the host controller's, which the storage tier's channels share)."""
+        return self.cache_controller.now_s
+
     def match_ends(self, end: HiTreeNode) -> tuple[HiTreeNode, HiTreeNode, int]:
         """Where a match walk that ended at ``end`` (the deepest node it matched, on either tier) stops on each
         tier: ``(last_device_node, last_host_node, host_hit_length)`` as :class:`HiMatchResult` names them. The
