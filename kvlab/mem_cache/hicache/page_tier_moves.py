@@ -40,7 +40,11 @@ class PageTierMoves:
         ctl, n = self.cache_controller, len(node.key)
         if not ctl.write(n * self.page_size, node.id):
             self.evict_host(n)
-            if not ctl.write(n * self.page_size, node.id):
+            written = ctl.write(n * self.page_size, node.id)
+            while not written and write_back and self.wait_storage_backups():  # (storage_moves)
+                self.evict_host(n)
+                written = ctl.write(n * self.page_size, node.id)
+            if not written:
                 return 0
         self.structure_version += 1
         node.host_value = True
@@ -100,7 +104,7 @@ class PageTierMoves:
                 evicted += len(x.key)
                 self.cache_controller.evict_device(len(x.key) * self.page_size)
                 self._delete_leaf(x)
-            elif self.write_backup(x, write_back=True) > 0:
+            elif self.write_backup(x, write_back=True) > 0 or self.retry_write_back(x, staged):
                 x.protect_host()
                 staged.append(x)
                 evicted += self._detach_backuped(x)

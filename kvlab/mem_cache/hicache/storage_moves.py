@@ -123,6 +123,27 @@ class StorageMoves:
                     self._revoke_pending_prefetch(req_id)
                 self._awaiting_slots.pop(req_id, None)
 
+    def wait_storage_backups(self) -> bool:
+        """Write-back with the host pool full of copies still on their way to storage (host-protected until the
+        storage ack, so ``evict_host`` skips them): wait for those backups to land, as the eviction waits for its
+        host copies (``writing_check(write_back=True)``); the wait is the step's stall. False: none in flight."""
+        ctl = self.storage_controller
+        if ctl is None or not ctl.backup_queue:
+            return False
+        self.poll(max(op.finish_s for op in ctl.backup_queue))
+        return True
+
+    def retry_write_back(self, node: HiTreeNode, staged: list) -> bool:
+        """Write-back eviction, ``node``'s copy refused for want of host room: with a storage tier the room may be
+        held by this eviction's own staged copies or by copies on their way to storage (host-protected until they
+        land, so neither ``evict_host`` nor ``_drop_subtree_no_host`` may take them). Let them land (the step's
+        stall), then try ``node`` once more. kvlab's: 0.5.16 drops the subtree or keeps ``node`` on device though
+        its tokens were counted evictable (an out-of-memory prefill)."""
+        if self.storage_controller is None:
+            return False
+        self._flush_staged(staged)
+        return self.write_backup(node, write_back=True) > 0
+
     # -- prefetch (storage -> host) ------------------------------------------------------------------
     def prefetch_from_storage(self, req_id, last_host_node: HiTreeNode, new_input_tokens,
                               last_hash: str | None = None) -> bool:

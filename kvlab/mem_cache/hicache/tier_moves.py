@@ -46,6 +46,9 @@ class TierMoves:
         if host is None:
             self.evict_host(len(node.key))
             host = self.cache_controller.write(node.value, node.id)
+            while host is None and write_back and self.wait_storage_backups():  # (storage_moves)
+                self.evict_host(len(node.key))
+                host = self.cache_controller.write(node.value, node.id)
             if host is None:
                 return 0
         self.structure_version += 1
@@ -122,7 +125,7 @@ class TierMoves:
             elif self.write_policy != "write_back":
                 evicted += self._evict_regular(x)
                 tally["destroyed"] += len(x.key)
-            elif self.write_backup(x, write_back=True) > 0:
+            elif self.write_backup(x, write_back=True) > 0 or self.retry_write_back(x, staged):
                 x.protect_host()
                 staged.append((x, x.value))
                 evicted += self._detach_backuped(x)
