@@ -313,8 +313,8 @@ tier_panel.widget
 
 # %% [markdown]
 # ### 7.2 · Finding 2 across three tiers
-# Both eviction modes at `--hicache-ratio 2`, `best_effort`: storage that holds everything, and a 20 GB store
-# (about a fifth of the benchmark's 97 GB of KV at 128 KiB per token). Bug | fix | fix − bug (positive: the fix has more).
+# Both eviction modes at `--hicache-ratio 2`, `best_effort`: storage that holds everything, and a store of 18.6 GiB (`--hicache-storage-size 20`)
+# (about a fifth of the benchmark's 90 GiB of KV at 128 KiB per token). Bug | fix | fix − bug (positive: the fix has more).
 
 # %%
 finding2_l3 = multiturn_tiers.finding2_frame()

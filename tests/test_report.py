@@ -351,7 +351,7 @@ def test_index_states_the_headline_numbers_in_words(report_dir: Path):
     summary = json.loads((report_dir / "summary.json").read_text())
     index = (report_dir / "index.html").read_text()
     assert "&quot;" not in index and '"max_total_num_tokens"' not in index  # no JSON dump
-    assert index.count("<table class='kvlab-headline'>") == 2
+    assert index.count("<table class='kvlab-headline'>") == 3  # finding 1, finding 2, HiCache's host tier
     assert "Notebooks ran on <b>simulated NVIDIA H200 141 GB HBM3e (sim:h200)</b>" in index
     f1, f2 = summary["finding1_kv_pool_sizing"], summary["finding2_shortfall_eviction"]
     bug, fix = f1["without_gc"]["max_total_num_tokens"], f1["with_gc"]["max_total_num_tokens"]
