@@ -25,6 +25,7 @@ No torch (``to_hiradix_cache`` imports it when called).
 
 from __future__ import annotations
 
+import hashlib
 from array import array
 from dataclasses import replace
 
@@ -34,7 +35,7 @@ from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
 from kvlab.mem_cache.hicache.page_host import PageHiController, PageHostPool
 from kvlab.mem_cache.hicache.page_tier_moves import PageTierMoves
-from kvlab.mem_cache.hicache.storage import page_key
+from kvlab.mem_cache.hicache.storage import page_bytes
 from kvlab.mem_cache.hicache.storage_moves import StorageMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
@@ -84,24 +85,29 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
 
     def hash_pages(self, ids, prior: str | None = None) -> list[str]:
         """``get_hash_str`` of the pages ``ids`` chained from ``prior``, one key per page (memoised)."""
-        memo, out = self._page_hashes, []
+        memo, out, digest = self._page_hashes, [], None  # digest: ``prior``'s bytes, when a miss made them
         for pid in ids:
             key = memo.get((pid, prior))
-            if key is None:
-                key = memo[pid, prior] = page_key(self._page_bytes(pid), prior)
+            if key is None:  # (page_key, chaining the digest itself instead of its hex)
+                if digest is None:
+                    digest = bytes.fromhex(prior) if prior else b""
+                digest = hashlib.sha256(digest + self._page_bytes(pid)).digest()
+                key = memo[pid, prior] = digest.hex()
+            else:
+                digest = None
             out.append(key)
             prior = key
         return out
 
     def _page_bytes(self, pid: int):
         """A page's tokens as ``get_hash_str`` hashes them: a page of consecutive ids (id >= 0, all under 2^32) as
-        little-endian uint32 bytes made at C speed, else its tokens."""
+        little-endian uint32 bytes made at C speed, else ``page_bytes`` of its tokens."""
         ps = self.page_size
         if 0 <= pid and pid + ps <= 1 << 32:
             import numpy as np
 
             return np.arange(pid, pid + ps, dtype="<u4").tobytes()
-        return self.page_keys.tokens((pid,))
+        return page_bytes(self.page_keys.tokens((pid,)))
 
     def _key_of(self, key: array, off: int = 0):
         return key[off]

@@ -31,7 +31,7 @@ from kvlab.errors import require
 EVICTION_RATIO = 0.9  # LRUFileEvictor's default eviction_ratio (SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO)
 
 
-def _page_bytes(tokens: Sequence[int]) -> bytes:
+def page_bytes(tokens: Sequence[int]) -> bytes:
     """A page's bytes as ``hash_binding.cpp`` hashes them: its ids as little-endian uint32, or, when one does not
     fit (a wide page), the byte 0xff then the ids as little-endian uint64."""
     try:
@@ -42,8 +42,8 @@ def _page_bytes(tokens: Sequence[int]) -> bytes:
 
 def page_key(page: Sequence[int] | bytes, prior_hash: str | None = None) -> str:
     """One page's key as :func:`get_hash_str` chains it: the SHA-256 of ``prior_hash``'s digest and the page's bytes
-    (``page``: its token ids, or their bytes as ``_page_bytes`` lays them out)."""
-    data = page if isinstance(page, bytes) else _page_bytes(page)
+    (``page``: its token ids, or their bytes as ``page_bytes`` lays them out)."""
+    data = page if isinstance(page, bytes) else page_bytes(page)
     return hashlib.sha256((bytes.fromhex(prior_hash) if prior_hash else b"") + data).hexdigest()
 
 
@@ -53,12 +53,12 @@ def get_hash_str(token_ids: Sequence[int], prior_hash: str | None = None, page_s
     all of ``token_ids``. Ids are non-negative int64 (a negative one raises, as SGLang's)."""
     digest = bytes.fromhex(prior_hash) if prior_hash else b""
     if page_size is None:
-        return hashlib.sha256(digest + _page_bytes(token_ids)).hexdigest()
+        return hashlib.sha256(digest + page_bytes(token_ids)).hexdigest()
     if page_size < 1:
         raise ValueError(f"get_hash_str: page_size must be positive, got {page_size}")
     keys = []
     for start in range(0, len(token_ids), page_size):
-        digest = hashlib.sha256(digest + _page_bytes(token_ids[start : start + page_size])).digest()
+        digest = hashlib.sha256(digest + page_bytes(token_ids[start : start + page_size])).digest()
         keys.append(digest.hex())
     return keys
 

@@ -114,9 +114,12 @@ class StorageMoves:
         """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
         answered take their host slots (or are revoked for want of room)."""
         ctl = self.storage_controller
-        for op in ctl.poll_backups():
-            op.node.release_host()
-        now = ctl.now_s
+        now, queue = ctl.now_s, ctl.backup_queue
+        if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:  # (most steps: none landed, nothing awaiting)
+            for op in ctl.poll_backups():
+                op.node.release_host()
+        if not self._awaiting_slots:
+            return
         for req_id, op in list(self._awaiting_slots.items()):
             if op.alloc_due_s - FINISH_TOLERANCE_S <= now:
                 if not ctl.allocate(op, self.evict_host_tokens):
@@ -271,6 +274,8 @@ class StorageMoves:
         ahead = now + FINISH_TOLERANCE_S  # (a slot take or a page lands within the tolerance: already seen)
         nxt = ctl.next_backup_s()
         timed = self._timed_ops
+        if not timed:  # (most steps: no prefetch with an event ahead)
+            return nxt
         for req_id, op in list(timed.items()):
             entry = ongoing.get(req_id)
             deadline = self.prefetch_deadline_s(op) if timeout else 0.0
