@@ -25,14 +25,15 @@ from .test_voila import voila  # noqa: F401  (the fixture)
 NOTEBOOK = "notebooks/05_your_server.ipynb"
 SGLANG = LOG_DIR / "qwen3-235b-fp8-4xh100-sglang-0.4.9.log"
 VLLM = LOG_DIR / "qwen3-235b-fp8-4xh100-vllm-0.10.1.1.log"
-# the four figures of sections 1-3 (outside the panel), each drawn with traces
+# the five figures outside the panels (four in sections 1-3, the runtime timeline of section 5), each drawn with traces
 _STATIC_DRAWN = """() => [...document.querySelectorAll('.jp-OutputArea-output .js-plotly-plot, .jp-OutputArea-output.js-plotly-plot')]
-  .filter(gd => !gd.closest('.kvlab-server-panel') && Array.isArray(gd.data) && gd.data.length > 0).length == 4"""
+  .filter(gd => !gd.closest('.kvlab-server-panel, .kvlab-runtime-panel') && Array.isArray(gd.data) && gd.data.length > 0)
+  .length == 5"""
 # after a reload: each still shown, as a plotly figure or as the PNG plotly saved beside it (JupyterLab shows the
 # PNG, a "safe" output, while the reopened notebook is not trusted)
-_STATIC_SHOWN = """() => [...document.querySelectorAll('.jp-OutputArea-output')].filter(o => !o.querySelector('.kvlab-server-panel')
+_STATIC_SHOWN = """() => [...document.querySelectorAll('.jp-OutputArea-output')].filter(o => !o.querySelector('.kvlab-server-panel, .kvlab-runtime-panel')
   && (o.matches('.js-plotly-plot') || o.querySelector('.js-plotly-plot') || o.querySelector('img[src^="data:image/png"]'))
-  ).length == 4"""
+  ).length == 5"""
 _ANNOTATIONS = """(root) => { const gd = root.classList.contains('js-plotly-plot') ? root
     : root.querySelector('.js-plotly-plot'); return (gd.layout.annotations || []).map(a => a.text); }"""
 # the drawn x labels and notes of a figure: how many, how many labels touch a note, how many leave the figure
@@ -85,7 +86,7 @@ def test_lab_draws_the_clis_numbers_and_the_controls_recompute(lab_page: Page, l
     lab.run_all(lab_page, timeout=600_000)
     lab.wait_for_output_text(lab_page, "panel:")
     _check_engines(lab_page, comp)
-    assert lab_page.evaluate(_STATIC_DRAWN)  # sections 1-3 draw their figures outside the panel too
+    assert lab_page.evaluate(_STATIC_DRAWN)  # sections 1-3 and 5 draw their figures outside the panels too
     lab.screenshot(lab_page, artifacts / "lab05_panel.png", ".kvlab-server-panel")
 
     # what if mem_fraction_static = 0.9: the what-if bar is the CLI's
