@@ -126,16 +126,6 @@ class PageTierMoves:
             node.release_host()
         staged.clear()
 
-    def _detach_backuped(self, node: HiTreeNode) -> int:
-        n = len(node.key)
-        self.evictable_size_ -= n
-        node.value = None
-        self.structure_version += 1
-        self._update_leaf_status(node)
-        self._update_host_leaf_status(node)
-        self._update_leaf_status(node.parent)
-        return n
-
     def _delete_leaf(self, node: HiTreeNode) -> None:
         self._drop_leaf(node)
         del node.parent.children[node.key[0]]

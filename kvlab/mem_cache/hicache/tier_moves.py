@@ -150,17 +150,6 @@ class TierMoves:
             node.release_host()
         staged.clear()
 
-    def _detach_backuped(self, node: HiTreeNode) -> int:
-        """Make ``node`` host-only (its device slots are freed by the caller)."""
-        n = len(node.key)
-        self.evictable_size_ -= n
-        node.value = None
-        self.structure_version += 1
-        self._update_leaf_status(node)
-        self._update_host_leaf_status(node)
-        self._update_leaf_status(node.parent)
-        return n
-
     def _evict_backuped(self, node: HiTreeNode) -> int:
         device_indices = node.value
         n = self._detach_backuped(node)

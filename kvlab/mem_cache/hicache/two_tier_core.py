@@ -56,6 +56,17 @@ class TwoTierCore:
     def _host_backup_acked(self, op_id: int) -> None:
         """A host copy landed: the storage tier's hook (storage_moves: on to storage); nothing without one."""
 
+    def _detach_backuped(self, node: HiTreeNode) -> int:
+        """Make ``node`` host-only (the caller frees its device slots or pages): both trees' demotion."""
+        n = len(node.key)
+        self.evictable_size_ -= n
+        node.value = None
+        self.structure_version += 1
+        self._update_leaf_status(node)
+        self._update_host_leaf_status(node)
+        self._update_leaf_status(node.parent)
+        return n
+
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
         copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
