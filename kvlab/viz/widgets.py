@@ -26,6 +26,13 @@ def _fmt_int(n: int | None) -> str:
     return "—" if n is None else f"{n:,}"
 
 
+def classed(widget, *css: str):
+    """``widget`` with the CSS classes ``css`` added, in order: the names the stylesheet and the browser tests find it by."""
+    for name in css:
+        widget.add_class(name)
+    return widget
+
+
 def show_errors(errors: widgets.Output, callback):
     """Wrap a widget callback so an exception lands in the panel's ``errors`` Output (CSS class
     ``kvlab-errors``) as a traceback, instead of ipywidgets' default of logging it where a learner
@@ -68,8 +75,7 @@ class BusyStatus:
     is a CSS spinner and plain words (``role=status``, ``aria-busy``), so it renders in every browser font."""
 
     def __init__(self) -> None:
-        self.widget = widgets.HTML(value="")
-        self.widget.add_class("kvlab-status")
+        self.widget = classed(widgets.HTML(value=""), "kvlab-status")
 
     @contextlib.contextmanager
     def busy(self, what: str):
@@ -92,13 +98,10 @@ class PanelShell:
     """
 
     def __init__(self, results: list[widgets.Widget]) -> None:
-        self.style = widgets.HTML(PANEL_CSS, layout=widgets.Layout(display="none"))
-        self.style.add_class("kvlab-style")
+        self.style = classed(widgets.HTML(PANEL_CSS, layout=widgets.Layout(display="none")), "kvlab-style")
         self.status = BusyStatus()
-        self.errors = widgets.Output()
-        self.errors.add_class("kvlab-errors")
-        self.results = widgets.VBox(results)
-        self.results.add_class("kvlab-results")
+        self.errors = classed(widgets.Output(), "kvlab-errors")
+        self.results = classed(widgets.VBox(results), "kvlab-results")
         self._stale = False  # "kvlab-stale" is among the results' classes
 
     def box(self, *controls: widgets.Widget) -> widgets.VBox:
@@ -177,37 +180,30 @@ class KVPoolPanel:
         self._cache: dict[tuple, tuple] = {}
         scenario = kv_pool_sizing.get_scenario(preset)
 
-        self.preset = widgets.Dropdown(options=sorted(kv_pool_sizing.SCENARIO_PRESETS), value=preset,
-                                       description="preset")
-        self.gc_toggle = widgets.Checkbox(value=True, description="gc.collect() before measuring", indent=False)
-        self.empty_cache_toggle = widgets.Checkbox(value=True, description="empty_cache() in the reading", indent=False)
-        self.fraction = widgets.FloatSlider(value=scenario.mem_fraction_static, min=0.5, max=0.95, step=0.01,
-                                            description="mem_fraction_static", continuous_update=False,
-                                            style={"description_width": "initial"})
-        self.prompt = widgets.BoundedIntText(value=scenario.prompt_tokens, min=1, max=10_000_000,
-                                             description="prompt tokens", style={"description_width": "initial"})
-        for w, css in ((self.preset, "kvlab-preset"), (self.gc_toggle, "kvlab-gc-toggle"),
-                       (self.empty_cache_toggle, "kvlab-empty-cache-toggle"), (self.fraction, "kvlab-fraction"),
-                       (self.prompt, "kvlab-prompt")):
-            w.add_class(css)
+        self.preset = classed(widgets.Dropdown(options=sorted(kv_pool_sizing.SCENARIO_PRESETS), value=preset,
+                                               description="preset"), "kvlab-preset")
+        self.gc_toggle = classed(widgets.Checkbox(value=True, description="gc.collect() before measuring",
+                                                  indent=False), "kvlab-gc-toggle")
+        self.empty_cache_toggle = classed(widgets.Checkbox(value=True, description="empty_cache() in the reading",
+                                                           indent=False), "kvlab-empty-cache-toggle")
+        self.fraction = classed(widgets.FloatSlider(value=scenario.mem_fraction_static, min=0.5, max=0.95, step=0.01,
+                                                    description="mem_fraction_static", continuous_update=False,
+                                                    style={"description_width": "initial"}), "kvlab-fraction")
+        self.prompt = classed(widgets.BoundedIntText(value=scenario.prompt_tokens, min=1, max=10_000_000,
+                                                     description="prompt tokens",
+                                                     style={"description_width": "initial"}), "kvlab-prompt")
 
-        self.timelines = LiveFigure()
-        self.waterfall = LiveFigure()
-        self.table = widgets.HTML()
-        self.verdict = widgets.HTML()
-        for w, css in ((self.timelines, "kvlab-timelines"), (self.waterfall, "kvlab-waterfall"),
-                       (self.table, "kvlab-table"), (self.verdict, "kvlab-verdict"),
-                       (self.timelines, "kvlab-fig-wide"), (self.waterfall, "kvlab-fig-grow"),
-                       (self.table, "kvlab-side-table")):
-            w.add_class(css)
+        self.timelines = classed(LiveFigure(), "kvlab-timelines", "kvlab-fig-wide")
+        self.waterfall = classed(LiveFigure(), "kvlab-waterfall", "kvlab-fig-grow")
+        self.table = classed(widgets.HTML(), "kvlab-table", "kvlab-side-table")
+        self.verdict = classed(widgets.HTML(), "kvlab-verdict")
 
         controls = widgets.VBox([widgets.HBox([self.preset, self.gc_toggle, self.empty_cache_toggle], layout=_wrap()),
                                  widgets.HBox([self.fraction, self.prompt], layout=_wrap())])
         self.shell = PanelShell([self.verdict, self.timelines,
                                  widgets.HBox([self.waterfall, self.table], layout=_wrap())])
         self.status, self.errors = self.shell.status, self.shell.errors
-        self.widget = self.shell.box(controls)
-        self.widget.add_class("kvlab-kv-pool-panel")
+        self.widget = classed(self.shell.box(controls), "kvlab-kv-pool-panel")
         self._on_change = self.shell.guard(self._handle_change)
         for w in (self.preset, self.gc_toggle, self.empty_cache_toggle, self.fraction, self.prompt):
             w.observe(self._on_change, names="value")
@@ -351,35 +347,28 @@ class ShortfallPanel:
         self.seed = settings.seed
         self._cache: dict[object, object] = {}
         labels = shortfall_eviction.MODE_LABELS
-        self.mode = widgets.ToggleButtons(options=[(labels[m], m) for m in shortfall_eviction.MODES],
-                                          value="shortfall", description="eviction")
-        self.kv_tokens = widgets.IntSlider(value=settings.kv_tokens, min=8_192, max=131_072, step=4_096,
-                                           description="KV pool tokens", continuous_update=False,
-                                           style={"description_width": "initial"})
-        self.page_size = widgets.Dropdown(options=list(self.PAGE_SIZES), value=settings.page_size,
-                                          description="page size")
-        self.workload = widgets.Dropdown(options=list(self._sizes), value=settings.workload, description="workload")
-        self.policy = widgets.Dropdown(options=sorted(EVICTION_POLICIES), value=settings.policy,
-                                       description="policy")
-        for w, css in ((self.mode, "kvlab-eviction-mode"), (self.kv_tokens, "kvlab-kv-tokens"),
-                       (self.page_size, "kvlab-page-size"), (self.workload, "kvlab-workload"),
-                       (self.policy, "kvlab-policy")):
-            w.add_class(css)
-        self.timelines = LiveFigure()
-        self.bars = LiveFigure()
-        self.gauge = LiveFigure()
-        self.table = widgets.HTML()
-        self.verdict = widgets.HTML()
-        for w, css in ((self.gauge, "kvlab-sim-gauge"), (self.timelines, "kvlab-sim-timelines"), (self.bars, "kvlab-sim-bars"),
-                       (self.table, "kvlab-sim-table"), (self.verdict, "kvlab-sim-verdict"),
-                       (self.timelines, "kvlab-fig-wide"), (self.table, "kvlab-side-table")):
-            w.add_class(css)
+        self.mode = classed(widgets.ToggleButtons(options=[(labels[m], m) for m in shortfall_eviction.MODES],
+                                                  value="shortfall", description="eviction"), "kvlab-eviction-mode")
+        self.kv_tokens = classed(widgets.IntSlider(value=settings.kv_tokens, min=8_192, max=131_072, step=4_096,
+                                                   description="KV pool tokens", continuous_update=False,
+                                                   style={"description_width": "initial"}), "kvlab-kv-tokens")
+        self.page_size = classed(widgets.Dropdown(options=list(self.PAGE_SIZES), value=settings.page_size,
+                                                  description="page size"), "kvlab-page-size")
+        self.workload = classed(widgets.Dropdown(options=list(self._sizes), value=settings.workload,
+                                                 description="workload"), "kvlab-workload")
+        self.policy = classed(widgets.Dropdown(options=sorted(EVICTION_POLICIES), value=settings.policy,
+                                               description="policy"), "kvlab-policy")
+        self.timelines = classed(LiveFigure(), "kvlab-sim-timelines", "kvlab-fig-wide")
+        self.bars = classed(LiveFigure(), "kvlab-sim-bars")
+        self.gauge = classed(LiveFigure(), "kvlab-sim-gauge")
+        self.table = classed(widgets.HTML(), "kvlab-sim-table", "kvlab-side-table")
+        self.verdict = classed(widgets.HTML(), "kvlab-sim-verdict")
         self.shell = PanelShell([self.verdict, widgets.HBox([self.gauge, self.table], layout=_wrap()),
                                  self.timelines, self.bars])
         self.status, self.errors = self.shell.status, self.shell.errors
-        self.widget = self.shell.box(widgets.HBox([self.mode, self.workload], layout=_wrap()),
-                                     widgets.HBox([self.kv_tokens, self.page_size, self.policy], layout=_wrap()))
-        self.widget.add_class("kvlab-shortfall-panel")
+        self.widget = classed(self.shell.box(widgets.HBox([self.mode, self.workload], layout=_wrap()),
+                                             widgets.HBox([self.kv_tokens, self.page_size, self.policy], layout=_wrap())),
+                              "kvlab-shortfall-panel")
         self._on_change = self.shell.guard(lambda _change: self._refresh())
         for w in (self.mode, self.kv_tokens, self.page_size, self.workload, self.policy):
             w.observe(self._on_change, names="value")
