@@ -15,19 +15,24 @@ widgets replayed from an old kernel) is an error, not a silent pick of the first
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import pytest
 from playwright.sync_api import Locator, Page, expect
 
 # -- server ---------------------------------------------------------------------------------------
@@ -170,6 +175,70 @@ def start_lab(root_dir: Path, work_dir: Path, startup_timeout: float = 120.0) ->
             server.stop()
             raise TimeoutError(f"jupyter lab did not answer /api/status in {startup_timeout}s:\n{server.log_tail()}")
         time.sleep(0.25)
+
+
+# -- kvlab app (the real CLI) ----------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+APP_SERVING = r"serving \S+ at (\S+) \(Ctrl-C to stop\)"  # the line `kvlab app` prints with its URL (and token)
+
+
+@dataclass
+class KvlabApp:
+    """``kvlab app`` as :func:`kvlab_app` started it."""
+
+    process: subprocess.Popen
+    log_path: Path
+    url: str  # http://127.0.0.1:PORT/, without the token
+
+    def log(self) -> str:
+        return self.log_path.read_text()
+
+    def listening(self) -> bool:
+        """Whether it answers HTTP at all (any answer: GET / itself would start the notebook's kernel)."""
+        try:
+            urllib.request.urlopen(f"{self.url}api/kernels", timeout=2).read()
+        except urllib.error.HTTPError:
+            return True
+        except OSError:
+            return False
+        return True
+
+    def wait_for(self, pattern: str | re.Pattern, timeout_s: float, ready=lambda: True) -> re.Match:
+        """The first match of ``pattern`` in its log, once there and ``ready()``; the test fails if the app exits
+        first or ``timeout_s`` pass."""
+        deadline = time.monotonic() + timeout_s
+        while not ((found := re.search(pattern, self.log())) and ready()):
+            if self.process.poll() is not None:
+                pytest.fail(f"kvlab app exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"kvlab app: {pattern!r} not in its log (or not answering) in {timeout_s} s:\n"
+                            f"{self.log()[-3000:]}")
+            time.sleep(0.25)
+        return found
+
+
+@contextlib.contextmanager
+def kvlab_app(tmp_path: Path, notebook: str, *flags: str) -> Iterator[KvlabApp]:
+    """``python -m kvlab.cli app <notebook> --port <free port> --no-browser <flags>`` (this checkout's kvlab, Jupyter's
+    runtime files under ``tmp_path``), its output in ``tmp_path/app.log``; stopped with SIGINT when the block ends
+    (killed after 60 s). The caller checks ``process.returncode`` and the log after the block."""
+    port = free_port()
+    log_path = tmp_path / "app.log"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "JUPYTER_PLATFORM_DIRS": "1",
+           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
+    with log_path.open("wb") as out:
+        process = subprocess.Popen([sys.executable, "-m", "kvlab.cli", "app", notebook, "--port", str(port),
+                                    "--no-browser", *flags], env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        yield KvlabApp(process, log_path, f"http://127.0.0.1:{port}/")
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 # -- JupyterLab through window.jupyterapp -----------------------------------------------------------

@@ -4,14 +4,6 @@ has run (Voila's progressive rendering, over kvlab's reordered copy)."""
 
 from __future__ import annotations
 
-import os
-import re
-import signal
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,8 +11,6 @@ import pytest
 from playwright.sync_api import BrowserContext, expect
 
 from . import lab
-
-REPO = Path(__file__).resolve().parents[2]
 
 # The page's state the first time the panel is on screen, read in the page itself (no polling round trips).
 _WHEN_PANEL_SHOWS = """
@@ -54,43 +44,13 @@ async (limitMs) => {
 
 @pytest.fixture
 def kvlab_app(tmp_path: Path) -> Iterator[str]:
-    """``kvlab app 01`` (the real CLI) on a free port; yields the URL it printed (with its token); stopped with
-    SIGINT afterwards."""
-    port = lab.free_port()
-    log = tmp_path / "app.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JUPYTER_PLATFORM_DIRS": "1",
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "kvlab.cli", "app", "01", "--port", str(port),
-                                    "--no-browser"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.monotonic() + 120
-    try:
-        while True:
-            printed = re.search(rf"serving \S+ at ({re.escape(url)}\S*) \(Ctrl-C to stop\)", log.read_text())
-            if process.poll() is not None:
-                pytest.fail(f"kvlab app exited with {process.returncode}:\n{log.read_text()[-3000:]}")
-            try:  # any HTTP answer means it listens (GET / itself would start the notebook's kernel)
-                urllib.request.urlopen(f"{url}api/kernels", timeout=2).read()
-                if printed:
-                    break
-            except urllib.error.HTTPError:
-                if printed:
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    pytest.fail(f"kvlab app did not answer in 120 s:\n{log.read_text()[-3000:]}")
-                time.sleep(0.25)
-        assert "?token=" in printed.group(1), printed.group(1)
+    """``kvlab app 01`` (the real CLI, :func:`lab.kvlab_app`); yields the URL it printed (with its token) once it
+    answers HTTP; stopped with SIGINT afterwards."""
+    with lab.kvlab_app(tmp_path, "01") as app:
+        printed = app.wait_for(lab.APP_SERVING, 120, ready=app.listening)
+        assert printed.group(1).startswith(app.url) and "?token=" in printed.group(1), printed.group(1)
         yield printed.group(1)
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, log.read_text()[-3000:]
+    assert app.process.returncode == 0, app.log()[-3000:]
 
 
 @pytest.mark.browser

@@ -5,11 +5,7 @@ timed assertion."""
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +14,6 @@ from playwright.sync_api import BrowserContext
 
 from . import lab
 
-REPO = Path(__file__).resolve().parents[2]
 WARM = re.compile(r"pool warm: 1 kernel\(s\) ready in [0-9.]+ s")
 
 
@@ -26,19 +21,9 @@ WARM = re.compile(r"pool warm: 1 kernel\(s\) ready in [0-9.]+ s")
 @pytest.mark.slow
 def test_a_warm_workshop_page_draws_the_live_figure_then_the_static_ones(context: BrowserContext, tmp_path: Path,
                                                                         artifacts: Path):
-    port = lab.free_port()
-    log = tmp_path / "app.log"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "JUPYTER_PLATFORM_DIRS": "1",
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
-    with log.open("wb") as out:
-        process = subprocess.Popen([sys.executable, "-m", "kvlab.cli", "app", "02", "--port", str(port),
-                                    "--no-browser", "--workshop", "1"], env=env, stdout=out, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 300
-        while not WARM.search(log.read_text()):
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        url = re.search(r"serving \S+ at (\S+) \(Ctrl-C to stop\)", log.read_text()).group(1)
+    with lab.kvlab_app(tmp_path, "02", "--workshop", "1") as app:
+        app.wait_for(WARM, 300)
+        url = re.search(lab.APP_SERVING, app.log()).group(1)
         page = context.new_page()
         page.set_viewport_size({"width": 1280, "height": 720})
         started = time.monotonic()
@@ -58,15 +43,8 @@ def test_a_warm_workshop_page_draws_the_live_figure_then_the_static_ones(context
         assert page.locator("text=Loading widget").count() == 0
         print(f"[kvlab] warm workshop page 02: live figure drawn {live_s:.2f} s after navigation (wall clock)")
         page.close()
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    text = log.read_text()
-    assert process.returncode == 0 and "Traceback" not in text, text[-3000:]
+    text = app.log()
+    assert app.process.returncode == 0 and "Traceback" not in text, text[-3000:]
     # what every page load used to add to the log (explained once at start-up instead)
     assert "websocket_ping_timeout" not in text and "without encryption" not in text, text[-3000:]
     assert "is not trusted\n" not in text, text[-3000:]

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from sim_twins import Req
 
-from kvlab.cli import main
 from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.tree_view import tree_frame
 from kvlab.sched import CostModel, SchedulerConfig, simulate
+
+from .simulate_cli import assert_refused, cli
 
 
 def workload(seed=0, groups=6, per=6, sys_len=96, q_len=24, out=12, gap=0.02):
@@ -234,11 +235,6 @@ def test_config_checks_name_the_field():
     assert SchedulerConfig(kv_tokens=64, page_size=4, hicache_ratio=2).host_pool().size_tokens == 132
 
 
-def cli(*args):
-    return main(["simulate", "--workload", "few-shot", "--workload-param", "num_requests=12", "--kv-tokens", "4096",
-                 *args])
-
-
 @pytest.mark.parametrize("args,message", [
     (["--hicache-ratio", "0"], "--hicache-ratio must be in (0, 1000], got 0"),
     (["--hicache-ratio", "x"], "--hicache-ratio: expected a number, got 'x'"),
@@ -248,13 +244,7 @@ def cli(*args):
     (["--hicache-write-policy", "write_back"], "--hicache-write-policy write_back needs a host tier"),
 ])
 def test_cli_refuses_bad_flags_naming_them(capsys, args, message):
-    try:
-        code = cli(*args)
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert_refused(capsys, args, message)
 
 
 def test_cli_json_and_text_show_the_host_tier(capsys):

@@ -14,6 +14,8 @@ from kvlab.cli import main
 from kvlab.sched import SchedulerConfig, simulate
 from kvlab.workloads.request import Request
 
+from .simulate_cli import assert_refused, cli
+
 STORAGE_KEYS = ("storage_hit_tokens", "prefetched_tokens", "prefetch_aborted_tokens", "written_to_storage_tokens")
 
 
@@ -106,11 +108,6 @@ def test_config_refuses_storage_without_a_host_tier():
                         hicache_storage_prefetch_policy="eventually")
 
 
-def cli(*args):
-    return main(["simulate", "--workload", "few-shot", "--workload-param", "num_requests=12", "--kv-tokens", "4096",
-                 *args])
-
-
 @pytest.mark.parametrize("args,message", [
     (["--hicache-storage-backend", "file"], "--hicache-storage-backend file needs a host tier"),
     (["--hicache-ratio", "2", "--hicache-storage-backend", "s3"], "argument --hicache-storage-backend: invalid choice"),
@@ -121,13 +118,7 @@ def cli(*args):
      "--prefetch-threshold must be a whole number of tokens, got 2.5"),
 ])
 def test_cli_refuses_bad_storage_flags_naming_them(capsys, args, message):
-    try:
-        code = cli(*args)
-    except SystemExit as exc:  # argparse's usage errors
-        code = exc.code
-    assert code == 2
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert_refused(capsys, args, message)
 
 
 def test_cli_json_shows_the_storage_tier(capsys):
