@@ -36,7 +36,7 @@ class SWATokenToKVPoolAllocator:
         self.dtype = dtype
         self.device = device
         self.need_sort = need_sort
-        self._size_full, self._size_swa = size, size_swa
+        self.size_full, self.size_swa = size, size_swa  # each side's slots, as an allocator's size
         self._kvcache = kvcache
         self._index_device = self.full_attn_allocator._index_device
         self.full_to_swa_index_mapping = torch.cat(
@@ -49,15 +49,7 @@ class SWATokenToKVPoolAllocator:
 
     @property
     def size(self) -> int:
-        return min(self._size_full, self._size_swa)
-
-    @property
-    def size_full(self) -> int:
-        return self._size_full
-
-    @property
-    def size_swa(self) -> int:
-        return self._size_swa
+        return min(self.size_full, self.size_swa)
 
     def clear(self) -> None:
         self.full_attn_allocator.clear()
