@@ -12,14 +12,15 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from kvlab.mem_cache.base_prefix_cache import EvictResult
+from kvlab.mem_cache.base_prefix_cache import EvictResult, MatchResult
 
 if TYPE_CHECKING:
     from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 
 
 class HiMatchResult(NamedTuple):
-    """``match_prefix``'s answer (0.5.16's ``MatchResult`` with its host fields).
+    """``match_prefix``'s answer (0.5.16's ``MatchResult`` with its host fields): the one-tier :class:`MatchResult`'s
+    three fields and its ``prefix_len``, then the host tier's two.
 
     ``device_indices`` / ``last_device_node`` / ``device_prefix_len``: the prefix on the device (lock
     ``last_device_node`` to pin it); ``last_host_node``: the deepest matched node with a host copy (where a
@@ -32,9 +33,7 @@ class HiMatchResult(NamedTuple):
     last_host_node: HiTreeNode
     host_hit_length: int
 
-    @property
-    def prefix_len(self) -> int:
-        return self.device_prefix_len
+    prefix_len = MatchResult.prefix_len  # the device prefix, the one-tier MatchResult's property
 
     @property
     def best_match_node(self) -> HiTreeNode:
