@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock
-from kvlab.mem_cache.tree_core import NO_PRIORITY, NodeCore, TreeCore
+from kvlab.mem_cache.tree_core import NodeCore, TreeCore
 
 
 class PageNode(NodeCore):
@@ -73,7 +73,7 @@ class PageRadixTree(TreeCore):
         now = self.clock.tick()
         root = self.root_node
         root.last_access_time = now
-        node, off = self._descend(key, n, root, 0, now, NO_PRIORITY, n)
+        node, off, _ = self._descend(key, n, root, 0, now)
         self.leaf_index.touch(node)
         return node, off
 
@@ -102,10 +102,10 @@ class PageRadixTree(TreeCore):
         if priority > node.priority:
             node.priority = priority
         off = 0
-        if 0 < held_len <= n and self._holds_path(held, held_len):
-            self._credit_path(held, held_len, now, priority, inserted_len)
+        if 0 < held_len <= n and self._holds_path(held, held_len):  # taken as matched, not compared again
             node, off = held, held_len
-        node, off = self._descend(key, n, node, off, now, priority, inserted_len)
+        node, off, split = self._descend(key, n, node, off, now)
+        self._credit_path(node, off, now, priority, inserted_len, split)
         if off == n:
             self.leaf_index.touch(node)
             return off, node

@@ -59,7 +59,6 @@ from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens
 from kvlab.mem_cache.request_flows import RadixRequestFlows, Req
 from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
-from kvlab.mem_cache.tree_core import NO_PRIORITY
 from kvlab.units import align_down
 
 # Old import paths (``from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, ...``); the request API
@@ -178,14 +177,14 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
         n = align_down(len(key), self.page_size)
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
-        runs, node, matched = self._match_walk(key, n)
-        if len(runs) == 3:  # one run (base, start, stop): one copy of one slice, as SGLang's result is a copy
-            base, start, stop = runs
+        node, matched = self._match_walk(key, n)
+        runs = self._value_runs(node)
+        if len(runs) == 1:  # one run: one copy of one slice, as SGLang's result is a copy
+            base, start, stop = runs[0]
             return MatchResult(base.narrow_copy(0, start, stop - start), node, matched)
         if not runs:
             return MatchResult(self._empty, node, matched)
-        return MatchResult(torch.cat([runs[i][runs[i + 1] : runs[i + 2]] for i in range(0, len(runs), 3)]),
-                           node, matched)
+        return MatchResult(torch.cat([base[start:stop] for base, start, stop in reversed(runs)]), node, matched)
 
     def touch_prefix(self, key: TokenKey) -> None:
         """0.5.23: the match walk (access times, splits) without building the result."""
@@ -196,43 +195,40 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
 
     # restamp_path (what repeating a match walk does when the structure has not changed): tree_core's
 
-    def _match_walk(self, key: array, n: int) -> tuple[list, TreeNode, int]:
-        """(the path's KV as runs of contiguous slices (:meth:`_value_runs`), the node the match ends at, matched
-        tokens): the shared walk (``TreeCore._descend``: access times, a split where the key diverges inside
-        an edge), which tries a node's split-chain child (``_next``) before its children. Only the walk's last node
-        can be an evictable leaf (every other one has the next as a child), so the heap is touched at most once."""
+    def _match_walk(self, key: array, n: int) -> tuple[TreeNode, int]:
+        """(the node the match ends at, matched tokens): the shared walk (``TreeCore._descend``: access times, a
+        split where the key diverges inside an edge), which tries a node's split-chain child (``_next``) before its
+        children. Only the walk's last node can be an evictable leaf (every other one has the next as a child), so
+        the heap is touched at most once. Recorded for an insert of the same key to replay (``_last_walk``)."""
         clock = self.clock
         now = clock.now = clock.now + 1  # (clock.tick(), inlined)
         node = self.root_node
         node.last_access_time = now
         ps = self.page_size
-        node, off = self._descend(key, n, node, 0, now, NO_PRIORITY, n, ps)
+        node, off, _ = self._descend(key, n, node, 0, now, ps)
         self.leaf_index.touch(node)
         self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version, node,
                            off)
-        return self._value_runs(node), node, off
+        return node, off
 
-    def _value_runs(self, node: TreeNode) -> list:
-        """The KV of the path to ``node`` as runs of contiguous slices, flat: ``[base, start, stop, ...]`` for
-        ``base[start:stop]``. The values of consecutive nodes that are adjacent slices of one tensor (split halves)
-        make one run: a deep chain of split nodes (about 33 a walk in bench_radix_cache.py) is one ``torch.cat``
-        input, not 33."""
-        path, root = [], self.root_node
+    def _value_runs(self, node: TreeNode) -> list[tuple[torch.Tensor, int, int]]:
+        """The KV of the path to ``node`` as runs of contiguous slices ``(base, start, stop)`` for
+        ``base[start:stop]``, from ``node`` up (the last run first). The values of consecutive nodes that are
+        adjacent slices of one tensor (split halves) make one run: a deep chain of split nodes (about 33 a walk in
+        bench_radix_cache.py) is one ``torch.cat`` input, not 33. A node continues its parent's run exactly when it
+        is the parent's ``_next`` (what check_invariants checks), so that is the one test per node."""
+        root = self.root_node
+        if node is root:
+            return []
+        runs = []
+        base, stop = node._vbase, node._vstart + len(node.key)  # the open run ends at stop; child is its top node
+        child, node = node, node.parent
         while node is not root:
-            path.append(node)
-            node = node.parent
-        runs: list = []
-        base, start, stop = None, 0, 0  # the open run: base[start:stop]
-        for x in reversed(path):
-            if x._vbase is base and x._vstart == stop:
-                stop += len(x.key)
-                continue
-            if base is not None:
-                runs += (base, start, stop)
-            base, start = x._vbase, x._vstart
-            stop = start + len(x.key)
-        if base is not None:
-            runs += (base, start, stop)
+            if node._next is not child:  # the open run starts at child: node ends another
+                runs.append((base, child._vstart, stop))
+                base, stop = node._vbase, node._vstart + len(node.key)
+            child, node = node, node.parent
+        runs.append((base, child._vstart, stop))
         return runs
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -301,13 +297,12 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
             # its last node (same effects, node by node). Below that node no child starts with the key's next
             # token or page (the match would have gone on, or split there), so the walk ends there. What that walk
             # read of the key is compared: the tokens up to its last node and the next page (not the whole key).
-            node, off = last[3], last[4]
-            self._credit_path(node, off, now, priority, inserted_len)
+            node, off, split = last[3], last[4], False
         else:
-            if held_ok:  # the held path: what the walk does to each node it matches whole, without comparing
-                self._credit_path(held, held_len, now, priority, inserted_len)
+            if held_ok:  # the held path is taken as matched, not compared again
                 node, off = held, held_len
-            node, off = self._descend(key, n, node, off, now, priority, inserted_len, ps)
+            node, off, split = self._descend(key, n, node, off, now, ps)
+        self._credit_path(node, off, now, priority, inserted_len, split)
         if off == n:  # the key ends at a node boundary: no leaf is added below it
             self.leaf_index.touch(node)
         if off < n:

@@ -37,8 +37,6 @@ from kvlab.errors import InvariantError, LockRefError, require
 from kvlab.mem_cache.base_prefix_cache import common_prefix_len
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 
-NO_PRIORITY = -(2**63)  # TreeCore._descend's priority for a walk that raises none (no node's priority is below it)
-
 
 class NodeCore:
     """What every tree's node holds for the tree core (a base class): ``children`` (a child by its first token or
@@ -216,17 +214,15 @@ class TreeCore:
             stack.extend(node.children.values())
 
     # -- the walk the token tree and the page tree share ------------------------------------------------------------
-    def _descend(self, key, n: int, node, off: int, now: int, priority: int = NO_PRIORITY, inserted_len: int = 0,
-                 ps: int = 1) -> tuple[Any, int]:
+    def _descend(self, key, n: int, node, off: int, now: int, ps: int = 1) -> tuple[Any, int, bool]:
         """The walk down the tree that the token tree (``RadixCache``) and the page tree (``PageRadixTree``) share,
         their match and their insert alike (SGLang's ``_match_prefix_helper`` / ``_insert_helper`` loop): from
         ``node``, whose path spells ``key[:off]``, along ``key[:n]`` edge by edge (children filed by their first
         token, or by the bytes of their first page of ``ps`` tokens). Each child read gets ``now`` as access time.
-        Each edge matched whole has its priority raised to ``priority`` and a hit counted when it ends past
-        ``inserted_len`` (a match passes neither: ``NO_PRIORITY`` and ``n``). An edge the key diverges inside is split
-        there (:meth:`_split_node`, on a page boundary): the upper half is matched (raised and counted as above), the
-        lower half keeps its leaf status with a fresh entry for its new access time, and the walk ends. Returns (the
-        last node matched, where its path ends in ``key``).
+        An edge the key diverges inside is split there (:meth:`_split_node`, on a page boundary): the upper half is
+        the last node matched, the lower half keeps its leaf status with a fresh entry for its new access time, and
+        the walk ends. Returns (the last node matched, where its path ends in ``key``, whether it is a split's upper
+        half). An insert then credits the path (:meth:`_credit_path`).
 
         A node's ``_next`` (the token tree's split chain: the child continuing its slot tensor; None on the page tree)
         is tried before its children, with no lookup."""
@@ -238,10 +234,6 @@ class TreeCore:
                 if end > n or ckey != key[off:end]:
                     break
                 child.last_access_time = now
-                if priority > child.priority:
-                    child.priority = priority
-                if end > inserted_len:
-                    child.hit_count += 1
                 node = child
                 off = end
                 child = child._next
@@ -255,22 +247,13 @@ class TreeCore:
             end = off + len(ckey)
             if end <= n and ckey == key[off:end]:
                 node = child
-                if priority > child.priority:
-                    child.priority = priority
                 off = end
-                if end > inserted_len:
-                    child.hit_count += 1
                 continue
             m = common_prefix_len(ckey, key, off, n)  # the key diverges inside this edge: split it, and stop there
             node = self._split_node(child, m if ps == 1 else m - m % ps)
-            if priority > node.priority:
-                node.priority = priority
-            off += len(node.key)
-            if off > inserted_len:
-                node.hit_count += 1
             self.leaf_index.touch(child)
-            break
-        return node, off
+            return node, off + len(node.key), True
+        return node, off, False
 
     def _split_node(self, child, split_len: int):
         """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]`` (each tree's own: what its nodes hold); returns
@@ -304,11 +287,13 @@ class TreeCore:
             held = held.parent
         return length == held_len
 
-    def _credit_path(self, node, end: int, now: int, priority: int, inserted_len: int) -> None:
-        """What an insert's walk does to each edge it matches whole, for a path taken as matched without walking it
-        (a held path, a replayed match): from ``node``, whose path ends at ``end``, up to the root's child, each gets
-        ``now`` as access time, its priority raised to ``priority`` and a hit when it ends past ``inserted_len``. No
-        leaf status changes: the caller re-files the last node if it stays a leaf (a held path is locked, no leaf)."""
+    def _credit_path(self, node, end: int, now: int, priority: int, inserted_len: int, made: bool = False) -> None:
+        """What an insert does to the path it matched (walked, held or replayed): from ``node``, whose path ends at
+        ``end``, up to the root's child, each node gets ``now`` as access time, its priority raised to ``priority``
+        and a hit when it ends past ``inserted_len``. ``made``: ``node`` is the upper half of the walk's split, which
+        keeps the times it was made with. No leaf status changes: the caller re-files the last node if it stays a
+        leaf (the others have a child on the path)."""
+        made_node, made_time = node, node.last_access_time
         root = self.root_node
         while node is not root:
             node.last_access_time = now
@@ -318,6 +303,8 @@ class TreeCore:
                 node.hit_count += 1
             end -= len(node.key)
             node = node.parent
+        if made:
+            made_node.last_access_time = made_time
 
     def _attach_leaf(self, parent, leaf, filed_under, counted: bool) -> None:
         """An insert's new ``leaf`` below ``parent``, filed under ``filed_under``: a hit when ``counted``, its size
