@@ -6,7 +6,8 @@ Why this is the same tree. A paged radix cache only ever compares whole pages: c
 page, a key is truncated to whole pages, a split falls on a page boundary, a node's size is a whole number of pages.
 So if every distinct page content gets one id (:class:`PageKeys`, an interning table: equal tokens, equal id), the
 tree over page ids has the same nodes, the same splits and the same sizes (in pages, times the page size). Its
-operations are written here op for op as :class:`RadixCache`'s: one clock tick where it ticks (two per node made),
+operations are :class:`RadixCache`'s op for op (the walk and the insert's credit to its path are the very code
+both run, :class:`~kvlab.mem_cache.tree_core.TreeCore`'s): one clock tick where it ticks (two per node made),
 the same access times, hit counts and priorities, node ids in creation order, the same ``structure_version`` bumps
 and the evictable-leaf heap keyed by ``(policy priority, last_access_time, id)``, so the victim order is the same.
 The simulator's KV slots never reach a result (only counts do), so a node holds its length, not slot ids; the

@@ -12,13 +12,13 @@ and both tiers of the two-tier tree (``hicache.hiradix_cache.HiRadixCache``).
 - :class:`TreeCore`: the lock walk with its size counters (``inc_lock_ref`` / ``dec_lock_ref``: a lock covers the
   path to the root; tokens move between ``evictable_size_`` and ``protected_size_`` as a node is first locked or
   last unlocked), ``nodes()``, the ``structure_version`` bumps (a node made or deleted), a deleted leaf's
-  bookkeeping, and the invariants those share; and what a match or an insert does to a path it takes as matched
-  without walking it (``restamp_path``, ``_credit_path`` for a held path or a replayed match, ``_holds_path``), and
-  the filing of an insert's new leaf (``_attach_leaf``).
+  bookkeeping, and the invariants those share; a repeated match's effects (``restamp_path``), an insert's credit
+  to the path it matched, walked, held (``_holds_path``) or replayed (``_credit_path``), and the filing of its new
+  leaf (``_attach_leaf``).
 - ``TreeCore._descend``: the one part here that reads keys, the walk itself, shared by the token tree and the page
-  tree, whose walks were the same op for op (the page tree is the token tree at ``page_size > 1`` over page ids:
-  it is a page-size-1 tree over those ids, and keeps no split chain). Match and insert both run it; what each does
-  around it (the token tree's slot runs and replays, the page tree's held path) stays with the tree.
+  tree, whose walks were the same op for op (the page tree is a page-size-1 tree over page ids, with no split
+  chain). Match and insert both run it, and an insert then credits the path it matched (``_credit_path``); what
+  each tree does around it (the token tree's slot runs and replayed match) stays with the tree.
 
 Each tree keeps its own split (what its nodes hold), its own leaf rule (which node is an evictable leaf of which
 tier: ``_update_leaf_status``) and its own check of what its nodes hold; the two-tier trees and the SWA / Mamba
