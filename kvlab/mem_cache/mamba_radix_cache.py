@@ -34,15 +34,12 @@ from kvlab.mem_cache.base_prefix_cache import (
     HybridEvictResult,
     InsertResult,
     KVAllocator,
-    MatchResult,
     SlotIndices,
     TokenKey,
 )
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.radix_tree import as_tokens
 from kvlab.mem_cache.swa_radix_cache import HybridTreeBase, HybridTreeNode
 from kvlab.mem_cache.tree_core import size_readers
-from kvlab.units import align_down
 
 _I64 = torch.int64
 
@@ -171,24 +168,21 @@ class MambaRadixCache(HybridTreeBase):
         return f" mamba={node.mamba_value} mr={node.mamba_lock_ref}"
 
     # -- match / insert -------------------------------------------------------------------------
-    def match_prefix(self, key: TokenKey) -> MatchResult:
-        """Deepest matched node with a recurrent state (``_match_prefix_helper``; the root counts:
-        the empty prefix). The walk splits like RadixCache; the full LRU is refreshed along the
-        path to that node, the mamba LRU only for that node's state (``_match_post_processor``)."""
-        key = as_tokens(key)
-        n = align_down(len(key), self.page_size)
-        if self.disable or n == 0:
-            return MatchResult(self._empty, self.root_node, 0)
-        path = self._walk(key, n)
+    def _usable_end(self, path: list[HybridTreeNode]) -> tuple[HybridTreeNode, int]:
+        """The deepest matched node with a recurrent state (``_match_prefix_helper``; the root counts: the empty
+        prefix), and its prefix length."""
         best, best_len, matched = self.root_node, 0, 0
         for node in path:
             matched += len(node.key)
             if node.mamba_value is not None:
                 best, best_len = node, matched
-        self._touch_path(best)
+        return best, best_len
+
+    def _match_post(self, best: HybridTreeNode) -> None:
+        """``_match_post_processor``: the full LRU along the path to ``best``, the mamba LRU only for its state."""
+        super()._match_post(best)
         if best is not self.root_node:
             best.mamba_last_access_time = self.clock.tick()
-        return MatchResult(self.path_device_indices(best), best, best_len)
 
     def insert(self, key: TokenKey, value: SlotIndices, mamba_value: int, prev_prefix_len: int = 0) -> MambaInsertResult:
         """Cache ``key`` with KV ``value`` and the state slot ``mamba_value`` (the state after the
@@ -264,6 +258,13 @@ class MambaRadixCache(HybridTreeBase):
         """A node without a state: left as an unlocked leaf it can never be hit, and goes with its child."""
         return node.mamba_value is None
 
+    def _component_victim(self) -> HybridTreeNode | None:
+        """The mamba pass's next victim: the least recently used (mamba recency) node with an unlocked state."""
+        cands = [x for x in self.nodes() if x.mamba_value is not None and x.mamba_lock_ref == 0]
+        return min(cands, key=lambda x: (x.mamba_last_access_time, x.id)) if cands else None
+
+    _drop_component = _free_state  # an internal node keeps its KV and becomes a mamba tombstone
+
     def evict(self, params: EvictParams | int, mamba_num: int = 0) -> HybridEvictResult:
         """``evict_full(num_tokens)`` then ``evict_mamba(mamba_num)`` (see module doc).
 
@@ -276,17 +277,7 @@ class MambaRadixCache(HybridTreeBase):
         if self.disable:
             return HybridEvictResult()
         tokens, full_pass_states = self._evict_full(params.num_tokens)
-        states = 0
-        while states < want_states:
-            cands = [x for x in self.nodes() if x.mamba_value is not None and x.mamba_lock_ref == 0]
-            if not cands:
-                break
-            x = min(cands, key=lambda x: (x.mamba_last_access_time, x.id))
-            if not x.children and x.lock_ref == 0:
-                t, s = self._delete_node(x)
-                tokens, states = tokens + t, states + s
-            else:  # internal node: it keeps its KV and becomes a mamba tombstone
-                states += self._free_state(x)
+        tokens, states = self._evict_component(want_states, tokens, 0)  # (only its own frees count: see above)
         res = EvictResult.of(params.num_tokens, params.num_tokens, tokens)
         return HybridEvictResult(**res.__dict__, mamba_shortfall=want_states,
                                  mamba_num_evicted=full_pass_states + states)

@@ -6,7 +6,8 @@ Why this is the same tree. A paged radix cache only ever compares whole pages: c
 page, a key is truncated to whole pages, a split falls on a page boundary, a node's size is a whole number of pages.
 So if every distinct page content gets one id (:class:`PageKeys`, an interning table: equal tokens, equal id), the
 tree over page ids has the same nodes, the same splits and the same sizes (in pages, times the page size). Its
-operations are written here op for op as :class:`RadixCache`'s: one clock tick where it ticks (two per node made),
+operations are :class:`RadixCache`'s op for op (the walk and the insert's credit to its path are the very code
+both run, :class:`~kvlab.mem_cache.tree_core.TreeCore`'s): one clock tick where it ticks (two per node made),
 the same access times, hit counts and priorities, node ids in creation order, the same ``structure_version`` bumps
 and the evictable-leaf heap keyed by ``(policy priority, last_access_time, id)``, so the victim order is the same.
 The simulator's KV slots never reach a result (only counts do), so a node holds its length, not slot ids; the
@@ -27,7 +28,7 @@ from bisect import bisect_right
 from collections.abc import Sequence
 
 from kvlab.errors import InvariantError, require
-from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
+from kvlab.mem_cache.base_prefix_cache import LogicalClock
 from kvlab.mem_cache.tree_core import NodeCore, TreeCore
 
 
@@ -66,42 +67,18 @@ class PageRadixTree(TreeCore):
     # -- match / insert -------------------------------------------------------------------------
     def match_prefix(self, key: array, n: int) -> tuple[PageNode, int]:
         """``RadixCache.match_prefix`` of the first ``n`` pages of ``key``: (the node the match ends at, pages
-        matched). Splits the node the match ends inside and stamps the path's access times."""
+        matched). Splits the node the match ends inside and stamps the path's access times (the shared walk,
+        ``TreeCore._descend``)."""
         if n == 0:
             return self.root_node, 0
         now = self.clock.tick()
-        node = self.root_node
-        node.last_access_time = now
-        index, leaves = self.leaf_index, self._leaves
-        off = 0
-        while off < n:
-            child = node.children.get(key[off])
-            if child is None:
-                break
-            child.last_access_time = now
-            ckey = child.key
-            end = off + len(ckey)
-            if end <= n and ckey == key[off:end]:
-                node = child
-                off = end
-                continue
-            m = common_prefix_len(ckey, key, off, n)
-            if child in leaves:
-                index.push(child)
-            return self._split_node(child, m), off + m
-        if node in leaves:
-            index.push(node)
+        root = self.root_node
+        root.last_access_time = now
+        node, off, _ = self._descend(key, n, root, 0, now)
+        self.leaf_index.touch(node)
         return node, off
 
-    def restamp_path(self, node: PageNode) -> None:
-        """``RadixCache.restamp_path``: a repeated match's side effects (one tick, the path's access times)."""
-        now = self.clock.tick()
-        index, leaves = self.leaf_index, self._leaves
-        while node is not None:
-            node.last_access_time = now
-            if node in leaves:
-                index.push(node)
-            node = node.parent
+    # restamp_path (a repeated match's side effects): tree_core's
 
     def _split_node(self, child: PageNode, m: int) -> PageNode:
         parent = child.parent
@@ -121,72 +98,21 @@ class PageRadixTree(TreeCore):
         holds locked whose path spells ``key[:held_len]``; the walk over that path has the same effects node by
         node without comparing its pages (``RadixCache._insert``'s ``held``)."""
         now = self.clock.tick()
-        root = node = self.root_node
+        node = self.root_node
         node.last_access_time = now
         if priority > node.priority:
             node.priority = priority
         off = 0
-        index = self.leaf_index
-        leaves = index.leaves
-        if held is not None and 0 < held_len <= n and held.lock_ref > 0 and not held.evicted:
-            path, x = [], held
-            while x is not root:
-                path.append(x)
-                off += len(x.key)
-                x = x.parent
-            if off != held_len:  # not the path it was said to be: walk from the root
-                path, off = [], 0
-            end = 0
-            for child in reversed(path):  # what the walk below does to each node it matches whole
-                child.last_access_time = now
-                if priority > child.priority:
-                    child.priority = priority
-                end += len(child.key)
-                if end > inserted_len:
-                    child.hit_count += 1
-                if child in leaves:
-                    index.push(child)
-                node = child
-        while True:
-            if off == n:
-                if node in leaves:
-                    index.push(node)
-                break
-            child = node.children.get(key[off])
-            if child is None:
-                break
-            child.last_access_time = now
-            ckey = child.key
-            end = off + len(ckey)
-            if end <= n and ckey == key[off:end]:
-                node = child
-                if priority > child.priority:
-                    child.priority = priority
-                off = end
-                if end > inserted_len:
-                    child.hit_count += 1
-                continue
-            m = common_prefix_len(ckey, key, off, n)
-            node = self._split_node(child, m)
-            if priority > node.priority:
-                node.priority = priority
-            off += m
-            if off > inserted_len:
-                node.hit_count += 1
-            if child in leaves:
-                index.push(child)
-            break
-        prefix = off
-        if off < n:
-            leaf = self._new_node(key[off:n], node, priority)
-            if n > inserted_len:
-                leaf.hit_count += 1
-            node.children[leaf.key[0]] = leaf
-            self.evictable_size_ += n - off
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            node = leaf
-        return prefix, node
+        if 0 < held_len <= n and self._holds_path(held, held_len):  # taken as matched, not compared again
+            node, off = held, held_len
+        node, off, split = self._descend(key, n, node, off, now)
+        self._credit_path(node, off, now, priority, inserted_len, split)
+        if off == n:
+            self.leaf_index.touch(node)
+            return off, node
+        leaf = self._new_node(key[off:n], node, priority)
+        self._attach_leaf(node, leaf, leaf.key[0], n > inserted_len)
+        return off, leaf
 
     # -- locks: tree_core's inc_lock_ref / dec_lock_ref ----------------------------------------------------------
 

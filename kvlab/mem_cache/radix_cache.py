@@ -56,7 +56,7 @@ from kvlab.mem_cache.base_prefix_cache import (
     TreeLock,
 )
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
-from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens, common_prefix_len
+from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens
 from kvlab.mem_cache.request_flows import RadixRequestFlows, Req
 from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
 from kvlab.units import align_down
@@ -177,14 +177,14 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
         n = align_down(len(key), self.page_size)
         if self.disable or n == 0:
             return MatchResult(self._empty, self.root_node, 0)
-        runs, node, matched = self._match_walk(key, n)
-        if len(runs) == 3:  # one run (base, start, stop): one copy of one slice, as SGLang's result is a copy
-            base, start, stop = runs
+        node, matched = self._match_walk(key, n)
+        runs = self._value_runs(node)
+        if len(runs) == 1:  # one run: one copy of one slice, as SGLang's result is a copy
+            base, start, stop = runs[0]
             return MatchResult(base.narrow_copy(0, start, stop - start), node, matched)
         if not runs:
             return MatchResult(self._empty, node, matched)
-        return MatchResult(torch.cat([runs[i][runs[i + 1] : runs[i + 2]] for i in range(0, len(runs), 3)]),
-                           node, matched)
+        return MatchResult(torch.cat([base[start:stop] for base, start, stop in reversed(runs)]), node, matched)
 
     def touch_prefix(self, key: TokenKey) -> None:
         """0.5.23: the match walk (access times, splits) without building the result."""
@@ -193,84 +193,43 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
         if not self.disable and n:
             self._match_walk(key, n)
 
-    def restamp_path(self, node: TreeNode) -> None:
-        """What repeating the match walk that ended at ``node`` does when the tree's structure has not
-        changed since (``structure_version`` equal): one clock tick, the access time of ``node`` and
-        its ancestors (root included), and their evictable-leaf heap entries refreshed."""
-        now = self.clock.tick()
-        index = self.leaf_index
-        leaves = index.leaves
-        while node is not None:
-            node.last_access_time = now
-            if node in leaves:
-                index.push(node)
-            node = node.parent
+    # restamp_path (what repeating a match walk does when the structure has not changed): tree_core's
 
-    def _match_walk(self, key: array, n: int) -> tuple[list, TreeNode, int]:
-        """(the path's KV as runs of contiguous slices, flat: ``[base, start, stop, ...]`` for ``base[start:stop]``,
-        the node the match ends at, matched tokens). The values of
-        consecutive nodes that are adjacent slices of one tensor (split halves) make one run: a deep chain of split
-        nodes (about 33 a walk in bench_radix_cache.py) is one ``torch.cat`` input, not 33.
-
-        The hot loop of match_prefix: locals only; a node's split-chain child (``_next``, the next piece of the same
-        run) is tried first, with one compare and no dict lookup, else one child lookup. Only the walk's last node
-        can be an
-        evictable leaf (every other one has the next as a child), so the heap is touched at most once."""
+    def _match_walk(self, key: array, n: int) -> tuple[TreeNode, int]:
+        """(the node the match ends at, matched tokens): the shared walk (``TreeCore._descend``: access times, a
+        split where the key diverges inside an edge), which tries a node's split-chain child (``_next``) before its
+        children. Only the walk's last node can be an evictable leaf (every other one has the next as a child), so
+        the heap is touched at most once. Recorded for an insert of the same key to replay (``_last_walk``)."""
         clock = self.clock
         now = clock.now = clock.now + 1  # (clock.tick(), inlined)
         node = self.root_node
         node.last_access_time = now
         ps = self.page_size
-        runs = []
-        base, start, run_off = None, 0, 0  # the open run: base[start : start + off - run_off]
-        off = 0
-        while off < n:
-            child = node._next  # the split chain's next nodes first: they extend the open run
-            while child is not None:
-                ckey = child.key
-                end = off + len(ckey)
-                if end > n or ckey != key[off:end]:
-                    break
-                child.last_access_time = now
-                node = child
-                off = end
-                child = child._next
-            if off == n:
-                break
-            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
-            if child is None:
-                break
-            child.last_access_time = now
-            ckey = child.key
-            end = off + len(ckey)
-            if end <= n and ckey == key[off:end]:
-                if child._vbase is not base or child._vstart != start + off - run_off:
-                    if base is not None:
-                        runs += (base, start, start + off - run_off)
-                    base, start, run_off = child._vbase, child._vstart, off
-                node = child
-                off = end
-                continue
-            m = common_prefix_len(ckey, key, off, n)
-            if ps > 1:
-                m = align_down(m, ps)
-            self.leaf_index.touch(child)  # its access time changed; the split keeps it a leaf below the new node
-            node = self._split_node(child, m)
-            if node._vbase is not base or node._vstart != start + off - run_off:
-                if base is not None:
-                    runs += (base, start, start + off - run_off)
-                base, start, run_off = node._vbase, node._vstart, off
-            off += m
-            runs += (base, start, start + off - run_off)
-            self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version,
-                               node, off)
-            return runs, node, off
+        node, off, _ = self._descend(key, n, node, 0, now, ps)
         self.leaf_index.touch(node)
-        if base is not None:
-            runs += (base, start, start + off - run_off)
         self._last_walk = (memoryview(key)[: off + ps if off < n else n].tobytes(), n, self.structure_version, node,
                            off)
-        return runs, node, off
+        return node, off
+
+    def _value_runs(self, node: TreeNode) -> list[tuple[torch.Tensor, int, int]]:
+        """The KV of the path to ``node`` as runs of contiguous slices ``(base, start, stop)`` for
+        ``base[start:stop]``, from ``node`` up (the last run first). The values of consecutive nodes that are
+        adjacent slices of one tensor (split halves) make one run: a deep chain of split nodes (about 33 a walk in
+        bench_radix_cache.py) is one ``torch.cat`` input, not 33. A node continues its parent's run exactly when it
+        is the parent's ``_next`` (what check_invariants checks), so that is the one test per node."""
+        root = self.root_node
+        if node is root:
+            return []
+        runs = []
+        base, stop = node._vbase, node._vstart + len(node.key)  # the open run ends at stop; child is its top node
+        child, node = node, node.parent
+        while node is not root:
+            if node._next is not child:  # the open run starts at child: node ends another
+                runs.append((base, child._vstart, stop))
+                base, stop = node._vbase, node._vstart + len(node.key)
+            child, node = node, node.parent
+        runs.append((base, child._vstart, stop))
+        return runs
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]``. Sizes and leaf set unchanged."""
@@ -329,100 +288,29 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
             node.priority = priority
         ps = self.page_size
         off = 0
-        path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        held_ok = 0 < held_len <= n and self._holds_path(held, held_len)
         last = self._last_walk
-        index = self.leaf_index
-        leaves = index.leaves
-        walk = True
-        if (path is None and last is not None and last[2] == self.structure_version and last[1] == n
+        if (not held_ok and last is not None and last[2] == self.structure_version and last[1] == n
                 and memoryview(key)[: len(last[0]) // 8].tobytes() == last[0]):
             # The match walk of this very key ran last and no node was made or deleted since: this walk would visit
             # the same nodes, matched whole (that walk split where the key diverges), so it is replayed upwards from
             # its last node (same effects, node by node). Below that node no child starts with the key's next
             # token or page (the match would have gone on, or split there), so the walk ends there. What that walk
             # read of the key is compared: the tokens up to its last node and the next page (not the whole key).
-            node, off = last[3], last[4]
-            x, end, root = node, off, self.root_node
-            while x is not root:
-                x.last_access_time = now
-                if priority > x.priority:
-                    x.priority = priority
-                if end > inserted_len:
-                    x.hit_count += 1
-                end -= len(x.key)
-                x = x.parent
-            if off == n:
-                self.leaf_index.touch(node)
-            walk = False
-        for child in path or ():  # what the loop below does to each node it matches whole
-            child.last_access_time = now
-            if priority > child.priority:
-                child.priority = priority
-            off += len(child.key)
-            if off > inserted_len:
-                child.hit_count += 1
-            if child in leaves:
-                index.push(child)
-            node = child
-        # Nodes matched whole: only the last can be an evictable leaf (each other one has the next as a child), so
-        # the heap is refreshed once, after the loop, if that node stays a leaf.
-        while walk:
-            child = node._next  # the split chain's next nodes first (see _match_walk)
-            while child is not None:
-                ckey = child.key
-                end = off + len(ckey)
-                if end > n or ckey != key[off:end]:
-                    break
-                child.last_access_time = now
-                if priority > child.priority:
-                    child.priority = priority
-                if end > inserted_len:
-                    child.hit_count += 1
-                node = child
-                off = end
-                child = child._next
-            if off == n:  # the key ends at a node boundary: no leaf is added below it
-                index.touch(node)
-                break
-            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
-            if child is None:
-                break
-            child.last_access_time = now
-            ckey = child.key
-            end = off + len(ckey)
-            if end <= n and ckey == key[off:end]:
-                node = child
-                if priority > child.priority:
-                    child.priority = priority
-                off = end
-                if end > inserted_len:
-                    child.hit_count += 1
-                continue
-            m = common_prefix_len(ckey, key, off, n)  # the key diverges inside this edge: split it, and stop there
-            if ps > 1:
-                m = align_down(m, ps)
-            node = self._split_node(child, m)
-            if priority > node.priority:
-                node.priority = priority
-            off += m
-            if off > inserted_len:
-                node.hit_count += 1
-            index.touch(child)  # its access time changed
-            break
-        prefix_len = off
+            node, off, split = last[3], last[4], False
+        else:
+            if held_ok:  # the held path is taken as matched, not compared again
+                node, off = held, held_len
+            node, off, split = self._descend(key, n, node, off, now, ps)
+        self._credit_path(node, off, now, priority, inserted_len, split)
+        if off == n:  # the key ends at a node boundary: no leaf is added below it
+            self.leaf_index.touch(node)
         if off < n:
             new = value.narrow_copy(0, off, n - off) if value.dtype == _I64 else value[off:n].to(_I64)
             leaf = self._new_node(key[off:n], new, node, priority)
-            if n > inserted_len:
-                leaf.hit_count += 1
-            if node.children is NO_CHILDREN:
-                node.children = {}
-            node.children[self._child_key(leaf.key)] = leaf
-            self.evictable_size_ += n - off
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            node = leaf
-        return prefix_len, node  # the node that ends at n (cache_unfinished_req re-matches up to it)
+            self._attach_leaf(node, leaf, self._child_key(leaf.key), n > inserted_len)
+            return off, leaf
+        return off, node  # (the node that ends at n: cache_unfinished_req re-matches up to it)
 
     # -- request flows (0.5.16 classic API): request_flows.RadixRequestFlows' over this insert ---------------
     def _insert_finished(self, tokens: array, key_len: int, row: torch.Tensor, priority: int, req: Req) -> int:

@@ -128,6 +128,25 @@ class HybridTreeBase(BaseRadixTree):
         for x in reversed(path):
             self._touch(x)
 
+    def match_prefix(self, key: TokenKey) -> MatchResult:
+        """Longest cached prefix the second component can resume from (``_match_prefix_helper``): the walk splits
+        like RadixCache's, then the deepest usable node on it (:meth:`_usable_end`, each tree's rule) is the match,
+        and only the path to that node is refreshed (:meth:`_match_post`)."""
+        key = as_tokens(key)
+        n = align_down(len(key), self.page_size)
+        if self.disable or n == 0:
+            return MatchResult(self._empty, self.root_node, 0)
+        best, best_len = self._usable_end(self._walk(key, n))
+        self._match_post(best)
+        return MatchResult(self.path_device_indices(best), best, best_len)
+
+    def _usable_end(self, path: list[HybridTreeNode]) -> tuple[HybridTreeNode, int]:
+        raise NotImplementedError
+
+    def _match_post(self, best: HybridTreeNode) -> None:
+        """``_match_post_processor``: the full LRU refreshed along the path to the match's node."""
+        self._touch_path(best)
+
     def _walk(self, key: array, n: int, touch: bool = False) -> list[HybridTreeNode]:
         """Nodes matched along ``key[:n]``, splitting where the match ends inside an edge.
         ``touch``: insert's walk, which moves each node to MRU as it passes (before a split)."""
@@ -233,6 +252,29 @@ class HybridTreeBase(BaseRadixTree):
             full, other = full + f, other + o
         return full, other
 
+    def _evict_component(self, want: int, full: int, freed: int) -> tuple[int, int]:
+        """An eviction's second pass (SWA tokens, mamba states), after the full pass freed ``full`` tokens and
+        ``freed`` units: while fewer than ``want`` units are freed, the next victim (:meth:`_component_victim`, by
+        the component's own recency) loses its component: a childless node no request holds is deleted
+        (``_delete_node``), any other keeps its KV (:meth:`_drop_component`). Returns the full tokens and the
+        units freed."""
+        while freed < want:
+            x = self._component_victim()
+            if x is None:
+                break
+            if not x.children and x.lock_ref == 0:
+                f, o = self._delete_node(x)
+                full, freed = full + f, freed + o
+            else:
+                freed += self._drop_component(x)
+        return full, freed
+
+    def _component_victim(self) -> HybridTreeNode | None:
+        raise NotImplementedError
+
+    def _drop_component(self, node: HybridTreeNode) -> int:
+        raise NotImplementedError
+
     def _add_leaf(self, path: list[HybridTreeNode], key: array, value: torch.Tensor, off: int,
                   n: int) -> HybridTreeNode:
         """An insert's new leaf for ``key[off:n]`` below the matched ``path``, holding a copy of the slots."""
@@ -308,17 +350,10 @@ class SWARadixCache(HybridTreeBase):
         self._touch(child)
 
     # -- match / insert -------------------------------------------------------------------------
-    def match_prefix(self, key: TokenKey) -> MatchResult:
-        """Longest cached prefix usable by the SWA layers (``_match_prefix_helper``): the deepest
-        matched node that is either reached without crossing a tombstone, or has at least
-        ``sliding_window_size`` un-tombstoned tokens since the last tombstone. The whole walk
-        splits like RadixCache; only the path to that node is refreshed
-        (``_match_post_processor``)."""
-        key = as_tokens(key)
-        n = align_down(len(key), self.page_size)
-        if self.disable or n == 0:
-            return MatchResult(self._empty, self.root_node, 0)
-        path = self._walk(key, n)
+    def _usable_end(self, path: list[HybridTreeNode]) -> tuple[HybridTreeNode, int]:
+        """The match the SWA layers can use (``_match_prefix_helper``): the deepest matched node that is either
+        reached without crossing a tombstone, or has at least ``sliding_window_size`` un-tombstoned tokens since
+        the last tombstone; and its prefix length."""
         best, best_len = self.root_node, 0
         matched, since = 0, float("inf")  # no tombstone seen yet: any prefix is usable
         for node in path:
@@ -326,8 +361,7 @@ class SWARadixCache(HybridTreeBase):
             since = 0 if node.swa_tombstone else since + len(node.key)
             if since >= self.sliding_window_size:
                 best, best_len = node, matched
-        self._touch_path(best)
-        return MatchResult(self.path_device_indices(best), best, best_len)
+        return best, best_len
 
     def insert_slots(self, key: TokenKey, value: SlotIndices, *, prev_prefix_len: int = 0,
                      state_slot: int | None = None) -> InsertResult:
@@ -440,6 +474,19 @@ class SWARadixCache(HybridTreeBase):
     def _dead(self, node: HybridTreeNode) -> bool:
         return node.swa_tombstone
 
+    def _component_victim(self) -> HybridTreeNode | None:
+        """The SWA pass's next victim: the least recently used (SWA recency) unlocked un-tombstoned node."""
+        cands = [x for x in self.nodes() if x is not self.root_node and not x.swa_tombstone and x.swa_lock_ref == 0]
+        return min(cands, key=lambda x: (x.swa_last_access_time, x.id)) if cands else None
+
+    def _drop_component(self, node: HybridTreeNode) -> int:
+        """An internal node (or a leaf whose full KV a request still holds) is tombstoned: its SWA KV is freed
+        (``free_swa``). Returns the SWA tokens freed."""
+        self.token_to_kv_pool_allocator.free_swa(node.value)
+        node.swa_tombstone = True
+        self.swa_evictable_size_ -= len(node.key)
+        return len(node.key)
+
     def evict(self, params: EvictParams | int) -> HybridEvictResult:
         """``SWARadixCache.evict``: full LRU leaves (both sides freed, tombstone ancestors left
         childless deleted too) until ``num_tokens`` full slots are freed; then, while fewer than
@@ -452,21 +499,7 @@ class SWARadixCache(HybridTreeBase):
             params = EvictParams(num_tokens=params)
         if self.disable:
             return HybridEvictResult()
-        full, swa = self._evict_full(params.num_tokens)
-        while swa < params.swa_num_tokens:
-            cands = [x for x in self.nodes()
-                     if x is not self.root_node and not x.swa_tombstone and x.swa_lock_ref == 0]
-            if not cands:
-                break
-            x = min(cands, key=lambda x: (x.swa_last_access_time, x.id))
-            if not x.children and x.lock_ref == 0:
-                f, s = self._delete_node(x)
-                full, swa = full + f, swa + s
-            else:  # internal node (or a leaf whose full KV a request still holds)
-                self.token_to_kv_pool_allocator.free_swa(x.value)
-                x.swa_tombstone = True
-                self.swa_evictable_size_ -= len(x.key)
-                swa += len(x.key)
+        full, swa = self._evict_component(params.swa_num_tokens, *self._evict_full(params.num_tokens))
         res = EvictResult.of(params.num_tokens, params.num_tokens, full, params.swa_num_tokens,
                              params.swa_num_tokens)
         return HybridEvictResult(**res.__dict__, swa_evicted_tokens=swa)

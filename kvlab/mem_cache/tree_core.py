@@ -12,11 +12,18 @@ and both tiers of the two-tier tree (``hicache.hiradix_cache.HiRadixCache``).
 - :class:`TreeCore`: the lock walk with its size counters (``inc_lock_ref`` / ``dec_lock_ref``: a lock covers the
   path to the root; tokens move between ``evictable_size_`` and ``protected_size_`` as a node is first locked or
   last unlocked), ``nodes()``, the ``structure_version`` bumps (a node made or deleted), a deleted leaf's
-  bookkeeping, and the invariants those share.
+  bookkeeping, and the invariants those share; a repeated match's effects (``restamp_path``), an insert's credit
+  to the path it matched, walked, held (``_holds_path``) or replayed (``_credit_path``), and the filing of its new
+  leaf (``_attach_leaf``).
+- ``TreeCore._descend``: the one part here that reads keys, the walk itself, shared by the token tree and the page
+  tree, whose walks were the same op for op (the page tree is a page-size-1 tree over page ids, with no split
+  chain). Match and insert both run it, and an insert then credits the path it matched (``_credit_path``); what
+  each tree does around it (the token tree's slot runs and replayed match) stays with the tree.
 
-Each tree keeps its own walks (match, insert, split), its own leaf rule (which node is an evictable leaf of which
-tier: ``_update_leaf_status``) and its own check of what its nodes hold. No torch here: the page tree, which the
-simulator's fast engine runs on, imports none.
+Each tree keeps its own split (what its nodes hold), its own leaf rule (which node is an evictable leaf of which
+tier: ``_update_leaf_status``) and its own check of what its nodes hold; the two-tier trees and the SWA / Mamba
+trees keep their own walks (theirs differ: tiers, tombstones). No torch here: the page tree, which the simulator's
+fast engine runs on, imports none.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from operator import attrgetter
 from typing import Any
 
 from kvlab.errors import InvariantError, LockRefError, require
+from kvlab.mem_cache.base_prefix_cache import common_prefix_len
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 
 
@@ -38,6 +46,7 @@ class NodeCore:
 
     __slots__ = ("children", "key", "last_access_time", "priority", "hit_count", "parent", "lock_ref",
                  "creation_time", "id")  # (the walks' fields first: the object's first cache line)
+    _next = None  # the child continuing this node's run, tried first by the walk (TreeCore._descend): none here
 
     def __init__(self, key, parent, last_access_time: int, creation_time: int, node_id: int, priority: int = 0,
                  children=None) -> None:
@@ -150,6 +159,7 @@ class TreeCore:
 
     root_node: Any
     leaf_index: LeafIndex
+    clock: Any  # the tree's LogicalClock (base_prefix_cache)
     structure_version = 0  # bumped by every node made or deleted (splits too); see _register_node / _drop_leaf
     # sizes in the tree's unit (tokens; pages for the page tree): locked / unlocked nodes' keys
     evictable_size_ = 0
@@ -202,6 +212,112 @@ class TreeCore:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+    # -- the walk the token tree and the page tree share ------------------------------------------------------------
+    def _descend(self, key, n: int, node, off: int, now: int, ps: int = 1) -> tuple[Any, int, bool]:
+        """The walk down the tree that the token tree (``RadixCache``) and the page tree (``PageRadixTree``) share,
+        their match and their insert alike (SGLang's ``_match_prefix_helper`` / ``_insert_helper`` loop): from
+        ``node``, whose path spells ``key[:off]``, along ``key[:n]`` edge by edge (children filed by their first
+        token, or by the bytes of their first page of ``ps`` tokens). Each child read gets ``now`` as access time.
+        An edge the key diverges inside is split there (:meth:`_split_node`, on a page boundary): the upper half is
+        the last node matched, the lower half keeps its leaf status with a fresh entry for its new access time, and
+        the walk ends. Returns (the last node matched, where its path ends in ``key``, whether it is a split's upper
+        half). An insert then credits the path (:meth:`_credit_path`).
+
+        A node's ``_next`` (the token tree's split chain: the child continuing its slot tensor; None on the page tree)
+        is tried before its children, with no lookup."""
+        while off < n:
+            child = node._next
+            while child is not None:
+                ckey = child.key
+                end = off + len(ckey)
+                if end > n or ckey != key[off:end]:
+                    break
+                child.last_access_time = now
+                node = child
+                off = end
+                child = child._next
+            if off == n:
+                break
+            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
+            if child is None:
+                break
+            child.last_access_time = now
+            ckey = child.key
+            end = off + len(ckey)
+            if end <= n and ckey == key[off:end]:
+                node = child
+                off = end
+                continue
+            m = common_prefix_len(ckey, key, off, n)  # the key diverges inside this edge: split it, and stop there
+            node = self._split_node(child, m if ps == 1 else m - m % ps)
+            self.leaf_index.touch(child)
+            return node, off + len(node.key), True
+        return node, off, False
+
+    def _split_node(self, child, split_len: int):
+        """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]`` (each tree's own: what its nodes hold); returns
+        the upper half."""
+        raise NotImplementedError
+
+    # -- what an insert or a repeated match does to a path it does not walk ---------------------------------------
+    def restamp_path(self, node) -> None:
+        """What repeating the match walk that ended at ``node`` does when the tree's structure has not changed since
+        (``structure_version`` equal): one clock tick, the access time of ``node`` and its ancestors (root included),
+        and their evictable-leaf heap entries refreshed."""
+        now = self.clock.tick()
+        index = self.leaf_index
+        leaves = index.leaves
+        while node is not None:
+            node.last_access_time = now
+            if node in leaves:
+                index.push(node)
+            node = node.parent
+
+    def _holds_path(self, held, held_len: int) -> bool:
+        """``held`` is a live node of this tree, held locked, whose path from the root spans ``held_len`` (what the
+        caller says it matched): an insert may take that path as matched without comparing its keys."""
+        if held is None or held.lock_ref <= 0 or held.evicted:
+            return False
+        root, length = self.root_node, 0
+        while held is not root:
+            if held is None:
+                return False
+            length += len(held.key)
+            held = held.parent
+        return length == held_len
+
+    def _credit_path(self, node, end: int, now: int, priority: int, inserted_len: int, made: bool = False) -> None:
+        """What an insert does to the path it matched (walked, held or replayed): from ``node``, whose path ends at
+        ``end``, up to the root's child, each node gets ``now`` as access time, its priority raised to ``priority``
+        and a hit when it ends past ``inserted_len``. ``made``: ``node`` is the upper half of the walk's split, which
+        keeps the times it was made with. No leaf status changes: the caller re-files the last node if it stays a
+        leaf (the others have a child on the path)."""
+        made_node, made_time = node, node.last_access_time
+        root = self.root_node
+        while node is not root:
+            node.last_access_time = now
+            if priority > node.priority:
+                node.priority = priority
+            if end > inserted_len:
+                node.hit_count += 1
+            end -= len(node.key)
+            node = node.parent
+        if made:
+            made_node.last_access_time = made_time
+
+    def _attach_leaf(self, parent, leaf, filed_under, counted: bool) -> None:
+        """An insert's new ``leaf`` below ``parent``, filed under ``filed_under``: a hit when ``counted``, its size
+        joins the evictable counter, and both are re-filed (the parent is no leaf now)."""
+        if counted:
+            leaf.hit_count += 1
+        if parent.children:
+            parent.children[filed_under] = leaf
+        else:  # (a childless node may share a read-only empty mapping: the token tree's)
+            parent.children = {filed_under: leaf}
+        self.evictable_size_ += len(leaf.key)
+        self._update_leaf_status(parent)
+        self._update_leaf_status(leaf)
 
     # -- the evictable-leaf index ---------------------------------------------------------------------------------
     def _update_leaf_status(self, node) -> None:
