@@ -149,10 +149,6 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
         self.host_evicted_tokens = 0  # running total of host copies freed by host eviction
         self._reset_storage()  # (storage_moves: prefetches and backups in flight; the store itself is kept)
 
-    def _new_node(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None,
-                  priority: int = 0) -> HiTreeNode:
-        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
-
     def _key_of(self, key: array, off: int = 0):
         return key[off] if self.page_size == 1 else key[off : off + self.page_size].tobytes()
 
@@ -275,26 +271,14 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
             else:
                 node = child
             if node.value is None:  # host-only: adopt the caller's (recomputed) slots
-                node.value = _own(src[off : off + m])
-                self.structure_version += 1
-                self.evictable_size_ += m
-                self._update_leaf_status(node)
-                self._update_host_leaf_status(node)
-                self._update_leaf_status(node.parent)
+                self._attach_device(node, _own(src[off : off + m]))
             else:
                 if count_hits:
                     self._inc_hit_count(node)
                 prefix += m
             off += m
         if off < n:
-            leaf = self._new_node(key[off:n], _own(src[off:n]), node, priority)
-            node.children[self._key_of(leaf.key)] = leaf
-            self.evictable_size_ += n - off
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            if count_hits:
-                self._inc_hit_count(leaf)
-            node = leaf
+            node = self._add_leaf(node, key[off:n], _own(src[off:n]), priority, count_hits)
         return prefix, node
 
     # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
@@ -372,14 +356,6 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
                 dev.push(node)
             values.append(node.value)
         return values
-
-    def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
-        if self.write_policy == "write_back" or chunked:
-            return
-        node.hit_count += 1
-        self._touch(node)
-        if node.host_value is None and node.hit_count >= self.write_through_threshold:
-            self.write_backup(node)
 
     # -- locks: tree_core's inc_lock_ref / dec_lock_ref (a locked node is on the device, so never a host leaf) -------
     gone_words = "is not on the device"  # (BaseRadixTree._lock_guard: only a device node is locked)

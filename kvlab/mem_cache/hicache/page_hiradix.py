@@ -118,9 +118,6 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
     def evict_host_tokens(self, tokens: int) -> int:
         return self.evict_host(-(-tokens // self.page_size)) * self.page_size
 
-    def _new_node(self, key: array, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
-        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
-
     # -- match -----------------------------------------------------------------------------------------------------
     def match_walk(self, key: array, n: int) -> tuple[HiTreeNode, int]:
         """``HiRadixCache._match_walk`` of the first ``n`` pages (n > 0): (the deepest node matched on either tier,
@@ -215,26 +212,14 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
             else:
                 node = child
             if node.value is None:  # host-only: adopt the caller's (recomputed) pages
-                node.value = True
-                self.structure_version += 1
-                self.evictable_size_ += m
-                self._update_leaf_status(node)
-                self._update_host_leaf_status(node)
-                self._update_leaf_status(node.parent)
+                self._attach_device(node, True)
             else:
                 if count_hits:
                     self._inc_hit_count(node)
                 prefix += m
             off += m
         if off < n:
-            leaf = self._new_node(key[off:n], True, node, priority)
-            node.children[leaf.key[0]] = leaf
-            self.evictable_size_ += n - off
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            if count_hits:
-                self._inc_hit_count(leaf)
-            node = leaf
+            node = self._add_leaf(node, key[off:n], True, priority, count_hits)
         return prefix, node
 
     def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
@@ -271,14 +256,6 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
             node.last_access_time = tick()
             if node in leaves:
                 dev.push(node)
-
-    def _inc_hit_count(self, node: HiTreeNode) -> None:
-        if self.write_policy == "write_back":
-            return
-        node.hit_count += 1
-        self._touch(node)
-        if node.host_value is None and node.hit_count >= self.write_through_threshold:
-            self.write_backup(node)
 
     # -- sizes, invariants and the token-level view ---------------------------------------------------------------
     def host_size(self) -> int:

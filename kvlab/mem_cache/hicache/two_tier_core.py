@@ -67,6 +67,43 @@ class TwoTierCore:
         self._update_leaf_status(node.parent)
         return n
 
+    def _attach_device(self, node: HiTreeNode, value) -> int:
+        """Put host-only ``node`` back on the device holding ``value`` (an insert over it: recomputed KV), the
+        inverse of :meth:`_detach_backuped`: both trees' re-insert. Returns its key's length (tree units)."""
+        n = len(node.key)
+        node.value = value
+        self.structure_version += 1
+        self.evictable_size_ += n
+        self._update_leaf_status(node)
+        self._update_host_leaf_status(node)
+        self._update_leaf_status(node.parent)
+        return n
+
+    def _new_node(self, key, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
+        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
+
+    def _add_leaf(self, parent: HiTreeNode, key, value, priority: int, count_hits: bool) -> HiTreeNode:
+        """Insert's tail past the match: a new device leaf under ``parent`` holding ``key`` and ``value``, a hit
+        counted on it when ``count_hits`` (write-through: it may be backed up at once)."""
+        leaf = self._new_node(key, value, parent, priority)
+        parent.children[self._key_of(leaf.key)] = leaf
+        self.evictable_size_ += len(key)
+        self._update_leaf_status(parent)
+        self._update_leaf_status(leaf)
+        if count_hits:
+            self._inc_hit_count(leaf)
+        return leaf
+
+    def _inc_hit_count(self, node: HiTreeNode) -> None:
+        """A hit on ``node`` (insert): under the write-through policies it is backed up once its hits reach the
+        threshold (1: ``write_through``, 2: ``write_through_selective``)."""
+        if self.write_policy == "write_back":
+            return
+        node.hit_count += 1
+        self._touch(node)
+        if node.host_value is None and node.hit_count >= self.write_through_threshold:
+            self.write_backup(node)
+
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
         copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
