@@ -118,34 +118,12 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
     def evict_host_tokens(self, tokens: int) -> int:
         return self.evict_host(-(-tokens // self.page_size)) * self.page_size
 
-    # -- match -----------------------------------------------------------------------------------------------------
-    def match_walk(self, key: array, n: int) -> tuple[HiTreeNode, int]:
-        """``HiRadixCache._match_walk`` of the first ``n`` pages (n > 0): (the deepest node matched on either tier,
-        pages matched). A clock read for the root and each node, the node's heap entries refreshed; the node the
-        key ends inside is split."""
-        tick = self.clock.tick
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
-        node = self.root_node
-        node.last_access_time = tick()
-        off = 0
-        while off < n:
-            child = node.children.get(key[off])
-            if child is None:
-                break
-            child.last_access_time = tick()
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
-            ckey = child.key
-            m = len(ckey)
-            if off + m > n or ckey != key[off : off + m]:
-                m = common_prefix_len(ckey, key, off, n)
-                return self._split_node(child, m), off + m
-            node = child
-            off += m
-        return node, off
+    # -- match and insert: TwoTierCore's walks (match_walk, _insert_walk) ---------------------------------------------
+    def _split_len(self, ckey: array, key: array, off: int, n: int) -> int:
+        return common_prefix_len(ckey, key, off, n)
+
+    def _device_value(self, src, start: int, end: int) -> bool:
+        return True  # (on the device: the page engine's count holds its pages)
 
     def _split_node(self, child: HiTreeNode, m: int) -> HiTreeNode:
         """``child`` -> ``upper[:m]`` -> ``child[m:]`` (pages), both tiers' residency kept by both halves."""
@@ -178,84 +156,10 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
 
     def insert(self, key: array, n: int, priority: int = 0, chunked: bool = False, held: HiTreeNode | None = None,
                held_len: int = 0) -> tuple[int, HiTreeNode]:
-        """``HiRadixCache._insert`` of the first ``n`` pages of ``key``: (pages already on the device, the node
-        ending at ``n``). A host-only node on the way adopts the caller's pages (not counted as cached); under the
-        write-through policies a node reaching its hit threshold is backed up. ``held``: the node the request holds
-        locked, its path ``held_len`` pages (walked without comparing its pages again)."""
-        if n == 0:
-            return 0, self.root_node
-        count_hits = not chunked and self.write_policy != "write_back"
-        path = self._held_path(held, held_len) if 0 < held_len <= n else None
-        node, off = self._walk_held(path, priority, count_hits) if path else (self.root_node, 0)
-        prefix = off
-        tick = self.clock.tick
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
-        while off < n:
-            child = node.children.get(key[off])
-            if child is None:
-                break
-            child.last_access_time = tick()
-            if priority > child.priority:
-                child.priority = priority
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
-            ckey = child.key
-            m = len(ckey)
-            if off + m > n or ckey != key[off : off + m]:
-                m = common_prefix_len(ckey, key, off, n)
-                node = self._split_node(child, m)
-                if priority > node.priority:
-                    node.priority = priority
-            else:
-                node = child
-            if node.value is None:  # host-only: adopt the caller's (recomputed) pages
-                self._attach_device(node, True)
-            else:
-                if count_hits:
-                    self._inc_hit_count(node)
-                prefix += m
-            off += m
-        if off < n:
-            node = self._add_leaf(node, key[off:n], True, priority, count_hits)
-        return prefix, node
-
-    def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
-        """What insert's walk does to each node of a request's locked path (a clock read, the priority, the heap
-        entries, a hit), without looking the children up: (the path's last node, its pages)."""
-        tick, off = self.clock.tick, 0
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
-        for child in path:
-            child.last_access_time = tick()
-            if priority > child.priority:
-                child.priority = priority
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
-            if count_hits:
-                self._inc_hit_count(child)
-            off += len(child.key)
-        return path[-1], off
-
-    def rematch(self, last: HiTreeNode) -> None:
-        """``HiRadixCache._rematch``: the match of the key an insert just made end at ``last`` (not the root),
-        without comparing it again: a clock read for the root and each node from the top, device heap entries
-        refreshed."""
-        path, node, root = [], last, self.root_node
-        while node is not root:
-            path.append(node)
-            node = node.parent
-        tick, dev = self.clock.tick, self.leaf_index
-        leaves = dev.leaves
-        root.last_access_time = tick()
-        for node in reversed(path):
-            node.last_access_time = tick()
-            if node in leaves:
-                dev.push(node)
+        """``HiRadixCache._insert`` of the first ``n`` pages of ``key`` (TwoTierCore's ``_insert_walk``): (pages
+        already on the device, the node ending at ``n``). ``held``: the node the request holds locked, its path
+        ``held_len`` pages."""
+        return self._insert_walk(key, n, None, priority, chunked, held, held_len)
 
     # -- sizes, invariants and the token-level view ---------------------------------------------------------------
     def host_size(self) -> int:

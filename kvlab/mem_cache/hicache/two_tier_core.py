@@ -37,7 +37,7 @@ class TwoTierCore:
     def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
         """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
         unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
-        and then for each node of the path, top down (``_match_walk``), so the clock moves ``times`` times the path
+        and then for each node of the path, top down (:meth:`match_walk`), so the clock moves ``times`` times the path
         length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
         a fresh heap entry (once: the earlier walks' entries would be stale)."""
         path, root = [], self.root_node
@@ -82,6 +82,115 @@ class TwoTierCore:
     def _new_node(self, key, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
         return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
 
+    # -- the walks: each tree's key lookup (``_key_of``), split length (``_split_len``) and device values
+    # (``_device_value``); the rest, op for op 0.5.16's ``_match_prefix_helper`` / ``_insert_helper`` ----------------
+    def match_walk(self, key, n: int, values: list | None = None) -> tuple[HiTreeNode, int]:
+        """The match walk of ``key[:n]`` (n > 0, whole pages): (the deepest node matched on either tier, the length
+        matched). A clock read for the root and each node, the node's heap entries refreshed; the node the key ends
+        inside is split. ``values``: a list that collects the device values of the path, top down."""
+        node = self.root_node
+        node.last_access_time = self.clock.tick()
+        off, key_of = 0, self._key_of
+        while off < n:
+            child = node.children.get(key_of(key, off))
+            if child is None:
+                break
+            node, m, whole = self._visit(child, key, off, n)
+            if values is not None and node.value is not None:
+                values.append(node.value)
+            off += m
+            if not whole:
+                break
+        return node, off
+
+    def _visit(self, child: HiTreeNode, key, off: int, n: int) -> tuple[HiTreeNode, int, bool]:
+        """A walk's step onto ``child`` (match and insert alike): a clock read, its heap entries refreshed (its sort
+        key changed), and its key compared with ``key[off:n]``: ``(child, its length, True)`` when the key holds it
+        whole, else ``(the upper half of its split at the common prefix, that length, False)``."""
+        child.last_access_time = self.clock.tick()
+        dev, host = self.leaf_index, self.host_leaf_index
+        if child in dev.leaves:  # (_touch, inlined)
+            dev.push(child)
+        if child in host.leaves:
+            host.push(child)
+        ckey = child.key
+        m = len(ckey)
+        if off + m > n or ckey != key[off : off + m]:
+            m = self._split_len(ckey, key, off, n)
+            return self._split_node(child, m), m, False
+        return child, m, True
+
+    def _insert_walk(self, key, n: int, src, priority: int, chunked: bool, held: HiTreeNode | None = None,
+                     held_len: int = 0) -> tuple[int, HiTreeNode]:
+        """Insert ``key[:n]`` (n whole pages) with the caller's device values ``src`` (``_device_value`` slices
+        them): (the length already on the device, the node ending at ``n``; the root for n = 0). A host-only node
+        on the way adopts the caller's values (not counted as cached); under the write-through policies a node
+        reaching its hit threshold is backed up. ``held``: the node the request holds locked, whose path spells
+        ``key[:held_len]`` (walked without looking its children up or comparing its keys again)."""
+        if n == 0:
+            return 0, self.root_node
+        count_hits = not chunked and self.write_policy != "write_back"
+        path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        node, off = self._walk_held(path, priority, count_hits) if path else (self.root_node, 0)
+        prefix, key_of, visit = off, self._key_of, self._visit
+        while off < n:
+            child = node.children.get(key_of(key, off))
+            if child is None:
+                break
+            if priority > child.priority:
+                child.priority = priority
+            node, m, whole = visit(child, key, off, n)
+            if not whole and priority > node.priority:  # (the upper half of a split: a new node, never a leaf)
+                node.priority = priority
+            if node.value is None:  # host-only: adopt the caller's (recomputed) values
+                self._attach_device(node, self._device_value(src, off, off + m))
+            else:
+                if count_hits:
+                    self._inc_hit_count(node)
+                prefix += m
+            off += m
+        if off < n:
+            node = self._add_leaf(node, key[off:n], self._device_value(src, off, n), priority, count_hits)
+        return prefix, node
+
+    def rematch(self, last: HiTreeNode, values: list | None = None) -> list | None:
+        """0.5.16's re-match of the key an insert just made end at ``last`` (not the root), without comparing it
+        again: the same walk (no split is possible, every node is on the device), the same clock reads (the root,
+        then each node from the top) and device heap entries; ``values`` collects the path's device values."""
+        path, node, root = [], last, self.root_node
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        tick, dev = self.clock.tick, self.leaf_index
+        leaves = dev.leaves
+        root.last_access_time = tick()
+        for node in reversed(path):
+            node.last_access_time = tick()
+            if node in leaves:  # (_touch: on the device, never a host leaf)
+                dev.push(node)
+            if values is not None:
+                values.append(node.value)
+        return values
+
+    def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
+        """What insert's walk does to each node of a request's locked path (a clock read, the priority, the heap
+        entries, a hit), without looking the children up: (the path's last node, its length)."""
+        tick, off = self.clock.tick, 0
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
+        for child in path:
+            child.last_access_time = tick()  # (on the device: a locked path)
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:
+                dev.push(child)
+            if child in host_leaves:
+                host.push(child)
+            if count_hits:
+                self._inc_hit_count(child)
+            off += len(child.key)
+        return path[-1], off
+
     def _add_leaf(self, parent: HiTreeNode, key, value, priority: int, count_hits: bool) -> HiTreeNode:
         """Insert's tail past the match: a new device leaf under ``parent`` holding ``key`` and ``value``, a hit
         counted on it when ``count_hits`` (write-through: it may be backed up at once)."""
@@ -104,6 +213,7 @@ class TwoTierCore:
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
+    # -- copies' acknowledgements -----------------------------------------------------------------------------------
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
         copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
