@@ -30,30 +30,16 @@ class PageTierMoves:
     ongoing_write_through: dict
     ongoing_load_back: dict
 
-    # -- backups (device -> host) and their acknowledgements -------------------------------------------------------
-    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
-        """``HiRadixCache.write_backup``: copy ``node`` to host (evicting host leaves once if the pool is full); under
-        the write-through policies only below a backed-up parent, and locked until the copy is acknowledged. Returns
-        the pages issued (0: not backed up)."""
-        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
-            return 0
-        ctl, n = self.cache_controller, len(node.key)
-        if not ctl.write(n * self.page_size, node.id):
-            self.evict_host(n)
-            written = ctl.write(n * self.page_size, node.id)
-            while not written and write_back and self.wait_storage_backups():  # (storage_moves)
-                self.evict_host(n)
-                written = ctl.write(n * self.page_size, node.id)
-            if not written:
-                return 0
-        self.structure_version += 1
-        node.host_value = True
-        op = ctl.write_queue[-1]
-        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
-        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
-        if not write_back:
-            self.inc_lock_ref(node)
-        return n
+    # -- the copies and frees TwoTierCore's write_backup, evict and evict_host run over page counts -----------------
+    def _write_host(self, node: HiTreeNode) -> bool | None:
+        """Issue ``node``'s backup: True, or None (nothing issued) when the host pool is short."""
+        return True if self.cache_controller.write(len(node.key) * self.page_size, node.id) else None
+
+    def _free_device(self, node: HiTreeNode, value: bool) -> None:
+        self.cache_controller.evict_device(len(node.key) * self.page_size)
+
+    def _free_host(self, node: HiTreeNode) -> None:
+        self.cache_controller.evict_host(len(node.key) * self.page_size)
 
     def poll(self, now_s: float) -> None:
         """Move the copy clock to ``now_s`` and complete the copies finished by then (``check_hicache_events``)."""
@@ -71,125 +57,12 @@ class PageTierMoves:
         if self.storage_controller is not None:
             self.poll(self.storage_controller.drain_time())
 
-    # -- device eviction ------------------------------------------------------------------------------------------
+    # -- device eviction (TwoTierCore._evict_leaves) ----------------------------------------------------------------
     def evict(self, pages: int) -> int:
-        """``HiRadixCache.evict`` in pages: unlocked device leaves in the policy's order until ``pages`` are freed;
-        demoted when backed up, else destroyed (write-through) or written to host first (write-back, dropped with
-        its host-only subtree when the host stays full). Returns the pages evicted (the device pool gets them back
-        through the controller; a write-back's only once its copies landed)."""
-        staged: list = []
-        kept: list = []  # popped but still leaves (a host-protected subtree): candidates again next call
-        index = self.leaf_index
-        index.frozen = True
-        try:
-            evicted = self._evict_loop(pages, staged, kept)
-        finally:
-            index.frozen = False
-            for x in kept:
-                index.touch(x)
-        return evicted
-
-    def _evict_loop(self, pages: int, staged: list, kept: list) -> int:
-        evicted = 0
-        pop, leaves = self.leaf_index.pop, self.leaf_index.leaves
-        while evicted < pages:
-            x = pop()
-            if x is None:
-                break
-            if x.host_value is not None:
-                evicted += self._detach_backuped(x)
-                self.cache_controller.evict_device(len(x.key) * self.page_size)
-            elif self.write_policy != "write_back":
-                require(not x.children, "PageHiRadixTree: an unbacked device leaf has no children", node=x)
-                evicted += len(x.key)
-                self.cache_controller.evict_device(len(x.key) * self.page_size)
-                self._delete_leaf(x)
-            elif self.write_backup(x, write_back=True) > 0 or self.retry_write_back(x, staged):
-                x.protect_host()
-                staged.append(x)
-                evicted += self._detach_backuped(x)
-            else:
-                self._flush_staged(staged)
-                evicted += self._drop_subtree_no_host(x)
-            if x in leaves:
-                kept.append(x)
-        self._flush_staged(staged)
-        return evicted
-
-    def _flush_staged(self, staged: list) -> None:
-        """Write-back: wait for the staged copies, then free their device pages."""
-        if not staged:
-            return
-        self.writing_check(write_back=True)
-        for node in staged:
-            self.cache_controller.evict_device(len(node.key) * self.page_size)
-            node.release_host()
-        staged.clear()
-
-    def _delete_leaf(self, node: HiTreeNode) -> None:
-        self._drop_leaf(node)
-        del node.parent.children[node.key[0]]
-        node.value = None
-        self._update_leaf_status(node.parent)
-
-    def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
-        """Write-back with the host pool full: drop ``top`` and its host-only descendants from both tiers, unless one
-        of them is host-protected. Returns the device pages freed."""
-        nodes, stack = [], [top]
-        while stack:
-            x = stack.pop()
-            nodes.append(x)
-            stack.extend(x.children.values())
-        if any(x.host_ref_counter > 0 for x in nodes):
-            return 0
-        self.structure_version += 1
-        ctl, ps, freed = self.cache_controller, self.page_size, 0
-        for x in nodes:
-            n = len(x.key)
-            if x.host_value is not None:
-                ctl.evict_host(n * ps)
-                x.host_value = None
-            if x.value is not None:
-                ctl.evict_device(n * ps)
-                freed += n
-                self.evictable_size_ -= n
-                x.value = None
-            self.leaf_index.discard(x)
-            self.host_leaf_index.discard(x)
-        del top.parent.children[top.key[0]]
-        self._update_leaf_status(top.parent)
-        self._update_host_leaf_status(top.parent)
-        return freed
-
-    # -- host eviction ----------------------------------------------------------------------------------------------
-    def evict_host(self, pages: int) -> int:
-        """``HiRadixCache.evict_host`` in pages: host-only leaves (never host-protected ones) in the policy's order
-        until ``pages`` are freed; each node is deleted. Returns the pages freed."""
-        freed, kept = 0, []
-        index, ps = self.host_leaf_index, self.page_size
-        index.frozen = True
-        try:
-            while freed < pages:
-                x = index.pop()
-                if x is None:
-                    break
-                if x.host_ref_counter > 0:
-                    kept.append(x)
-                    continue
-                freed += len(x.key)
-                self.cache_controller.evict_host(len(x.key) * ps)
-                self.structure_version += 1
-                parent = x.parent
-                del parent.children[x.key[0]]
-                index.discard(x)
-                x.host_value = None
-                self._update_host_leaf_status(parent)
-        finally:
-            index.frozen = False
-            for x in kept:
-                index.touch(x)
-        self.host_evicted_tokens += freed * ps
-        return freed
+        """``HiRadixCache.evict`` in pages (TwoTierCore's ``_evict_leaves``): unlocked device leaves in the policy's
+        order until ``pages`` are freed. Returns the pages evicted (the device pool gets them back through the
+        controller; a write-back's only once its copies landed)."""
+        return self._evict_leaves(pages)
 
     # -- load-back (host -> device) ---------------------------------------------------------------------------------
     def load_back(self, node: HiTreeNode) -> tuple[int, tuple | None]:

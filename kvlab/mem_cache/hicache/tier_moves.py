@@ -35,30 +35,17 @@ class TierMoves:
     ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]]
     ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]]
 
-    # -- backups (device -> host) ---------------------------------------------------------------------
-    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
-        """Copy ``node``'s device KV to fresh host slots (evicting host leaves once if the pool is full). Under the
-        write-through policies only a node whose parent is backed up is copied, and it stays locked until the copy
-        is acknowledged. Returns the tokens issued (0: not backed up)."""
-        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
-            return 0
-        host = self.cache_controller.write(node.value, node.id)
-        if host is None:
-            self.evict_host(len(node.key))
-            host = self.cache_controller.write(node.value, node.id)
-            while host is None and write_back and self.wait_storage_backups():  # (storage_moves)
-                self.evict_host(len(node.key))
-                host = self.cache_controller.write(node.value, node.id)
-            if host is None:
-                return 0
-        self.structure_version += 1
-        node.host_value = host  # the host pool's slots (the copy's op holds the same tensor; neither writes to it)
-        op = self.cache_controller.write_queue[-1]
-        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
-        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
-        if not write_back:
-            self.inc_lock_ref(node)
-        return host.shape[0]
+    # -- the copies and frees TwoTierCore's write_backup, evict and evict_host run over slot tensors ------------------
+    def _write_host(self, node: HiTreeNode) -> torch.Tensor | None:
+        """Issue ``node``'s backup: its host slots (the copy's op holds the same tensor; neither writes to it), or
+        None (nothing issued) when the host pool is full."""
+        return self.cache_controller.write(node.value, node.id)
+
+    def _free_device(self, node: HiTreeNode, value: torch.Tensor) -> None:
+        self.cache_controller.evict_device(value)
+
+    def _free_host(self, node: HiTreeNode) -> None:
+        self.cache_controller.evict_host(node.host_value)
 
     def check_hicache_events(self) -> None:
         """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
@@ -86,7 +73,7 @@ class TierMoves:
             self.poll(self.storage_controller.drain_time())
         return self.now_s - start
 
-    # -- device eviction -----------------------------------------------------------------------------
+    # -- device eviction (TwoTierCore._evict_leaves) ----------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> HiEvictResult:
         """Free at least ``num_tokens`` device tokens from unlocked device leaves, in the strategy's order (or all
         there are). A backed-up leaf is demoted to host-only; an unbacked one is destroyed (write-through
@@ -96,136 +83,11 @@ class TierMoves:
         num_tokens = params if isinstance(params, int) else params.num_tokens
         tally = {"demoted": 0, "written": 0, "destroyed": 0}
         host_before = self.host_evicted_tokens
-        staged: list[tuple[HiTreeNode, torch.Tensor]] = []
-        kept: list[HiTreeNode] = []  # popped but still leaves (a protected subtree): candidates again next call
-        evicted = 0
-        self.leaf_index.frozen = True  # no rebuild while popped leaves wait in ``kept``
-        try:
-            evicted = self._evict_loop(num_tokens, tally, staged, kept)
-        finally:
-            self.leaf_index.frozen = False
-            for x in kept:
-                self.leaf_index.touch(x)
+        evicted = self._evict_leaves(num_tokens, tally)
         res = EvictResult.of(num_tokens, num_tokens, evicted)
         return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
                              written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
                              host_evicted_tokens=self.host_evicted_tokens - host_before)
-
-    def _evict_loop(self, num_tokens: int, tally: dict, staged: list, kept: list) -> int:
-        """:meth:`evict`'s loop over the device-leaf heap; a parent whose children all left the device joins the
-        heap as it becomes a leaf (``_update_leaf_status``), as 0.5.16 pushes it. Returns the tokens evicted."""
-        evicted = 0
-        while evicted < num_tokens:
-            x = self.leaf_index.pop()
-            if x is None:
-                break
-            if x.host_value is not None:
-                evicted += self._evict_backuped(x)
-                tally["demoted"] += len(x.key)
-            elif self.write_policy != "write_back":
-                evicted += self._evict_regular(x)
-                tally["destroyed"] += len(x.key)
-            elif self.write_backup(x, write_back=True) > 0 or self.retry_write_back(x, staged):
-                x.protect_host()
-                staged.append((x, x.value))
-                evicted += self._detach_backuped(x)
-                tally["written"] += len(x.key)
-            else:
-                self._flush_staged(staged)
-                dropped = self._drop_subtree_no_host(x)
-                evicted += dropped
-                tally["destroyed"] += dropped
-            if x in self.evictable_leaves:  # not dropped (a host-protected node below it)
-                kept.append(x)
-        self._flush_staged(staged)
-        return evicted
-
-    def _flush_staged(self, staged: list[tuple[HiTreeNode, torch.Tensor]]) -> None:
-        """Write-back: wait for the staged copies, then free their device slots."""
-        if not staged:
-            return
-        self.writing_check(write_back=True)
-        for node, device_indices in staged:
-            self.cache_controller.evict_device(device_indices)
-            node.release_host()
-        staged.clear()
-
-    def _evict_backuped(self, node: HiTreeNode) -> int:
-        device_indices = node.value
-        n = self._detach_backuped(node)
-        self.cache_controller.evict_device(device_indices)
-        return n
-
-    def _evict_regular(self, node: HiTreeNode) -> int:
-        require(not node.children, "HiRadixCache: an unbacked device leaf has no children (write-through)", node=node)
-        n = len(node.key)
-        self.cache_controller.evict_device(node.value)
-        self._delete_leaf(node)
-        return n
-
-    def _delete_leaf(self, node: HiTreeNode) -> None:
-        self._drop_leaf(node)  # (tree_core: the structure version, the counters, the device-leaf index)
-        del node.parent.children[self._key_of(node.key)]
-        node.value = None
-        self._update_leaf_status(node.parent)
-
-    def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
-        """Write-back with the host pool full: drop ``top`` (a device leaf) and its host-only descendants from both
-        tiers, unless any of them is host-protected. Returns the device tokens freed."""
-        nodes, stack = [], [top]
-        while stack:
-            x = stack.pop()
-            nodes.append(x)
-            stack.extend(x.children.values())
-        if any(x.host_ref_counter > 0 for x in nodes):
-            return 0
-        self.structure_version += 1
-        freed = 0
-        for x in nodes:
-            if x.host_value is not None:
-                self.cache_controller.evict_host(x.host_value)
-                x.host_value = None
-            if x.value is not None:
-                self.cache_controller.evict_device(x.value)
-                freed += len(x.value)
-                self.evictable_size_ -= len(x.value)
-                x.value = None
-            self.leaf_index.discard(x)
-            self.host_leaf_index.discard(x)
-        del top.parent.children[self._key_of(top.key)]
-        self._update_leaf_status(top.parent)
-        self._update_host_leaf_status(top.parent)
-        return freed
-
-    # -- host eviction -------------------------------------------------------------------------------
-    def evict_host(self, num_tokens: int) -> int:
-        """Free the host copies of host-only leaves (never host-protected ones), in the strategy's order, until
-        ``num_tokens`` are freed or none is left; the node is deleted, and a parent left childless and host-only
-        becomes a candidate. Returns the host tokens freed (``HiRadixCache.evict_host``)."""
-        freed = 0
-        kept = []  # host-protected leaves: skipped, candidates again next call
-        self.host_leaf_index.frozen = True
-        try:
-            while freed < num_tokens:
-                x = self.host_leaf_index.pop()
-                if x is None:
-                    break
-                if x.host_ref_counter > 0:
-                    kept.append(x)
-                    continue
-                freed += self.cache_controller.evict_host(x.host_value)
-                self.structure_version += 1
-                parent = x.parent
-                del parent.children[self._key_of(x.key)]
-                self.host_leaf_index.discard(x)
-                x.host_value = None
-                self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
-        finally:
-            self.host_leaf_index.frozen = False
-            for x in kept:
-                self.host_leaf_index.touch(x)
-        self.host_evicted_tokens += freed
-        return freed
 
     # -- load-back (host -> device) ------------------------------------------------------------------
     def load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> LoadBackResult:

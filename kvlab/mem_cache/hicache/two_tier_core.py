@@ -9,6 +9,7 @@ repeated walk (``restamp_path``), see ``hiradix_cache``'s module docstring. A mi
 
 from __future__ import annotations
 
+from kvlab.errors import require
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 
 
@@ -212,6 +213,167 @@ class TwoTierCore:
         self._touch(node)
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
+
+    # -- backups and eviction: each tree's copies and frees (``_write_host``, ``_free_device``, ``_free_host``); the
+    # rest, op for op 0.5.16's write_backup, evict (_evict_write_through / _evict_write_back) and evict_host ------------
+    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
+        """Copy ``node``'s device KV to host (evicting host leaves once if the pool is full). Under the write-through
+        policies only a node whose parent is backed up is copied, and it stays locked until the copy is
+        acknowledged. Returns its length (0: not backed up)."""
+        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
+            return 0
+        n = len(node.key)
+        host = self._write_host(node)
+        if host is None:
+            self.evict_host(n)
+            host = self._write_host(node)
+            while host is None and write_back and self.wait_storage_backups():  # (storage_moves)
+                self.evict_host(n)
+                host = self._write_host(node)
+            if host is None:
+                return 0
+        self.structure_version += 1
+        node.host_value = host
+        op = self.cache_controller.write_queue[-1]
+        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
+        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
+        if not write_back:
+            self.inc_lock_ref(node)
+        return n
+
+    def _evict_leaves(self, num: int, tally: dict | None = None) -> int:
+        """Evict unlocked device leaves in the policy's order until ``num`` (tree units) are freed or none is left:
+        demoted to host-only when backed up, else destroyed (write-through policies) or written to host first
+        (``write_back``: the eviction waits for its copies; if the host pool stays full, the leaf and its host-only
+        subtree are dropped). A parent whose children all left the device joins the heap as it becomes a leaf, as
+        0.5.16 pushes it. ``tally``: adds the demoted, written and destroyed lengths. Returns the length evicted."""
+        tally = {"demoted": 0, "written": 0, "destroyed": 0} if tally is None else tally
+        staged: list = []  # write-back: (node, its device value) whose copies are in flight
+        kept: list = []  # popped but still leaves (a host-protected subtree): candidates again next call
+        index = self.leaf_index
+        index.frozen = True  # no rebuild while popped leaves wait in ``kept``
+        try:
+            return self._evict_loop(num, tally, staged, kept)
+        finally:
+            index.frozen = False
+            for x in kept:
+                index.touch(x)
+
+    def _evict_loop(self, num: int, tally: dict, staged: list, kept: list) -> int:
+        evicted = 0
+        pop, leaves = self.leaf_index.pop, self.leaf_index.leaves
+        while evicted < num:
+            x = pop()
+            if x is None:
+                break
+            if x.host_value is not None:
+                evicted += self._evict_backuped(x)
+                tally["demoted"] += len(x.key)
+            elif self.write_policy != "write_back":
+                evicted += self._evict_regular(x)
+                tally["destroyed"] += len(x.key)
+            elif self.write_backup(x, write_back=True) > 0 or self.retry_write_back(x, staged):
+                x.protect_host()
+                staged.append((x, x.value))
+                evicted += self._detach_backuped(x)
+                tally["written"] += len(x.key)
+            else:
+                self._flush_staged(staged)
+                dropped = self._drop_subtree_no_host(x)
+                evicted += dropped
+                tally["destroyed"] += dropped
+            if x in leaves:  # not dropped (a host-protected node below it)
+                kept.append(x)
+        self._flush_staged(staged)
+        return evicted
+
+    def _flush_staged(self, staged: list) -> None:
+        """Write-back: wait for the staged copies, then free their device slots or pages."""
+        if not staged:
+            return
+        self.writing_check(write_back=True)
+        for node, value in staged:
+            self._free_device(node, value)
+            node.release_host()
+        staged.clear()
+
+    def _evict_backuped(self, node: HiTreeNode) -> int:
+        value = node.value
+        n = self._detach_backuped(node)
+        self._free_device(node, value)
+        return n
+
+    def _evict_regular(self, node: HiTreeNode) -> int:
+        require(not node.children, "a two-tier tree: an unbacked device leaf has no children (write-through)",
+                tree=type(self).__name__, node=node)
+        self._free_device(node, node.value)
+        self._delete_leaf(node)
+        return len(node.key)
+
+    def _delete_leaf(self, node: HiTreeNode) -> None:
+        self._drop_leaf(node)  # (tree_core: the structure version, the counters, the device-leaf index)
+        del node.parent.children[self._key_of(node.key)]
+        node.value = None
+        self._update_leaf_status(node.parent)
+
+    def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
+        """Write-back with the host pool full: drop ``top`` (a device leaf) and its host-only descendants from both
+        tiers, unless any of them is host-protected. Returns the device length freed."""
+        nodes, stack = [], [top]
+        while stack:
+            x = stack.pop()
+            nodes.append(x)
+            stack.extend(x.children.values())
+        if any(x.host_ref_counter > 0 for x in nodes):
+            return 0
+        self.structure_version += 1
+        freed = 0
+        for x in nodes:
+            if x.host_value is not None:
+                self._free_host(x)
+                x.host_value = None
+            if x.value is not None:
+                self._free_device(x, x.value)
+                freed += len(x.key)
+                self.evictable_size_ -= len(x.key)
+                x.value = None
+            self.leaf_index.discard(x)
+            self.host_leaf_index.discard(x)
+        del top.parent.children[self._key_of(top.key)]
+        self._update_leaf_status(top.parent)
+        self._update_host_leaf_status(top.parent)
+        return freed
+
+    def evict_host(self, num: int) -> int:
+        """Free the host copies of host-only leaves (never host-protected ones), in the policy's order, until
+        ``num`` (tree units) are freed or none is left; the node is deleted, and a parent left childless and
+        host-only becomes a candidate. Returns the length freed (``HiRadixCache.evict_host``); the running total
+        ``host_evicted_tokens`` counts tokens (``key_tokens`` per unit)."""
+        freed, kept = 0, []  # kept: host-protected leaves, skipped, candidates again next call
+        index = self.host_leaf_index
+        index.frozen = True
+        try:
+            while freed < num:
+                x = index.pop()
+                if x is None:
+                    break
+                if x.host_ref_counter > 0:
+                    kept.append(x)
+                    continue
+                self._free_host(x)
+                freed += len(x.key)
+                self.structure_version += 1
+                parent = x.parent
+                del parent.children[self._key_of(x.key)]
+                index.discard(x)
+                x.host_value = None
+                self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
+        finally:
+            index.frozen = False
+            for x in kept:
+                index.touch(x)
+        self.host_evicted_tokens += freed * self.key_tokens
+        return freed
 
     # -- copies' acknowledgements -----------------------------------------------------------------------------------
     def writing_check(self, write_back: bool = False) -> int:
