@@ -12,7 +12,6 @@ host-eviction total count tokens. No torch.
 
 from __future__ import annotations
 
-from kvlab.errors import require
 from kvlab.mem_cache.hicache.page_host import PageHiController
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
@@ -66,50 +65,18 @@ class PageTierMoves:
 
     # -- load-back (host -> device) ---------------------------------------------------------------------------------
     def load_back(self, node: HiTreeNode) -> tuple[int, tuple | None]:
-        """``HiRadixCache.load_back`` in pages (no ``mem_quota``, as the scheduler passes none): the host-only path
-        ending at ``node`` back on the device, all or nothing. Returns (pages loaded, 0 when skipped or short;
-        the eviction it ran as ``(shortfall, requested, evicted)`` tokens, or None)."""
-        last_hit, to_load = node, []
-        while node.value is None:
-            require(node.host_value is not None, "PageHiRadixTree: a node off the device has a host copy", node=node)
-            to_load.append(node)
-            node = node.parent
-        to_load.reverse()
-        ancestor = node
-        self.inc_lock_ref(ancestor)
-        ps = self.page_size
-        n = sum(len(x.key) for x in to_load)
-        if n * ps < self.load_back_threshold:
-            self.dec_lock_ref(ancestor)
-            return 0, None
-        for x in to_load:
-            x.protect_host()
-        ctl, ev = self.cache_controller, None
-        available = ctl.mem_pool_device_allocator.free
-        if self.load_back_evict_mode == "shortfall":  # 0.5.23: make room first, then allocate
-            if n > available:
-                ev = self._evict_for_load(n * ps, available * ps)
-            ok = ctl.load(n * ps, last_hit.id)
-        else:  # 0.5.16: try to allocate, and on failure evict all of n and try again
-            ok = ctl.load(n * ps, last_hit.id)
-            if not ok:
-                ev = self._evict_for_load(n * ps, available * ps)
-                ok = ctl.load(n * ps, last_hit.id)
-        self.dec_lock_ref(ancestor)
-        for x in to_load:
-            x.release_host()
-        if not ok:
-            return 0, ev
-        op = ctl.load_queue[-1]
-        self.structure_version += 1
-        discard = self.host_leaf_index.discard
-        for x in to_load:
-            x.value = True
-            discard(x)
-        self.evictable_size_ += n
-        self.inc_lock_ref(last_hit)
-        self.ongoing_load_back[id(op)] = (op, last_hit)
-        return n, ev
+        """``HiRadixCache.load_back`` in pages (TwoTierCore's ``_load_back``, no ``mem_quota``, as the scheduler
+        passes none): (pages loaded, 0 when skipped or short; the eviction it ran as ``(shortfall, requested,
+        evicted)`` tokens, or None)."""
+        device, ev, _ = self._load_back(node)
+        return (0 if device is None else device // self.page_size), ev
+
+    def _host_source(self, to_load: list[HiTreeNode], tokens: int) -> int:
+        return tokens
+
+    def _load_device(self, tokens: int, last_hit: HiTreeNode) -> int | None:
+        """The load's tokens once issued, None (nothing issued) when the device pool is short."""
+        return tokens if self.cache_controller.load(tokens, last_hit.id) else None
 
     def _evict_for_load(self, n: int, available: int) -> tuple[int, int, int]:
         """A load-back of ``n`` tokens found ``available`` free: evict what finding 2's rule asks for; returns

@@ -15,7 +15,6 @@ from dataclasses import replace
 
 import torch
 
-from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from kvlab.mem_cache.hicache.cache_controller import CacheOperation, HiCacheController
 from kvlab.mem_cache.hicache.results import NO_EVICT, HiEvictResult, LoadBackResult
@@ -91,55 +90,16 @@ class TierMoves:
 
     # -- load-back (host -> device) ------------------------------------------------------------------
     def load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> LoadBackResult:
-        """Bring the host-only path ending at ``node`` back to the device, all or nothing. Skipped under
-        ``load_back_threshold`` tokens or over ``mem_quota`` (device tokens the caller may still use; the
-        evictable tokens the load would pin count against it). Device slots come from the allocator, evicting
-        first if it is short (``load_back_evict_mode``). On success the loaded nodes hold their new slots at once
-        and ``node`` stays locked until the copy is acknowledged (``loading_check``)."""
-        last_hit = node
-        to_load = []
-        while node.value is None:
-            require(node.host_value is not None, "HiRadixCache: a node off the device has a host copy", node=node)
-            to_load.append(node)
-            node = node.parent
-        to_load.reverse()
-        ancestor = node
-        delta = self.inc_lock_ref(ancestor)
-        host_indices = torch.cat([x.host_value for x in to_load]) if to_load else self._empty
-        n = int(host_indices.shape[0])
-        if n < self.load_back_threshold or (mem_quota is not None and n > mem_quota + delta):
-            self.dec_lock_ref(ancestor)
-            return LoadBackResult(None, NO_EVICT, "below_threshold" if n < self.load_back_threshold else "over_quota")
-        for x in to_load:
-            x.protect_host()
-        ctl, alloc = self.cache_controller, self.token_to_kv_pool_allocator
-        ev = NO_EVICT
-        available = alloc.available_size()
-        if self.load_back_evict_mode == "shortfall":  # 0.5.23: make room first, then allocate
-            if n > available:
-                ev = self._evict_for_load(n, available)
-            device_indices = ctl.load(host_indices, last_hit.id)
-        else:  # 0.5.16: try to allocate, and on failure evict (the bug: all of n) and try again
-            device_indices = ctl.load(host_indices, last_hit.id)
-            if device_indices is None:
-                ev = self._evict_for_load(n, available)
-                device_indices = ctl.load(host_indices, last_hit.id)
-        self.dec_lock_ref(ancestor)
-        for x in to_load:
-            x.release_host()
-        if device_indices is None:
-            return LoadBackResult(None, ev, "device_full")
-        op = ctl.load_queue[-1]
-        off = 0
-        self.structure_version += 1
-        for x in to_load:
-            x.value = device_indices[off : off + len(x.host_value)].clone()
-            self.host_leaf_index.discard(x)  # on the device again: no host leaf (and locked below)
-            off += len(x.host_value)
-        self.evictable_size_ += n
-        self.inc_lock_ref(last_hit)
-        self.ongoing_load_back[id(op)] = (op, last_hit)
-        return LoadBackResult(device_indices, ev)
+        """Bring the host-only path ending at ``node`` back to the device, all or nothing (TwoTierCore's
+        ``_load_back``): the new slots, the eviction it ran and why nothing was loaded, if so."""
+        device, ev, reason = self._load_back(node, mem_quota)
+        return LoadBackResult(device, NO_EVICT if ev is None else ev, reason)
+
+    def _host_source(self, to_load: list[HiTreeNode], tokens: int) -> torch.Tensor:
+        return torch.cat([x.host_value for x in to_load]) if to_load else self._empty
+
+    def _load_device(self, host_indices: torch.Tensor, last_hit: HiTreeNode) -> torch.Tensor | None:
+        return self.cache_controller.load(host_indices, last_hit.id)
 
     def _evict_for_load(self, n: int, available: int) -> HiEvictResult:
         """A load-back of ``n`` tokens found ``available`` device slots free: evict what finding 2's rule asks for

@@ -375,6 +375,64 @@ class TwoTierCore:
         self.host_evicted_tokens += freed * self.key_tokens
         return freed
 
+    # -- load-back (host -> device): each tree's copy source and device values (``_host_source``, ``_load_device``,
+    # ``_device_value``); the rest, op for op 0.5.16's load_back (with kvlab's load_back_evict_mode) -----------------
+    def _load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> tuple[object, object, str | None]:
+        """Bring the host-only path ending at ``node`` back to the device, all or nothing: ``(its device value, the
+        eviction run for room or None, None)``, or ``(None, that eviction or None, why)`` when nothing was loaded
+        (``"below_threshold"``: fewer than ``load_back_threshold`` tokens; ``"over_quota"``: more than
+        ``mem_quota`` device tokens, the evictable ones the load would pin counted against it; ``"device_full"``).
+        The device pool's room comes first from eviction as finding 2's rule says (``load_back_evict_mode``). On
+        success the loaded nodes hold their values at once and ``node`` stays locked until the copy is acknowledged
+        (``loading_check``)."""
+        last_hit, to_load = node, []
+        while node.value is None:
+            require(node.host_value is not None, "a two-tier tree: a node off the device has a host copy", node=node)
+            to_load.append(node)
+            node = node.parent
+        to_load.reverse()
+        ancestor = node
+        delta = self.inc_lock_ref(ancestor)
+        n = sum(len(x.key) for x in to_load) * self.key_tokens  # tokens
+        if n < self.load_back_threshold or (mem_quota is not None and n > mem_quota + delta * self.key_tokens):
+            self.dec_lock_ref(ancestor)
+            return None, None, "below_threshold" if n < self.load_back_threshold else "over_quota"
+        for x in to_load:
+            x.protect_host()
+        source, ev = self._host_source(to_load, n), None
+        available = self.cache_controller.mem_pool_device_allocator.available_size()
+        if self.load_back_evict_mode == "shortfall":  # 0.5.23: make room first, then allocate
+            if n > available:
+                ev = self._evict_for_load(n, available)
+            device = self._load_device(source, last_hit)
+        else:  # 0.5.16: try to allocate, and on failure evict (the bug: all of n) and try again
+            device = self._load_device(source, last_hit)
+            if device is None:
+                ev = self._evict_for_load(n, available)
+                device = self._load_device(source, last_hit)
+        self.dec_lock_ref(ancestor)
+        for x in to_load:
+            x.release_host()
+        if device is None:
+            return None, ev, "device_full"
+        self._loaded(to_load, device, last_hit)
+        return device, ev, None
+
+    def _loaded(self, to_load: list, device, last_hit: HiTreeNode) -> None:
+        """A load-back was issued: the nodes ``to_load`` take their parts of ``device`` (no longer host leaves),
+        and ``last_hit`` is locked until the copy's ack."""
+        op = self.cache_controller.load_queue[-1]
+        self.structure_version += 1
+        off, discard = 0, self.host_leaf_index.discard
+        for x in to_load:
+            end = off + len(x.key)
+            x.value = self._device_value(device, off * self.key_tokens, end * self.key_tokens)
+            discard(x)  # on the device again: no host leaf (and locked below)
+            off = end
+        self.evictable_size_ += off
+        self.inc_lock_ref(last_hit)
+        self.ongoing_load_back[id(op)] = (op, last_hit)
+
     # -- copies' acknowledgements -----------------------------------------------------------------------------------
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
