@@ -40,22 +40,6 @@ class PageTierMoves:
     def _free_host(self, node: HiTreeNode) -> None:
         self.cache_controller.evict_host(len(node.key) * self.page_size)
 
-    def poll(self, now_s: float) -> None:
-        """Move the copy clock to ``now_s`` and complete the copies finished by then (``check_hicache_events``)."""
-        ctl = self.cache_controller
-        ctl.poll(now_s)
-        if ctl.ack_write_queue or ctl.ack_load_queue:
-            self.writing_check()
-            self.loading_check()
-        if self.storage_controller is not None:  # (drain_storage_control_queues)
-            self._poll_storage()
-
-    def drain(self) -> None:
-        """Every issued copy lands (and the backups to storage their acks issued)."""
-        self.poll(self.cache_controller.drain_time())
-        if self.storage_controller is not None:
-            self.poll(self.storage_controller.drain_time())
-
     # -- device eviction (TwoTierCore._evict_leaves) ----------------------------------------------------------------
     def evict(self, pages: int) -> int:
         """``HiRadixCache.evict`` in pages (TwoTierCore's ``_evict_leaves``): unlocked device leaves in the policy's

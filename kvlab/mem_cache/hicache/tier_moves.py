@@ -46,32 +46,6 @@ class TierMoves:
     def _free_host(self, node: HiTreeNode) -> None:
         self.cache_controller.evict_host(node.host_value)
 
-    def check_hicache_events(self) -> None:
-        """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
-        self.writing_check()
-        self.loading_check()
-
-    # -- the modelled clock ---------------------------------------------------------------------------
-    def poll(self, now_s: float) -> None:
-        """Move the transfer clock to ``now_s`` and complete every copy finished by then."""
-        ctl = self.cache_controller
-        ctl.poll(now_s)
-        if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
-            self.check_hicache_events()
-        if self.storage_controller is not None:  # (drain_storage_control_queues: the backups landed)
-            self._poll_storage()
-
-    def advance(self, seconds: float) -> None:
-        self.poll(self.now_s + seconds)
-
-    def drain(self) -> float:
-        """Advance until every issued copy is complete; returns the seconds that took."""
-        start = self.now_s
-        self.poll(self.cache_controller.drain_time())
-        if self.storage_controller is not None:  # the host copies' acks issue backups to storage: let them land
-            self.poll(self.storage_controller.drain_time())
-        return self.now_s - start
-
     # -- device eviction (TwoTierCore._evict_leaves) ----------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> HiEvictResult:
         """Free at least ``num_tokens`` device tokens from unlocked device leaves, in the strategy's order (or all

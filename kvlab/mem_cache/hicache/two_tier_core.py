@@ -433,6 +433,32 @@ class TwoTierCore:
         self.inc_lock_ref(last_hit)
         self.ongoing_load_back[id(op)] = (op, last_hit)
 
+    # -- the copy clock ---------------------------------------------------------------------------------------------
+    def poll(self, now_s: float) -> None:
+        """Move the copy clock to ``now_s`` and complete every copy finished by then (and the storage tier's)."""
+        ctl = self.cache_controller
+        ctl.poll(now_s)
+        if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
+            self.check_hicache_events()
+        if self.storage_controller is not None:  # (drain_storage_control_queues: the backups landed)
+            self._poll_storage()
+
+    def advance(self, seconds: float) -> None:
+        self.poll(self.now_s + seconds)
+
+    def drain(self) -> float:
+        """Advance until every issued copy is complete; returns the seconds that took."""
+        start = self.now_s
+        self.poll(self.cache_controller.drain_time())
+        if self.storage_controller is not None:  # the host copies' acks issue backups to storage: let them land
+            self.poll(self.storage_controller.drain_time())
+        return self.now_s - start
+
+    def check_hicache_events(self) -> None:
+        """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
+        self.writing_check()
+        self.loading_check()
+
     # -- copies' acknowledgements -----------------------------------------------------------------------------------
     def writing_check(self, write_back: bool = False) -> int:
         """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
