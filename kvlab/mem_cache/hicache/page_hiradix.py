@@ -29,7 +29,7 @@ import hashlib
 from array import array
 from dataclasses import replace
 
-from kvlab.errors import InvariantError, require
+from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
@@ -171,52 +171,14 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         residency closed under prefixes; every node on a tier; host-only nodes unlocked; write-through backups a
         prefix from the root; lock counts; the counters; the host pool holding exactly the tree's host copies; both
         leaf indexes and heaps; every node an in-flight copy protects locked."""
-        root = self.root_node
-        self._check_root("PageHiRadixTree")
-        nodes, on_device = [], []
-        for node in self.nodes():
-            child_locks = 0
-            for first, child in node.children.items():
-                require(child.parent is node and first == child.key[0],
-                        "PageHiRadixTree: each child is filed under its first page and points back", child=child)
-                child_locks += child.lock_ref
-                if node.value is None and child.value is not None:
-                    raise InvariantError("PageHiRadixTree: device residency is closed under prefixes", child=child)
-            if node is root:
-                continue
-            require(len(node.key) > 0 and node.lock_ref >= child_locks,
-                    "PageHiRadixTree: non-empty keys, lock_ref >= the children's", node=node)
-            if node.value is None and node.host_value is None:
-                raise InvariantError("PageHiRadixTree: every node is on the device or on host", node=node)
-            if node.value is None:
-                require(node.lock_ref == 0, "PageHiRadixTree: a host-only node is unlocked", node=node)
-            else:
-                on_device.append(node)
-            if (node.host_value is not None and self.write_policy != "write_back" and node.parent is not root
-                    and node.parent.host_value is None):
-                raise InvariantError("PageHiRadixTree: write-through backups form a prefix from the root", node=node)
-            nodes.append(node)
-        self._check_sizes(on_device, "PageHiRadixTree")
+        nodes, on_device = self._check_tiers("PageHiRadixTree")  # (two_tier_core: what both two-tier trees check)
         host_pages = self.host_size()
         held = sum(len(x) for x in self.prefetch_host_slots())  # (storage_moves: a prefetch's slots, not yet in it)
         require(host_pages * self.page_size + held == self.host_pool.used_size(),
                 "PageHiRadixTree: the host pool holds exactly the tree's host copies and the prefetches' slots",
                 tree=host_pages, prefetch=held, pool_used=self.host_pool.used_size())
         self.host_pool.check_invariants()
-        self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
-                              "PageHiRadixTree: the device-leaf index holds exactly the unlocked device leaves",
-                              "PageHiRadixTree: every device leaf has a live heap entry with its current sort key")
-        self.host_leaf_index.check({x for x in nodes if x.value is None
-                                    and all(c.host_value is None for c in x.children.values())},
-                                   "PageHiRadixTree: the host-leaf index holds exactly the host-only leaves",
-                                   "PageHiRadixTree: every host leaf has a live heap entry with its current sort key")
-        for _, lock_node in self.ongoing_write_through.values():
-            require(lock_node is None or lock_node.lock_ref > 0,
-                    "PageHiRadixTree: a node with a backup in flight is locked", node=lock_node)
-        for _, node in self.ongoing_load_back.values():
-            require(node.value is not None and node.lock_ref > 0,
-                    "PageHiRadixTree: a node with a load-back in flight is on the device and locked", node=node)
-        self.check_storage_invariants()
+        self._check_tier_indexes(nodes, on_device, "PageHiRadixTree")
 
     def to_hiradix_cache(self, page_keys, kv_tokens: int):
         """This tree as the token-level ``HiRadixCache`` the token-level run ends with: the same nodes (ids, keys as

@@ -1,10 +1,9 @@
-"""The page-granular two-tier tree's moves between tiers: :mod:`~kvlab.mem_cache.hicache.tier_moves` op for op over
-page counts (a mixin of :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`).
+"""The page tree's side of the moves between tiers: the copies and frees over page counts that
+:class:`~kvlab.mem_cache.hicache.two_tier_core.TwoTierCore`'s backups, device and host eviction and load-back run
+(written once there for both two-tier trees; a mixin of :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`).
 
-Upstream, as ``tier_moves``: 0.5.16's ``hiradix_cache.py::HiRadixCache`` ``write_backup``, ``writing_check``,
-``loading_check``, ``check_hicache_events``, ``evict`` (``_evict_write_through`` / ``_evict_write_back``,
-``_detach_backuped``, ``_evict_backuped``, ``_evict_regular``, ``_drop_subtree_no_host``), ``evict_host`` and
-``load_back`` (with kvlab's ``load_back_evict_mode``, finding 2's rule). Where the token tree moves slot tensors
+Upstream, as ``tier_moves``: 0.5.16's ``hiradix_cache.py::HiRadixCache`` ``evict`` and ``load_back`` (with kvlab's
+``load_back_evict_mode``, finding 2's rule) as the page engine reads them. Where the token tree moves slot tensors
 this one moves counts: the controller (:class:`~kvlab.mem_cache.hicache.page_host.PageHiController`) takes and
 gives pages of both pools and times each copy on the shared clock. Counts here are pages; the controller and the
 host-eviction total count tokens. No torch.

@@ -1,12 +1,10 @@
-"""The two-tier tree's moves between tiers: backups (device -> host), demotion and write-back on device eviction,
-host eviction, load-back (host -> device), and the copies' acknowledgements on the modelled clock.
+"""The token tree's side of the moves between tiers: the copies and frees over slot tensors that
+:class:`~kvlab.mem_cache.hicache.two_tier_core.TwoTierCore`'s backups, device and host eviction and load-back run
+(written once there for both two-tier trees), and the answers as the scheduler reads them.
 
-Upstream: ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` (0.5.16): ``write_backup``, ``writing_check``,
-``loading_check``, ``check_hicache_events``, ``evict`` (``_evict_write_through`` / ``_evict_write_back``,
-``_detach_backuped``, ``_evict_backuped``, ``_evict_regular``, ``_drop_subtree_no_host``), ``evict_host``,
-``load_back`` and ``init_load_back``. The load-back's eviction is finding 2's rule
-(:func:`~kvlab.mem_cache.shortfall.tokens_to_evict`). A mixin of
-:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`.
+Upstream: ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` (0.5.16): ``evict``'s result, ``load_back``'s
+and ``init_load_back``. The load-back's eviction is finding 2's rule (:func:`~kvlab.mem_cache.shortfall.tokens_to_evict`).
+A mixin of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`.
 """
 
 from __future__ import annotations

@@ -1,21 +1,41 @@
-"""What both two-tier trees do that reads only residency, locks, the logical clock and the copy clock: the token tree
+"""What both two-tier trees do, written once: the token tree
 (:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`, over slot tensors) and the page tree
-(:class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`, the page engine's, over page counts), written once.
+(:class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`, the page engine's, over page counts).
 
-Upstream: 0.5.16's ``hiradix_cache.py::HiRadixCache`` ``writing_check`` / ``loading_check`` (the acks of the copies,
-which unlock their nodes); kvlab's own: the ends of a match walk on each tier (``match_ends``) and the replay of a
-repeated walk (``restamp_path``), see ``hiradix_cache``'s module docstring. A mixin; no torch.
+Upstream: 0.5.16's ``hiradix_cache.py::HiRadixCache``: the walks (``_match_prefix_helper``, ``_insert_helper`` with
+its re-insert over a host-only node, ``inc_hit_count``), ``write_backup``, ``evict`` (``_evict_write_through`` /
+``_evict_write_back``, ``_detach_backuped``, ``_evict_backuped``, ``_evict_regular``, ``_drop_subtree_no_host``),
+``evict_host``, ``load_back`` (with kvlab's ``load_back_evict_mode``, finding 2's rule), ``writing_check`` /
+``loading_check`` / ``check_hicache_events`` (the acks of the copies, which unlock their nodes); kvlab's own: the
+locked-path shortcut of insert and the re-match after it, the ends of a match walk on each tier (``match_ends``) and
+the replay of a repeated walk (``restamp_path``), see ``hiradix_cache``'s module docstring.
+
+A tree gives only what reads its values (the token tree's: slot tensors; the page tree's: ``True`` and counts):
+
+- ``_key_of(key, off)``: the child key at ``key[off]`` (a token, or a page's bytes; a page id);
+- ``_split_len(ckey, key, off, n)``: where a walk splits a node that diverges from the key (whole pages);
+- ``_device_value(src, start, end)``: what a node of ``key[start:end]`` holds on the device, from the caller's or
+  the load's ``src`` (its own copy of the slots; ``True``);
+- ``_write_host(node)``: issue its backup: its host value, or None when the host pool is short;
+- ``_free_device(node, value)`` / ``_free_host(node)``: a node's device / host copy back to its pool;
+- ``_host_source(to_load, tokens)`` / ``_load_device(source, last_hit)``: a load-back's source (the host slots; the
+  tokens) and its issue: the device value, or None when the device pool is short.
+
+Lengths are the tree's key units (``len(node.key)``: tokens, or pages), as its counters are; ``key_tokens``
+(storage_moves: tokens per key unit) turns them into tokens where tokens are meant (the load-back threshold and
+quota, ``host_evicted_tokens``). A mixin; no torch.
 """
 
 from __future__ import annotations
 
-from kvlab.errors import require
+from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 
 
 class TwoTierCore:
-    """A two-tier tree's match ends, walk replay and copy acks (a mixin over its ``root_node``, ``clock``, leaf
-    indexes, locks, ``cache_controller`` and ``ongoing_write_through`` / ``ongoing_load_back``)."""
+    """A two-tier tree's walks, tier moves, copy clock and acks (a mixin over its ``root_node``, ``clock``, leaf
+    indexes, locks, counters, ``cache_controller``, ``ongoing_write_through`` / ``ongoing_load_back`` and the hooks
+    above)."""
 
     @property
     def now_s(self) -> float:
@@ -458,6 +478,68 @@ class TwoTierCore:
         """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
         self.writing_check()
         self.loading_check()
+
+    # -- the check both trees' check_invariants make -------------------------------------------------------------------
+    def _check_tiers(self, name: str) -> tuple[list, list]:
+        """Children filed by their first key unit and pointing back; device residency closed under prefixes;
+        lock_ref >= the children's; keys of whole pages; every node on a tier; host-only nodes unlocked;
+        write-through backups a prefix from the root; the size counters. Returns (the nodes but the root, those on
+        the device)."""
+        root, ps, unit = self.root_node, self.page_size, self.key_tokens
+        self._check_root(name)
+        nodes, on_device = [], []
+        for node in self.nodes():
+            child_locks = 0
+            for ck, child in node.children.items():
+                require(child.parent is node and ck == self._key_of(child.key),
+                        f"{name}: each child is filed under its first token/page and points back at its parent",
+                        child=child, filed_under=ck)
+                child_locks += child.lock_ref
+                if node.value is None and child.value is not None:
+                    raise InvariantError(f"{name}: device residency is closed under prefixes (a device node's "
+                                         "parent is on the device)", child=child, parent=node)
+            if node is root:
+                continue
+            require(node.lock_ref >= child_locks, f"{name}: lock_ref >= the sum of the children's", node=node,
+                    lock_ref=node.lock_ref, children_lock_ref=child_locks)
+            k = len(node.key) * unit
+            if not k or k % ps:
+                raise InvariantError(f"{name}: every key is a non-empty whole number of pages", node=node,
+                                     key_tokens=k, page_size=ps)
+            if node.value is None and node.host_value is None:
+                raise InvariantError(f"{name}: every node is on the device or on host", node=node)
+            if node.value is None:
+                require(node.lock_ref == 0, f"{name}: a host-only node is unlocked", node=node)
+            else:
+                on_device.append(node)
+            if (node.host_value is not None and self.write_policy != "write_back" and node.parent is not root
+                    and node.parent.host_value is None):
+                raise InvariantError(f"{name}: write-through backups form a prefix from the root", node=node,
+                                     parent=node.parent)
+            nodes.append(node)
+        self._check_sizes(on_device, name)  # (device lengths only)
+        return nodes, on_device
+
+    def _check_tier_indexes(self, nodes: list, on_device: list, name: str) -> None:
+        """Both leaf indexes against a recomputation (each leaf with a live heap entry of its current sort key),
+        every node an in-flight copy protects locked, and the storage tier's check."""
+        self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
+                              f"{name}: the device-leaf index holds exactly the unlocked device leaves",
+                              f"{name}: every device leaf has a live heap entry with its current sort key")
+        self.host_leaf_index.check({x for x in nodes if x.value is None
+                                    and all(c.host_value is None for c in x.children.values())},
+                                   f"{name}: the host-leaf index holds exactly the host-only nodes without backed-up "
+                                   "children",
+                                   f"{name}: every host leaf has a live heap entry with its current sort key")
+        for op, lock_node in self.ongoing_write_through.values():
+            if lock_node is not None:
+                require(lock_node.lock_ref > 0, f"{name}: a node with a backup in flight is locked", node=lock_node,
+                        finish_s=op.finish_s)
+        for op, node in self.ongoing_load_back.values():
+            require(node.value is not None and node.lock_ref > 0,
+                    f"{name}: a node with a load-back in flight is on the device and locked", node=node,
+                    finish_s=op.finish_s)
+        self.check_storage_invariants()
 
     # -- copies' acknowledgements -----------------------------------------------------------------------------------
     def writing_check(self, write_back: bool = False) -> int:
