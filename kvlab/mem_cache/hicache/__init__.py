@@ -18,8 +18,9 @@ module               upstream (``sglang/srt/...``)
                      frees and answers of the moves ``two_tier_core`` makes)
 ``invariants``       kvlab's own: ``HiRadixCache.check_invariants()``
 ``two_tier_core``    what both two-tier trees (slots, pages) share, written once: ``HiRadixCache``'s match and
-                     insert walks, ``write_backup``, ``evict`` (demotion, write-back), ``evict_host``,
-                     ``load_back``, ``writing_check`` / ``loading_check``, and kvlab's match ends and walk replay
+                     insert walks, and kvlab's match ends, walk replay and structural check
+``two_tier_moves``   ``HiRadixCache.write_backup``, ``evict`` (demotion, write-back), ``evict_host``,
+                     ``load_back``, ``writing_check`` / ``loading_check``: both two-tier trees' moves, written once
 ``page_host``        the host pool as free pages and ``HiCacheController`` over counts (the page engine's)
 ``page_tier_moves``  ``tier_moves`` in pages (the copies and frees over counts)
 ``page_hiradix``     ``HiRadixCache`` op for op over page ids (the page engine's two-tier tree)

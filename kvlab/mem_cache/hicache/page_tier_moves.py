@@ -1,5 +1,5 @@
 """The page tree's side of the moves between tiers: the copies and frees over page counts that
-:class:`~kvlab.mem_cache.hicache.two_tier_core.TwoTierCore`'s backups, device and host eviction and load-back run
+:class:`~kvlab.mem_cache.hicache.two_tier_moves.TwoTierMoves`' backups, device and host eviction and load-back run
 (written once there for both two-tier trees; a mixin of :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`).
 
 Upstream, as ``tier_moves``: 0.5.16's ``hiradix_cache.py::HiRadixCache`` ``evict`` and ``load_back`` (with kvlab's
@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from kvlab.mem_cache.hicache.page_host import PageHiController
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.hicache.two_tier_moves import TwoTierMoves
 from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 
 
-class PageTierMoves:
+class PageTierMoves(TwoTierMoves):
     """The tier-move methods of :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree` (a mixin)."""
 
     cache_controller: PageHiController
@@ -28,7 +29,7 @@ class PageTierMoves:
     ongoing_write_through: dict
     ongoing_load_back: dict
 
-    # -- the copies and frees TwoTierCore's write_backup, evict and evict_host run over page counts -----------------
+    # -- the copies and frees TwoTierMoves' write_backup, evict and evict_host run over page counts -----------------
     def _write_host(self, node: HiTreeNode) -> bool | None:
         """Issue ``node``'s backup: True, or None (nothing issued) when the host pool is short."""
         return True if self.cache_controller.write(len(node.key) * self.page_size, node.id) else None
@@ -39,16 +40,16 @@ class PageTierMoves:
     def _free_host(self, node: HiTreeNode) -> None:
         self.cache_controller.evict_host(len(node.key) * self.page_size)
 
-    # -- device eviction (TwoTierCore._evict_leaves) ----------------------------------------------------------------
+    # -- device eviction (TwoTierMoves._evict_leaves) ----------------------------------------------------------------
     def evict(self, pages: int) -> int:
-        """``HiRadixCache.evict`` in pages (TwoTierCore's ``_evict_leaves``): unlocked device leaves in the policy's
+        """``HiRadixCache.evict`` in pages (TwoTierMoves' ``_evict_leaves``): unlocked device leaves in the policy's
         order until ``pages`` are freed. Returns the pages evicted (the device pool gets them back through the
         controller; a write-back's only once its copies landed)."""
         return self._evict_leaves(pages)
 
     # -- load-back (host -> device) ---------------------------------------------------------------------------------
     def load_back(self, node: HiTreeNode) -> tuple[int, tuple | None]:
-        """``HiRadixCache.load_back`` in pages (TwoTierCore's ``_load_back``, no ``mem_quota``, as the scheduler
+        """``HiRadixCache.load_back`` in pages (TwoTierMoves' ``_load_back``, no ``mem_quota``, as the scheduler
         passes none): (pages loaded, 0 when skipped or short; the eviction it ran as ``(shortfall, requested,
         evicted)`` tokens, or None)."""
         device, ev, _ = self._load_back(node)

@@ -1,5 +1,5 @@
 """The token tree's side of the moves between tiers: the copies and frees over slot tensors that
-:class:`~kvlab.mem_cache.hicache.two_tier_core.TwoTierCore`'s backups, device and host eviction and load-back run
+:class:`~kvlab.mem_cache.hicache.two_tier_moves.TwoTierMoves`' backups, device and host eviction and load-back run
 (written once there for both two-tier trees), and the answers as the scheduler reads them.
 
 Upstream: ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` (0.5.16): ``evict``'s result, ``load_back``'s
@@ -17,10 +17,11 @@ from kvlab.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from kvlab.mem_cache.hicache.cache_controller import CacheOperation, HiCacheController
 from kvlab.mem_cache.hicache.results import NO_EVICT, HiEvictResult, LoadBackResult
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.hicache.two_tier_moves import TwoTierMoves
 from kvlab.mem_cache.shortfall import over_evicted_tokens, shortfall_tokens, tokens_to_evict
 
 
-class TierMoves:
+class TierMoves(TwoTierMoves):
     """The tier-move methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin): they use
     its controller, its leaf indexes, its locks and its counters."""
 
@@ -32,7 +33,7 @@ class TierMoves:
     ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]]
     ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]]
 
-    # -- the copies and frees TwoTierCore's write_backup, evict and evict_host run over slot tensors ------------------
+    # -- the copies and frees TwoTierMoves' write_backup, evict and evict_host run over slot tensors ------------------
     def _write_host(self, node: HiTreeNode) -> torch.Tensor | None:
         """Issue ``node``'s backup: its host slots (the copy's op holds the same tensor; neither writes to it), or
         None (nothing issued) when the host pool is full."""
@@ -44,7 +45,7 @@ class TierMoves:
     def _free_host(self, node: HiTreeNode) -> None:
         self.cache_controller.evict_host(node.host_value)
 
-    # -- device eviction (TwoTierCore._evict_leaves) ----------------------------------------------------------------
+    # -- device eviction (TwoTierMoves._evict_leaves) ----------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> HiEvictResult:
         """Free at least ``num_tokens`` device tokens from unlocked device leaves, in the strategy's order (or all
         there are). A backed-up leaf is demoted to host-only; an unbacked one is destroyed (write-through
@@ -62,7 +63,7 @@ class TierMoves:
 
     # -- load-back (host -> device) ------------------------------------------------------------------
     def load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> LoadBackResult:
-        """Bring the host-only path ending at ``node`` back to the device, all or nothing (TwoTierCore's
+        """Bring the host-only path ending at ``node`` back to the device, all or nothing (TwoTierMoves'
         ``_load_back``): the new slots, the eviction it ran and why nothing was loaded, if so."""
         device, ev, reason = self._load_back(node, mem_quota)
         return LoadBackResult(device, NO_EVICT if ev is None else ev, reason)

@@ -3,27 +3,17 @@
 (:class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`, the page engine's, over page counts).
 
 Upstream: 0.5.16's ``hiradix_cache.py::HiRadixCache``: the walks (``_match_prefix_helper``, ``_insert_helper`` with
-its re-insert over a host-only node, ``inc_hit_count``), ``write_backup``, ``evict`` (``_evict_write_through`` /
-``_evict_write_back``, ``_detach_backuped``, ``_evict_backuped``, ``_evict_regular``, ``_drop_subtree_no_host``),
-``evict_host``, ``load_back`` (with kvlab's ``load_back_evict_mode``, finding 2's rule), ``writing_check`` /
-``loading_check`` / ``check_hicache_events`` (the acks of the copies, which unlock their nodes); kvlab's own: the
-locked-path shortcut of insert and the re-match after it, the ends of a match walk on each tier (``match_ends``) and
-the replay of a repeated walk (``restamp_path``), see ``hiradix_cache``'s module docstring.
+its re-insert over a host-only node, ``inc_hit_count``) and ``_detach_backuped``; kvlab's own: the locked-path
+shortcut of insert and the re-match after it, the ends of a match walk on each tier (``match_ends``), the replay of a
+repeated walk (``restamp_path``, see ``hiradix_cache``'s module docstring) and the structural check both trees'
+``check_invariants`` make. The moves between the tiers are :mod:`~kvlab.mem_cache.hicache.two_tier_moves`'.
 
-A tree gives only what reads its values (the token tree's: slot tensors; the page tree's: ``True`` and counts):
-
-- ``_key_of(key, off)``: the child key at ``key[off]`` (a token, or a page's bytes; a page id);
-- ``_split_len(ckey, key, off, n)``: where a walk splits a node that diverges from the key (whole pages);
-- ``_device_value(src, start, end)``: what a node of ``key[start:end]`` holds on the device, from the caller's or
-  the load's ``src`` (its own copy of the slots; ``True``);
-- ``_write_host(node)``: issue its backup: its host value, or None when the host pool is short;
-- ``_free_device(node, value)`` / ``_free_host(node)``: a node's device / host copy back to its pool;
-- ``_host_source(to_load, tokens)`` / ``_load_device(source, last_hit)``: a load-back's source (the host slots; the
-  tokens) and its issue: the device value, or None when the device pool is short.
-
-Lengths are the tree's key units (``len(node.key)``: tokens, or pages), as its counters are; ``key_tokens``
-(storage_moves: tokens per key unit) turns them into tokens where tokens are meant (the load-back threshold and
-quota, ``host_evicted_tokens``). A mixin; no torch.
+A tree gives only what reads its values (the token tree's: slot tensors; the page tree's: ``True`` and page ids):
+``_key_of(key, off)``, the child key at ``key[off]`` (a token, or a page's bytes; a page id); ``_split_len(ckey,
+key, off, n)``, where a walk splits a node that diverges from the key (whole pages); ``_device_value(src, start,
+end)``, what a node of ``key[start:end]`` holds on the device, from the caller's or a load's ``src`` (its own copy
+of the slots; ``True``). Lengths are the tree's key units (``len(node.key)``: tokens, or pages), as its counters
+are; ``key_tokens`` (storage_moves: tokens per key unit) turns them into tokens. A mixin; no torch.
 """
 
 from __future__ import annotations
@@ -33,9 +23,8 @@ from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 
 
 class TwoTierCore:
-    """A two-tier tree's walks, tier moves, copy clock and acks (a mixin over its ``root_node``, ``clock``, leaf
-    indexes, locks, counters, ``cache_controller``, ``ongoing_write_through`` / ``ongoing_load_back`` and the hooks
-    above)."""
+    """A two-tier tree's walks, match ends, walk replay and structural check (a mixin over its ``root_node``,
+    ``clock``, leaf indexes, locks, counters and the hooks above)."""
 
     @property
     def now_s(self) -> float:
@@ -234,251 +223,6 @@ class TwoTierCore:
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
-    # -- backups and eviction: each tree's copies and frees (``_write_host``, ``_free_device``, ``_free_host``); the
-    # rest, op for op 0.5.16's write_backup, evict (_evict_write_through / _evict_write_back) and evict_host ------------
-    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
-        """Copy ``node``'s device KV to host (evicting host leaves once if the pool is full). Under the write-through
-        policies only a node whose parent is backed up is copied, and it stays locked until the copy is
-        acknowledged. Returns its length (0: not backed up)."""
-        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
-            return 0
-        n = len(node.key)
-        host = self._write_host(node)
-        if host is None:
-            self.evict_host(n)
-            host = self._write_host(node)
-            while host is None and write_back and self.wait_storage_backups():  # (storage_moves)
-                self.evict_host(n)
-                host = self._write_host(node)
-            if host is None:
-                return 0
-        self.structure_version += 1
-        node.host_value = host
-        op = self.cache_controller.write_queue[-1]
-        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
-        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
-        if not write_back:
-            self.inc_lock_ref(node)
-        return n
-
-    def _evict_leaves(self, num: int, tally: dict | None = None) -> int:
-        """Evict unlocked device leaves in the policy's order until ``num`` (tree units) are freed or none is left:
-        demoted to host-only when backed up, else destroyed (write-through policies) or written to host first
-        (``write_back``: the eviction waits for its copies; if the host pool stays full, the leaf and its host-only
-        subtree are dropped). A parent whose children all left the device joins the heap as it becomes a leaf, as
-        0.5.16 pushes it. ``tally``: adds the demoted, written and destroyed lengths. Returns the length evicted."""
-        tally = {"demoted": 0, "written": 0, "destroyed": 0} if tally is None else tally
-        staged: list = []  # write-back: (node, its device value) whose copies are in flight
-        kept: list = []  # popped but still leaves (a host-protected subtree): candidates again next call
-        index = self.leaf_index
-        index.frozen = True  # no rebuild while popped leaves wait in ``kept``
-        try:
-            return self._evict_loop(num, tally, staged, kept)
-        finally:
-            index.frozen = False
-            for x in kept:
-                index.touch(x)
-
-    def _evict_loop(self, num: int, tally: dict, staged: list, kept: list) -> int:
-        evicted = 0
-        pop, leaves = self.leaf_index.pop, self.leaf_index.leaves
-        while evicted < num:
-            x = pop()
-            if x is None:
-                break
-            if x.host_value is not None:
-                evicted += self._evict_backuped(x)
-                tally["demoted"] += len(x.key)
-            elif self.write_policy != "write_back":
-                evicted += self._evict_regular(x)
-                tally["destroyed"] += len(x.key)
-            elif self.write_backup(x, write_back=True) > 0 or self.retry_write_back(x, staged):
-                x.protect_host()
-                staged.append((x, x.value))
-                evicted += self._detach_backuped(x)
-                tally["written"] += len(x.key)
-            else:
-                self._flush_staged(staged)
-                dropped = self._drop_subtree_no_host(x)
-                evicted += dropped
-                tally["destroyed"] += dropped
-            if x in leaves:  # not dropped (a host-protected node below it)
-                kept.append(x)
-        self._flush_staged(staged)
-        return evicted
-
-    def _flush_staged(self, staged: list) -> None:
-        """Write-back: wait for the staged copies, then free their device slots or pages."""
-        if not staged:
-            return
-        self.writing_check(write_back=True)
-        for node, value in staged:
-            self._free_device(node, value)
-            node.release_host()
-        staged.clear()
-
-    def _evict_backuped(self, node: HiTreeNode) -> int:
-        value = node.value
-        n = self._detach_backuped(node)
-        self._free_device(node, value)
-        return n
-
-    def _evict_regular(self, node: HiTreeNode) -> int:
-        require(not node.children, "a two-tier tree: an unbacked device leaf has no children (write-through)",
-                tree=type(self).__name__, node=node)
-        self._free_device(node, node.value)
-        self._delete_leaf(node)
-        return len(node.key)
-
-    def _delete_leaf(self, node: HiTreeNode) -> None:
-        self._drop_leaf(node)  # (tree_core: the structure version, the counters, the device-leaf index)
-        del node.parent.children[self._key_of(node.key)]
-        node.value = None
-        self._update_leaf_status(node.parent)
-
-    def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
-        """Write-back with the host pool full: drop ``top`` (a device leaf) and its host-only descendants from both
-        tiers, unless any of them is host-protected. Returns the device length freed."""
-        nodes, stack = [], [top]
-        while stack:
-            x = stack.pop()
-            nodes.append(x)
-            stack.extend(x.children.values())
-        if any(x.host_ref_counter > 0 for x in nodes):
-            return 0
-        self.structure_version += 1
-        freed = 0
-        for x in nodes:
-            if x.host_value is not None:
-                self._free_host(x)
-                x.host_value = None
-            if x.value is not None:
-                self._free_device(x, x.value)
-                freed += len(x.key)
-                self.evictable_size_ -= len(x.key)
-                x.value = None
-            self.leaf_index.discard(x)
-            self.host_leaf_index.discard(x)
-        del top.parent.children[self._key_of(top.key)]
-        self._update_leaf_status(top.parent)
-        self._update_host_leaf_status(top.parent)
-        return freed
-
-    def evict_host(self, num: int) -> int:
-        """Free the host copies of host-only leaves (never host-protected ones), in the policy's order, until
-        ``num`` (tree units) are freed or none is left; the node is deleted, and a parent left childless and
-        host-only becomes a candidate. Returns the length freed (``HiRadixCache.evict_host``); the running total
-        ``host_evicted_tokens`` counts tokens (``key_tokens`` per unit)."""
-        freed, kept = 0, []  # kept: host-protected leaves, skipped, candidates again next call
-        index = self.host_leaf_index
-        index.frozen = True
-        try:
-            while freed < num:
-                x = index.pop()
-                if x is None:
-                    break
-                if x.host_ref_counter > 0:
-                    kept.append(x)
-                    continue
-                self._free_host(x)
-                freed += len(x.key)
-                self.structure_version += 1
-                parent = x.parent
-                del parent.children[self._key_of(x.key)]
-                index.discard(x)
-                x.host_value = None
-                self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
-        finally:
-            index.frozen = False
-            for x in kept:
-                index.touch(x)
-        self.host_evicted_tokens += freed * self.key_tokens
-        return freed
-
-    # -- load-back (host -> device): each tree's copy source and device values (``_host_source``, ``_load_device``,
-    # ``_device_value``); the rest, op for op 0.5.16's load_back (with kvlab's load_back_evict_mode) -----------------
-    def _load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> tuple[object, object, str | None]:
-        """Bring the host-only path ending at ``node`` back to the device, all or nothing: ``(its device value, the
-        eviction run for room or None, None)``, or ``(None, that eviction or None, why)`` when nothing was loaded
-        (``"below_threshold"``: fewer than ``load_back_threshold`` tokens; ``"over_quota"``: more than
-        ``mem_quota`` device tokens, the evictable ones the load would pin counted against it; ``"device_full"``).
-        The device pool's room comes first from eviction as finding 2's rule says (``load_back_evict_mode``). On
-        success the loaded nodes hold their values at once and ``node`` stays locked until the copy is acknowledged
-        (``loading_check``)."""
-        last_hit, to_load = node, []
-        while node.value is None:
-            require(node.host_value is not None, "a two-tier tree: a node off the device has a host copy", node=node)
-            to_load.append(node)
-            node = node.parent
-        to_load.reverse()
-        ancestor = node
-        delta = self.inc_lock_ref(ancestor)
-        n = sum(len(x.key) for x in to_load) * self.key_tokens  # tokens
-        if n < self.load_back_threshold or (mem_quota is not None and n > mem_quota + delta * self.key_tokens):
-            self.dec_lock_ref(ancestor)
-            return None, None, "below_threshold" if n < self.load_back_threshold else "over_quota"
-        for x in to_load:
-            x.protect_host()
-        source, ev = self._host_source(to_load, n), None
-        available = self.cache_controller.mem_pool_device_allocator.available_size()
-        if self.load_back_evict_mode == "shortfall":  # 0.5.23: make room first, then allocate
-            if n > available:
-                ev = self._evict_for_load(n, available)
-            device = self._load_device(source, last_hit)
-        else:  # 0.5.16: try to allocate, and on failure evict (the bug: all of n) and try again
-            device = self._load_device(source, last_hit)
-            if device is None:
-                ev = self._evict_for_load(n, available)
-                device = self._load_device(source, last_hit)
-        self.dec_lock_ref(ancestor)
-        for x in to_load:
-            x.release_host()
-        if device is None:
-            return None, ev, "device_full"
-        self._loaded(to_load, device, last_hit)
-        return device, ev, None
-
-    def _loaded(self, to_load: list, device, last_hit: HiTreeNode) -> None:
-        """A load-back was issued: the nodes ``to_load`` take their parts of ``device`` (no longer host leaves),
-        and ``last_hit`` is locked until the copy's ack."""
-        op = self.cache_controller.load_queue[-1]
-        self.structure_version += 1
-        off, discard = 0, self.host_leaf_index.discard
-        for x in to_load:
-            end = off + len(x.key)
-            x.value = self._device_value(device, off * self.key_tokens, end * self.key_tokens)
-            discard(x)  # on the device again: no host leaf (and locked below)
-            off = end
-        self.evictable_size_ += off
-        self.inc_lock_ref(last_hit)
-        self.ongoing_load_back[id(op)] = (op, last_hit)
-
-    # -- the copy clock ---------------------------------------------------------------------------------------------
-    def poll(self, now_s: float) -> None:
-        """Move the copy clock to ``now_s`` and complete every copy finished by then (and the storage tier's)."""
-        ctl = self.cache_controller
-        ctl.poll(now_s)
-        if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
-            self.check_hicache_events()
-        if self.storage_controller is not None:  # (drain_storage_control_queues: the backups landed)
-            self._poll_storage()
-
-    def advance(self, seconds: float) -> None:
-        self.poll(self.now_s + seconds)
-
-    def drain(self) -> float:
-        """Advance until every issued copy is complete; returns the seconds that took."""
-        start = self.now_s
-        self.poll(self.cache_controller.drain_time())
-        if self.storage_controller is not None:  # the host copies' acks issue backups to storage: let them land
-            self.poll(self.storage_controller.drain_time())
-        return self.now_s - start
-
-    def check_hicache_events(self) -> None:
-        """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
-        self.writing_check()
-        self.loading_check()
-
     # -- the check both trees' check_invariants make -------------------------------------------------------------------
     def _check_tiers(self, name: str) -> tuple[list, list]:
         """Children filed by their first key unit and pointing back; device residency closed under prefixes;
@@ -540,27 +284,3 @@ class TwoTierCore:
                     f"{name}: a node with a load-back in flight is on the device and locked", node=node,
                     finish_s=op.finish_s)
         self.check_storage_invariants()
-
-    # -- copies' acknowledgements -----------------------------------------------------------------------------------
-    def writing_check(self, write_back: bool = False) -> int:
-        """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
-        copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
-        ctl = self.cache_controller
-        if write_back:
-            ctl.wait_writes()
-        acks, ctl.ack_write_queue = ctl.ack_write_queue, []
-        for op in acks:
-            _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
-            self._host_backup_acked(id(op))  # _finish_write_through_ack -> write_backup_storage
-            if lock_node is not None:
-                self.dec_lock_ref(lock_node)
-        return len(acks)
-
-    def loading_check(self) -> int:
-        """Consume acknowledged load-backs (unlocking the node each one locked). Returns the acks consumed."""
-        ctl = self.cache_controller
-        acks, ctl.ack_load_queue = ctl.ack_load_queue, []
-        for op in acks:
-            _, node = self.ongoing_load_back.pop(id(op))
-            self.dec_lock_ref(node)
-        return len(acks)
