@@ -2,8 +2,10 @@
 
 Mirrors SGLang 0.5.16's ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` op for op (the differential test
 ``tests/mem_cache/test_differential_hicache.py`` runs SGLang's own class against it). This module holds the class,
-its match, insert, request flows and locks; the rest of the upstream class is mixed in from beside it (the leaf
-indexes: ``leaf_index``; the moves between tiers: ``tier_moves``; the check: ``invariants``). Each node holds
+its match, insert, request flows and locks over slot tensors; the rest of the upstream class is mixed in from beside
+it, what the page engine's two-tier tree shares written once (the walks: ``two_tier_core``; the moves between tiers:
+``two_tier_moves``, over ``tier_moves``' copies and frees of slots; the leaf indexes: ``leaf_index``), and the
+check (``invariants``). Each node holds
 ``value`` (device slots, None once evicted from the device) and ``host_value`` (host slots, None until backed
 up)::
 

@@ -11,12 +11,13 @@ count too, and the copies are timed by :class:`~kvlab.mem_cache.hicache.cache_co
 (:class:`~kvlab.mem_cache.hicache.page_host.PageHiController`: one clock for both memories).
 
 Shared, not copied: the leaf rules and each tier's heap (``leaf_index.HiLeafIndex`` over ``tree_core.LeafIndex``),
-the lock walk, counters and structure-version bumps (``tree_core.TreeCore``), the node (``tree_node.HiTreeNode``)
-and the copy clock. Written here, op for op as the token tree's: the walks (match with a clock read per node, split,
-insert with the locked-path shortcut and write-through hit counting, the re-match after an insert) in this module,
-and the tier moves (backup, demotion, write-back, host eviction, load-back, acks) in
-:mod:`~kvlab.mem_cache.hicache.page_tier_moves`. Sizes (``evictable_size_``, ``protected_size_``) are in pages;
-what reaches the scheduler and the ledger is in tokens, as the token tree gives it. The twin test
+the lock walk, counters and structure-version bumps (``tree_core.TreeCore``), the node (``tree_node.HiTreeNode``),
+the copy clock, and the token tree's own code for the walks (match with a clock read per node, insert with the
+locked-path shortcut and write-through hit counting, the re-match after an insert: ``two_tier_core.TwoTierCore``)
+and the tier moves (backup, demotion, write-back, host eviction, load-back, acks: ``two_tier_moves.TwoTierMoves``).
+Written here: what reads page ids (the child key, the split, the storage keys), and in
+:mod:`~kvlab.mem_cache.hicache.page_tier_moves` the copies and frees over counts. Sizes (``evictable_size_``,
+``protected_size_``) are in pages; what reaches the scheduler and the ledger is in tokens, as the token tree gives it. The twin test
 (``tests/sched/test_page_hicache.py``) runs both memories on the same workloads and requires the same rows, totals,
 clock, host-tier traffic and final tree (:meth:`PageHiRadixTree.to_hiradix_cache` rebuilds it at token level).
 
