@@ -14,13 +14,15 @@ module               upstream (``sglang/srt/...``)
 ``hiradix_cache``    ``mem_cache/hiradix_cache.py::HiRadixCache``: the class, match, insert, request flows, locks
 ``leaf_index``       ``HiRadixCache``'s leaf sets (``_update_host_leaf_status``) and eviction heaps
                      (``_make_eviction_heap``, ``_promote_parent``), kept across calls
-``tier_moves``       ``HiRadixCache.write_backup`` / ``writing_check`` / ``loading_check``, ``evict`` (demotion,
-                     write-back), ``evict_host``, ``load_back`` / ``init_load_back``
+``tier_moves``       ``HiRadixCache.evict`` / ``load_back`` / ``init_load_back`` over slot tensors (the copies,
+                     frees and answers of the moves ``two_tier_core`` makes)
 ``invariants``       kvlab's own: ``HiRadixCache.check_invariants()``
-``two_tier_core``    ``HiRadixCache.writing_check`` / ``loading_check``, and kvlab's match ends and walk replay:
-                     what both two-tier trees (slots, pages) share
+``two_tier_core``    what both two-tier trees (slots, pages) share, written once: ``HiRadixCache``'s match and
+                     insert walks, and kvlab's match ends, walk replay and structural check
+``two_tier_moves``   ``HiRadixCache.write_backup``, ``evict`` (demotion, write-back), ``evict_host``,
+                     ``load_back``, ``writing_check`` / ``loading_check``: both two-tier trees' moves, written once
 ``page_host``        the host pool as free pages and ``HiCacheController`` over counts (the page engine's)
-``page_tier_moves``  ``tier_moves`` op for op in pages
+``page_tier_moves``  ``tier_moves`` in pages (the copies and frees over counts)
 ``page_hiradix``     ``HiRadixCache`` op for op over page ids (the page engine's two-tier tree)
 ``storage``          0.5.23's ``mem_cache/hicache_storage.py::HiCacheFile``, ``storage/file/lru_file_evictor.py``,
                      ``mem_cache/utils.py::get_hash_str``: the L3 store of page keys, its capacity, backend presets

@@ -87,6 +87,24 @@ class TransferTotals:
     load_failures: int = 0  # ``load`` found the device pool short
 
 
+@dataclass(frozen=True, slots=True)
+class Direction:
+    """One copy direction: its ops' ``kind``, the controller's ``queue`` and ``bandwidth`` attributes, and the
+    :class:`TransferTotals` fields it counts (tokens, busy seconds, copies, refusals)."""
+
+    kind: str
+    queue: str
+    bandwidth: str
+    tokens: str
+    seconds: str
+    copies: str
+    failures: str
+
+
+WRITE = Direction("write", "write_queue", "d2h_bytes_per_s", "written_tokens", "write_s", "writes", "write_failures")
+LOAD = Direction("load", "load_queue", "h2d_bytes_per_s", "loaded_tokens", "load_s", "loads", "load_failures")
+
+
 class HiCacheController:
     """Issues and times the copies between ``mem_pool_device_allocator`` and ``mem_pool_host``.
 
@@ -130,32 +148,31 @@ class HiCacheController:
         queue.append(op)
         return op
 
+    def _issue_counted(self, d: Direction, host, device, node_id: int) -> CacheOperation | None:
+        """Issue a copy of direction ``d`` between ``host`` and ``device`` slots, counted in :attr:`totals`; None
+        (a refusal counted, nothing issued) when the pool it takes from was short (its slots None)."""
+        totals = vars(self.totals)
+        if host is None or device is None:
+            totals[d.failures] += 1
+            return None
+        op = self._issue(getattr(self, d.queue), d.kind, host, device, node_id, getattr(self, d.bandwidth))
+        totals[d.tokens] += len(host)
+        totals[d.seconds] += op.finish_s - op.start_s
+        totals[d.copies] += 1
+        return op
+
     # -- SGLang's verbs ------------------------------------------------------------------------------
     def write(self, device_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:
         """Back up ``device_indices`` to fresh host slots; None (and nothing issued) if the host pool is full."""
-        n = device_indices.shape[0]
-        host_indices = self.mem_pool_host.alloc(n)
-        totals = self.totals
-        if host_indices is None:
-            totals.write_failures += 1
-            return None
-        op = self._issue(self.write_queue, "write", host_indices, device_indices, node_id, self.d2h_bytes_per_s)
-        totals.written_tokens += n
-        totals.write_s += op.finish_s - op.start_s
-        totals.writes += 1
-        return host_indices
+        host_indices = self.mem_pool_host.alloc(device_indices.shape[0])
+        op = self._issue_counted(WRITE, host_indices, device_indices, node_id)
+        return None if op is None else host_indices
 
     def load(self, host_indices: torch.Tensor, node_id: int) -> torch.Tensor | None:
         """Load ``host_indices`` into fresh device slots; None (and nothing issued) if the device pool is short."""
         device_indices = self.mem_pool_device_allocator.alloc(host_indices.shape[0])
-        if device_indices is None:
-            self.totals.load_failures += 1
-            return None
-        op = self._issue(self.load_queue, "load", host_indices, device_indices, node_id, self.h2d_bytes_per_s)
-        self.totals.loaded_tokens += op.num_tokens
-        self.totals.load_s += op.finish_s - op.start_s
-        self.totals.loads += 1
-        return device_indices
+        op = self._issue_counted(LOAD, host_indices, device_indices, node_id)
+        return None if op is None else device_indices
 
     def evict_device(self, device_indices: torch.Tensor) -> int:
         # a tree value holds whole pages, each page's slots in order: free_row frees the same pages in the same

@@ -2,8 +2,10 @@
 
 Mirrors SGLang 0.5.16's ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` op for op (the differential test
 ``tests/mem_cache/test_differential_hicache.py`` runs SGLang's own class against it). This module holds the class,
-its match, insert, request flows and locks; the rest of the upstream class is mixed in from beside it (the leaf
-indexes: ``leaf_index``; the moves between tiers: ``tier_moves``; the check: ``invariants``). Each node holds
+its match, insert, request flows and locks over slot tensors; the rest of the upstream class is mixed in from beside
+it, what the page engine's two-tier tree shares written once (the walks: ``two_tier_core``; the moves between tiers:
+``two_tier_moves``, over ``tier_moves``' copies and frees of slots; the leaf indexes: ``leaf_index``), and the
+check (``invariants``). Each node holds
 ``value`` (device slots, None once evicted from the device) and ``host_value`` (host slots, None until backed
 up)::
 
@@ -149,10 +151,6 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
         self.host_evicted_tokens = 0  # running total of host copies freed by host eviction
         self._reset_storage()  # (storage_moves: prefetches and backups in flight; the store itself is kept)
 
-    def _new_node(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None,
-                  priority: int = 0) -> HiTreeNode:
-        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
-
     def _key_of(self, key: array, off: int = 0):
         return key[off] if self.page_size == 1 else key[off : off + self.page_size].tobytes()
 
@@ -164,34 +162,15 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
         n = align_down(len(key), self.page_size)
         if n == 0:
             return HiMatchResult(self._empty, self.root_node, 0, self.root_node, 0)
-        values, end = self._match_walk(key, n)
+        values: list[torch.Tensor] = []
+        end, _ = self.match_walk(key, n, values)
         node, last_host, host_hit = self.match_ends(end)
         device = torch.cat(values) if values else self._empty
         return HiMatchResult(device, node, int(device.shape[0]), last_host, host_hit)
 
-    def _match_walk(self, key: array, n: int) -> tuple[list[torch.Tensor], HiTreeNode]:
-        tick, ps = self.clock.tick, self.page_size
-        node = self.root_node
-        node.last_access_time = tick()
-        values, off = [], 0
-        while off < n:
-            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
-            if child is None:
-                break
-            child.last_access_time = tick()
-            self._touch(child)  # its sort key changed
-            ckey = child.key
-            m = len(ckey)
-            if off + m > n or ckey != key[off : off + m]:
-                node = self._split_node(child, align_down(common_prefix_len(ckey, key, off, n), ps))
-                if node.value is not None:
-                    values.append(node.value)
-                break
-            if child.value is not None:
-                values.append(child.value)
-            node = child
-            off += m
-        return values, node
+    def _split_len(self, ckey: array, key: array, off: int, n: int) -> int:
+        """Where a walk splits a node whose key ``ckey`` diverges from ``key[off:n]``: the common prefix, whole pages."""
+        return align_down(common_prefix_len(ckey, key, off, n), self.page_size)
 
     def _split_node(self, child: HiTreeNode, split_len: int) -> HiTreeNode:
         """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]``, both tiers' slots split alike."""
@@ -241,61 +220,11 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
         if value.shape[0] < n:
             raise ValueError(f"insert: {value.shape[0]} values for a key of {n} (page-aligned) tokens")
         src = _slot_source(value)  # a request's row is int32: only the slices the tree keeps are copied (_own)
-        if n == 0:
-            return 0, self.root_node
-        node, off, prefix = self.root_node, 0, 0
-        ps, tick = self.page_size, self.clock.tick
-        count_hits = not chunked and self.write_policy != "write_back"
-        for child in (self._held_path(held, held_len) if 0 < held_len <= n else None) or ():
-            child.last_access_time = tick()  # (on the device: a locked path)
-            if priority > child.priority:
-                child.priority = priority
-            self._touch(child)  # its sort key changed
-            node = child
-            if count_hits:
-                self._inc_hit_count(node)
-            m = len(child.key)
-            prefix += m
-            off += m
-        while off < n:
-            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
-            if child is None:
-                break
-            child.last_access_time = tick()
-            if priority > child.priority:
-                child.priority = priority
-            self._touch(child)  # its sort key changed
-            ckey = child.key
-            m = len(ckey)
-            if off + m > n or ckey != key[off : off + m]:  # the key diverges (or ends) inside this edge: split it
-                m = align_down(common_prefix_len(ckey, key, off, n), ps)
-                node = self._split_node(child, m)
-                if priority > node.priority:  # (the upper half: a new node, never a leaf)
-                    node.priority = priority
-            else:
-                node = child
-            if node.value is None:  # host-only: adopt the caller's (recomputed) slots
-                node.value = _own(src[off : off + m])
-                self.structure_version += 1
-                self.evictable_size_ += m
-                self._update_leaf_status(node)
-                self._update_host_leaf_status(node)
-                self._update_leaf_status(node.parent)
-            else:
-                if count_hits:
-                    self._inc_hit_count(node)
-                prefix += m
-            off += m
-        if off < n:
-            leaf = self._new_node(key[off:n], _own(src[off:n]), node, priority)
-            node.children[self._key_of(leaf.key)] = leaf
-            self.evictable_size_ += n - off
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            if count_hits:
-                self._inc_hit_count(leaf)
-            node = leaf
-        return prefix, node
+        return self._insert_walk(key, n, src, priority, chunked, held, held_len)
+
+    def _device_value(self, src: torch.Tensor | np.ndarray, start: int, end: int) -> torch.Tensor:
+        """The device slots a node of ``key[start:end]`` takes from the caller's (insert's ``src``): its own copy."""
+        return _own(src[start:end])
 
     # -- request flows (0.5.16's RadixCache.cache_finished_req / cache_unfinished_req, which HiRadixCache inherits
     # and runs over its own insert and match_prefix; cache_finished_req is request_flows.RequestFlows') -------------
@@ -323,7 +252,7 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
         done, last = self._insert(tokens, key_len, row, getattr(req, "priority", 0) or 0, chunked, req.last_node,
                                   protected)
         free(view[protected:done])
-        values = self._rematch(last, key_len)
+        values = self.rematch(last, []) if key_len else []  # (TwoTierCore: insert's key walked again)
         found = sum(v.shape[0] for v in values)
         require(found == key_len, "cache_unfinished_req: the re-match finds every token just inserted on the device",
                 found=found, inserted=key_len)
@@ -350,36 +279,6 @@ class HiRadixCache(RequestFlows, TierMoves, StorageMoves, TwoTierCore, HiLeafInd
         else:
             req.prefix_indices = torch.cat(values) if values else self._empty
         req.last_node = last
-
-    def _rematch(self, last: HiTreeNode, key_len: int) -> list[torch.Tensor]:
-        """``match_prefix`` of the key that insert just made end at ``last``, without comparing its tokens again:
-        the same walk (no split is possible, every node is on the device), the same clock reads (the root, then
-        each node from the top); returns the device slots of the path, node by node."""
-        if key_len == 0:
-            return []
-        path = []
-        node = last
-        while node is not self.root_node:
-            path.append(node)
-            node = node.parent
-        tick, dev = self.clock.tick, self.leaf_index
-        leaves = dev.leaves
-        self.root_node.last_access_time = tick()
-        values = []
-        for node in reversed(path):
-            node.last_access_time = tick()
-            if node in leaves:  # _touch (on the device: never a host leaf)
-                dev.push(node)
-            values.append(node.value)
-        return values
-
-    def _inc_hit_count(self, node: HiTreeNode, chunked: bool = False) -> None:
-        if self.write_policy == "write_back" or chunked:
-            return
-        node.hit_count += 1
-        self._touch(node)
-        if node.host_value is None and node.hit_count >= self.write_through_threshold:
-            self.write_backup(node)
 
     # -- locks: tree_core's inc_lock_ref / dec_lock_ref (a locked node is on the device, so never a host leaf) -------
     gone_words = "is not on the device"  # (BaseRadixTree._lock_guard: only a device node is locked)

@@ -27,46 +27,14 @@ class HiInvariants:
         recomputation, and each of their leaves has a live entry with its current sort key in its tier's heap;
         every node an in-flight copy protects is locked.
         """
-        root, ps = self.root_node, self.page_size
-        self._check_root("HiRadixCache")
-        dev, host, nodes, on_device = [], [], [], []
-        for node in self.nodes():
-            child_locks = 0
-            for ck, child in node.children.items():
-                require(child.parent is node, "HiRadixCache: each child points back at its parent", child=child)
-                require(ck == self._key_of(child.key), "HiRadixCache: each child is filed under its first token/page",
-                        child=child, filed_under=ck)
-                child_locks += child.lock_ref
-                if node.value is None and child.value is not None:
-                    raise InvariantError("HiRadixCache: device residency is closed under prefixes (a device node's "
-                                         "parent is on the device)", child=child, parent=node)
-            if node is root:
-                continue
-            require(node.lock_ref >= child_locks, "HiRadixCache: lock_ref >= the sum of the children's", node=node,
-                    lock_ref=node.lock_ref, children_lock_ref=child_locks)
-            nodes.append(node)
-            k = len(node.key)
-            if not k or k % ps:
-                raise InvariantError("HiRadixCache: every key is a non-empty whole number of pages", node=node,
-                                     key_len=k, page_size=ps)
-            if node.value is None and node.host_value is None:
-                raise InvariantError("HiRadixCache: every node is on the device or on host", node=node)
+        nodes, on_device = self._check_tiers("HiRadixCache")  # (two_tier_core: what both two-tier trees check)
+        for node in nodes:
             for tier, v in (("device", node.value), ("host", node.host_value)):
-                if v is not None and len(v) != k:
+                if v is not None and len(v) != len(node.key):
                     raise InvariantError(f"HiRadixCache: a node's {tier} slots number its tokens", node=node,
-                                         key_len=k, slots=len(v))
-            if node.value is None:
-                require(node.lock_ref == 0, "HiRadixCache: a host-only node is unlocked", node=node)
-            else:
-                dev.append(node.value)
-                on_device.append(node)
-            if node.host_value is not None:
-                host.append(node.host_value)
-                if (self.write_policy != "write_back" and node.parent is not root
-                        and node.parent.host_value is None):
-                    raise InvariantError("HiRadixCache: write-through backups form a prefix from the root",
-                                         node=node, parent=node.parent)
-        self._check_sizes(on_device, "HiRadixCache")  # (device tokens only)
+                                         key_len=len(node.key), slots=len(v))
+        dev = [x.value for x in on_device]
+        host = [x.host_value for x in nodes if x.host_value is not None]
         held = self.prefetch_host_slots()  # (storage_moves) host slots a prefetch holds, not yet in the tree
         for tier, slots, pool in (("device", dev, self.token_to_kv_pool_allocator),
                                   ("host", host + held, self.token_to_kv_pool_host)):
@@ -78,23 +46,6 @@ class HiInvariants:
         host_tokens = sum(len(h) for h in host + held)
         require(host_tokens == self.token_to_kv_pool_host.used_size(),
                 "HiRadixCache: the host pool holds exactly the tree's host copies and the prefetches' slots",
-                tree=host_tokens,
-                pool_used=self.token_to_kv_pool_host.used_size())
-        self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
-                              "HiRadixCache: the device-leaf index holds exactly the unlocked device leaves",
-                              "HiRadixCache: every device leaf has a live heap entry with its current sort key")
-        self.host_leaf_index.check({x for x in nodes if x.value is None
-                                    and all(c.host_value is None for c in x.children.values())},
-                                   "HiRadixCache: the host-leaf index holds exactly the host-only nodes without "
-                                   "backed-up children",
-                                   "HiRadixCache: every host leaf has a live heap entry with its current sort key")
-        for op, lock_node in self.ongoing_write_through.values():
-            if lock_node is not None:
-                require(lock_node.lock_ref > 0, "HiRadixCache: a node with a backup in flight is locked",
-                        node=lock_node, finish_s=op.finish_s)
-        for op, node in self.ongoing_load_back.values():
-            require(node.value is not None and node.lock_ref > 0,
-                    "HiRadixCache: a node with a load-back in flight is on the device and locked", node=node,
-                    finish_s=op.finish_s)
+                tree=host_tokens, pool_used=self.token_to_kv_pool_host.used_size())
         self.token_to_kv_pool_host.check_invariants()
-        self.check_storage_invariants()
+        self._check_tier_indexes(nodes, on_device, "HiRadixCache")

@@ -11,12 +11,13 @@ count too, and the copies are timed by :class:`~kvlab.mem_cache.hicache.cache_co
 (:class:`~kvlab.mem_cache.hicache.page_host.PageHiController`: one clock for both memories).
 
 Shared, not copied: the leaf rules and each tier's heap (``leaf_index.HiLeafIndex`` over ``tree_core.LeafIndex``),
-the lock walk, counters and structure-version bumps (``tree_core.TreeCore``), the node (``tree_node.HiTreeNode``)
-and the copy clock. Written here, op for op as the token tree's: the walks (match with a clock read per node, split,
-insert with the locked-path shortcut and write-through hit counting, the re-match after an insert) in this module,
-and the tier moves (backup, demotion, write-back, host eviction, load-back, acks) in
-:mod:`~kvlab.mem_cache.hicache.page_tier_moves`. Sizes (``evictable_size_``, ``protected_size_``) are in pages;
-what reaches the scheduler and the ledger is in tokens, as the token tree gives it. The twin test
+the lock walk, counters and structure-version bumps (``tree_core.TreeCore``), the node (``tree_node.HiTreeNode``),
+the copy clock, and the token tree's own code for the walks (match with a clock read per node, insert with the
+locked-path shortcut and write-through hit counting, the re-match after an insert: ``two_tier_core.TwoTierCore``)
+and the tier moves (backup, demotion, write-back, host eviction, load-back, acks: ``two_tier_moves.TwoTierMoves``).
+Written here: what reads page ids (the child key, the split, the storage keys), and in
+:mod:`~kvlab.mem_cache.hicache.page_tier_moves` the copies and frees over counts. Sizes (``evictable_size_``,
+``protected_size_``) are in pages; what reaches the scheduler and the ledger is in tokens, as the token tree gives it. The twin test
 (``tests/sched/test_page_hicache.py``) runs both memories on the same workloads and requires the same rows, totals,
 clock, host-tier traffic and final tree (:meth:`PageHiRadixTree.to_hiradix_cache` rebuilds it at token level).
 
@@ -29,7 +30,7 @@ import hashlib
 from array import array
 from dataclasses import replace
 
-from kvlab.errors import InvariantError, require
+from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
@@ -118,37 +119,12 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
     def evict_host_tokens(self, tokens: int) -> int:
         return self.evict_host(-(-tokens // self.page_size)) * self.page_size
 
-    def _new_node(self, key: array, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
-        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
+    # -- match and insert: TwoTierCore's walks (match_walk, _insert_walk) ---------------------------------------------
+    def _split_len(self, ckey: array, key: array, off: int, n: int) -> int:
+        return common_prefix_len(ckey, key, off, n)
 
-    # -- match -----------------------------------------------------------------------------------------------------
-    def match_walk(self, key: array, n: int) -> tuple[HiTreeNode, int]:
-        """``HiRadixCache._match_walk`` of the first ``n`` pages (n > 0): (the deepest node matched on either tier,
-        pages matched). A clock read for the root and each node, the node's heap entries refreshed; the node the
-        key ends inside is split."""
-        tick = self.clock.tick
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
-        node = self.root_node
-        node.last_access_time = tick()
-        off = 0
-        while off < n:
-            child = node.children.get(key[off])
-            if child is None:
-                break
-            child.last_access_time = tick()
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
-            ckey = child.key
-            m = len(ckey)
-            if off + m > n or ckey != key[off : off + m]:
-                m = common_prefix_len(ckey, key, off, n)
-                return self._split_node(child, m), off + m
-            node = child
-            off += m
-        return node, off
+    def _device_value(self, src, start: int, end: int) -> bool:
+        return True  # (on the device: the page engine's count holds its pages)
 
     def _split_node(self, child: HiTreeNode, m: int) -> HiTreeNode:
         """``child`` -> ``upper[:m]`` -> ``child[m:]`` (pages), both tiers' residency kept by both halves."""
@@ -181,104 +157,10 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
 
     def insert(self, key: array, n: int, priority: int = 0, chunked: bool = False, held: HiTreeNode | None = None,
                held_len: int = 0) -> tuple[int, HiTreeNode]:
-        """``HiRadixCache._insert`` of the first ``n`` pages of ``key``: (pages already on the device, the node
-        ending at ``n``). A host-only node on the way adopts the caller's pages (not counted as cached); under the
-        write-through policies a node reaching its hit threshold is backed up. ``held``: the node the request holds
-        locked, its path ``held_len`` pages (walked without comparing its pages again)."""
-        if n == 0:
-            return 0, self.root_node
-        count_hits = not chunked and self.write_policy != "write_back"
-        path = self._held_path(held, held_len) if 0 < held_len <= n else None
-        node, off = self._walk_held(path, priority, count_hits) if path else (self.root_node, 0)
-        prefix = off
-        tick = self.clock.tick
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
-        while off < n:
-            child = node.children.get(key[off])
-            if child is None:
-                break
-            child.last_access_time = tick()
-            if priority > child.priority:
-                child.priority = priority
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
-            ckey = child.key
-            m = len(ckey)
-            if off + m > n or ckey != key[off : off + m]:
-                m = common_prefix_len(ckey, key, off, n)
-                node = self._split_node(child, m)
-                if priority > node.priority:
-                    node.priority = priority
-            else:
-                node = child
-            if node.value is None:  # host-only: adopt the caller's (recomputed) pages
-                node.value = True
-                self.structure_version += 1
-                self.evictable_size_ += m
-                self._update_leaf_status(node)
-                self._update_host_leaf_status(node)
-                self._update_leaf_status(node.parent)
-            else:
-                if count_hits:
-                    self._inc_hit_count(node)
-                prefix += m
-            off += m
-        if off < n:
-            leaf = self._new_node(key[off:n], True, node, priority)
-            node.children[leaf.key[0]] = leaf
-            self.evictable_size_ += n - off
-            self._update_leaf_status(node)
-            self._update_leaf_status(leaf)
-            if count_hits:
-                self._inc_hit_count(leaf)
-            node = leaf
-        return prefix, node
-
-    def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
-        """What insert's walk does to each node of a request's locked path (a clock read, the priority, the heap
-        entries, a hit), without looking the children up: (the path's last node, its pages)."""
-        tick, off = self.clock.tick, 0
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
-        for child in path:
-            child.last_access_time = tick()
-            if priority > child.priority:
-                child.priority = priority
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
-            if count_hits:
-                self._inc_hit_count(child)
-            off += len(child.key)
-        return path[-1], off
-
-    def rematch(self, last: HiTreeNode) -> None:
-        """``HiRadixCache._rematch``: the match of the key an insert just made end at ``last`` (not the root),
-        without comparing it again: a clock read for the root and each node from the top, device heap entries
-        refreshed."""
-        path, node, root = [], last, self.root_node
-        while node is not root:
-            path.append(node)
-            node = node.parent
-        tick, dev = self.clock.tick, self.leaf_index
-        leaves = dev.leaves
-        root.last_access_time = tick()
-        for node in reversed(path):
-            node.last_access_time = tick()
-            if node in leaves:
-                dev.push(node)
-
-    def _inc_hit_count(self, node: HiTreeNode) -> None:
-        if self.write_policy == "write_back":
-            return
-        node.hit_count += 1
-        self._touch(node)
-        if node.host_value is None and node.hit_count >= self.write_through_threshold:
-            self.write_backup(node)
+        """``HiRadixCache._insert`` of the first ``n`` pages of ``key`` (TwoTierCore's ``_insert_walk``): (pages
+        already on the device, the node ending at ``n``). ``held``: the node the request holds locked, its path
+        ``held_len`` pages."""
+        return self._insert_walk(key, n, None, priority, chunked, held, held_len)
 
     # -- sizes, invariants and the token-level view ---------------------------------------------------------------
     def host_size(self) -> int:
@@ -290,52 +172,14 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         residency closed under prefixes; every node on a tier; host-only nodes unlocked; write-through backups a
         prefix from the root; lock counts; the counters; the host pool holding exactly the tree's host copies; both
         leaf indexes and heaps; every node an in-flight copy protects locked."""
-        root = self.root_node
-        self._check_root("PageHiRadixTree")
-        nodes, on_device = [], []
-        for node in self.nodes():
-            child_locks = 0
-            for first, child in node.children.items():
-                require(child.parent is node and first == child.key[0],
-                        "PageHiRadixTree: each child is filed under its first page and points back", child=child)
-                child_locks += child.lock_ref
-                if node.value is None and child.value is not None:
-                    raise InvariantError("PageHiRadixTree: device residency is closed under prefixes", child=child)
-            if node is root:
-                continue
-            require(len(node.key) > 0 and node.lock_ref >= child_locks,
-                    "PageHiRadixTree: non-empty keys, lock_ref >= the children's", node=node)
-            if node.value is None and node.host_value is None:
-                raise InvariantError("PageHiRadixTree: every node is on the device or on host", node=node)
-            if node.value is None:
-                require(node.lock_ref == 0, "PageHiRadixTree: a host-only node is unlocked", node=node)
-            else:
-                on_device.append(node)
-            if (node.host_value is not None and self.write_policy != "write_back" and node.parent is not root
-                    and node.parent.host_value is None):
-                raise InvariantError("PageHiRadixTree: write-through backups form a prefix from the root", node=node)
-            nodes.append(node)
-        self._check_sizes(on_device, "PageHiRadixTree")
+        nodes, on_device = self._check_tiers("PageHiRadixTree")  # (two_tier_core: what both two-tier trees check)
         host_pages = self.host_size()
         held = sum(len(x) for x in self.prefetch_host_slots())  # (storage_moves: a prefetch's slots, not yet in it)
         require(host_pages * self.page_size + held == self.host_pool.used_size(),
                 "PageHiRadixTree: the host pool holds exactly the tree's host copies and the prefetches' slots",
                 tree=host_pages, prefetch=held, pool_used=self.host_pool.used_size())
         self.host_pool.check_invariants()
-        self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
-                              "PageHiRadixTree: the device-leaf index holds exactly the unlocked device leaves",
-                              "PageHiRadixTree: every device leaf has a live heap entry with its current sort key")
-        self.host_leaf_index.check({x for x in nodes if x.value is None
-                                    and all(c.host_value is None for c in x.children.values())},
-                                   "PageHiRadixTree: the host-leaf index holds exactly the host-only leaves",
-                                   "PageHiRadixTree: every host leaf has a live heap entry with its current sort key")
-        for _, lock_node in self.ongoing_write_through.values():
-            require(lock_node is None or lock_node.lock_ref > 0,
-                    "PageHiRadixTree: a node with a backup in flight is locked", node=lock_node)
-        for _, node in self.ongoing_load_back.values():
-            require(node.value is not None and node.lock_ref > 0,
-                    "PageHiRadixTree: a node with a load-back in flight is on the device and locked", node=node)
-        self.check_storage_invariants()
+        self._check_tier_indexes(nodes, on_device, "PageHiRadixTree")
 
     def to_hiradix_cache(self, page_keys, kv_tokens: int):
         """This tree as the token-level ``HiRadixCache`` the token-level run ends with: the same nodes (ids, keys as

@@ -16,7 +16,13 @@ trees). No torch.
 from __future__ import annotations
 
 from kvlab.errors import require
-from kvlab.mem_cache.hicache.cache_controller import DEFAULT_HOST_DEVICE_BYTES_PER_S, HiCacheController
+from kvlab.mem_cache.hicache.cache_controller import (
+    DEFAULT_HOST_DEVICE_BYTES_PER_S,
+    LOAD,
+    WRITE,
+    Direction,
+    HiCacheController,
+)
 from kvlab.mem_cache.options import host_pool_size
 
 
@@ -74,27 +80,17 @@ class PageHiController(HiCacheController):
 
     def write(self, tokens: int, node_id: int) -> bool:
         """Back ``tokens`` up to fresh host pages; False (nothing issued) when the host pool is short."""
-        totals = self.totals
-        if not self.mem_pool_host.take(tokens // self.page_size):
-            totals.write_failures += 1
-            return False
-        op = self._issue(self.write_queue, "write", range(tokens), range(tokens), node_id, self.d2h_bytes_per_s)
-        totals.written_tokens += tokens
-        totals.write_s += op.finish_s - op.start_s
-        totals.writes += 1
-        return True
+        return self._copy(WRITE, self.mem_pool_host, tokens, node_id)
 
     def load(self, tokens: int, node_id: int) -> bool:
         """Load ``tokens`` into fresh device pages; False (nothing issued) when the device pool is short."""
-        totals = self.totals
-        if not self.mem_pool_device_allocator.take(tokens // self.page_size):
-            totals.load_failures += 1
-            return False
-        op = self._issue(self.load_queue, "load", range(tokens), range(tokens), node_id, self.h2d_bytes_per_s)
-        totals.loaded_tokens += tokens
-        totals.load_s += op.finish_s - op.start_s
-        totals.loads += 1
-        return True
+        return self._copy(LOAD, self.mem_pool_device_allocator, tokens, node_id)
+
+    def _copy(self, d: Direction, pool, tokens: int, node_id: int) -> bool:
+        """Take ``tokens`` (whole pages) from ``pool``, the side direction ``d`` copies to, and issue the copy."""
+        slots = range(tokens)  # (a copy's indices, on both sides)
+        taken = slots if pool.take(tokens // self.page_size) else None
+        return self._issue_counted(d, slots, taken, node_id) is not None
 
     def evict_device(self, tokens: int) -> int:
         self.mem_pool_device_allocator.free += tokens // self.page_size

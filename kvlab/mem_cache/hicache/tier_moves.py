@@ -1,12 +1,10 @@
-"""The two-tier tree's moves between tiers: backups (device -> host), demotion and write-back on device eviction,
-host eviction, load-back (host -> device), and the copies' acknowledgements on the modelled clock.
+"""The token tree's side of the moves between tiers: the copies and frees over slot tensors that
+:class:`~kvlab.mem_cache.hicache.two_tier_moves.TwoTierMoves`' backups, device and host eviction and load-back run
+(written once there for both two-tier trees), and the answers as the scheduler reads them.
 
-Upstream: ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` (0.5.16): ``write_backup``, ``writing_check``,
-``loading_check``, ``check_hicache_events``, ``evict`` (``_evict_write_through`` / ``_evict_write_back``,
-``_detach_backuped``, ``_evict_backuped``, ``_evict_regular``, ``_drop_subtree_no_host``), ``evict_host``,
-``load_back`` and ``init_load_back``. The load-back's eviction is finding 2's rule
-(:func:`~kvlab.mem_cache.shortfall.tokens_to_evict`). A mixin of
-:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`.
+Upstream: ``sglang/srt/mem_cache/hiradix_cache.py::HiRadixCache`` (0.5.16): ``evict``'s result, ``load_back``'s
+and ``init_load_back``. The load-back's eviction is finding 2's rule (:func:`~kvlab.mem_cache.shortfall.tokens_to_evict`).
+A mixin of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`.
 """
 
 from __future__ import annotations
@@ -15,15 +13,15 @@ from dataclasses import replace
 
 import torch
 
-from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import EvictParams, EvictResult
 from kvlab.mem_cache.hicache.cache_controller import CacheOperation, HiCacheController
 from kvlab.mem_cache.hicache.results import NO_EVICT, HiEvictResult, LoadBackResult
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.hicache.two_tier_moves import TwoTierMoves
 from kvlab.mem_cache.shortfall import over_evicted_tokens, shortfall_tokens, tokens_to_evict
 
 
-class TierMoves:
+class TierMoves(TwoTierMoves):
     """The tier-move methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin): they use
     its controller, its leaf indexes, its locks and its counters."""
 
@@ -35,58 +33,19 @@ class TierMoves:
     ongoing_write_through: dict[int, tuple[CacheOperation, HiTreeNode | None]]
     ongoing_load_back: dict[int, tuple[CacheOperation, HiTreeNode]]
 
-    # -- backups (device -> host) ---------------------------------------------------------------------
-    def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
-        """Copy ``node``'s device KV to fresh host slots (evicting host leaves once if the pool is full). Under the
-        write-through policies only a node whose parent is backed up is copied, and it stays locked until the copy
-        is acknowledged. Returns the tokens issued (0: not backed up)."""
-        if not write_back and node.parent is not self.root_node and node.parent.host_value is None:
-            return 0
-        host = self.cache_controller.write(node.value, node.id)
-        if host is None:
-            self.evict_host(len(node.key))
-            host = self.cache_controller.write(node.value, node.id)
-            while host is None and write_back and self.wait_storage_backups():  # (storage_moves)
-                self.evict_host(len(node.key))
-                host = self.cache_controller.write(node.value, node.id)
-            if host is None:
-                return 0
-        self.structure_version += 1
-        node.host_value = host  # the host pool's slots (the copy's op holds the same tensor; neither writes to it)
-        op = self.cache_controller.write_queue[-1]
-        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
-        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
-        if not write_back:
-            self.inc_lock_ref(node)
-        return host.shape[0]
+    # -- the copies and frees TwoTierMoves' write_backup, evict and evict_host run over slot tensors ------------------
+    def _write_host(self, node: HiTreeNode) -> torch.Tensor | None:
+        """Issue ``node``'s backup: its host slots (the copy's op holds the same tensor; neither writes to it), or
+        None (nothing issued) when the host pool is full."""
+        return self.cache_controller.write(node.value, node.id)
 
-    def check_hicache_events(self) -> None:
-        """The scheduler's per-step poll (storage parts omitted): ``writing_check`` then ``loading_check``."""
-        self.writing_check()
-        self.loading_check()
+    def _free_device(self, node: HiTreeNode, value: torch.Tensor) -> None:
+        self.cache_controller.evict_device(value)
 
-    # -- the modelled clock ---------------------------------------------------------------------------
-    def poll(self, now_s: float) -> None:
-        """Move the transfer clock to ``now_s`` and complete every copy finished by then."""
-        ctl = self.cache_controller
-        ctl.poll(now_s)
-        if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
-            self.check_hicache_events()
-        if self.storage_controller is not None:  # (drain_storage_control_queues: the backups landed)
-            self._poll_storage()
+    def _free_host(self, node: HiTreeNode) -> None:
+        self.cache_controller.evict_host(node.host_value)
 
-    def advance(self, seconds: float) -> None:
-        self.poll(self.now_s + seconds)
-
-    def drain(self) -> float:
-        """Advance until every issued copy is complete; returns the seconds that took."""
-        start = self.now_s
-        self.poll(self.cache_controller.drain_time())
-        if self.storage_controller is not None:  # the host copies' acks issue backups to storage: let them land
-            self.poll(self.storage_controller.drain_time())
-        return self.now_s - start
-
-    # -- device eviction -----------------------------------------------------------------------------
+    # -- device eviction (TwoTierMoves._evict_leaves) ----------------------------------------------------------------
     def evict(self, params: EvictParams | int) -> HiEvictResult:
         """Free at least ``num_tokens`` device tokens from unlocked device leaves, in the strategy's order (or all
         there are). A backed-up leaf is demoted to host-only; an unbacked one is destroyed (write-through
@@ -96,188 +55,24 @@ class TierMoves:
         num_tokens = params if isinstance(params, int) else params.num_tokens
         tally = {"demoted": 0, "written": 0, "destroyed": 0}
         host_before = self.host_evicted_tokens
-        staged: list[tuple[HiTreeNode, torch.Tensor]] = []
-        kept: list[HiTreeNode] = []  # popped but still leaves (a protected subtree): candidates again next call
-        evicted = 0
-        self.leaf_index.frozen = True  # no rebuild while popped leaves wait in ``kept``
-        try:
-            evicted = self._evict_loop(num_tokens, tally, staged, kept)
-        finally:
-            self.leaf_index.frozen = False
-            for x in kept:
-                self.leaf_index.touch(x)
+        evicted = self._evict_leaves(num_tokens, tally)
         res = EvictResult.of(num_tokens, num_tokens, evicted)
         return HiEvictResult(**res.__dict__, demoted_tokens=tally["demoted"] + tally["written"],
                              written_back_tokens=tally["written"], destroyed_tokens=tally["destroyed"],
                              host_evicted_tokens=self.host_evicted_tokens - host_before)
 
-    def _evict_loop(self, num_tokens: int, tally: dict, staged: list, kept: list) -> int:
-        """:meth:`evict`'s loop over the device-leaf heap; a parent whose children all left the device joins the
-        heap as it becomes a leaf (``_update_leaf_status``), as 0.5.16 pushes it. Returns the tokens evicted."""
-        evicted = 0
-        while evicted < num_tokens:
-            x = self.leaf_index.pop()
-            if x is None:
-                break
-            if x.host_value is not None:
-                evicted += self._evict_backuped(x)
-                tally["demoted"] += len(x.key)
-            elif self.write_policy != "write_back":
-                evicted += self._evict_regular(x)
-                tally["destroyed"] += len(x.key)
-            elif self.write_backup(x, write_back=True) > 0 or self.retry_write_back(x, staged):
-                x.protect_host()
-                staged.append((x, x.value))
-                evicted += self._detach_backuped(x)
-                tally["written"] += len(x.key)
-            else:
-                self._flush_staged(staged)
-                dropped = self._drop_subtree_no_host(x)
-                evicted += dropped
-                tally["destroyed"] += dropped
-            if x in self.evictable_leaves:  # not dropped (a host-protected node below it)
-                kept.append(x)
-        self._flush_staged(staged)
-        return evicted
-
-    def _flush_staged(self, staged: list[tuple[HiTreeNode, torch.Tensor]]) -> None:
-        """Write-back: wait for the staged copies, then free their device slots."""
-        if not staged:
-            return
-        self.writing_check(write_back=True)
-        for node, device_indices in staged:
-            self.cache_controller.evict_device(device_indices)
-            node.release_host()
-        staged.clear()
-
-    def _evict_backuped(self, node: HiTreeNode) -> int:
-        device_indices = node.value
-        n = self._detach_backuped(node)
-        self.cache_controller.evict_device(device_indices)
-        return n
-
-    def _evict_regular(self, node: HiTreeNode) -> int:
-        require(not node.children, "HiRadixCache: an unbacked device leaf has no children (write-through)", node=node)
-        n = len(node.key)
-        self.cache_controller.evict_device(node.value)
-        self._delete_leaf(node)
-        return n
-
-    def _delete_leaf(self, node: HiTreeNode) -> None:
-        self._drop_leaf(node)  # (tree_core: the structure version, the counters, the device-leaf index)
-        del node.parent.children[self._key_of(node.key)]
-        node.value = None
-        self._update_leaf_status(node.parent)
-
-    def _drop_subtree_no_host(self, top: HiTreeNode) -> int:
-        """Write-back with the host pool full: drop ``top`` (a device leaf) and its host-only descendants from both
-        tiers, unless any of them is host-protected. Returns the device tokens freed."""
-        nodes, stack = [], [top]
-        while stack:
-            x = stack.pop()
-            nodes.append(x)
-            stack.extend(x.children.values())
-        if any(x.host_ref_counter > 0 for x in nodes):
-            return 0
-        self.structure_version += 1
-        freed = 0
-        for x in nodes:
-            if x.host_value is not None:
-                self.cache_controller.evict_host(x.host_value)
-                x.host_value = None
-            if x.value is not None:
-                self.cache_controller.evict_device(x.value)
-                freed += len(x.value)
-                self.evictable_size_ -= len(x.value)
-                x.value = None
-            self.leaf_index.discard(x)
-            self.host_leaf_index.discard(x)
-        del top.parent.children[self._key_of(top.key)]
-        self._update_leaf_status(top.parent)
-        self._update_host_leaf_status(top.parent)
-        return freed
-
-    # -- host eviction -------------------------------------------------------------------------------
-    def evict_host(self, num_tokens: int) -> int:
-        """Free the host copies of host-only leaves (never host-protected ones), in the strategy's order, until
-        ``num_tokens`` are freed or none is left; the node is deleted, and a parent left childless and host-only
-        becomes a candidate. Returns the host tokens freed (``HiRadixCache.evict_host``)."""
-        freed = 0
-        kept = []  # host-protected leaves: skipped, candidates again next call
-        self.host_leaf_index.frozen = True
-        try:
-            while freed < num_tokens:
-                x = self.host_leaf_index.pop()
-                if x is None:
-                    break
-                if x.host_ref_counter > 0:
-                    kept.append(x)
-                    continue
-                freed += self.cache_controller.evict_host(x.host_value)
-                self.structure_version += 1
-                parent = x.parent
-                del parent.children[self._key_of(x.key)]
-                self.host_leaf_index.discard(x)
-                x.host_value = None
-                self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
-        finally:
-            self.host_leaf_index.frozen = False
-            for x in kept:
-                self.host_leaf_index.touch(x)
-        self.host_evicted_tokens += freed
-        return freed
-
     # -- load-back (host -> device) ------------------------------------------------------------------
     def load_back(self, node: HiTreeNode, mem_quota: int | None = None) -> LoadBackResult:
-        """Bring the host-only path ending at ``node`` back to the device, all or nothing. Skipped under
-        ``load_back_threshold`` tokens or over ``mem_quota`` (device tokens the caller may still use; the
-        evictable tokens the load would pin count against it). Device slots come from the allocator, evicting
-        first if it is short (``load_back_evict_mode``). On success the loaded nodes hold their new slots at once
-        and ``node`` stays locked until the copy is acknowledged (``loading_check``)."""
-        last_hit = node
-        to_load = []
-        while node.value is None:
-            require(node.host_value is not None, "HiRadixCache: a node off the device has a host copy", node=node)
-            to_load.append(node)
-            node = node.parent
-        to_load.reverse()
-        ancestor = node
-        delta = self.inc_lock_ref(ancestor)
-        host_indices = torch.cat([x.host_value for x in to_load]) if to_load else self._empty
-        n = int(host_indices.shape[0])
-        if n < self.load_back_threshold or (mem_quota is not None and n > mem_quota + delta):
-            self.dec_lock_ref(ancestor)
-            return LoadBackResult(None, NO_EVICT, "below_threshold" if n < self.load_back_threshold else "over_quota")
-        for x in to_load:
-            x.protect_host()
-        ctl, alloc = self.cache_controller, self.token_to_kv_pool_allocator
-        ev = NO_EVICT
-        available = alloc.available_size()
-        if self.load_back_evict_mode == "shortfall":  # 0.5.23: make room first, then allocate
-            if n > available:
-                ev = self._evict_for_load(n, available)
-            device_indices = ctl.load(host_indices, last_hit.id)
-        else:  # 0.5.16: try to allocate, and on failure evict (the bug: all of n) and try again
-            device_indices = ctl.load(host_indices, last_hit.id)
-            if device_indices is None:
-                ev = self._evict_for_load(n, available)
-                device_indices = ctl.load(host_indices, last_hit.id)
-        self.dec_lock_ref(ancestor)
-        for x in to_load:
-            x.release_host()
-        if device_indices is None:
-            return LoadBackResult(None, ev, "device_full")
-        op = ctl.load_queue[-1]
-        off = 0
-        self.structure_version += 1
-        for x in to_load:
-            x.value = device_indices[off : off + len(x.host_value)].clone()
-            self.host_leaf_index.discard(x)  # on the device again: no host leaf (and locked below)
-            off += len(x.host_value)
-        self.evictable_size_ += n
-        self.inc_lock_ref(last_hit)
-        self.ongoing_load_back[id(op)] = (op, last_hit)
-        return LoadBackResult(device_indices, ev)
+        """Bring the host-only path ending at ``node`` back to the device, all or nothing (TwoTierMoves'
+        ``_load_back``): the new slots, the eviction it ran and why nothing was loaded, if so."""
+        device, ev, reason = self._load_back(node, mem_quota)
+        return LoadBackResult(device, NO_EVICT if ev is None else ev, reason)
+
+    def _host_source(self, to_load: list[HiTreeNode], tokens: int) -> torch.Tensor:
+        return torch.cat([x.host_value for x in to_load]) if to_load else self._empty
+
+    def _load_device(self, host_indices: torch.Tensor, last_hit: HiTreeNode) -> torch.Tensor | None:
+        return self.cache_controller.load(host_indices, last_hit.id)
 
     def _evict_for_load(self, n: int, available: int) -> HiEvictResult:
         """A load-back of ``n`` tokens found ``available`` device slots free: evict what finding 2's rule asks for

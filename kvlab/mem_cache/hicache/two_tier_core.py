@@ -1,20 +1,30 @@
-"""What both two-tier trees do that reads only residency, locks, the logical clock and the copy clock: the token tree
+"""What both two-tier trees do, written once: the token tree
 (:class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache`, over slot tensors) and the page tree
-(:class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`, the page engine's, over page counts), written once.
+(:class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree`, the page engine's, over page counts).
 
-Upstream: 0.5.16's ``hiradix_cache.py::HiRadixCache`` ``writing_check`` / ``loading_check`` (the acks of the copies,
-which unlock their nodes); kvlab's own: the ends of a match walk on each tier (``match_ends``) and the replay of a
-repeated walk (``restamp_path``), see ``hiradix_cache``'s module docstring. A mixin; no torch.
+Upstream: 0.5.16's ``hiradix_cache.py::HiRadixCache``: the walks (``_match_prefix_helper``, ``_insert_helper`` with
+its re-insert over a host-only node, ``inc_hit_count``) and ``_detach_backuped``; kvlab's own: the locked-path
+shortcut of insert and the re-match after it, the ends of a match walk on each tier (``match_ends``), the replay of a
+repeated walk (``restamp_path``, see ``hiradix_cache``'s module docstring) and the structural check both trees'
+``check_invariants`` make. The moves between the tiers are :mod:`~kvlab.mem_cache.hicache.two_tier_moves`'.
+
+A tree gives only what reads its values (the token tree's: slot tensors; the page tree's: ``True`` and page ids):
+``_key_of(key, off)``, the child key at ``key[off]`` (a token, or a page's bytes; a page id); ``_split_len(ckey,
+key, off, n)``, where a walk splits a node that diverges from the key (whole pages); ``_device_value(src, start,
+end)``, what a node of ``key[start:end]`` holds on the device, from the caller's or a load's ``src`` (its own copy
+of the slots; ``True``). Lengths are the tree's key units (``len(node.key)``: tokens, or pages), as its counters
+are; ``key_tokens`` (storage_moves: tokens per key unit) turns them into tokens. A mixin; no torch.
 """
 
 from __future__ import annotations
 
+from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 
 
 class TwoTierCore:
-    """A two-tier tree's match ends, walk replay and copy acks (a mixin over its ``root_node``, ``clock``, leaf
-    indexes, locks, ``cache_controller`` and ``ongoing_write_through`` / ``ongoing_load_back``)."""
+    """A two-tier tree's walks, match ends, walk replay and structural check (a mixin over its ``root_node``,
+    ``clock``, leaf indexes, locks, counters and the hooks above)."""
 
     @property
     def now_s(self) -> float:
@@ -37,7 +47,7 @@ class TwoTierCore:
     def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
         """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
         unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
-        and then for each node of the path, top down (``_match_walk``), so the clock moves ``times`` times the path
+        and then for each node of the path, top down (:meth:`match_walk`), so the clock moves ``times`` times the path
         length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
         a fresh heap entry (once: the earlier walks' entries would be stale)."""
         path, root = [], self.root_node
@@ -67,25 +77,210 @@ class TwoTierCore:
         self._update_leaf_status(node.parent)
         return n
 
-    def writing_check(self, write_back: bool = False) -> int:
-        """Consume acknowledged backups (unlocking their nodes). ``write_back=True`` first waits for every issued
-        copy (the clock jumps forward: ``cache_controller.totals.stall_s``). Returns the acks consumed."""
-        ctl = self.cache_controller
-        if write_back:
-            ctl.wait_writes()
-        acks, ctl.ack_write_queue = ctl.ack_write_queue, []
-        for op in acks:
-            _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
-            self._host_backup_acked(id(op))  # _finish_write_through_ack -> write_backup_storage
-            if lock_node is not None:
-                self.dec_lock_ref(lock_node)
-        return len(acks)
+    def _attach_device(self, node: HiTreeNode, value) -> int:
+        """Put host-only ``node`` back on the device holding ``value`` (an insert over it: recomputed KV), the
+        inverse of :meth:`_detach_backuped`: both trees' re-insert. Returns its key's length (tree units)."""
+        n = len(node.key)
+        node.value = value
+        self.structure_version += 1
+        self.evictable_size_ += n
+        self._update_leaf_status(node)
+        self._update_host_leaf_status(node)
+        self._update_leaf_status(node.parent)
+        return n
 
-    def loading_check(self) -> int:
-        """Consume acknowledged load-backs (unlocking the node each one locked). Returns the acks consumed."""
-        ctl = self.cache_controller
-        acks, ctl.ack_load_queue = ctl.ack_load_queue, []
-        for op in acks:
-            _, node = self.ongoing_load_back.pop(id(op))
-            self.dec_lock_ref(node)
-        return len(acks)
+    def _new_node(self, key, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
+        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
+
+    # -- the walks: each tree's key lookup (``_key_of``), split length (``_split_len``) and device values
+    # (``_device_value``); the rest, op for op 0.5.16's ``_match_prefix_helper`` / ``_insert_helper`` ----------------
+    def match_walk(self, key, n: int, values: list | None = None) -> tuple[HiTreeNode, int]:
+        """The match walk of ``key[:n]`` (n > 0, whole pages): (the deepest node matched on either tier, the length
+        matched). A clock read for the root and each node, the node's heap entries refreshed; the node the key ends
+        inside is split. ``values``: a list that collects the device values of the path, top down."""
+        node = self.root_node
+        node.last_access_time = self.clock.tick()
+        off, key_of = 0, self._key_of
+        while off < n:
+            child = node.children.get(key_of(key, off))
+            if child is None:
+                break
+            node, m, whole = self._visit(child, key, off, n)
+            if values is not None and node.value is not None:
+                values.append(node.value)
+            off += m
+            if not whole:
+                break
+        return node, off
+
+    def _visit(self, child: HiTreeNode, key, off: int, n: int) -> tuple[HiTreeNode, int, bool]:
+        """A walk's step onto ``child`` (match and insert alike): a clock read, its heap entries refreshed (its sort
+        key changed), and its key compared with ``key[off:n]``: ``(child, its length, True)`` when the key holds it
+        whole, else ``(the upper half of its split at the common prefix, that length, False)``."""
+        child.last_access_time = self.clock.tick()
+        dev, host = self.leaf_index, self.host_leaf_index
+        if child in dev.leaves:  # (_touch, inlined)
+            dev.push(child)
+        if child in host.leaves:
+            host.push(child)
+        ckey = child.key
+        m = len(ckey)
+        if off + m > n or ckey != key[off : off + m]:
+            m = self._split_len(ckey, key, off, n)
+            return self._split_node(child, m), m, False
+        return child, m, True
+
+    def _insert_walk(self, key, n: int, src, priority: int, chunked: bool, held: HiTreeNode | None = None,
+                     held_len: int = 0) -> tuple[int, HiTreeNode]:
+        """Insert ``key[:n]`` (n whole pages) with the caller's device values ``src`` (``_device_value`` slices
+        them): (the length already on the device, the node ending at ``n``; the root for n = 0). A host-only node
+        on the way adopts the caller's values (not counted as cached); under the write-through policies a node
+        reaching its hit threshold is backed up. ``held``: the node the request holds locked, whose path spells
+        ``key[:held_len]`` (walked without looking its children up or comparing its keys again)."""
+        if n == 0:
+            return 0, self.root_node
+        count_hits = not chunked and self.write_policy != "write_back"
+        path = self._held_path(held, held_len) if 0 < held_len <= n else None
+        node, off = self._walk_held(path, priority, count_hits) if path else (self.root_node, 0)
+        prefix, key_of, visit = off, self._key_of, self._visit
+        while off < n:
+            child = node.children.get(key_of(key, off))
+            if child is None:
+                break
+            if priority > child.priority:
+                child.priority = priority
+            node, m, whole = visit(child, key, off, n)
+            if not whole and priority > node.priority:  # (the upper half of a split: a new node, never a leaf)
+                node.priority = priority
+            if node.value is None:  # host-only: adopt the caller's (recomputed) values
+                self._attach_device(node, self._device_value(src, off, off + m))
+            else:
+                if count_hits:
+                    self._inc_hit_count(node)
+                prefix += m
+            off += m
+        if off < n:
+            node = self._add_leaf(node, key[off:n], self._device_value(src, off, n), priority, count_hits)
+        return prefix, node
+
+    def rematch(self, last: HiTreeNode, values: list | None = None) -> list | None:
+        """0.5.16's re-match of the key an insert just made end at ``last`` (not the root), without comparing it
+        again: the same walk (no split is possible, every node is on the device), the same clock reads (the root,
+        then each node from the top) and device heap entries; ``values`` collects the path's device values."""
+        path, node, root = [], last, self.root_node
+        while node is not root:
+            path.append(node)
+            node = node.parent
+        tick, dev = self.clock.tick, self.leaf_index
+        leaves = dev.leaves
+        root.last_access_time = tick()
+        for node in reversed(path):
+            node.last_access_time = tick()
+            if node in leaves:  # (_touch: on the device, never a host leaf)
+                dev.push(node)
+            if values is not None:
+                values.append(node.value)
+        return values
+
+    def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
+        """What insert's walk does to each node of a request's locked path (a clock read, the priority, the heap
+        entries, a hit), without looking the children up: (the path's last node, its length)."""
+        tick, off = self.clock.tick, 0
+        dev, host = self.leaf_index, self.host_leaf_index
+        leaves, host_leaves = dev.leaves, host.leaves
+        for child in path:
+            child.last_access_time = tick()  # (on the device: a locked path)
+            if priority > child.priority:
+                child.priority = priority
+            if child in leaves:
+                dev.push(child)
+            if child in host_leaves:
+                host.push(child)
+            if count_hits:
+                self._inc_hit_count(child)
+            off += len(child.key)
+        return path[-1], off
+
+    def _add_leaf(self, parent: HiTreeNode, key, value, priority: int, count_hits: bool) -> HiTreeNode:
+        """Insert's tail past the match: a new device leaf under ``parent`` holding ``key`` and ``value``, a hit
+        counted on it when ``count_hits`` (write-through: it may be backed up at once)."""
+        leaf = self._new_node(key, value, parent, priority)
+        parent.children[self._key_of(leaf.key)] = leaf
+        self.evictable_size_ += len(key)
+        self._update_leaf_status(parent)
+        self._update_leaf_status(leaf)
+        if count_hits:
+            self._inc_hit_count(leaf)
+        return leaf
+
+    def _inc_hit_count(self, node: HiTreeNode) -> None:
+        """A hit on ``node`` (insert): under the write-through policies it is backed up once its hits reach the
+        threshold (1: ``write_through``, 2: ``write_through_selective``)."""
+        if self.write_policy == "write_back":
+            return
+        node.hit_count += 1
+        self._touch(node)
+        if node.host_value is None and node.hit_count >= self.write_through_threshold:
+            self.write_backup(node)
+
+    # -- the check both trees' check_invariants make -------------------------------------------------------------------
+    def _check_tiers(self, name: str) -> tuple[list, list]:
+        """Children filed by their first key unit and pointing back; device residency closed under prefixes;
+        lock_ref >= the children's; keys of whole pages; every node on a tier; host-only nodes unlocked;
+        write-through backups a prefix from the root; the size counters. Returns (the nodes but the root, those on
+        the device)."""
+        root, ps, unit = self.root_node, self.page_size, self.key_tokens
+        self._check_root(name)
+        nodes, on_device = [], []
+        for node in self.nodes():
+            child_locks = 0
+            for ck, child in node.children.items():
+                require(child.parent is node and ck == self._key_of(child.key),
+                        f"{name}: each child is filed under its first token/page and points back at its parent",
+                        child=child, filed_under=ck)
+                child_locks += child.lock_ref
+                if node.value is None and child.value is not None:
+                    raise InvariantError(f"{name}: device residency is closed under prefixes (a device node's "
+                                         "parent is on the device)", child=child, parent=node)
+            if node is root:
+                continue
+            require(node.lock_ref >= child_locks, f"{name}: lock_ref >= the sum of the children's", node=node,
+                    lock_ref=node.lock_ref, children_lock_ref=child_locks)
+            k = len(node.key) * unit
+            if not k or k % ps:
+                raise InvariantError(f"{name}: every key is a non-empty whole number of pages", node=node,
+                                     key_tokens=k, page_size=ps)
+            if node.value is None and node.host_value is None:
+                raise InvariantError(f"{name}: every node is on the device or on host", node=node)
+            if node.value is None:
+                require(node.lock_ref == 0, f"{name}: a host-only node is unlocked", node=node)
+            else:
+                on_device.append(node)
+            if (node.host_value is not None and self.write_policy != "write_back" and node.parent is not root
+                    and node.parent.host_value is None):
+                raise InvariantError(f"{name}: write-through backups form a prefix from the root", node=node,
+                                     parent=node.parent)
+            nodes.append(node)
+        self._check_sizes(on_device, name)  # (device lengths only)
+        return nodes, on_device
+
+    def _check_tier_indexes(self, nodes: list, on_device: list, name: str) -> None:
+        """Both leaf indexes against a recomputation (each leaf with a live heap entry of its current sort key),
+        every node an in-flight copy protects locked, and the storage tier's check."""
+        self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
+                              f"{name}: the device-leaf index holds exactly the unlocked device leaves",
+                              f"{name}: every device leaf has a live heap entry with its current sort key")
+        self.host_leaf_index.check({x for x in nodes if x.value is None
+                                    and all(c.host_value is None for c in x.children.values())},
+                                   f"{name}: the host-leaf index holds exactly the host-only nodes without backed-up "
+                                   "children",
+                                   f"{name}: every host leaf has a live heap entry with its current sort key")
+        for op, lock_node in self.ongoing_write_through.values():
+            if lock_node is not None:
+                require(lock_node.lock_ref > 0, f"{name}: a node with a backup in flight is locked", node=lock_node,
+                        finish_s=op.finish_s)
+        for op, node in self.ongoing_load_back.values():
+            require(node.value is not None and node.lock_ref > 0,
+                    f"{name}: a node with a load-back in flight is on the device and locked", node=node,
+                    finish_s=op.finish_s)
+        self.check_storage_invariants()
