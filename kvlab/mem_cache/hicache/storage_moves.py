@@ -71,9 +71,9 @@ class StorageMoves:
             self.storage_controller.reset()
 
     # -- page keys -----------------------------------------------------------------------------------
-    def node_hash(self, node: HiTreeNode) -> list[str]:
-        """The storage keys of ``node``'s pages (``compute_node_hash_values``), computed on first use down from
-        the deepest ancestor that has them."""
+    def node_hash(self, node: HiTreeNode) -> list[int]:
+        """The storage keys of ``node``'s pages (``compute_node_hash_values``; interned by the store, whose ``hex``
+        gives SGLang's), computed on first use down from the deepest ancestor that has them."""
         chain = []
         while node is not self.root_node and node.hash_value is None:
             chain.append(node)
@@ -83,7 +83,7 @@ class StorageMoves:
             x.hash_value = self.storage_controller.hash_keys(x.key, prior)
         return chain[0].hash_value if chain else ([] if node is self.root_node else node.hash_value)
 
-    def get_last_hash_value(self, node: HiTreeNode) -> str | None:
+    def get_last_hash_value(self, node: HiTreeNode) -> int | None:
         return None if node is self.root_node else self.node_hash(node)[-1]
 
     # -- backup (host -> storage) --------------------------------------------------------------------
@@ -149,7 +149,7 @@ class StorageMoves:
 
     # -- prefetch (storage -> host) ------------------------------------------------------------------
     def prefetch_from_storage(self, req_id, last_host_node: HiTreeNode, new_input_tokens,
-                              last_hash: str | None = None) -> bool:
+                              last_hash: int | None = None) -> bool:
         """On a request's arrival: fetch the whole pages of ``new_input_tokens`` (its prompt past the host match,
         which ends at ``last_host_node``) that storage holds into host. Nothing under ``prefetch_threshold``
         tokens, while rate-limited, or when storage holds fewer hit tokens than the threshold. Returns whether a
