@@ -173,11 +173,11 @@ class Scheduler:
         def release_and_prefetch(now_s: float, waiting: deque) -> None:
             arrived = len(waiting)
             release(now_s, waiting)
-            if len(waiting) == arrived:  # (none arrived: no copy of the queue)
+            if len(waiting) == arrived:  # (most steps: none arrived)
                 return
-            for req in list(waiting)[arrived:]:
+            for i in range(arrived - len(waiting), 0):  # (the new arrivals, at the queue's end)
                 host.begin_step(now_s)  # (the prefetch is timed from now)
-                arrive(req)
+                arrive(waiting[i])
 
         return release_and_prefetch
 

@@ -34,7 +34,6 @@ from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
 from kvlab.mem_cache.hicache.page_host import PageHiController, PageHostPool
 from kvlab.mem_cache.hicache.page_tier_moves import PageTierMoves
-from kvlab.mem_cache.hicache.storage import page_bytes
 from kvlab.mem_cache.hicache.storage_moves import StorageMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
@@ -84,11 +83,8 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
     def hash_pages(self, ids, prior: int | None = None) -> list[int]:
         """The store's keys of the pages ``ids`` chained from the key ``prior`` (``get_hash_str``'s chain, interned,
         as ``HiCacheStorage.page_ids`` has their tokens): a page of consecutive ids (id >= 0) by its id, any other
-        by its bytes."""
-        return self.storage_controller.storage.chain(ids, prior, self.page_size, self._page_bytes)
-
-    def _page_bytes(self, pid: int) -> bytes:
-        return page_bytes(self.page_keys.tokens((pid,)))
+        by its tokens."""
+        return self.storage_controller.storage.chain(ids, prior, self.page_size, self.page_keys.page)
 
     def _key_of(self, key: array, off: int = 0):
         return key[off]

@@ -62,7 +62,7 @@ class PageTierMoves:
         if ctl.ack_write_queue or ctl.ack_load_queue:
             self.writing_check()
             self.loading_check()
-        if self.storage_controller is not None:  # (drain_storage_control_queues)
+        if self.storage_controller is not None and self._storage_due_s <= ctl.now_s:  # (drain_storage_control_queues)
             self._poll_storage()
 
     def drain(self) -> None:

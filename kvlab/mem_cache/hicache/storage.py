@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from kvlab.errors import require
 
-_FIRSTS, _LENGTHS = 1 << 32, 1 << 24  # an interned page's code: its first id < 2^32, its length < 2^24
+_FIRSTS = 1 << 32  # an interned page of consecutive ids: its first id < 2^32
 EVICTION_RATIO = 0.9  # LRUFileEvictor's default eviction_ratio (SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO)
 
 
@@ -121,10 +121,12 @@ class HiCacheStorage:
         self._lru: OrderedDict[int | str, None] = OrderedDict()  # key -> None, least recently used first
         self.evicted_pages = 0
         self.refused_pages = 0
-        # a page's code -> its key (0, 1, ...): for a page of n consecutive ids in [0, 2^32) from ``first``, after
-        # the key ``prior`` (-1: none), the int ((prior + 1) * 2^32 + first) * 2^24 + n; else (prior, its bytes)
+        # a page's code -> its key (0, 1, ...). After the key ``prior`` (-1: none), a page of ``_run_len`` (the
+        # first page's length) consecutive ids in [0, 2^32) from ``first``: the int (prior + 1) * 2^32 + first;
+        # any other page: (prior, the tuple of its tokens)
         self._ids: dict[int | tuple, int] = {}
         self._origin: list[int | tuple] = []  # key -> its code
+        self._run_len: int | None = None
         self._digests: dict[int, bytes] = {}  # key -> its SHA-256 digest, once asked for
         self._named = False  # a key was given as a string: every key is kept as its hex from then on
 
@@ -148,26 +150,36 @@ class HiCacheStorage:
         :func:`get_hash_str`'s chain, unhashed (:meth:`hex` gives each one's hex)."""
         out = []
         for start in range(0, len(token_ids), page_size):
-            page = token_ids[start : start + page_size]
+            page = tuple(token_ids[start : start + page_size])
             first, n = page[0], len(page)
-            if page[-1] - first == n - 1 and tuple(page) == tuple(range(first, first + n)):
-                prior = self.chain((first,), prior, n, lambda _: page_bytes(page))[0]
-            else:
-                prior = self.intern(-1 if prior is None else prior, page_bytes(page))
+            ranged = page[-1] - first == n - 1 and page == tuple(range(first, first + n))
+            prior = self.chain((first if ranged else -1,), prior, n, lambda _: page)[0]
             out.append(prior)
         return out
 
     def chain(self, firsts: Sequence[int], prior: int | None, n: int, page_of) -> list[int]:
-        """The keys of pages of ``n`` consecutive ids each, given by their first ids, chained from the key
-        ``prior``; a page whose ids do not all lie in [0, 2^32) is interned by its bytes, ``page_of(first)``."""
+        """The keys of pages of ``n`` tokens each, chained from the key ``prior``: a page of consecutive ids is
+        given by its first (>= 0), any other by -1 and ``page_of(first)``, the tuple of its tokens."""
         ids, origin, out = self._ids, self._origin, []
         p = -1 if prior is None else prior
-        ranged = n < _LENGTHS
+        if self._run_len is None:
+            self._run_len = n
+        if n == self._run_len and firsts and min(firsts) >= 0 and max(firsts) + n <= _FIRSTS:
+            get, base = ids.get, (p + 1) * _FIRSTS  # (every page a run: its code an int, no tuple to collect)
+            for first in firsts:
+                key = get(base + first)
+                if key is None:
+                    key = ids[base + first] = len(origin)
+                    origin.append(base + first)
+                out.append(key)
+                base = (key + 1) * _FIRSTS
+            return out
         for first in firsts:
-            if ranged and 0 <= first and first + n <= _FIRSTS:  # (a code: an int, no tuple for the collector)
-                code = ((p + 1) * _FIRSTS + first) * _LENGTHS + n
+            if n == self._run_len and 0 <= first and first + n <= _FIRSTS:
+                code = (p + 1) * _FIRSTS + first
             else:
-                code = (p, page_of(first))
+                page = page_of(first)
+                code = (p, page if type(page) is tuple else tuple(page))
             key = ids.get(code)
             if key is None:
                 key = ids[code] = len(origin)
@@ -176,23 +188,13 @@ class HiCacheStorage:
             p = key
         return out
 
-    def intern(self, prior: int, page: bytes) -> int:
-        """The key of the page whose bytes (as :func:`page_bytes` lays them out) are ``page``, after the key
-        ``prior`` (-1: the first page)."""
-        code = (prior, page)
-        key = self._ids.get(code)
-        if key is None:
-            key = self._ids[code] = len(self._origin)
-            self._origin.append(code)
-        return key
-
     def _prior_and_bytes(self, key: int) -> tuple[int, bytes]:
+        """The key before ``key`` (-1: none) and ``key``'s page as ``get_hash_str`` hashes it."""
         code = self._origin[key]
         if type(code) is tuple:
-            return code
-        code, n = divmod(code, _LENGTHS)
+            return code[0], page_bytes(code[1])
         prior, first = divmod(code, _FIRSTS)
-        return prior - 1, array("I", range(first, first + n)).tobytes()
+        return prior - 1, array("I", range(first, first + self._run_len)).tobytes()
 
     def hex(self, key: int) -> str:
         """``key``'s SHA-256 hex, as :func:`get_hash_str` chains it (computed down from the nearest known digest)."""

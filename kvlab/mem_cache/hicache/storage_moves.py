@@ -24,6 +24,7 @@ size: a page's storage key hashed from its id's tokens, memoised per page; host 
 
 from __future__ import annotations
 
+import math
 from array import array
 
 from kvlab.errors import require
@@ -67,6 +68,7 @@ class StorageMoves:
         self._timed_ops: dict = {}  # req id -> op: the prefetches with an event still ahead (storage_next_event_s)
         self.prefetch_loaded_tokens_by_reqid: dict = {}
         self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}  # host write op -> (node, its key length)
+        self._storage_due_s = math.inf  # no backup lands and no prefetch takes its slots before this (less tolerance)
         if self.storage_controller is not None:
             self.storage_controller.reset()
 
@@ -107,24 +109,28 @@ class StorageMoves:
         if backup_len is not None and acc != backup_len:
             chain = [node]
         keys = [k for x in reversed(chain) for k in self.node_hash(x)]
-        self.storage_controller.write_storage(keys, node)
+        op = self.storage_controller.write_storage(keys, node)
+        self._storage_due_s = min(self._storage_due_s, op.finish_s - FINISH_TOLERANCE_S)
         node.protect_host()
 
     def _poll_storage(self) -> None:
         """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
         answered take their host slots (or are revoked for want of room)."""
         ctl = self.storage_controller
-        now, queue = ctl.now_s, ctl.backup_queue
-        if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:  # (most steps: none landed, nothing awaiting)
+        now = ctl.now_s
+        if self._storage_due_s > now:  # (most steps: none landed, no slots due; the page tree checks before calling)
+            return
+        queue = ctl.backup_queue
+        if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
             for op in ctl.poll_backups():
                 op.node.release_host()
-        if not self._awaiting_slots:
-            return
         for req_id, op in list(self._awaiting_slots.items()):
             if op.alloc_due_s - FINISH_TOLERANCE_S <= now:
                 if not ctl.allocate(op, self.evict_host_tokens):
                     self._revoke_pending_prefetch(req_id)
                 self._awaiting_slots.pop(req_id, None)
+        self._storage_due_s = min([queue[0].finish_s - FINISH_TOLERANCE_S if queue else math.inf] +
+                                  [op.alloc_due_s - FINISH_TOLERANCE_S for op in self._awaiting_slots.values()])
 
     def wait_storage_backups(self) -> bool:
         """Write-back with the host pool full of copies still on their way to storage (host-protected until the
@@ -165,6 +171,7 @@ class StorageMoves:
         last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
         self._awaiting_slots[req_id] = self._timed_ops[req_id] = op
+        self._storage_due_s = min(self._storage_due_s, op.alloc_due_s - FINISH_TOLERANCE_S)
         ctl.prefetch_tokens_occupied += n
         return True
 
