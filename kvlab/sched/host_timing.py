@@ -110,4 +110,8 @@ class StorageTierTiming(HostTierTiming):
                                                   written_to_storage_tokens=s.written_to_storage_tokens)
 
     def next_transfer_s(self) -> float:
-        return min(super().next_transfer_s(), self.tree.storage_next_event_s())
+        nxt, ctl = self.tree.storage_next_event_s(), self.controller  # (HostTierTiming's, inline: once a decode step)
+        for queue in (ctl.write_queue, ctl.load_queue):
+            if queue and queue[0].finish_s - FINISH_TOLERANCE_S < nxt:
+                nxt = queue[0].finish_s - FINISH_TOLERANCE_S
+        return nxt

@@ -153,7 +153,7 @@ class HiCacheStorage:
             page = tuple(token_ids[start : start + page_size])
             first, n = page[0], len(page)
             ranged = page[-1] - first == n - 1 and page == tuple(range(first, first + n))
-            prior = self.chain((first if ranged else -1,), prior, n, lambda _: page)[0]
+            prior = self.chain((first if ranged else -1,), prior, n, lambda _, page=page: page)[0]
             out.append(prior)
         return out
 

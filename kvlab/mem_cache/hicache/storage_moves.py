@@ -108,7 +108,8 @@ class StorageMoves:
             acc += len(chain[-1].key)
         if backup_len is not None and acc != backup_len:
             chain = [node]
-        keys = [k for x in reversed(chain) for k in self.node_hash(x)]
+        # (one node, most backups: its own key list, which a split replaces and nothing changes in place)
+        keys = self.node_hash(node) if len(chain) == 1 else [k for x in reversed(chain) for k in self.node_hash(x)]
         op = self.storage_controller.write_storage(keys, node)
         self._storage_due_s = min(self._storage_due_s, op.finish_s - FINISH_TOLERANCE_S)
         node.protect_host()
@@ -276,13 +277,14 @@ class StorageMoves:
         prefetch's host slots taken, its last page landing or its timeout. Only events still ahead count: one the
         clock has passed changed what it changes already (a waiting prefetch done long ago no longer stops the
         quiet decode rounds at every step)."""
-        ctl, timeout, ongoing = self.storage_controller, self.prefetch_stop_policy == "timeout", self.ongoing_prefetch
-        now = ctl.now_s
-        ahead = now + FINISH_TOLERANCE_S  # (a slot take or a page lands within the tolerance: already seen)
-        nxt = ctl.next_backup_s()
-        timed = self._timed_ops
+        ctl, timed = self.storage_controller, self._timed_ops
+        queue = ctl.backup_queue
+        nxt = queue[0].finish_s if queue else math.inf  # (next_backup_s)
         if not timed:  # (most steps: no prefetch with an event ahead)
             return nxt
+        timeout, ongoing = self.prefetch_stop_policy == "timeout", self.ongoing_prefetch
+        now = ctl.now_s
+        ahead = now + FINISH_TOLERANCE_S  # (a slot take or a page lands within the tolerance: already seen)
         for req_id, op in list(timed.items()):
             entry = ongoing.get(req_id)
             deadline = self.prefetch_deadline_s(op) if timeout else 0.0
