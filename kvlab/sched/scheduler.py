@@ -271,7 +271,7 @@ class Scheduler:
         the step, its callees bound once per run."""
         waiting, prefill, kv, ledger, max_steps = self.waiting, self.prefill, self.kv, self.ledger, self.config.max_steps
         idle, state, replay, quiet_steps = prefill.idle, kv.state, kv.replay_matches_of, self.decoder.quiet_steps
-        next_arrival_s, next_transfer_s = self.arrivals.next_arrival_s, self.host.next_transfer_s
+        next_arrival_s, next_transfer_s = self.arrivals.next_arrival_s, self.host.quiet_stop_s
         hosted = type(self.host) is not NoHostTier  # (without a host tier no copy is due: its clock is not asked)
 
         def quiet(retracted: int) -> None:
