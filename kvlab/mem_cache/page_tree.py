@@ -279,6 +279,10 @@ class PageKeys:
             k += 1
         return out
 
+    def page(self, pid: int) -> range | tuple:
+        """The tokens of the page ``pid``."""
+        return range(pid, pid + self.page_size) if pid >= 0 else self._contents[-1 - pid]
+
     def tokens(self, key: Sequence[int]) -> array:
         """The tokens of the pages ``key`` (ids), as an ``array('q')``."""
         out = array("q")

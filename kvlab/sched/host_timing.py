@@ -37,6 +37,10 @@ class NoHostTier:
     def next_transfer_s(self) -> float:
         return _INF
 
+    def quiet_stop_s(self) -> float:
+        """Where the quiet decode rounds stop: :meth:`next_transfer_s`, unless a tier's event cannot change them."""
+        return self.next_transfer_s()
+
     def finish(self) -> None:
         """(Nothing is in flight.)"""
 
@@ -88,6 +92,8 @@ class HostTierTiming(NoHostTier):
         heads = [q[0].finish_s for q in (ctl.write_queue, ctl.load_queue) if q]
         return min(heads) - FINISH_TOLERANCE_S if heads else _INF
 
+    quiet_stop_s = next_transfer_s  # (every copy that lands can unlock a node, which a row shows)
+
     def finish(self) -> None:
         """The copies still in flight land (the run's clock is not moved)."""
         self.tree.drain()
@@ -110,4 +116,16 @@ class StorageTierTiming(HostTierTiming):
                                                   written_to_storage_tokens=s.written_to_storage_tokens)
 
     def next_transfer_s(self) -> float:
-        return min(super().next_transfer_s(), self.tree.storage_next_event_s())
+        return self.quiet_stop_s(backups=True)
+
+    def quiet_stop_s(self, backups: bool = False) -> float:
+        """:meth:`next_transfer_s` without the backups to storage (``backups`` False): a landing backup only
+        stores keys, counts them and ends its node's host protection, which no quiet decode round reads (nothing
+        joins, opens, evicts or finishes in one), and the next step that is not quiet polls it first, so its row
+        and every later one are the same; the quiet rounds run on past it. Where nothing runs, the loop still waits
+        for it (``next_transfer_s``)."""
+        nxt, ctl = self.tree.storage_next_event_s(backups), self.controller  # (HostTierTiming's, inline)
+        for queue in (ctl.write_queue, ctl.load_queue):
+            if queue and queue[0].finish_s - FINISH_TOLERANCE_S < nxt:
+                nxt = queue[0].finish_s - FINISH_TOLERANCE_S
+        return nxt

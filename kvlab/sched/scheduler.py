@@ -173,11 +173,11 @@ class Scheduler:
         def release_and_prefetch(now_s: float, waiting: deque) -> None:
             arrived = len(waiting)
             release(now_s, waiting)
-            if len(waiting) == arrived:  # (none arrived: no copy of the queue)
+            if len(waiting) == arrived:  # (most steps: none arrived)
                 return
-            for req in list(waiting)[arrived:]:
+            for i in range(arrived - len(waiting), 0):  # (the new arrivals, at the queue's end)
                 host.begin_step(now_s)  # (the prefetch is timed from now)
-                arrive(req)
+                arrive(waiting[i])
 
         return release_and_prefetch
 
@@ -271,7 +271,7 @@ class Scheduler:
         the step, its callees bound once per run."""
         waiting, prefill, kv, ledger, max_steps = self.waiting, self.prefill, self.kv, self.ledger, self.config.max_steps
         idle, state, replay, quiet_steps = prefill.idle, kv.state, kv.replay_matches_of, self.decoder.quiet_steps
-        next_arrival_s, next_transfer_s = self.arrivals.next_arrival_s, self.host.next_transfer_s
+        next_arrival_s, next_transfer_s = self.arrivals.next_arrival_s, self.host.quiet_stop_s
         hosted = type(self.host) is not NoHostTier  # (without a host tier no copy is due: its clock is not asked)
 
         def quiet(retracted: int) -> None:

@@ -35,6 +35,8 @@ def storage_options(config: SchedulerConfig) -> dict:
 def prefetch_done(tree, req: SimReq) -> bool:
     """Before admission (``check_prefetch_progress``): may the request be scheduled now? Its pages read from
     storage are then in the tree, host only (``pop_prefetch_loaded_tokens``: its storage hit)."""
+    if id(req) not in tree.ongoing_prefetch:  # (most requests: no prefetch, nothing loaded)
+        return True
     if not tree.check_prefetch_progress(id(req)):
         return False
     loaded = tree.pop_prefetch_loaded_tokens(id(req))

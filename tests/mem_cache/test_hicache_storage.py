@@ -42,6 +42,37 @@ def fill(tree, alloc, key) -> None:
 KEY = list(range(1, 17))  # 4 pages
 
 
+def test_interned_keys_are_get_hash_strs_chain_on_demand():
+    """A store interns each page's key as an int (the previous page's key and the page's tokens); its hex, computed
+    only when asked for, is ``get_hash_str``'s: pages of consecutive ids (a trace's blocks) or of any ids, ids past
+    uint32, a partial last page, a chain resumed from a prior key. The page engine's keys (its pages by id) are the
+    token tree's, and a store given keys as strings (another run's hex) still finds the interned ones."""
+    from kvlab.mem_cache.page_tree import PageKeys
+
+    rng = random.Random(3)
+    store = HiCacheStorage(PAGE_BYTES)
+    for _ in range(300):
+        ps = rng.choice([1, 2, 4, 16])
+        if rng.random() < 0.5:
+            first = rng.choice([0, 5, 2**32 - 20, 2**32 - 3, 2**40])
+            tokens = list(range(first, first + rng.randrange(1, 40)))
+        else:
+            tokens = [rng.randrange(0, 2**33) for _ in range(rng.randrange(1, 40))]
+        keys = store.page_ids(tokens, None, ps)
+        assert [store.hex(k) for k in keys] == get_hash_str(tokens, None, ps)
+        cut = rng.randrange(len(keys))
+        if cut:
+            assert store.page_ids(tokens[cut * ps :], keys[cut - 1], ps) == keys[cut:]
+    page_keys = PageKeys(PS)
+    tokens = list(range(100, 116)) + [7, 3, 9, 1] + list(range(2**32 - 4, 2**32 + 4))
+    pages = page_keys.of_sequence(tokens, len(tokens) // PS)
+    assert store.chain(pages, None, PS, page_keys.page) == store.page_ids(tokens, None, PS)
+    named = HiCacheStorage(PAGE_BYTES)
+    early = named.page_ids(KEY, None, PS)
+    assert named.batch_set(early[:2], interned=True) == 2 and named.batch_set(get_hash_str(KEY, None, PS)[2:]) == 2
+    assert named.keys() == get_hash_str(KEY, None, PS) and named.batch_exists(early, interned=True) == 4
+
+
 def test_page_keys_chain_on_the_prefix():
     """A page's key names its whole prefix: the keys of a prefix are a prefix of the keys, and hashing on from the
     last key of a page-aligned part gives the rest (the prefetch's last_hash)."""

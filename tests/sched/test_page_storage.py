@@ -35,7 +35,9 @@ def twins(reqs, cfg, store=None):
     assert isinstance(page.memory, PageKV) and isinstance(page.memory.tree, PageHiRadixTree)
     for other in (token, page):
         assert_same(ref, other)  # rows, totals (the storage four among them), tree at token level, clock
-        assert {x.id: x.hash_value for x in other.tree.nodes()} == {x.id: x.hash_value for x in ref.tree.nodes()}
+        hexes = other.memory.storage.hex_keys, ref.memory.storage.hex_keys  # (keys as SGLang's hex: each store interns its own)
+        assert {x.id: hexes[0](x.hash_value) for x in other.tree.nodes()} == {x.id: hexes[1](x.hash_value)
+                                                                              for x in ref.tree.nodes()}
         assert other.memory.storage.keys() == ref.memory.storage.keys()  # the store, in LRU order
         ctl, ref_ctl = other.memory.tree.storage_controller, ref.memory.tree.storage_controller
         assert ctl.totals == ref_ctl.totals and ctl.now_s == ref_ctl.now_s

@@ -26,7 +26,6 @@ No torch (``to_hiradix_cache`` imports it when called).
 
 from __future__ import annotations
 
-import hashlib
 from array import array
 from dataclasses import replace
 
@@ -36,7 +35,6 @@ from kvlab.mem_cache.evict_policy import get_eviction_strategy
 from kvlab.mem_cache.hicache.leaf_index import HiLeafIndex
 from kvlab.mem_cache.hicache.page_host import PageHiController, PageHostPool
 from kvlab.mem_cache.hicache.page_tier_moves import PageTierMoves
-from kvlab.mem_cache.hicache.storage import page_bytes
 from kvlab.mem_cache.hicache.storage_moves import StorageMoves
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
 from kvlab.mem_cache.hicache.two_tier_core import TwoTierCore
@@ -74,41 +72,20 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         self.host_evicted_tokens = 0
         self.key_tokens = self.page_size  # (storage_moves: a key element is a page)
         self.page_keys = None  # the run's PageKeys (the page engine's), read to hash pages for the storage tier
-        self._page_hashes: dict = {}  # (page id, prior key) -> the page's storage key
         self._reset_storage()
 
     def attach_page_storage(self, page_keys, storage, **options) -> None:
         """``attach_storage`` (storage_moves) with the run's :class:`~kvlab.mem_cache.page_tree.PageKeys`: a page's
-        storage key is hashed from its id's tokens, once per (page, prior key)."""
+        storage key is interned by the store from its id's tokens."""
         self.page_keys = page_keys
         self.attach_storage(storage, **options)
         self.storage_controller.hash_keys = self.hash_pages
 
-    def hash_pages(self, ids, prior: str | None = None) -> list[str]:
-        """``get_hash_str`` of the pages ``ids`` chained from ``prior``, one key per page (memoised)."""
-        memo, out, digest = self._page_hashes, [], None  # digest: ``prior``'s bytes, when a miss made them
-        for pid in ids:
-            key = memo.get((pid, prior))
-            if key is None:  # (page_key, chaining the digest itself instead of its hex)
-                if digest is None:
-                    digest = bytes.fromhex(prior) if prior else b""
-                digest = hashlib.sha256(digest + self._page_bytes(pid)).digest()
-                key = memo[pid, prior] = digest.hex()
-            else:
-                digest = None
-            out.append(key)
-            prior = key
-        return out
-
-    def _page_bytes(self, pid: int):
-        """A page's tokens as ``get_hash_str`` hashes them: a page of consecutive ids (id >= 0, all under 2^32) as
-        little-endian uint32 bytes made at C speed, else ``page_bytes`` of its tokens."""
-        ps = self.page_size
-        if 0 <= pid and pid + ps <= 1 << 32:
-            import numpy as np
-
-            return np.arange(pid, pid + ps, dtype="<u4").tobytes()
-        return page_bytes(self.page_keys.tokens((pid,)))
+    def hash_pages(self, ids, prior: int | None = None) -> list[int]:
+        """The store's keys of the pages ``ids`` chained from the key ``prior`` (``get_hash_str``'s chain, interned,
+        as ``HiCacheStorage.page_ids`` has their tokens): a page of consecutive ids (id >= 0) by its id, any other
+        by its tokens."""
+        return self.storage_controller.storage.chain(ids, prior, self.page_size, self.page_keys.page)
 
     def _key_of(self, key: array, off: int = 0):
         return key[off]

@@ -10,6 +10,11 @@ refreshes its recency and writes nothing; ``get`` refreshes it; ``clear``) and
 given; a new page that would pass the cap first evicts least recently used pages until the store is at most
 ``eviction_ratio`` (0.9) of the cap less the new page; a page larger than the cap is refused).
 
+Keys are interned (:meth:`HiCacheStorage.page_ids`): a page's key is an integer naming (the previous page's key,
+the page's tokens), which is what its SHA-256 hex is a function of; the hex itself is computed only when asked for
+(:meth:`HiCacheStorage.hex`, :meth:`HiCacheStorage.keys`), so a run hashes nothing. A store also takes keys as
+strings (any name, e.g. the hex keys of another run): it then keeps every key as its hex.
+
 kvlab stores keys only (no bytes), as SGLang's own no-IO simulator does (``mem_cache/storage/sim_storage.py``),
 and prices each read and write as ``latency_s + bytes / bandwidth`` on the cache controller's modelled clock
 (:mod:`kvlab.mem_cache.hicache.storage_controller`). The backends differ here only in capacity, bandwidth and
@@ -28,6 +33,7 @@ from dataclasses import dataclass
 
 from kvlab.errors import require
 
+_FIRSTS = 1 << 32  # an interned page of consecutive ids: its first id < 2^32
 EVICTION_RATIO = 0.9  # LRUFileEvictor's default eviction_ratio (SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO)
 
 
@@ -112,9 +118,17 @@ class HiCacheStorage:
         self.page_bytes = page_bytes
         self.capacity_bytes = capacity_bytes or None
         self.eviction_ratio = eviction_ratio
-        self._lru: OrderedDict[str, None] = OrderedDict()  # key -> None, least recently used first
+        self._lru: OrderedDict[int | str, None] = OrderedDict()  # key -> None, least recently used first
         self.evicted_pages = 0
         self.refused_pages = 0
+        # a page's code -> its key (0, 1, ...). After the key ``prior`` (-1: none), a page of ``_run_len`` (the
+        # first page's length) consecutive ids in [0, 2^32) from ``first``: the int (prior + 1) * 2^32 + first;
+        # any other page: (prior, the tuple of its tokens)
+        self._ids: dict[int | tuple, int] = {}
+        self._origin: list[int | tuple] = []  # key -> its code
+        self._run_len: int | None = None
+        self._digests: dict[int, bytes] = {}  # key -> its SHA-256 digest, once asked for
+        self._named = False  # a key was given as a string: every key is kept as its hex from then on
 
     @property
     def bounded(self) -> bool:
@@ -127,30 +141,112 @@ class HiCacheStorage:
         return len(self._lru)
 
     def keys(self) -> list[str]:
-        """The stored keys, least recently used first."""
-        return list(self._lru)
+        """The stored keys (their hex), least recently used first."""
+        return [self.hex(k) if type(k) is int else k for k in self._lru]
 
-    def exists(self, key: str) -> bool:
+    # -- interned keys -------------------------------------------------------------------------------
+    def page_ids(self, token_ids: Sequence[int], prior: int | None = None, page_size: int = 1) -> list[int]:
+        """The interned keys of ``token_ids``' pages (the last may be partial) chained from the key ``prior``:
+        :func:`get_hash_str`'s chain, unhashed (:meth:`hex` gives each one's hex)."""
+        out = []
+        for start in range(0, len(token_ids), page_size):
+            page = tuple(token_ids[start : start + page_size])
+            first, n = page[0], len(page)
+            ranged = page[-1] - first == n - 1 and page == tuple(range(first, first + n))
+            prior = self.chain((first if ranged else -1,), prior, n, lambda _, page=page: page)[0]
+            out.append(prior)
+        return out
+
+    def chain(self, firsts: Sequence[int], prior: int | None, n: int, page_of) -> list[int]:
+        """The keys of pages of ``n`` tokens each, chained from the key ``prior``: a page of consecutive ids is
+        given by its first (>= 0), any other by -1 and ``page_of(first)``, the tuple of its tokens."""
+        ids, origin, out = self._ids, self._origin, []
+        p = -1 if prior is None else prior
+        if self._run_len is None:
+            self._run_len = n
+        if n == self._run_len and firsts and min(firsts) >= 0 and max(firsts) + n <= _FIRSTS:
+            get, base = ids.get, (p + 1) * _FIRSTS  # (every page a run: its code an int, no tuple to collect)
+            for first in firsts:
+                key = get(base + first)
+                if key is None:
+                    key = ids[base + first] = len(origin)
+                    origin.append(base + first)
+                out.append(key)
+                base = (key + 1) * _FIRSTS
+            return out
+        for first in firsts:
+            if n == self._run_len and 0 <= first and first + n <= _FIRSTS:
+                code = (p + 1) * _FIRSTS + first
+            else:
+                page = page_of(first)
+                code = (p, page if type(page) is tuple else tuple(page))
+            key = ids.get(code)
+            if key is None:
+                key = ids[code] = len(origin)
+                origin.append(code)
+            out.append(key)
+            p = key
+        return out
+
+    def _prior_and_bytes(self, key: int) -> tuple[int, bytes]:
+        """The key before ``key`` (-1: none) and ``key``'s page as ``get_hash_str`` hashes it."""
+        code = self._origin[key]
+        if type(code) is tuple:
+            return code[0], page_bytes(code[1])
+        prior, first = divmod(code, _FIRSTS)
+        return prior - 1, array("I", range(first, first + self._run_len)).tobytes()
+
+    def hex(self, key: int) -> str:
+        """``key``'s SHA-256 hex, as :func:`get_hash_str` chains it (computed down from the nearest known digest)."""
+        digests, chain = self._digests, []
+        while key >= 0 and key not in digests:
+            chain.append(key)
+            key = self._prior_and_bytes(key)[0]
+        digest = digests[key] if key >= 0 else b""
+        for k in reversed(chain):
+            digest = digests[k] = hashlib.sha256(digest + self._prior_and_bytes(k)[1]).digest()
+        return digest.hex()
+
+    def hex_keys(self, keys: Sequence[int] | None) -> list[str] | None:
+        """:meth:`hex` of each of ``keys`` (a node's ``hash_value``; None stays None)."""
+        return None if keys is None else [self.hex(k) for k in keys]
+
+    def _named_keys(self, keys: Sequence[int | str], interned: bool = False) -> list:
+        """``keys`` as this store keeps them: interned while no key was given as a string, their hex after
+        (``interned``: all of ``keys`` are keys this store interned)."""
+        if not self._named:
+            if interned or all(type(k) is int for k in keys):
+                return keys
+            self._named = True  # (a string key: from now on every key is kept as its hex)
+            self._lru = OrderedDict((self.hex(k) if type(k) is int else k, None) for k in self._lru)
+        return [self.hex(k) if type(k) is int else k for k in keys]
+
+    # -- HiCacheFile's operations --------------------------------------------------------------------
+    def exists(self, key: int | str) -> bool:
         """Whether ``key`` is stored (recency unchanged, as ``HiCacheFile.exists``)."""
-        return key in self._lru
+        return self._named_keys((key,))[0] in self._lru
 
-    def batch_exists(self, keys: Sequence[str]) -> int:
-        """How many of ``keys`` are stored consecutively from the first (``HiCacheStorage.batch_exists``)."""
-        for i, key in enumerate(keys):
-            if key not in self._lru:
+    def batch_exists(self, keys: Sequence[int | str], interned: bool = False) -> int:
+        """How many of ``keys`` are stored consecutively from the first (``HiCacheStorage.batch_exists``;
+        ``interned``: all of them keys this store interned)."""
+        lru = self._lru
+        for i, key in enumerate(self._named_keys(keys, interned)):
+            if key not in lru:
                 return i
         return len(keys)
 
-    def get(self, key: str) -> bool:
+    def get(self, key: int | str) -> bool:
         """Read ``key``: True (and most recently used) if stored, else False."""
+        key = self._named_keys((key,))[0]
         if key not in self._lru:
             return False
         self._lru.move_to_end(key)
         return True
 
-    def set(self, key: str) -> bool:
+    def set(self, key: int | str) -> bool:
         """Store ``key`` (``HiCacheFile.set``): a stored key is refreshed; a new one may first evict LRU keys (a
         bounded store); False when it cannot be admitted."""
+        key = self._named_keys((key,))[0]
         lru = self._lru
         if key in lru:
             lru.move_to_end(key)
@@ -171,9 +267,18 @@ class HiCacheStorage:
         lru[key] = None
         return True
 
-    def batch_set(self, keys: Sequence[str]) -> int:
+    def batch_set(self, keys: Sequence[int | str], interned: bool = False) -> int:
         """Store ``keys`` in order, stopping at the first refused (``HiCacheFile.batch_set``); returns the number
-        stored."""
+        stored (``interned``: all of them keys this store interned)."""
+        keys = self._named_keys(keys, interned)
+        lru = self._lru
+        if self.capacity_bytes is None:  # (unbounded: each key is refreshed or added, none refused)
+            for key in keys:
+                if key in lru:
+                    lru.move_to_end(key)
+                else:
+                    lru[key] = None
+            return len(keys)
         for i, key in enumerate(keys):
             if not self.set(key):
                 return i

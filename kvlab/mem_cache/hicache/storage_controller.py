@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from kvlab.mem_cache.hicache.cache_controller import check_channel
-from kvlab.mem_cache.hicache.storage import HiCacheStorage, get_hash_str
+from kvlab.mem_cache.hicache.storage import HiCacheStorage
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 
 if TYPE_CHECKING:
@@ -36,14 +36,14 @@ if TYPE_CHECKING:
 @dataclass(eq=False)
 class PrefetchOperation:
     """One prefetch: ``token_ids`` (whole pages past the host match), the storage hit it found (``hash_value``:
-    the keys of the hit pages, ``storage_hit_count`` tokens), the host slots it reads into, and its read on the
+    the keys of the hit pages, interned by the store, ``storage_hit_count`` tokens), the host slots it reads into, and its read on the
     channel (``start_s``: begins, ``end_s``: set when terminated)."""
 
     request_id: object
     token_ids: list[int]
-    last_hash: str | None
+    last_hash: int | None
     issue_s: float
-    hash_value: list[str] = field(default_factory=list)
+    hash_value: list[int] = field(default_factory=list)
     storage_hit_count: int = 0
     host_indices: torch.Tensor | range | None = None  # (range: the page tree's count)
     start_s: float = 0.0
@@ -75,7 +75,7 @@ class BackupOperation:
     """One backup host -> storage: the page keys and the node whose host copy it reads (host-protected until the
     ack)."""
 
-    hash_value: list[str]
+    hash_value: list[int]
     node: object
     finish_s: float
 
@@ -114,8 +114,8 @@ class StorageController:
         self.latency_s = latency_s
         self.prefetch_threshold = prefetch_threshold
         self.prefetch_capacity_limit = int(0.5 * self.mem_pool_host.size)
-        # a key's page keys: of its tokens (get_hash_str); the page tree gives its own, over page ids
-        self.hash_keys = self.get_hash_str
+        # a key's page keys: of its tokens (get_hash_str's chain, interned); the page tree gives its own, over page ids
+        self.hash_keys = self.page_ids
         self.reset()
 
     def reset(self) -> None:
@@ -133,21 +133,23 @@ class StorageController:
     def _page_seconds(self, bytes_per_s: float) -> float:
         return 0.0 if math.isinf(bytes_per_s) else self.storage.page_bytes / bytes_per_s
 
-    def get_hash_str(self, token_ids, prior_hash: str | None = None) -> list[str]:
-        return get_hash_str(token_ids, prior_hash, self.page_size)
+    def page_ids(self, token_ids, prior: int | None = None) -> list[int]:
+        """The store's interned keys of the pages of ``token_ids`` after the key ``prior``
+        (:meth:`HiCacheStorage.page_ids`: ``get_hash_str``'s chain, its hex on demand)."""
+        return self.storage.page_ids(token_ids, prior, self.page_size)
 
     # -- prefetch (storage -> host) -------------------------------------------------------------------
     def prefetch_rate_limited(self) -> bool:
         return self.prefetch_tokens_occupied >= self.prefetch_capacity_limit
 
-    def storage_hit_query(self, token_ids, last_hash: str | None) -> tuple[list[str], int]:
+    def storage_hit_query(self, token_ids, last_hash: int | None) -> tuple[list[int], int]:
         """``_storage_hit_query``: the keys of the pages of ``token_ids`` present in storage consecutively from the
         first, and their tokens."""
         keys = self.hash_keys(token_ids, last_hash)
-        hit = self.storage.batch_exists(keys)
+        hit = self.storage.batch_exists(keys, interned=True)
         return keys[:hit], hit * self.page_size
 
-    def prefetch(self, request_id, token_ids, last_hash: str | None) -> PrefetchOperation | None:
+    def prefetch(self, request_id, token_ids, last_hash: int | None) -> PrefetchOperation | None:
         """Query storage for ``token_ids`` (``prefetch_thread_func``). None: revoked, too small a hit. Else the
         operation, its host slots taken by :meth:`allocate` once the query's ``latency_s`` has passed (at the
         scheduler's next ``check_hicache_events``: a request scheduled before then gets nothing from it)."""
@@ -218,7 +220,7 @@ class StorageController:
             t = op.finish_s
 
     # -- backup (host -> storage) ---------------------------------------------------------------------
-    def write_storage(self, hash_value: list[str], node) -> BackupOperation:
+    def write_storage(self, hash_value: list[int], node) -> BackupOperation:
         """Back up the pages ``hash_value`` (read from ``node``'s host copy) to storage."""
         start = max(self.now_s, self.write_free_s)
         finish = start + self.latency_s + len(hash_value) * self._page_seconds(self.write_bytes_per_s)
@@ -232,7 +234,7 @@ class StorageController:
         now, queue, done = self.now_s, self.backup_queue, []
         while queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
             op = queue.pop(0)
-            stored = self.storage.batch_set(op.hash_value)
+            stored = self.storage.batch_set(op.hash_value, interned=True)
             self.totals.written_to_storage_tokens += stored * self.page_size
             done.append(op)
         return done

@@ -24,6 +24,7 @@ size: a page's storage key hashed from its id's tokens, memoised per page; host 
 
 from __future__ import annotations
 
+import math
 from array import array
 
 from kvlab.errors import require
@@ -67,13 +68,14 @@ class StorageMoves:
         self._timed_ops: dict = {}  # req id -> op: the prefetches with an event still ahead (storage_next_event_s)
         self.prefetch_loaded_tokens_by_reqid: dict = {}
         self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}  # host write op -> (node, its key length)
+        self._storage_due_s = math.inf  # no backup lands and no prefetch takes its slots before this (less tolerance)
         if self.storage_controller is not None:
             self.storage_controller.reset()
 
     # -- page keys -----------------------------------------------------------------------------------
-    def node_hash(self, node: HiTreeNode) -> list[str]:
-        """The storage keys of ``node``'s pages (``compute_node_hash_values``), computed on first use down from
-        the deepest ancestor that has them."""
+    def node_hash(self, node: HiTreeNode) -> list[int]:
+        """The storage keys of ``node``'s pages (``compute_node_hash_values``; interned by the store, whose ``hex``
+        gives SGLang's), computed on first use down from the deepest ancestor that has them."""
         chain = []
         while node is not self.root_node and node.hash_value is None:
             chain.append(node)
@@ -83,7 +85,7 @@ class StorageMoves:
             x.hash_value = self.storage_controller.hash_keys(x.key, prior)
         return chain[0].hash_value if chain else ([] if node is self.root_node else node.hash_value)
 
-    def get_last_hash_value(self, node: HiTreeNode) -> str | None:
+    def get_last_hash_value(self, node: HiTreeNode) -> int | None:
         return None if node is self.root_node else self.node_hash(node)[-1]
 
     # -- backup (host -> storage) --------------------------------------------------------------------
@@ -106,25 +108,30 @@ class StorageMoves:
             acc += len(chain[-1].key)
         if backup_len is not None and acc != backup_len:
             chain = [node]
-        keys = [k for x in reversed(chain) for k in self.node_hash(x)]
-        self.storage_controller.write_storage(keys, node)
+        # (one node, most backups: its own key list, which a split replaces and nothing changes in place)
+        keys = self.node_hash(node) if len(chain) == 1 else [k for x in reversed(chain) for k in self.node_hash(x)]
+        op = self.storage_controller.write_storage(keys, node)
+        self._storage_due_s = min(self._storage_due_s, op.finish_s - FINISH_TOLERANCE_S)
         node.protect_host()
 
     def _poll_storage(self) -> None:
         """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
         answered take their host slots (or are revoked for want of room)."""
         ctl = self.storage_controller
-        now, queue = ctl.now_s, ctl.backup_queue
-        if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:  # (most steps: none landed, nothing awaiting)
+        now = ctl.now_s
+        if self._storage_due_s > now:  # (most steps: none landed, no slots due; the page tree checks before calling)
+            return
+        queue = ctl.backup_queue
+        if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
             for op in ctl.poll_backups():
                 op.node.release_host()
-        if not self._awaiting_slots:
-            return
         for req_id, op in list(self._awaiting_slots.items()):
             if op.alloc_due_s - FINISH_TOLERANCE_S <= now:
                 if not ctl.allocate(op, self.evict_host_tokens):
                     self._revoke_pending_prefetch(req_id)
                 self._awaiting_slots.pop(req_id, None)
+        self._storage_due_s = min([queue[0].finish_s - FINISH_TOLERANCE_S if queue else math.inf] +
+                                  [op.alloc_due_s - FINISH_TOLERANCE_S for op in self._awaiting_slots.values()])
 
     def wait_storage_backups(self) -> bool:
         """Write-back with the host pool full of copies still on their way to storage (host-protected until the
@@ -149,7 +156,7 @@ class StorageMoves:
 
     # -- prefetch (storage -> host) ------------------------------------------------------------------
     def prefetch_from_storage(self, req_id, last_host_node: HiTreeNode, new_input_tokens,
-                              last_hash: str | None = None) -> bool:
+                              last_hash: int | None = None) -> bool:
         """On a request's arrival: fetch the whole pages of ``new_input_tokens`` (its prompt past the host match,
         which ends at ``last_host_node``) that storage holds into host. Nothing under ``prefetch_threshold``
         tokens, while rate-limited, or when storage holds fewer hit tokens than the threshold. Returns whether a
@@ -165,6 +172,7 @@ class StorageMoves:
         last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
         self._awaiting_slots[req_id] = self._timed_ops[req_id] = op
+        self._storage_due_s = min(self._storage_due_s, op.alloc_due_s - FINISH_TOLERANCE_S)
         ctl.prefetch_tokens_occupied += n
         return True
 
@@ -264,18 +272,19 @@ class StorageMoves:
         self.reset()
         return True
 
-    def storage_next_event_s(self) -> float:
+    def storage_next_event_s(self, backups: bool = True) -> float:
         """The next clock time at which a storage event changes what the scheduler sees: a backup landing, or a
         prefetch's host slots taken, its last page landing or its timeout. Only events still ahead count: one the
         clock has passed changed what it changes already (a waiting prefetch done long ago no longer stops the
-        quiet decode rounds at every step)."""
-        ctl, timeout, ongoing = self.storage_controller, self.prefetch_stop_policy == "timeout", self.ongoing_prefetch
-        now = ctl.now_s
-        ahead = now + FINISH_TOLERANCE_S  # (a slot take or a page lands within the tolerance: already seen)
-        nxt = ctl.next_backup_s()
-        timed = self._timed_ops
+        quiet decode rounds at every step). ``backups`` False: the prefetches' events only."""
+        ctl, timed = self.storage_controller, self._timed_ops
+        queue = ctl.backup_queue
+        nxt = queue[0].finish_s if queue and backups else math.inf  # (next_backup_s)
         if not timed:  # (most steps: no prefetch with an event ahead)
             return nxt
+        timeout, ongoing = self.prefetch_stop_policy == "timeout", self.ongoing_prefetch
+        now = ctl.now_s
+        ahead = now + FINISH_TOLERANCE_S  # (a slot take or a page lands within the tolerance: already seen)
         for req_id, op in list(timed.items()):
             entry = ongoing.get(req_id)
             deadline = self.prefetch_deadline_s(op) if timeout else 0.0

@@ -33,7 +33,7 @@ class HiTreeNode(NodeCore):
         self.value = value
         self.host_value: torch.Tensor | None = None
         self.host_ref_counter = 0
-        self.hash_value: list[str] | None = None  # storage keys of its pages (L3), computed when first needed
+        self.hash_value: list[int] | None = None  # storage keys of its pages (L3, the store's), when first needed
 
     @property
     def evicted(self) -> bool:
