@@ -8,6 +8,7 @@
 - ``tree_core``: what every radix tree does with only key lengths, locks, access times, ids and priorities, written
   once (``TreeCore``: the lock walk and size counters, ``nodes()``, version bumps; ``LeafIndex``: a tier's evictable
   leaves and their heap), for the token, page and two-tier trees. No torch.
+- ``tree_walk``: the one prefix walk the token tree and the page tree share (``PrefixWalk._descend``). No torch.
 - ``radix_tree``: the tree mechanics the slot-holding trees share (``BaseRadixTree``, on ``TreeCore``).
 - ``radix_cache`` + ``evict_policy``: the prefix tree, its locks and whole-leaf eviction; ``request_flows``: the
   request API the token trees share (``Req``, ``SimpleReq``, ``cache_finished_req`` / ``cache_unfinished_req``).
@@ -23,7 +24,7 @@
 
 Names are imported on first use (``__getattr__`` below), so ``import kvlab.mem_cache.options`` or
 ``base_prefix_cache``'s result types cost no torch import. Imports point one way: options <- hicache.memory_pool_host;
-tree_core; memory_pool <- allocator <- swa_allocator, base_prefix_cache <- evict_policy, radix_tree <- request_flows
+tree_core <- tree_walk; memory_pool <- allocator <- swa_allocator, base_prefix_cache <- evict_policy, radix_tree <- request_flows
 <- radix_cache, swa_radix_cache <- mamba_radix_cache <- common; hicache (``memory_pool_host`` <- ``cache_controller``
 <- ``hiradix_cache``, which uses base_prefix_cache, evict_policy, radix_tree and request_flows).
 Errors: ``kvlab.errors``.

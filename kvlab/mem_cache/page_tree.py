@@ -7,7 +7,8 @@ page, a key is truncated to whole pages, a split falls on a page boundary, a nod
 So if every distinct page content gets one id (:class:`PageKeys`, an interning table: equal tokens, equal id), the
 tree over page ids has the same nodes, the same splits and the same sizes (in pages, times the page size). Its
 operations are :class:`RadixCache`'s op for op (the walk and the insert's credit to its path are the very code
-both run, :class:`~kvlab.mem_cache.tree_core.TreeCore`'s): one clock tick where it ticks (two per node made),
+both run, :class:`~kvlab.mem_cache.tree_walk.PrefixWalk`'s and
+:class:`~kvlab.mem_cache.tree_core.TreeCore`'s): one clock tick where it ticks (two per node made),
 the same access times, hit counts and priorities, node ids in creation order, the same ``structure_version`` bumps
 and the evictable-leaf heap keyed by ``(policy priority, last_access_time, id)``, so the victim order is the same.
 The simulator's KV slots never reach a result (only counts do), so a node holds its length, not slot ids; the
@@ -29,10 +30,11 @@ from collections.abc import Sequence
 
 from kvlab.errors import InvariantError, require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock
-from kvlab.mem_cache.tree_core import NodeCore, TreeCore
+from kvlab.mem_cache.tree_core import NodeCore
+from kvlab.mem_cache.tree_walk import ChainlessNode, PrefixWalk
 
 
-class PageNode(NodeCore):
+class PageNode(NodeCore, ChainlessNode):
     """One edge: ``key`` (page ids), :class:`~kvlab.mem_cache.tree_core.NodeCore`'s fields, and ``evicted``."""
 
     __slots__ = ("evicted",)
@@ -46,7 +48,7 @@ class PageNode(NodeCore):
         return f"PageNode(id={self.id}, pages={len(self.key)}, lock_ref={self.lock_ref})"
 
 
-class PageRadixTree(TreeCore):
+class PageRadixTree(PrefixWalk):
     """The paged radix cache over page ids. Sizes (``evictable_size_``, ``protected_size_``) are in pages.
     ``eviction_policy``: a name from ``evict_policy.EVICTION_POLICIES``. The leaf index and heap, the lock walk with
     its counters, ``nodes()`` and the structure version are :class:`~kvlab.mem_cache.tree_core.TreeCore`'s, as
@@ -68,7 +70,7 @@ class PageRadixTree(TreeCore):
     def match_prefix(self, key: array, n: int) -> tuple[PageNode, int]:
         """``RadixCache.match_prefix`` of the first ``n`` pages of ``key``: (the node the match ends at, pages
         matched). Splits the node the match ends inside and stamps the path's access times (the shared walk,
-        ``TreeCore._descend``)."""
+        ``PrefixWalk._descend``)."""
         if n == 0:
             return self.root_node, 0
         now = self.clock.tick()

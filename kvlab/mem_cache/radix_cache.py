@@ -59,6 +59,7 @@ from kvlab.mem_cache.memory_pool import ReqToTokenPool
 from kvlab.mem_cache.radix_tree import BaseRadixTree, LogicalClock, as_tokens
 from kvlab.mem_cache.request_flows import RadixRequestFlows, Req
 from kvlab.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
+from kvlab.mem_cache.tree_walk import PrefixWalk
 from kvlab.units import align_down
 
 # Old import paths (``from kvlab.mem_cache.radix_cache import LockRefError, MatchResult, ...``); the request API
@@ -130,7 +131,7 @@ class TreeNode:
         return f"TreeNode(id={self.id}, key={head}{more} ({len(self.key)}), lock_ref={self.lock_ref})"
 
 
-class RadixCache(RadixRequestFlows, BaseRadixTree):
+class RadixCache(RadixRequestFlows, PrefixWalk, BaseRadixTree):
     """SGLang's ``RadixCache`` with the classic (0.5.16) request API and 0.5.23's insert semantics.
 
     ``token_to_kv_pool_allocator`` receives the slots of evicted leaves (``free_segment``) and the
@@ -196,7 +197,7 @@ class RadixCache(RadixRequestFlows, BaseRadixTree):
     # restamp_path (what repeating a match walk does when the structure has not changed): tree_core's
 
     def _match_walk(self, key: array, n: int) -> tuple[TreeNode, int]:
-        """(the node the match ends at, matched tokens): the shared walk (``TreeCore._descend``: access times, a
+        """(the node the match ends at, matched tokens): the shared walk (``PrefixWalk._descend``: access times, a
         split where the key diverges inside an edge), which tries a node's split-chain child (``_next``) before its
         children. Only the walk's last node can be an evictable leaf (every other one has the next as a child), so
         the heap is touched at most once. Recorded for an insert of the same key to replay (``_last_walk``)."""

@@ -15,14 +15,10 @@ and both tiers of the two-tier tree (``hicache.hiradix_cache.HiRadixCache``).
   bookkeeping, and the invariants those share; a repeated match's effects (``restamp_path``), an insert's credit
   to the path it matched, walked, held (``_holds_path``) or replayed (``_credit_path``), and the filing of its new
   leaf (``_attach_leaf``).
-- ``TreeCore._descend``: the one part here that reads keys, the walk itself, shared by the token tree and the page
-  tree, whose walks were the same op for op (the page tree is a page-size-1 tree over page ids, with no split
-  chain). Match and insert both run it, and an insert then credits the path it matched (``_credit_path``); what
-  each tree does around it (the token tree's slot runs and replayed match) stays with the tree.
-
 Each tree keeps its own split (what its nodes hold), its own leaf rule (which node is an evictable leaf of which
-tier: ``_update_leaf_status``) and its own check of what its nodes hold; the two-tier trees and the SWA / Mamba
-trees keep their own walks (theirs differ: tiers, tombstones). No torch here: the page tree, which the simulator's
+tier: ``_update_leaf_status``) and its own check of what its nodes hold; the walks read keys and are not
+here: the token tree and the page tree share one (``tree_walk.PrefixWalk``), the two-tier trees and the SWA / Mamba
+trees keep their own (theirs differ: tiers, tombstones). No torch here: the page tree, which the simulator's
 fast engine runs on, imports none.
 """
 
@@ -34,7 +30,6 @@ from operator import attrgetter
 from typing import Any
 
 from kvlab.errors import InvariantError, LockRefError, require
-from kvlab.mem_cache.base_prefix_cache import common_prefix_len
 from kvlab.mem_cache.evict_policy import get_eviction_strategy
 
 
@@ -46,7 +41,6 @@ class NodeCore:
 
     __slots__ = ("children", "key", "last_access_time", "priority", "hit_count", "parent", "lock_ref",
                  "creation_time", "id")  # (the walks' fields first: the object's first cache line)
-    _next = None  # the child continuing this node's run, tried first by the walk (TreeCore._descend): none here
 
     def __init__(self, key, parent, last_access_time: int, creation_time: int, node_id: int, priority: int = 0,
                  children=None) -> None:
@@ -212,53 +206,6 @@ class TreeCore:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
-
-    # -- the walk the token tree and the page tree share ------------------------------------------------------------
-    def _descend(self, key, n: int, node, off: int, now: int, ps: int = 1) -> tuple[Any, int, bool]:
-        """The walk down the tree that the token tree (``RadixCache``) and the page tree (``PageRadixTree``) share,
-        their match and their insert alike (SGLang's ``_match_prefix_helper`` / ``_insert_helper`` loop): from
-        ``node``, whose path spells ``key[:off]``, along ``key[:n]`` edge by edge (children filed by their first
-        token, or by the bytes of their first page of ``ps`` tokens). Each child read gets ``now`` as access time.
-        An edge the key diverges inside is split there (:meth:`_split_node`, on a page boundary): the upper half is
-        the last node matched, the lower half keeps its leaf status with a fresh entry for its new access time, and
-        the walk ends. Returns (the last node matched, where its path ends in ``key``, whether it is a split's upper
-        half). An insert then credits the path (:meth:`_credit_path`).
-
-        A node's ``_next`` (the token tree's split chain: the child continuing its slot tensor; None on the page tree)
-        is tried before its children, with no lookup."""
-        while off < n:
-            child = node._next
-            while child is not None:
-                ckey = child.key
-                end = off + len(ckey)
-                if end > n or ckey != key[off:end]:
-                    break
-                child.last_access_time = now
-                node = child
-                off = end
-                child = child._next
-            if off == n:
-                break
-            child = node.children.get(key[off] if ps == 1 else key[off : off + ps].tobytes())
-            if child is None:
-                break
-            child.last_access_time = now
-            ckey = child.key
-            end = off + len(ckey)
-            if end <= n and ckey == key[off:end]:
-                node = child
-                off = end
-                continue
-            m = common_prefix_len(ckey, key, off, n)  # the key diverges inside this edge: split it, and stop there
-            node = self._split_node(child, m if ps == 1 else m - m % ps)
-            self.leaf_index.touch(child)
-            return node, off + len(node.key), True
-        return node, off, False
-
-    def _split_node(self, child, split_len: int):
-        """``child`` -> ``upper[:split_len]`` -> ``child[split_len:]`` (each tree's own: what its nodes hold); returns
-        the upper half."""
-        raise NotImplementedError
 
     # -- what an insert or a repeated match does to a path it does not walk ---------------------------------------
     def restamp_path(self, node) -> None:
