@@ -67,6 +67,8 @@ class TwoTierMoves:
         (``write_back``: the eviction waits for its copies; if the host pool stays full, the leaf and its host-only
         subtree are dropped). A parent whose children all left the device joins the heap as it becomes a leaf, as
         0.5.16 pushes it. ``tally``: adds the demoted, written and destroyed lengths. Returns the length evicted."""
+        if not self.evictable_size_:  # (every device node locked, so no evictable leaf: most calls on a full pool)
+            return 0
         tally = {"demoted": 0, "written": 0, "destroyed": 0} if tally is None else tally
         staged: list = []  # write-back: (node, its device value) whose copies are in flight
         kept: list = []  # popped but still leaves (a host-protected subtree): candidates again next call
