@@ -61,5 +61,7 @@ class HiLeafIndex:
 
 def _no_child_has(node: HiTreeNode, copy: str) -> bool:
     """No child of ``node`` holds a ``copy`` (``"value"``: on the device, ``"host_value"``: on the host)."""
-    children = node.children
-    return not children or all(getattr(c, copy) is None for c in children.values())
+    for child in node.children.values():  # (a loop: no generator to make, and a leaf has no children)
+        if getattr(child, copy) is not None:
+            return False
+    return True
