@@ -40,9 +40,15 @@ class HiLeafIndex:
         return (self._priority_of(node), node.last_access_time, node.id)
 
     def _touch(self, node: HiTreeNode) -> None:
-        """``node``'s sort key changed (access time, hit count, priority): a leaf gets a fresh heap entry."""
-        self.leaf_index.touch(node)
-        self.host_leaf_index.touch(node)
+        """``node``'s sort key changed (access time, hit count, priority): a leaf gets a fresh heap entry (a node is
+        a leaf of one tier at most: a device leaf is on the device, a host leaf is not)."""
+        dev = self.leaf_index
+        if node in dev.leaves:
+            dev.push(node)
+            return
+        host = self.host_leaf_index
+        if node in host.leaves:
+            host.push(node)
 
     def _update_leaf_status(self, node: HiTreeNode) -> None:
         """A device leaf: on the device, unlocked, and no child on the device."""
@@ -55,4 +61,7 @@ class HiLeafIndex:
 
 def _no_child_has(node: HiTreeNode, copy: str) -> bool:
     """No child of ``node`` holds a ``copy`` (``"value"``: on the device, ``"host_value"``: on the host)."""
-    return all(getattr(c, copy) is None for c in node.children.values())
+    for child in node.children.values():  # (a loop: no generator to make, and a leaf has no children)
+        if getattr(child, copy) is not None:
+            return False
+    return True

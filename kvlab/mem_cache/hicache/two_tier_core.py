@@ -44,12 +44,13 @@ class TwoTierCore:
             last_host = last_host.parent
         return node, last_host, host_hit
 
-    def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
+    def restamp_path(self, node: HiTreeNode, times: int = 1) -> list[HiTreeNode]:
         """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
         unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
         and then for each node of the path, top down (:meth:`match_walk`), so the clock moves ``times`` times the path
         length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
-        a fresh heap entry (once: the earlier walks' entries would be stale)."""
+        a fresh heap entry (once: the earlier walks' entries would be stale). Returns the path, bottom up (the root
+        left out)."""
         path, root = [], self.root_node
         while node is not root:
             path.append(node)
@@ -57,11 +58,17 @@ class TwoTierCore:
         clock = self.clock
         now = clock.now + (times - 1) * (len(path) + 1) + 1
         root.last_access_time = now
+        dev, host = self.leaf_index, self.host_leaf_index
+        dev_leaves, host_leaves = dev.leaves, host.leaves
         for x in reversed(path):
             now += 1
             x.last_access_time = now
-            self._touch(x)
+            if x in dev_leaves:  # (_touch, inlined: a leaf of one tier at most)
+                dev.push(x)
+            elif x in host_leaves:
+                host.push(x)
         clock.now = now
+        return path
 
     def _host_backup_acked(self, op_id: int) -> None:
         """A host copy landed: the storage tier's hook (storage_moves: on to storage); nothing without one."""
@@ -118,11 +125,11 @@ class TwoTierCore:
         key changed), and its key compared with ``key[off:n]``: ``(child, its length, True)`` when the key holds it
         whole, else ``(the upper half of its split at the common prefix, that length, False)``."""
         child.last_access_time = self.clock.tick()
-        dev, host = self.leaf_index, self.host_leaf_index
-        if child in dev.leaves:  # (_touch, inlined)
+        dev = self.leaf_index
+        if child in dev.leaves:  # (_touch, inlined: a leaf of one tier at most)
             dev.push(child)
-        if child in host.leaves:
-            host.push(child)
+        elif child in self.host_leaf_index.leaves:
+            self.host_leaf_index.push(child)
         ckey = child.key
         m = len(ckey)
         if off + m > n or ckey != key[off : off + m]:
@@ -166,38 +173,24 @@ class TwoTierCore:
     def rematch(self, last: HiTreeNode, values: list | None = None) -> list | None:
         """0.5.16's re-match of the key an insert just made end at ``last`` (not the root), without comparing it
         again: the same walk (no split is possible, every node is on the device), the same clock reads (the root,
-        then each node from the top) and device heap entries; ``values`` collects the path's device values."""
-        path, node, root = [], last, self.root_node
-        while node is not root:
-            path.append(node)
-            node = node.parent
-        tick, dev = self.clock.tick, self.leaf_index
-        leaves = dev.leaves
-        root.last_access_time = tick()
-        for node in reversed(path):
-            node.last_access_time = tick()
-            if node in leaves:  # (_touch: on the device, never a host leaf)
-                dev.push(node)
-            if values is not None:
-                values.append(node.value)
+        then each node from the top) and device heap entries, which are those of one repeat of a match walk that
+        ended at ``last`` (:meth:`restamp_path`); ``values`` collects the path's device values."""
+        path = self.restamp_path(last)
+        if values is not None:
+            values.extend(node.value for node in reversed(path))
         return values
 
     def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
-        """What insert's walk does to each node of a request's locked path (a clock read, the priority, the heap
-        entries, a hit), without looking the children up: (the path's last node, its length)."""
+        """What insert's walk does to each node of a request's locked path (a clock read, the priority, a hit),
+        without looking the children up: (the path's last node, its length). No heap entry to refresh: a locked
+        device node is a leaf of neither tier."""
         tick, off = self.clock.tick, 0
-        dev, host = self.leaf_index, self.host_leaf_index
-        leaves, host_leaves = dev.leaves, host.leaves
         for child in path:
-            child.last_access_time = tick()  # (on the device: a locked path)
+            child.last_access_time = tick()
             if priority > child.priority:
                 child.priority = priority
-            if child in leaves:
-                dev.push(child)
-            if child in host_leaves:
-                host.push(child)
             if count_hits:
-                self._inc_hit_count(child)
+                self._inc_hit_count(child, False)
             off += len(child.key)
         return path[-1], off
 
@@ -207,19 +200,19 @@ class TwoTierCore:
         leaf = self._new_node(key, value, parent, priority)
         parent.children[self._key_of(leaf.key)] = leaf
         self.evictable_size_ += len(key)
-        self._update_leaf_status(parent)
+        self.leaf_index.discard(parent)  # (_update_leaf_status: a child of it is on the device now)
+        if count_hits:  # (before the leaf is filed: it gets one heap entry, with its hit, unless a backup locks it)
+            self._inc_hit_count(leaf, False)
         self._update_leaf_status(leaf)
-        if count_hits:
-            self._inc_hit_count(leaf)
         return leaf
 
-    def _inc_hit_count(self, node: HiTreeNode) -> None:
-        """A hit on ``node`` (insert): under the write-through policies it is backed up once its hits reach the
-        threshold (1: ``write_through``, 2: ``write_through_selective``)."""
-        if self.write_policy == "write_back":
-            return
+    def _inc_hit_count(self, node: HiTreeNode, touch: bool = True) -> None:
+        """A hit on ``node`` (insert, under the write-through policies: its caller's ``count_hits``): its heap entry
+        refreshed (its sort key changed; ``touch`` False: the caller knows it has none), then it is backed up once its
+        hits reach the threshold (1: ``write_through``, 2: ``write_through_selective``)."""
         node.hit_count += 1
-        self._touch(node)
+        if touch:
+            self._touch(node)
         if node.host_value is None and node.hit_count >= self.write_through_threshold:
             self.write_backup(node)
 
