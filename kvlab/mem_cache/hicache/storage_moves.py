@@ -119,7 +119,7 @@ class StorageMoves:
         answered take their host slots (or are revoked for want of room)."""
         ctl = self.storage_controller
         now = ctl.now_s
-        if self._storage_due_s > now:  # (most steps: none landed, no slots due; the page tree checks before calling)
+        if self._storage_due_s > now:  # (most steps: no backup landed and no prefetch's slots are due)
             return
         queue = ctl.backup_queue
         if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:

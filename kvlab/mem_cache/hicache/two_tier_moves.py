@@ -262,8 +262,8 @@ class TwoTierMoves:
         ctl.poll(now_s)
         if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
             self.check_hicache_events()
-        if self.storage_controller is not None and self._storage_due_s <= ctl.now_s:  # (drain_storage_control_queues:
-            self._poll_storage()  # the backups landed; most steps none did and no prefetch's slots are due)
+        if self.storage_controller is not None:  # (drain_storage_control_queues: the backups landed)
+            self._poll_storage()
 
     def advance(self, seconds: float) -> None:
         self.poll(self.now_s + seconds)
