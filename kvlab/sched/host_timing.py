@@ -62,18 +62,30 @@ class HostTierTiming(NoHostTier):
         self.step_start_s = now_s
         self.tree.poll(now_s)
 
+    def open_step(self) -> None:
+        """The loop's step opens: the ledger's counters zeroed, then :meth:`begin_step` at the ledger's clock."""
+        ledger = self.ledger
+        ledger.begin_step()
+        self.step_start_s = ledger.now_s
+        self.tree.poll(ledger.now_s)
+
+    def close_step(self, kind: str, compute_s: float, *row) -> None:
+        """The loop's step closes: the ledger's ``end_step`` with the step's time from :meth:`end_step`."""
+        self.ledger.end_step(kind, self.end_step(compute_s), *row)
+
     def end_step(self, compute_s: float) -> float:
         """The step's time given its compute (write-back waits before it, load-backs under it); its host-tier
         traffic goes into the ledger."""
         ctl, start = self.controller, self.step_start_s
-        loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
-        step_s = overlapped_step_s(compute_s, stall_s=ctl.now_s - start, load_s=loads)
-        t = ctl.totals
-        ops = (t.writes, t.loads, self.tree.host_evicted_tokens)
-        if ops != self._ops:  # (else the step moved nothing: its row and the totals stay as they are)
-            self._ops = ops
+        stall_s = ctl.now_s - start
+        if stall_s or ctl.load_queue:  # (else the step is its compute: most steps)
+            loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
+            compute_s = overlapped_step_s(compute_s, stall_s=stall_s, load_s=loads)
+        t, ops = ctl.totals, self._ops
+        if t.writes != ops[0] or t.loads != ops[1] or self.tree.host_evicted_tokens != ops[2]:
+            self._ops = (t.writes, t.loads, self.tree.host_evicted_tokens)
             self.ledger.note_transfers(self._transfers())
-        return step_s
+        return compute_s  # (else the step moved nothing: its row and the totals stay as they are)
 
     def _transfers(self) -> Transfers:
         """Host-tier traffic since the last call (the step's, when called once per step)."""

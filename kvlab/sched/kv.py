@@ -37,7 +37,7 @@ from kvlab.sched.config import SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
 from kvlab.sched.request import HostTierState, MatchMemo, SimReq
-from kvlab.sched.storage_tier import prefetch_done, storage_options, storage_store
+from kvlab.sched.storage_tier import prefetch_done, start_prefetch, storage_options, storage_store
 from kvlab.units import align_down, align_up
 
 
@@ -203,7 +203,7 @@ class SchedulerKV:
             tree = self.tree
             matched = req.prefix_len + host.hit_len
             tokens = req.fill_ids[matched : max(len(req.fill_ids) - 1, 0)]
-            tree.prefetch_from_storage(id(req), last_host, tokens, tree.get_last_hash_value(last_host))
+            start_prefetch(tree, req, last_host, tokens)
 
     def prefetch_done(self, req: SimReq) -> bool:
         """Before admission: may the request be scheduled now (:func:`kvlab.sched.storage_tier.prefetch_done`)?"""

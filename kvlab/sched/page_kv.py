@@ -32,7 +32,7 @@ from kvlab.sched.config import MAX_POOL_TOKENS, SchedulerConfig
 from kvlab.sched.ledger import Ledger, PoolSizes
 from kvlab.sched.memory import AllocationError, RowsExhaustedError
 from kvlab.sched.request import HostTierState, MatchMemo, PageState, SimReq
-from kvlab.sched.storage_tier import prefetch_done, storage_options, storage_store
+from kvlab.sched.storage_tier import prefetch_done, start_prefetch, storage_options, storage_store
 
 
 class PageCounter:
@@ -232,7 +232,7 @@ class PageKV:
             cap = (len(req.prompt) + len(req.output_ids) - 1) // ps
             matched = (req.prefix_len + host.hit_len) // ps
             keys = self.page_keys(req, cap)[matched:cap] if cap > matched else []
-            tree.prefetch_from_storage(id(req), last_host, keys, tree.get_last_hash_value(last_host))
+            start_prefetch(tree, req, last_host, keys)
 
     def prefetch_done(self, req: SimReq) -> bool:
         """Before admission: may the request be scheduled now (:func:`kvlab.sched.storage_tier.prefetch_done`)?"""

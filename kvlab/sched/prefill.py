@@ -57,7 +57,6 @@ class PrefillAdder:
         self.config, self.kv, self.ledger, self.clip = config, kv, ledger, clip
         self.page_size = config.page_size
         self.blocked: Blocked | None = None  # the last schedule's, when it admitted nothing for the budget alone
-        self.storage = config.hicache_storage
 
     def idle(self, waiting: Sequence[SimReq], running: Sequence[SimReq], chunked: SimReq | None) -> bool:
         """Nothing can join a batch: no chunk in progress, and nothing waits or the running batch is full."""
@@ -88,7 +87,8 @@ class PrefillAdder:
             if len(running) + len(batch) >= cfg.max_running:
                 break
             req = waiting[0]
-            if self.storage and not kv.prefetch_done(req):
+            host = req.host  # HiCache storage: a prefetch started on its arrival may still be under way
+            if host is not None and host.prefetching and not kv.prefetch_done(req):
                 skipped.append(waiting.popleft())
                 continue
             kv.match(req)

@@ -53,6 +53,7 @@ class HostTierState:
     best_match_node: object | None = None  # where that load-back ends (HiMatchResult.last_host_node)
     loaded_len: int = 0  # tokens loaded back for it since its last admission (its host hits)
     storage_len: int = 0  # of those, tokens its prefetch read from storage (L3) into host (its storage hits)
+    prefetching: bool = False  # a prefetch from storage was started on its arrival and is not yet done with
 
 
 @dataclass(slots=True, eq=False)

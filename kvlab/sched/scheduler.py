@@ -183,23 +183,13 @@ class Scheduler:
 
     def _step_ends(self) -> tuple[Callable[[], None], Callable[..., None]]:
         """How a step opens and closes, chosen once per run: the ledger's ``begin_step`` / ``end_step``, with the
-        host tier's copy clock around them (HiCache: copies finished by now complete, as ``check_hicache_events``;
-        the copies' share of the step and its traffic noted), or the ledger's alone (:class:`NoHostTier`'s hooks
-        do nothing: not called)."""
+        host tier's copy clock around them (HiCache, ``HostTierTiming.open_step`` / ``close_step``: copies finished
+        by now complete, as ``check_hicache_events``; the copies' share of the step and its traffic noted), or the
+        ledger's alone (:class:`NoHostTier`'s hooks do nothing: not called)."""
         ledger, host = self.ledger, self.host
         if type(host) is NoHostTier:
             return ledger.begin_step, ledger.end_step
-        begin_ledger, end_ledger = ledger.begin_step, ledger.end_step
-        begin_host, end_host = host.begin_step, host.end_step
-
-        def begin_step() -> None:
-            begin_ledger()
-            begin_host(ledger.now_s)
-
-        def end_step(kind: str, compute_s: float, *row) -> None:
-            end_ledger(kind, end_host(compute_s), *row)
-
-        return begin_step, end_step
+        return host.open_step, host.close_step
 
     def _steps(self) -> tuple[Callable[[], tuple | None], Callable[[int], None]]:
         """The loop's two steps, their callees bound once per run (as locals: bound methods kept on the scheduler

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from kvlab.mem_cache.hicache.storage import STORAGE_PRESETS, HiCacheStorage, storage_capacity_bytes
 from kvlab.sched.config import SchedulerConfig
-from kvlab.sched.request import HostTierState, SimReq
+from kvlab.sched.request import SimReq
 
 
 def storage_store(config: SchedulerConfig, storage: HiCacheStorage | None) -> HiCacheStorage:
@@ -32,17 +32,23 @@ def storage_options(config: SchedulerConfig) -> dict:
                                   config.prefetch_timeout_max))
 
 
+def start_prefetch(tree, req: SimReq, last_host, tokens) -> None:
+    """On arrival (after the request's match, which gave it its ``host`` state): ``prefetch_from_storage`` of
+    ``tokens``, its prompt past the host match that ends at ``last_host``; ``host.prefetching`` while one is under
+    way (the scheduler asks :func:`prefetch_done` of those only)."""
+    req.host.prefetching = tree.prefetch_from_storage(id(req), last_host, tokens, tree.get_last_hash_value(last_host))
+
+
 def prefetch_done(tree, req: SimReq) -> bool:
     """Before admission (``check_prefetch_progress``): may the request be scheduled now? Its pages read from
     storage are then in the tree, host only (``pop_prefetch_loaded_tokens``: its storage hit)."""
-    if id(req) not in tree.ongoing_prefetch:  # (most requests: no prefetch, nothing loaded)
+    host = req.host
+    if host is None or not host.prefetching:  # (most requests: no prefetch, nothing loaded)
         return True
-    if not tree.check_prefetch_progress(id(req)):
+    if id(req) in tree.ongoing_prefetch and not tree.check_prefetch_progress(id(req)):
         return False
+    host.prefetching = False  # (done with, or revoked for want of host room meanwhile)
     loaded = tree.pop_prefetch_loaded_tokens(id(req))
     if loaded:
-        host = req.host
-        if host is None:
-            host = req.host = HostTierState()
         host.storage_len = loaded
     return True

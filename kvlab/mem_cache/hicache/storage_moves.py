@@ -42,6 +42,7 @@ class StorageMoves:
     """The storage-tier methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin)."""
 
     storage_controller: StorageController | None = None
+    _storage_due_s = math.inf  # (no storage tier: no storage event is ever due)
     key_tokens = 1  # tokens per key element: 1 (the token tree), the page size (the page tree: page ids)
 
     def attach_storage(self, storage: HiCacheStorage, *, read_bytes_per_s: float, write_bytes_per_s: float,
@@ -116,11 +117,10 @@ class StorageMoves:
 
     def _poll_storage(self) -> None:
         """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
-        answered take their host slots (or are revoked for want of room)."""
+        answered take their host slots (or are revoked for want of room). Called once ``_storage_due_s`` has come
+        (``poll`` checks; most steps: no backup landed and no prefetch's slots are due)."""
         ctl = self.storage_controller
         now = ctl.now_s
-        if self._storage_due_s > now:  # (most steps: no backup landed and no prefetch's slots are due)
-            return
         queue = ctl.backup_queue
         if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
             for op in ctl.poll_backups():
