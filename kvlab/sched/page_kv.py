@@ -183,7 +183,7 @@ class PageKV:
             host = req.host = HostTierState()
         if memo is not None and memo.version == tree.structure_version and memo.fill_len == fill_len:
             tree.restamp_path(memo.last_node)
-            req.last_node, host.best_match_node, hit = tree.match_ends(memo.last_node)
+            req.last_node, host.best_match_node, hit = memo.ends
             host.hit_len = hit * ps
             req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
             return
@@ -194,10 +194,10 @@ class PageKV:
             host.hit_len = req.prefix_len = req.cache_protected_len = req.kv_len = 0
             return
         end, pages = tree.match_walk(self.page_keys(req, cap), cap)
-        req.last_node, host.best_match_node, hit = tree.match_ends(end)
+        ends = req.last_node, host.best_match_node, hit = tree.match_ends(end)
         host.hit_len = hit * ps
         req.prefix_len = req.cache_protected_len = req.kv_len = (pages - hit) * ps
-        req.match_memo = MatchMemo(tree.structure_version, fill_len, None, end, (pages - hit) * ps)
+        req.match_memo = MatchMemo(tree.structure_version, fill_len, None, end, (pages - hit) * ps, ends)
 
     def load_back(self, req: SimReq) -> int:
         """``SchedulerKV.load_back`` in pages: the request's host-only match back on the device (its device prefix

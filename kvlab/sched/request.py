@@ -43,6 +43,7 @@ class MatchMemo(NamedTuple):
     prefix_indices: Any  # torch.Tensor (None on the page engine, which holds no slots)
     last_node: object
     prefix_len: int
+    ends: tuple | None = None  # a two-tier tree's ``match_ends(last_node)``, which a replay reads unchanged
 
 
 @dataclass(slots=True, eq=False)

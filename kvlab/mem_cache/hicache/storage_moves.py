@@ -119,19 +119,22 @@ class StorageMoves:
         """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
         answered take their host slots (or are revoked for want of room). Called once ``_storage_due_s`` has come
         (``poll`` checks; most steps: no backup landed and no prefetch's slots are due)."""
-        ctl = self.storage_controller
+        ctl, awaiting, tol = self.storage_controller, self._awaiting_slots, FINISH_TOLERANCE_S
         now = ctl.now_s
-        queue = ctl.backup_queue
-        if queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
+        if ctl.backup_queue and ctl.backup_queue[0].finish_s - tol <= now:
             for op in ctl.poll_backups():
                 op.node.release_host()
-        for req_id, op in list(self._awaiting_slots.items()):
-            if op.alloc_due_s - FINISH_TOLERANCE_S <= now:
+        for req_id, op in list(awaiting.items()) if awaiting else ():
+            if op.alloc_due_s - tol <= now:
                 if not ctl.allocate(op, self.evict_host_tokens):
                     self._revoke_pending_prefetch(req_id)
-                self._awaiting_slots.pop(req_id, None)
-        self._storage_due_s = min([queue[0].finish_s - FINISH_TOLERANCE_S if queue else math.inf] +
-                                  [op.alloc_due_s - FINISH_TOLERANCE_S for op in self._awaiting_slots.values()])
+                awaiting.pop(req_id, None)
+        queue = ctl.backup_queue
+        due = queue[0].finish_s - tol if queue else math.inf  # (the next backup to land, or prefetch's slots due)
+        for op in awaiting.values():
+            if op.alloc_due_s - tol < due:
+                due = op.alloc_due_s - tol
+        self._storage_due_s = due
 
     def wait_storage_backups(self) -> bool:
         """Write-back with the host pool full of copies still on their way to storage (host-protected until the
