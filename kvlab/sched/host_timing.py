@@ -101,8 +101,13 @@ class HostTierTiming(NoHostTier):
         """Before this clock time no copy completes (the quiet decode steps stop there); inf when none is in
         flight. A step starting at ``t`` completes a copy iff ``t >= next_transfer_s()``."""
         ctl = self.controller
-        heads = [q[0].finish_s for q in (ctl.write_queue, ctl.load_queue) if q]
-        return min(heads) - FINISH_TOLERANCE_S if heads else _INF
+        writes, loads = ctl.write_queue, ctl.load_queue
+        if not writes:
+            return loads[0].finish_s - FINISH_TOLERANCE_S if loads else _INF
+        head = writes[0].finish_s
+        if loads and loads[0].finish_s < head:
+            head = loads[0].finish_s
+        return head - FINISH_TOLERANCE_S
 
     quiet_stop_s = next_transfer_s  # (every copy that lands can unlock a node, which a row shows)
 
@@ -136,8 +141,5 @@ class StorageTierTiming(HostTierTiming):
         joins, opens, evicts or finishes in one), and the next step that is not quiet polls it first, so its row
         and every later one are the same; the quiet rounds run on past it. Where nothing runs, the loop still waits
         for it (``next_transfer_s``)."""
-        nxt, ctl = self.tree.storage_next_event_s(backups), self.controller  # (HostTierTiming's, inline)
-        for queue in (ctl.write_queue, ctl.load_queue):
-            if queue and queue[0].finish_s - FINISH_TOLERANCE_S < nxt:
-                nxt = queue[0].finish_s - FINISH_TOLERANCE_S
-        return nxt
+        nxt, copies = self.tree.storage_next_event_s(backups), HostTierTiming.next_transfer_s(self)
+        return copies if copies < nxt else nxt
