@@ -117,6 +117,16 @@ def test_unbounded_store_never_evicts_and_a_bounded_one_evicts_to_its_ratio():
     assert not HiCacheStorage(PAGE_BYTES, PAGE_BYTES - 1).set("too-big")
 
 
+@pytest.mark.parametrize("capacity_pages", [None, 100])
+def test_a_store_lists_its_keys_least_recently_used_first(capacity_pages):
+    """Unbounded (a dict) or bounded (evicting by it): a key set or read again moves to the end, in a batch too,
+    and a key given twice in one batch ends where its last copy is."""
+    store = HiCacheStorage(PAGE_BYTES, capacity_pages and capacity_pages * PAGE_BYTES)
+    assert store.batch_set(["a", "b", "c", "d"]) == 4 and store.get("b") and not store.get("z")
+    assert store.set("a") and store.batch_set(["e", "c", "f", "e"]) == 4
+    assert store.keys() == ["d", "b", "a", "c", "f", "e"] and store.exists("d") and len(store) == 6
+
+
 @pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])
 def test_pages_reach_storage_when_their_host_copy_lands(write_policy):
     """write_through: at the first insert; write_through_selective: at the second hit; write_back: at the device

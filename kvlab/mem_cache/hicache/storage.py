@@ -118,7 +118,9 @@ class HiCacheStorage:
         self.page_bytes = page_bytes
         self.capacity_bytes = capacity_bytes or None
         self.eviction_ratio = eviction_ratio
-        self._lru: OrderedDict[int | str, None] = OrderedDict()  # key -> None, least recently used first
+        # key -> None, least recently used first; an unbounded store evicts nothing: a dict (a key refreshed is
+        # taken out and put back at the end)
+        self._lru: dict[int | str, None] = OrderedDict() if self.capacity_bytes is not None else {}
         self.evicted_pages = 0
         self.refused_pages = 0
         # keys are 0, 1, ...: key -> the key before it (-1: none) and, for a page of ``_run_len`` (the first page's
@@ -177,10 +179,12 @@ class HiCacheStorage:
             else:
                 key = get(k * _FIRSTS + first)
                 if key is None:  # new, and so is every page after it (no code has a brand-new key as prior)
+                    if k != count:  # (as _new_key: only the first new key may be other than its prior's + 1)
+                        self._ids[k * _FIRSTS + first] = count
                     rest = firsts[len(out) :]
-                    self._new_key(p, first, k * _FIRSTS + first)
+                    prior_of.append(p)
                     prior_of.extend(range(count, count + len(rest) - 1))
-                    first_of.extend(rest[1:])
+                    first_of.extend(rest)
                     out.extend(range(count, count + len(rest)))
                     return out
                 p = key
@@ -198,26 +202,28 @@ class HiCacheStorage:
                 else:
                     key = self._ids.get(k * _FIRSTS + first)
                     if key is None:
-                        key = self._new_key(p, first, k * _FIRSTS + first)
+                        key = self._new_key(p, first)
             else:
                 page = page_of(first)
                 code = (p, page if type(page) is tuple else tuple(page))
                 key = self._ids.get(code)
                 if key is None:
-                    key = self._new_key(p, -1, code)
+                    key = self._ids[code] = len(prior_of)
+                    prior_of.append(p)
+                    first_of.append(-1)
                     self._pages[key] = code[1]
             out.append(key)
             p = key
         return out
 
-    def _new_key(self, prior: int, first: int, code: int | tuple) -> int:
-        """A new key after ``prior``: a run page from ``first`` (code: its int), or a page of tokens (-1, code: the
-        tuple); ``_ids`` keeps the code unless the key is ``prior``'s + 1 and a run page (found without it)."""
+    def _new_key(self, prior: int, first: int) -> int:
+        """A new key after ``prior``, a run page from ``first``: ``_ids`` keeps its code unless it is ``prior``'s + 1
+        (found without it)."""
         key = len(self._prior)
         self._prior.append(prior)
         self._first.append(first)
-        if key != prior + 1 or first < 0:
-            self._ids[code] = key
+        if key != prior + 1:
+            self._ids[(prior + 1) * _FIRSTS + first] = key
         return key
 
     def _prior_and_bytes(self, key: int) -> tuple[int, bytes]:
@@ -249,7 +255,7 @@ class HiCacheStorage:
             if interned or all(type(k) is int for k in keys):
                 return keys
             self._named = True  # (a string key: from now on every key is kept as its hex)
-            self._lru = OrderedDict((self.hex(k) if type(k) is int else k, None) for k in self._lru)
+            self._lru = type(self._lru)((self.hex(k) if type(k) is int else k, None) for k in self._lru)
         return [self.hex(k) if type(k) is int else k for k in keys]
 
     # -- HiCacheFile's operations --------------------------------------------------------------------
@@ -271,8 +277,16 @@ class HiCacheStorage:
         key = self._named_keys((key,))[0]
         if key not in self._lru:
             return False
-        self._lru.move_to_end(key)
+        self._refresh(key)
         return True
+
+    def _refresh(self, key: int | str) -> None:
+        """``key`` (stored) becomes the most recently used."""
+        if self.capacity_bytes is None:
+            del self._lru[key]
+            self._lru[key] = None
+        else:
+            self._lru.move_to_end(key)
 
     def set(self, key: int | str) -> bool:
         """Store ``key`` (``HiCacheFile.set``): a stored key is refreshed; a new one may first evict LRU keys (a
@@ -280,7 +294,7 @@ class HiCacheStorage:
         key = self._named_keys((key,))[0]
         lru = self._lru
         if key in lru:
-            lru.move_to_end(key)
+            self._refresh(key)
             return True
         cap, size = self.capacity_bytes, self.page_bytes
         if cap is not None:
@@ -301,14 +315,14 @@ class HiCacheStorage:
     def batch_set(self, keys: Sequence[int | str], interned: bool = False) -> int:
         """Store ``keys`` in order, stopping at the first refused (``HiCacheFile.batch_set``); returns the number
         stored (``interned``: all of them keys this store interned)."""
-        keys = self._named_keys(keys, interned)
+        if self._named or not interned:
+            keys = self._named_keys(keys, interned)
         lru = self._lru
-        if self.capacity_bytes is None:  # (unbounded: each key is refreshed or added, none refused)
+        if self.capacity_bytes is None:  # (unbounded, a dict: each key is refreshed or added, none refused)
             for key in keys:
                 if key in lru:
-                    lru.move_to_end(key)
-                else:
-                    lru[key] = None
+                    del lru[key]
+                lru[key] = None
             return len(keys)
         for i, key in enumerate(keys):
             if not self.set(key):
@@ -320,6 +334,8 @@ class HiCacheStorage:
         self._lru.clear()
 
     def check_invariants(self) -> None:
+        require(len(self._prior) == len(self._first) >= len(self._ids), "HiCacheStorage: each interned key has its "
+                "prior and first id, and at most one code", keys=len(self._prior), codes=len(self._ids))
         require(self.capacity_bytes is None or self.used_bytes() <= self.capacity_bytes,
                 "HiCacheStorage: a bounded store holds at most its capacity", used=self.used_bytes(),
                 capacity=self.capacity_bytes)
