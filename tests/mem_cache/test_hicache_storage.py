@@ -73,6 +73,28 @@ def test_interned_keys_are_get_hash_strs_chain_on_demand():
     assert named.keys() == get_hash_str(KEY, None, PS) and named.batch_exists(early, interned=True) == 4
 
 
+def test_interned_keys_are_equal_exactly_when_their_hex_is():
+    """Chains that share prefixes and branch (a few pages in every order, runs and pages of tokens, chains made
+    at once, resumed from a key, and walked again): two pages get the same key exactly when their
+    ``get_hash_str`` keys are equal, so a chain found again is the same keys and a branch is new ones."""
+    from kvlab.mem_cache.page_tree import PageKeys
+
+    rng, ps = random.Random(11), 4
+    page_keys = PageKeys(ps)
+    pages = page_keys.of_sequence(list(range(40, 60)) + [9, 2, 7, 5, 1, 1, 1, 1], 7)  # 5 runs, 2 of tokens
+    store, by_hex = HiCacheStorage(PAGE_BYTES), {}
+    for _ in range(400):
+        ids = [rng.choice(pages[:3]) if rng.random() < 0.7 else rng.choice(pages) for _ in range(rng.randrange(1, 9))]
+        cut = rng.randrange(len(ids))
+        head = store.chain(ids[:cut], None, ps, page_keys.page)
+        keys = head + store.chain(ids[cut:], head[-1] if head else None, ps, page_keys.page)
+        tokens = [t for i in ids for t in page_keys.page(i)]
+        assert [store.hex(k) for k in keys] == get_hash_str(tokens, None, ps)
+        for key, hx in zip(keys, get_hash_str(tokens, None, ps)):
+            assert by_hex.setdefault(hx, key) == key
+    assert len(set(by_hex.values())) == len(by_hex)
+
+
 def test_page_keys_chain_on_the_prefix():
     """A page's key names its whole prefix: the keys of a prefix are a prefix of the keys, and hashing on from the
     last key of a page-aligned part gives the rest (the prefetch's last_hash)."""
@@ -93,6 +115,16 @@ def test_unbounded_store_never_evicts_and_a_bounded_one_evicts_to_its_ratio():
     # 9 pages of room at ratio 0.9, less the new page: 8 kept of the old, the new one added
     assert len(bounded) == 9 and bounded.exists("k0") and not bounded.exists("k1") and bounded.exists("new")
     assert not HiCacheStorage(PAGE_BYTES, PAGE_BYTES - 1).set("too-big")
+
+
+@pytest.mark.parametrize("capacity_pages", [None, 100])
+def test_a_store_lists_its_keys_least_recently_used_first(capacity_pages):
+    """Unbounded (a dict) or bounded (evicting by it): a key set or read again moves to the end, in a batch too,
+    and a key given twice in one batch ends where its last copy is."""
+    store = HiCacheStorage(PAGE_BYTES, capacity_pages and capacity_pages * PAGE_BYTES)
+    assert store.batch_set(["a", "b", "c", "d"]) == 4 and store.get("b") and not store.get("z")
+    assert store.set("a") and store.batch_set(["e", "c", "f", "e"]) == 4
+    assert store.keys() == ["d", "b", "a", "c", "f", "e"] and store.exists("d") and len(store) == 6
 
 
 @pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])

@@ -118,14 +118,19 @@ class HiCacheStorage:
         self.page_bytes = page_bytes
         self.capacity_bytes = capacity_bytes or None
         self.eviction_ratio = eviction_ratio
-        self._lru: OrderedDict[int | str, None] = OrderedDict()  # key -> None, least recently used first
+        # key -> None, least recently used first; an unbounded store evicts nothing: a dict (a key refreshed is
+        # taken out and put back at the end)
+        self._lru: dict[int | str, None] = OrderedDict() if self.capacity_bytes is not None else {}
         self.evicted_pages = 0
         self.refused_pages = 0
-        # a page's code -> its key (0, 1, ...). After the key ``prior`` (-1: none), a page of ``_run_len`` (the
-        # first page's length) consecutive ids in [0, 2^32) from ``first``: the int (prior + 1) * 2^32 + first;
-        # any other page: (prior, the tuple of its tokens)
+        # keys are 0, 1, ...: key -> the key before it (-1: none) and, for a page of ``_run_len`` (the first page's
+        # length) consecutive ids in [0, 2^32), its first id (any other page: -1, its tokens in ``_pages``). A run
+        # page whose key is its prior's + 1 (every page of a chain made at once) is found by these two alone;
+        # ``_ids`` holds the others by their code: after the key ``prior``, a run page from ``first`` is the int
+        # (prior + 1) * 2^32 + first, any other page (prior, the tuple of its tokens)
+        self._prior, self._first = array("q"), array("q")
+        self._pages: dict[int, tuple] = {}
         self._ids: dict[int | tuple, int] = {}
-        self._origin: list[int | tuple] = []  # key -> its code
         self._run_len: int | None = None
         self._digests: dict[int, bytes] = {}  # key -> its SHA-256 digest, once asked for
         self._named = False  # a key was given as a string: every key is kept as its hex from then on
@@ -160,41 +165,73 @@ class HiCacheStorage:
     def chain(self, firsts: Sequence[int], prior: int | None, n: int, page_of) -> list[int]:
         """The keys of pages of ``n`` tokens each, chained from the key ``prior``: a page of consecutive ids is
         given by its first (>= 0), any other by -1 and ``page_of(first)``, the tuple of its tokens."""
-        ids, origin, out = self._ids, self._origin, []
         p = -1 if prior is None else prior
         if self._run_len is None:
             self._run_len = n
-        if n == self._run_len and firsts and min(firsts) >= 0 and max(firsts) + n <= _FIRSTS:
-            get, base = ids.get, (p + 1) * _FIRSTS  # (every page a run: its code an int, no tuple to collect)
-            for first in firsts:
-                key = get(base + first)
-                if key is None:
-                    key = ids[base + first] = len(origin)
-                    origin.append(base + first)
-                out.append(key)
-                base = (key + 1) * _FIRSTS
-            return out
+        if not (n == self._run_len and firsts and min(firsts) >= 0 and max(firsts) + n <= _FIRSTS):
+            return self._chain_pages(firsts, p, n, page_of)
+        prior_of, first_of, get, out = self._prior, self._first, self._ids.get, []
+        count, append = len(prior_of), out.append  # (every page a run page)
+        for first in firsts:
+            k = p + 1
+            if k < count and first_of[k] == first and prior_of[k] == p:
+                p = k
+            else:
+                key = get(k * _FIRSTS + first)
+                if key is None:  # new, and so is every page after it (no code has a brand-new key as prior)
+                    if k != count:  # (as _new_key: only the first new key may be other than its prior's + 1)
+                        self._ids[k * _FIRSTS + first] = count
+                    rest = firsts[len(out) :]
+                    prior_of.append(p)
+                    prior_of.extend(range(count, count + len(rest) - 1))
+                    first_of.extend(rest)
+                    out.extend(range(count, count + len(rest)))
+                    return out
+                p = key
+            append(p)
+        return out
+
+    def _chain_pages(self, firsts: Sequence[int], p: int, n: int, page_of) -> list[int]:
+        """:meth:`chain` page by page (a page not a run, or of another length than the first's), after ``p``."""
+        out, prior_of, first_of = [], self._prior, self._first
         for first in firsts:
             if n == self._run_len and 0 <= first and first + n <= _FIRSTS:
-                code = (p + 1) * _FIRSTS + first
+                k = p + 1
+                if k < len(prior_of) and first_of[k] == first and prior_of[k] == p:
+                    key = k
+                else:
+                    key = self._ids.get(k * _FIRSTS + first)
+                    if key is None:
+                        key = self._new_key(p, first)
             else:
                 page = page_of(first)
                 code = (p, page if type(page) is tuple else tuple(page))
-            key = ids.get(code)
-            if key is None:
-                key = ids[code] = len(origin)
-                origin.append(code)
+                key = self._ids.get(code)
+                if key is None:
+                    key = self._ids[code] = len(prior_of)
+                    prior_of.append(p)
+                    first_of.append(-1)
+                    self._pages[key] = code[1]
             out.append(key)
             p = key
         return out
 
+    def _new_key(self, prior: int, first: int) -> int:
+        """A new key after ``prior``, a run page from ``first``: ``_ids`` keeps its code unless it is ``prior``'s + 1
+        (found without it)."""
+        key = len(self._prior)
+        self._prior.append(prior)
+        self._first.append(first)
+        if key != prior + 1:
+            self._ids[(prior + 1) * _FIRSTS + first] = key
+        return key
+
     def _prior_and_bytes(self, key: int) -> tuple[int, bytes]:
         """The key before ``key`` (-1: none) and ``key``'s page as ``get_hash_str`` hashes it."""
-        code = self._origin[key]
-        if type(code) is tuple:
-            return code[0], page_bytes(code[1])
-        prior, first = divmod(code, _FIRSTS)
-        return prior - 1, array("I", range(first, first + self._run_len)).tobytes()
+        first = self._first[key]
+        if first < 0:
+            return self._prior[key], page_bytes(self._pages[key])
+        return self._prior[key], array("I", range(first, first + self._run_len)).tobytes()
 
     def hex(self, key: int) -> str:
         """``key``'s SHA-256 hex, as :func:`get_hash_str` chains it (computed down from the nearest known digest)."""
@@ -218,7 +255,7 @@ class HiCacheStorage:
             if interned or all(type(k) is int for k in keys):
                 return keys
             self._named = True  # (a string key: from now on every key is kept as its hex)
-            self._lru = OrderedDict((self.hex(k) if type(k) is int else k, None) for k in self._lru)
+            self._lru = type(self._lru)((self.hex(k) if type(k) is int else k, None) for k in self._lru)
         return [self.hex(k) if type(k) is int else k for k in keys]
 
     # -- HiCacheFile's operations --------------------------------------------------------------------
@@ -240,8 +277,16 @@ class HiCacheStorage:
         key = self._named_keys((key,))[0]
         if key not in self._lru:
             return False
-        self._lru.move_to_end(key)
+        self._refresh(key)
         return True
+
+    def _refresh(self, key: int | str) -> None:
+        """``key`` (stored) becomes the most recently used."""
+        if self.capacity_bytes is None:
+            del self._lru[key]
+            self._lru[key] = None
+        else:
+            self._lru.move_to_end(key)
 
     def set(self, key: int | str) -> bool:
         """Store ``key`` (``HiCacheFile.set``): a stored key is refreshed; a new one may first evict LRU keys (a
@@ -249,7 +294,7 @@ class HiCacheStorage:
         key = self._named_keys((key,))[0]
         lru = self._lru
         if key in lru:
-            lru.move_to_end(key)
+            self._refresh(key)
             return True
         cap, size = self.capacity_bytes, self.page_bytes
         if cap is not None:
@@ -270,14 +315,14 @@ class HiCacheStorage:
     def batch_set(self, keys: Sequence[int | str], interned: bool = False) -> int:
         """Store ``keys`` in order, stopping at the first refused (``HiCacheFile.batch_set``); returns the number
         stored (``interned``: all of them keys this store interned)."""
-        keys = self._named_keys(keys, interned)
+        if self._named or not interned:
+            keys = self._named_keys(keys, interned)
         lru = self._lru
-        if self.capacity_bytes is None:  # (unbounded: each key is refreshed or added, none refused)
+        if self.capacity_bytes is None:  # (unbounded, a dict: each key is refreshed or added, none refused)
             for key in keys:
                 if key in lru:
-                    lru.move_to_end(key)
-                else:
-                    lru[key] = None
+                    del lru[key]
+                lru[key] = None
             return len(keys)
         for i, key in enumerate(keys):
             if not self.set(key):
@@ -289,6 +334,8 @@ class HiCacheStorage:
         self._lru.clear()
 
     def check_invariants(self) -> None:
+        require(len(self._prior) == len(self._first) >= len(self._ids), "HiCacheStorage: each interned key has its "
+                "prior and first id, and at most one code", keys=len(self._prior), codes=len(self._ids))
         require(self.capacity_bytes is None or self.used_bytes() <= self.capacity_bytes,
                 "HiCacheStorage: a bounded store holds at most its capacity", used=self.used_bytes(),
                 capacity=self.capacity_bytes)

@@ -70,7 +70,7 @@ class PrefetchOperation:
         return pages * self.page_size
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class BackupOperation:
     """One backup host -> storage: the page keys and the node whose host copy it reads (host-protected until the
     ack)."""
@@ -114,6 +114,7 @@ class StorageController:
         self.latency_s = latency_s
         self.prefetch_threshold = prefetch_threshold
         self.prefetch_capacity_limit = int(0.5 * self.mem_pool_host.size)
+        self.write_page_s = self._page_seconds(write_bytes_per_s)  # a page's write on the backup channel
         # a key's page keys: of its tokens (get_hash_str's chain, interned); the page tree gives its own, over page ids
         self.hash_keys = self.page_ids
         self.reset()
@@ -222,8 +223,8 @@ class StorageController:
     # -- backup (host -> storage) ---------------------------------------------------------------------
     def write_storage(self, hash_value: list[int], node) -> BackupOperation:
         """Back up the pages ``hash_value`` (read from ``node``'s host copy) to storage."""
-        start = max(self.now_s, self.write_free_s)
-        finish = start + self.latency_s + len(hash_value) * self._page_seconds(self.write_bytes_per_s)
+        now, free = self.host_controller.now_s, self.write_free_s
+        finish = (now if now > free else free) + self.latency_s + len(hash_value) * self.write_page_s
         op = BackupOperation(hash_value, node, finish)
         self.write_free_s = finish
         self.backup_queue.append(op)
@@ -232,11 +233,12 @@ class StorageController:
     def poll_backups(self) -> list[BackupOperation]:
         """The backups landed by now (keys stored, in FIFO order): the tree releases their nodes."""
         now, queue, done = self.now_s, self.backup_queue, []
+        batch_set, stored = self.storage.batch_set, 0
         while queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
             op = queue.pop(0)
-            stored = self.storage.batch_set(op.hash_value, interned=True)
-            self.totals.written_to_storage_tokens += stored * self.page_size
+            stored += batch_set(op.hash_value, True)
             done.append(op)
+        self.totals.written_to_storage_tokens += stored * self.page_size
         return done
 
     def next_backup_s(self) -> float:

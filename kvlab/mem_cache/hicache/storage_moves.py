@@ -77,14 +77,17 @@ class StorageMoves:
     def node_hash(self, node: HiTreeNode) -> list[int]:
         """The storage keys of ``node``'s pages (``compute_node_hash_values``; interned by the store, whose ``hex``
         gives SGLang's), computed on first use down from the deepest ancestor that has them."""
+        keys, root = node.hash_value, self.root_node
+        if keys is not None and node is not root:  # (most calls: computed already)
+            return keys
         chain = []
-        while node is not self.root_node and node.hash_value is None:
+        while node is not root and node.hash_value is None:
             chain.append(node)
             node = node.parent
+        hash_keys = self.storage_controller.hash_keys
         for x in reversed(chain):
-            prior = None if x.parent is self.root_node else x.parent.hash_value[-1]
-            x.hash_value = self.storage_controller.hash_keys(x.key, prior)
-        return chain[0].hash_value if chain else ([] if node is self.root_node else node.hash_value)
+            x.hash_value = hash_keys(x.key, None if x.parent is root else x.parent.hash_value[-1])
+        return chain[0].hash_value if chain else ([] if node is root else node.hash_value)
 
     def get_last_hash_value(self, node: HiTreeNode) -> int | None:
         return None if node is self.root_node else self.node_hash(node)[-1]
@@ -96,23 +99,29 @@ class StorageMoves:
             self._storage_backups[op_id] = (node, len(node.key))
 
     def _host_backup_acked(self, op_id: int) -> None:
-        entry = self._storage_backups.pop(op_id, None) if self.storage_controller is not None else None
-        if entry is not None:
-            self.write_backup_storage(*entry)
+        if self.storage_controller is not None:
+            entry = self._storage_backups.pop(op_id, None)
+            if entry is not None:
+                self.write_backup_storage(*entry)
 
     def write_backup_storage(self, node: HiTreeNode, backup_len: int | None = None) -> None:
         """Back ``node``'s pages up to storage (the chain it was split into since, when it was; the node stays
         host-protected until the backup lands)."""
-        chain, acc = [node], len(node.key)
-        while backup_len is not None and acc < backup_len and chain[-1].parent is not self.root_node:
-            chain.append(chain[-1].parent)
-            acc += len(chain[-1].key)
-        if backup_len is not None and acc != backup_len:
+        acc = len(node.key)
+        if backup_len is None or acc >= backup_len:  # (most backups: one node, its own key list, which a split
+            keys = node.hash_value  # replaces and nothing changes in place)
+            if keys is None:
+                keys = self.node_hash(node)
+        else:
             chain = [node]
-        # (one node, most backups: its own key list, which a split replaces and nothing changes in place)
-        keys = self.node_hash(node) if len(chain) == 1 else [k for x in reversed(chain) for k in self.node_hash(x)]
-        op = self.storage_controller.write_storage(keys, node)
-        self._storage_due_s = min(self._storage_due_s, op.finish_s - FINISH_TOLERANCE_S)
+            while acc < backup_len and chain[-1].parent is not self.root_node:
+                chain.append(chain[-1].parent)
+                acc += len(chain[-1].key)
+            keys = self.node_hash(node) if acc != backup_len else [
+                k for x in reversed(chain) for k in self.node_hash(x)]
+        due = self.storage_controller.write_storage(keys, node).finish_s - FINISH_TOLERANCE_S
+        if due < self._storage_due_s:
+            self._storage_due_s = due
         node.protect_host()
 
     def _poll_storage(self) -> None:
