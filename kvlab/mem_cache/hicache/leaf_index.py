@@ -52,16 +52,18 @@ class HiLeafIndex:
 
     def _update_leaf_status(self, node: HiTreeNode) -> None:
         """A device leaf: on the device, unlocked, and no child on the device."""
-        self.leaf_index.file(node, node.value is not None and node.lock_ref <= 0 and _no_child_has(node, "value"))
+        self.leaf_index.file(node, node.value is not None and node.lock_ref <= 0
+                             and (not node.children or _no_child_has(node, "value")))
 
     def _update_host_leaf_status(self, node: HiTreeNode) -> None:
         """A host leaf: host-only, unlocked, and no child with a host copy."""
-        self.host_leaf_index.file(node, node.value is None and node.lock_ref <= 0 and _no_child_has(node, "host_value"))
+        self.host_leaf_index.file(node, node.value is None and node.lock_ref <= 0
+                                  and (not node.children or _no_child_has(node, "host_value")))
 
 
 def _no_child_has(node: HiTreeNode, copy: str) -> bool:
     """No child of ``node`` holds a ``copy`` (``"value"``: on the device, ``"host_value"``: on the host)."""
-    for child in node.children.values():  # (a loop: no generator to make, and a leaf has no children)
+    for child in node.children.values():  # (a loop: no generator to make; the callers skip a childless node)
         if getattr(child, copy) is not None:
             return False
     return True

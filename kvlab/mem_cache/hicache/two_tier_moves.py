@@ -173,10 +173,11 @@ class TwoTierMoves:
         ``host_evicted_tokens`` counts tokens (``key_tokens`` per unit)."""
         freed, kept = 0, []  # kept: host-protected leaves, skipped, candidates again next call
         index = self.host_leaf_index
+        pop, leaves = index.pop, index.leaves
         index.frozen = True
         try:
             while freed < num:
-                x = index.pop()
+                x = pop()
                 if x is None:
                     break
                 if x.host_ref_counter > 0:
@@ -187,7 +188,7 @@ class TwoTierMoves:
                 self.structure_version += 1
                 parent = x.parent
                 del parent.children[self._key_of(x.key)]
-                index.discard(x)
+                del leaves[x]  # (a popped leaf stays in the index until deleted)
                 x.host_value = None
                 self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
         finally:
