@@ -32,7 +32,7 @@ class HiTreeNode(NodeCore):
         # twice, inlined: a node is made per insert's new leaf and per split)
         t = clock.now + 1
         clock.now = t + 1
-        super().__init__(key, parent, t, t + 1, node_id, priority)
+        NodeCore.__init__(self, key, parent, t, t + 1, node_id, priority)  # (no super object to make)
         self.value = value
         self.host_value: torch.Tensor | None = None
         self.host_ref_counter = 0

@@ -55,8 +55,9 @@ class TwoTierMoves:
         self.structure_version += 1
         node.host_value = host
         op = self.cache_controller.write_queue[-1]
-        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
-        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
+        op_id = id(op)
+        self.ongoing_write_through[op_id] = (op, None if write_back else node)
+        self._note_host_backup(op_id, node)  # (storage_moves: on its ack, on to storage)
         if not write_back:
             self.inc_lock_ref(node)
         return n
@@ -106,7 +107,8 @@ class TwoTierMoves:
                 tally["destroyed"] += dropped
             if x in leaves:  # not dropped (a host-protected node below it)
                 kept.append(x)
-        self._flush_staged(staged)
+        if staged:  # (write-back only)
+            self._flush_staged(staged)
         return evicted
 
     def _flush_staged(self, staged: list) -> None:
