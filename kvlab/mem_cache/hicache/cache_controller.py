@@ -141,23 +141,23 @@ class HiCacheController:
             return self.latency_s
         return self.latency_s + num_tokens * self.mem_pool_host.size_per_token / bytes_per_s
 
-    def _issue(self, queue: deque, kind: str, host: torch.Tensor, device: torch.Tensor, node_id: int,
-               bytes_per_s: float) -> CacheOperation:
-        start = max(self.now_s, queue[-1].finish_s if queue else self.now_s)
-        op = CacheOperation(kind, host, device, node_id, start, start + self.transfer_seconds(len(host), bytes_per_s))
-        queue.append(op)
-        return op
-
     def _issue_counted(self, d: Direction, host, device, node_id: int) -> CacheOperation | None:
-        """Issue a copy of direction ``d`` between ``host`` and ``device`` slots, counted in :attr:`totals`; None
+        """Issue a copy of direction ``d`` between ``host`` and ``device`` slots on its channel (FIFO: it starts
+        when issued or when the channel's last copy finishes, whichever is later), counted in :attr:`totals`; None
         (a refusal counted, nothing issued) when the pool it takes from was short (its slots None)."""
         totals = vars(self.totals)
         if host is None or device is None:
             totals[d.failures] += 1
             return None
-        op = self._issue(getattr(self, d.queue), d.kind, host, device, node_id, getattr(self, d.bandwidth))
+        queue = getattr(self, d.queue)
+        start = self.now_s
+        if queue and queue[-1].finish_s > start:
+            start = queue[-1].finish_s
+        op = CacheOperation(d.kind, host, device, node_id, start,
+                            start + self.transfer_seconds(len(host), getattr(self, d.bandwidth)))
+        queue.append(op)
         totals[d.tokens] += len(host)
-        totals[d.seconds] += op.finish_s - op.start_s
+        totals[d.seconds] += op.finish_s - start
         totals[d.copies] += 1
         return op
 

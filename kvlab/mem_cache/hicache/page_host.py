@@ -20,7 +20,6 @@ from kvlab.mem_cache.hicache.cache_controller import (
     DEFAULT_HOST_DEVICE_BYTES_PER_S,
     LOAD,
     WRITE,
-    Direction,
     HiCacheController,
 )
 from kvlab.mem_cache.options import host_pool_size
@@ -80,17 +79,15 @@ class PageHiController(HiCacheController):
 
     def write(self, tokens: int, node_id: int) -> bool:
         """Back ``tokens`` up to fresh host pages; False (nothing issued) when the host pool is short."""
-        return self._copy(WRITE, self.mem_pool_host, tokens, node_id)
+        slots = range(tokens)  # (a copy's indices, on both sides)
+        return self._issue_counted(WRITE, slots, slots if self.mem_pool_host.take(tokens // self.page_size) else None,
+                                   node_id) is not None
 
     def load(self, tokens: int, node_id: int) -> bool:
         """Load ``tokens`` into fresh device pages; False (nothing issued) when the device pool is short."""
-        return self._copy(LOAD, self.mem_pool_device_allocator, tokens, node_id)
-
-    def _copy(self, d: Direction, pool, tokens: int, node_id: int) -> bool:
-        """Take ``tokens`` (whole pages) from ``pool``, the side direction ``d`` copies to, and issue the copy."""
-        slots = range(tokens)  # (a copy's indices, on both sides)
-        taken = slots if pool.take(tokens // self.page_size) else None
-        return self._issue_counted(d, slots, taken, node_id) is not None
+        slots = range(tokens)
+        taken = slots if self.mem_pool_device_allocator.take(tokens // self.page_size) else None
+        return self._issue_counted(LOAD, slots, taken, node_id) is not None
 
     def evict_device(self, tokens: int) -> int:
         self.mem_pool_device_allocator.free += tokens // self.page_size

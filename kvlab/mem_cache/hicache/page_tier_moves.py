@@ -45,6 +45,8 @@ class PageTierMoves(TwoTierMoves):
         """``HiRadixCache.evict`` in pages (TwoTierMoves' ``_evict_leaves``): unlocked device leaves in the policy's
         order until ``pages`` are freed. Returns the pages evicted (the device pool gets them back through the
         controller; a write-back's only once its copies landed)."""
+        if not self.evictable_size_:  # (every device node locked: most calls on a full pool, answered here)
+            return 0
         return self._evict_leaves(pages)
 
     # -- load-back (host -> device) ---------------------------------------------------------------------------------

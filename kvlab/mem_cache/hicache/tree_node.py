@@ -28,8 +28,11 @@ class HiTreeNode(NodeCore):
 
     def __init__(self, key: array, value: torch.Tensor | None, parent: HiTreeNode | None, clock: LogicalClock,
                  node_id: int, priority: int = 0):
-        # two reads of the clock, as TreeNode.__init__ does: the access time, then the creation time
-        super().__init__(key, parent, clock.tick(), clock.tick(), node_id, priority)
+        # two reads of the clock, as TreeNode.__init__ does: the access time, then the creation time (LogicalClock.tick
+        # twice, inlined: a node is made per insert's new leaf and per split)
+        t = clock.now + 1
+        clock.now = t + 1
+        NodeCore.__init__(self, key, parent, t, t + 1, node_id, priority)  # (no super object to make)
         self.value = value
         self.host_value: torch.Tensor | None = None
         self.host_ref_counter = 0

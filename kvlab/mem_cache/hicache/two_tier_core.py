@@ -44,31 +44,30 @@ class TwoTierCore:
             last_host = last_host.parent
         return node, last_host, host_hit
 
-    def restamp_path(self, node: HiTreeNode, times: int = 1) -> list[HiTreeNode]:
+    def restamp_path(self, node: HiTreeNode, times: int = 1) -> None:
         """What ``times`` repeats of the match walk that ended at ``node`` do while :attr:`structure_version` is
         unchanged since it (the walk would visit the same nodes and split none): each reads the clock for the root
         and then for each node of the path, top down (:meth:`match_walk`), so the clock moves ``times`` times the path
         length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
-        a fresh heap entry (once: the earlier walks' entries would be stale). Returns the path, bottom up (the root
-        left out)."""
-        path, root = [], self.root_node
-        while node is not root:
-            path.append(node)
-            node = node.parent
+        a fresh heap entry (once: the earlier walks' entries would be stale). Walked bottom up with the times the
+        walk's reads gave (the depth first): most paths are a node or two, so no path list is made."""
+        root, depth, x = self.root_node, 0, node
+        while x is not root:
+            depth += 1
+            x = x.parent
         clock = self.clock
-        now = clock.now + (times - 1) * (len(path) + 1) + 1
-        root.last_access_time = now
+        now = clock.now = clock.now + times * (depth + 1)  # the last walk's read of ``node``
+        root.last_access_time = now - depth
         dev, host = self.leaf_index, self.host_leaf_index
         dev_leaves, host_leaves = dev.leaves, host.leaves
-        for x in reversed(path):
-            now += 1
-            x.last_access_time = now
-            if x in dev_leaves:  # (_touch, inlined: a leaf of one tier at most)
-                dev.push(x)
-            elif x in host_leaves:
-                host.push(x)
-        clock.now = now
-        return path
+        while node is not root:  # (the heap pushes' order reads nothing: the sort key ends in the node's id)
+            node.last_access_time = now
+            now -= 1
+            if node in dev_leaves:  # (_touch, inlined: a leaf of one tier at most)
+                dev.push(node)
+            elif node in host_leaves:
+                host.push(node)
+            node = node.parent
 
     def _host_backup_acked(self, op_id: int) -> None:
         """A host copy landed: the storage tier's hook (storage_moves: on to storage); nothing without one."""
@@ -79,7 +78,7 @@ class TwoTierCore:
         self.evictable_size_ -= n
         node.value = None
         self.structure_version += 1
-        self._update_leaf_status(node)
+        self.leaf_index.discard(node)  # (_update_leaf_status: off the device, no device leaf)
         self._update_host_leaf_status(node)
         self._update_leaf_status(node.parent)
         return n
@@ -92,7 +91,7 @@ class TwoTierCore:
         self.structure_version += 1
         self.evictable_size_ += n
         self._update_leaf_status(node)
-        self._update_host_leaf_status(node)
+        self.host_leaf_index.discard(node)  # (_update_host_leaf_status: on the device, no host leaf)
         self._update_leaf_status(node.parent)
         return n
 
@@ -148,7 +147,11 @@ class TwoTierCore:
             return 0, self.root_node
         count_hits = not chunked and self.write_policy != "write_back"
         path = self._held_path(held, held_len) if 0 < held_len <= n else None
-        node, off = self._walk_held(path, priority, count_hits) if path else (self.root_node, 0)
+        if path:  # (its nodes spell key[:held_len]: _held_path checked their length)
+            self._walk_held(path, priority, count_hits)
+            node, off = path[-1], held_len
+        else:
+            node, off = self.root_node, 0
         prefix, key_of, visit = off, self._key_of, self._visit
         while off < n:
             child = node.children.get(key_of(key, off))
@@ -174,25 +177,35 @@ class TwoTierCore:
         """0.5.16's re-match of the key an insert just made end at ``last`` (not the root), without comparing it
         again: the same walk (no split is possible, every node is on the device), the same clock reads (the root,
         then each node from the top) and device heap entries, which are those of one repeat of a match walk that
-        ended at ``last`` (:meth:`restamp_path`); ``values`` collects the path's device values."""
-        path = self.restamp_path(last)
+        ended at ``last`` (:meth:`restamp_path`); ``values`` collects the path's device values, top down."""
+        self.restamp_path(last)
         if values is not None:
-            values.extend(node.value for node in reversed(path))
+            up, root = [], self.root_node
+            while last is not root:
+                up.append(last.value)
+                last = last.parent
+            values.extend(reversed(up))
         return values
 
-    def _walk_held(self, path: list, priority: int, count_hits: bool) -> tuple[HiTreeNode, int]:
-        """What insert's walk does to each node of a request's locked path (a clock read, the priority, a hit),
-        without looking the children up: (the path's last node, its length). No heap entry to refresh: a locked
-        device node is a leaf of neither tier."""
-        tick, off = self.clock.tick, 0
+    def _walk_held(self, path: list, priority: int, count_hits: bool) -> None:
+        """What insert's walk does to each node of a request's locked path, top down (a clock read, the priority, a
+        hit), without looking the children up. No heap entry to refresh: a locked device node is a leaf of neither
+        tier. The hit is :meth:`_inc_hit_count`'s with no heap entry (inlined: the walk's hottest loop), the clock
+        read kept in a local but for the backups it starts."""
+        clock, threshold = self.clock, self.write_through_threshold
+        now = clock.now
         for child in path:
-            child.last_access_time = tick()
+            now += 1
+            child.last_access_time = now
             if priority > child.priority:
                 child.priority = priority
             if count_hits:
-                self._inc_hit_count(child, False)
-            off += len(child.key)
-        return path[-1], off
+                child.hit_count += 1
+                if child.host_value is None and child.hit_count >= threshold:
+                    clock.now = now
+                    self.write_backup(child)
+                    now = clock.now
+        clock.now = now
 
     def _add_leaf(self, parent: HiTreeNode, key, value, priority: int, count_hits: bool) -> HiTreeNode:
         """Insert's tail past the match: a new device leaf under ``parent`` holding ``key`` and ``value``, a hit
@@ -203,7 +216,8 @@ class TwoTierCore:
         self.leaf_index.discard(parent)  # (_update_leaf_status: a child of it is on the device now)
         if count_hits:  # (before the leaf is filed: it gets one heap entry, with its hit, unless a backup locks it)
             self._inc_hit_count(leaf, False)
-        self._update_leaf_status(leaf)
+        if not leaf.lock_ref:  # (_update_leaf_status: on the device and childless, a leaf unless locked)
+            self.leaf_index.push(leaf)
         return leaf
 
     def _inc_hit_count(self, node: HiTreeNode, touch: bool = True) -> None:

@@ -55,8 +55,9 @@ class TwoTierMoves:
         self.structure_version += 1
         node.host_value = host
         op = self.cache_controller.write_queue[-1]
-        self.ongoing_write_through[id(op)] = (op, None if write_back else node)
-        self._note_host_backup(id(op), node)  # (storage_moves: on its ack, on to storage)
+        op_id = id(op)
+        self.ongoing_write_through[op_id] = (op, None if write_back else node)
+        self._note_host_backup(op_id, node)  # (storage_moves: on its ack, on to storage)
         if not write_back:
             self.inc_lock_ref(node)
         return n
@@ -106,7 +107,8 @@ class TwoTierMoves:
                 tally["destroyed"] += dropped
             if x in leaves:  # not dropped (a host-protected node below it)
                 kept.append(x)
-        self._flush_staged(staged)
+        if staged:  # (write-back only)
+            self._flush_staged(staged)
         return evicted
 
     def _flush_staged(self, staged: list) -> None:
@@ -173,10 +175,11 @@ class TwoTierMoves:
         ``host_evicted_tokens`` counts tokens (``key_tokens`` per unit)."""
         freed, kept = 0, []  # kept: host-protected leaves, skipped, candidates again next call
         index = self.host_leaf_index
+        pop, leaves = index.pop, index.leaves
         index.frozen = True
         try:
             while freed < num:
-                x = index.pop()
+                x = pop()
                 if x is None:
                     break
                 if x.host_ref_counter > 0:
@@ -187,7 +190,7 @@ class TwoTierMoves:
                 self.structure_version += 1
                 parent = x.parent
                 del parent.children[self._key_of(x.key)]
-                index.discard(x)
+                del leaves[x]  # (a popped leaf stays in the index until deleted)
                 x.host_value = None
                 self._update_host_leaf_status(parent)  # a parent left childless and host-only joins the heap
         finally:
