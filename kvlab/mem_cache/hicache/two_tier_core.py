@@ -78,7 +78,7 @@ class TwoTierCore:
         self.evictable_size_ -= n
         node.value = None
         self.structure_version += 1
-        self.leaf_index.discard(node)  # (_update_leaf_status: off the device, no device leaf)
+        self.leaf_index.leaves.pop(node, None)  # (_update_leaf_status: off the device, no device leaf)
         self._update_host_leaf_status(node)
         self._update_leaf_status(node.parent)
         return n
@@ -91,7 +91,7 @@ class TwoTierCore:
         self.structure_version += 1
         self.evictable_size_ += n
         self._update_leaf_status(node)
-        self.host_leaf_index.discard(node)  # (_update_host_leaf_status: on the device, no host leaf)
+        self.host_leaf_index.leaves.pop(node, None)  # (_update_host_leaf_status: on the device, no host leaf)
         self._update_leaf_status(node.parent)
         return n
 
@@ -213,7 +213,7 @@ class TwoTierCore:
         leaf = self._new_node(key, value, parent, priority)
         parent.children[self._key_of(leaf.key)] = leaf
         self.evictable_size_ += len(key)
-        self.leaf_index.discard(parent)  # (_update_leaf_status: a child of it is on the device now)
+        self.leaf_index.leaves.pop(parent, None)  # (_update_leaf_status: a child of it is on the device now)
         if count_hits:  # (before the leaf is filed: it gets one heap entry, with its hit, unless a backup locks it)
             self._inc_hit_count(leaf, False)
         if not leaf.lock_ref:  # (_update_leaf_status: on the device and childless, a leaf unless locked)
