@@ -89,6 +89,8 @@ def record_of(req: SimReq, now_s: float, client: str | None = None, round_: int 
 class StaticArrivals:
     """A fixed list of requests, released by arrival time (ties in the list's order)."""
 
+    on_join = None  # what a request's joining the queue starts (the loop sets it: the storage tier's prefetch)
+
     def __init__(self, reqs: Sequence[SimReq]) -> None:
         self.requests = list(reqs)
         self.pending = deque(sorted(reqs, key=lambda q: q.arrival_time_s))
@@ -105,6 +107,8 @@ class StaticArrivals:
         pending = self.pending
         while pending and pending[0].arrival_time_s <= now_s:
             waiting.append(pending.popleft())
+            if self.on_join is not None:
+                self.on_join(waiting[-1], now_s)
 
     def finished(self, req: SimReq, now_s: float) -> None:
         self.records.append(record_of(req, now_s))
@@ -115,6 +119,8 @@ class ClientArrivals:
     round by round (each resends the whole history). The sender's wakes are simulated in time order between the
     finishes the loop reports, so a pop happens at the first wake at which the queue holds a request and fewer than
     ``max_parallel`` are in flight."""
+
+    on_join = None  # (StaticArrivals')
 
     def __init__(self, spec: ClosedLoop, clients: Sequence[str], rounds: Sequence[Sequence[SimReq]]) -> None:
         self.spec, self.clients, self.rounds = spec, list(clients), [list(r) for r in rounds]
@@ -164,6 +170,8 @@ class ClientArrivals:
         dispatched = self.dispatched
         while dispatched and dispatched[0].arrival_time_s <= now_s:
             waiting.append(dispatched.popleft())
+            if self.on_join is not None:
+                self.on_join(waiting[-1], now_s)
 
     def finished(self, req: SimReq, now_s: float) -> None:
         """``req``'s response arrived at ``now_s`` (its last token, or its abort): the sender's wakes before it ran

@@ -26,7 +26,7 @@ overlapped_step_s = CostModel.overlapped_step_s  # the overlap rule: write-back 
 class NoHostTier:
     """No host tier: nothing to complete at a step's start, the step takes its compute time, no copy in flight."""
 
-    arrive = None  # what a request's arrival starts (the storage tier's prefetch), when anything does
+    join = None  # what a request's joining the queue starts (the storage tier's prefetch), when anything does
 
     def begin_step(self, now_s: float) -> None:
         """(Nothing is in flight.)"""
@@ -124,7 +124,12 @@ class StorageTierTiming(HostTierTiming):
 
     def __init__(self, tree: HiRadixCache, ledger: Ledger, kv: SchedulerKV) -> None:
         super().__init__(tree, ledger)
-        self.arrive = kv.prefetch
+        self.prefetch = kv.prefetch
+
+    def join(self, req, now_s: float) -> None:
+        """``req`` joined the waiting queue at ``now_s`` (``_prefetch_kvcache``): its prefetch, timed from now."""
+        self.begin_step(now_s)
+        self.prefetch(req)
 
     def _running_totals(self) -> Transfers:
         s = self.tree.storage_controller.totals
@@ -141,5 +146,8 @@ class StorageTierTiming(HostTierTiming):
         joins, opens, evicts or finishes in one), and the next step that is not quiet polls it first, so its row
         and every later one are the same; the quiet rounds run on past it. Where nothing runs, the loop still waits
         for it (``next_transfer_s``)."""
-        nxt, copies = self.tree.storage_next_event_s(backups), HostTierTiming.next_transfer_s(self)
+        copies = HostTierTiming.next_transfer_s(self)
+        if not (backups or self.tree.timed_ops):  # (most calls: no prefetch has an event ahead)
+            return copies
+        nxt = self.tree.storage_next_event_s(backups)
         return copies if copies < nxt else nxt

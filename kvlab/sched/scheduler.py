@@ -163,23 +163,11 @@ class Scheduler:
         return SimResult(cfg, replace(totals), ledger.now_s, ledger.step_log, self.kv, records=arrivals.records)
 
     def _release(self) -> Callable[[float, deque], None]:
-        """How arrivals join the queue, chosen once per run: the source's ``release``, and with a storage tier
-        (``host.arrive``) each new arrival's prefetch started as it joins (timed from now)."""
-        release, host = self.arrivals.release, self.host
-        arrive = host.arrive
-        if arrive is None:
-            return release
-
-        def release_and_prefetch(now_s: float, waiting: deque) -> None:
-            arrived = len(waiting)
-            release(now_s, waiting)
-            if len(waiting) == arrived:  # (most steps: none arrived)
-                return
-            for i in range(arrived - len(waiting), 0):  # (the new arrivals, at the queue's end)
-                host.begin_step(now_s)  # (the prefetch is timed from now)
-                arrive(waiting[i])
-
-        return release_and_prefetch
+        """How arrivals join the queue: the source's ``release``; with a storage tier the source also hands each
+        request that joins to ``host.join`` (its prefetch, timed from now), set here once per run."""
+        if self.host.join is not None:
+            self.arrivals.on_join = self.host.join
+        return self.arrivals.release
 
     def _step_ends(self) -> tuple[Callable[[], None], Callable[..., None]]:
         """How a step opens and closes, chosen once per run: the ledger's ``begin_step`` / ``end_step``, with the

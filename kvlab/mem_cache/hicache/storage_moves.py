@@ -66,7 +66,7 @@ class StorageMoves:
     def _reset_storage(self) -> None:
         self.ongoing_prefetch: dict = {}  # req id -> (last_host_node, prefetch tokens, op)
         self._awaiting_slots: dict = {}  # req id -> op: the prefetches whose host slots are not taken yet (in order)
-        self._timed_ops: dict = {}  # req id -> op: the prefetches with an event still ahead (storage_next_event_s)
+        self.timed_ops: dict = {}  # req id -> op: the prefetches with an event still ahead (storage_next_event_s)
         self.prefetch_loaded_tokens_by_reqid: dict = {}
         self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}  # host write op -> (node, its key length)
         self._storage_due_s = math.inf  # no backup lands and no prefetch takes its slots before this (less tolerance)
@@ -183,7 +183,7 @@ class StorageMoves:
             return False
         last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
-        self._awaiting_slots[req_id] = self._timed_ops[req_id] = op
+        self._awaiting_slots[req_id] = self.timed_ops[req_id] = op
         self._storage_due_s = min(self._storage_due_s, op.alloc_due_s - FINISH_TOLERANCE_S)
         ctl.prefetch_tokens_occupied += n
         return True
@@ -289,7 +289,7 @@ class StorageMoves:
         prefetch's host slots taken, its last page landing or its timeout. Only events still ahead count: one the
         clock has passed changed what it changes already (a waiting prefetch done long ago no longer stops the
         quiet decode rounds at every step). ``backups`` False: the prefetches' events only."""
-        ctl, timed = self.storage_controller, self._timed_ops
+        ctl, timed = self.storage_controller, self.timed_ops
         queue = ctl.backup_queue
         nxt = queue[0].finish_s if queue and backups else math.inf  # (next_backup_s)
         if not timed:  # (most steps: no prefetch with an event ahead)
