@@ -9,6 +9,7 @@ copy is ever in flight), so the loop has no HiCache branch.
 
 from __future__ import annotations
 
+from operator import sub
 from typing import TYPE_CHECKING
 
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S
@@ -66,12 +67,13 @@ class HostTierTiming(NoHostTier):
         """The loop's step opens: the ledger's counters zeroed, then :meth:`begin_step` at the ledger's clock."""
         ledger = self.ledger
         ledger.begin_step()
-        self.step_start_s = ledger.now_s
-        self.tree.poll(ledger.now_s)
+        now = self.step_start_s = ledger.now_s
+        self.tree.poll(now)
 
-    def close_step(self, kind: str, compute_s: float, *row) -> None:
+    def close_step(self, kind: str, compute_s: float, computed: int, retracted: int, sizes, running: int,
+                   waiting: int) -> None:
         """The loop's step closes: the ledger's ``end_step`` with the step's time from :meth:`end_step`."""
-        self.ledger.end_step(kind, self.end_step(compute_s), *row)
+        self.ledger.end_step(kind, self.end_step(compute_s), computed, retracted, sizes, running, waiting)
 
     def end_step(self, compute_s: float) -> float:
         """The step's time given its compute (write-back waits before it, load-backs under it); its host-tier
@@ -91,7 +93,7 @@ class HostTierTiming(NoHostTier):
         """Host-tier traffic since the last call (the step's, when called once per step)."""
         now = self._running_totals()
         seen, self._seen = self._seen, now
-        return Transfers(*(a - b for a, b in zip(now, seen)))
+        return Transfers._make(map(sub, now, seen))
 
     def _running_totals(self) -> Transfers:
         t = self.controller.totals
@@ -132,10 +134,12 @@ class StorageTierTiming(HostTierTiming):
         self.prefetch(req)
 
     def _running_totals(self) -> Transfers:
-        s = self.tree.storage_controller.totals
-        return super()._running_totals()._replace(prefetched_tokens=s.prefetched_tokens,
-                                                  prefetch_aborted_tokens=s.prefetch_aborted_tokens,
-                                                  written_to_storage_tokens=s.written_to_storage_tokens)
+        """:meth:`HostTierTiming._running_totals` (its four fields, repeated: one tuple per step with traffic) with
+        the storage tier's three."""
+        tree = self.tree
+        t, s = self.controller.totals, tree.storage_controller.totals
+        return Transfers(t.loaded_tokens, t.written_tokens, tree.host_evicted_tokens, t.write_s + t.load_s,
+                         s.prefetched_tokens, s.prefetch_aborted_tokens, s.written_to_storage_tokens)
 
     def next_transfer_s(self) -> float:
         return self.quiet_stop_s(backups=True)
