@@ -160,7 +160,8 @@ class PageKV:
         memo = req.match_memo
         if self.hicache:
             return self._match_two_tiers(req, fill_len, memo)
-        if memo is not None and memo.version == tree.structure_version and memo.fill_len == fill_len:
+        if memo is not None and memo.fill_len == fill_len and (
+                memo.version == tree.structure_version or self._walks_again(req, memo, memo.prefix_len // ps)):
             tree.restamp_path(memo.last_node)
             req.last_node = memo.last_node
             req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
@@ -181,12 +182,22 @@ class PageKV:
         host = req.host
         if host is None:
             host = req.host = HostTierState()
-        if memo is not None and memo.version == tree.structure_version and memo.fill_len == fill_len:
-            tree.restamp_path(memo.last_node)
-            req.last_node, host.best_match_node, hit = memo.ends
-            host.hit_len = hit * ps
-            req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
-            return
+        if memo is not None and memo.fill_len == fill_len:
+            if memo.version == tree.structure_version:
+                tree.restamp_path(memo.last_node)
+                req.last_node, host.best_match_node, hit = memo.ends
+                host.hit_len = hit * ps
+                req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
+                return
+            pages = memo.prefix_len // ps + memo.ends[2]
+            if self._walks_again(req, memo, pages):  # (the tiers may have moved: their ends read again)
+                end = memo.last_node
+                tree.restamp_path(end)
+                ends = req.last_node, host.best_match_node, hit = tree.match_ends(end)
+                host.hit_len = hit * ps
+                req.prefix_len = req.cache_protected_len = req.kv_len = (pages - hit) * ps
+                req.match_memo = MatchMemo(tree.structure_version, fill_len, None, end, (pages - hit) * ps, ends)
+                return
         req.fill_ids = range(fill_len)
         cap = (fill_len - 1) // ps
         if not cap:
@@ -198,6 +209,28 @@ class PageKV:
         host.hit_len = hit * ps
         req.prefix_len = req.cache_protected_len = req.kv_len = (pages - hit) * ps
         req.match_memo = MatchMemo(tree.structure_version, fill_len, None, end, (pages - hit) * ps, ends)
+
+    def _walks_again(self, req: SimReq, memo: MatchMemo, pages: int) -> bool:
+        """Would the match walk ``memo`` records (``pages`` matched, ending at ``memo.last_node``) end there again,
+        though the tree's structure changed since? Yes when that node is still in the tree (it and each node above
+        it filed under its parent by its first page: none of them deleted; a split above it lengthens its path but
+        spells the same pages, and the walk would take both halves whole) and no child of it starts with the next
+        page (a node inserted there would lengthen the match, or be split by it). The walk's side effects are then
+        those of a replay (``restamp_path`` over the path as it is now). The memo of a match past a host-only node
+        records its tiers' ends, which a caller reads again (``match_ends``): a node may have moved tier since."""
+        end, root = memo.last_node, self.tree.root_node
+        cap = (memo.fill_len - 1) // self.page_size
+        if pages < cap and self.page_keys(req, cap)[pages] in end.children:
+            return False
+        node = end
+        while node is not root:
+            parent = node.parent
+            if parent is None or parent.children.get(node.key[0]) is not node:
+                return False
+            node = parent
+        if not self.hicache:
+            req.match_memo = MatchMemo(self.tree.structure_version, memo.fill_len, None, end, memo.prefix_len)
+        return True
 
     def load_back(self, req: SimReq) -> int:
         """``SchedulerKV.load_back`` in pages: the request's host-only match back on the device (its device prefix
