@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from kvlab.mem_cache.hicache import HiRadixCache, HostKVCache
-from kvlab.mem_cache.hicache.storage import HiCacheStorage, get_hash_str
+from kvlab.mem_cache.hicache.storage import HiCacheStorage, RecencyLog, get_hash_str
 
 PS = 4
 BYTES_PER_TOKEN = 16
@@ -119,12 +119,42 @@ def test_unbounded_store_never_evicts_and_a_bounded_one_evicts_to_its_ratio():
 
 @pytest.mark.parametrize("capacity_pages", [None, 100])
 def test_a_store_lists_its_keys_least_recently_used_first(capacity_pages):
-    """Unbounded (a dict) or bounded (evicting by it): a key set or read again moves to the end, in a batch too,
-    and a key given twice in one batch ends where its last copy is."""
+    """Unbounded (a RecencyLog) or bounded (evicting by it): a key set or read again moves to the end, in a batch
+    too, and a key given twice in one batch ends where its last copy is."""
     store = HiCacheStorage(PAGE_BYTES, capacity_pages and capacity_pages * PAGE_BYTES)
     assert store.batch_set(["a", "b", "c", "d"]) == 4 and store.get("b") and not store.get("z")
     assert store.set("a") and store.batch_set(["e", "c", "f", "e"]) == 4
     assert store.keys() == ["d", "b", "a", "c", "f", "e"] and store.exists("d") and len(store) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["extend", "move", "set", "clear", "read"]),
+                              st.lists(st.integers(0, 12), max_size=40)), max_size=60))
+def test_a_recency_log_keeps_the_order_of_a_dict_refreshed_by_reinsertion(ops):
+    """RecencyLog (an unbounded store's keys) against the dict it stands for: a stored or refreshed key taken out
+    and put back at the end; membership, size and order equal after every operation, through its compactions."""
+    log, model = RecencyLog(), {}
+    for op, keys in ops:
+        if op == "extend":
+            log.extend(keys)
+            for k in keys:
+                model.pop(k, None)
+                model[k] = None
+        elif op in ("move", "set") and keys and (op == "set" or keys[0] in model):  # (move: a stored key)
+            if op == "move":
+                log.move_to_end(keys[0])
+            else:
+                log[keys[0]] = None
+            model.pop(keys[0], None)
+            model[keys[0]] = None
+        elif op == "clear":
+            log.clear()
+            model.clear()
+        elif op == "read":
+            assert list(log) == list(model)
+        assert len(log) == len(model) and all((k in log) == (k in model) for k in range(13))
+        log.check_invariants()
+    assert list(log) == list(model)
 
 
 @pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])

@@ -103,6 +103,60 @@ STORAGE_BACKENDS = tuple(STORAGE_PRESETS)
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")  # --hicache-storage-prefetch-policy
 
 
+class RecencyLog:
+    """An unbounded store's keys, least recently used first, refreshed in bulk at C speed: a set of the keys and
+    a log of every store and refresh in order, where a key's place is its last entry (the log is compacted to one
+    entry per key, in that order, when read or when it grows past twice the keys). The same order as a dict whose
+    refreshed key is taken out and put back at the end."""
+
+    __slots__ = ("_keys", "_log")
+
+    def __init__(self, keys: Sequence = ()):
+        self._keys: set = set()
+        self._log: list = []
+        self.extend(keys)
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self):
+        self._compact()
+        return iter(self._log)
+
+    def extend(self, keys: Sequence) -> None:
+        """Store or refresh ``keys`` in order: each becomes the most recently used (the last one most)."""
+        self._keys.update(keys)
+        log = self._log
+        log.extend(keys)
+        if len(log) > 2 * len(self._keys) + 64:
+            self._compact()
+
+    def __setitem__(self, key, _value: None) -> None:
+        self.extend((key,))
+
+    def move_to_end(self, key) -> None:
+        self.extend((key,))
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._log.clear()
+
+    def _compact(self) -> None:
+        """One entry per key, at its last place in the log."""
+        log = self._log
+        if len(log) > len(self._keys):
+            log.reverse()
+            log[:] = dict.fromkeys(log)
+            log.reverse()
+
+    def check_invariants(self) -> None:
+        require(self._keys.issubset(self._log) and len(set(self._log)) == len(self._keys),
+                "RecencyLog: the log holds exactly the stored keys", keys=len(self._keys), log=len(self._log))
+
+
 class HiCacheStorage:
     """The keys an L3 backend holds, with ``HiCacheFile``'s capacity rule (its LRU evictor).
 
@@ -118,9 +172,10 @@ class HiCacheStorage:
         self.page_bytes = page_bytes
         self.capacity_bytes = capacity_bytes or None
         self.eviction_ratio = eviction_ratio
-        # key -> None, least recently used first; an unbounded store evicts nothing: a dict (a key refreshed is
-        # taken out and put back at the end)
-        self._lru: dict[int | str, None] = OrderedDict() if self.capacity_bytes is not None else {}
+        # the stored keys, least recently used first: a bounded store's an OrderedDict (key -> None), an unbounded
+        # one's (it evicts nothing: only ``keys`` reads the order) a RecencyLog, refreshed in bulk
+        self._lru: OrderedDict[int | str, None] | RecencyLog = (
+            OrderedDict() if self.capacity_bytes is not None else RecencyLog())
         self.evicted_pages = 0
         self.refused_pages = 0
         # keys are 0, 1, ...: key -> the key before it (-1: none) and, for a page of ``_run_len`` (the first page's
@@ -206,9 +261,8 @@ class HiCacheStorage:
             else:
                 page = page_of(first)
                 code = (p, page if type(page) is tuple else tuple(page))
-                key = self._ids.get(code)
-                if key is None:
-                    key = self._ids[code] = len(prior_of)
+                key = self._ids.setdefault(code, len(prior_of))  # (one hash of the page's tokens, not two)
+                if key == len(prior_of):  # new
                     prior_of.append(p)
                     first_of.append(-1)
                     self._pages[key] = code[1]
@@ -255,7 +309,8 @@ class HiCacheStorage:
             if interned or all(type(k) is int for k in keys):
                 return keys
             self._named = True  # (a string key: from now on every key is kept as its hex)
-            self._lru = type(self._lru)((self.hex(k) if type(k) is int else k, None) for k in self._lru)
+            named = [self.hex(k) if type(k) is int else k for k in self._lru]
+            self._lru = OrderedDict.fromkeys(named) if self.bounded else RecencyLog(named)
         return [self.hex(k) if type(k) is int else k for k in keys]
 
     # -- HiCacheFile's operations --------------------------------------------------------------------
@@ -282,11 +337,7 @@ class HiCacheStorage:
 
     def _refresh(self, key: int | str) -> None:
         """``key`` (stored) becomes the most recently used."""
-        if self.capacity_bytes is None:
-            del self._lru[key]
-            self._lru[key] = None
-        else:
-            self._lru.move_to_end(key)
+        self._lru.move_to_end(key)
 
     def set(self, key: int | str) -> bool:
         """Store ``key`` (``HiCacheFile.set``): a stored key is refreshed; a new one may first evict LRU keys (a
@@ -317,12 +368,8 @@ class HiCacheStorage:
         stored (``interned``: all of them keys this store interned)."""
         if self._named or not interned:
             keys = self._named_keys(keys, interned)
-        lru = self._lru
-        if self.capacity_bytes is None:  # (unbounded, a dict: each key is refreshed or added, none refused)
-            for key in keys:
-                if key in lru:
-                    del lru[key]
-                lru[key] = None
+        if self.capacity_bytes is None:  # (unbounded: each key is refreshed or added, none refused)
+            self._lru.extend(keys)
             return len(keys)
         for i, key in enumerate(keys):
             if not self.set(key):
@@ -339,6 +386,8 @@ class HiCacheStorage:
         require(self.capacity_bytes is None or self.used_bytes() <= self.capacity_bytes,
                 "HiCacheStorage: a bounded store holds at most its capacity", used=self.used_bytes(),
                 capacity=self.capacity_bytes)
+        if not self.bounded:
+            self._lru.check_invariants()
 
 
 def storage_capacity_bytes(backend: str, capacity_gb: float | None) -> int | None:
