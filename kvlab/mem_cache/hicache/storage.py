@@ -178,12 +178,14 @@ class HiCacheStorage:
             OrderedDict() if self.capacity_bytes is not None else RecencyLog())
         self.evicted_pages = 0
         self.refused_pages = 0
-        # keys are 0, 1, ...: key -> the key before it (-1: none) and, for a page of ``_run_len`` (the first page's
-        # length) consecutive ids in [0, 2^32), its first id (any other page: -1, its tokens in ``_pages``). A run
-        # page whose key is its prior's + 1 (every page of a chain made at once) is found by these two alone;
-        # ``_ids`` holds the others by their code: after the key ``prior``, a run page from ``first`` is the int
-        # (prior + 1) * 2^32 + first, any other page (prior, the tuple of its tokens)
-        self._prior, self._first = array("q"), array("q")
+        # keys are 0, 1, ...: key -> the key before it (``_heads``: the keys whose prior is not key - 1, -1: none;
+        # every page of a chain made at once but its first has key - 1) and, for a page of ``_run_len`` (the first
+        # page's length) consecutive ids in [0, 2^32), its first id (any other page: -1, its tokens in ``_pages``).
+        # A run page whose key is its prior's + 1 is found by these two alone; ``_ids`` holds the others by their
+        # code: after the key ``prior``, a run page from ``first`` is the int (prior + 1) * 2^32 + first, any other
+        # page (prior, the tuple of its tokens)
+        self._heads: dict[int, int] = {}
+        self._first = array("q")
         self._pages: dict[int, tuple] = {}
         self._ids: dict[int | tuple, int] = {}
         self._run_len: int | None = None
@@ -225,22 +227,21 @@ class HiCacheStorage:
             self._run_len = n
         if not (n == self._run_len and firsts and min(firsts) >= 0 and max(firsts) + n <= _FIRSTS):
             return self._chain_pages(firsts, p, n, page_of)
-        prior_of, first_of, get, out = self._prior, self._first, self._ids.get, []
-        count, append = len(prior_of), out.append  # (every page a run page)
+        heads, first_of, get, out = self._heads, self._first, self._ids.get, []
+        count, append = len(first_of), out.append  # (every page a run page)
         for first in firsts:
             k = p + 1
-            if k < count and first_of[k] == first and prior_of[k] == p:
+            if k < count and first_of[k] == first and k not in heads:  # (k's prior: k - 1 = p)
                 p = k
             else:
                 key = get(k * _FIRSTS + first)
                 if key is None:  # new, and so is every page after it (no code has a brand-new key as prior)
                     if k != count:  # (as _new_key: only the first new key may be other than its prior's + 1)
                         self._ids[k * _FIRSTS + first] = count
-                    rest = firsts[len(out) :]
-                    prior_of.append(p)
-                    prior_of.extend(range(count, count + len(rest) - 1))
-                    first_of.extend(rest)
-                    out.extend(range(count, count + len(rest)))
+                        heads[count] = p
+                    first_of.extend(firsts[len(out) :])
+                    rest = len(firsts) - len(out)
+                    out.extend(range(count, count + rest))
                     return out
                 p = key
             append(p)
@@ -248,11 +249,11 @@ class HiCacheStorage:
 
     def _chain_pages(self, firsts: Sequence[int], p: int, n: int, page_of) -> list[int]:
         """:meth:`chain` page by page (a page not a run, or of another length than the first's), after ``p``."""
-        out, prior_of, first_of = [], self._prior, self._first
+        out, first_of = [], self._first
         for first in firsts:
             if n == self._run_len and 0 <= first and first + n <= _FIRSTS:
                 k = p + 1
-                if k < len(prior_of) and first_of[k] == first and prior_of[k] == p:
+                if k < len(first_of) and first_of[k] == first and k not in self._heads:
                     key = k
                 else:
                     key = self._ids.get(k * _FIRSTS + first)
@@ -261,9 +262,10 @@ class HiCacheStorage:
             else:
                 page = page_of(first)
                 code = (p, page if type(page) is tuple else tuple(page))
-                key = self._ids.setdefault(code, len(prior_of))  # (one hash of the page's tokens, not two)
-                if key == len(prior_of):  # new
-                    prior_of.append(p)
+                key = self._ids.setdefault(code, len(first_of))  # (one hash of the page's tokens, not two)
+                if key == len(first_of):  # new
+                    if key != p + 1:
+                        self._heads[key] = p
                     first_of.append(-1)
                     self._pages[key] = code[1]
             out.append(key)
@@ -273,19 +275,19 @@ class HiCacheStorage:
     def _new_key(self, prior: int, first: int) -> int:
         """A new key after ``prior``, a run page from ``first``: ``_ids`` keeps its code unless it is ``prior``'s + 1
         (found without it)."""
-        key = len(self._prior)
-        self._prior.append(prior)
+        key = len(self._first)
         self._first.append(first)
         if key != prior + 1:
+            self._heads[key] = prior
             self._ids[(prior + 1) * _FIRSTS + first] = key
         return key
 
     def _prior_and_bytes(self, key: int) -> tuple[int, bytes]:
         """The key before ``key`` (-1: none) and ``key``'s page as ``get_hash_str`` hashes it."""
-        first = self._first[key]
+        first, prior = self._first[key], self._heads.get(key, key - 1)
         if first < 0:
-            return self._prior[key], page_bytes(self._pages[key])
-        return self._prior[key], array("I", range(first, first + self._run_len)).tobytes()
+            return prior, page_bytes(self._pages[key])
+        return prior, array("I", range(first, first + self._run_len)).tobytes()
 
     def hex(self, key: int) -> str:
         """``key``'s SHA-256 hex, as :func:`get_hash_str` chains it (computed down from the nearest known digest)."""
@@ -381,8 +383,9 @@ class HiCacheStorage:
         self._lru.clear()
 
     def check_invariants(self) -> None:
-        require(len(self._prior) == len(self._first) >= len(self._ids), "HiCacheStorage: each interned key has its "
-                "prior and first id, and at most one code", keys=len(self._prior), codes=len(self._ids))
+        require(len(self._first) >= len(self._ids) and all(-1 <= p < k - 1 for k, p in self._heads.items()),
+                "HiCacheStorage: each interned key has its first id and at most one code, a prior before it",
+                keys=len(self._first), codes=len(self._ids), heads=len(self._heads))
         require(self.capacity_bytes is None or self.used_bytes() <= self.capacity_bytes,
                 "HiCacheStorage: a bounded store holds at most its capacity", used=self.used_bytes(),
                 capacity=self.capacity_bytes)
