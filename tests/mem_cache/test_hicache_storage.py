@@ -95,6 +95,24 @@ def test_interned_keys_are_equal_exactly_when_their_hex_is():
     assert len(set(by_hex.values())) == len(by_hex)
 
 
+def test_pages_of_tokens_after_one_prior_keep_their_keys_past_the_first_few():
+    """Many pages of tokens after one prior (the first few found by comparing tokens, then filed by their code):
+    each keeps its key whenever chained again, before and after the filing, and each new one gets a new key whose
+    hex is ``get_hash_str``'s."""
+    rng = random.Random(5)
+    store = HiCacheStorage(PAGE_BYTES)
+    run = store.page_ids(list(range(PS)), None, PS)[0]
+    pages = [[rng.randrange(2**20) for _ in range(PS)] for _ in range(12)]
+    for prior, prior_hex in ((None, None), (run, get_hash_str(list(range(PS)), None, PS)[0])):
+        keys = []
+        for page in pages:
+            keys.append(store.page_ids(page, prior, PS)[0])
+            assert store.hex(keys[-1]) == get_hash_str(page, prior_hex, PS)[0]
+            assert [store.page_ids(q, prior, PS)[0] for q in pages[: len(keys)]] == keys
+        assert len(set(keys)) == len(keys)
+    store.check_invariants()
+
+
 def test_page_keys_chain_on_the_prefix():
     """A page's key names its whole prefix: the keys of a prefix are a prefix of the keys, and hashing on from the
     last key of a page-aligned part gives the rest (the prefetch's last_hash)."""

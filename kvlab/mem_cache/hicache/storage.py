@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from kvlab.errors import require
 
 _FIRSTS = 1 << 32  # an interned page of consecutive ids: its first id < 2^32
+_FILED = object()  # (_tokens_after: this prior's pages of tokens are filed in _ids)
+_UNFILED = 4  # pages of tokens after one prior found by comparing tokens, before they are filed by their code
 EVICTION_RATIO = 0.9  # LRUFileEvictor's default eviction_ratio (SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO)
 
 
@@ -183,10 +185,11 @@ class HiCacheStorage:
         # page's length) consecutive ids in [0, 2^32), its first id (any other page: -1, its tokens in ``_pages``).
         # A run page whose key is its prior's + 1 is found by these two alone; ``_ids`` holds the others by their
         # code: after the key ``prior``, a run page from ``first`` is the int (prior + 1) * 2^32 + first, any other
-        # page (prior, the tuple of its tokens)
+        # page (prior, the tuple of its tokens), filed only past the first few after its prior (``_tokens_key``)
         self._heads: dict[int, int] = {}
         self._first = array("q")
         self._pages: dict[int, tuple] = {}
+        self._tokens_after: dict[int, list | object] = {}  # prior -> keys of pages of tokens after it (_tokens_key)
         self._ids: dict[int | tuple, int] = {}
         self._run_len: int | None = None
         self._digests: dict[int, bytes] = {}  # key -> its SHA-256 digest, once asked for
@@ -261,16 +264,40 @@ class HiCacheStorage:
                         key = self._new_key(p, first)
             else:
                 page = page_of(first)
-                code = (p, page if type(page) is tuple else tuple(page))
-                key = self._ids.setdefault(code, len(first_of))  # (one hash of the page's tokens, not two)
-                if key == len(first_of):  # new
-                    if key != p + 1:
-                        self._heads[key] = p
-                    first_of.append(-1)
-                    self._pages[key] = code[1]
+                key = self._tokens_key(p, page if type(page) is tuple else tuple(page))
             out.append(key)
             p = key
         return out
+
+    def _tokens_key(self, p: int, page: tuple) -> int:
+        """The key of the page of tokens ``page`` after the key ``p``, made if new. The first few such pages after a
+        prior are kept unfiled (``_tokens_after``: their keys, found by comparing tokens, which stops at the first
+        that differs), more are filed in ``_ids`` by their code: so a page of tokens alone after its prior (most: a
+        decode's output) never has its tokens hashed."""
+        pages, after = self._pages, self._tokens_after.get(p)
+        if after is _FILED:
+            key = self._ids.setdefault((p, page), len(self._first))  # (one hash of the page's tokens, not two)
+            if key != len(self._first):
+                return key
+        elif after is None:  # (the first page of tokens after p)
+            key = len(self._first)
+            self._tokens_after[p] = [key]
+        else:
+            for key in after:
+                if pages[key] == page:
+                    return key
+            key = len(self._first)
+            if len(after) < _UNFILED:
+                after.append(key)
+            else:  # (many pages of tokens after one prior: filed, hashed once each)
+                self._ids.update(((p, pages[k]), k) for k in after)
+                self._ids[(p, page)] = key
+                self._tokens_after[p] = _FILED
+        if key != p + 1:
+            self._heads[key] = p
+        self._first.append(-1)
+        pages[key] = page
+        return key
 
     def _new_key(self, prior: int, first: int) -> int:
         """A new key after ``prior``, a run page from ``first``: ``_ids`` keeps its code unless it is ``prior``'s + 1
