@@ -106,9 +106,10 @@ class StorageMoves:
     def _host_backup_acked(self, op_id: int) -> None:
         """A host copy acknowledged: if :meth:`_note_host_backup` noted it (only with a storage tier), on to
         storage."""
-        entry = self._storage_backups.pop(op_id, None)
-        if entry is not None:
-            self.write_backup_storage(*entry)
+        if self.storage_controller is not None:  # (the host tier alone: no lookup per ack)
+            entry = self._storage_backups.pop(op_id, None)
+            if entry is not None:
+                self.write_backup_storage(*entry)
 
     def write_backup_storage(self, node: HiTreeNode, backup_len: int | None = None) -> None:
         """Back ``node``'s pages up to storage (the chain it was split into since, when it was; the node stays
