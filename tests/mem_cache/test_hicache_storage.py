@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from kvlab.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from kvlab.mem_cache.hicache import HiRadixCache, HostKVCache
-from kvlab.mem_cache.hicache.storage import HiCacheStorage, get_hash_str
+from kvlab.mem_cache.hicache.storage import HiCacheStorage, RecencyLog, get_hash_str
 
 PS = 4
 BYTES_PER_TOKEN = 16
@@ -95,6 +95,24 @@ def test_interned_keys_are_equal_exactly_when_their_hex_is():
     assert len(set(by_hex.values())) == len(by_hex)
 
 
+def test_pages_of_tokens_after_one_prior_keep_their_keys_past_the_first_few():
+    """Many pages of tokens after one prior (the first few found by comparing tokens, then filed by their code):
+    each keeps its key whenever chained again, before and after the filing, and each new one gets a new key whose
+    hex is ``get_hash_str``'s."""
+    rng = random.Random(5)
+    store = HiCacheStorage(PAGE_BYTES)
+    run = store.page_ids(list(range(PS)), None, PS)[0]
+    pages = [[rng.randrange(2**20) for _ in range(PS)] for _ in range(12)]
+    for prior, prior_hex in ((None, None), (run, get_hash_str(list(range(PS)), None, PS)[0])):
+        keys = []
+        for page in pages:
+            keys.append(store.page_ids(page, prior, PS)[0])
+            assert store.hex(keys[-1]) == get_hash_str(page, prior_hex, PS)[0]
+            assert [store.page_ids(q, prior, PS)[0] for q in pages[: len(keys)]] == keys
+        assert len(set(keys)) == len(keys)
+    store.check_invariants()
+
+
 def test_page_keys_chain_on_the_prefix():
     """A page's key names its whole prefix: the keys of a prefix are a prefix of the keys, and hashing on from the
     last key of a page-aligned part gives the rest (the prefetch's last_hash)."""
@@ -119,12 +137,42 @@ def test_unbounded_store_never_evicts_and_a_bounded_one_evicts_to_its_ratio():
 
 @pytest.mark.parametrize("capacity_pages", [None, 100])
 def test_a_store_lists_its_keys_least_recently_used_first(capacity_pages):
-    """Unbounded (a dict) or bounded (evicting by it): a key set or read again moves to the end, in a batch too,
-    and a key given twice in one batch ends where its last copy is."""
+    """Unbounded (a RecencyLog) or bounded (evicting by it): a key set or read again moves to the end, in a batch
+    too, and a key given twice in one batch ends where its last copy is."""
     store = HiCacheStorage(PAGE_BYTES, capacity_pages and capacity_pages * PAGE_BYTES)
     assert store.batch_set(["a", "b", "c", "d"]) == 4 and store.get("b") and not store.get("z")
     assert store.set("a") and store.batch_set(["e", "c", "f", "e"]) == 4
     assert store.keys() == ["d", "b", "a", "c", "f", "e"] and store.exists("d") and len(store) == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["extend", "move", "set", "clear", "read"]),
+                              st.lists(st.integers(0, 12), max_size=40)), max_size=60))
+def test_a_recency_log_keeps_the_order_of_a_dict_refreshed_by_reinsertion(ops):
+    """RecencyLog (an unbounded store's keys) against the dict it stands for: a stored or refreshed key taken out
+    and put back at the end; membership, size and order equal after every operation, through its compactions."""
+    log, model = RecencyLog(), {}
+    for op, keys in ops:
+        if op == "extend":
+            log.extend(keys)
+            for k in keys:
+                model.pop(k, None)
+                model[k] = None
+        elif op in ("move", "set") and keys and (op == "set" or keys[0] in model):  # (move: a stored key)
+            if op == "move":
+                log.move_to_end(keys[0])
+            else:
+                log[keys[0]] = None
+            model.pop(keys[0], None)
+            model[keys[0]] = None
+        elif op == "clear":
+            log.clear()
+            model.clear()
+        elif op == "read":
+            assert list(log) == list(model)
+        assert len(log) == len(model) and all((k in log) == (k in model) for k in range(13))
+        log.check_invariants()
+    assert list(log) == list(model)
 
 
 @pytest.mark.parametrize("write_policy", ["write_through", "write_through_selective", "write_back"])

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from kvlab.errors import require
 
 _FIRSTS = 1 << 32  # an interned page of consecutive ids: its first id < 2^32
+_FILED = object()  # (_tokens_after: this prior's pages of tokens are filed in _ids)
+_UNFILED = 4  # pages of tokens after one prior found by comparing tokens, before they are filed by their code
 EVICTION_RATIO = 0.9  # LRUFileEvictor's default eviction_ratio (SGLANG_HICACHE_FILE_BACKEND_EVICTION_RATIO)
 
 
@@ -103,6 +105,60 @@ STORAGE_BACKENDS = tuple(STORAGE_PRESETS)
 PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")  # --hicache-storage-prefetch-policy
 
 
+class RecencyLog:
+    """An unbounded store's keys, least recently used first, refreshed in bulk at C speed: a set of the keys and
+    a log of every store and refresh in order, where a key's place is its last entry (the log is compacted to one
+    entry per key, in that order, when read or when it grows past twice the keys). The same order as a dict whose
+    refreshed key is taken out and put back at the end."""
+
+    __slots__ = ("_keys", "_log")
+
+    def __init__(self, keys: Sequence = ()):
+        self._keys: set = set()
+        self._log: list = []
+        self.extend(keys)
+
+    def __contains__(self, key) -> bool:
+        return key in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __iter__(self):
+        self._compact()
+        return iter(self._log)
+
+    def extend(self, keys: Sequence) -> None:
+        """Store or refresh ``keys`` in order: each becomes the most recently used (the last one most)."""
+        self._keys.update(keys)
+        log = self._log
+        log.extend(keys)
+        if len(log) > 2 * len(self._keys) + 64:
+            self._compact()
+
+    def __setitem__(self, key, _value: None) -> None:
+        self.extend((key,))
+
+    def move_to_end(self, key) -> None:
+        self.extend((key,))
+
+    def clear(self) -> None:
+        self._keys.clear()
+        self._log.clear()
+
+    def _compact(self) -> None:
+        """One entry per key, at its last place in the log."""
+        log = self._log
+        if len(log) > len(self._keys):
+            log.reverse()
+            log[:] = dict.fromkeys(log)
+            log.reverse()
+
+    def check_invariants(self) -> None:
+        require(self._keys.issubset(self._log) and len(set(self._log)) == len(self._keys),
+                "RecencyLog: the log holds exactly the stored keys", keys=len(self._keys), log=len(self._log))
+
+
 class HiCacheStorage:
     """The keys an L3 backend holds, with ``HiCacheFile``'s capacity rule (its LRU evictor).
 
@@ -118,18 +174,22 @@ class HiCacheStorage:
         self.page_bytes = page_bytes
         self.capacity_bytes = capacity_bytes or None
         self.eviction_ratio = eviction_ratio
-        # key -> None, least recently used first; an unbounded store evicts nothing: a dict (a key refreshed is
-        # taken out and put back at the end)
-        self._lru: dict[int | str, None] = OrderedDict() if self.capacity_bytes is not None else {}
+        # the stored keys, least recently used first: a bounded store's an OrderedDict (key -> None), an unbounded
+        # one's (it evicts nothing: only ``keys`` reads the order) a RecencyLog, refreshed in bulk
+        self._lru: OrderedDict[int | str, None] | RecencyLog = (
+            OrderedDict() if self.capacity_bytes is not None else RecencyLog())
         self.evicted_pages = 0
         self.refused_pages = 0
-        # keys are 0, 1, ...: key -> the key before it (-1: none) and, for a page of ``_run_len`` (the first page's
-        # length) consecutive ids in [0, 2^32), its first id (any other page: -1, its tokens in ``_pages``). A run
-        # page whose key is its prior's + 1 (every page of a chain made at once) is found by these two alone;
-        # ``_ids`` holds the others by their code: after the key ``prior``, a run page from ``first`` is the int
-        # (prior + 1) * 2^32 + first, any other page (prior, the tuple of its tokens)
-        self._prior, self._first = array("q"), array("q")
+        # keys are 0, 1, ...: key -> the key before it (``_heads``: the keys whose prior is not key - 1, -1: none;
+        # every page of a chain made at once but its first has key - 1) and, for a page of ``_run_len`` (the first
+        # page's length) consecutive ids in [0, 2^32), its first id (any other page: -1, its tokens in ``_pages``).
+        # A run page whose key is its prior's + 1 is found by these two alone; ``_ids`` holds the others by their
+        # code: after the key ``prior``, a run page from ``first`` is the int (prior + 1) * 2^32 + first, any other
+        # page (prior, the tuple of its tokens), filed only past the first few after its prior (``_tokens_key``)
+        self._heads: dict[int, int] = {}
+        self._first = array("q")
         self._pages: dict[int, tuple] = {}
+        self._tokens_after: dict[int, list | object] = {}  # prior -> keys of pages of tokens after it (_tokens_key)
         self._ids: dict[int | tuple, int] = {}
         self._run_len: int | None = None
         self._digests: dict[int, bytes] = {}  # key -> its SHA-256 digest, once asked for
@@ -170,22 +230,21 @@ class HiCacheStorage:
             self._run_len = n
         if not (n == self._run_len and firsts and min(firsts) >= 0 and max(firsts) + n <= _FIRSTS):
             return self._chain_pages(firsts, p, n, page_of)
-        prior_of, first_of, get, out = self._prior, self._first, self._ids.get, []
-        count, append = len(prior_of), out.append  # (every page a run page)
+        heads, first_of, get, out = self._heads, self._first, self._ids.get, []
+        count, append = len(first_of), out.append  # (every page a run page)
         for first in firsts:
             k = p + 1
-            if k < count and first_of[k] == first and prior_of[k] == p:
+            if k < count and first_of[k] == first and k not in heads:  # (k's prior: k - 1 = p)
                 p = k
             else:
                 key = get(k * _FIRSTS + first)
                 if key is None:  # new, and so is every page after it (no code has a brand-new key as prior)
                     if k != count:  # (as _new_key: only the first new key may be other than its prior's + 1)
                         self._ids[k * _FIRSTS + first] = count
-                    rest = firsts[len(out) :]
-                    prior_of.append(p)
-                    prior_of.extend(range(count, count + len(rest) - 1))
-                    first_of.extend(rest)
-                    out.extend(range(count, count + len(rest)))
+                        heads[count] = p
+                    first_of.extend(firsts[len(out) :])
+                    rest = len(firsts) - len(out)
+                    out.extend(range(count, count + rest))
                     return out
                 p = key
             append(p)
@@ -193,11 +252,11 @@ class HiCacheStorage:
 
     def _chain_pages(self, firsts: Sequence[int], p: int, n: int, page_of) -> list[int]:
         """:meth:`chain` page by page (a page not a run, or of another length than the first's), after ``p``."""
-        out, prior_of, first_of = [], self._prior, self._first
+        out, first_of = [], self._first
         for first in firsts:
             if n == self._run_len and 0 <= first and first + n <= _FIRSTS:
                 k = p + 1
-                if k < len(prior_of) and first_of[k] == first and prior_of[k] == p:
+                if k < len(first_of) and first_of[k] == first and k not in self._heads:
                     key = k
                 else:
                     key = self._ids.get(k * _FIRSTS + first)
@@ -205,33 +264,57 @@ class HiCacheStorage:
                         key = self._new_key(p, first)
             else:
                 page = page_of(first)
-                code = (p, page if type(page) is tuple else tuple(page))
-                key = self._ids.get(code)
-                if key is None:
-                    key = self._ids[code] = len(prior_of)
-                    prior_of.append(p)
-                    first_of.append(-1)
-                    self._pages[key] = code[1]
+                key = self._tokens_key(p, page if type(page) is tuple else tuple(page))
             out.append(key)
             p = key
         return out
 
+    def _tokens_key(self, p: int, page: tuple) -> int:
+        """The key of the page of tokens ``page`` after the key ``p``, made if new. The first few such pages after a
+        prior are kept unfiled (``_tokens_after``: their keys, found by comparing tokens, which stops at the first
+        that differs), more are filed in ``_ids`` by their code: so a page of tokens alone after its prior (most: a
+        decode's output) never has its tokens hashed."""
+        pages, after = self._pages, self._tokens_after.get(p)
+        if after is _FILED:
+            key = self._ids.setdefault((p, page), len(self._first))  # (one hash of the page's tokens, not two)
+            if key != len(self._first):
+                return key
+        elif after is None:  # (the first page of tokens after p)
+            key = len(self._first)
+            self._tokens_after[p] = [key]
+        else:
+            for key in after:
+                if pages[key] == page:
+                    return key
+            key = len(self._first)
+            if len(after) < _UNFILED:
+                after.append(key)
+            else:  # (many pages of tokens after one prior: filed, hashed once each)
+                self._ids.update(((p, pages[k]), k) for k in after)
+                self._ids[(p, page)] = key
+                self._tokens_after[p] = _FILED
+        if key != p + 1:
+            self._heads[key] = p
+        self._first.append(-1)
+        pages[key] = page
+        return key
+
     def _new_key(self, prior: int, first: int) -> int:
         """A new key after ``prior``, a run page from ``first``: ``_ids`` keeps its code unless it is ``prior``'s + 1
         (found without it)."""
-        key = len(self._prior)
-        self._prior.append(prior)
+        key = len(self._first)
         self._first.append(first)
         if key != prior + 1:
+            self._heads[key] = prior
             self._ids[(prior + 1) * _FIRSTS + first] = key
         return key
 
     def _prior_and_bytes(self, key: int) -> tuple[int, bytes]:
         """The key before ``key`` (-1: none) and ``key``'s page as ``get_hash_str`` hashes it."""
-        first = self._first[key]
+        first, prior = self._first[key], self._heads.get(key, key - 1)
         if first < 0:
-            return self._prior[key], page_bytes(self._pages[key])
-        return self._prior[key], array("I", range(first, first + self._run_len)).tobytes()
+            return prior, page_bytes(self._pages[key])
+        return prior, array("I", range(first, first + self._run_len)).tobytes()
 
     def hex(self, key: int) -> str:
         """``key``'s SHA-256 hex, as :func:`get_hash_str` chains it (computed down from the nearest known digest)."""
@@ -255,7 +338,8 @@ class HiCacheStorage:
             if interned or all(type(k) is int for k in keys):
                 return keys
             self._named = True  # (a string key: from now on every key is kept as its hex)
-            self._lru = type(self._lru)((self.hex(k) if type(k) is int else k, None) for k in self._lru)
+            named = [self.hex(k) if type(k) is int else k for k in self._lru]
+            self._lru = OrderedDict.fromkeys(named) if self.bounded else RecencyLog(named)
         return [self.hex(k) if type(k) is int else k for k in keys]
 
     # -- HiCacheFile's operations --------------------------------------------------------------------
@@ -282,11 +366,7 @@ class HiCacheStorage:
 
     def _refresh(self, key: int | str) -> None:
         """``key`` (stored) becomes the most recently used."""
-        if self.capacity_bytes is None:
-            del self._lru[key]
-            self._lru[key] = None
-        else:
-            self._lru.move_to_end(key)
+        self._lru.move_to_end(key)
 
     def set(self, key: int | str) -> bool:
         """Store ``key`` (``HiCacheFile.set``): a stored key is refreshed; a new one may first evict LRU keys (a
@@ -317,12 +397,8 @@ class HiCacheStorage:
         stored (``interned``: all of them keys this store interned)."""
         if self._named or not interned:
             keys = self._named_keys(keys, interned)
-        lru = self._lru
-        if self.capacity_bytes is None:  # (unbounded, a dict: each key is refreshed or added, none refused)
-            for key in keys:
-                if key in lru:
-                    del lru[key]
-                lru[key] = None
+        if self.capacity_bytes is None:  # (unbounded: each key is refreshed or added, none refused)
+            self._lru.extend(keys)
             return len(keys)
         for i, key in enumerate(keys):
             if not self.set(key):
@@ -334,11 +410,14 @@ class HiCacheStorage:
         self._lru.clear()
 
     def check_invariants(self) -> None:
-        require(len(self._prior) == len(self._first) >= len(self._ids), "HiCacheStorage: each interned key has its "
-                "prior and first id, and at most one code", keys=len(self._prior), codes=len(self._ids))
+        require(len(self._first) >= len(self._ids) and all(-1 <= p < k - 1 for k, p in self._heads.items()),
+                "HiCacheStorage: each interned key has its first id and at most one code, a prior before it",
+                keys=len(self._first), codes=len(self._ids), heads=len(self._heads))
         require(self.capacity_bytes is None or self.used_bytes() <= self.capacity_bytes,
                 "HiCacheStorage: a bounded store holds at most its capacity", used=self.used_bytes(),
                 capacity=self.capacity_bytes)
+        if not self.bounded:
+            self._lru.check_invariants()
 
 
 def storage_capacity_bytes(backend: str, capacity_gb: float | None) -> int | None:

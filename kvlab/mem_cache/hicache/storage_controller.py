@@ -154,14 +154,13 @@ class StorageController:
         """Query storage for ``token_ids`` (``prefetch_thread_func``). None: revoked, too small a hit. Else the
         operation, its host slots taken by :meth:`allocate` once the query's ``latency_s`` has passed (at the
         scheduler's next ``check_hicache_events``: a request scheduled before then gets nothing from it)."""
-        op = PrefetchOperation(request_id, token_ids, last_hash, self.now_s, page_size=self.page_size)
         hash_value, hit = self.storage_hit_query(token_ids, last_hash)
         self.totals.prefetches += 1
         self.totals.storage_hit_tokens += hit
         if hit < self.prefetch_threshold or not hit:  # (a threshold of 0: nothing found is nothing to read)
             self.totals.revoked += 1
             return None
-        op.hash_value, op.storage_hit_count = hash_value, hit
+        op = PrefetchOperation(request_id, token_ids, last_hash, self.now_s, hash_value, hit, page_size=self.page_size)
         op.alloc_due_s = self.now_s + self.latency_s
         return op
 
@@ -230,9 +229,11 @@ class StorageController:
         self.backup_queue.append(op)
         return op
 
-    def poll_backups(self) -> list[BackupOperation]:
-        """The backups landed by now (keys stored, in FIFO order): the tree releases their nodes."""
-        now, queue, done = self.now_s, self.backup_queue, []
+    def poll_backups(self, now: float | None = None) -> list[BackupOperation]:
+        """The backups landed by now (keys stored, in FIFO order): the tree releases their nodes. ``now``: the
+        clock's time, when the caller has it."""
+        now = self.now_s if now is None else now
+        queue, done = self.backup_queue, []
         batch_set, stored = self.storage.batch_set, 0
         while queue and queue[0].finish_s - FINISH_TOLERANCE_S <= now:
             op = queue.pop(0)

@@ -80,6 +80,11 @@ class StorageMoves:
         keys, root = node.hash_value, self.root_node
         if keys is not None and node is not root:  # (most calls: computed already)
             return keys
+        parent = node.parent
+        if node is not root and (parent is root or parent.hash_value is not None):  # (most others: one node to hash)
+            keys = node.hash_value = self.storage_controller.hash_keys(
+                node.key, None if parent is root else parent.hash_value[-1])
+            return keys
         chain = []
         while node is not root and node.hash_value is None:
             chain.append(node)
@@ -99,7 +104,9 @@ class StorageMoves:
             self._storage_backups[op_id] = (node, len(node.key))
 
     def _host_backup_acked(self, op_id: int) -> None:
-        if self.storage_controller is not None:
+        """A host copy acknowledged: if :meth:`_note_host_backup` noted it (only with a storage tier), on to
+        storage."""
+        if self.storage_controller is not None:  # (the host tier alone: no lookup per ack)
             entry = self._storage_backups.pop(op_id, None)
             if entry is not None:
                 self.write_backup_storage(*entry)
@@ -129,16 +136,16 @@ class StorageMoves:
         answered take their host slots (or are revoked for want of room). Called once ``_storage_due_s`` has come
         (``poll`` checks; most steps: no backup landed and no prefetch's slots are due)."""
         ctl, awaiting, tol = self.storage_controller, self._awaiting_slots, FINISH_TOLERANCE_S
-        now = ctl.now_s
-        if ctl.backup_queue and ctl.backup_queue[0].finish_s - tol <= now:
-            for op in ctl.poll_backups():
+        now, queue = self.cache_controller.now_s, ctl.backup_queue  # (ctl.now_s: the host controller's)
+        if queue and queue[0].finish_s - tol <= now:
+            for op in ctl.poll_backups(now):
                 op.node.release_host()
-        for req_id, op in list(awaiting.items()) if awaiting else ():
-            if op.alloc_due_s - tol <= now:
-                if not ctl.allocate(op, self.evict_host_tokens):
-                    self._revoke_pending_prefetch(req_id)
-                awaiting.pop(req_id, None)
-        queue = ctl.backup_queue
+        if awaiting:  # (most polls: no prefetch waits for its slots)
+            for req_id, op in list(awaiting.items()):
+                if op.alloc_due_s - tol <= now:
+                    if not ctl.allocate(op, self.evict_host_tokens):
+                        self._revoke_pending_prefetch(req_id)
+                    awaiting.pop(req_id, None)
         due = queue[0].finish_s - tol if queue else math.inf  # (the next backup to land, or prefetch's slots due)
         for op in awaiting.values():
             if op.alloc_due_s - tol < due:
