@@ -113,6 +113,28 @@ def test_pages_of_tokens_after_one_prior_keep_their_keys_past_the_first_few():
     store.check_invariants()
 
 
+@pytest.mark.parametrize("ranged", [True, False])
+def test_a_storage_query_keys_no_page_past_the_first_never_interned(ranged):
+    """A prefetch's hit query (``known``) keys the pages up to the first this store never interned, which no store
+    of its keys holds: the same keys as the full chain's up to there, the same hit count, and nothing interned by
+    it (keying the pages afterwards gives the keys they would have had). Pages of consecutive ids are found by
+    their first id; other pages (``ranged`` False) are interned as without ``known``."""
+    rng = random.Random(7)
+    pages = [list(range(PS * i, PS * i + PS)) if ranged else [rng.randrange(1, 2**20) for _ in range(PS)]
+             for i in range(6)]
+    tokens = [t for page in pages for t in page]
+    store, full = HiCacheStorage(PAGE_BYTES), HiCacheStorage(PAGE_BYTES)
+    stored = store.page_ids(tokens[: 3 * PS], None, PS)
+    store.batch_set(stored[:2])
+    full.batch_set(full.page_ids(tokens[: 2 * PS], None, PS))
+    query = store.page_ids(tokens, None, PS, known=True)
+    everything = full.page_ids(tokens, None, PS)
+    assert query == (stored if ranged else store.page_ids(tokens, None, PS))
+    assert store.batch_exists(query, interned=True) == full.batch_exists(everything, interned=True) == 2
+    assert [store.hex(k) for k in store.page_ids(tokens, None, PS)] == get_hash_str(tokens, None, PS)
+    store.check_invariants()
+
+
 def test_page_keys_chain_on_the_prefix():
     """A page's key names its whole prefix: the keys of a prefix are a prefix of the keys, and hashing on from the
     last key of a page-aligned part gives the rest (the prefetch's last_hash)."""

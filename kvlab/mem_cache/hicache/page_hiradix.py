@@ -81,11 +81,11 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         self.attach_storage(storage, **options)
         self.storage_controller.hash_keys = self.hash_pages
 
-    def hash_pages(self, ids, prior: int | None = None) -> list[int]:
+    def hash_pages(self, ids, prior: int | None = None, known: bool = False) -> list[int]:
         """The store's keys of the pages ``ids`` chained from the key ``prior`` (``get_hash_str``'s chain, interned,
         as ``HiCacheStorage.page_ids`` has their tokens): a page of consecutive ids (id >= 0) by its id, any other
         by its tokens."""
-        return self.storage_controller.storage.chain(ids, prior, self.page_size, self.page_keys.page)
+        return self.storage_controller.storage.chain(ids, prior, self.page_size, self.page_keys.page, known)
 
     def _key_of(self, key: array, off: int = 0):
         return key[off]

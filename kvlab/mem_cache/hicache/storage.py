@@ -210,21 +210,28 @@ class HiCacheStorage:
         return [self.hex(k) if type(k) is int else k for k in self._lru]
 
     # -- interned keys -------------------------------------------------------------------------------
-    def page_ids(self, token_ids: Sequence[int], prior: int | None = None, page_size: int = 1) -> list[int]:
+    def page_ids(self, token_ids: Sequence[int], prior: int | None = None, page_size: int = 1,
+                 known: bool = False) -> list[int]:
         """The interned keys of ``token_ids``' pages (the last may be partial) chained from the key ``prior``:
-        :func:`get_hash_str`'s chain, unhashed (:meth:`hex` gives each one's hex)."""
+        :func:`get_hash_str`'s chain, unhashed (:meth:`hex` gives each one's hex). ``known``: as :meth:`chain`'s."""
         out = []
         for start in range(0, len(token_ids), page_size):
             page = tuple(token_ids[start : start + page_size])
             first, n = page[0], len(page)
             ranged = page[-1] - first == n - 1 and page == tuple(range(first, first + n))
-            prior = self.chain((first if ranged else -1,), prior, n, lambda _, page=page: page)[0]
+            key = self.chain((first if ranged else -1,), prior, n, lambda _, page=page: page, known)
+            if not key:
+                break
+            prior = key[0]
             out.append(prior)
         return out
 
-    def chain(self, firsts: Sequence[int], prior: int | None, n: int, page_of) -> list[int]:
+    def chain(self, firsts: Sequence[int], prior: int | None, n: int, page_of, known: bool = False) -> list[int]:
         """The keys of pages of ``n`` tokens each, chained from the key ``prior``: a page of consecutive ids is
-        given by its first (>= 0), any other by -1 and ``page_of(first)``, the tuple of its tokens."""
+        given by its first (>= 0), any other by -1 and ``page_of(first)``, the tuple of its tokens. ``known`` (a
+        storage query): the keys up to the first page of consecutive ids this store has not interned, which no
+        store of interned keys holds, and so neither does any page after it (the query needs no more; a store
+        that was given keys as strings interns them all, as without ``known``)."""
         p = -1 if prior is None else prior
         if self._run_len is None:
             self._run_len = n
@@ -239,6 +246,8 @@ class HiCacheStorage:
             else:
                 key = get(k * _FIRSTS + first)
                 if key is None:  # new, and so is every page after it (no code has a brand-new key as prior)
+                    if known and not self._named:
+                        return out
                     if k != count:  # (as _new_key: only the first new key may be other than its prior's + 1)
                         self._ids[k * _FIRSTS + first] = count
                         heads[count] = p

@@ -134,10 +134,11 @@ class StorageController:
     def _page_seconds(self, bytes_per_s: float) -> float:
         return 0.0 if math.isinf(bytes_per_s) else self.storage.page_bytes / bytes_per_s
 
-    def page_ids(self, token_ids, prior: int | None = None) -> list[int]:
+    def page_ids(self, token_ids, prior: int | None = None, known: bool = False) -> list[int]:
         """The store's interned keys of the pages of ``token_ids`` after the key ``prior``
-        (:meth:`HiCacheStorage.page_ids`: ``get_hash_str``'s chain, its hex on demand)."""
-        return self.storage.page_ids(token_ids, prior, self.page_size)
+        (:meth:`HiCacheStorage.page_ids`: ``get_hash_str``'s chain, its hex on demand; ``known``: up to the first
+        not interned, :meth:`HiCacheStorage.chain`'s)."""
+        return self.storage.page_ids(token_ids, prior, self.page_size, known)
 
     # -- prefetch (storage -> host) -------------------------------------------------------------------
     def prefetch_rate_limited(self) -> bool:
@@ -145,8 +146,8 @@ class StorageController:
 
     def storage_hit_query(self, token_ids, last_hash: int | None) -> tuple[list[int], int]:
         """``_storage_hit_query``: the keys of the pages of ``token_ids`` present in storage consecutively from the
-        first, and their tokens."""
-        keys = self.hash_keys(token_ids, last_hash)
+        first, and their tokens (the pages past the first key never interned are not keyed: no store holds them)."""
+        keys = self.hash_keys(token_ids, last_hash, True)
         hit = self.storage.batch_exists(keys, interned=True)
         return keys[:hit], hit * self.page_size
 
