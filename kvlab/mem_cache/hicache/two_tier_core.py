@@ -104,8 +104,8 @@ class TwoTierCore:
         """The match walk of ``key[:n]`` (n > 0, whole pages): (the deepest node matched on either tier, the length
         matched). A clock read for the root and each node, the node's heap entries refreshed; the node the key ends
         inside is split. ``values``: a list that collects the device values of the path, top down."""
-        node = self.root_node
-        node.last_access_time = self.clock.tick()
+        node, clock = self.root_node, self.clock
+        node.last_access_time = clock.now = clock.now + 1  # (LogicalClock.tick, inlined)
         off, key_of = 0, self._key_of
         while off < n:
             child = node.children.get(key_of(key, off))
@@ -122,8 +122,10 @@ class TwoTierCore:
     def _visit(self, child: HiTreeNode, key, off: int, n: int) -> tuple[HiTreeNode, int, bool]:
         """A walk's step onto ``child`` (match and insert alike): a clock read, its heap entries refreshed (its sort
         key changed), and its key compared with ``key[off:n]``: ``(child, its length, True)`` when the key holds it
-        whole, else ``(the upper half of its split at the common prefix, that length, False)``."""
-        child.last_access_time = self.clock.tick()
+        whole, else ``(the upper half of its split at the common prefix, that length, False)``. A key one unit long
+        is held whole unread: the child was looked up by that unit (``_key_of``, a token or a page id)."""
+        clock = self.clock
+        child.last_access_time = clock.now = clock.now + 1  # (LogicalClock.tick, inlined)
         dev = self.leaf_index
         if child in dev.leaves:  # (_touch, inlined: a leaf of one tier at most)
             dev.push(child)
@@ -131,7 +133,7 @@ class TwoTierCore:
             self.host_leaf_index.push(child)
         ckey = child.key
         m = len(ckey)
-        if off + m > n or ckey != key[off : off + m]:
+        if m != 1 and (off + m > n or ckey != key[off : off + m]):
             m = self._split_len(ckey, key, off, n)
             return self._split_node(child, m), m, False
         return child, m, True
