@@ -96,7 +96,10 @@ class TwoTierCore:
         return n
 
     def _new_node(self, key, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
-        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
+        node_id = self._next_id  # (TreeCore._register_node, inlined: a node is made per new leaf and per split)
+        self._next_id = node_id + 1
+        self.structure_version += 1
+        return HiTreeNode(key, value, parent, self.clock, node_id, priority)
 
     # -- the walks: each tree's key lookup (``_key_of``), split length (``_split_len``) and device values
     # (``_device_value``); the rest, op for op 0.5.16's ``_match_prefix_helper`` / ``_insert_helper`` ----------------
@@ -216,8 +219,10 @@ class TwoTierCore:
         parent.children[self._key_of(leaf.key)] = leaf
         self.evictable_size_ += len(key)
         self.leaf_index.leaves.pop(parent, None)  # (_update_leaf_status: a child of it is on the device now)
-        if count_hits:  # (before the leaf is filed: it gets one heap entry, with its hit, unless a backup locks it)
-            self._inc_hit_count(leaf, False)
+        if count_hits:  # (before the leaf is filed: it gets one heap entry, with its hit, unless a backup locks it;
+            leaf.hit_count = 1  # _inc_hit_count, inlined: a new node has no hit, no heap entry and no host copy)
+            if self.write_through_threshold <= 1:
+                self.write_backup(leaf)
         if not leaf.lock_ref:  # (_update_leaf_status: on the device and childless, a leaf unless locked)
             self.leaf_index.push(leaf)
         return leaf
