@@ -50,7 +50,10 @@ class TwoTierCore:
         and then for each node of the path, top down (:meth:`match_walk`), so the clock moves ``times`` times the path
         length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
         a fresh heap entry (once: the earlier walks' entries would be stale). Walked bottom up with the times the
-        walk's reads gave (the depth first): most paths are a node or two, so no path list is made."""
+        walk's reads gave (the depth first): most paths are a node or two, so no path list is made. Only ``node`` may
+        be a leaf of either tier: an ancestor whose path child is on the device is a leaf of neither (it has a child
+        on the device, and is on the device), and one whose path child is host-only (a host copy: every node is on a
+        tier) is no host leaf."""
         root, depth, x = self.root_node, 0, node
         while x is not root:
             depth += 1
@@ -58,16 +61,22 @@ class TwoTierCore:
         clock = self.clock
         now = clock.now = clock.now + times * (depth + 1)  # the last walk's read of ``node``
         root.last_access_time = now - depth
-        dev, host = self.leaf_index, self.host_leaf_index
-        dev_leaves, host_leaves = dev.leaves, host.leaves
+        if not depth:  # (the walk matched nothing)
+            return
+        dev = self.leaf_index
+        dev_leaves = dev.leaves
+        node.last_access_time = now
+        if node in dev_leaves:  # (_touch, inlined: a leaf of one tier at most)
+            dev.push(node)
+        elif node in self.host_leaf_index.leaves:
+            self.host_leaf_index.push(node)
+        below, node = node.value, node.parent
         while node is not root:  # (the heap pushes' order reads nothing: the sort key ends in the node's id)
-            node.last_access_time = now
             now -= 1
-            if node in dev_leaves:  # (_touch, inlined: a leaf of one tier at most)
+            node.last_access_time = now
+            if below is None and node in dev_leaves:
                 dev.push(node)
-            elif node in host_leaves:
-                host.push(node)
-            node = node.parent
+            below, node = node.value, node.parent
 
     def _host_backup_acked(self, op_id: int) -> None:
         """A host copy landed: the storage tier's hook (storage_moves: on to storage); nothing without one."""
