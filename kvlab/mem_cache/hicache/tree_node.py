@@ -32,15 +32,7 @@ class HiTreeNode(NodeCore):
         # twice, inlined: a node is made per insert's new leaf and per split)
         t = clock.now + 1
         clock.now = t + 1
-        self.children = {}  # (NodeCore.__init__'s fields, inlined: no second frame per node)
-        self.key = key
-        self.last_access_time = t
-        self.priority = priority
-        self.hit_count = 0
-        self.parent = parent
-        self.lock_ref = 0
-        self.creation_time = t + 1
-        self.id = node_id
+        NodeCore.__init__(self, key, parent, t, t + 1, node_id, priority)  # (no super object to make)
         self.value = value
         self.host_value: torch.Tensor | None = None
         self.host_ref_counter = 0
