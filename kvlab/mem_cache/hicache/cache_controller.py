@@ -145,10 +145,14 @@ class HiCacheController:
         """Issue a copy of direction ``d`` between ``host`` and ``device`` slots on its channel (FIFO: it starts
         when issued or when the channel's last copy finishes, whichever is later), counted in :attr:`totals`; None
         (a refusal counted, nothing issued) when the pool it takes from was short (its slots None)."""
-        totals = vars(self.totals)
         if host is None or device is None:
-            totals[d.failures] += 1
+            vars(self.totals)[d.failures] += 1
             return None
+        return self._issue(d, host, device, node_id)
+
+    def _issue(self, d: Direction, host, device, node_id: int) -> CacheOperation:
+        """:meth:`_issue_counted` once both pools gave their slots: the copy queued on its channel and counted."""
+        totals = vars(self.totals)
         queue = getattr(self, d.queue)
         start = self.now_s
         if queue and queue[-1].finish_s > start:

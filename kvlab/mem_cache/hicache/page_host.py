@@ -79,9 +79,14 @@ class PageHiController(HiCacheController):
 
     def write(self, tokens: int, node_id: int) -> bool:
         """Back ``tokens`` up to fresh host pages; False (nothing issued) when the host pool is short."""
+        pool, pages = self.mem_pool_host, tokens // self.page_size
+        if pages > pool.free_pages:  # (PageHostPool.take and _issue_counted's refusal, inlined: half the backups of a
+            self.totals.write_failures += 1  # full pool are refused first, then retried after a host eviction)
+            return False
+        pool.free_pages -= pages
         slots = range(tokens)  # (a copy's indices, on both sides)
-        return self._issue_counted(WRITE, slots, slots if self.mem_pool_host.take(tokens // self.page_size) else None,
-                                   node_id) is not None
+        self._issue(WRITE, slots, slots, node_id)
+        return True
 
     def load(self, tokens: int, node_id: int) -> bool:
         """Load ``tokens`` into fresh device pages; False (nothing issued) when the device pool is short."""

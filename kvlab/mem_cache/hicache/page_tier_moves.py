@@ -22,6 +22,8 @@ class PageTierMoves(TwoTierMoves):
 
     cache_controller: PageHiController
     page_size: int
+    allocator: object  # the device pool's free pages (the controller's ``mem_pool_device_allocator``)
+    host_pool: object  # the host pool (the controller's ``mem_pool_host``, a PageHostPool)
     write_policy: str
     load_back_threshold: int
     load_back_evict_mode: str
@@ -35,10 +37,10 @@ class PageTierMoves(TwoTierMoves):
         return True if self.cache_controller.write(len(node.key) * self.page_size, node.id) else None
 
     def _free_device(self, node: HiTreeNode, value: bool) -> None:
-        self.cache_controller.evict_device(len(node.key) * self.page_size)
+        self.allocator.free += len(node.key)  # (PageHiController.evict_device in pages: its device pool's free count)
 
     def _free_host(self, node: HiTreeNode) -> None:
-        self.cache_controller.evict_host(len(node.key) * self.page_size)
+        self.host_pool.free_pages += len(node.key)  # (PageHiController.evict_host in pages: its host pool)
 
     # -- device eviction (TwoTierMoves._evict_leaves) ----------------------------------------------------------------
     def evict(self, pages: int) -> int:

@@ -50,7 +50,10 @@ class TwoTierCore:
         and then for each node of the path, top down (:meth:`match_walk`), so the clock moves ``times`` times the path
         length plus one and the path keeps the last walk's times; a node of the path that is a leaf of a tier gets
         a fresh heap entry (once: the earlier walks' entries would be stale). Walked bottom up with the times the
-        walk's reads gave (the depth first): most paths are a node or two, so no path list is made."""
+        walk's reads gave (the depth first): most paths are a node or two, so no path list is made. Only ``node`` may
+        be a leaf of either tier: an ancestor whose path child is on the device is a leaf of neither (it has a child
+        on the device, and is on the device), and one whose path child is host-only (a host copy: every node is on a
+        tier) is no host leaf."""
         root, depth, x = self.root_node, 0, node
         while x is not root:
             depth += 1
@@ -58,16 +61,22 @@ class TwoTierCore:
         clock = self.clock
         now = clock.now = clock.now + times * (depth + 1)  # the last walk's read of ``node``
         root.last_access_time = now - depth
-        dev, host = self.leaf_index, self.host_leaf_index
-        dev_leaves, host_leaves = dev.leaves, host.leaves
+        if not depth:  # (the walk matched nothing)
+            return
+        dev = self.leaf_index
+        dev_leaves = dev.leaves
+        node.last_access_time = now
+        if node in dev_leaves:  # (_touch, inlined: a leaf of one tier at most)
+            dev.push(node)
+        elif node in self.host_leaf_index.leaves:
+            self.host_leaf_index.push(node)
+        below, node = node.value, node.parent
         while node is not root:  # (the heap pushes' order reads nothing: the sort key ends in the node's id)
-            node.last_access_time = now
             now -= 1
-            if node in dev_leaves:  # (_touch, inlined: a leaf of one tier at most)
+            node.last_access_time = now
+            if below is None and node in dev_leaves:
                 dev.push(node)
-            elif node in host_leaves:
-                host.push(node)
-            node = node.parent
+            below, node = node.value, node.parent
 
     def _host_backup_acked(self, op_id: int) -> None:
         """A host copy landed: the storage tier's hook (storage_moves: on to storage); nothing without one."""
@@ -96,7 +105,10 @@ class TwoTierCore:
         return n
 
     def _new_node(self, key, value, parent: HiTreeNode | None, priority: int = 0) -> HiTreeNode:
-        return HiTreeNode(key, value, parent, self.clock, self._register_node(), priority)
+        node_id = self._next_id  # (TreeCore._register_node, inlined: a node is made per new leaf and per split)
+        self._next_id = node_id + 1
+        self.structure_version += 1
+        return HiTreeNode(key, value, parent, self.clock, node_id, priority)
 
     # -- the walks: each tree's key lookup (``_key_of``), split length (``_split_len``) and device values
     # (``_device_value``); the rest, op for op 0.5.16's ``_match_prefix_helper`` / ``_insert_helper`` ----------------
@@ -104,8 +116,8 @@ class TwoTierCore:
         """The match walk of ``key[:n]`` (n > 0, whole pages): (the deepest node matched on either tier, the length
         matched). A clock read for the root and each node, the node's heap entries refreshed; the node the key ends
         inside is split. ``values``: a list that collects the device values of the path, top down."""
-        node = self.root_node
-        node.last_access_time = self.clock.tick()
+        node, clock = self.root_node, self.clock
+        node.last_access_time = clock.now = clock.now + 1  # (LogicalClock.tick, inlined)
         off, key_of = 0, self._key_of
         while off < n:
             child = node.children.get(key_of(key, off))
@@ -122,8 +134,10 @@ class TwoTierCore:
     def _visit(self, child: HiTreeNode, key, off: int, n: int) -> tuple[HiTreeNode, int, bool]:
         """A walk's step onto ``child`` (match and insert alike): a clock read, its heap entries refreshed (its sort
         key changed), and its key compared with ``key[off:n]``: ``(child, its length, True)`` when the key holds it
-        whole, else ``(the upper half of its split at the common prefix, that length, False)``."""
-        child.last_access_time = self.clock.tick()
+        whole, else ``(the upper half of its split at the common prefix, that length, False)``. A key one unit long
+        is held whole unread: the child was looked up by that unit (``_key_of``, a token or a page id)."""
+        clock = self.clock
+        child.last_access_time = clock.now = clock.now + 1  # (LogicalClock.tick, inlined)
         dev = self.leaf_index
         if child in dev.leaves:  # (_touch, inlined: a leaf of one tier at most)
             dev.push(child)
@@ -131,7 +145,7 @@ class TwoTierCore:
             self.host_leaf_index.push(child)
         ckey = child.key
         m = len(ckey)
-        if off + m > n or ckey != key[off : off + m]:
+        if m != 1 and (off + m > n or ckey != key[off : off + m]):
             m = self._split_len(ckey, key, off, n)
             return self._split_node(child, m), m, False
         return child, m, True
@@ -214,8 +228,10 @@ class TwoTierCore:
         parent.children[self._key_of(leaf.key)] = leaf
         self.evictable_size_ += len(key)
         self.leaf_index.leaves.pop(parent, None)  # (_update_leaf_status: a child of it is on the device now)
-        if count_hits:  # (before the leaf is filed: it gets one heap entry, with its hit, unless a backup locks it)
-            self._inc_hit_count(leaf, False)
+        if count_hits:  # (before the leaf is filed: it gets one heap entry, with its hit, unless a backup locks it;
+            leaf.hit_count = 1  # _inc_hit_count, inlined: a new node has no hit, no heap entry and no host copy)
+            if self.write_through_threshold <= 1:
+                self.write_backup(leaf)
         if not leaf.lock_ref:  # (_update_leaf_status: on the device and childless, a leaf unless locked)
             self.leaf_index.push(leaf)
         return leaf
