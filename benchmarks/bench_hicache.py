@@ -40,9 +40,16 @@ chain's new pages appended at once) and an unbounded store kept its order in a p
 tree's hot paths trimmed (restamp without a path list, leaf rules filing inline, one call per copy issued), the step
 hooks fused (the host tier opens and closes the loop's step, a step with no stall and no load is its compute, only a
 request whose arrival started a prefetch is asked whether it is done) and a match replay reading the tiers' ends from
-its memo: host + storage 1.67x / 1.59x, host tier alone 1.37x / 1.34x (--repeat 3, the 2 cores otherwise idle). The
-storage arm's 1.5x is still missed: what is left is spread over the backup lifecycle (a storage backup per host ack,
-~16 us of Python each across keys, channel, landing and protection), not one hot spot.
+its memo: host + storage 1.67x / 1.59x, host tier alone 1.37x / 1.34x (--repeat 3, the 2 cores otherwise idle). Then,
+with a step's traffic summed by map, a stale match replayed while the node it ended at stands (PageKV._walks_again:
+most are an arrival's match gone stale by admission), the unbounded store's order in a recency log, a storage query
+keying only interned pages and the two-tier walks, copies and nodes trimmed again: under pressure (--kv-pages 400
+--max-running 64) host + storage 1.45x / 1.49x, host tier alone 1.30x / 1.36x (main before: 1.51x / 1.55x and
+1.30x / 1.33x in the same session); at the default pool (2,000 pages, 16 running) host + storage 1.72x / 1.74x, host
+tier alone 1.34x / 1.43x (before: 1.72x / 1.66x, 1.39x / 1.43x). The storage arm's 1.5x is met under pressure and
+missed at the default pool, where the plain run is cheap (one match per request) and the storage arm pays each
+request's arrival match and prefetch, and a backup per host ack (keys, channel, landing, protection): spread over
+the storage model's per-request and per-node work, not one hot spot.
 """
 
 from __future__ import annotations
