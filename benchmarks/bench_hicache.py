@@ -41,7 +41,7 @@ tree's hot paths trimmed (restamp without a path list, leaf rules filing inline,
 hooks fused (the host tier opens and closes the loop's step, a step with no stall and no load is its compute, only a
 request whose arrival started a prefetch is asked whether it is done) and a match replay reading the tiers' ends from
 its memo: host + storage 1.67x / 1.59x, host tier alone 1.37x / 1.34x (--repeat 3, the 2 cores otherwise idle). Then,
-with a step's traffic summed by map, a stale match replayed while the node it ended at stands (PageKV._walks_again:
+with a step's traffic summed by map, a stale match replayed while the node it ended at stands (PageKV._current_memo:
 most are an arrival's match gone stale by admission), the unbounded store's order in a recency log, a storage query
 keying only interned pages and the two-tier walks, copies and nodes trimmed again: under pressure (--kv-pages 400
 --max-running 64) host + storage 1.45x / 1.49x, host tier alone 1.30x / 1.36x (main before: 1.51x / 1.55x and

@@ -154,14 +154,15 @@ class PageKV:
     # ---- prefill --------------------------------------------------------------------------------
     def match(self, req: SimReq) -> None:
         """``SchedulerKV.match`` in pages: the input capped one token short, whole pages; a repeated match with the
-        tree's structure unchanged is replayed (``restamp_path``)."""
+        tree's structure unchanged, or changed away from its walk (:meth:`_current_memo`), is replayed
+        (``restamp_path``)."""
         fill_len = len(req.prompt) + len(req.output_ids)
         tree, ps = self.tree, self.page_size
         memo = req.match_memo
         if self.hicache:
             return self._match_two_tiers(req, fill_len, memo)
-        if memo is not None and memo.fill_len == fill_len and (
-                memo.version == tree.structure_version or self._walks_again(req, memo, memo.prefix_len // ps)):
+        if memo is not None and memo.fill_len == fill_len and (  # (a stale memo made current, or walked again)
+                memo.version == tree.structure_version or (memo := self._current_memo(req, memo)) is not None):
             tree.restamp_path(memo.last_node)
             req.last_node = memo.last_node
             req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
@@ -176,28 +177,20 @@ class PageKV:
 
     def _match_two_tiers(self, req: SimReq, fill_len: int, memo: MatchMemo | None) -> None:
         """``SchedulerKV.match`` with a host tier: the device prefix, and the host hit below it with the node a
-        load-back ends at (``req.host``); a repeated match with the structure unchanged is replayed (a clock read per
-        node, ``restamp_path``; the tiers' ends, ``match_ends``)."""
+        load-back ends at (``req.host``); a repeated match with the structure unchanged, or changed away from its
+        walk (:meth:`_current_memo`), is replayed (a clock read per node, ``restamp_path``; the tiers' ends,
+        ``match_ends``)."""
         tree, ps = self.tree, self.page_size
         host = req.host
         if host is None:
             host = req.host = HostTierState()
-        if memo is not None and memo.fill_len == fill_len:
-            if memo.version == tree.structure_version:
-                tree.restamp_path(memo.last_node)
-                req.last_node, host.best_match_node, hit = memo.ends
-                host.hit_len = hit * ps
-                req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
-                return
-            pages = memo.prefix_len // ps + memo.ends[2]
-            if self._walks_again(req, memo, pages):  # (the tiers may have moved: their ends read again)
-                end = memo.last_node
-                tree.restamp_path(end)
-                ends = req.last_node, host.best_match_node, hit = tree.match_ends(end)
-                host.hit_len = hit * ps
-                req.prefix_len = req.cache_protected_len = req.kv_len = (pages - hit) * ps
-                req.match_memo = MatchMemo(tree.structure_version, fill_len, None, end, (pages - hit) * ps, ends)
-                return
+        if memo is not None and memo.fill_len == fill_len and (  # (a stale memo made current, or walked again)
+                memo.version == tree.structure_version or (memo := self._current_memo(req, memo)) is not None):
+            tree.restamp_path(memo.last_node)
+            req.last_node, host.best_match_node, hit = memo.ends
+            host.hit_len = hit * ps
+            req.prefix_len = req.cache_protected_len = req.kv_len = memo.prefix_len
+            return
         req.fill_ids = range(fill_len)
         cap = (fill_len - 1) // ps
         if not cap:
@@ -210,27 +203,32 @@ class PageKV:
         req.prefix_len = req.cache_protected_len = req.kv_len = (pages - hit) * ps
         req.match_memo = MatchMemo(tree.structure_version, fill_len, None, end, (pages - hit) * ps, ends)
 
-    def _walks_again(self, req: SimReq, memo: MatchMemo, pages: int) -> bool:
-        """Would the match walk ``memo`` records (``pages`` matched, ending at ``memo.last_node``) end there again,
-        though the tree's structure changed since? Yes when that node is still in the tree (it and each node above
-        it filed under its parent by its first page: none of them deleted; a split above it lengthens its path but
-        spells the same pages, and the walk would take both halves whole) and no child of it starts with the next
-        page (a node inserted there would lengthen the match, or be split by it). The walk's side effects are then
-        those of a replay (``restamp_path`` over the path as it is now). The memo of a match past a host-only node
-        records its tiers' ends, which a caller reads again (``match_ends``): a node may have moved tier since."""
-        end, root = memo.last_node, self.tree.root_node
-        cap = (memo.fill_len - 1) // self.page_size
+    def _current_memo(self, req: SimReq, memo: MatchMemo) -> MatchMemo | None:
+        """A stale memo (the tree's structure changed since its walk) made current, or None when the walk must be
+        made again. The walk would end at the same node (``memo.last_node``) when that node is still in the tree
+        (it and each node above it filed under its parent by its first page: none of them deleted; a split above it
+        lengthens its path but spells the same pages, and the walk would take both halves whole) and no child of it
+        starts with the next page (a node inserted there would lengthen the match, or be split by it); its side
+        effects are then those of a replay (``restamp_path`` over the path as it is now). A two-tier memo's ends
+        are read again (``match_ends``): a node of the path may have moved tier since."""
+        tree, ps, end = self.tree, self.page_size, memo.last_node
+        pages = memo.prefix_len // ps + (memo.ends[2] if memo.ends else 0)  # (device pages, then host-only ones)
+        cap = (memo.fill_len - 1) // ps
         if pages < cap and self.page_keys(req, cap)[pages] in end.children:
-            return False
-        node = end
+            return None
+        node, root = end, tree.root_node
         while node is not root:
             parent = node.parent
             if parent is None or parent.children.get(node.key[0]) is not node:
-                return False
+                return None
             node = parent
-        if not self.hicache:
-            req.match_memo = MatchMemo(self.tree.structure_version, memo.fill_len, None, end, memo.prefix_len)
-        return True
+        if memo.ends is None:
+            memo = MatchMemo(tree.structure_version, memo.fill_len, None, end, memo.prefix_len)
+        else:
+            ends = tree.match_ends(end)
+            memo = MatchMemo(tree.structure_version, memo.fill_len, None, end, (pages - ends[2]) * ps, ends)
+        req.match_memo = memo
+        return memo
 
     def load_back(self, req: SimReq) -> int:
         """``SchedulerKV.load_back`` in pages: the request's host-only match back on the device (its device prefix

@@ -1,4 +1,4 @@
-"""A page-engine match memo replayed though the tree changed since its walk (``PageKV._walks_again``): when the node
+"""A page-engine match memo replayed though the tree changed since its walk (``PageKV._current_memo``): when the node
 the walk ended at is still in the tree and nothing was inserted where the walk stopped, the walk is replayed
 (``restamp_path``) instead of walked again. The runs below take that shortcut thousands of times (counted) and must
 equal, row by row, the token-level memory, whose every match is a real walk: without a host tier, with one, and with
@@ -23,16 +23,16 @@ TIERS = {
 
 
 def counted(monkeypatch):
-    """Count ``_walks_again``'s answers (the real method runs)."""
+    """Count ``_current_memo``'s answers, a memo made current (True) or None (False); the real method runs."""
     answers = {True: 0, False: 0}
-    real = PageKV._walks_again
+    real = PageKV._current_memo
 
-    def walks_again(self, req, memo, pages):
-        answer = real(self, req, memo, pages)
-        answers[answer] += 1
+    def current_memo(self, req, memo):
+        answer = real(self, req, memo)
+        answers[answer is not None] += 1
         return answer
 
-    monkeypatch.setattr(PageKV, "_walks_again", walks_again)
+    monkeypatch.setattr(PageKV, "_current_memo", current_memo)
     return answers
 
 
@@ -57,6 +57,6 @@ def test_without_the_shortcut_the_run_is_the_same(monkeypatch):
     cfg = SchedulerConfig(kv_tokens=2048, page_size=64, max_running=8, **TIERS["storage"])
     reqs = turns(clients=12, rounds=3, gap=0.5)
     fast = simulate(reqs, cfg, progress=False)
-    monkeypatch.setattr(PageKV, "_walks_again", lambda self, req, memo, pages: False)
+    monkeypatch.setattr(PageKV, "_current_memo", lambda self, req, memo: None)
     walked = simulate(reqs, cfg, progress=False)
     assert_same(walked, fast)
