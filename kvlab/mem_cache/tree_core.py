@@ -151,6 +151,8 @@ class TreeCore:
     calls :meth:`_reset_core` in its ``reset``; it supplies ``_update_leaf_status`` when its leaf rule is not "unlocked
     and childless" and ``_lock_guard`` when a lock may be refused (an evicted or foreign node) or switched off."""
 
+    __slots__ = ()  # (a base: a tree may list its fields, see PageHiRadixTree.__slots__)
+
     root_node: Any
     leaf_index: LeafIndex
     clock: Any  # the tree's LogicalClock (base_prefix_cache)

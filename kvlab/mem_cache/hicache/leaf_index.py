@@ -20,6 +20,8 @@ class HiLeafIndex:
     """The leaf-rule methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin): they file
     nodes in the tree's ``leaf_index`` (device leaves) and ``host_leaf_index`` (host leaves)."""
 
+    __slots__ = ()  # (a mixin: the tree that uses it lists its fields, see PageHiRadixTree.__slots__)
+
     leaf_index: LeafIndex
     host_leaf_index: LeafIndex
     _priority_of: Callable[[HiTreeNode], int]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import replace
+from functools import partial
 
 from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
@@ -46,6 +47,17 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
     """``HiRadixCache`` over page ids. ``allocator``: the device pool's free pages (``free``, ``take(pages)``);
     ``host_pool``: a :class:`PageHostPool`; the rest as ``HiRadixCache`` takes them (bandwidths in bytes/s)."""
 
+    # Its fields, listed (its bases and mixins list none): with a storage tier it has more than CPython 3.11's 30
+    # attributes an instance keeps in a class-shared key table, past which each instance gets a dict of its own and
+    # none of its method calls or attribute reads is specialized (each looked up in its dict, then its class's).
+    __slots__ = ("page_size", "allocator", "host_pool", "cache_controller", "write_policy", "write_through_threshold",
+                 "load_back_threshold", "load_back_evict_mode", "eviction_policy", "_priority_of", "structure_version",
+                 "_next_id", "leaf_index", "_leaves", "evictable_size_", "protected_size_", "clock", "root_node",
+                 "host_leaf_index", "ongoing_write_through", "ongoing_load_back", "host_evicted_tokens", "key_tokens",
+                 "page_keys", "storage_controller", "prefetch_stop_policy", "prefetch_threshold", "prefetch_timeout",
+                 "ongoing_prefetch", "_awaiting_slots", "timed_ops", "prefetch_loaded_tokens_by_reqid",
+                 "_storage_backups", "_storage_due_s")
+
     def __init__(self, allocator, host_pool: PageHostPool, write_policy: str = "write_through",
                  eviction_policy: str = "lru", load_back_evict_mode: str = "shortfall",
                  d2h_bytes_per_s: float = 25e9, h2d_bytes_per_s: float = 25e9, load_back_threshold: int = 10):
@@ -61,6 +73,7 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         self.load_back_evict_mode = load_back_evict_mode
         self.eviction_policy = eviction_policy.lower()
         self._priority_of = get_eviction_strategy(self.eviction_policy, None).get_priority
+        self.structure_version = 0
         self._reset_core(self._priority_of)
         self.clock = LogicalClock()
         self.root_node = self._new_node(array("q"), True, None, -(2**63))
@@ -72,6 +85,7 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         self.host_evicted_tokens = 0
         self.key_tokens = self.page_size  # (storage_moves: a key element is a page)
         self.page_keys = None  # the run's PageKeys (the page engine's), read to hash pages for the storage tier
+        self.storage_controller = None  # (attach_page_storage)
         self._reset_storage()
 
     def attach_page_storage(self, page_keys, storage, **options) -> None:
@@ -79,13 +93,11 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         storage key is interned by the store from its id's tokens."""
         self.page_keys = page_keys
         self.attach_storage(storage, **options)
-        self.storage_controller.hash_keys = self.hash_pages
-
-    def hash_pages(self, ids, prior: int | None = None, known: bool = False) -> list[int]:
-        """The store's keys of the pages ``ids`` chained from the key ``prior`` (``get_hash_str``'s chain, interned,
-        as ``HiCacheStorage.page_ids`` has their tokens): a page of consecutive ids (id >= 0) by its id, any other
-        by its tokens."""
-        return self.storage_controller.storage.chain(ids, prior, self.page_size, self.page_keys.page, known)
+        # the controller's ``hash_keys(ids, prior, known=False)``: the store's keys of the pages ``ids`` chained from
+        # the key ``prior`` (``get_hash_str``'s chain, interned, as ``HiCacheStorage.page_ids`` has their tokens): a
+        # page of consecutive ids (id >= 0) by its id, any other by its tokens; ``HiCacheStorage.chain`` itself,
+        # bound (no frame of its own per node backed up)
+        self.storage_controller.hash_keys = partial(storage.chain, n=self.page_size, page_of=page_keys.page)
 
     def _key_of(self, key: array, off: int = 0):
         return key[off]

@@ -20,6 +20,8 @@ from kvlab.mem_cache.shortfall import shortfall_tokens, tokens_to_evict
 class PageTierMoves(TwoTierMoves):
     """The tier-move methods of :class:`~kvlab.mem_cache.hicache.page_hiradix.PageHiRadixTree` (a mixin)."""
 
+    __slots__ = ()  # (a mixin: the tree that uses it lists its fields, see PageHiRadixTree.__slots__)
+
     cache_controller: PageHiController
     page_size: int
     allocator: object  # the device pool's free pages (the controller's ``mem_pool_device_allocator``)

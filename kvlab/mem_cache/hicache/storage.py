@@ -235,25 +235,32 @@ class HiCacheStorage:
         p = -1 if prior is None else prior
         if self._run_len is None:
             self._run_len = n
-        if not (n == self._run_len and firsts and min(firsts) >= 0 and max(firsts) + n <= _FIRSTS):
+        if n != self._run_len:
             return self._chain_pages(firsts, p, n, page_of)
-        heads, first_of, get, out = self._heads, self._first, self._ids.get, []
-        count, append = len(first_of), out.append  # (every page a run page)
-        for first in firsts:
+        heads, first_of, out = self._heads, self._first, []
+        count, append = len(first_of), out.append
+        for first in firsts:  # (a page checked to be a run page only where it is read: most queries stop at once)
             k = p + 1
-            if k < count and first_of[k] == first and k not in heads:  # (k's prior: k - 1 = p)
+            if k < count and first_of[k] == first and first >= 0 and k not in heads:  # (k's prior: k - 1 = p)
                 p = k
+            elif first < 0 or first + n > _FIRSTS:  # (not a run page: it and the rest page by page)
+                out += self._chain_pages(firsts[len(out) :], p, n, page_of)
+                return out
             else:
-                key = get(k * _FIRSTS + first)
+                key = self._ids.get(k * _FIRSTS + first)
                 if key is None:  # new, and so is every page after it (no code has a brand-new key as prior)
                     if known and not self._named:
+                        return out
+                    rest = firsts[len(out) :]
+                    ends = sorted(rest) if len(rest) > 1 else (first,)  # (both ends at once: faster than min, max)
+                    if ends[0] < 0 or ends[-1] + n > _FIRSTS:  # (a page that is not a run page after it: by page)
+                        out += self._chain_pages(rest, p, n, page_of)
                         return out
                     if k != count:  # (as _new_key: only the first new key may be other than its prior's + 1)
                         self._ids[k * _FIRSTS + first] = count
                         heads[count] = p
-                    first_of.extend(firsts[len(out) :])
-                    rest = len(firsts) - len(out)
-                    out.extend(range(count, count + rest))
+                    first_of.extend(rest)
+                    out.extend(range(count, count + len(rest)))
                     return out
                 p = key
             append(p)

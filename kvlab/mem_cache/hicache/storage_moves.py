@@ -41,6 +41,8 @@ PREFETCH_TIMEOUT_DEFAULTS = (2.0, 0.1, 30.0)  # PrefetchTimeoutConfig: base s, p
 class StorageMoves:
     """The storage-tier methods of :class:`~kvlab.mem_cache.hicache.hiradix_cache.HiRadixCache` (a mixin)."""
 
+    __slots__ = ()  # (a mixin: the tree that uses it lists its fields, see PageHiRadixTree.__slots__)
+
     storage_controller: StorageController | None = None
     _storage_due_s = math.inf  # (no storage tier: no storage event is ever due)
     key_tokens = 1  # tokens per key element: 1 (the token tree), the page size (the page tree: page ids)
@@ -118,7 +120,13 @@ class StorageMoves:
         if backup_len is None or acc >= backup_len:  # (most backups: one node, its own key list, which a split
             keys = node.hash_value  # replaces and nothing changes in place)
             if keys is None:
-                keys = self.node_hash(node)
+                parent = node.parent  # (node_hash's one-node case, inlined: most backups, a new leaf's first)
+                if parent is self.root_node:
+                    keys = node.hash_value = self.storage_controller.hash_keys(node.key, None)
+                elif parent.hash_value is not None:
+                    keys = node.hash_value = self.storage_controller.hash_keys(node.key, parent.hash_value[-1])
+                else:
+                    keys = self.node_hash(node)
         else:
             chain = [node]
             while acc < backup_len and chain[-1].parent is not self.root_node:
@@ -129,7 +137,7 @@ class StorageMoves:
         due = self.storage_controller.write_storage(keys, node).finish_s - FINISH_TOLERANCE_S
         if due < self._storage_due_s:
             self._storage_due_s = due
-        node.protect_host()
+        node.host_ref_counter += 1  # (HiTreeNode.protect_host, inlined: one per backup)
 
     def _poll_storage(self) -> None:
         """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
@@ -184,10 +192,10 @@ class StorageMoves:
         n = align_down(len(new_input_tokens) * unit, self.page_size)  # (tokens; the page tree's keys are pages)
         if ctl is None or not n or n < self.prefetch_threshold or ctl.prefetch_rate_limited():
             return False
-        key = list(new_input_tokens[: n // unit])
-        op = ctl.prefetch(req_id, key, last_hash)
-        if op is None:  # revoked: too small a hit
+        op = ctl.prefetch(req_id, new_input_tokens[: n // unit], last_hash)
+        if op is None:  # revoked: too small a hit (most queries: the list of its key is made only for a hit)
             return False
+        key = op.token_ids = list(op.token_ids)
         last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
         self._awaiting_slots[req_id] = self.timed_ops[req_id] = op

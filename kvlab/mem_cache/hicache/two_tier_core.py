@@ -26,6 +26,8 @@ class TwoTierCore:
     """A two-tier tree's walks, match ends, walk replay and structural check (a mixin over its ``root_node``,
     ``clock``, leaf indexes, locks, counters and the hooks above)."""
 
+    __slots__ = ()  # (a mixin: the tree that uses it lists its fields, see PageHiRadixTree.__slots__)
+
     @property
     def now_s(self) -> float:
         """The copy clock (the host controller's, which the storage tier's channels share)."""

@@ -34,6 +34,8 @@ class TwoTierMoves:
     """The tier moves of both two-tier trees (a mixin, the base of each tree's ``TierMoves`` / ``PageTierMoves``):
     they use the tree's controller, leaf indexes, locks, counters and the hooks above."""
 
+    __slots__ = ()  # (a mixin: the tree that uses it lists its fields, see PageHiRadixTree.__slots__)
+
     # -- backups and eviction: each tree's copies and frees (``_write_host``, ``_free_device``, ``_free_host``); the
     # rest, op for op 0.5.16's write_backup, evict (_evict_write_through / _evict_write_back) and evict_host ------------
     def write_backup(self, node: HiTreeNode, write_back: bool = False) -> int:
