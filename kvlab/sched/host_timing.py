@@ -72,8 +72,14 @@ class HostTierTiming(NoHostTier):
 
     def close_step(self, kind: str, compute_s: float, computed: int, retracted: int, sizes, running: int,
                    waiting: int) -> None:
-        """The loop's step closes: the ledger's ``end_step`` with the step's time from :meth:`end_step`."""
-        self.ledger.end_step(kind, self.end_step(compute_s), computed, retracted, sizes, running, waiting)
+        """The loop's step closes: the ledger's ``end_step`` with the step's time from :meth:`end_step` (not called
+        when the step is its compute and moved nothing: most steps)."""
+        ctl, ops = self.controller, self._ops
+        t = ctl.totals
+        if (ctl.now_s != self.step_start_s or ctl.load_queue or t.writes != ops[0] or t.loads != ops[1]
+                or self.tree.host_evicted_tokens != ops[2]):
+            compute_s = self.end_step(compute_s)
+        self.ledger.end_step(kind, compute_s, computed, retracted, sizes, running, waiting)
 
     def end_step(self, compute_s: float) -> float:
         """The step's time given its compute (write-back waits before it, load-backs under it); its host-tier

@@ -22,7 +22,9 @@ terminated read frees the channel at the end of the page in flight; no batches o
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING
 
 from kvlab.mem_cache.hicache.cache_controller import check_channel
@@ -214,10 +216,14 @@ class StorageController:
         return done
 
     def _replan(self, now: float) -> None:
-        t = self.read_free_s
-        for op in self.reading:
-            if op.start_s > now:  # not begun: as early as the channel allows
-                op.start_s = max(op.queued_s, t, now)
+        """The reads not begun by ``now`` start as early as the channel allows, in order. (Start times rise along
+        ``reading``, FIFO: those begun are a prefix, found by bisection; the waiting queue's prefetches can be
+        hundreds.)"""
+        reading = self.reading
+        i = bisect_right(reading, now, key=_start_s)
+        t = reading[i - 1].finish_s if i else self.read_free_s
+        for op in reading[i:]:
+            op.start_s = max(op.queued_s, t, now)
             t = op.finish_s
 
     # -- backup (host -> storage) ---------------------------------------------------------------------
@@ -249,5 +255,7 @@ class StorageController:
     def drain_time(self) -> float:
         return max([self.now_s, self.write_free_s] + [op.finish_s for op in self.reading])
 
+
+_start_s = attrgetter("start_s")
 
 __all__ = ["BackupOperation", "PrefetchOperation", "StorageController", "StorageTotals"]

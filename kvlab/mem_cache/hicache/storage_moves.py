@@ -70,7 +70,9 @@ class StorageMoves:
         self._awaiting_slots: dict = {}  # req id -> op: the prefetches whose host slots are not taken yet (in order)
         self.timed_ops: dict = {}  # req id -> op: the prefetches with an event still ahead (storage_next_event_s)
         self.prefetch_loaded_tokens_by_reqid: dict = {}
-        self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}  # host write op -> (node, its key length)
+        # host write op -> (node, its key length): noted by write_backup (two_tier_moves) with a storage tier, taken by
+        # writing_check at the copy's ack, which backs the node up to storage (write_backup_storage)
+        self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}
         self._storage_due_s = math.inf  # no backup lands and no prefetch takes its slots before this (less tolerance)
         if self.storage_controller is not None:
             self.storage_controller.reset()
@@ -100,19 +102,6 @@ class StorageMoves:
         return None if node is self.root_node else self.node_hash(node)[-1]
 
     # -- backup (host -> storage) --------------------------------------------------------------------
-    def _note_host_backup(self, op_id: int, node: HiTreeNode) -> None:
-        """A host copy of ``node`` was issued: on its ack it goes on to storage."""
-        if self.storage_controller is not None:
-            self._storage_backups[op_id] = (node, len(node.key))
-
-    def _host_backup_acked(self, op_id: int) -> None:
-        """A host copy acknowledged: if :meth:`_note_host_backup` noted it (only with a storage tier), on to
-        storage."""
-        if self.storage_controller is not None:  # (the host tier alone: no lookup per ack)
-            entry = self._storage_backups.pop(op_id, None)
-            if entry is not None:
-                self.write_backup_storage(*entry)
-
     def write_backup_storage(self, node: HiTreeNode, backup_len: int | None = None) -> None:
         """Back ``node``'s pages up to storage (the chain it was split into since, when it was; the node stays
         host-protected until the backup lands)."""
@@ -348,6 +337,9 @@ class StorageMoves:
         for op in ctl.backup_queue:
             require(op.node.host_ref_counter > 0, "HiRadixCache: a node backing up to storage is host-protected",
                     node=op.node)
+        starts = [op.start_s for op in ctl.reading]
+        require(starts == sorted(starts), "HiRadixCache: the prefetch reads start in channel order (FIFO)",
+                starts=starts[:8])
         for node in self.nodes():
             if node is not self.root_node and node.hash_value is not None:
                 require(len(node.hash_value) * ps == len(node.key) * self.key_tokens, "HiRadixCache: a node has one storage key per "

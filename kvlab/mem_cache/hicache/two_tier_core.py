@@ -80,9 +80,6 @@ class TwoTierCore:
                 dev.push(node)
             below, node = node.value, node.parent
 
-    def _host_backup_acked(self, op_id: int) -> None:
-        """A host copy landed: the storage tier's hook (storage_moves: on to storage); nothing without one."""
-
     def _detach_backuped(self, node: HiTreeNode) -> int:
         """Make ``node`` host-only (the caller frees its device slots or pages): both trees' demotion."""
         n = len(node.key)

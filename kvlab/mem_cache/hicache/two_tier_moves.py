@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from kvlab.errors import require
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
+from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 
 
 class TwoTierMoves:
@@ -59,7 +60,8 @@ class TwoTierMoves:
         op = self.cache_controller.write_queue[-1]
         op_id = id(op)
         self.ongoing_write_through[op_id] = (op, None if write_back else node)
-        self._note_host_backup(op_id, node)  # (storage_moves: on its ack, on to storage)
+        if self.storage_controller is not None:  # (storage_moves: on its ack, on to storage; the key length now)
+            self._storage_backups[op_id] = (node, n)
         if not write_back:
             self.inc_lock_ref(node)
         return n
@@ -264,10 +266,20 @@ class TwoTierMoves:
     def poll(self, now_s: float) -> None:
         """Move the copy clock to ``now_s`` and complete every copy finished by then (and the storage tier's)."""
         ctl = self.cache_controller
-        ctl.poll(now_s)
+        if now_s > ctl.now_s:  # (HiCacheController.poll, inlined: a poll per step and per arrival)
+            ctl.now_s = now_s
+        elif now_s != now_s:
+            raise ValueError("poll: now_s is NaN")
+        now, tol = ctl.now_s, FINISH_TOLERANCE_S
+        queue = ctl.write_queue
+        while queue and queue[0].finish_s - tol <= now:
+            ctl.ack_write_queue.append(queue.popleft())
+        queue = ctl.load_queue
+        while queue and queue[0].finish_s - tol <= now:
+            ctl.ack_load_queue.append(queue.popleft())
         if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
             self.check_hicache_events()
-        if self._storage_due_s <= ctl.now_s:  # (storage_moves; most steps: no storage event due, or no storage)
+        if self._storage_due_s <= now:  # (storage_moves; most steps: no storage event due, or no storage)
             self._poll_storage()
 
     def advance(self, seconds: float) -> None:
@@ -294,9 +306,14 @@ class TwoTierMoves:
         if write_back:
             ctl.wait_writes()
         acks, ctl.ack_write_queue = ctl.ack_write_queue, []
+        backups = self._storage_backups if self.storage_controller is not None else None  # (storage_moves)
         for op in acks:
-            _, lock_node = self.ongoing_write_through.pop(id(op), (op, None))
-            self._host_backup_acked(id(op))  # _finish_write_through_ack -> write_backup_storage
+            op_id = id(op)
+            _, lock_node = self.ongoing_write_through.pop(op_id, (op, None))
+            if backups is not None:  # _finish_write_through_ack -> write_backup_storage, noted by write_backup
+                entry = backups.pop(op_id, None)
+                if entry is not None:
+                    self.write_backup_storage(*entry)
             if lock_node is not None:
                 self.dec_lock_ref(lock_node)
         return len(acks)
