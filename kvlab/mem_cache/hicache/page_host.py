@@ -19,10 +19,12 @@ from kvlab.errors import require
 from kvlab.mem_cache.hicache.cache_controller import (
     DEFAULT_HOST_DEVICE_BYTES_PER_S,
     LOAD,
-    WRITE,
+    CacheOperation,
     HiCacheController,
 )
 from kvlab.mem_cache.options import host_pool_size
+
+_INF = float("inf")
 
 
 class PageHostPool:
@@ -85,7 +87,18 @@ class PageHiController(HiCacheController):
             return False
         pool.free_pages -= pages
         slots = range(tokens)  # (a copy's indices, on both sides)
-        self._issue(WRITE, slots, slots, node_id)
+        # (HiCacheController._issue(WRITE, slots, slots, node_id) with transfer_seconds, inlined: a copy per backup)
+        queue, start = self.write_queue, self.now_s
+        if queue and queue[-1].finish_s > start:
+            start = queue[-1].finish_s
+        bandwidth = self.d2h_bytes_per_s
+        finish = start + (self.latency_s if bandwidth == _INF else
+                          self.latency_s + tokens * pool.size_per_token / bandwidth)
+        queue.append(CacheOperation("write", slots, slots, node_id, start, finish))
+        totals = self.totals
+        totals.written_tokens += tokens
+        totals.write_s += finish - start
+        totals.writes += 1
         return True
 
     def load(self, tokens: int, node_id: int) -> bool:

@@ -149,7 +149,7 @@ class StorageController:
     def storage_hit_query(self, token_ids, last_hash: int | None) -> tuple[list[int], int]:
         """``_storage_hit_query``: the keys of the pages of ``token_ids`` present in storage consecutively from the
         first, and their tokens (the pages past the first key never interned are not keyed: no store holds them)."""
-        keys = self.hash_keys(token_ids, last_hash, known=True)
+        keys = self.hash_keys(token_ids, last_hash, True)
         hit = self.storage.batch_exists(keys, interned=True)
         return keys[:hit], hit * self.page_size
 
