@@ -21,6 +21,8 @@ if TYPE_CHECKING:
     from kvlab.sched.kv import SchedulerKV
 
 _INF = float("inf")
+_new_transfers = tuple.__new__  # (a Transfers from its seven fields, without the named tuple's Python-level __new__:
+# once per step with traffic)
 overlapped_step_s = CostModel.overlapped_step_s  # the overlap rule: write-back waits before the compute, loads under it
 
 
@@ -99,11 +101,12 @@ class HostTierTiming(NoHostTier):
         """Host-tier traffic since the last call (the step's, when called once per step)."""
         now = self._running_totals()
         seen, self._seen = self._seen, now
-        return Transfers._make(map(sub, now, seen))
+        return _new_transfers(Transfers, map(sub, now, seen))
 
     def _running_totals(self) -> Transfers:
-        t = self.controller.totals
-        return Transfers(t.loaded_tokens, t.written_tokens, self.tree.host_evicted_tokens, t.write_s + t.load_s)
+        t = self.controller.totals  # (Transfers' fields past these four: their defaults, zeros)
+        return _new_transfers(Transfers, (t.loaded_tokens, t.written_tokens, self.tree.host_evicted_tokens,
+                                          t.write_s + t.load_s, 0, 0, 0))
 
     def next_transfer_s(self) -> float:
         """Before this clock time no copy completes (the quiet decode steps stop there); inf when none is in
@@ -136,7 +139,8 @@ class StorageTierTiming(HostTierTiming):
 
     def join(self, req, now_s: float) -> None:
         """``req`` joined the waiting queue at ``now_s`` (``_prefetch_kvcache``): its prefetch, timed from now."""
-        self.begin_step(now_s)
+        self.step_start_s = now_s  # (begin_step, inlined: a poll per arrival)
+        self.tree.poll(now_s)
         self.prefetch(req)
 
     def _running_totals(self) -> Transfers:
@@ -144,8 +148,9 @@ class StorageTierTiming(HostTierTiming):
         the storage tier's three."""
         tree = self.tree
         t, s = self.controller.totals, tree.storage_controller.totals
-        return Transfers(t.loaded_tokens, t.written_tokens, tree.host_evicted_tokens, t.write_s + t.load_s,
-                         s.prefetched_tokens, s.prefetch_aborted_tokens, s.written_to_storage_tokens)
+        return _new_transfers(Transfers, (t.loaded_tokens, t.written_tokens, tree.host_evicted_tokens,
+                                          t.write_s + t.load_s, s.prefetched_tokens, s.prefetch_aborted_tokens,
+                                          s.written_to_storage_tokens))
 
     def next_transfer_s(self) -> float:
         return self.quiet_stop_s(backups=True)

@@ -178,8 +178,10 @@ class StorageMoves:
         tokens, while rate-limited, or when storage holds fewer hit tokens than the threshold. Returns whether a
         prefetch is under way."""
         ctl, unit = self.storage_controller, self.key_tokens
-        n = align_down(len(new_input_tokens) * unit, self.page_size)  # (tokens; the page tree's keys are pages)
-        if ctl is None or not n or n < self.prefetch_threshold or ctl.prefetch_rate_limited():
+        n = len(new_input_tokens) * unit  # (tokens, page aligned; the page tree's keys are pages)
+        n -= n % self.page_size
+        if ctl is None or not n or n < self.prefetch_threshold or (  # (StorageController.prefetch_rate_limited,
+                ctl.prefetch_tokens_occupied >= ctl.prefetch_capacity_limit):  # inlined: a query per arrival)
             return False
         op = ctl.prefetch(req_id, new_input_tokens[: n // unit], last_hash)
         if op is None:  # revoked: too small a hit (most queries: the list of its key is made only for a hit)
