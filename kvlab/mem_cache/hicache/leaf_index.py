@@ -54,25 +54,27 @@ class HiLeafIndex:
 
     def _update_leaf_status(self, node: HiTreeNode) -> None:
         """A device leaf: on the device, unlocked, and no child on the device (``LeafIndex.file``, inlined: the lock
-        walk's unlocks and every demotion file a node)."""
+        walk's unlocks and every demotion file a node; the children read in a loop, no generator made)."""
         index = self.leaf_index
-        if node.value is None or node.lock_ref > 0 or (node.children and not _no_child_has(node, "value")):
+        if node.value is None or node.lock_ref > 0:
             index.leaves.pop(node, None)
-        elif node not in index.leaves:
+            return
+        for child in node.children.values():
+            if child.value is not None:
+                index.leaves.pop(node, None)
+                return
+        if node not in index.leaves:
             index.push(node)
 
     def _update_host_leaf_status(self, node: HiTreeNode) -> None:
         """A host leaf: host-only, unlocked, and no child with a host copy (``LeafIndex.file``, inlined)."""
         index = self.host_leaf_index
-        if node.value is not None or node.lock_ref > 0 or (node.children and not _no_child_has(node, "host_value")):
+        if node.value is not None or node.lock_ref > 0:
             index.leaves.pop(node, None)
-        elif node not in index.leaves:
+            return
+        for child in node.children.values():
+            if child.host_value is not None:
+                index.leaves.pop(node, None)
+                return
+        if node not in index.leaves:
             index.push(node)
-
-
-def _no_child_has(node: HiTreeNode, copy: str) -> bool:
-    """No child of ``node`` holds a ``copy`` (``"value"``: on the device, ``"host_value"``: on the host)."""
-    for child in node.children.values():  # (a loop: no generator to make; the callers skip a childless node)
-        if getattr(child, copy) is not None:
-            return False
-    return True
