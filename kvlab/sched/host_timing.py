@@ -66,11 +66,20 @@ class HostTierTiming(NoHostTier):
         self.tree.poll(now_s)
 
     def open_step(self) -> None:
-        """The loop's step opens: the ledger's counters zeroed, then :meth:`begin_step` at the ledger's clock."""
+        """The loop's step opens: the ledger's counters zeroed, then :meth:`begin_step` at the ledger's clock (the
+        tree's poll only when a copy or a storage event is due by then: ``TwoTierMoves.poll``'s checks, repeated
+        here, as most steps have none and the poll would only move the copy clock)."""
         ledger = self.ledger
         ledger.begin_step()
         now = self.step_start_s = ledger.now_s
-        self.tree.poll(now)
+        ctl, tol = self.controller, FINISH_TOLERANCE_S
+        at = now if now > ctl.now_s else ctl.now_s  # (the copy clock never goes back: the poll's time)
+        writes, loads = ctl.write_queue, ctl.load_queue
+        if ((writes and writes[0].finish_s - tol <= at) or (loads and loads[0].finish_s - tol <= at)
+                or ctl.ack_write_queue or ctl.ack_load_queue or self.tree.storage_due_s <= at):
+            self.tree.poll(now)  # (a copy or a storage event due: the poll completes it)
+        else:  # (most steps: nothing due, the poll would only move the copy clock)
+            ctl.now_s = at
 
     def close_step(self, kind: str, compute_s: float, computed: int, retracted: int, sizes, running: int,
                    waiting: int) -> None:

@@ -279,7 +279,7 @@ class TwoTierMoves:
             ctl.ack_load_queue.append(queue.popleft())
         if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
             self.check_hicache_events()
-        if self._storage_due_s <= now:  # (storage_moves; most steps: no storage event due, or no storage)
+        if self.storage_due_s <= now:  # (storage_moves; most steps: no storage event due, or no storage)
             self._poll_storage()
 
     def advance(self, seconds: float) -> None:
