@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from kvlab.errors import require
 from kvlab.mem_cache.hicache.tree_node import HiTreeNode
-from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 
 
 class TwoTierMoves:
@@ -266,20 +265,10 @@ class TwoTierMoves:
     def poll(self, now_s: float) -> None:
         """Move the copy clock to ``now_s`` and complete every copy finished by then (and the storage tier's)."""
         ctl = self.cache_controller
-        if now_s > ctl.now_s:  # (HiCacheController.poll, inlined: a poll per step and per arrival)
-            ctl.now_s = now_s
-        elif now_s != now_s:
-            raise ValueError("poll: now_s is NaN")
-        now, tol = ctl.now_s, FINISH_TOLERANCE_S
-        queue = ctl.write_queue
-        while queue and queue[0].finish_s - tol <= now:
-            ctl.ack_write_queue.append(queue.popleft())
-        queue = ctl.load_queue
-        while queue and queue[0].finish_s - tol <= now:
-            ctl.ack_load_queue.append(queue.popleft())
+        ctl.poll(now_s)
         if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
             self.check_hicache_events()
-        if self.storage_due_s <= now:  # (storage_moves; most steps: no storage event due, or no storage)
+        if self.storage_due_s <= ctl.now_s:  # (storage_moves; most polls: no storage event due, or no storage)
             self._poll_storage()
 
     def advance(self, seconds: float) -> None:
