@@ -55,10 +55,10 @@ so its own instance dict made every method call on it unspecialized), the copy c
 with nothing due, a backup's copy issued inline, the storage query keyed pages only as far as it read them, the
 prefetch channel's replan bisected and the leaf rules read the children in place: under pressure host + storage
 1.42x / 1.46x, host tier alone 1.27x / 1.22x (main in the same session 1.50x / 1.49x and 1.36x / 1.35x); at the
-default pool host + storage 1.46x / 1.50x and 1.49x / 1.56x in two runs, host tier alone 1.28x / 1.31x and 1.19x /
-1.28x (main 1.67x / 1.62x, 1.33x / 1.32x). Instructions (callgrind, the whole trace at the default pool): the storage
-arm 17.86 G -> 16.81 G, the plain run 12.80 G unchanged. The storage arm's default-pool figure now sits at the
-target, within the shared machine's run-to-run noise (about 4 %), not clearly under it.
+default pool host + storage 1.46x / 1.50x and 1.49x / 1.56x in two runs and 1.53x / 1.56x with --repeat 5, host tier
+alone 1.28x / 1.31x, 1.19x / 1.28x and 1.28x / 1.36x (main 1.67x / 1.62x, 1.33x / 1.32x). Instructions (callgrind,
+the whole trace at the default pool): the storage arm 17.86 G -> 16.81 G, the plain run 12.80 G unchanged. The
+storage arm's default-pool figure is still a few per cent over the target (run-to-run noise here is about 4 %).
 """
 
 from __future__ import annotations
