@@ -66,31 +66,16 @@ class HostTierTiming(NoHostTier):
         self.tree.poll(now_s)
 
     def open_step(self) -> None:
-        """The loop's step opens: the ledger's counters zeroed, then :meth:`begin_step` at the ledger's clock (the
-        tree's poll only when a copy or a storage event is due by then: ``TwoTierMoves.poll``'s checks, repeated
-        here, as most steps have none and the poll would only move the copy clock)."""
+        """The loop's step opens: the ledger's counters zeroed, then :meth:`begin_step` at the ledger's clock."""
         ledger = self.ledger
         ledger.begin_step()
         now = self.step_start_s = ledger.now_s
-        ctl, tol = self.controller, FINISH_TOLERANCE_S
-        at = now if now > ctl.now_s else ctl.now_s  # (the copy clock never goes back: the poll's time)
-        writes, loads = ctl.write_queue, ctl.load_queue
-        if ((writes and writes[0].finish_s - tol <= at) or (loads and loads[0].finish_s - tol <= at)
-                or ctl.ack_write_queue or ctl.ack_load_queue or self.tree.storage_due_s <= at):
-            self.tree.poll(now)  # (a copy or a storage event due: the poll completes it)
-        else:  # (most steps: nothing due, the poll would only move the copy clock)
-            ctl.now_s = at
+        self.tree.poll(now)
 
     def close_step(self, kind: str, compute_s: float, computed: int, retracted: int, sizes, running: int,
                    waiting: int) -> None:
-        """The loop's step closes: the ledger's ``end_step`` with the step's time from :meth:`end_step` (not called
-        when the step is its compute and moved nothing: most steps)."""
-        ctl, ops = self.controller, self._ops
-        t = ctl.totals
-        if (ctl.now_s != self.step_start_s or ctl.load_queue or t.writes != ops[0] or t.loads != ops[1]
-                or self.tree.host_evicted_tokens != ops[2]):
-            compute_s = self.end_step(compute_s)
-        self.ledger.end_step(kind, compute_s, computed, retracted, sizes, running, waiting)
+        """The loop's step closes: the ledger's ``end_step`` with the step's time from :meth:`end_step`."""
+        self.ledger.end_step(kind, self.end_step(compute_s), computed, retracted, sizes, running, waiting)
 
     def end_step(self, compute_s: float) -> float:
         """The step's time given its compute (write-back waits before it, load-backs under it); its host-tier
@@ -148,8 +133,7 @@ class StorageTierTiming(HostTierTiming):
 
     def join(self, req, now_s: float) -> None:
         """``req`` joined the waiting queue at ``now_s`` (``_prefetch_kvcache``): its prefetch, timed from now."""
-        self.step_start_s = now_s  # (begin_step, inlined: a poll per arrival)
-        self.tree.poll(now_s)
+        self.begin_step(now_s)
         self.prefetch(req)
 
     def _running_totals(self) -> Transfers:

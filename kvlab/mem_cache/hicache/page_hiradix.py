@@ -55,7 +55,7 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
                  "host_leaf_index", "ongoing_write_through", "ongoing_load_back", "host_evicted_tokens", "key_tokens",
                  "page_keys", "storage_controller", "prefetch_stop_policy", "prefetch_threshold", "prefetch_timeout",
                  "ongoing_prefetch", "_awaiting_slots", "timed_ops", "prefetch_loaded_tokens_by_reqid",
-                 "_storage_backups", "storage_due_s", "_lock_guard")
+                 "_storage_backups", "_storage_due_s", "_lock_guard")
 
     def __init__(self, allocator, host_pool: PageHostPool, write_policy: str = "write_through",
                  eviction_policy: str = "lru", load_back_evict_mode: str = "shortfall",

@@ -24,8 +24,6 @@ from kvlab.mem_cache.hicache.cache_controller import (
 )
 from kvlab.mem_cache.options import host_pool_size
 
-_INF = float("inf")
-
 
 class PageHostPool:
     """The host pool's free pages (``HostKVCache``'s ``alloc`` / ``free`` / ``available_size`` as counts), sized by
@@ -87,13 +85,12 @@ class PageHiController(HiCacheController):
             return False
         pool.free_pages -= pages
         slots = range(tokens)  # (a copy's indices, on both sides)
-        # (HiCacheController._issue(WRITE, slots, slots, node_id) with transfer_seconds, inlined: a copy per backup)
+        # (HiCacheController._issue(WRITE, slots, slots, node_id), inlined without its lookups by name: a copy per
+        # backup; the copy's time is the controller's transfer_seconds)
         queue, start = self.write_queue, self.now_s
         if queue and queue[-1].finish_s > start:
             start = queue[-1].finish_s
-        bandwidth = self.d2h_bytes_per_s
-        finish = start + (self.latency_s if bandwidth == _INF else
-                          self.latency_s + tokens * pool.size_per_token / bandwidth)
+        finish = start + self.transfer_seconds(tokens, self.d2h_bytes_per_s)
         queue.append(CacheOperation("write", slots, slots, node_id, start, finish))
         totals = self.totals
         totals.written_tokens += tokens

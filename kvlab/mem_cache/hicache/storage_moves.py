@@ -44,7 +44,7 @@ class StorageMoves:
     __slots__ = ()  # (a mixin: the tree that uses it lists its fields, see PageHiRadixTree.__slots__)
 
     storage_controller: StorageController | None = None
-    storage_due_s = math.inf  # (no storage tier: no storage event is ever due)
+    _storage_due_s = math.inf  # (no storage tier: no storage event is ever due)
     key_tokens = 1  # tokens per key element: 1 (the token tree), the page size (the page tree: page ids)
 
     def attach_storage(self, storage: HiCacheStorage, *, read_bytes_per_s: float, write_bytes_per_s: float,
@@ -73,7 +73,7 @@ class StorageMoves:
         # host write op -> (node, its key length): noted by write_backup (two_tier_moves) with a storage tier, taken by
         # writing_check at the copy's ack, which backs the node up to storage (write_backup_storage)
         self._storage_backups: dict[int, tuple[HiTreeNode, int]] = {}
-        self.storage_due_s = math.inf  # no backup lands and no prefetch takes its slots before this (less tolerance)
+        self._storage_due_s = math.inf  # no backup lands and no prefetch takes its slots before this (less tolerance)
         if self.storage_controller is not None:
             self.storage_controller.reset()
 
@@ -109,13 +109,7 @@ class StorageMoves:
         if backup_len is None or acc >= backup_len:  # (most backups: one node, its own key list, which a split
             keys = node.hash_value  # replaces and nothing changes in place)
             if keys is None:
-                parent = node.parent  # (node_hash's one-node case, inlined: most backups, a new leaf's first)
-                if parent is self.root_node:
-                    keys = node.hash_value = self.storage_controller.hash_keys(node.key, None)
-                elif parent.hash_value is not None:
-                    keys = node.hash_value = self.storage_controller.hash_keys(node.key, parent.hash_value[-1])
-                else:
-                    keys = self.node_hash(node)
+                keys = self.node_hash(node)
         else:
             chain = [node]
             while acc < backup_len and chain[-1].parent is not self.root_node:
@@ -124,13 +118,13 @@ class StorageMoves:
             keys = self.node_hash(node) if acc != backup_len else [
                 k for x in reversed(chain) for k in self.node_hash(x)]
         due = self.storage_controller.write_storage(keys, node).finish_s - FINISH_TOLERANCE_S
-        if due < self.storage_due_s:
-            self.storage_due_s = due
+        if due < self._storage_due_s:
+            self._storage_due_s = due
         node.host_ref_counter += 1  # (HiTreeNode.protect_host, inlined: one per backup)
 
     def _poll_storage(self) -> None:
         """``drain_storage_control_queues``: backups landed release their nodes; prefetches whose hit query has
-        answered take their host slots (or are revoked for want of room). Called once ``storage_due_s`` has come
+        answered take their host slots (or are revoked for want of room). Called once ``_storage_due_s`` has come
         (``poll`` checks; most steps: no backup landed and no prefetch's slots are due)."""
         ctl, awaiting, tol = self.storage_controller, self._awaiting_slots, FINISH_TOLERANCE_S
         now, queue = self.cache_controller.now_s, ctl.backup_queue  # (ctl.now_s: the host controller's)
@@ -147,7 +141,7 @@ class StorageMoves:
         for op in awaiting.values():
             if op.alloc_due_s - tol < due:
                 due = op.alloc_due_s - tol
-        self.storage_due_s = due
+        self._storage_due_s = due
 
     def wait_storage_backups(self) -> bool:
         """Write-back with the host pool full of copies still on their way to storage (host-protected until the
@@ -190,7 +184,7 @@ class StorageMoves:
         last_host_node.protect_host()
         self.ongoing_prefetch[req_id] = (last_host_node, key, op)
         self._awaiting_slots[req_id] = self.timed_ops[req_id] = op
-        self.storage_due_s = min(self.storage_due_s, op.alloc_due_s - FINISH_TOLERANCE_S)
+        self._storage_due_s = min(self._storage_due_s, op.alloc_due_s - FINISH_TOLERANCE_S)
         ctl.prefetch_tokens_occupied += n
         return True
 

@@ -268,7 +268,7 @@ class TwoTierMoves:
         ctl.poll(now_s)
         if ctl.ack_write_queue or ctl.ack_load_queue:  # check_hicache_events (which does nothing without acks)
             self.check_hicache_events()
-        if self.storage_due_s <= ctl.now_s:  # (storage_moves; most polls: no storage event due, or no storage)
+        if self._storage_due_s <= ctl.now_s:  # (storage_moves; most steps: no storage event due, or no storage)
             self._poll_storage()
 
     def advance(self, seconds: float) -> None:
