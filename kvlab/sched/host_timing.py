@@ -12,7 +12,6 @@ from __future__ import annotations
 from operator import sub
 from typing import TYPE_CHECKING
 
-from kvlab.mem_cache.options import FINISH_TOLERANCE_S
 from kvlab.sched.cost import CostModel
 from kvlab.sched.ledger import Ledger, Transfers
 
@@ -105,14 +104,7 @@ class HostTierTiming(NoHostTier):
     def next_transfer_s(self) -> float:
         """Before this clock time no copy completes (the quiet decode steps stop there); inf when none is in
         flight. A step starting at ``t`` completes a copy iff ``t >= next_transfer_s()``."""
-        ctl = self.controller
-        writes, loads = ctl.write_queue, ctl.load_queue
-        if not writes:
-            return loads[0].finish_s - FINISH_TOLERANCE_S if loads else _INF
-        head = writes[0].finish_s
-        if loads and loads[0].finish_s < head:
-            head = loads[0].finish_s
-        return head - FINISH_TOLERANCE_S
+        return self.controller.due_s
 
     quiet_stop_s = next_transfer_s  # (every copy that lands can unlock a node, which a row shows)
 

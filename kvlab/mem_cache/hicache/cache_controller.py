@@ -30,6 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvlab.errors import require
 from kvlab.mem_cache.options import FINISH_TOLERANCE_S as FINISH_TOLERANCE_S  # re-exported, as WRITE_POLICIES
 from kvlab.mem_cache.options import WRITE_POLICIES as WRITE_POLICIES  # re-exported: its home is the torch-free options
 
@@ -132,6 +133,7 @@ class HiCacheController:
         self.load_queue: deque[CacheOperation] = deque()
         self.ack_write_queue: list[CacheOperation] = []  # finished, not yet consumed by the tree
         self.ack_load_queue: list[CacheOperation] = []
+        self.due_s = math.inf  # the clock time from which the earliest copy in flight is finished: inf when none is
         self.totals = TransferTotals()
 
     # -- timing ------------------------------------------------------------------------------------
@@ -160,6 +162,8 @@ class HiCacheController:
         op = CacheOperation(d.kind, host, device, node_id, start,
                             start + self.transfer_seconds(len(host), getattr(self, d.bandwidth)))
         queue.append(op)
+        if op.finish_s - FINISH_TOLERANCE_S < self.due_s:
+            self.due_s = op.finish_s - FINISH_TOLERANCE_S
         totals[d.tokens] += len(host)
         totals[d.seconds] += op.finish_s - start
         totals[d.copies] += 1
@@ -196,12 +200,17 @@ class HiCacheController:
         if now_s > self.now_s:
             self.now_s = now_s
         now, tol = self.now_s, FINISH_TOLERANCE_S  # 0.009 + 0.001 < 0.01 in floats: a copy due within tol is done
-        queue = self.write_queue
-        while queue and queue[0].finish_s - tol <= now:
-            self.ack_write_queue.append(queue.popleft())
-        queue = self.load_queue
-        while queue and queue[0].finish_s - tol <= now:
-            self.ack_load_queue.append(queue.popleft())
+        if now < self.due_s:  # (no copy finished by now: most polls)
+            return
+        writes, loads = self.write_queue, self.load_queue
+        while writes and writes[0].finish_s - tol <= now:
+            self.ack_write_queue.append(writes.popleft())
+        while loads and loads[0].finish_s - tol <= now:
+            self.ack_load_queue.append(loads.popleft())
+        due = writes[0].finish_s - tol if writes else math.inf  # (each channel's copies finish in issue order)
+        if loads and loads[0].finish_s - tol < due:
+            due = loads[0].finish_s - tol
+        self.due_s = due
 
     def advance(self, seconds: float) -> None:
         if not seconds >= 0:
@@ -220,6 +229,17 @@ class HiCacheController:
     def drain_time(self) -> float:
         """The clock time at which every issued copy has finished."""
         return max([self.now_s] + [q[-1].finish_s for q in (self.write_queue, self.load_queue) if q])
+
+    def check_invariants(self) -> None:
+        """Each channel's copies in flight finish in issue order, and :attr:`due_s` is the earliest one's finish less
+        the tolerance (inf when none)."""
+        tol, heads = FINISH_TOLERANCE_S, []
+        for queue in (self.write_queue, self.load_queue):
+            require(all(a.finish_s <= b.finish_s for a, b in zip(queue, list(queue)[1:])),
+                    "HiCacheController: each channel's copies finish in issue order", finish_s=[op.finish_s for op in queue])
+            heads += [queue[0].finish_s - tol] if queue else []
+        require(self.due_s == min(heads, default=math.inf), "HiCacheController: due_s is the earliest copy's finish",
+                due_s=self.due_s, heads=heads)
 
     def in_flight(self) -> list[CacheOperation]:
         """Issued copies not yet acknowledged to the tree (in flight or finished-but-unconsumed)."""

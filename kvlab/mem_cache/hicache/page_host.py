@@ -22,7 +22,7 @@ from kvlab.mem_cache.hicache.cache_controller import (
     CacheOperation,
     HiCacheController,
 )
-from kvlab.mem_cache.options import host_pool_size
+from kvlab.mem_cache.options import FINISH_TOLERANCE_S, host_pool_size
 
 
 class PageHostPool:
@@ -92,6 +92,8 @@ class PageHiController(HiCacheController):
             start = queue[-1].finish_s
         finish = start + self.transfer_seconds(tokens, self.d2h_bytes_per_s)
         queue.append(CacheOperation("write", slots, slots, node_id, start, finish))
+        if finish - FINISH_TOLERANCE_S < self.due_s:
+            self.due_s = finish - FINISH_TOLERANCE_S
         totals = self.totals
         totals.written_tokens += tokens
         totals.write_s += finish - start

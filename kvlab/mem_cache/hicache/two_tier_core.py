@@ -288,7 +288,7 @@ class TwoTierCore:
 
     def _check_tier_indexes(self, nodes: list, on_device: list, name: str) -> None:
         """Both leaf indexes against a recomputation (each leaf with a live heap entry of its current sort key),
-        every node an in-flight copy protects locked, and the storage tier's check."""
+        every node an in-flight copy protects locked, and the copy controller's and the storage tier's checks."""
         self.leaf_index.check({x for x in on_device if not x.lock_ref and all(c.value is None for c in x.children.values())},
                               f"{name}: the device-leaf index holds exactly the unlocked device leaves",
                               f"{name}: every device leaf has a live heap entry with its current sort key")
@@ -305,4 +305,5 @@ class TwoTierCore:
             require(node.value is not None and node.lock_ref > 0,
                     f"{name}: a node with a load-back in flight is on the device and locked", node=node,
                     finish_s=op.finish_s)
+        self.cache_controller.check_invariants()
         self.check_storage_invariants()
