@@ -57,7 +57,7 @@ class HostTierTiming(NoHostTier):
         self.ledger = ledger
         self.step_start_s = 0.0
         self._seen = Transfers()  # the controller's running totals at the last step's end
-        self._ops = (0, 0, 0)  # copies issued and host tokens evicted by then (most steps move nothing)
+        self._ops = 0  # copies issued plus host tokens evicted by then (most steps move nothing)
 
     def begin_step(self, now_s: float) -> None:
         """The step starts at ``now_s``: complete the copies finished by then (``check_hicache_events``)."""
@@ -84,9 +84,10 @@ class HostTierTiming(NoHostTier):
         if stall_s or ctl.load_queue:  # (else the step is its compute: most steps)
             loads = ctl.load_queue[-1].finish_s - start if ctl.load_queue else 0.0
             compute_s = overlapped_step_s(compute_s, stall_s=stall_s, load_s=loads)
-        t, ops = ctl.totals, self._ops
-        if t.writes != ops[0] or t.loads != ops[1] or self.tree.host_evicted_tokens != ops[2]:
-            self._ops = (t.writes, t.loads, self.tree.host_evicted_tokens)
+        t = ctl.totals
+        ops = t.writes + t.loads + self.tree.host_evicted_tokens  # (each only grows in a run: a change grows the sum)
+        if ops != self._ops:
+            self._ops = ops
             self.ledger.note_transfers(self._transfers())
         return compute_s  # (else the step moved nothing: its row and the totals stay as they are)
 
