@@ -8,6 +8,7 @@ test_differential_hicache.py runs SGLang's own classes on random scripts, these 
 from __future__ import annotations
 
 import heapq
+import math
 import random
 
 import pytest
@@ -16,6 +17,7 @@ import torch
 from kvlab.errors import DoubleFreeError, InvariantError, LockRefError
 from kvlab.mem_cache import EvictParams, PagedTokenToKVPoolAllocator, TokenToKVPoolAllocator, evict_from_tree_cache
 from kvlab.mem_cache.base_prefix_cache import EvictResult
+from kvlab.mem_cache.hicache.cache_controller import FINISH_TOLERANCE_S
 from kvlab.mem_cache.hicache.hiradix_cache import HiRadixCache
 from kvlab.mem_cache.hicache.memory_pool_host import HostKVCache, auto_hicache_ratio, host_pool_size
 from kvlab.mem_cache.memory_pool import ReqToTokenPool
@@ -127,13 +129,19 @@ def test_copies_queue_on_one_channel():
     alloc, host, cache = make(bw=1e6)
     serve(cache, alloc, [1] * 10)
     serve(cache, alloc, [2] * 20)
-    ops = list(cache.cache_controller.write_queue)
+    ctl = cache.cache_controller
+    ops = list(ctl.write_queue)
     assert [(op.start_s, op.finish_s) for op in ops] == [(0.0, pytest.approx(0.01)), (pytest.approx(0.01),
                                                                                        pytest.approx(0.03))]
-    cache.advance(0.02)
+    assert ctl.due_s == ops[0].finish_s - FINISH_TOLERANCE_S  # the earliest copy's finish: a poll before it acks none
+    cache.advance(0.002)
+    assert list(ctl.write_queue) == ops and not ctl.ack_write_queue and cache.now_s == pytest.approx(0.002)
+    cache.advance(0.018)
     assert [len(n.key) for n in cache.nodes() if n.lock_ref and n is not cache.root_node] == [20]
+    assert ctl.due_s == ops[1].finish_s - FINISH_TOLERANCE_S
     assert cache.drain() == pytest.approx(0.01)
-    assert cache.cache_controller.totals.written_tokens == 30
+    assert ctl.totals.written_tokens == 30 and ctl.due_s == math.inf
+    ctl.check_invariants()
 
 
 def test_write_through_selective_waits_for_the_second_hit():
@@ -291,6 +299,11 @@ def test_check_invariants_catches_broken_state():
         if n is not cache.root_node:
             cache.leaf_index.push(n)
     with pytest.raises(InvariantError, match="backup in flight is locked"):
+        cache.check_invariants()
+    alloc, host, cache = make(bw=1e6)
+    serve(cache, alloc, list(range(10)))
+    cache.cache_controller.due_s = math.inf  # a copy in flight the clock would never ack
+    with pytest.raises(InvariantError, match="due_s is the earliest copy's finish"):
         cache.check_invariants()
 
 
