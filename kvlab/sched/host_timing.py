@@ -110,7 +110,9 @@ class HostTierTiming(NoHostTier):
     quiet_stop_s = next_transfer_s  # (every copy that lands can unlock a node, which a row shows)
 
     def finish(self) -> None:
-        """The copies still in flight land (the run's clock is not moved)."""
+        """The run's traffic goes into the ledger's totals (the sum of its rows'); then the copies still in flight
+        land (the run's clock is not moved, and no row shows them)."""
+        self.ledger.note_transfer_totals(self._seen)
         self.tree.drain()
 
 

@@ -113,17 +113,15 @@ class Ledger:
         self.step_storage_hits += storage_tokens
 
     def note_transfers(self, moved: Transfers) -> None:
-        """The step's host-tier traffic (HiCache), added to the totals and shown in the step's row."""
-        t = self.totals
-        loaded, written, host_evicted, transfer_s, prefetched, aborted, to_storage = moved  # (one unpack, not seven
-        t.loaded_back_tokens += loaded  # named reads: once per step with traffic)
-        t.written_to_host_tokens += written
-        t.host_evicted_tokens += host_evicted
-        t.transfer_s += transfer_s
-        t.prefetched_tokens += prefetched
-        t.prefetch_aborted_tokens += aborted
-        t.written_to_storage_tokens += to_storage
+        """The step's host-tier traffic (HiCache), shown in the step's row (the totals take the run's sum once, at
+        its end: :meth:`note_transfer_totals`)."""
         self.step_transfers = moved
+
+    def note_transfer_totals(self, total: Transfers) -> None:
+        """The run's host-tier traffic, the sum of its rows' (HiCache: noted once, as the run ends)."""
+        t = self.totals
+        (t.loaded_back_tokens, t.written_to_host_tokens, t.host_evicted_tokens, t.transfer_s, t.prefetched_tokens,
+         t.prefetch_aborted_tokens, t.written_to_storage_tokens) = total
 
     def note_prefill(self, tokens_computed: int, *, again: bool = False) -> None:
         """A prefill computed ``tokens_computed`` tokens; ``again``: for a request back from a retraction (its
