@@ -260,7 +260,7 @@ class PageKV:
         last_host = host.best_match_node
         if last_host.host_value is not None:  # backed up, or the root
             tree, ps = self.tree, self.page_size
-            cap = (len(req.prompt) + len(req.output_ids) - 1) // ps
+            cap = (len(req.fill_ids) - 1) // ps  # (the input the match just capped: its fill_ids)
             matched = (req.prefix_len + host.hit_len) // ps
             keys = self.page_keys(req, cap)[matched:cap] if cap > matched else []
             start_prefetch(tree, req, last_host, keys)
