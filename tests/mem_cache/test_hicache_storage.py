@@ -66,7 +66,7 @@ def test_interned_keys_are_get_hash_strs_chain_on_demand():
     page_keys = PageKeys(PS)
     tokens = list(range(100, 116)) + [7, 3, 9, 1] + list(range(2**32 - 4, 2**32 + 4))
     pages = page_keys.of_sequence(tokens, len(tokens) // PS)
-    assert store.chain(pages, None, PS, page_keys.page) == store.page_ids(tokens, None, PS)
+    assert store.chain(PS, page_keys.page, pages, None) == store.page_ids(tokens, None, PS)
     named = HiCacheStorage(PAGE_BYTES)
     early = named.page_ids(KEY, None, PS)
     assert named.batch_set(early[:2], interned=True) == 2 and named.batch_set(get_hash_str(KEY, None, PS)[2:]) == 2
@@ -86,8 +86,8 @@ def test_interned_keys_are_equal_exactly_when_their_hex_is():
     for _ in range(400):
         ids = [rng.choice(pages[:3]) if rng.random() < 0.7 else rng.choice(pages) for _ in range(rng.randrange(1, 9))]
         cut = rng.randrange(len(ids))
-        head = store.chain(ids[:cut], None, ps, page_keys.page)
-        keys = head + store.chain(ids[cut:], head[-1] if head else None, ps, page_keys.page)
+        head = store.chain(ps, page_keys.page, ids[:cut], None)
+        keys = head + store.chain(ps, page_keys.page, ids[cut:], head[-1] if head else None)
         tokens = [t for i in ids for t in page_keys.page(i)]
         assert [store.hex(k) for k in keys] == get_hash_str(tokens, None, ps)
         for key, hx in zip(keys, get_hash_str(tokens, None, ps)):

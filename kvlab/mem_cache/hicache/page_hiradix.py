@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import replace
+from functools import partial
 
 from kvlab.errors import require
 from kvlab.mem_cache.base_prefix_cache import LogicalClock, common_prefix_len
@@ -93,14 +94,12 @@ class PageHiRadixTree(PageTierMoves, StorageMoves, TwoTierCore, HiLeafIndex, Tre
         storage key is interned by the store from its id's tokens."""
         self.page_keys = page_keys
         self.attach_storage(storage, **options)
-        self.storage_controller.hash_keys = self.hash_pages
-
-    def hash_pages(self, ids, prior: int | None = None, known: bool = False) -> list[int]:
-        """The store's keys of the pages ``ids`` chained from the key ``prior`` (``get_hash_str``'s chain, interned,
-        as ``HiCacheStorage.page_ids`` has their tokens): a page of consecutive ids (id >= 0) by its id, any other
-        by its tokens. (A method, not a ``functools.partial`` of ``chain`` with keywords: those cost three times a
-        frame per call in CPython 3.11.)"""
-        return self.storage_controller.storage.chain(ids, prior, self.page_size, self.page_keys.page, known)
+        # the store's keys of the pages ``ids`` chained from the key ``prior``, ``hash_keys(ids, prior, known)``
+        # (``get_hash_str``'s chain, interned, as ``HiCacheStorage.page_ids`` has their tokens): a page of consecutive
+        # ids (id >= 0) by its id, any other by its tokens (bound positionally: a partial with keywords costs three
+        # times a frame per call in CPython 3.11)
+        self.storage_controller.hash_keys = partial(self.storage_controller.storage.chain, self.page_size,
+                                                    self.page_keys.page)
 
     def _key_of(self, key: array, off: int = 0):
         return key[off]

@@ -219,19 +219,20 @@ class HiCacheStorage:
             page = tuple(token_ids[start : start + page_size])
             first, n = page[0], len(page)
             ranged = page[-1] - first == n - 1 and page == tuple(range(first, first + n))
-            key = self.chain((first if ranged else -1,), prior, n, lambda _, page=page: page, known)
+            key = self.chain(n, lambda _, page=page: page, (first if ranged else -1,), prior, known)
             if not key:
                 break
             prior = key[0]
             out.append(prior)
         return out
 
-    def chain(self, firsts: Sequence[int], prior: int | None, n: int, page_of, known: bool = False) -> list[int]:
+    def chain(self, n: int, page_of, firsts: Sequence[int], prior: int | None, known: bool = False) -> list[int]:
         """The keys of pages of ``n`` tokens each, chained from the key ``prior``: a page of consecutive ids is
         given by its first (>= 0), any other by -1 and ``page_of(first)``, the tuple of its tokens. ``known`` (a
         storage query): the keys up to the first page of consecutive ids this store has not interned, which no
         store of interned keys holds, and so neither does any page after it (the query needs no more; a store
-        that was given keys as strings interns them all, as without ``known``)."""
+        that was given keys as strings interns them all, as without ``known``). The page length and ``page_of``
+        come first, so a tree binds them once (``functools.partial``, positional: no Python frame per call)."""
         p = -1 if prior is None else prior
         if self._run_len is None:
             self._run_len = n
