@@ -108,14 +108,16 @@ PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")  # --hicache-sto
 class RecencyLog:
     """An unbounded store's keys, least recently used first, refreshed in bulk at C speed: a set of the keys and
     a log of every store and refresh in order, where a key's place is its last entry (the log is compacted to one
-    entry per key, in that order, when read or when it grows past twice the keys). The same order as a dict whose
+    entry per key, in that order, when read or when it grows past twice the keys it held at the last compaction).
+    The same order as a dict whose
     refreshed key is taken out and put back at the end."""
 
-    __slots__ = ("_keys", "_log")
+    __slots__ = ("_keys", "_log", "_limit")
 
     def __init__(self, keys: Sequence = ()):
         self._keys: set = set()
         self._log: list = []
+        self._limit = 64  # the log's length past which it is compacted: twice the keys at the last compaction, + 64
         self.extend(keys)
 
     def __contains__(self, key) -> bool:
@@ -133,7 +135,7 @@ class RecencyLog:
         self._keys.update(keys)
         log = self._log
         log.extend(keys)
-        if len(log) > 2 * len(self._keys) + 64:
+        if len(log) > self._limit:  # (keys only grow until a clear: an early compaction keeps the order)
             self._compact()
 
     def __setitem__(self, key, _value: None) -> None:
@@ -145,6 +147,7 @@ class RecencyLog:
     def clear(self) -> None:
         self._keys.clear()
         self._log.clear()
+        self._limit = 64
 
     def _compact(self) -> None:
         """One entry per key, at its last place in the log."""
@@ -153,6 +156,7 @@ class RecencyLog:
             log.reverse()
             log[:] = dict.fromkeys(log)
             log.reverse()
+        self._limit = 2 * len(log) + 64
 
     def check_invariants(self) -> None:
         require(self._keys.issubset(self._log) and len(set(self._log)) == len(self._keys),
@@ -234,12 +238,12 @@ class HiCacheStorage:
         that was given keys as strings interns them all, as without ``known``). The page length and ``page_of``
         come first, so a tree binds them once (``functools.partial``, positional: no Python frame per call)."""
         p = -1 if prior is None else prior
-        if self._run_len is None:
+        if n != self._run_len:  # (the first chain sets the run length: None until then)
+            if self._run_len is not None:
+                return self._chain_pages(firsts, p, n, page_of)
             self._run_len = n
-        if n != self._run_len:
-            return self._chain_pages(firsts, p, n, page_of)
         heads, first_of, out = self._heads, self._first, []
-        count, append = len(first_of), out.append
+        count = len(first_of)
         for first in firsts:  # (a page checked to be a run page only where it is read: most queries stop at once)
             k = p + 1
             if k < count and first_of[k] == first and first >= 0 and k not in heads:  # (k's prior: k - 1 = p)
@@ -264,7 +268,7 @@ class HiCacheStorage:
                     out.extend(range(count, count + len(rest)))
                     return out
                 p = key
-            append(p)
+            out.append(p)
         return out
 
     def _chain_pages(self, firsts: Sequence[int], p: int, n: int, page_of) -> list[int]:
