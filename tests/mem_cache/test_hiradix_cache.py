@@ -142,6 +142,13 @@ def test_copies_queue_on_one_channel():
     assert cache.drain() == pytest.approx(0.01)
     assert ctl.totals.written_tokens == 30 and ctl.due_s == math.inf
     ctl.check_invariants()
+    for clock in (cache.now_s, cache.now_s + 1):  # a NaN clock is refused whether the clock would move or not
+        with pytest.raises(ValueError, match="NaN"):
+            ctl.poll(math.nan)
+        ctl.poll(clock)
+    assert ctl.now_s == cache.now_s == pytest.approx(1.03)
+    ctl.poll(0.5)  # the clock never moves back
+    assert ctl.now_s == pytest.approx(1.03)
 
 
 def test_write_through_selective_waits_for_the_second_hit():

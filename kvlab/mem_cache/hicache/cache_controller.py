@@ -195,13 +195,14 @@ class HiCacheController:
     # -- the clock ---------------------------------------------------------------------------------
     def poll(self, now_s: float) -> None:
         """Move the clock to ``now_s`` (never back) and acknowledge every copy finished by then."""
-        if now_s != now_s:
+        now = self.now_s
+        if now_s > now:
+            self.now_s = now = now_s
+        elif now_s != now_s:  # (NaN: neither later nor earlier)
             raise ValueError("poll: now_s is NaN")
-        if now_s > self.now_s:
-            self.now_s = now_s
-        now, tol = self.now_s, FINISH_TOLERANCE_S  # 0.009 + 0.001 < 0.01 in floats: a copy due within tol is done
         if now < self.due_s:  # (no copy finished by now: most polls)
             return
+        tol = FINISH_TOLERANCE_S  # 0.009 + 0.001 < 0.01 in floats: a copy due within tol is done
         writes, loads = self.write_queue, self.load_queue
         while writes and writes[0].finish_s - tol <= now:
             self.ack_write_queue.append(writes.popleft())

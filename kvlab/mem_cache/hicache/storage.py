@@ -371,8 +371,10 @@ class HiCacheStorage:
     def batch_exists(self, keys: Sequence[int | str], interned: bool = False) -> int:
         """How many of ``keys`` are stored consecutively from the first (``HiCacheStorage.batch_exists``;
         ``interned``: all of them keys this store interned)."""
+        if self._named or not interned:  # (a query of interned keys in a store of them: as they are)
+            keys = self._named_keys(keys, interned)
         lru = self._lru
-        for i, key in enumerate(self._named_keys(keys, interned)):
+        for i, key in enumerate(keys):
             if key not in lru:
                 return i
         return len(keys)

@@ -158,10 +158,11 @@ class StorageController:
         operation, its host slots taken by :meth:`allocate` once the query's ``latency_s`` has passed (at the
         scheduler's next ``check_hicache_events``: a request scheduled before then gets nothing from it)."""
         hash_value, hit = self.storage_hit_query(token_ids, last_hash)
-        self.totals.prefetches += 1
-        self.totals.storage_hit_tokens += hit
+        totals = self.totals
+        totals.prefetches += 1
+        totals.storage_hit_tokens += hit
         if hit < self.prefetch_threshold or not hit:  # (a threshold of 0: nothing found is nothing to read)
-            self.totals.revoked += 1
+            totals.revoked += 1
             return None
         op = PrefetchOperation(request_id, token_ids, last_hash, self.now_s, hash_value, hit, page_size=self.page_size)
         op.alloc_due_s = self.now_s + self.latency_s
