@@ -109,8 +109,7 @@ class RecencyLog:
     """An unbounded store's keys, least recently used first, refreshed in bulk at C speed: a set of the keys and
     a log of every store and refresh in order, where a key's place is its last entry (the log is compacted to one
     entry per key, in that order, when read or when it grows past twice the keys it held at the last compaction).
-    The same order as a dict whose
-    refreshed key is taken out and put back at the end."""
+    The same order as a dict whose refreshed key is taken out and put back at the end."""
 
     __slots__ = ("_keys", "_log", "_limit")
 
