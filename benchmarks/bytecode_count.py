@@ -10,6 +10,9 @@ that trims the HiCache arms shows here even where the timings cannot tell it fro
   seconds per bytecode differ between the arms by several per cent, the HiCache arms' being the more costly);
 - the functions whose counts differ most between the plain run and the host + storage one: where the extra goes.
 
+A bytecode is not a unit of time (loading a local costs a fraction of a call): a change that removes cheap ones moves
+the count more than the CPU seconds. Read the count for where the work is and for a change too small to time.
+
     python benchmarks/make_mooncake_trace.py --out /tmp/conv.jsonl --preset conversation --force
     python benchmarks/bytecode_count.py --trace /tmp/conv.jsonl                      # 3,000 requests, default pool
     python benchmarks/bytecode_count.py --trace /tmp/conv.jsonl --kv-pages 400 --max-running 64 --top 40
