@@ -118,7 +118,8 @@ class Ledger:
         self.step_transfers = moved
 
     def note_transfer_totals(self, total: Transfers) -> None:
-        """The run's host-tier traffic, the sum of its rows' (HiCache: noted once, as the run ends)."""
+        """The run's host-tier traffic, the sum of its rows' (HiCache: noted once, as the run ends, from the running
+        totals the rows are the differences of: the seconds equal to their sum up to float rounding)."""
         t = self.totals
         (t.loaded_back_tokens, t.written_to_host_tokens, t.host_evicted_tokens, t.transfer_s, t.prefetched_tokens,
          t.prefetch_aborted_tokens, t.written_to_storage_tokens) = total
