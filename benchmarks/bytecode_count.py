@@ -36,6 +36,10 @@ sys.path.insert(0, str(HERE))
 
 from bench_fast_decode import trace_or_preset  # noqa: E402  (no package)
 
+sys.path.insert(0, str(HERE.parent))
+from kvlab.mem_cache.hicache.storage import PREFETCH_POLICIES, STORAGE_BACKENDS  # noqa: E402  (torch-free)
+from kvlab.mem_cache.options import WRITE_POLICIES  # noqa: E402
+
 _CHILD = """
 import collections, json, sys
 from kvlab.workloads.mooncake import load_trace
@@ -77,10 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-running", type=int, default=16)
     p.add_argument("--eviction", default="shortfall", choices=["shortfall", "full"])
     p.add_argument("--hicache-ratio", type=float, default=4.0)
-    p.add_argument("--write-policy", default="write_through",
-                   choices=["write_through", "write_through_selective", "write_back"])
-    p.add_argument("--storage-backend", default="file", choices=["file", "mooncake", "hf3fs", "nixl"])
-    p.add_argument("--prefetch-policy", default="best_effort", choices=["best_effort", "wait_complete", "timeout"])
+    p.add_argument("--write-policy", default="write_through", choices=WRITE_POLICIES)
+    p.add_argument("--storage-backend", default="file", choices=STORAGE_BACKENDS)
+    p.add_argument("--prefetch-policy", default="best_effort", choices=PREFETCH_POLICIES)
     p.add_argument("--top", type=int, default=25, help="functions listed (default 25)")
     p.add_argument("--baseline", type=Path, help="another kvlab checkout: its arms counted too, beside this tree's")
     args = p.parse_args(argv)

@@ -149,7 +149,7 @@ class StorageTierTiming(HostTierTiming):
         joins, opens, evicts or finishes in one), and the next step that is not quiet polls it first, so its row
         and every later one are the same; the quiet rounds run on past it. Where nothing runs, the loop still waits
         for it (``next_transfer_s``)."""
-        copies = self.controller.due_s  # (HostTierTiming.next_transfer_s)
+        copies = HostTierTiming.next_transfer_s(self)
         if not (backups or self.tree.timed_ops):  # (most calls: no prefetch has an event ahead)
             return copies
         nxt = self.tree.storage_next_event_s(backups)

@@ -108,15 +108,14 @@ PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")  # --hicache-sto
 class RecencyLog:
     """An unbounded store's keys, least recently used first, refreshed in bulk at C speed: a set of the keys and
     a log of every store and refresh in order, where a key's place is its last entry (the log is compacted to one
-    entry per key, in that order, when read or when it grows past twice the keys it held at the last compaction).
-    The same order as a dict whose refreshed key is taken out and put back at the end."""
+    entry per key, in that order, when read or when it grows past twice the keys). The same order as a dict whose
+    refreshed key is taken out and put back at the end."""
 
-    __slots__ = ("_keys", "_log", "_limit")
+    __slots__ = ("_keys", "_log")
 
     def __init__(self, keys: Sequence = ()):
         self._keys: set = set()
         self._log: list = []
-        self._limit = 64  # the log's length past which it is compacted: twice the keys at the last compaction, + 64
         self.extend(keys)
 
     def __contains__(self, key) -> bool:
@@ -134,7 +133,7 @@ class RecencyLog:
         self._keys.update(keys)
         log = self._log
         log.extend(keys)
-        if len(log) > self._limit:  # (keys only grow until a clear: an early compaction keeps the order)
+        if len(log) > 2 * len(self._keys) + 64:
             self._compact()
 
     def __setitem__(self, key, _value: None) -> None:
@@ -146,7 +145,6 @@ class RecencyLog:
     def clear(self) -> None:
         self._keys.clear()
         self._log.clear()
-        self._limit = 64
 
     def _compact(self) -> None:
         """One entry per key, at its last place in the log."""
@@ -155,7 +153,6 @@ class RecencyLog:
             log.reverse()
             log[:] = dict.fromkeys(log)
             log.reverse()
-        self._limit = 2 * len(log) + 64
 
     def check_invariants(self) -> None:
         require(self._keys.issubset(self._log) and len(set(self._log)) == len(self._keys),
