@@ -62,10 +62,10 @@ storage arm's default-pool figure is still a few per cent over the target (run-t
 backup's node without ``node_hash``: copies of those checks, since taken back; without them the storage arm runs
 16.89 G instructions, 0.5 % more.) Then (session 19), with the copy controller keeping the time its next copy lands,
 a step's traffic found by one sum, the run's traffic totals taken once at its end and the store's chain bound once
-per tree, the storage arm executes 1.7 % fewer bytecodes (``bytecode_count.py``, which counts them: the same on
+per tree, the storage arm executes 1.5 % fewer bytecodes (``bytecode_count.py``, which counts them: the same on
 every run), 0.5 % fewer machine instructions, and no less CPU time beyond the noise; the default pool measured
 1.55x / 1.50x with --repeat 5 (host tier alone 1.29x / 1.29x): the full mode at the target, the shortfall mode still
-over it; under pressure 1.40x / 1.46x. In bytecodes host + storage is 1.45x the plain run, its extra
+over it; under pressure 1.40x / 1.46x. In bytecodes host + storage is 1.46x the plain run, its extra
 spread over the two-tier tree's walks, the backups' lock walks, the step hooks, the store's key chains and the
 arrivals' match and query, none over 7 % of it; each of its bytecodes costs about 15 % more CPU than the plain run's.
 """
