@@ -39,10 +39,6 @@ class NoHostTier:
     def next_transfer_s(self) -> float:
         return _INF
 
-    def quiet_stop_s(self) -> float:
-        """Where the quiet decode rounds stop: :meth:`next_transfer_s`, unless a tier's event cannot change them."""
-        return self.next_transfer_s()
-
     def finish(self) -> None:
         """(Nothing is in flight.)"""
 
@@ -57,7 +53,8 @@ class HostTierTiming(NoHostTier):
         self.ledger = ledger
         self.step_start_s = 0.0
         self._seen = Transfers()  # the controller's running totals at the last step's end
-        self._ops = 0  # copies issued plus host tokens evicted by then (most steps move nothing)
+        self._ops = 0  # copies issued plus host tokens evicted (and storage tokens moved) by then: most steps move nothing
+        self._storage = None  # the storage tier's controller, when one is behind the host tier (StorageTierTiming)
 
     def begin_step(self, now_s: float) -> None:
         """The step starts at ``now_s``: complete the copies finished by then (``check_hicache_events``)."""
@@ -86,6 +83,9 @@ class HostTierTiming(NoHostTier):
             compute_s = overlapped_step_s(compute_s, stall_s=stall_s, load_s=loads)
         t = ctl.totals
         ops = t.writes + t.loads + self.tree.host_evicted_tokens  # (each only grows in a run: a change grows the sum)
+        if self._storage is not None:  # the storage tier's moves too, in the step they happen (they only grow too)
+            s = self._storage.totals
+            ops += s.prefetched_tokens + s.prefetch_aborted_tokens + s.written_to_storage_tokens
         if ops != self._ops:
             self._ops = ops
             self.ledger.note_transfers(self._transfers())
@@ -107,8 +107,6 @@ class HostTierTiming(NoHostTier):
         flight. A step starting at ``t`` completes a copy iff ``t >= next_transfer_s()``."""
         return self.controller.due_s
 
-    quiet_stop_s = next_transfer_s  # (every copy that lands can unlock a node, which a row shows)
-
     def finish(self) -> None:
         """The run's traffic goes into the ledger's totals (the sum of its rows'); then the copies still in flight
         land (the run's clock is not moved, and no row shows them)."""
@@ -125,6 +123,7 @@ class StorageTierTiming(HostTierTiming):
     def __init__(self, tree: HiRadixCache, ledger: Ledger, kv: SchedulerKV) -> None:
         super().__init__(tree, ledger)
         self.prefetch = kv.prefetch
+        self._storage = tree.storage_controller
 
     def join(self, req, now_s: float) -> None:
         """``req`` joined the waiting queue at ``now_s`` (``_prefetch_kvcache``): its prefetch, timed from now."""
@@ -141,16 +140,10 @@ class StorageTierTiming(HostTierTiming):
                                           s.written_to_storage_tokens))
 
     def next_transfer_s(self) -> float:
-        return self.quiet_stop_s(backups=True)
-
-    def quiet_stop_s(self, backups: bool = False) -> float:
-        """:meth:`next_transfer_s` without the backups to storage (``backups`` False): a landing backup only
-        stores keys, counts them and ends its node's host protection, which no quiet decode round reads (nothing
-        joins, opens, evicts or finishes in one), and the next step that is not quiet polls it first, so its row
-        and every later one are the same; the quiet rounds run on past it. Where nothing runs, the loop still waits
-        for it (``next_transfer_s``)."""
+        """:meth:`HostTierTiming.next_transfer_s` or the storage tier's next event, whichever comes first: a backup
+        landing (its tokens are the row's ``written_to_storage_tokens``), a prefetch's host slots taken, its last page
+        landing or its timeout. Each shows in the row of the step that polls it (the reference loop polls every step), so
+        the quiet decode rounds stop there too."""
         copies = HostTierTiming.next_transfer_s(self)
-        if not (backups or self.tree.timed_ops):  # (most calls: no prefetch has an event ahead)
-            return copies
-        nxt = self.tree.storage_next_event_s(backups)
+        nxt = self.tree.storage_next_event_s()
         return copies if copies < nxt else nxt

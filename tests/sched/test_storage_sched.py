@@ -169,3 +169,18 @@ def test_rounds_split_cached_tokens_by_tier(capsys):
     last = rounds[-1]
     assert (f"hits {last['device_hit_tokens']:,} / {last['host_hit_tokens']:,} / {last['storage_hit_tokens']:,}"
             in text)
+
+
+def test_storage_traffic_is_in_the_row_of_the_step_it_happens():
+    """A backup that lands in storage while nothing else moves (a decode step opening a page, after the quiet rounds
+    ran past the landing) shows in that step's row, not in the next one with host-tier traffic; and the totals
+    count every backup landed during the run, however late."""
+    prompt = list(range(1, 641))  # 10 pages of 64, inserted after the prefill, backed up to host, then to storage
+    req = Request("long", 0.0, prompt, 300, output_token_ids=[7] * 300)
+    result = simulate([req], SchedulerConfig(kv_tokens=4096, page_size=64, hicache_ratio=1.0, debug=True,
+                                             hicache_storage_backend="file"))
+    host_keys = ("written_to_host_tokens", "loaded_back_tokens", "host_evicted_tokens")
+    landed = [r for r in result.rows if r["written_to_storage_tokens"]]
+    assert [(r["kind"], r["written_to_storage_tokens"]) for r in landed] == [("decode", 10 * 64)]
+    assert all(landed[0][k] == 0 for k in host_keys)
+    assert result.totals()["written_to_storage_tokens"] == 10 * 64

@@ -284,14 +284,14 @@ class StorageMoves:
         self.reset()
         return True
 
-    def storage_next_event_s(self, backups: bool = True) -> float:
+    def storage_next_event_s(self) -> float:
         """The next clock time at which a storage event changes what the scheduler sees: a backup landing, or a
         prefetch's host slots taken, its last page landing or its timeout. Only events still ahead count: one the
         clock has passed changed what it changes already (a waiting prefetch done long ago no longer stops the
-        quiet decode rounds at every step). ``backups`` False: the prefetches' events only."""
+        quiet decode rounds at every step)."""
         ctl, timed = self.storage_controller, self.timed_ops
         queue = ctl.backup_queue
-        nxt = queue[0].finish_s if queue and backups else math.inf  # (next_backup_s)
+        nxt = queue[0].finish_s if queue else math.inf  # (next_backup_s)
         if not timed:  # (most steps: no prefetch with an event ahead)
             return nxt
         timeout, ongoing = self.prefetch_stop_policy == "timeout", self.ongoing_prefetch
