@@ -184,3 +184,18 @@ def test_storage_traffic_is_in_the_row_of_the_step_it_happens():
     assert [(r["kind"], r["written_to_storage_tokens"]) for r in landed] == [("decode", 10 * 64)]
     assert all(landed[0][k] == 0 for k in host_keys)
     assert result.totals()["written_to_storage_tokens"] == 10 * 64
+
+
+def test_a_backup_landing_after_the_last_host_traffic_is_counted():
+    """Write-back: the only host copy is an eviction's (the second request's prefill makes room), and its backup to
+    storage lands during the decode steps after it, when nothing else moves: that step's row and the run's totals
+    count it (they missed it when only host-tier traffic opened a step's row)."""
+    first = Request("a", 0.0, list(range(1, 641)), 1, output_token_ids=[5])
+    second = Request("b", 1.0, list(range(1001, 1641)), 40, output_token_ids=[9] * 40)
+    result = simulate([first, second], SchedulerConfig(kv_tokens=64 * 14, page_size=64, hicache_ratio=2.0, debug=True,
+                                                       hicache_write_policy="write_back",
+                                                       hicache_storage_backend="file"))
+    moved = [(r["kind"], r["written_to_host_tokens"], r["written_to_storage_tokens"]) for r in result.rows
+             if r["written_to_host_tokens"] or r["written_to_storage_tokens"]]
+    assert moved == [("prefill", 640, 0), ("decode", 0, 640)]
+    assert result.totals()["written_to_storage_tokens"] == 640
