@@ -68,6 +68,13 @@ every run), 0.5 % fewer machine instructions, and no less CPU time beyond the no
 over it; under pressure 1.40x / 1.46x. In bytecodes host + storage is 1.46x the plain run, its extra
 spread over the two-tier tree's walks, the backups' lock walks, the step hooks, the store's key chains and the
 arrivals' match and query, none over 7 % of it; each of its bytecodes costs about 15 % more CPU than the plain run's.
+Then (session 20) a correction: a step's traffic was noted only when host-tier traffic moved, so a backup landing in
+storage showed in a later row and the quiet decode rounds ran on past it (its row looked unchanged), and a run's
+totals could miss late landings. With each row showing the storage tokens its step moved and the quiet rounds
+stopping at a landing, the storage arm runs about 11,000 more loop steps (6.6 % of its CPU): on another 2-core machine,
+default pool, fastest of 3, host + storage 1.67x / 1.67x (1.58x / 1.59x before the correction there, fastest of 5),
+host tier alone 1.30x / 1.29x; under pressure 1.50x / 1.46x (1.42x shortfall before the correction there), host
+tier alone 1.23x / 1.23x.
 """
 
 from __future__ import annotations
