@@ -53,7 +53,7 @@ class HostTierTiming(NoHostTier):
         self.ledger = ledger
         self.step_start_s = 0.0
         self._seen = Transfers()  # the controller's running totals at the last step's end
-        self._ops = 0  # copies issued plus host tokens evicted (and storage tokens moved) by then: most steps move nothing
+        self._ops = 0  # copies issued, host tokens evicted and storage tokens moved by then (most steps move nothing)
         self._storage = None  # the storage tier's controller, when one is behind the host tier (StorageTierTiming)
 
     def begin_step(self, now_s: float) -> None:
@@ -141,9 +141,9 @@ class StorageTierTiming(HostTierTiming):
 
     def next_transfer_s(self) -> float:
         """:meth:`HostTierTiming.next_transfer_s` or the storage tier's next event, whichever comes first: a backup
-        landing (its tokens are the row's ``written_to_storage_tokens``), a prefetch's host slots taken, its last page
-        landing or its timeout. Each shows in the row of the step that polls it (the reference loop polls every step), so
-        the quiet decode rounds stop there too."""
+        landing (its tokens are the row's ``written_to_storage_tokens``), a prefetch's host slots taken, its last
+        page landing or its timeout. Each shows in the row of the step that polls it (the reference loop polls every
+        step), so the quiet decode rounds stop there too."""
         copies = HostTierTiming.next_transfer_s(self)
         nxt = self.tree.storage_next_event_s()
         return copies if copies < nxt else nxt

@@ -244,10 +244,9 @@ class Scheduler:
     def _quiet_rounds(self) -> Callable[[int], None]:
         """After a decode step: the rounds up to the next event, without the loop around them (a no-op for the
         reference rounds), and before a host-tier copy or a storage event completes (that unlocks nodes or moves
-        tokens, which a row shows). They run
-        when nothing can join a batch (:meth:`PrefillAdder.idle`), or while the waiting head this step turned down
-        for the budget alone would be turned down again (the pools and tree as they were at its check). Returns
-        the step, its callees bound once per run."""
+        tokens, which a row shows). They run when nothing can join a batch (:meth:`PrefillAdder.idle`), or while
+        the waiting head this step turned down for the budget alone would be turned down again (the pools and tree
+        as they were at its check). Returns the step, its callees bound once per run."""
         waiting, prefill, kv, ledger, max_steps = self.waiting, self.prefill, self.kv, self.ledger, self.config.max_steps
         idle, state, replay, quiet_steps = prefill.idle, kv.state, kv.replay_matches_of, self.decoder.quiet_steps
         next_arrival_s, next_transfer_s = self.arrivals.next_arrival_s, self.host.next_transfer_s
