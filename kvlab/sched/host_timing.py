@@ -54,7 +54,6 @@ class HostTierTiming(NoHostTier):
         self.step_start_s = 0.0
         self._seen = Transfers()  # the controller's running totals at the last step's end
         self._ops = 0  # copies issued, host tokens evicted and storage tokens moved by then (most steps move nothing)
-        self._storage = None  # the storage tier's controller, when one is behind the host tier (StorageTierTiming)
 
     def begin_step(self, now_s: float) -> None:
         """The step starts at ``now_s``: complete the copies finished by then (``check_hicache_events``)."""
@@ -83,8 +82,9 @@ class HostTierTiming(NoHostTier):
             compute_s = overlapped_step_s(compute_s, stall_s=stall_s, load_s=loads)
         t = ctl.totals
         ops = t.writes + t.loads + self.tree.host_evicted_tokens  # (each only grows in a run: a change grows the sum)
-        if self._storage is not None:  # the storage tier's moves too, in the step they happen (they only grow too)
-            s = self._storage.totals
+        storage = self.tree.storage_controller
+        if storage is not None:  # the storage tier's moves too, in the step they happen (they only grow too)
+            s = storage.totals
             ops += s.prefetched_tokens + s.prefetch_aborted_tokens + s.written_to_storage_tokens
         if ops != self._ops:
             self._ops = ops
@@ -123,7 +123,6 @@ class StorageTierTiming(HostTierTiming):
     def __init__(self, tree: HiRadixCache, ledger: Ledger, kv: SchedulerKV) -> None:
         super().__init__(tree, ledger)
         self.prefetch = kv.prefetch
-        self._storage = tree.storage_controller
 
     def join(self, req, now_s: float) -> None:
         """``req`` joined the waiting queue at ``now_s`` (``_prefetch_kvcache``): its prefetch, timed from now."""
